@@ -1,0 +1,411 @@
+//! Starting, restarting and stopping one throwaway cluster.
+
+use std::net::TcpListener;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use tempfile::TempDir;
+
+use crate::binaries::{find_bindir, PgBinaries};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PgTestError {
+    #[error("PostgreSQL server binaries not found (PG_BINDIR, pg_config --bindir, /usr/lib/postgresql/*/bin): install them with `apt-get install -y postgresql` or set PG_BINDIR")]
+    NoBinaries,
+    #[error("{what} failed: {detail}")]
+    Command { what: String, detail: String },
+    #[error("io error during {what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> PgTestError {
+    move |source| PgTestError::Io { what, source }
+}
+
+/// Extra settings for a dedicated cluster.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterOptions {
+    /// Extra postgresql.conf lines (appended, so they win over the defaults).
+    pub conf: Vec<String>,
+    /// pg_hba.conf lines placed before the default trust lines.
+    pub hba: Vec<String>,
+    /// Files written into the data directory before start (e.g. server.crt/server.key),
+    /// owned by the server user with mode 0600.
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopMode {
+    Fast,
+    Immediate,
+}
+
+impl StopMode {
+    fn as_arg(self) -> &'static str {
+        match self {
+            StopMode::Fast => "fast",
+            StopMode::Immediate => "immediate",
+        }
+    }
+}
+
+/// A running cluster. Dropping it stops the server and removes its directory.
+#[derive(Debug)]
+pub struct PgCluster {
+    bins: PgBinaries,
+    dir: TempDir,
+    data_dir: PathBuf,
+    port: u16,
+    /// `Some(user)` when we are root and the server runs as that user (initdb refuses root).
+    run_as: Option<String>,
+}
+
+const SUPERUSER: &str = "postgres";
+
+impl PgCluster {
+    /// One cluster per test binary, started on first use with default options.
+    pub fn shared() -> &'static PgCluster {
+        static SHARED: OnceLock<PgCluster> = OnceLock::new();
+        SHARED.get_or_init(|| match PgCluster::start(ClusterOptions::default()) {
+            Ok(c) => c,
+            Err(e) => panic!("cannot start the test PostgreSQL cluster: {e}"),
+        })
+    }
+
+    /// A dedicated cluster, e.g. for custom pg_hba.conf, TLS or restart tests.
+    pub fn start(opts: ClusterOptions) -> Result<PgCluster, PgTestError> {
+        let bins = find_bindir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("outboxd-pg-")
+            .tempdir()
+            .map_err(io("creating the cluster directory"))?;
+        let run_as = server_user()?;
+        if let Some(user) = &run_as {
+            chown_to(dir.path(), user)?;
+        }
+        let data_dir = dir.path().join("data");
+        let mut cluster = PgCluster {
+            bins,
+            dir,
+            data_dir,
+            port: 0,
+            run_as,
+        };
+        cluster.run(
+            "initdb",
+            &[
+                "-D",
+                path_str(&cluster.data_dir),
+                "-U",
+                SUPERUSER,
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+        )?;
+        cluster.write_config(&opts)?;
+        // The port is probed then released; a rare collision is retried with a new one.
+        let mut last_err = None;
+        for _ in 0..5 {
+            cluster.port = free_port()?;
+            cluster.write_port()?;
+            match cluster.pg_ctl(&["start", "-w", "-t", "60"]) {
+                Ok(()) => {
+                    cluster.spawn_watchdog()?;
+                    return Ok(cluster);
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or(PgTestError::NoBinaries))
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn host(&self) -> &str {
+        "127.0.0.1"
+    }
+
+    pub fn socket_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn superuser(&self) -> &str {
+        SUPERUSER
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    pub fn bindir(&self) -> &Path {
+        &self.bins.bindir
+    }
+
+    /// `host=… port=… user=postgres dbname=…` for tokio-postgres / libpq.
+    pub fn conn_string(&self, dbname: &str) -> String {
+        format!(
+            "host={} port={} user={} dbname={}",
+            self.host(),
+            self.port,
+            SUPERUSER,
+            dbname
+        )
+    }
+
+    /// A superuser SQL connection over TCP (trust). Panics with the cause if it cannot connect.
+    pub async fn admin_client(&self, dbname: &str) -> tokio_postgres::Client {
+        match tokio_postgres::connect(&self.conn_string(dbname), tokio_postgres::NoTls).await {
+            Ok((client, conn)) => {
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+                client
+            }
+            Err(e) => panic!(
+                "cannot connect to the test cluster on port {}: {e}",
+                self.port
+            ),
+        }
+    }
+
+    pub fn restart(&self, mode: StopMode) -> Result<(), PgTestError> {
+        self.pg_ctl(&["restart", "-w", "-t", "60", "-m", mode.as_arg()])
+    }
+
+    pub fn stop(&self, mode: StopMode) -> Result<(), PgTestError> {
+        self.pg_ctl(&["stop", "-w", "-t", "60", "-m", mode.as_arg()])
+    }
+
+    pub fn start_again(&self) -> Result<(), PgTestError> {
+        self.pg_ctl(&["start", "-w", "-t", "60"])
+    }
+
+    /// Runs one SQL string with psql as the superuser; returns unaligned tuples-only output.
+    pub fn psql(&self, db: &str, sql: &str) -> Result<String, PgTestError> {
+        let out = Command::new(self.bins.tool("psql"))
+            .args(["-X", "-q", "-At", "-v", "ON_ERROR_STOP=1"])
+            .args(["-h", self.host(), "-p", &self.port.to_string()])
+            .args(["-U", SUPERUSER, "-d", db, "-c", sql])
+            .output()
+            .map_err(io("running psql"))?;
+        if !out.status.success() {
+            return Err(PgTestError::Command {
+                what: format!("psql {sql:?}"),
+                detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim_end().to_owned())
+    }
+
+    /// The server log so far, for failure messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    fn write_config(&self, opts: &ClusterOptions) -> Result<(), PgTestError> {
+        let sock = path_str(self.dir.path());
+        let mut conf = format!(
+            "\n# outboxd test cluster\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{sock}'\n\
+             wal_level = logical\nmax_replication_slots = 64\nmax_wal_senders = 64\nmax_connections = 300\n\
+             fsync = off\nfull_page_writes = off\nshared_buffers = 128MB\n\
+             log_min_messages = warning\nlog_connections = off\n"
+        );
+        for line in &opts.conf {
+            conf.push_str(line);
+            conf.push('\n');
+        }
+        append(&self.data_dir.join("postgresql.conf"), &conf)?;
+        let mut hba = String::new();
+        for line in &opts.hba {
+            hba.push_str(line);
+            hba.push('\n');
+        }
+        hba.push_str(
+            "local all all trust\nhost all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n",
+        );
+        std::fs::write(self.data_dir.join("pg_hba.conf"), hba)
+            .map_err(io("writing pg_hba.conf"))?;
+        for (name, bytes) in &opts.files {
+            let path = self.data_dir.join(name);
+            std::fs::write(&path, bytes).map_err(io("writing a data-dir file"))?;
+            set_mode_0600(&path)?;
+            if let Some(user) = &self.run_as {
+                chown_to(&path, user)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_port(&self) -> Result<(), PgTestError> {
+        append(
+            &self.data_dir.join("postgresql.conf"),
+            &format!("port = {}\n", self.port),
+        )
+    }
+
+    fn pg_ctl(&self, args: &[&str]) -> Result<(), PgTestError> {
+        let log = self.dir.path().join("server.log");
+        let mut full = vec!["-D", path_str(&self.data_dir), "-l", path_str(&log)];
+        full.extend_from_slice(args);
+        self.run("pg_ctl", &full).map_err(|e| match e {
+            PgTestError::Command { what, detail } => PgTestError::Command {
+                what,
+                detail: format!("{detail}\nserver log:\n{}", self.log()),
+            },
+            other => other,
+        })
+    }
+
+    fn run(&self, tool: &str, args: &[&str]) -> Result<(), PgTestError> {
+        let out = self
+            .command(tool, args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(io("running a PostgreSQL tool"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(PgTestError::Command {
+                what: format!("{tool} {}", args.join(" ")),
+                detail: format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            })
+        }
+    }
+
+    fn command(&self, tool: &str, args: &[&str]) -> Command {
+        let program = self.bins.tool(tool);
+        match &self.run_as {
+            Some(user) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", user, "--"]).arg(program).args(args);
+                c
+            }
+            None => {
+                let mut c = Command::new(program);
+                c.args(args);
+                c
+            }
+        }
+    }
+
+    /// Statics are never dropped and a killed test process runs no destructors, so a small
+    /// shell loop outlives us just long enough to stop the server and remove its files.
+    fn spawn_watchdog(&self) -> Result<(), PgTestError> {
+        let pg_ctl = self.bins.tool("pg_ctl");
+        let stop = format!(
+            "{} '{}' -D '{}' stop -m immediate",
+            match &self.run_as {
+                Some(u) => format!("runuser -u {u} --"),
+                None => String::new(),
+            },
+            path_str(&pg_ctl),
+            path_str(&self.data_dir),
+        );
+        let script = format!(
+            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {stop} >/dev/null 2>&1; rm -rf '{dir}'",
+            pid = std::process::id(),
+            dir = path_str(self.dir.path()),
+        );
+        Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(io("spawning the cluster watchdog"))?;
+        Ok(())
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        let _ = self.pg_ctl(&["stop", "-w", "-t", "30", "-m", "immediate"]);
+    }
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().unwrap_or("/nonexistent-non-utf8-path")
+}
+
+fn append(path: &Path, text: &str) -> Result<(), PgTestError> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .map_err(io("opening a config file"))?;
+    f.write_all(text.as_bytes())
+        .map_err(io("writing a config file"))
+}
+
+fn free_port() -> Result<u16, PgTestError> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
+    Ok(l.local_addr().map_err(io("finding a free port"))?.port())
+}
+
+/// initdb and postgres refuse to run as root; as root we run them as `postgres`
+/// (created by Debian's postgresql package) or a user we create.
+fn server_user() -> Result<Option<String>, PgTestError> {
+    let uid = std::fs::metadata("/proc/self")
+        .map_err(io("reading the current uid"))?
+        .uid();
+    if uid != 0 {
+        return Ok(None);
+    }
+    for user in ["postgres", "outboxd-pgtest"] {
+        if uid_of(user).is_some() {
+            return Ok(Some(user.to_owned()));
+        }
+    }
+    let out = Command::new("useradd")
+        .args(["--system", "--no-create-home", "outboxd-pgtest"])
+        .output()
+        .map_err(io("creating a user to run PostgreSQL"))?;
+    if !out.status.success() && uid_of("outboxd-pgtest").is_none() {
+        return Err(PgTestError::Command {
+            what: "useradd outboxd-pgtest".into(),
+            detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(Some("outboxd-pgtest".to_owned()))
+}
+
+fn uid_of(user: &str) -> Option<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let mut f = line.split(':');
+        if f.next()? != user {
+            return None;
+        }
+        let uid = f.nth(1)?.parse().ok()?;
+        let gid = f.next()?.parse().ok()?;
+        Some((uid, gid))
+    })
+}
+
+fn chown_to(path: &Path, user: &str) -> Result<(), PgTestError> {
+    let (uid, gid) = uid_of(user).ok_or_else(|| PgTestError::Command {
+        what: format!("looking up user {user}"),
+        detail: "not in /etc/passwd".into(),
+    })?;
+    std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(io("chown"))
+}
+
+fn set_mode_0600(path: &Path) -> Result<(), PgTestError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io("chmod"))
+}
