@@ -1,0 +1,106 @@
+//! `OUTBOXD_DATABASE_URL`: a libpq-style URI, postgres://user:password@host:port/db?sslmode=...
+
+use super::{ConfigError, PgSettings, SslMode};
+
+const VAR: &str = "OUTBOXD_DATABASE_URL";
+const ACCEPTS: &str = "postgres://user:password@host:port/dbname?sslmode=...&sslrootcert=...";
+
+pub fn apply(url: &str, pg: &mut PgSettings) -> Result<(), ConfigError> {
+    let bad = || ConfigError::new(VAR, url, ACCEPTS);
+    let rest = url
+        .strip_prefix("postgres://")
+        .or_else(|| url.strip_prefix("postgresql://"))
+        .ok_or_else(bad)?;
+    let (authority, path_query) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, ""),
+    };
+    let (userinfo, hostport) = match authority.rfind('@') {
+        Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
+        None => (None, authority),
+    };
+    if let Some(userinfo) = userinfo {
+        let (user, password) = match userinfo.split_once(':') {
+            Some((u, p)) => (u, Some(p)),
+            None => (userinfo, None),
+        };
+        if !user.is_empty() {
+            pg.user = percent_decode(user).ok_or_else(bad)?;
+        }
+        if let Some(p) = password {
+            pg.password = Some(percent_decode(p).ok_or_else(bad)?);
+        }
+    }
+    if !hostport.is_empty() {
+        let (host, port) = split_host_port(hostport).ok_or_else(bad)?;
+        if !host.is_empty() {
+            pg.host = percent_decode(host).ok_or_else(bad)?;
+        }
+        if let Some(port) = port {
+            pg.port = port.parse().map_err(|_| bad())?;
+        }
+    }
+    let (path, query) = match path_query.split_once('?') {
+        Some((p, q)) => (p, q),
+        None => (path_query, ""),
+    };
+    if !path.is_empty() {
+        pg.dbname = percent_decode(path).ok_or_else(bad)?;
+    }
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').ok_or_else(bad)?;
+        let v = percent_decode(v).ok_or_else(bad)?;
+        match k {
+            "sslmode" => pg.ssl_mode = SslMode::parse(VAR, &v)?,
+            "sslrootcert" => pg.ssl_root_cert = Some(v),
+            "application_name" => pg.application_name = v,
+            "host" => pg.host = v,
+            "port" => pg.port = v.parse().map_err(|_| bad())?,
+            "user" => pg.user = v,
+            "password" => pg.password = Some(v),
+            "dbname" => pg.dbname = v,
+            _ => {
+                return Err(ConfigError::new(
+                    VAR,
+                    url,
+                    format!("{ACCEPTS} (unsupported parameter {k:?})"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn split_host_port(s: &str) -> Option<(&str, Option<&str>)> {
+    if let Some(rest) = s.strip_prefix('[') {
+        let end = rest.find(']')?;
+        let host = &rest[..end];
+        let after = &rest[end + 1..];
+        return match after.strip_prefix(':') {
+            Some(p) => Some((host, Some(p))),
+            None if after.is_empty() => Some((host, None)),
+            None => None,
+        };
+    }
+    Some(match s.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (s, None),
+    })
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}

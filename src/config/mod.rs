@@ -1,0 +1,394 @@
+//! The one place that reads environment variables. Parsing is a pure function over a
+//! snapshot of the environment so every rule is unit-tested; a bad value names the
+//! variable and what it accepts, and the binary exits with code 2.
+
+mod database_url;
+mod vars;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub use vars::{help_text, spec, VarSpec, KAFKA_PASSTHROUGH_PREFIX, VARS};
+
+/// What a bad variable looked like and what would have been accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{var}={shown:?} is invalid: {accepts}")]
+pub struct ConfigError {
+    pub var: String,
+    /// The value as given, or "***" for secrets.
+    pub shown: String,
+    pub accepts: String,
+}
+
+impl ConfigError {
+    pub fn new(var: &str, value: &str, accepts: impl Into<String>) -> Self {
+        let secret =
+            var.contains("PASSWORD") || var.contains("SECRET") || var == "OUTBOXD_DATABASE_URL";
+        ConfigError {
+            var: var.to_owned(),
+            shown: if secret {
+                "***".into()
+            } else {
+                value.to_owned()
+            },
+            accepts: accepts.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    pub fn parse(var: &str, s: &str) -> Result<Self, ConfigError> {
+        Ok(match s {
+            "disable" => SslMode::Disable,
+            "allow" | "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            _ => {
+                return Err(ConfigError::new(
+                    var,
+                    s,
+                    "disable, prefer, require, verify-ca or verify-full",
+                ))
+            }
+        })
+    }
+}
+
+/// Where and how to reach Postgres. `Debug` never shows the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PgSettings {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: Option<String>,
+    pub dbname: String,
+    pub ssl_mode: SslMode,
+    pub ssl_root_cert: Option<String>,
+    pub application_name: String,
+}
+
+impl std::fmt::Debug for PgSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgSettings")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("dbname", &self.dbname)
+            .field("ssl_mode", &self.ssl_mode)
+            .field("ssl_root_cert", &self.ssl_root_cert)
+            .field("application_name", &self.application_name)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadRowPolicy {
+    DeadLetter,
+    Stop,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Everything outboxd was told, validated.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub pg: PgSettings,
+    pub slot: String,
+    pub publication: String,
+    pub create_slot: bool,
+    pub table_schema: String,
+    pub table_name: String,
+    pub column_id: String,
+    pub column_aggregate_type: String,
+    pub column_aggregate_id: String,
+    pub column_event_type: String,
+    pub column_payload: String,
+    pub column_headers: Option<String>,
+    pub message_prefix: Option<String>,
+    pub bootstrap_servers: String,
+    /// librdkafka properties from OUTBOXD_KAFKA_<PROPERTY>; values may be secrets.
+    pub kafka_overrides: BTreeMap<String, String>,
+    pub topic_template: String,
+    pub bad_row_policy: BadRowPolicy,
+    pub dead_letter_topic: String,
+    pub max_message_bytes: usize,
+    pub linger_ms: u32,
+    pub max_in_flight_messages: usize,
+    pub max_in_flight_bytes: usize,
+    pub status_interval: Option<Duration>,
+    pub idle_flush: bool,
+    pub heartbeat_interval: Option<Duration>,
+    pub shutdown_timeout: Duration,
+    pub reconnect_max_backoff: Duration,
+    pub http_addr: Option<String>,
+    pub ready_stall: Duration,
+    pub log_filter: String,
+    pub log_format: LogFormat,
+}
+
+/// A snapshot of the environment with typed getters that fall back to the documented default.
+struct Env<'a> {
+    vars: &'a BTreeMap<String, String>,
+}
+
+impl Env<'_> {
+    fn raw(&self, name: &str) -> Option<&str> {
+        self.vars.get(name).map(String::as_str)
+    }
+
+    /// The value, else the default from the table. Empty means "unset" for libpq variables.
+    fn string(&self, name: &str) -> Option<String> {
+        match self.raw(name) {
+            Some(v) => Some(v.to_owned()),
+            None => spec(name).and_then(|s| s.default).map(str::to_owned),
+        }
+    }
+
+    fn required(&self, name: &str, accepts: &str) -> Result<String, ConfigError> {
+        match self.string(name) {
+            Some(v) if !v.trim().is_empty() => Ok(v),
+            _ => Err(ConfigError::new(name, "", format!("required: {accepts}"))),
+        }
+    }
+
+    fn number<T: std::str::FromStr>(&self, name: &str, min: T) -> Result<T, ConfigError>
+    where
+        T: PartialOrd + std::fmt::Display + Copy,
+    {
+        let v = self.required(name, "a number")?;
+        match v.trim().parse::<T>() {
+            Ok(n) if n >= min => Ok(n),
+            _ => Err(ConfigError::new(
+                name,
+                &v,
+                format!("a whole number >= {min}"),
+            )),
+        }
+    }
+
+    fn millis(&self, name: &str, min: u64) -> Result<Duration, ConfigError> {
+        self.number::<u64>(name, min).map(Duration::from_millis)
+    }
+
+    fn boolean(&self, name: &str) -> Result<bool, ConfigError> {
+        let v = self.required(name, "true or false")?;
+        match v.to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => Ok(true),
+            "false" | "0" | "no" | "off" => Ok(false),
+            _ => Err(ConfigError::new(name, &v, "true or false")),
+        }
+    }
+
+    fn identifier(&self, name: &str) -> Result<String, ConfigError> {
+        let v = self.required(name, "a Postgres identifier")?;
+        if v.len() > 63 || v.contains('"') || v.contains('\0') {
+            return Err(ConfigError::new(
+                name,
+                &v,
+                "a Postgres identifier of at most 63 bytes without double quotes",
+            ));
+        }
+        Ok(v)
+    }
+
+    fn optional_identifier(&self, name: &str) -> Result<Option<String>, ConfigError> {
+        match self.string(name) {
+            Some(v) if v.trim().is_empty() => Ok(None),
+            None => Ok(None),
+            Some(_) => self.identifier(name).map(Some),
+        }
+    }
+}
+
+/// Slot names are restricted by Postgres to lower-case letters, digits and underscores.
+fn slot_name(env: &Env<'_>) -> Result<String, ConfigError> {
+    let v = env.required("OUTBOXD_SLOT", "a slot name")?;
+    let ok = !v.is_empty()
+        && v.len() <= 63
+        && v.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(v)
+    } else {
+        Err(ConfigError::new(
+            "OUTBOXD_SLOT",
+            &v,
+            "1-63 characters from a-z, 0-9 and _ (Postgres slot-name rules)",
+        ))
+    }
+}
+
+fn table(env: &Env<'_>) -> Result<(String, String), ConfigError> {
+    let v = env.required("OUTBOXD_TABLE", "schema.table")?;
+    let (schema, name) = v.split_once('.').unwrap_or(("public", v.as_str()));
+    let valid = |s: &str| !s.is_empty() && s.len() <= 63 && !s.contains('"') && !s.contains('.');
+    if valid(schema) && valid(name) {
+        Ok((schema.to_owned(), name.to_owned()))
+    } else {
+        Err(ConfigError::new(
+            "OUTBOXD_TABLE",
+            &v,
+            "schema.table or table (unquoted, as stored in the catalog)",
+        ))
+    }
+}
+
+fn pg_settings(env: &Env<'_>) -> Result<PgSettings, ConfigError> {
+    let mut pg = PgSettings {
+        host: env.required("PGHOST", "a host")?,
+        port: env.number::<u16>("PGPORT", 1)?,
+        user: env.required("PGUSER", "a role name")?,
+        password: env
+            .raw("PGPASSWORD")
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned),
+        dbname: env.required("PGDATABASE", "a database name")?,
+        ssl_mode: SslMode::parse("PGSSLMODE", &env.required("PGSSLMODE", "an ssl mode")?)?,
+        ssl_root_cert: env
+            .raw("PGSSLROOTCERT")
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned),
+        application_name: env.required("PGAPPNAME", "a name")?,
+    };
+    if let Some(url) = env.raw("OUTBOXD_DATABASE_URL").filter(|u| !u.is_empty()) {
+        database_url::apply(url, &mut pg)?;
+    }
+    if pg.ssl_mode == SslMode::VerifyCa || pg.ssl_mode == SslMode::VerifyFull {
+        if let Some(path) = &pg.ssl_root_cert {
+            if !std::path::Path::new(path).is_file() {
+                return Err(ConfigError::new(
+                    "PGSSLROOTCERT",
+                    path,
+                    "a readable PEM file with the CA that signed the server certificate",
+                ));
+            }
+        }
+    }
+    Ok(pg)
+}
+
+/// Parses a snapshot of the environment.
+pub fn from_vars(vars: &BTreeMap<String, String>) -> Result<Settings, ConfigError> {
+    let env = Env { vars };
+    for name in vars.keys() {
+        if name.starts_with("OUTBOXD_")
+            && spec(name).is_none()
+            && !name.starts_with(KAFKA_PASSTHROUGH_PREFIX)
+        {
+            return Err(ConfigError::new(
+                name,
+                "",
+                "unknown variable (a typo?); `outboxd --help` lists every variable",
+            ));
+        }
+    }
+    let (table_schema, table_name) = table(&env)?;
+    let bad_row_policy = match env.required("OUTBOXD_BAD_ROW_POLICY", "a policy")?.as_str() {
+        "dead-letter" => BadRowPolicy::DeadLetter,
+        "stop" => BadRowPolicy::Stop,
+        other => {
+            return Err(ConfigError::new(
+                "OUTBOXD_BAD_ROW_POLICY",
+                other,
+                "dead-letter or stop",
+            ))
+        }
+    };
+    let log_format = match env.required("OUTBOXD_LOG_FORMAT", "a format")?.as_str() {
+        "text" => LogFormat::Text,
+        "json" => LogFormat::Json,
+        other => {
+            return Err(ConfigError::new(
+                "OUTBOXD_LOG_FORMAT",
+                other,
+                "text or json",
+            ))
+        }
+    };
+    let nonzero_millis = |name: &str| -> Result<Option<Duration>, ConfigError> {
+        match env.string(name) {
+            None => Ok(None),
+            Some(v) if v.trim().is_empty() => Ok(None),
+            Some(_) => env.millis(name, 0).map(|d| (!d.is_zero()).then_some(d)),
+        }
+    };
+    let mut kafka_overrides = BTreeMap::new();
+    for (name, value) in vars {
+        if let Some(rest) = name.strip_prefix(KAFKA_PASSTHROUGH_PREFIX) {
+            if spec(name).is_some() {
+                continue;
+            }
+            if rest.is_empty() {
+                return Err(ConfigError::new(name, value, "OUTBOXD_KAFKA_<PROPERTY>"));
+            }
+            kafka_overrides.insert(rest.to_ascii_lowercase().replace('_', "."), value.clone());
+        }
+    }
+    let status_interval = nonzero_millis("OUTBOXD_STATUS_INTERVAL_MS")?;
+    Ok(Settings {
+        pg: pg_settings(&env)?,
+        slot: slot_name(&env)?,
+        publication: env.identifier("OUTBOXD_PUBLICATION")?,
+        create_slot: env.boolean("OUTBOXD_CREATE_SLOT")?,
+        table_schema,
+        table_name,
+        column_id: env.identifier("OUTBOXD_COLUMN_ID")?,
+        column_aggregate_type: env.identifier("OUTBOXD_COLUMN_AGGREGATE_TYPE")?,
+        column_aggregate_id: env.identifier("OUTBOXD_COLUMN_AGGREGATE_ID")?,
+        column_event_type: env.identifier("OUTBOXD_COLUMN_EVENT_TYPE")?,
+        column_payload: env.identifier("OUTBOXD_COLUMN_PAYLOAD")?,
+        column_headers: env.optional_identifier("OUTBOXD_COLUMN_HEADERS")?,
+        message_prefix: env
+            .string("OUTBOXD_MESSAGE_PREFIX")
+            .filter(|p| !p.is_empty()),
+        bootstrap_servers: env.required(
+            "OUTBOXD_KAFKA_BOOTSTRAP_SERVERS",
+            "Kafka bootstrap servers as host:port[,host:port]",
+        )?,
+        kafka_overrides,
+        topic_template: env.required("OUTBOXD_TOPIC", "a topic or topic template")?,
+        bad_row_policy,
+        dead_letter_topic: env.required("OUTBOXD_DEAD_LETTER_TOPIC", "a topic name")?,
+        max_message_bytes: env.number::<usize>("OUTBOXD_MAX_MESSAGE_BYTES", 1024)?,
+        linger_ms: env.number::<u32>("OUTBOXD_KAFKA_LINGER_MS", 0)?,
+        max_in_flight_messages: env.number::<usize>("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", 1)?,
+        max_in_flight_bytes: env.number::<usize>("OUTBOXD_MAX_IN_FLIGHT_BYTES", 1024)?,
+        status_interval,
+        idle_flush: env.boolean("OUTBOXD_IDLE_FLUSH")?,
+        heartbeat_interval: nonzero_millis("OUTBOXD_HEARTBEAT_INTERVAL_MS")?,
+        shutdown_timeout: env.millis("OUTBOXD_SHUTDOWN_TIMEOUT_MS", 0)?,
+        reconnect_max_backoff: env.millis("OUTBOXD_RECONNECT_MAX_BACKOFF_MS", 100)?,
+        http_addr: env
+            .string("OUTBOXD_HTTP_ADDR")
+            .filter(|a| !a.trim().is_empty()),
+        ready_stall: env.millis("OUTBOXD_READY_STALL_MS", 1000)?,
+        log_filter: env.required("OUTBOXD_LOG", "a log filter")?,
+        log_format,
+    })
+}
+
+/// Reads the process environment once.
+pub fn from_process_env() -> Result<Settings, ConfigError> {
+    let vars: BTreeMap<String, String> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    from_vars(&vars)
+}
+
+#[cfg(test)]
+mod tests;

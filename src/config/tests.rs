@@ -1,0 +1,130 @@
+use std::collections::BTreeMap;
+
+use super::*;
+
+fn vars(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    let mut m: BTreeMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    m.entry("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS".into())
+        .or_insert_with(|| "127.0.0.1:9092".into());
+    m
+}
+
+#[test]
+fn defaults_apply_when_only_bootstrap_is_set() {
+    let s = from_vars(&vars(&[])).unwrap();
+    assert_eq!(s.slot, "outboxd");
+    assert_eq!(
+        (s.table_schema.as_str(), s.table_name.as_str()),
+        ("public", "outbox")
+    );
+    assert_eq!(s.topic_template, "outbox.{aggregate_type}");
+    assert_eq!(s.bad_row_policy, BadRowPolicy::DeadLetter);
+    assert_eq!(s.column_headers.as_deref(), Some("headers"));
+    assert_eq!(s.message_prefix.as_deref(), Some("outbox"));
+    assert_eq!(s.pg.port, 5432);
+    assert!(s.idle_flush);
+    assert!(s.heartbeat_interval.is_none());
+    assert!(s.kafka_overrides.is_empty(), "{:?}", s.kafka_overrides);
+}
+
+#[test]
+fn missing_bootstrap_servers_names_the_variable() {
+    let mut v = vars(&[]);
+    v.remove("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS");
+    let e = from_vars(&v).unwrap_err();
+    assert_eq!(e.var, "OUTBOXD_KAFKA_BOOTSTRAP_SERVERS");
+    assert!(e.to_string().contains("required"), "{e}");
+}
+
+#[test]
+fn bad_values_name_the_variable_and_what_it_accepts() {
+    let cases = [
+        ("OUTBOXD_BAD_ROW_POLICY", "skip", "dead-letter or stop"),
+        ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "0", ">= 1"),
+        ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "lots", "whole number"),
+        ("PGSSLMODE", "maybe", "verify-full"),
+        ("OUTBOXD_SLOT", "My-Slot", "a-z, 0-9 and _"),
+        ("OUTBOXD_IDLE_FLUSH", "perhaps", "true or false"),
+        ("OUTBOXD_TABLE", "a.b.c", "schema.table"),
+        ("OUTBOXD_LOG_FORMAT", "xml", "text or json"),
+        ("OUTBOXD_TYPO_VAR", "1", "unknown variable"),
+    ];
+    for (var, value, accepts) in cases {
+        let e = from_vars(&vars(&[(var, value)])).unwrap_err();
+        assert_eq!(e.var, var, "{e}");
+        assert!(e.to_string().contains(accepts), "{var}: {e}");
+    }
+}
+
+#[test]
+fn kafka_passthrough_maps_names_to_librdkafka_properties() {
+    let s = from_vars(&vars(&[
+        ("OUTBOXD_KAFKA_SASL_MECHANISM", "SCRAM-SHA-512"),
+        ("OUTBOXD_KAFKA_SECURITY_PROTOCOL", "sasl_ssl"),
+        ("OUTBOXD_KAFKA_LINGER_MS", "20"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        s.kafka_overrides.get("sasl.mechanism").unwrap(),
+        "SCRAM-SHA-512"
+    );
+    assert_eq!(
+        s.kafka_overrides.get("security.protocol").unwrap(),
+        "sasl_ssl"
+    );
+    // A documented variable is not passed through twice.
+    assert!(!s.kafka_overrides.contains_key("linger.ms"));
+    assert_eq!(s.linger_ms, 20);
+}
+
+#[test]
+fn database_url_overrides_pg_variables_and_secrets_stay_hidden() {
+    let s = from_vars(&vars(&[
+        ("PGHOST", "ignored"),
+        (
+            "OUTBOXD_DATABASE_URL",
+            "postgres://relay:p%40ss@db.internal:6543/shop?sslmode=require&application_name=relay1",
+        ),
+    ]))
+    .unwrap();
+    assert_eq!(s.pg.host, "db.internal");
+    assert_eq!(s.pg.port, 6543);
+    assert_eq!(s.pg.user, "relay");
+    assert_eq!(s.pg.password.as_deref(), Some("p@ss"));
+    assert_eq!(s.pg.dbname, "shop");
+    assert_eq!(s.pg.ssl_mode, SslMode::Require);
+    assert_eq!(s.pg.application_name, "relay1");
+    assert!(!format!("{:?}", s.pg).contains("p@ss"));
+    let e = from_vars(&vars(&[("OUTBOXD_DATABASE_URL", "mysql://secret@x")])).unwrap_err();
+    assert!(!e.to_string().contains("secret"), "{e}");
+}
+
+#[test]
+fn empty_headers_column_and_prefix_disable_them() {
+    let s = from_vars(&vars(&[
+        ("OUTBOXD_COLUMN_HEADERS", ""),
+        ("OUTBOXD_MESSAGE_PREFIX", ""),
+        ("OUTBOXD_HEARTBEAT_INTERVAL_MS", "5000"),
+    ]))
+    .unwrap();
+    assert!(s.column_headers.is_none());
+    assert!(s.message_prefix.is_none());
+    assert_eq!(
+        s.heartbeat_interval,
+        Some(std::time::Duration::from_secs(5))
+    );
+}
+
+#[test]
+fn help_lists_every_variable_with_its_default() {
+    let help = help_text();
+    for v in VARS {
+        assert!(help.contains(v.name), "{} missing from --help", v.name);
+        if let Some(d) = v.default {
+            assert!(help.contains(&format!("[default: {d}]")), "{}", v.name);
+        }
+    }
+}

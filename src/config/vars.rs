@@ -1,0 +1,88 @@
+//! Every environment variable outboxd reads, with its default and meaning: the single
+//! source for parsing, `outboxd --help`, and the check that docker/compose.yaml uses only
+//! variables that exist.
+
+/// One documented variable.
+#[derive(Debug, Clone, Copy)]
+pub struct VarSpec {
+    pub name: &'static str,
+    /// Shown in `--help`; `None` means "no default" (required or optional without one).
+    pub default: Option<&'static str>,
+    pub help: &'static str,
+}
+
+const fn var(name: &'static str, default: Option<&'static str>, help: &'static str) -> VarSpec {
+    VarSpec {
+        name,
+        default,
+        help,
+    }
+}
+
+/// Variables with the `OUTBOXD_KAFKA_` prefix that are not listed here are passed to
+/// librdkafka as properties (OUTBOXD_KAFKA_SASL_MECHANISM -> sasl.mechanism).
+pub const KAFKA_PASSTHROUGH_PREFIX: &str = "OUTBOXD_KAFKA_";
+
+pub const VARS: &[VarSpec] = &[
+    // Postgres
+    var("OUTBOXD_DATABASE_URL", None, "postgres://user:password@host:port/dbname?sslmode=... ; overrides the PG* variables below"),
+    var("PGHOST", Some("localhost"), "Postgres host name, IP address, or unix-socket directory"),
+    var("PGPORT", Some("5432"), "Postgres port"),
+    var("PGUSER", Some("postgres"), "role to connect as; needs the REPLICATION attribute (see sql/role.sql)"),
+    var("PGPASSWORD", None, "password (trust, cleartext, md5 and SCRAM-SHA-256 are supported); never logged"),
+    var("PGDATABASE", Some("postgres"), "database holding the outbox table"),
+    var("PGSSLMODE", Some("prefer"), "disable | prefer | require | verify-ca | verify-full"),
+    var("PGSSLROOTCERT", None, "CA certificate file (PEM) for verify-ca / verify-full"),
+    var("PGAPPNAME", Some("outboxd"), "application_name; keep it out of synchronous_standby_names"),
+    var("OUTBOXD_SLOT", Some("outboxd"), "logical replication slot name"),
+    var("OUTBOXD_PUBLICATION", Some("outboxd"), "publication name (CREATE PUBLICATION ... FOR TABLE <table> WITH (publish = 'insert'))"),
+    var("OUTBOXD_CREATE_SLOT", Some("true"), "true: create the slot at start-up when it does not exist (logged); false: a missing slot is an error. A slot that disappears while outboxd runs is always an error"),
+    var("OUTBOXD_TABLE", Some("public.outbox"), "outbox table as schema.table"),
+    var("OUTBOXD_COLUMN_ID", Some("id"), "column holding the event id (sent as header id)"),
+    var("OUTBOXD_COLUMN_AGGREGATE_TYPE", Some("aggregate_type"), "column holding the aggregate type"),
+    var("OUTBOXD_COLUMN_AGGREGATE_ID", Some("aggregate_id"), "column holding the aggregate id (the Kafka key)"),
+    var("OUTBOXD_COLUMN_EVENT_TYPE", Some("event_type"), "column holding the event type"),
+    var("OUTBOXD_COLUMN_PAYLOAD", Some("payload"), "column holding the payload: jsonb, json, text or bytea, sent as stored"),
+    var("OUTBOXD_COLUMN_HEADERS", Some("headers"), "optional jsonb column of extra headers; empty to disable"),
+    var("OUTBOXD_MESSAGE_PREFIX", Some("outbox"), "pg_logical_emit_message prefix relayed like rows (PG14+); empty disables"),
+    // Kafka
+    var("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS", None, "required: Kafka bootstrap servers, host:port[,host:port]"),
+    var("OUTBOXD_TOPIC", Some("outbox.{aggregate_type}"), "topic template over {id} {aggregate_type} {aggregate_id} {event_type}, or one fixed topic"),
+    var("OUTBOXD_BAD_ROW_POLICY", Some("dead-letter"), "dead-letter: a row that cannot be published goes to the dead-letter topic; stop: exit naming the row"),
+    var("OUTBOXD_DEAD_LETTER_TOPIC", Some("outbox.dead-letter"), "topic for rows that cannot be published"),
+    var("OUTBOXD_MAX_MESSAGE_BYTES", Some("1000000"), "largest record outboxd produces; keep <= the broker's message.max.bytes"),
+    var("OUTBOXD_KAFKA_LINGER_MS", Some("5"), "producer linger.ms"),
+    // Flow control and progress
+    var("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", Some("100000"), "cap on produced-but-unacked messages; at the cap outboxd stops reading WAL (status updates continue)"),
+    var("OUTBOXD_MAX_IN_FLIGHT_BYTES", Some("268435456"), "cap on produced-but-unacked bytes"),
+    var("OUTBOXD_STATUS_INTERVAL_MS", None, "status update interval; default min(10 s, wal_sender_timeout / 2)"),
+    var("OUTBOXD_IDLE_FLUSH", Some("true"), "advance the slot from keepalives while nothing is open or unacked, so idle outboxes do not retain WAL"),
+    var("OUTBOXD_HEARTBEAT_INTERVAL_MS", Some("0"), "if > 0, emit a transactional logical message this often so the slot advances even without keepalives"),
+    var("OUTBOXD_SHUTDOWN_TIMEOUT_MS", Some("30000"), "on SIGTERM/SIGINT, how long to wait for in-flight acks"),
+    var("OUTBOXD_RECONNECT_MAX_BACKOFF_MS", Some("30000"), "cap of the exponential reconnect backoff"),
+    // Operations
+    var("OUTBOXD_HTTP_ADDR", Some("127.0.0.1:9187"), "address for /metrics, /healthz, /readyz; empty disables"),
+    var("OUTBOXD_READY_STALL_MS", Some("60000"), "/readyz fails when work is unacked and the confirmed LSN has not moved for this long"),
+    var("OUTBOXD_LOG", Some("info"), "log filter (tracing EnvFilter syntax, e.g. info,librdkafka=warn)"),
+    var("OUTBOXD_LOG_FORMAT", Some("text"), "text | json"),
+];
+
+pub fn spec(name: &str) -> Option<&'static VarSpec> {
+    VARS.iter().find(|v| v.name == name)
+}
+
+/// `outboxd --help` text for the variables.
+pub fn help_text() -> String {
+    let mut out = String::from("Environment variables:\n");
+    for v in VARS {
+        let default = v
+            .default
+            .map_or(String::new(), |d| format!(" [default: {d}]"));
+        out.push_str(&format!("  {:<34} {}{}\n", v.name, v.help, default));
+    }
+    out.push_str(&format!(
+        "  {:<34} any other librdkafka property, e.g. OUTBOXD_KAFKA_SASL_MECHANISM -> sasl.mechanism\n",
+        "OUTBOXD_KAFKA_<PROPERTY>"
+    ));
+    out
+}
