@@ -1,0 +1,352 @@
+//! Error types of the pipeline, each with the class that tells the relay what to do.
+//!
+//! - [`ConfigError`]: a setting is wrong (topic template, topic name). Permanent: exit.
+//! - [`ShapeError`]: the outbox table does not have the configured shape. Permanent: exit
+//!   with the message, which names the table, the column and the fix.
+//! - [`RowError`]: one row (or emitted message) cannot become a Kafka record. Permanent for
+//!   that row: dead-letter it (see [`crate::dlq`]) or stop, per configuration.
+//! - [`AckError`]: the begin/track/commit/ack sequence was violated. Nothing was confirmed
+//!   past the watermark, so restarting from the slot is safe: retryable.
+
+use std::fmt;
+
+/// What the caller should do with an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    /// Retrying cannot help: report and exit (or dead-letter, for a row).
+    Permanent,
+    /// Restart the pipeline from the slot's confirmed position, with backoff.
+    Retryable,
+}
+
+impl ErrorClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorClass::Permanent => "permanent",
+            ErrorClass::Retryable => "retryable",
+        }
+    }
+}
+
+impl fmt::Display for ErrorClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a string is not a valid Kafka topic name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopicNameProblem {
+    Empty,
+    TooLong { len: usize },
+    InvalidChar(char),
+    DotOrDotDot,
+}
+
+impl fmt::Display for TopicNameProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TopicNameProblem::Empty => f.write_str("it is empty"),
+            TopicNameProblem::TooLong { len } => {
+                write!(f, "it is {len} characters long, the maximum is 249")
+            }
+            TopicNameProblem::InvalidChar(c) => write!(
+                f,
+                "it contains {c:?}; only ASCII letters, digits, '.', '_' and '-' are allowed"
+            ),
+            TopicNameProblem::DotOrDotDot => f.write_str("\".\" and \"..\" are reserved"),
+        }
+    }
+}
+
+/// A configuration value is invalid. Always [`ErrorClass::Permanent`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid topic template {template:?}: {reason}")]
+    TopicTemplate { template: String, reason: String },
+    #[error("invalid Kafka topic name {name:?}: {problem}")]
+    TopicName {
+        name: String,
+        problem: TopicNameProblem,
+    },
+    #[error("invalid emitted-message prefix: {0}")]
+    EmitPrefix(String),
+}
+
+impl ConfigError {
+    pub fn class(&self) -> ErrorClass {
+        ErrorClass::Permanent
+    }
+}
+
+/// The part a column plays in the outbox table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ColumnRole {
+    Id,
+    AggregateType,
+    AggregateId,
+    EventType,
+    Payload,
+    Headers,
+}
+
+impl ColumnRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ColumnRole::Id => "id",
+            ColumnRole::AggregateType => "aggregate type",
+            ColumnRole::AggregateId => "aggregate id",
+            ColumnRole::EventType => "event type",
+            ColumnRole::Payload => "payload",
+            ColumnRole::Headers => "headers",
+        }
+    }
+
+    /// The column types outboxd accepts for this role, in words.
+    pub fn accepted_types(self) -> &'static str {
+        match self {
+            ColumnRole::Id => "any type",
+            ColumnRole::AggregateType | ColumnRole::EventType => "text, varchar, char or name",
+            ColumnRole::AggregateId => {
+                "text, varchar, char, name, uuid, smallint, integer or bigint"
+            }
+            ColumnRole::Payload => "jsonb, json, text, varchar or bytea",
+            ColumnRole::Headers => "jsonb or json",
+        }
+    }
+}
+
+impl fmt::Display for ColumnRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The outbox table does not have the shape the configuration expects.
+/// Always [`ErrorClass::Permanent`]: the relay exits with this message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShapeError {
+    #[error(
+        "relation {found} is not the configured outbox table {expected}; \
+         check the publication (it should contain only the outbox table) or the table setting"
+    )]
+    WrongTable { expected: String, found: String },
+    #[error(
+        "table {table} has no column {column:?} (configured as the {role} column); \
+         its columns are: {available}. Fix: configure the right column name, or \
+         add the column to the table"
+    )]
+    MissingColumn {
+        table: String,
+        column: String,
+        role: ColumnRole,
+        available: String,
+    },
+    #[error(
+        "column {column:?} of table {table} (the {role} column) has type {found}; \
+         outboxd accepts {} there. Fix: {fix}", role.accepted_types()
+    )]
+    WrongType {
+        table: String,
+        column: String,
+        role: ColumnRole,
+        found: String,
+        fix: String,
+    },
+}
+
+impl ShapeError {
+    pub fn class(&self) -> ErrorClass {
+        ErrorClass::Permanent
+    }
+}
+
+/// What is wrong with a row; stable snake_case labels for metrics via [`RowErrorKind::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RowErrorKind {
+    /// The aggregate id (the Kafka key) is NULL.
+    NullAggregateId,
+    /// The aggregate id is the empty string.
+    EmptyAggregateId,
+    /// Another required column (id, aggregate type, event type) is NULL.
+    NullColumn,
+    /// A value could not be read: bad UTF-8, bad bytea hex, unknown binary format, bad JSON.
+    UnreadableValue,
+    /// The headers value is not a JSON object.
+    HeadersNotObject,
+    /// The rendered topic is not a valid Kafka topic name.
+    InvalidTopic,
+    /// An unchanged-TOAST marker where a full value is required.
+    UnchangedToast,
+    /// The tuple does not have the columns its Relation announced.
+    MalformedTuple,
+    /// The record is larger than the configured maximum message size.
+    Oversize,
+    /// An emitted message's content is not a valid outbox envelope.
+    InvalidEnvelope,
+}
+
+impl RowErrorKind {
+    pub const ALL: [RowErrorKind; 10] = [
+        RowErrorKind::NullAggregateId,
+        RowErrorKind::EmptyAggregateId,
+        RowErrorKind::NullColumn,
+        RowErrorKind::UnreadableValue,
+        RowErrorKind::HeadersNotObject,
+        RowErrorKind::InvalidTopic,
+        RowErrorKind::UnchangedToast,
+        RowErrorKind::MalformedTuple,
+        RowErrorKind::Oversize,
+        RowErrorKind::InvalidEnvelope,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RowErrorKind::NullAggregateId => "null_aggregate_id",
+            RowErrorKind::EmptyAggregateId => "empty_aggregate_id",
+            RowErrorKind::NullColumn => "null_column",
+            RowErrorKind::UnreadableValue => "unreadable_value",
+            RowErrorKind::HeadersNotObject => "headers_not_object",
+            RowErrorKind::InvalidTopic => "invalid_topic",
+            RowErrorKind::UnchangedToast => "unchanged_toast",
+            RowErrorKind::MalformedTuple => "malformed_tuple",
+            RowErrorKind::Oversize => "oversize",
+            RowErrorKind::InvalidEnvelope => "invalid_envelope",
+        }
+    }
+}
+
+impl fmt::Display for RowErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One outbox row (or emitted message) cannot become a Kafka record.
+///
+/// The message says what is wrong and what to fix; `event_id` is the row's id when it
+/// could be read. Always [`ErrorClass::Permanent`]: the same row fails the same way on
+/// every replay, so the relay dead-letters it or stops.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{message}", EventIdPrefix(.event_id.as_deref()))]
+pub struct RowError {
+    kind: RowErrorKind,
+    event_id: Option<String>,
+    message: String,
+}
+
+struct EventIdPrefix<'a>(Option<&'a str>);
+
+impl fmt::Display for EventIdPrefix<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(id) => write!(f, "outbox event {id:?}: "),
+            None => Ok(()),
+        }
+    }
+}
+
+impl RowError {
+    pub fn new(kind: RowErrorKind, message: impl Into<String>) -> Self {
+        RowError {
+            kind,
+            event_id: None,
+            message: message.into(),
+        }
+    }
+
+    /// Attach the row's id (the event id), when it was readable.
+    pub fn with_event_id(mut self, event_id: Option<&str>) -> Self {
+        if self.event_id.is_none() {
+            self.event_id = event_id.map(str::to_owned);
+        }
+        self
+    }
+
+    pub fn kind(&self) -> RowErrorKind {
+        self.kind
+    }
+
+    pub fn event_id(&self) -> Option<&str> {
+        self.event_id.as_deref()
+    }
+
+    /// The description without the event-id prefix.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    pub fn class(&self) -> ErrorClass {
+        ErrorClass::Permanent
+    }
+}
+
+/// The ack sequence was violated (a relay or decoder bug, or a protocol surprise).
+///
+/// [`ErrorClass::Retryable`]: the watermark never moved past unacknowledged work, so a
+/// restart from the slot with a fresh [`crate::AckTracker`] loses nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AckError {
+    #[error("Begin received while transaction #{open} is still open (no Commit seen)")]
+    TransactionAlreadyOpen { open: u64 },
+    #[error("{operation} outside a transaction (no Begin seen)")]
+    NoOpenTransaction { operation: &'static str },
+    #[error("delivery report for unknown ticket #{ticket} (already complete or never issued)")]
+    UnknownTicket { ticket: u64 },
+    #[error("more delivery reports than messages for transaction #{ticket}")]
+    TooManyReports { ticket: u64 },
+    #[error(
+        "Commit end_lsn {end_lsn} is below the previous transaction's end_lsn {previous}; \
+         commits must arrive in WAL order"
+    )]
+    EndLsnRegressed {
+        end_lsn: pgoutput::Lsn,
+        previous: pgoutput::Lsn,
+    },
+}
+
+impl AckError {
+    pub fn class(&self) -> ErrorClass {
+        ErrorClass::Retryable
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_error_display_includes_event_id_once() {
+        let e = RowError::new(RowErrorKind::NullAggregateId, "aggregate_id is NULL")
+            .with_event_id(Some("42"))
+            .with_event_id(Some("43"));
+        assert_eq!(e.to_string(), "outbox event \"42\": aggregate_id is NULL");
+        assert_eq!(e.event_id(), Some("42"));
+        assert_eq!(e.kind().as_str(), "null_aggregate_id");
+        assert_eq!(e.class(), ErrorClass::Permanent);
+        let e = RowError::new(RowErrorKind::Oversize, "too big");
+        assert_eq!(e.to_string(), "too big");
+    }
+
+    #[test]
+    fn kind_labels_are_unique_snake_case() {
+        let mut labels: Vec<_> = RowErrorKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert!(labels
+            .iter()
+            .all(|l| l.chars().all(|c| c.is_ascii_lowercase() || c == '_')));
+        labels.sort_unstable();
+        labels.dedup();
+        assert_eq!(labels.len(), RowErrorKind::ALL.len());
+    }
+
+    #[test]
+    fn classes() {
+        assert_eq!(
+            AckError::UnknownTicket { ticket: 1 }.class(),
+            ErrorClass::Retryable
+        );
+        let e = ConfigError::EmitPrefix("empty".into());
+        assert_eq!(e.class(), ErrorClass::Permanent);
+        assert_eq!(ErrorClass::Permanent.to_string(), "permanent");
+    }
+}
