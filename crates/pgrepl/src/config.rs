@@ -1,0 +1,242 @@
+//! Connection settings shared by the replication connection and the ordinary SQL client.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::ReplError;
+use crate::pg_tls::MakeRustlsConnect;
+
+/// A password that never shows up in logs or `Debug` output.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Password(String);
+
+impl Password {
+    pub fn new(secret: impl Into<String>) -> Self {
+        Password(secret.into())
+    }
+
+    /// The secret itself; call only where it goes on the wire.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Password {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl From<&str> for Password {
+    fn from(s: &str) -> Self {
+        Password::new(s)
+    }
+}
+
+impl From<String> for Password {
+    fn from(s: String) -> Self {
+        Password::new(s)
+    }
+}
+
+/// libpq's `sslmode` values, minus `allow` (which prefers plaintext).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SslMode {
+    Disable,
+    /// TLS if the server offers it, unverified; plaintext otherwise.
+    #[default]
+    Prefer,
+    /// TLS or fail, but the certificate is not verified.
+    Require,
+    /// TLS, certificate chain verified against the root store; host name not checked.
+    VerifyCa,
+    /// TLS, chain and host name verified.
+    VerifyFull,
+}
+
+impl SslMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
+impl fmt::Display for SslMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Error for an unknown `sslmode` string.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid sslmode {0:?}: expected disable, prefer, require, verify-ca or verify-full")]
+pub struct ParseSslModeError(pub String);
+
+impl FromStr for SslMode {
+    type Err = ParseSslModeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().replace('_', "-").as_str() {
+            "disable" => Ok(SslMode::Disable),
+            "prefer" => Ok(SslMode::Prefer),
+            "require" => Ok(SslMode::Require),
+            "verify-ca" => Ok(SslMode::VerifyCa),
+            "verify-full" => Ok(SslMode::VerifyFull),
+            _ => Err(ParseSslModeError(s.to_owned())),
+        }
+    }
+}
+
+/// Where and how to connect. Not `Serialize`: it holds a password.
+#[derive(Debug, Clone)]
+pub struct ConnectConfig {
+    /// Host name, IP address, or a Unix-socket directory (starts with `/`).
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: Option<Password>,
+    pub dbname: String,
+    pub ssl_mode: SslMode,
+    /// PEM bundle of trusted roots for verify-ca / verify-full; system roots when absent.
+    pub ssl_root_cert: Option<PathBuf>,
+    pub application_name: String,
+    pub connect_timeout: Duration,
+}
+
+impl ConnectConfig {
+    /// A config with libpq-like defaults for everything but host, user and database.
+    pub fn new(
+        host: impl Into<String>,
+        port: u16,
+        user: impl Into<String>,
+        dbname: impl Into<String>,
+    ) -> Self {
+        ConnectConfig {
+            host: host.into(),
+            port,
+            user: user.into(),
+            password: None,
+            dbname: dbname.into(),
+            ssl_mode: SslMode::Prefer,
+            ssl_root_cert: None,
+            application_name: "outboxd".into(),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+
+    pub fn is_unix_socket(&self) -> bool {
+        self.host.starts_with('/')
+    }
+
+    /// The equivalent `tokio_postgres` config for the ordinary SQL connection.
+    ///
+    /// tokio-postgres only knows disable/prefer/require; the verify modes are enforced by
+    /// the TLS connector that [`ConnectConfig::connect_sql`] passes alongside.
+    pub fn tokio_postgres_config(&self) -> tokio_postgres::Config {
+        let mut cfg = tokio_postgres::Config::new();
+        cfg.host(&self.host)
+            .port(self.port)
+            .user(&self.user)
+            .dbname(&self.dbname)
+            .application_name(&self.application_name)
+            .connect_timeout(self.connect_timeout)
+            .ssl_mode(match (self.ssl_mode, self.is_unix_socket()) {
+                // libpq never runs TLS over a Unix socket.
+                (_, true) | (SslMode::Disable, _) => tokio_postgres::config::SslMode::Disable,
+                (SslMode::Prefer, false) => tokio_postgres::config::SslMode::Prefer,
+                (_, false) => tokio_postgres::config::SslMode::Require,
+            });
+        if let Some(pw) = &self.password {
+            cfg.password(pw.expose());
+        }
+        cfg
+    }
+
+    /// Opens an ordinary SQL connection and spawns its connection task.
+    pub async fn connect_sql(&self) -> Result<tokio_postgres::Client, ReplError> {
+        let cfg = self.tokio_postgres_config();
+        let client = if cfg.get_ssl_mode() == tokio_postgres::config::SslMode::Disable {
+            let (client, conn) = cfg.connect(tokio_postgres::NoTls).await?;
+            spawn_connection(conn);
+            client
+        } else {
+            let tls = MakeRustlsConnect::new(self)?;
+            let (client, conn) = cfg.connect(tls).await?;
+            spawn_connection(conn);
+            client
+        };
+        Ok(client)
+    }
+}
+
+fn spawn_connection<S, T>(conn: tokio_postgres::Connection<S, T>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::warn!(error = %e, "SQL connection ended with an error");
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ssl_modes() {
+        for (text, mode) in [
+            ("disable", SslMode::Disable),
+            ("prefer", SslMode::Prefer),
+            ("require", SslMode::Require),
+            ("verify-ca", SslMode::VerifyCa),
+            ("VERIFY_FULL", SslMode::VerifyFull),
+        ] {
+            assert_eq!(text.parse::<SslMode>(), Ok(mode));
+        }
+        assert_eq!(
+            SslMode::VerifyCa.to_string().parse::<SslMode>(),
+            Ok(SslMode::VerifyCa)
+        );
+        assert!("allow".parse::<SslMode>().is_err());
+        assert!("".parse::<SslMode>().is_err());
+    }
+
+    #[test]
+    fn password_is_redacted() {
+        let mut cfg = ConnectConfig::new("localhost", 5432, "u", "db");
+        cfg.password = Some(Password::new("hunter2"));
+        let debug = format!("{cfg:?}");
+        assert!(!debug.contains("hunter2"), "{debug}");
+        assert!(debug.contains("***"), "{debug}");
+        assert_eq!(format!("{:?}", Password::from("s3cret")), "***");
+    }
+
+    #[test]
+    fn tokio_postgres_modes() {
+        use tokio_postgres::config::SslMode as T;
+        let mut cfg = ConnectConfig::new("db.example", 5432, "u", "db");
+        for (mode, expected) in [
+            (SslMode::Disable, T::Disable),
+            (SslMode::Prefer, T::Prefer),
+            (SslMode::Require, T::Require),
+            (SslMode::VerifyCa, T::Require),
+            (SslMode::VerifyFull, T::Require),
+        ] {
+            cfg.ssl_mode = mode;
+            assert_eq!(cfg.tokio_postgres_config().get_ssl_mode(), expected);
+        }
+        cfg.host = "/var/run/postgresql".into();
+        cfg.ssl_mode = SslMode::Require;
+        assert_eq!(cfg.tokio_postgres_config().get_ssl_mode(), T::Disable);
+    }
+}

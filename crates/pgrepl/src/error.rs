@@ -1,0 +1,224 @@
+//! Errors of the replication client and their one classification.
+//!
+//! Callers restart on [`ErrorClass::Retryable`] (with backoff) and stop with a report on
+//! [`ErrorClass::Permanent`]: a broken password, a missing slot or an invalidated slot does
+//! not heal by reconnecting, and looping on it hides the problem (Materialize#14823).
+
+use std::fmt;
+use std::io;
+
+use pgoutput::DecodeError;
+
+/// Whether retrying the same operation can succeed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    Permanent,
+    Retryable,
+}
+
+/// The fields of a server ErrorResponse / NoticeResponse that matter to an operator.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServerError {
+    /// Non-localized severity (`V`), falling back to the localized one (`S`).
+    pub severity: String,
+    pub code: String,
+    pub message: String,
+    pub detail: Option<String>,
+    pub hint: Option<String>,
+}
+
+impl fmt::Display for ServerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}: {}", self.severity, self.code, self.message)?;
+        if let Some(detail) = &self.detail {
+            write!(f, " (detail: {detail})")?;
+        }
+        if let Some(hint) = &self.hint {
+            write!(f, " (hint: {hint})")?;
+        }
+        Ok(())
+    }
+}
+
+/// Every failure of the replication client.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplError {
+    #[error("I/O error while {context}: {source}")]
+    Io {
+        context: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("timed out while {0}")]
+    Timeout(&'static str),
+    #[error("server closed the connection while {0}")]
+    Closed(&'static str),
+    #[error("server error: {0}")]
+    Server(Box<ServerError>),
+    #[error("authentication failed for user \"{user}\" ({method}): {server}")]
+    Auth {
+        user: String,
+        method: &'static str,
+        server: Box<ServerError>,
+    },
+    #[error("authentication as user \"{user}\" ({method}) failed on the client side: {reason}")]
+    AuthClient {
+        user: String,
+        method: &'static str,
+        reason: String,
+    },
+    #[error("replication slot \"{slot}\" is active for PID {pid} (SQLSTATE 55006)")]
+    SlotInUse { slot: String, pid: i32 },
+    #[error("TLS error: {0}")]
+    Tls(String),
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("not supported by this server: {0}")]
+    Unsupported(String),
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    #[error("cannot decode replication data: {0}")]
+    Decode(#[from] DecodeError),
+    #[error("SQL error: {0}")]
+    Sql(#[from] tokio_postgres::Error),
+}
+
+impl ReplError {
+    pub(crate) fn io(context: &'static str) -> impl FnOnce(io::Error) -> ReplError {
+        move |source| ReplError::Io { context, source }
+    }
+
+    /// The SQLSTATE that decided this error, when the server sent one.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            ReplError::Server(e) | ReplError::Auth { server: e, .. } => Some(&e.code),
+            ReplError::SlotInUse { .. } => Some("55006"),
+            ReplError::Sql(e) => e.code().map(|c| c.code()),
+            _ => None,
+        }
+    }
+
+    /// The single place where errors are split into permanent and retryable.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            ReplError::Io { .. }
+            | ReplError::Timeout(_)
+            | ReplError::Closed(_)
+            | ReplError::SlotInUse { .. } => ErrorClass::Retryable,
+            ReplError::Server(e) => class_of_sqlstate(&e.code),
+            ReplError::Auth { .. }
+            | ReplError::AuthClient { .. }
+            | ReplError::Tls(_)
+            | ReplError::Config(_)
+            | ReplError::Unsupported(_)
+            | ReplError::Protocol(_)
+            | ReplError::Decode(_) => ErrorClass::Permanent,
+            ReplError::Sql(e) => match e.code() {
+                Some(code) => class_of_sqlstate(code.code()),
+                // No SQLSTATE: the connection broke or closed under the client.
+                None if e.is_closed() || std::error::Error::source(e).is_some() => {
+                    ErrorClass::Retryable
+                }
+                None => ErrorClass::Permanent,
+            },
+        }
+    }
+}
+
+/// SQLSTATE → class. Unknown codes are permanent so a human sees them instead of a loop.
+pub fn class_of_sqlstate(code: &str) -> ErrorClass {
+    match code {
+        // Slot held by another walsender: the holder may die or time out.
+        "55006" => ErrorClass::Retryable,
+        // Admin shutdown, crash shutdown, cannot connect now (startup/recovery).
+        "57P01" | "57P02" | "57P03" => ErrorClass::Retryable,
+        // Query canceled (e.g. statement_timeout on a busy server).
+        "57014" => ErrorClass::Retryable,
+        _ if code.starts_with("08") => ErrorClass::Retryable,
+        // Insufficient resources: too many connections, out of memory, disk full.
+        _ if code.starts_with("53") => ErrorClass::Retryable,
+        // Serialization failure / deadlock.
+        _ if code.starts_with("40") => ErrorClass::Retryable,
+        _ => ErrorClass::Permanent,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(code: &str) -> ReplError {
+        ReplError::Server(Box::new(ServerError {
+            severity: "ERROR".into(),
+            code: code.into(),
+            message: "m".into(),
+            ..ServerError::default()
+        }))
+    }
+
+    #[test]
+    fn classification_table() {
+        let cases = [
+            ("28P01", ErrorClass::Permanent),
+            ("28000", ErrorClass::Permanent),
+            ("42704", ErrorClass::Permanent),
+            ("55000", ErrorClass::Permanent),
+            ("55006", ErrorClass::Retryable),
+            ("57P01", ErrorClass::Retryable),
+            ("57P02", ErrorClass::Retryable),
+            ("57P03", ErrorClass::Retryable),
+            ("08006", ErrorClass::Retryable),
+            ("08P01", ErrorClass::Retryable),
+            ("53300", ErrorClass::Retryable),
+            ("42501", ErrorClass::Permanent),
+            ("XX000", ErrorClass::Permanent),
+        ];
+        for (code, class) in cases {
+            assert_eq!(server(code).class(), class, "{code}");
+            assert_eq!(server(code).sqlstate(), Some(code));
+        }
+    }
+
+    #[test]
+    fn non_server_errors() {
+        let io = ReplError::Io {
+            context: "reading",
+            source: io::Error::from(io::ErrorKind::ConnectionReset),
+        };
+        assert_eq!(io.class(), ErrorClass::Retryable);
+        assert_eq!(ReplError::Timeout("x").class(), ErrorClass::Retryable);
+        assert_eq!(ReplError::Closed("x").class(), ErrorClass::Retryable);
+        let busy = ReplError::SlotInUse {
+            slot: "s".into(),
+            pid: 7,
+        };
+        assert_eq!(busy.class(), ErrorClass::Retryable);
+        assert_eq!(busy.sqlstate(), Some("55006"));
+        assert_eq!(ReplError::Tls("bad".into()).class(), ErrorClass::Permanent);
+        let decode = ReplError::Decode(DecodeError::UnknownTag {
+            what: "x",
+            tag: b'?',
+        });
+        assert_eq!(decode.class(), ErrorClass::Permanent);
+    }
+
+    #[test]
+    fn auth_display_names_user_method_and_sqlstate() {
+        let e = ReplError::Auth {
+            user: "x".into(),
+            method: "md5",
+            server: Box::new(ServerError {
+                severity: "FATAL".into(),
+                code: "28P01".into(),
+                message: "password authentication failed for user \"x\"".into(),
+                ..ServerError::default()
+            }),
+        };
+        let text = e.to_string();
+        assert!(text.contains("user \"x\""), "{text}");
+        assert!(text.contains("(md5)"), "{text}");
+        assert!(text.contains("28P01"), "{text}");
+        assert_eq!(e.class(), ErrorClass::Permanent);
+        assert_eq!(e.sqlstate(), Some("28P01"));
+    }
+}

@@ -1,0 +1,208 @@
+//! Replication commands over the simple query protocol (the only one a walsender accepts).
+
+use std::str::FromStr;
+
+use bytes::Bytes;
+use pgoutput::Lsn;
+use postgres_protocol::message::frontend;
+
+use crate::connection::ReplicationConnection;
+use crate::error::ReplError;
+use crate::wire::Backend;
+
+/// Result of `IDENTIFY_SYSTEM`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SystemInfo {
+    /// Cluster identifier; a different value means a different cluster (e.g. a restored
+    /// backup), whose LSNs must not be compared with stored ones.
+    pub system_id: String,
+    pub timeline: u32,
+    pub xlog_pos: Lsn,
+    pub dbname: Option<String>,
+}
+
+/// Result of `CREATE_REPLICATION_SLOT`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotCreated {
+    pub slot_name: String,
+    /// Becomes the slot's initial `confirmed_flush_lsn`.
+    pub consistent_point: Lsn,
+}
+
+/// Rows of a simple query: column names, then text values.
+#[derive(Debug, Default)]
+pub(crate) struct Rows {
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<Option<Bytes>>>,
+}
+
+impl Rows {
+    fn single_row(&self, what: &str) -> Result<&[Option<Bytes>], ReplError> {
+        match self.rows.as_slice() {
+            [row] => Ok(row),
+            rows => Err(ReplError::Protocol(format!(
+                "{what} returned {} rows, expected 1",
+                rows.len()
+            ))),
+        }
+    }
+
+    fn text(&self, row: &[Option<Bytes>], name: &str) -> Result<Option<String>, ReplError> {
+        let idx = self
+            .columns
+            .iter()
+            .position(|c| c == name)
+            .ok_or_else(|| ReplError::Protocol(format!("result has no column {name:?}")))?;
+        Ok(row
+            .get(idx)
+            .cloned()
+            .flatten()
+            .map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
+    fn required(&self, row: &[Option<Bytes>], name: &str) -> Result<String, ReplError> {
+        self.text(row, name)?
+            .ok_or_else(|| ReplError::Protocol(format!("column {name:?} is NULL")))
+    }
+}
+
+/// Quotes an identifier for a replication command: `"` doubled, whole name in `"…"`.
+pub(crate) fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Quotes a string literal: `'` doubled.
+pub(crate) fn quote_literal(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+fn parse_lsn(text: &str) -> Result<Lsn, ReplError> {
+    Lsn::from_str(text).map_err(|e| ReplError::Protocol(e.to_string()))
+}
+
+impl ReplicationConnection {
+    /// Sends one simple query and collects its rows until ReadyForQuery. An ErrorResponse
+    /// is returned after ReadyForQuery so the connection stays usable.
+    pub(crate) async fn simple_query(&mut self, sql: &str) -> Result<Rows, ReplError> {
+        tracing::debug!(sql, "replication command");
+        self.conn
+            .send("sending a replication command", |buf| {
+                frontend::query(sql, buf)
+            })
+            .await?;
+        let mut rows = Rows::default();
+        let mut error = None;
+        loop {
+            match self.conn.recv("reading a command result").await? {
+                Backend::RowDescription(columns) => rows.columns = columns,
+                Backend::DataRow(values) => rows.rows.push(values),
+                Backend::CommandComplete
+                | Backend::EmptyQueryResponse
+                | Backend::ParameterStatus { .. } => {}
+                Backend::Notice(n) => tracing::info!(notice = %n, "server notice"),
+                Backend::Error(e) => error = Some(e),
+                Backend::ReadyForQuery => break,
+                other => {
+                    return Err(ReplError::Protocol(format!(
+                        "unexpected message in a command result: {}",
+                        other.describe()
+                    )))
+                }
+            }
+        }
+        match error {
+            Some(e) => Err(ReplError::Server(Box::new(e))),
+            None => Ok(rows),
+        }
+    }
+
+    /// `IDENTIFY_SYSTEM`.
+    pub async fn identify_system(&mut self) -> Result<SystemInfo, ReplError> {
+        let rows = self.simple_query("IDENTIFY_SYSTEM").await?;
+        let row = rows.single_row("IDENTIFY_SYSTEM")?;
+        let timeline = rows.required(row, "timeline")?;
+        Ok(SystemInfo {
+            system_id: rows.required(row, "systemid")?,
+            timeline: timeline
+                .parse()
+                .map_err(|_| ReplError::Protocol(format!("invalid timeline {timeline:?}")))?,
+            xlog_pos: parse_lsn(&rows.required(row, "xlogpos")?)?,
+            dbname: rows.text(row, "dbname")?,
+        })
+    }
+
+    /// `SHOW name` (e.g. `wal_sender_timeout`, `server_version_num`).
+    pub async fn show(&mut self, name: &str) -> Result<String, ReplError> {
+        let rows = self
+            .simple_query(&format!("SHOW {}", quote_ident(name)))
+            .await?;
+        let row = rows.single_row("SHOW")?;
+        row.first()
+            .cloned()
+            .flatten()
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+            .ok_or_else(|| ReplError::Protocol(format!("SHOW {name} returned NULL")))
+    }
+
+    /// The server version as `server_version_num` (e.g. 150018), cached.
+    pub async fn server_version_num(&mut self) -> Result<u32, ReplError> {
+        if let Some(v) = self.version_num {
+            return Ok(v);
+        }
+        let text = self.show("server_version_num").await?;
+        let v = text
+            .trim()
+            .parse()
+            .map_err(|_| ReplError::Protocol(format!("invalid server_version_num {text:?}")))?;
+        self.version_num = Some(v);
+        Ok(v)
+    }
+
+    /// Creates a logical slot for pgoutput without exporting a snapshot: the outbox relay
+    /// starts from the slot's consistent point and never needs the snapshot.
+    pub async fn create_logical_slot(
+        &mut self,
+        name: &str,
+        temporary: bool,
+    ) -> Result<SlotCreated, ReplError> {
+        let version = self.server_version_num().await?;
+        let temp = if temporary { " TEMPORARY" } else { "" };
+        let snapshot = if version >= 150_000 {
+            " (SNAPSHOT 'nothing')"
+        } else {
+            " NOEXPORT_SNAPSHOT"
+        };
+        let sql = format!(
+            "CREATE_REPLICATION_SLOT {}{temp} LOGICAL pgoutput{snapshot}",
+            quote_ident(name)
+        );
+        let rows = self.simple_query(&sql).await?;
+        let row = rows.single_row("CREATE_REPLICATION_SLOT")?;
+        Ok(SlotCreated {
+            slot_name: rows.required(row, "slot_name")?,
+            consistent_point: parse_lsn(&rows.required(row, "consistent_point")?)?,
+        })
+    }
+
+    /// `DROP_REPLICATION_SLOT "name" [WAIT]`.
+    pub async fn drop_slot(&mut self, name: &str, wait: bool) -> Result<(), ReplError> {
+        let wait = if wait { " WAIT" } else { "" };
+        self.simple_query(&format!(
+            "DROP_REPLICATION_SLOT {}{wait}",
+            quote_ident(name)
+        ))
+        .await
+        .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(quote_ident("Slot\"x"), "\"Slot\"\"x\"");
+        assert_eq!(quote_literal("a'b"), "'a''b'");
+    }
+}

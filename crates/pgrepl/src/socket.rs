@@ -1,0 +1,90 @@
+//! Transport setup: TCP or Unix socket, then the SSLRequest negotiation and TLS handshake.
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+use tokio_rustls::TlsConnector;
+
+use crate::config::{ConnectConfig, SslMode};
+use crate::error::ReplError;
+use crate::tls::{client_config, handshake_error, server_end_point_hash, server_name};
+
+pub(crate) trait AsyncStream: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> AsyncStream for T {}
+
+pub(crate) type BoxStream = Box<dyn AsyncStream>;
+
+/// An open transport, encrypted or not.
+pub(crate) struct Transport {
+    pub stream: BoxStream,
+    /// `tls-server-end-point` hash; `Some` exactly when TLS is in use.
+    pub cert_hash: Option<Vec<u8>>,
+}
+
+/// `SSLRequest`: Int32 length 8, Int32 magic 80877103.
+const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+
+pub(crate) async fn open(cfg: &ConnectConfig) -> Result<Transport, ReplError> {
+    if cfg.is_unix_socket() {
+        // libpq does not run TLS over Unix sockets either: the kernel is the transport.
+        let path = format!("{}/.s.PGSQL.{}", cfg.host.trim_end_matches('/'), cfg.port);
+        let stream = UnixStream::connect(&path)
+            .await
+            .map_err(ReplError::io("connecting to the Unix socket"))?;
+        return Ok(Transport {
+            stream: Box::new(stream),
+            cert_hash: None,
+        });
+    }
+    let mut tcp = TcpStream::connect((cfg.host.as_str(), cfg.port))
+        .await
+        .map_err(ReplError::io("connecting over TCP"))?;
+    tcp.set_nodelay(true)
+        .map_err(ReplError::io("setting TCP_NODELAY"))?;
+    if cfg.ssl_mode == SslMode::Disable {
+        return Ok(Transport {
+            stream: Box::new(tcp),
+            cert_hash: None,
+        });
+    }
+    // Build the TLS config first so a bad root file is reported before any network talk.
+    let tls_config = client_config(cfg)?;
+    let name = server_name(&cfg.host)?;
+    tcp.write_all(&SSL_REQUEST)
+        .await
+        .map_err(ReplError::io("sending SSLRequest"))?;
+    // Exactly one byte: anything buffered beyond it would be unauthenticated (CVE-2021-23222).
+    let answer = tcp
+        .read_u8()
+        .await
+        .map_err(ReplError::io("reading the SSLRequest answer"))?;
+    match answer {
+        b'S' => {
+            let tls = TlsConnector::from(tls_config)
+                .connect(name, tcp)
+                .await
+                .map_err(handshake_error)?;
+            let cert_hash = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|certs| certs.first())
+                .map(|cert| server_end_point_hash(cert));
+            Ok(Transport {
+                stream: Box::new(tls),
+                // Channel binding needs the hash; without a certificate offer none.
+                cert_hash: Some(cert_hash.unwrap_or_default()).filter(|h| !h.is_empty()),
+            })
+        }
+        b'N' if cfg.ssl_mode == SslMode::Prefer => Ok(Transport {
+            stream: Box::new(tcp),
+            cert_hash: None,
+        }),
+        b'N' => Err(ReplError::Tls(format!(
+            "server does not support TLS, but sslmode={}",
+            cfg.ssl_mode
+        ))),
+        other => Err(ReplError::Protocol(format!(
+            "unexpected answer {other:#04x} to SSLRequest"
+        ))),
+    }
+}

@@ -1,0 +1,306 @@
+//! START_REPLICATION and the CopyBoth stream that follows.
+//!
+//! The stream is split: this side reads and decodes frames for the consumer; the
+//! [`crate::status_writer`] task owns the write half and reports progress on its own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use pgoutput::{LogicalMessage, Lsn, MessageDecoder, PgTimestamp, ReplicationFrame};
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::connection::ReplicationConnection;
+use crate::error::{ReplError, ServerError};
+use crate::options::{start_replication_sql, status_interval, StartOptions};
+use crate::socket::BoxStream;
+use crate::status_writer::{Command, FlushHandle, Shared, Writer};
+use crate::wire::{self, Backend};
+
+/// How long [`ReplicationStream::stop`] waits for the server to end the COPY.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One item of the replication stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReplicationEvent {
+    /// A pgoutput message. `wal_start`/`wal_end` are not acknowledgeable positions; use
+    /// `Commit::end_lsn`.
+    XLogData {
+        wal_start: Lsn,
+        wal_end: Lsn,
+        send_time: PgTimestamp,
+        message: LogicalMessage,
+    },
+    /// A primary keepalive. Replies are sent by the writer; `wal_end` is exposed for idle
+    /// advancement (ack it only with no transaction open or unacked).
+    Keepalive { wal_end: Lsn, reply_requested: bool },
+}
+
+impl ReplicationConnection {
+    /// Sends START_REPLICATION and turns the connection into a [`ReplicationStream`].
+    pub async fn start_replication(
+        mut self,
+        opts: StartOptions,
+    ) -> Result<ReplicationStream, ReplError> {
+        let version = self.server_version_num().await?;
+        let sql = start_replication_sql(&opts, version)?;
+        let interval = match opts.status_interval {
+            Some(i) => i,
+            None => status_interval(&self.show("wal_sender_timeout").await?)?,
+        };
+        tracing::info!(slot = %opts.slot, start = %opts.start_lsn, ?interval, "starting replication");
+        self.conn
+            .send("sending START_REPLICATION", |buf| {
+                frontend::query(&sql, buf)
+            })
+            .await?;
+        loop {
+            match self.conn.recv("waiting for CopyBothResponse").await? {
+                Backend::CopyBothResponse => break,
+                Backend::Notice(n) => tracing::info!(notice = %n, "server notice"),
+                Backend::Error(e) => {
+                    // Read up to ReadyForQuery is pointless: the connection is dropped anyway.
+                    return Err(stream_error(&opts.slot, e));
+                }
+                other => {
+                    return Err(ReplError::Protocol(format!(
+                        "unexpected answer to START_REPLICATION: {}",
+                        other.describe()
+                    )))
+                }
+            }
+        }
+        let rbuf = std::mem::take(&mut self.conn.rbuf);
+        let (read, write) = tokio::io::split(self.conn.stream);
+        let shared = Shared::new(opts.initial_flush);
+        let (commands, rx) = mpsc::channel(4);
+        let writer = tokio::spawn(Writer::new(write, shared.clone(), interval, rx).run());
+        Ok(ReplicationStream {
+            read,
+            rbuf,
+            shared,
+            commands,
+            writer: Some(writer),
+            decoder: MessageDecoder::new(),
+            slot: opts.slot,
+            finished: false,
+        })
+    }
+}
+
+/// Maps a server error on the replication stream, recognising "slot in use".
+fn stream_error(slot: &str, e: ServerError) -> ReplError {
+    if e.code == "55006" {
+        // "replication slot \"s\" is active for PID 1234"
+        if let Some(pid) = e.message.rsplit(' ').next().and_then(|p| p.parse().ok()) {
+            return ReplError::SlotInUse {
+                slot: slot.to_owned(),
+                pid,
+            };
+        }
+    }
+    ReplError::Server(Box::new(e))
+}
+
+/// The running replication stream. Dropping it closes the connection without a final
+/// status update; prefer [`ReplicationStream::stop`].
+pub struct ReplicationStream {
+    read: ReadHalf<BoxStream>,
+    rbuf: BytesMut,
+    shared: Arc<Shared>,
+    commands: mpsc::Sender<Command>,
+    writer: Option<JoinHandle<()>>,
+    decoder: MessageDecoder,
+    slot: String,
+    finished: bool,
+}
+
+impl std::fmt::Debug for ReplicationStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicationStream")
+            .field("slot", &self.slot)
+            .field("server_wal_end", &self.server_wal_end())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReplicationStream {
+    /// The next event, or `None` once the server ended the stream.
+    ///
+    /// Cancel-safe: the only await is a read into the stream's own buffer, and a frame is
+    /// consumed and decoded without awaiting, so dropping this future loses nothing.
+    pub async fn next(&mut self) -> Result<Option<ReplicationEvent>, ReplError> {
+        loop {
+            if let Some(e) = self.shared.failure() {
+                return Err(ReplError::Io {
+                    context: "sending a status update",
+                    source: e,
+                });
+            }
+            while let Some((tag, body)) = wire::split_message(&mut self.rbuf)? {
+                if let Some(event) = self.handle(tag, body)? {
+                    return Ok(Some(event));
+                }
+            }
+            if self.finished {
+                return Ok(None);
+            }
+            self.rbuf.reserve(64 * 1024);
+            let shared = self.shared.clone();
+            tokio::select! {
+                read = self.read.read_buf(&mut self.rbuf) => {
+                    let n = read.map_err(ReplError::io("reading the replication stream"))?;
+                    if n == 0 {
+                        return Err(ReplError::Closed("reading the replication stream"));
+                    }
+                }
+                () = shared.writer_failed.notified() => {}
+            }
+        }
+    }
+
+    fn handle(
+        &mut self,
+        tag: u8,
+        body: bytes::Bytes,
+    ) -> Result<Option<ReplicationEvent>, ReplError> {
+        match tag {
+            b'd' => match ReplicationFrame::decode(body)? {
+                ReplicationFrame::XLogData(x) => {
+                    self.shared.note_received(x.wal_end);
+                    let message = self.decoder.decode(x.data)?;
+                    Ok(Some(ReplicationEvent::XLogData {
+                        wal_start: x.wal_start,
+                        wal_end: x.wal_end,
+                        send_time: x.send_time,
+                        message,
+                    }))
+                }
+                ReplicationFrame::Keepalive(k) => {
+                    self.shared.note_received(k.wal_end);
+                    if k.reply_requested {
+                        self.shared.reply_requested.notify_one();
+                    }
+                    Ok(Some(ReplicationEvent::Keepalive {
+                        wal_end: k.wal_end,
+                        reply_requested: k.reply_requested,
+                    }))
+                }
+            },
+            _ => match wire::decode(tag, body)? {
+                Backend::Error(e) => Err(stream_error(&self.slot, e)),
+                Backend::Notice(n) => {
+                    tracing::info!(notice = %n, "server notice");
+                    Ok(None)
+                }
+                Backend::CopyDone | Backend::CommandComplete | Backend::ParameterStatus { .. } => {
+                    Ok(None)
+                }
+                Backend::ReadyForQuery => {
+                    self.finished = true;
+                    Ok(None)
+                }
+                other => Err(ReplError::Protocol(format!(
+                    "unexpected message on the replication stream: {}",
+                    other.describe()
+                ))),
+            },
+        }
+    }
+
+    /// A cloneable handle through which the caller reports its durable position.
+    pub fn flush_handle(&self) -> FlushHandle {
+        FlushHandle {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The highest walEnd the server has sent (XLogData or keepalive).
+    pub fn server_wal_end(&self) -> Lsn {
+        self.shared.received()
+    }
+
+    /// Forces a status update and waits until it is written.
+    pub async fn send_status_now(&self) -> Result<(), ReplError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::StatusNow(tx))
+            .await
+            .map_err(|_| self.writer_gone())?;
+        rx.await
+            .map_err(|_| self.writer_gone())?
+            .map_err(ReplError::io("sending a status update"))
+    }
+
+    fn writer_gone(&self) -> ReplError {
+        match self.shared.failure() {
+            Some(source) => ReplError::Io {
+                context: "sending a status update",
+                source,
+            },
+            None => ReplError::Closed("sending a status update"),
+        }
+    }
+
+    /// Ends replication cleanly: final status update, CopyDone, then drain the server's
+    /// CopyDone/CommandComplete/ReadyForQuery (bounded by a timeout) and Terminate.
+    /// Data that arrives meanwhile is discarded; it was never acknowledged.
+    pub async fn stop(mut self) -> Result<(), ReplError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(Command::Stop(tx))
+            .await
+            .map_err(|_| self.writer_gone())?;
+        let mut write = rx
+            .await
+            .map_err(|_| self.writer_gone())?
+            .map_err(ReplError::io("sending CopyDone"))?;
+        if let Some(handle) = self.writer.take() {
+            let _ = handle.await;
+        }
+        let drain = async {
+            while !self.finished {
+                self.rbuf.reserve(64 * 1024);
+                while let Some((tag, body)) = wire::split_message(&mut self.rbuf)? {
+                    if tag == b'd' {
+                        continue;
+                    }
+                    self.handle(tag, body)?;
+                }
+                if self.finished {
+                    break;
+                }
+                let n = self
+                    .read
+                    .read_buf(&mut self.rbuf)
+                    .await
+                    .map_err(ReplError::io("draining the replication stream"))?;
+                if n == 0 {
+                    return Err(ReplError::Closed("draining the replication stream"));
+                }
+            }
+            Ok(())
+        };
+        tokio::time::timeout(STOP_TIMEOUT, drain)
+            .await
+            .map_err(|_| ReplError::Timeout("waiting for the server to end replication"))??;
+        let mut buf = BytesMut::new();
+        frontend::terminate(&mut buf);
+        // Best effort: the session is over either way.
+        let _ = write.write_all(&buf).await;
+        let _ = write.shutdown().await;
+        tracing::info!(slot = %self.slot, "replication stopped");
+        Ok(())
+    }
+}
+
+impl Drop for ReplicationStream {
+    fn drop(&mut self) {
+        if let Some(handle) = self.writer.take() {
+            handle.abort();
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! rustls client configuration implementing libpq's ssl modes, and the
+//! `tls-server-end-point` channel-binding hash (RFC 5929) for SCRAM-SHA-256-PLUS.
+
+use std::io;
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
+use sha2::Digest;
+
+use crate::config::{ConnectConfig, SslMode};
+use crate::error::ReplError;
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Builds the client config for `cfg.ssl_mode` (which must not be `Disable`).
+pub(crate) fn client_config(cfg: &ConnectConfig) -> Result<Arc<ClientConfig>, ReplError> {
+    let provider = provider();
+    let verifier: Arc<dyn ServerCertVerifier> = match cfg.ssl_mode {
+        SslMode::Disable | SslMode::Prefer | SslMode::Require => {
+            Arc::new(NoVerification(provider.clone()))
+        }
+        SslMode::VerifyCa => Arc::new(ChainOnly(webpki_verifier(cfg, &provider)?)),
+        SslMode::VerifyFull => webpki_verifier(cfg, &provider)?,
+    };
+    let config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ReplError::Tls(format!("building TLS config: {e}")))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+/// The name presented for SNI and, in verify-full, checked against the certificate.
+pub(crate) fn server_name(host: &str) -> Result<ServerName<'static>, ReplError> {
+    ServerName::try_from(host.to_owned()).map_err(|e| {
+        ReplError::Config(format!("host {host:?} is not a valid TLS server name: {e}"))
+    })
+}
+
+fn root_store(cfg: &ConnectConfig) -> Result<RootCertStore, ReplError> {
+    let mut roots = RootCertStore::empty();
+    match &cfg.ssl_root_cert {
+        Some(path) => {
+            let certs = CertificateDer::pem_file_iter(path).map_err(|e| {
+                ReplError::Config(format!("reading ssl_root_cert {}: {e}", path.display()))
+            })?;
+            for cert in certs {
+                let cert = cert.map_err(|e| {
+                    ReplError::Config(format!("parsing ssl_root_cert {}: {e}", path.display()))
+                })?;
+                roots.add(cert).map_err(|e| {
+                    ReplError::Config(format!("ssl_root_cert {}: {e}", path.display()))
+                })?;
+            }
+            if roots.is_empty() {
+                return Err(ReplError::Config(format!(
+                    "ssl_root_cert {} holds no certificate",
+                    path.display()
+                )));
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    Ok(roots)
+}
+
+fn webpki_verifier(
+    cfg: &ConnectConfig,
+    provider: &Arc<CryptoProvider>,
+) -> Result<Arc<WebPkiServerVerifier>, ReplError> {
+    WebPkiServerVerifier::builder_with_provider(Arc::new(root_store(cfg)?), provider.clone())
+        .build()
+        .map_err(|e| ReplError::Tls(format!("building certificate verifier: {e}")))
+}
+
+/// Turns a failed handshake into a permanent TLS error when rustls refused it, or an I/O
+/// error (retryable) when the transport broke.
+pub(crate) fn handshake_error(e: io::Error) -> ReplError {
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(tls) => ReplError::Tls(format!("handshake failed: {tls}")),
+        None => ReplError::Io {
+            context: "performing the TLS handshake",
+            source: e,
+        },
+    }
+}
+
+/// `require`/`prefer`: encryption without authentication of the server, like libpq.
+#[derive(Debug)]
+struct NoVerification(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for NoVerification {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// `verify-ca`: the chain must lead to a trusted root; the name may differ. webpki checks
+/// the chain before the name, so a name mismatch means the chain already passed.
+#[derive(Debug)]
+struct ChainOnly(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// RFC 5929 `tls-server-end-point`: the certificate hashed with its signature's hash
+/// function, where MD5 and SHA-1 (and anything unrecognised) become SHA-256.
+pub(crate) fn server_end_point_hash(cert_der: &[u8]) -> Vec<u8> {
+    match signature_oid(cert_der) {
+        Some(oid) if oid == OID_SHA384_RSA || oid == OID_SHA384_ECDSA => {
+            sha2::Sha384::digest(cert_der).to_vec()
+        }
+        Some(oid) if oid == OID_SHA512_RSA || oid == OID_SHA512_ECDSA => {
+            sha2::Sha512::digest(cert_der).to_vec()
+        }
+        _ => sha2::Sha256::digest(cert_der).to_vec(),
+    }
+}
+
+const OID_SHA384_RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x0c];
+const OID_SHA512_RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x0d];
+const OID_SHA384_ECDSA: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x03];
+const OID_SHA512_ECDSA: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x04];
+
+/// `Certificate ::= SEQUENCE { tbsCertificate, signatureAlgorithm SEQUENCE { OID, … }, … }`.
+fn signature_oid(der: &[u8]) -> Option<&[u8]> {
+    let (cert, _) = der_element(der, 0x30)?;
+    let (_tbs, rest) = der_any(cert)?;
+    let (alg, _) = der_element(rest, 0x30)?;
+    let (oid, _) = der_element(alg, 0x06)?;
+    Some(oid)
+}
+
+fn der_element(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
+    if *input.first()? != tag {
+        return None;
+    }
+    der_any(input)
+}
+
+/// Splits one DER TLV off `input`: (contents, remainder).
+fn der_any(input: &[u8]) -> Option<(&[u8], &[u8])> {
+    let first_len = *input.get(1)?;
+    let (len, header) = if first_len < 0x80 {
+        (usize::from(first_len), 2)
+    } else {
+        let n = usize::from(first_len & 0x7f);
+        if n == 0 || n > 4 {
+            return None;
+        }
+        let bytes = input.get(2..2 + n)?;
+        let len = bytes
+            .iter()
+            .fold(0usize, |acc, &b| (acc << 8) | usize::from(b));
+        (len, 2 + n)
+    };
+    let contents = input.get(header..header.checked_add(len)?)?;
+    Some((contents, input.get(header + len..)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn end_point_hash_follows_signature_algorithm() {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        assert_eq!(server_end_point_hash(cert.der()).len(), 48);
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        assert_eq!(
+            server_end_point_hash(cert.der()),
+            sha2::Sha256::digest(cert.der()).to_vec()
+        );
+        assert_eq!(server_end_point_hash(b"garbage").len(), 32);
+    }
+}
