@@ -69,6 +69,7 @@ pub struct ReplicationConnection {
     pub(crate) user: String,
     pub(crate) parameters: HashMap<String, String>,
     pub(crate) version_num: Option<u32>,
+    auth_method: &'static str,
 }
 
 impl std::fmt::Debug for ReplicationConnection {
@@ -138,12 +139,19 @@ impl ReplicationConnection {
             user: cfg.user.clone(),
             parameters,
             version_num,
+            auth_method: method,
         })
     }
 
     /// A `ParameterStatus` value reported by the server at startup (e.g. `server_version`).
     pub fn parameter(&self, name: &str) -> Option<&str> {
         self.parameters.get(name).map(String::as_str)
+    }
+
+    /// How the server authenticated us: "trust", "password", "md5", "SCRAM-SHA-256" or
+    /// "SCRAM-SHA-256-PLUS" (channel-bound to the TLS certificate).
+    pub fn auth_method(&self) -> &'static str {
+        self.auth_method
     }
 
     /// The user this connection authenticated as.
