@@ -29,7 +29,11 @@ impl FromStr for Lsn {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = || ParseLsnError(s.to_owned());
         let (hi, lo) = s.split_once('/').ok_or_else(err)?;
-        if hi.is_empty() || lo.is_empty() || hi.len() > 8 || lo.len() > 8 {
+        // from_str_radix alone would also accept a leading '+'.
+        let is_hex_u32 = |part: &str| {
+            !part.is_empty() && part.len() <= 8 && part.bytes().all(|b| b.is_ascii_hexdigit())
+        };
+        if !is_hex_u32(hi) || !is_hex_u32(lo) {
             return Err(err());
         }
         let hi = u32::from_str_radix(hi, 16).map_err(|_| err())?;
@@ -47,5 +51,60 @@ impl From<u64> for Lsn {
 impl From<Lsn> for u64 {
     fn from(v: Lsn) -> Self {
         v.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn displays_like_postgres() {
+        assert_eq!(Lsn(0).to_string(), "0/0");
+        assert_eq!(Lsn(0x16_B374_D848).to_string(), "16/B374D848");
+        assert_eq!(Lsn(u64::MAX).to_string(), "FFFFFFFF/FFFFFFFF");
+    }
+
+    #[test]
+    fn parses_postgres_text_form() {
+        assert_eq!("0/0".parse::<Lsn>(), Ok(Lsn::ZERO));
+        assert_eq!("16/B374D848".parse::<Lsn>(), Ok(Lsn(0x16_B374_D848)));
+        assert_eq!("16/b374d848".parse::<Lsn>(), Ok(Lsn(0x16_B374_D848)));
+        assert_eq!("FFFFFFFF/FFFFFFFF".parse::<Lsn>(), Ok(Lsn(u64::MAX)));
+    }
+
+    #[test]
+    fn round_trips_through_text() {
+        for v in [0, 1, 0xFFFF_FFFF, 0x1_0000_0000, 0x16_B374_D848, u64::MAX] {
+            assert_eq!(Lsn(v).to_string().parse::<Lsn>(), Ok(Lsn(v)));
+        }
+    }
+
+    #[test]
+    fn rejects_malformed_text() {
+        for bad in [
+            "",
+            "/",
+            "0/",
+            "/0",
+            "0",
+            "0/0/0",
+            "G/0",
+            "0/G",
+            "+1/0",
+            "0/+1",
+            "-1/0",
+            " 0/0",
+            "0/0 ",
+            "123456789/0",
+            "0/123456789",
+            "0x1/0",
+        ] {
+            assert_eq!(
+                bad.parse::<Lsn>(),
+                Err(ParseLsnError(bad.to_owned())),
+                "{bad:?} should not parse"
+            );
+        }
     }
 }

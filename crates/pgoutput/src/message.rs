@@ -2,11 +2,40 @@
 //!
 //! `xid: Option<u32>` fields are present on the wire only inside a streamed block
 //! (between Stream Start and Stream Stop, protocol ≥ 2); the caller says which via
-//! [`StreamState`]. Decoding/encoding is implemented below the type definitions.
+//! [`StreamState`], or [`MessageDecoder`] tracks it. Decoding lives in `message/decode.rs`,
+//! encoding in `message/encode.rs`.
 
 use bytes::Bytes;
 
 use crate::{Lsn, PgTimestamp};
+
+mod decode;
+mod encode;
+
+pub use decode::MessageDecoder;
+
+/// Tag bytes of the pgoutput messages (`LogicalRepMsgType` in `logicalproto.h`).
+pub mod tags {
+    pub const BEGIN: u8 = b'B';
+    pub const COMMIT: u8 = b'C';
+    pub const ORIGIN: u8 = b'O';
+    pub const RELATION: u8 = b'R';
+    pub const TYPE: u8 = b'Y';
+    pub const INSERT: u8 = b'I';
+    pub const UPDATE: u8 = b'U';
+    pub const DELETE: u8 = b'D';
+    pub const TRUNCATE: u8 = b'T';
+    pub const MESSAGE: u8 = b'M';
+    pub const STREAM_START: u8 = b'S';
+    pub const STREAM_STOP: u8 = b'E';
+    pub const STREAM_COMMIT: u8 = b'c';
+    pub const STREAM_ABORT: u8 = b'A';
+    pub const BEGIN_PREPARE: u8 = b'b';
+    pub const PREPARE: u8 = b'P';
+    pub const COMMIT_PREPARED: u8 = b'K';
+    pub const ROLLBACK_PREPARED: u8 = b'r';
+    pub const STREAM_PREPARE: u8 = b'p';
+}
 
 /// Whether the message being decoded is inside a Stream Start … Stream Stop block,
 /// which prefixes DML/Relation/Type/Message with the streamed transaction's xid.
