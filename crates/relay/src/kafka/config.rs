@@ -1,0 +1,310 @@
+//! Turns [`ProducerSettings`] into a librdkafka configuration: the relay's safety
+//! settings first, then the operator's overrides, refusing those that would break the
+//! guarantees the ack watermark depends on (replication-protocol.md §5).
+//!
+//! Policy, in one place:
+//! - `enable.idempotence`, `acks`/`request.required.acks`, `message.timeout.ms`/
+//!   `delivery.timeout.ms`, `queuing.strategy`, `retries`/`message.send.max.retries`,
+//!   `delivery.report.only.error`: accepted only with the value the relay sets itself.
+//! - `max.in.flight(.requests.per.connection)`: 1..=5 (idempotent ordering limit).
+//! - `partitioner`: only `murmur2` or `murmur2_random`. Both put a keyed record where
+//!   Java clients would; they differ only for null keys. Any other partitioner moves
+//!   aggregates to other partitions than the events already written, so a consumer would
+//!   see an aggregate's events out of order across the switch.
+//! - `transactional.id`: refused until exactly-once (§7) exists.
+//! - `bootstrap.servers`, `message.max.bytes`, `queue.buffering.max.messages`: come from
+//!   the relay's own settings; an override must agree with them.
+//! - `enable.gapless.guarantee`: either value is fine, every delivery error is already
+//!   fatal to the pipeline.
+//! - Everything else (security, SASL, SSL, compression, linger, batching, socket,
+//!   debug, statistics, client.id, ...) is applied as given, after the defaults.
+//!
+//! Batching keeps librdkafka's defaults (`batch.num.messages` 10000, `batch.size` 1 MB,
+//! both further capped by `message.max.bytes`).
+
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::ClientConfig;
+
+use super::error::KafkaSetupError;
+use super::settings::ProducerSettings;
+
+/// librdkafka's idempotent producer keeps order with at most this many requests in flight.
+const MAX_IDEMPOTENT_IN_FLIGHT: u32 = 5;
+/// librdkafka's bounds for `message.max.bytes`.
+const MESSAGE_MAX_BYTES_RANGE: std::ops::RangeInclusive<usize> = 1000..=1_000_000_000;
+/// librdkafka's bound for `queue.buffering.max.messages`.
+const QUEUE_MAX_MESSAGES_MAX: usize = 2_147_483_647;
+
+const ORDERING_REASON: &str = "the relay needs the idempotent producer (acks=all, FIFO, unlimited retries, no message timeout) so that every acked event is durable and each key's events stay in order without gaps";
+
+/// Configuration for the relay's producer: connection settings plus the fixed safety
+/// settings plus accepted overrides.
+pub(crate) fn producer_config(
+    settings: &ProducerSettings,
+) -> Result<ClientConfig, KafkaSetupError> {
+    validate_settings(settings)?;
+    for (name, value) in &settings.overrides {
+        check_override(settings, name, value)?;
+    }
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &settings.bootstrap_servers)
+        .set("client.id", &settings.client_id)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("message.timeout.ms", "0")
+        .set("max.in.flight.requests.per.connection", "5")
+        .set("partitioner", "murmur2_random")
+        .set("compression.type", "lz4")
+        .set("linger.ms", settings.linger_ms.to_string())
+        .set("message.max.bytes", settings.max_message_bytes.to_string())
+        .set(
+            "queue.buffering.max.messages",
+            settings.queue_max_messages.to_string(),
+        );
+    apply_overrides(&mut config, settings);
+    Ok(config)
+}
+
+/// Configuration for auxiliary clients (admin): same connection and security settings,
+/// none of the producer's idempotence machinery.
+pub(crate) fn admin_config(settings: &ProducerSettings) -> Result<ClientConfig, KafkaSetupError> {
+    for (name, value) in &settings.overrides {
+        check_override(settings, name, value)?;
+    }
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &settings.bootstrap_servers)
+        .set("client.id", format!("{}-admin", settings.client_id));
+    apply_overrides(&mut config, settings);
+    // An admin client needs no idempotent producer id from the cluster.
+    config.set("enable.idempotence", "false");
+    config.remove("transactional.id");
+    Ok(config)
+}
+
+fn apply_overrides(config: &mut ClientConfig, settings: &ProducerSettings) {
+    for (name, value) in &settings.overrides {
+        config.set(normalize(name), value);
+    }
+    config.set_log_level(log_level(settings));
+}
+
+/// librdkafka drops log lines above its own level before they reach `tracing`, so pick
+/// the level the subscriber will actually show (and debug when `debug` contexts are on).
+fn log_level(settings: &ProducerSettings) -> RDKafkaLogLevel {
+    let debug_requested = settings.overrides.keys().any(|k| normalize(k) == "debug");
+    if debug_requested || tracing::enabled!(target: "librdkafka", tracing::Level::DEBUG) {
+        RDKafkaLogLevel::Debug
+    } else if tracing::enabled!(target: "librdkafka", tracing::Level::INFO) {
+        RDKafkaLogLevel::Info
+    } else {
+        RDKafkaLogLevel::Warning
+    }
+}
+
+fn normalize(name: &str) -> String {
+    name.trim().to_ascii_lowercase()
+}
+
+fn validate_settings(s: &ProducerSettings) -> Result<(), KafkaSetupError> {
+    if s.bootstrap_servers.trim().is_empty() {
+        return Err(KafkaSetupError::InvalidSettings(
+            "bootstrap servers are empty".into(),
+        ));
+    }
+    if !MESSAGE_MAX_BYTES_RANGE.contains(&s.max_message_bytes) {
+        return Err(KafkaSetupError::InvalidSettings(format!(
+            "max message bytes {} is outside librdkafka's range {:?}",
+            s.max_message_bytes, MESSAGE_MAX_BYTES_RANGE
+        )));
+    }
+    if s.queue_max_messages == 0 || s.queue_max_messages > QUEUE_MAX_MESSAGES_MAX {
+        return Err(KafkaSetupError::InvalidSettings(format!(
+            "queue max messages {} must be between 1 and {QUEUE_MAX_MESSAGES_MAX}",
+            s.queue_max_messages
+        )));
+    }
+    Ok(())
+}
+
+fn check_override(s: &ProducerSettings, name: &str, value: &str) -> Result<(), KafkaSetupError> {
+    let property = normalize(name);
+    let v = value.trim().to_ascii_lowercase();
+    let refuse = |reason: &'static str| {
+        Err(KafkaSetupError::RefusedOverride {
+            property: property.clone(),
+            value: value.to_owned(),
+            reason,
+        })
+    };
+    let require = |ok: bool, reason: &'static str| if ok { Ok(()) } else { refuse(reason) };
+    match property.as_str() {
+        "enable.idempotence" => require(v == "true", ORDERING_REASON),
+        "acks" | "request.required.acks" => require(v == "all" || v == "-1", ORDERING_REASON),
+        "message.timeout.ms" | "delivery.timeout.ms" => require(
+            v == "0",
+            "a timed-out message leaves a gap that a retry would fill out of order; the relay waits for every delivery and restarts from the slot on errors",
+        ),
+        "queuing.strategy" => require(v == "fifo", ORDERING_REASON),
+        "retries" | "message.send.max.retries" => require(
+            v == i32::MAX.to_string(),
+            "a message that runs out of retries fails the pipeline; the idempotent producer retries without limit",
+        ),
+        "max.in.flight" | "max.in.flight.requests.per.connection" => require(
+            v.parse::<u32>().is_ok_and(|n| (1..=MAX_IDEMPOTENT_IN_FLIGHT).contains(&n)),
+            "the idempotent producer keeps order only with 1 to 5 requests in flight",
+        ),
+        "partitioner" => require(
+            v == "murmur2" || v == "murmur2_random",
+            "keys must go to the partition Java clients choose (murmur2); another partitioner moves aggregates to other partitions and breaks their order",
+        ),
+        "delivery.report.only.error" => require(
+            v == "false",
+            "the relay advances the slot from a delivery report for every message",
+        ),
+        "transactional.id" => refuse("transactional producing is not supported yet"),
+        "bootstrap.servers" | "metadata.broker.list" => require(
+            value.trim() == s.bootstrap_servers.trim(),
+            "conflicts with the relay's bootstrap servers setting; set it there",
+        ),
+        "message.max.bytes" => require(
+            v == s.max_message_bytes.to_string(),
+            "conflicts with the relay's max message bytes setting (which also decides dead-lettering); set it there",
+        ),
+        "queue.buffering.max.messages" => require(
+            v == s.queue_max_messages.to_string(),
+            "conflicts with the relay's producer queue setting, which is sized to the in-flight cap; set it there",
+        ),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_override(name: &str, value: &str) -> ProducerSettings {
+        let mut s = ProducerSettings::new("localhost:9092");
+        s.overrides.insert(name.to_owned(), value.to_owned());
+        s
+    }
+
+    #[test]
+    fn fixed_safety_settings() {
+        let c = producer_config(&ProducerSettings::new("b:9092")).unwrap();
+        for (k, v) in [
+            ("enable.idempotence", "true"),
+            ("acks", "all"),
+            ("message.timeout.ms", "0"),
+            ("max.in.flight.requests.per.connection", "5"),
+            ("partitioner", "murmur2_random"),
+            ("compression.type", "lz4"),
+            ("linger.ms", "5"),
+            ("message.max.bytes", "1000000"),
+            ("queue.buffering.max.messages", "100000"),
+            ("bootstrap.servers", "b:9092"),
+        ] {
+            assert_eq!(c.get(k), Some(v), "{k}");
+        }
+        assert_eq!(c.get("queuing.strategy"), None);
+    }
+
+    #[test]
+    fn refused_overrides_name_the_property() {
+        let refused = [
+            ("enable.idempotence", "false"),
+            ("acks", "1"),
+            ("request.required.acks", "0"),
+            ("message.timeout.ms", "30000"),
+            ("delivery.timeout.ms", "120000"),
+            ("max.in.flight.requests.per.connection", "6"),
+            ("max.in.flight", "100"),
+            ("max.in.flight", "0"),
+            ("retries", "3"),
+            ("message.send.max.retries", "10"),
+            ("queuing.strategy", "lifo"),
+            ("partitioner", "consistent_random"),
+            ("partitioner", "random"),
+            ("partitioner", "fnv1a"),
+            ("transactional.id", "relay-1"),
+            ("delivery.report.only.error", "true"),
+            ("bootstrap.servers", "elsewhere:9092"),
+            ("message.max.bytes", "5000000"),
+            ("queue.buffering.max.messages", "10"),
+            ("ACKS", "1"),
+        ];
+        for (name, value) in refused {
+            let err = producer_config(&with_override(name, value)).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                matches!(err, KafkaSetupError::RefusedOverride { .. }),
+                "{name}={value}: {text}"
+            );
+            assert!(text.contains(&name.to_ascii_lowercase()), "{text}");
+            assert!(text.contains("refused"), "{text}");
+        }
+    }
+
+    #[test]
+    fn accepted_overrides_are_applied() {
+        let accepted = [
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.mechanism", "SCRAM-SHA-512"),
+            ("sasl.username", "u"),
+            ("sasl.password", "p"),
+            ("ssl.ca.location", "/etc/ca.pem"),
+            ("compression.type", "zstd"),
+            ("linger.ms", "20"),
+            ("batch.size", "500000"),
+            ("batch.num.messages", "5000"),
+            ("client.id", "relay-a"),
+            ("socket.keepalive.enable", "true"),
+            ("debug", "broker,msg"),
+            ("statistics.interval.ms", "10000"),
+            ("enable.idempotence", "true"),
+            ("acks", "-1"),
+            ("message.timeout.ms", "0"),
+            ("max.in.flight", "1"),
+            ("partitioner", "murmur2"),
+            ("enable.gapless.guarantee", "true"),
+            ("message.max.bytes", "1000000"),
+            ("bootstrap.servers", "localhost:9092"),
+        ];
+        for (name, value) in accepted {
+            let c = producer_config(&with_override(name, value)).unwrap();
+            assert_eq!(c.get(name), Some(value), "{name}");
+        }
+    }
+
+    #[test]
+    fn admin_config_keeps_security_drops_idempotence() {
+        let s = with_override("security.protocol", "SSL");
+        let c = admin_config(&s).unwrap();
+        assert_eq!(c.get("security.protocol"), Some("SSL"));
+        assert_eq!(c.get("enable.idempotence"), Some("false"));
+        assert!(admin_config(&with_override("acks", "1")).is_err());
+    }
+
+    #[test]
+    fn invalid_settings() {
+        let mut s = ProducerSettings::new("b:9092");
+        s.max_message_bytes = 10;
+        assert!(matches!(
+            producer_config(&s),
+            Err(KafkaSetupError::InvalidSettings(_))
+        ));
+        let mut s = ProducerSettings::new(" ");
+        s.queue_max_messages = 1;
+        assert!(matches!(
+            producer_config(&s),
+            Err(KafkaSetupError::InvalidSettings(_))
+        ));
+        let mut s = ProducerSettings::new("b:9092");
+        s.queue_max_messages = 0;
+        assert!(matches!(
+            producer_config(&s),
+            Err(KafkaSetupError::InvalidSettings(_))
+        ));
+    }
+}

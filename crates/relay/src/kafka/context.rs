@@ -1,0 +1,131 @@
+//! librdkafka callbacks: logs into `tracing`, global errors (remembering a fatal one so
+//! the pipeline restarts), and delivery reports into the [`DeliverySink`].
+
+use std::sync::OnceLock;
+
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::producer::{DeliveryResult, ProducerContext};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::ClientContext;
+
+use super::delivery::{Delivered, Delivery, DeliveryFailure, DeliverySink};
+
+/// Context of the relay's producer.
+pub(crate) struct RelayContext {
+    sink: DeliverySink,
+    /// The first fatal error reported through the error callback. librdkafka also keeps
+    /// it (`rd_kafka_fatal_error`), but the callback may fire before that is visible.
+    fatal: OnceLock<String>,
+}
+
+impl RelayContext {
+    pub(crate) fn new(sink: DeliverySink) -> Self {
+        Self {
+            sink,
+            fatal: OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn fatal(&self) -> Option<&str> {
+        self.fatal.get().map(String::as_str)
+    }
+}
+
+impl ClientContext for RelayContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        route_log(level, fac, message);
+    }
+
+    fn stats_raw(&self, statistics: &[u8]) {
+        log_stats(statistics);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
+            tracing::error!(target: "librdkafka", %error, reason, "fatal Kafka producer error");
+            // Only the first fatal error matters; librdkafka raises at most one.
+            let _ = self.fatal.set(format!("{error}: {reason}"));
+        } else {
+            tracing::warn!(target: "librdkafka", %error, reason, "Kafka client error");
+        }
+    }
+}
+
+impl ProducerContext for RelayContext {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, ticket: usize) {
+        let outcome = match result {
+            Ok(message) => Ok(Delivered {
+                partition: message.partition(),
+                offset: message.offset(),
+            }),
+            Err((error, _)) => Err(DeliveryFailure::from_kafka_error(error)),
+        };
+        if self.sink.send(Delivery { ticket, outcome }).is_err() {
+            // The pipeline dropped its receiver: it is abandoning this producer, and
+            // purged messages are reported here one last time.
+            tracing::debug!(target: "librdkafka", ticket, "delivery report after receiver closed");
+        }
+    }
+}
+
+/// Context for auxiliary clients (admin): same log routing, nothing to track.
+pub(crate) struct LogContext;
+
+impl ClientContext for LogContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        route_log(level, fac, message);
+    }
+
+    fn stats_raw(&self, statistics: &[u8]) {
+        log_stats(statistics);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(target: "librdkafka", %error, reason, "Kafka admin client error");
+    }
+}
+
+fn route_log(level: RDKafkaLogLevel, fac: &str, message: &str) {
+    use RDKafkaLogLevel as L;
+    match level {
+        L::Emerg | L::Alert | L::Critical | L::Error => {
+            tracing::error!(target: "librdkafka", fac, "{message}")
+        }
+        L::Warning => tracing::warn!(target: "librdkafka", fac, "{message}"),
+        L::Notice | L::Info => tracing::info!(target: "librdkafka", fac, "{message}"),
+        L::Debug => tracing::debug!(target: "librdkafka", fac, "{message}"),
+    }
+}
+
+/// Only emitted when the operator sets `statistics.interval.ms`; passed on raw rather
+/// than parsed, since the JSON is large and meant for external tooling.
+fn log_stats(statistics: &[u8]) {
+    tracing::debug!(target: "librdkafka", stats = %String::from_utf8_lossy(statistics), "statistics");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fatal_global_error_is_remembered_others_are_not() {
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let ctx = RelayContext::new(tx);
+        ctx.error(
+            KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
+            "3/3 brokers are down",
+        );
+        assert_eq!(ctx.fatal(), None);
+        ctx.error(
+            KafkaError::Global(RDKafkaErrorCode::Fatal),
+            "producer fenced",
+        );
+        ctx.error(KafkaError::Global(RDKafkaErrorCode::Fatal), "second");
+        let fatal = ctx.fatal().unwrap();
+        assert!(fatal.contains("producer fenced"), "{fatal}");
+    }
+}

@@ -1,0 +1,131 @@
+//! Delivery reports as the pipeline sees them, and the single decision about which
+//! delivery errors are permanent.
+//!
+//! Any failed delivery stops progress: re-sending one message alone would reorder its
+//! aggregate (replication-protocol.md §5), so the pipeline tears the producer down and
+//! replays from the slot. The classification only decides whether that replay can
+//! possibly help (retryable) or an operator must act first (permanent).
+
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+
+/// Where deliveries go. Unbounded on purpose: librdkafka calls `delivery()` on its poll
+/// thread, which must never block (a blocked poll thread also stalls `flush()` and
+/// purge reports, and the pipeline may be the one waiting on those). Memory stays
+/// bounded because the pipeline caps messages in flight: every queued `Delivery`
+/// belongs to a message it counted as sent and has not yet received a report for,
+/// so the channel never holds more than the cap.
+pub type DeliverySink = tokio::sync::mpsc::UnboundedSender<Delivery>;
+
+/// One delivery report, exactly one per successfully enqueued message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The ticket passed to `RelayProducer::send`.
+    pub ticket: usize,
+    pub outcome: Result<Delivered, DeliveryFailure>,
+}
+
+/// Where the broker stored the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivered {
+    pub partition: i32,
+    pub offset: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Kafka delivery failed: {message} ({code:?}, {})", if *.retriable { "retryable" } else { "permanent" })]
+pub struct DeliveryFailure {
+    pub code: RDKafkaErrorCode,
+    pub message: String,
+    /// Whether restarting from the slot can succeed without operator action.
+    pub retriable: bool,
+}
+
+impl DeliveryFailure {
+    pub(crate) fn from_kafka_error(err: &KafkaError) -> Self {
+        let code = err.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail);
+        Self {
+            code,
+            message: err.to_string(),
+            retriable: !is_permanent(code),
+        }
+    }
+}
+
+/// Errors that replaying the same records cannot fix: the record or batch is too big
+/// for the broker, the topic is invalid or forbidden, or the broker refuses the record
+/// or its format. Everything else (timeouts, leader changes, transport, purges after a
+/// restart, even a fatal idempotence error that a fresh producer clears) is retryable.
+pub fn is_permanent(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::MessageSizeTooLarge
+            | C::MessageBatchTooLarge
+            | C::InvalidTopic
+            | C::TopicAuthorizationFailed
+            | C::ClusterAuthorizationFailed
+            | C::TransactionalIdAuthorizationFailed
+            | C::SaslAuthenticationFailed
+            | C::Authentication
+            | C::InvalidRecord
+            | C::PolicyViolation
+            | C::InvalidRequiredAcks
+            | C::InvalidTimestamp
+            | C::UnsupportedCompressionType
+            | C::UnsupportedForMessageFormat
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use RDKafkaErrorCode as C;
+
+    #[test]
+    fn classification_table() {
+        let table: &[(RDKafkaErrorCode, bool)] = &[
+            (C::MessageSizeTooLarge, true),
+            (C::MessageBatchTooLarge, true),
+            (C::TopicAuthorizationFailed, true),
+            (C::ClusterAuthorizationFailed, true),
+            (C::InvalidTopic, true),
+            (C::InvalidRecord, true),
+            (C::PolicyViolation, true),
+            (C::SaslAuthenticationFailed, true),
+            (C::UnsupportedCompressionType, true),
+            (C::InvalidTimestamp, true),
+            (C::MessageTimedOut, false),
+            (C::RequestTimedOut, false),
+            (C::NotLeaderForPartition, false),
+            (C::LeaderNotAvailable, false),
+            (C::NotEnoughReplicas, false),
+            (C::NotEnoughReplicasAfterAppend, false),
+            (C::BrokerTransportFailure, false),
+            (C::AllBrokersDown, false),
+            (C::UnknownTopicOrPartition, false),
+            (C::UnknownTopic, false),
+            (C::OutOfOrderSequenceNumber, false),
+            (C::PurgeQueue, false),
+            (C::PurgeInflight, false),
+            (C::Fatal, false),
+            (C::Fail, false),
+        ];
+        for (code, permanent) in table {
+            assert_eq!(is_permanent(*code), *permanent, "{code:?}");
+        }
+    }
+
+    #[test]
+    fn failure_from_error_carries_code_and_class() {
+        let f = DeliveryFailure::from_kafka_error(&KafkaError::MessageProduction(
+            C::TopicAuthorizationFailed,
+        ));
+        assert_eq!(f.code, C::TopicAuthorizationFailed);
+        assert!(!f.retriable);
+        assert!(f.to_string().contains("permanent"), "{f}");
+        let f =
+            DeliveryFailure::from_kafka_error(&KafkaError::MessageProduction(C::RequestTimedOut));
+        assert!(f.retriable);
+    }
+}

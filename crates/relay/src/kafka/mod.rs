@@ -1,0 +1,29 @@
+//! Kafka side of the relay: one idempotent, ordered producer whose delivery reports feed
+//! the ack watermark (replication-protocol.md §5).
+//!
+//! - `settings`: what the operator configures, env-var mapping, secret redaction.
+//! - `config`: the fixed safety settings and which overrides are refused, and why.
+//! - `producer`: building the producer, sending, flushing, purging, metadata, topics.
+//! - `context`: librdkafka callbacks (logs → `tracing`, fatal errors, deliveries).
+//! - `delivery`: the delivery report type and permanent/retryable classification.
+
+mod config;
+mod context;
+mod delivery;
+mod error;
+mod producer;
+mod settings;
+
+#[cfg(test)]
+mod mock_tests;
+
+pub use delivery::{is_permanent, Delivered, Delivery, DeliveryFailure, DeliverySink};
+pub use error::KafkaSetupError;
+pub use producer::{
+    build_producer, BrokerAddress, BrokerInfo, FlushError, OutgoingRecord, RelayProducer, SendError,
+};
+pub use rdkafka::types::RDKafkaErrorCode;
+pub use settings::{
+    is_secret_property, kafka_property_from_env, ProducerSettings, RedactedSettings,
+    KAFKA_ENV_PREFIX,
+};

@@ -1,0 +1,253 @@
+//! The relay's one producer: built from settings, sends borrowed records with a ticket,
+//! and reports each ticket exactly once through the delivery sink.
+
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, Producer, PurgeConfig, ThreadedProducer};
+use rdkafka::types::RDKafkaErrorCode;
+
+use super::config::{admin_config, producer_config};
+use super::context::{LogContext, RelayContext};
+use super::delivery::DeliverySink;
+use super::error::KafkaSetupError;
+use super::settings::ProducerSettings;
+
+/// A record to produce, borrowed from the pipeline's own record type; librdkafka makes
+/// the only copy.
+#[derive(Debug, Clone, Copy)]
+pub struct OutgoingRecord<'a> {
+    pub topic: &'a str,
+    /// Partitioned by murmur2 like Java clients; `None` spreads at random.
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+    pub headers: &'a [(&'a str, &'a [u8])],
+    /// `None` lets librdkafka stamp the current time.
+    pub timestamp_millis: Option<i64>,
+}
+
+impl OutgoingRecord<'_> {
+    /// Bytes of key, value and headers, as reported in [`SendError::MessageTooLarge`].
+    pub fn payload_size(&self) -> usize {
+        let headers: usize = self.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        self.key.map_or(0, <[u8]>::len) + self.value.map_or(0, <[u8]>::len) + headers
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// librdkafka's queue is full: back-pressure. Wait for deliveries, then send again.
+    #[error("Kafka producer queue is full")]
+    QueueFull,
+    /// This record can never be produced with the current `message.max.bytes`:
+    /// dead-letter it.
+    #[error("record of {size} bytes is larger than the producer's message.max.bytes")]
+    MessageTooLarge { size: usize },
+    /// The topic name cannot be used (e.g. contains NUL): dead-letter the record.
+    #[error("invalid Kafka topic name {0:?}")]
+    InvalidTopic(String),
+    /// The producer is unusable; build a new one and restart from the slot.
+    #[error("Kafka producer failed fatally: {0}")]
+    Fatal(String),
+    #[error("producing to Kafka failed: {code} ({code:?})")]
+    Other { code: RDKafkaErrorCode },
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("Kafka flush did not complete: {code} ({code:?})")]
+pub struct FlushError {
+    pub code: RDKafkaErrorCode,
+}
+
+/// What `check_broker_reachable` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerInfo {
+    pub cluster_id: Option<String>,
+    /// The broker that answered the metadata request.
+    pub answered_by: String,
+    pub brokers: Vec<BrokerAddress>,
+    pub topic_count: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerAddress {
+    pub id: i32,
+    pub host: String,
+    pub port: i32,
+}
+
+/// The relay's producer. Deliveries go to the sink given to [`build_producer`].
+pub struct RelayProducer {
+    inner: ThreadedProducer<RelayContext>,
+    settings: ProducerSettings,
+}
+
+/// The one constructor for Kafka clients: every setting and safety check goes through
+/// here (and `config.rs`), auxiliary clients reuse the same settings.
+pub fn build_producer(
+    settings: &ProducerSettings,
+    deliveries: DeliverySink,
+) -> Result<RelayProducer, KafkaSetupError> {
+    let config = producer_config(settings)?;
+    let inner: ThreadedProducer<RelayContext> = config
+        .create_with_context(RelayContext::new(deliveries))
+        .map_err(|e| KafkaSetupError::Client(settings.scrub(&e.to_string())))?;
+    tracing::info!(settings = %settings.redacted(), "Kafka producer created");
+    Ok(RelayProducer {
+        inner,
+        settings: settings.clone(),
+    })
+}
+
+impl RelayProducer {
+    /// Enqueues one record; `ticket` comes back in exactly one `Delivery`. Never blocks.
+    pub fn send(&self, rec: &OutgoingRecord<'_>, ticket: usize) -> Result<(), SendError> {
+        let mut record: BaseRecord<'_, [u8], [u8], usize> =
+            BaseRecord::with_opaque_to(rec.topic, ticket);
+        if let Some(key) = rec.key {
+            record = record.key(key);
+        }
+        if let Some(value) = rec.value {
+            record = record.payload(value);
+        }
+        if let Some(ts) = rec.timestamp_millis {
+            record = record.timestamp(ts);
+        }
+        if !rec.headers.is_empty() {
+            let headers = rec.headers.iter().fold(
+                OwnedHeaders::new_with_capacity(rec.headers.len()),
+                |acc, &(key, value)| {
+                    acc.insert(Header {
+                        key,
+                        value: Some(value),
+                    })
+                },
+            );
+            record = record.headers(headers);
+        }
+        self.inner
+            .send(record)
+            .map_err(|(error, _)| self.send_error(&error, rec))
+    }
+
+    fn send_error(&self, error: &KafkaError, rec: &OutgoingRecord<'_>) -> SendError {
+        match error {
+            KafkaError::Nul(_) => return SendError::InvalidTopic(rec.topic.to_owned()),
+            KafkaError::MessageProduction(code) => match code {
+                RDKafkaErrorCode::QueueFull => return SendError::QueueFull,
+                RDKafkaErrorCode::MessageSizeTooLarge => {
+                    return SendError::MessageTooLarge {
+                        size: rec.payload_size(),
+                    }
+                }
+                RDKafkaErrorCode::InvalidTopic => {
+                    return SendError::InvalidTopic(rec.topic.to_owned())
+                }
+                RDKafkaErrorCode::Fatal => {
+                    let reason = self.is_fatal().unwrap_or_else(|| error.to_string());
+                    return SendError::Fatal(reason);
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+        SendError::Other {
+            code: error.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail),
+        }
+    }
+
+    /// Messages librdkafka holds (queued, in flight, or with a report not yet handed to
+    /// the sink).
+    pub fn in_flight(&self) -> usize {
+        usize::try_from(self.inner.in_flight_count()).unwrap_or(0)
+    }
+
+    /// The fatal error, if the producer has one: it will not deliver anything again.
+    pub fn is_fatal(&self) -> Option<String> {
+        if let Some((code, reason)) = self.inner.client().fatal_error() {
+            return Some(format!("{code} ({code:?}): {reason}"));
+        }
+        self.inner.context().fatal().map(str::to_owned)
+    }
+
+    /// Waits until librdkafka holds no messages. Blocks the calling thread (use
+    /// `spawn_blocking`); delivery reports may be handed to the sink from this thread.
+    pub fn flush(&self, timeout: Duration) -> Result<(), FlushError> {
+        self.inner.flush(timeout).map_err(|e| FlushError {
+            code: e.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail),
+        })
+    }
+
+    /// Abandons the producer after an error: drops queued and in-flight messages so none
+    /// of them reaches the broker after the pipeline restarts from the slot (a late
+    /// write there would land after, and out of order with, the replay). Purged messages
+    /// are reported to the sink as failed; create a fresh sink for the next producer.
+    /// Blocks for well under a second (librdkafka's drop waits up to 500 ms).
+    pub fn purge_and_close(self) {
+        self.inner
+            .purge(PurgeConfig::default().queue().inflight().non_blocking());
+        drop(self);
+    }
+
+    /// Fetches cluster metadata, proving the brokers are reachable with these settings.
+    /// Blocks up to `timeout`.
+    pub fn check_broker_reachable(&self, timeout: Duration) -> Result<BrokerInfo, KafkaSetupError> {
+        let client = self.inner.client();
+        let metadata =
+            client
+                .fetch_metadata(None, timeout)
+                .map_err(|e| KafkaSetupError::Unreachable {
+                    servers: self.settings.bootstrap_servers.clone(),
+                    message: self.settings.scrub(&e.to_string()),
+                })?;
+        let brokers = metadata
+            .brokers()
+            .iter()
+            .map(|b| BrokerAddress {
+                id: b.id(),
+                host: b.host().to_owned(),
+                port: b.port(),
+            })
+            .collect();
+        Ok(BrokerInfo {
+            cluster_id: client.fetch_cluster_id(timeout),
+            answered_by: metadata.orig_broker_name().to_owned(),
+            brokers,
+            topic_count: metadata.topics().len(),
+        })
+    }
+
+    /// Creates missing topics (existing ones are left as they are). For tests and
+    /// development; production topics belong to the platform team.
+    pub async fn ensure_topics(
+        &self,
+        topics: &[String],
+        partitions: i32,
+        replication: i32,
+        timeout: Duration,
+    ) -> Result<(), KafkaSetupError> {
+        let admin: AdminClient<LogContext> = admin_config(&self.settings)?
+            .create_with_context(LogContext)
+            .map_err(|e| KafkaSetupError::Client(self.settings.scrub(&e.to_string())))?;
+        let new_topics: Vec<NewTopic<'_>> = topics
+            .iter()
+            .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(replication)))
+            .collect();
+        let options = AdminOptions::new()
+            .operation_timeout(Some(timeout))
+            .request_timeout(Some(timeout));
+        let results = admin
+            .create_topics(&new_topics, &options)
+            .await
+            .map_err(|e| KafkaSetupError::Admin(self.settings.scrub(&e.to_string())))?;
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((topic, code)) => return Err(KafkaSetupError::TopicCreation { topic, code }),
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,363 @@
+//! The relay's metrics: plain atomics updated from the hot path, read as a consistent
+//! enough snapshot when scraped. One `Arc<Metrics>` is shared by every task.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::histogram::{Histogram, HistogramSnapshot};
+
+/// Why an event went to the dead-letter topic instead of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeadLetterReason {
+    NullKey,
+    EmptyKey,
+    Unreadable,
+    Oversize,
+    BadTopic,
+    Other,
+}
+
+impl DeadLetterReason {
+    pub const ALL: [Self; 6] = [
+        Self::NullKey,
+        Self::EmptyKey,
+        Self::Unreadable,
+        Self::Oversize,
+        Self::BadTopic,
+        Self::Other,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NullKey => "null_key",
+            Self::EmptyKey => "empty_key",
+            Self::Unreadable => "unreadable",
+            Self::Oversize => "oversize",
+            Self::BadTopic => "bad_topic",
+            Self::Other => "other",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Self::NullKey => 0,
+            Self::EmptyKey => 1,
+            Self::Unreadable => 2,
+            Self::Oversize => 3,
+            Self::BadTopic => 4,
+            Self::Other => 5,
+        }
+    }
+}
+
+/// `pg_replication_slots.wal_status`; `Unknown` until read (or on servers without it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SlotWalStatus {
+    Reserved,
+    Extended,
+    Unreserved,
+    Lost,
+    #[default]
+    Unknown,
+}
+
+impl SlotWalStatus {
+    pub const ALL: [Self; 5] = [
+        Self::Reserved,
+        Self::Extended,
+        Self::Unreserved,
+        Self::Lost,
+        Self::Unknown,
+    ];
+
+    /// Parses the column value; anything unexpected (NULL, a future status) is `Unknown`.
+    pub fn from_pg(value: Option<&str>) -> Self {
+        match value {
+            Some("reserved") => Self::Reserved,
+            Some("extended") => Self::Extended,
+            Some("unreserved") => Self::Unreserved,
+            Some("lost") => Self::Lost,
+            _ => Self::Unknown,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reserved => "reserved",
+            Self::Extended => "extended",
+            Self::Unreserved => "unreserved",
+            Self::Lost => "lost",
+            Self::Unknown => "unknown",
+        }
+    }
+
+    fn to_u8(self) -> u8 {
+        match self {
+            Self::Reserved => 0,
+            Self::Extended => 1,
+            Self::Unreserved => 2,
+            Self::Lost => 3,
+            Self::Unknown => 4,
+        }
+    }
+
+    fn from_u8(v: u8) -> Self {
+        Self::ALL
+            .into_iter()
+            .find(|s| s.to_u8() == v)
+            .unwrap_or_default()
+    }
+}
+
+/// All relay metrics. Counters only go up; gauges are overwritten by their owner.
+#[derive(Debug)]
+pub struct Metrics {
+    events_published: AtomicU64,
+    dead_lettered: [AtomicU64; 6],
+    delivery_errors: AtomicU64,
+    reconnects: AtomicU64,
+    status_updates_sent: AtomicU64,
+    in_flight_messages: AtomicU64,
+    in_flight_bytes: AtomicU64,
+    received_lsn: AtomicU64,
+    confirmed_lsn: AtomicU64,
+    server_wal_end_lsn: AtomicU64,
+    lag_bytes: AtomicU64,
+    slot_retained_wal_bytes: AtomicU64,
+    slot_wal_status: AtomicU8,
+    /// Microseconds since the Unix epoch of the oldest unacked event's commit; 0 = none.
+    /// A timestamp rather than an age so the age is current at scrape time, not at the
+    /// last update.
+    oldest_unacked_unix_micros: AtomicU64,
+    replication_connected: AtomicBool,
+    producer_healthy: AtomicBool,
+    commit_to_ack: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            events_published: AtomicU64::new(0),
+            dead_lettered: Default::default(),
+            delivery_errors: AtomicU64::new(0),
+            reconnects: AtomicU64::new(0),
+            status_updates_sent: AtomicU64::new(0),
+            in_flight_messages: AtomicU64::new(0),
+            in_flight_bytes: AtomicU64::new(0),
+            received_lsn: AtomicU64::new(0),
+            confirmed_lsn: AtomicU64::new(0),
+            server_wal_end_lsn: AtomicU64::new(0),
+            lag_bytes: AtomicU64::new(0),
+            slot_retained_wal_bytes: AtomicU64::new(0),
+            slot_wal_status: AtomicU8::new(SlotWalStatus::Unknown.to_u8()),
+            oldest_unacked_unix_micros: AtomicU64::new(0),
+            replication_connected: AtomicBool::new(false),
+            producer_healthy: AtomicBool::new(false),
+            commit_to_ack: Histogram::default(),
+        }
+    }
+}
+
+/// Plain values read from [`Metrics`] at one instant, for rendering and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsSnapshot {
+    pub events_published_total: u64,
+    pub events_dead_lettered_total: Vec<(DeadLetterReason, u64)>,
+    pub delivery_errors_total: u64,
+    pub reconnects_total: u64,
+    pub status_updates_sent_total: u64,
+    pub in_flight_messages: u64,
+    pub in_flight_bytes: u64,
+    pub received_lsn: u64,
+    pub confirmed_lsn: u64,
+    pub server_wal_end_lsn: u64,
+    pub lag_bytes: u64,
+    pub slot_retained_wal_bytes: u64,
+    pub slot_wal_status: SlotWalStatus,
+    /// Age of the oldest unacked event at snapshot time; zero when nothing is unacked.
+    pub oldest_unacked_age: Duration,
+    pub replication_connected: bool,
+    pub producer_healthy: bool,
+    pub commit_to_ack: HistogramSnapshot,
+}
+
+fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+fn set(gauge: &AtomicU64, v: u64) {
+    gauge.store(v, Ordering::Relaxed);
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn add_events_published(&self, n: u64) {
+        add(&self.events_published, n);
+    }
+
+    pub fn inc_dead_lettered(&self, reason: DeadLetterReason) {
+        if let Some(c) = self.dead_lettered.get(reason.index()) {
+            add(c, 1);
+        }
+    }
+
+    pub fn inc_delivery_errors(&self) {
+        add(&self.delivery_errors, 1);
+    }
+
+    pub fn inc_reconnects(&self) {
+        add(&self.reconnects, 1);
+    }
+
+    pub fn inc_status_updates_sent(&self) {
+        add(&self.status_updates_sent, 1);
+    }
+
+    pub fn set_in_flight(&self, messages: u64, bytes: u64) {
+        set(&self.in_flight_messages, messages);
+        set(&self.in_flight_bytes, bytes);
+    }
+
+    pub fn set_received_lsn(&self, lsn: u64) {
+        set(&self.received_lsn, lsn);
+    }
+
+    pub fn set_confirmed_lsn(&self, lsn: u64) {
+        set(&self.confirmed_lsn, lsn);
+    }
+
+    pub fn set_server_wal_end_lsn(&self, lsn: u64) {
+        set(&self.server_wal_end_lsn, lsn);
+    }
+
+    pub fn set_lag_bytes(&self, bytes: u64) {
+        set(&self.lag_bytes, bytes);
+    }
+
+    pub fn set_slot_retained_wal_bytes(&self, bytes: u64) {
+        set(&self.slot_retained_wal_bytes, bytes);
+    }
+
+    pub fn set_slot_wal_status(&self, status: SlotWalStatus) {
+        self.slot_wal_status
+            .store(status.to_u8(), Ordering::Relaxed);
+    }
+
+    /// The commit time of the oldest event not yet acked by Kafka, `None` when all are.
+    pub fn set_oldest_unacked(&self, since: Option<SystemTime>) {
+        let micros = since.map_or(0, |t| unix_micros(t).max(1));
+        set(&self.oldest_unacked_unix_micros, micros);
+    }
+
+    pub fn set_replication_connected(&self, connected: bool) {
+        self.replication_connected
+            .store(connected, Ordering::Relaxed);
+    }
+
+    pub fn set_producer_healthy(&self, healthy: bool) {
+        self.producer_healthy.store(healthy, Ordering::Relaxed);
+    }
+
+    /// Time from the PostgreSQL commit to the broker ack of the transaction's last event.
+    pub fn observe_commit_to_ack(&self, latency: Duration) {
+        self.commit_to_ack.observe(latency);
+    }
+
+    pub fn snapshot(&self, now: SystemTime) -> MetricsSnapshot {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let oldest = load(&self.oldest_unacked_unix_micros);
+        let oldest_unacked_age = if oldest == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_micros(unix_micros(now).saturating_sub(oldest))
+        };
+        MetricsSnapshot {
+            events_published_total: load(&self.events_published),
+            events_dead_lettered_total: DeadLetterReason::ALL
+                .into_iter()
+                .map(|r| (r, self.dead_lettered.get(r.index()).map_or(0, load)))
+                .collect(),
+            delivery_errors_total: load(&self.delivery_errors),
+            reconnects_total: load(&self.reconnects),
+            status_updates_sent_total: load(&self.status_updates_sent),
+            in_flight_messages: load(&self.in_flight_messages),
+            in_flight_bytes: load(&self.in_flight_bytes),
+            received_lsn: load(&self.received_lsn),
+            confirmed_lsn: load(&self.confirmed_lsn),
+            server_wal_end_lsn: load(&self.server_wal_end_lsn),
+            lag_bytes: load(&self.lag_bytes),
+            slot_retained_wal_bytes: load(&self.slot_retained_wal_bytes),
+            slot_wal_status: SlotWalStatus::from_u8(self.slot_wal_status.load(Ordering::Relaxed)),
+            oldest_unacked_age,
+            replication_connected: self.replication_connected.load(Ordering::Relaxed),
+            producer_healthy: self.producer_healthy.load(Ordering::Relaxed),
+            commit_to_ack: self.commit_to_ack.snapshot(),
+        }
+    }
+}
+
+fn unix_micros(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enums_round_trip() {
+        for s in SlotWalStatus::ALL {
+            assert_eq!(SlotWalStatus::from_u8(s.to_u8()), s);
+            assert_eq!(SlotWalStatus::from_pg(Some(s.as_str())), s);
+        }
+        assert_eq!(SlotWalStatus::from_pg(None), SlotWalStatus::Unknown);
+        let indexes: Vec<usize> = DeadLetterReason::ALL.iter().map(|r| r.index()).collect();
+        assert_eq!(indexes, [0, 1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn oldest_unacked_age_is_computed_at_snapshot_time() {
+        let m = Metrics::new();
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(m.snapshot(t0).oldest_unacked_age, Duration::ZERO);
+        m.set_oldest_unacked(Some(t0));
+        let later = t0 + Duration::from_millis(2500);
+        assert_eq!(
+            m.snapshot(later).oldest_unacked_age,
+            Duration::from_millis(2500)
+        );
+        // Clock stepping backwards must not underflow.
+        assert_eq!(
+            m.snapshot(t0 - Duration::from_secs(5)).oldest_unacked_age,
+            Duration::ZERO
+        );
+        m.set_oldest_unacked(None);
+        assert_eq!(m.snapshot(later).oldest_unacked_age, Duration::ZERO);
+    }
+
+    #[test]
+    fn counters_and_gauges() {
+        let m = Metrics::new();
+        m.add_events_published(3);
+        m.add_events_published(2);
+        m.inc_dead_lettered(DeadLetterReason::Oversize);
+        m.inc_dead_lettered(DeadLetterReason::Oversize);
+        m.set_in_flight(7, 700);
+        m.set_slot_wal_status(SlotWalStatus::Extended);
+        let s = m.snapshot(SystemTime::now());
+        assert_eq!(s.events_published_total, 5);
+        assert!(s
+            .events_dead_lettered_total
+            .contains(&(DeadLetterReason::Oversize, 2)));
+        assert!(s
+            .events_dead_lettered_total
+            .contains(&(DeadLetterReason::NullKey, 0)));
+        assert_eq!((s.in_flight_messages, s.in_flight_bytes), (7, 700));
+        assert_eq!(s.slot_wal_status, SlotWalStatus::Extended);
+        assert!(!s.replication_connected && !s.producer_healthy);
+    }
+}

@@ -1,0 +1,261 @@
+//! Prometheus text exposition format (version 0.0.4) for a [`MetricsSnapshot`].
+
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime};
+
+use super::metrics::{Metrics, MetricsSnapshot, SlotWalStatus};
+
+/// `Content-Type` of [`Metrics::render_prometheus`]'s output.
+pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+impl Metrics {
+    /// The current metrics in the Prometheus text format.
+    pub fn render_prometheus(&self) -> String {
+        render(&self.snapshot(SystemTime::now()))
+    }
+}
+
+pub fn render(s: &MetricsSnapshot) -> String {
+    let mut out = Text(String::with_capacity(4096));
+    out.single(
+        "events_published_total",
+        "counter",
+        "Events acknowledged by Kafka.",
+        s.events_published_total,
+    );
+    out.header(
+        "events_dead_lettered_total",
+        "counter",
+        "Events sent to the dead-letter topic, by reason.",
+    );
+    for (reason, n) in &s.events_dead_lettered_total {
+        out.sample(
+            "events_dead_lettered_total",
+            Some(("reason", reason.as_str())),
+            *n,
+        );
+    }
+    out.single(
+        "delivery_errors_total",
+        "counter",
+        "Failed Kafka deliveries (each one restarts the pipeline).",
+        s.delivery_errors_total,
+    );
+    out.single(
+        "reconnects_total",
+        "counter",
+        "Restarts of the replication stream and producer.",
+        s.reconnects_total,
+    );
+    out.single(
+        "status_updates_sent_total",
+        "counter",
+        "Standby status updates sent to PostgreSQL.",
+        s.status_updates_sent_total,
+    );
+    out.single(
+        "in_flight_messages",
+        "gauge",
+        "Messages produced and not yet acknowledged.",
+        s.in_flight_messages,
+    );
+    out.single(
+        "in_flight_bytes",
+        "gauge",
+        "Bytes of messages produced and not yet acknowledged.",
+        s.in_flight_bytes,
+    );
+    out.single(
+        "received_lsn",
+        "gauge",
+        "Highest WAL position received from the server.",
+        s.received_lsn,
+    );
+    out.single(
+        "confirmed_lsn",
+        "gauge",
+        "WAL position confirmed to the server (everything before it is in Kafka).",
+        s.confirmed_lsn,
+    );
+    out.single(
+        "server_wal_end_lsn",
+        "gauge",
+        "Server WAL end reported by the last keepalive.",
+        s.server_wal_end_lsn,
+    );
+    out.single(
+        "lag_bytes",
+        "gauge",
+        "Bytes of WAL between the server's end and the confirmed position.",
+        s.lag_bytes,
+    );
+    out.single(
+        "slot_retained_wal_bytes",
+        "gauge",
+        "WAL the replication slot keeps on the server.",
+        s.slot_retained_wal_bytes,
+    );
+    out.header(
+        "slot_wal_status",
+        "gauge",
+        "Replication slot wal_status (1 for the current one).",
+    );
+    for status in SlotWalStatus::ALL {
+        let v = u64::from(status == s.slot_wal_status);
+        out.sample("slot_wal_status", Some(("status", status.as_str())), v);
+    }
+    out.header(
+        "oldest_unacked_age_seconds",
+        "gauge",
+        "Age of the oldest event not yet acknowledged by Kafka.",
+    );
+    out.raw_sample("oldest_unacked_age_seconds", &seconds(s.oldest_unacked_age));
+    out.single(
+        "replication_connected",
+        "gauge",
+        "1 when the replication stream is connected.",
+        u64::from(s.replication_connected),
+    );
+    out.single(
+        "producer_healthy",
+        "gauge",
+        "1 when the Kafka producer is usable.",
+        u64::from(s.producer_healthy),
+    );
+
+    let h = &s.commit_to_ack;
+    let name = "commit_to_ack_seconds";
+    out.header(
+        name,
+        "histogram",
+        "Time from PostgreSQL commit to Kafka acknowledgement.",
+    );
+    for (le, n) in &h.cumulative {
+        out.sample("commit_to_ack_seconds_bucket", Some(("le", le)), *n);
+    }
+    out.raw_sample(
+        "commit_to_ack_seconds_sum",
+        &micros_as_seconds(h.sum_micros),
+    );
+    out.sample("commit_to_ack_seconds_count", None, h.count);
+    out.0
+}
+
+/// Seconds with microsecond precision, without going through floats.
+fn micros_as_seconds(micros: u64) -> String {
+    let frac = micros % 1_000_000;
+    if frac == 0 {
+        (micros / 1_000_000).to_string()
+    } else {
+        let text = format!("{}.{frac:06}", micros / 1_000_000);
+        text.trim_end_matches('0').to_owned()
+    }
+}
+
+fn seconds(d: Duration) -> String {
+    micros_as_seconds(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+struct Text(String);
+
+impl Text {
+    // Writing into a String cannot fail, hence the ignored fmt::Results.
+    fn header(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.0, "# HELP outboxd_{name} {help}");
+        let _ = writeln!(self.0, "# TYPE outboxd_{name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, label: Option<(&str, &str)>, value: u64) {
+        self.labelled(name, label, &value.to_string());
+    }
+
+    fn raw_sample(&mut self, name: &str, value: &str) {
+        self.labelled(name, None, value);
+    }
+
+    // Label values here are fixed identifiers, never user data, so need no escaping.
+    fn labelled(&mut self, name: &str, label: Option<(&str, &str)>, value: &str) {
+        let _ = match label {
+            Some((k, v)) => writeln!(self.0, "outboxd_{name}{{{k}=\"{v}\"}} {value}"),
+            None => writeln!(self.0, "outboxd_{name} {value}"),
+        };
+    }
+
+    fn single(&mut self, name: &str, kind: &str, help: &str, value: u64) {
+        self.header(name, kind, help);
+        self.sample(name, None, value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::metrics::DeadLetterReason;
+    use std::time::UNIX_EPOCH;
+
+    #[test]
+    fn seconds_formatting() {
+        assert_eq!(micros_as_seconds(0), "0");
+        assert_eq!(micros_as_seconds(2_000_000), "2");
+        assert_eq!(micros_as_seconds(1_500_000), "1.5");
+        assert_eq!(micros_as_seconds(1_000), "0.001");
+        assert_eq!(micros_as_seconds(123_456_789), "123.456789");
+    }
+
+    #[test]
+    fn renders_every_metric_with_help_and_type() {
+        let m = Metrics::new();
+        m.add_events_published(42);
+        m.inc_dead_lettered(DeadLetterReason::NullKey);
+        m.set_confirmed_lsn(0x1_6B37_4D48);
+        m.set_slot_wal_status(SlotWalStatus::Reserved);
+        m.set_replication_connected(true);
+        m.observe_commit_to_ack(Duration::from_millis(3));
+        m.observe_commit_to_ack(Duration::from_millis(1500));
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_000);
+        m.set_oldest_unacked(Some(t0));
+        let text = render(&m.snapshot(t0 + Duration::from_millis(2250)));
+
+        for line in [
+            "# HELP outboxd_events_published_total Events acknowledged by Kafka.",
+            "# TYPE outboxd_events_published_total counter",
+            "outboxd_events_published_total 42",
+            "# TYPE outboxd_events_dead_lettered_total counter",
+            "outboxd_events_dead_lettered_total{reason=\"null_key\"} 1",
+            "outboxd_events_dead_lettered_total{reason=\"bad_topic\"} 0",
+            "outboxd_confirmed_lsn 6093753672",
+            "# TYPE outboxd_slot_wal_status gauge",
+            "outboxd_slot_wal_status{status=\"reserved\"} 1",
+            "outboxd_slot_wal_status{status=\"lost\"} 0",
+            "outboxd_oldest_unacked_age_seconds 2.25",
+            "outboxd_replication_connected 1",
+            "outboxd_producer_healthy 0",
+            "# TYPE outboxd_commit_to_ack_seconds histogram",
+            "outboxd_commit_to_ack_seconds_bucket{le=\"0.0025\"} 0",
+            "outboxd_commit_to_ack_seconds_bucket{le=\"0.005\"} 1",
+            "outboxd_commit_to_ack_seconds_bucket{le=\"2.5\"} 2",
+            "outboxd_commit_to_ack_seconds_bucket{le=\"+Inf\"} 2",
+            "outboxd_commit_to_ack_seconds_sum 1.503",
+            "outboxd_commit_to_ack_seconds_count 2",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        // Every sample belongs to a family that was announced with HELP and TYPE.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| {
+                    name.strip_suffix(s)
+                        .filter(|_| name.starts_with("outboxd_commit"))
+                })
+                .unwrap_or(name);
+            assert!(text.contains(&format!("# TYPE {family} ")), "{line}");
+            assert!(text.contains(&format!("# HELP {family} ")), "{line}");
+        }
+        assert!(text.ends_with('\n'));
+    }
+}
