@@ -322,3 +322,52 @@ fn kafka_unknown_property_is_a_client_error_without_secrets() {
     assert!(matches!(err, KafkaSetupError::Client(_)), "{err}");
     assert!(err.to_string().contains("no.such.property"), "{err}");
 }
+
+#[tokio::test]
+async fn kafka_fatal_idempotence_error_is_reported() {
+    let mock = mock_with_topic("fatal", 1);
+    // librdkafka treats an authorization failure on InitProducerId as fatal.
+    mock.request_errors(
+        RDKafkaApiKey::InitProducerId,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED],
+    );
+    let (producer, _rx) = producer_for(&mock, |_| {});
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let fatal = loop {
+        if let Some(fatal) = producer.is_fatal() {
+            break fatal;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no fatal error reported"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(fatal.contains("uthorization"), "{fatal}");
+    match producer.send(&record("fatal", b"k", b"v"), 0) {
+        Err(SendError::Fatal(reason)) => assert!(reason.contains("uthorization"), "{reason}"),
+        other => panic!("expected SendError::Fatal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn kafka_ensure_topics_uses_admin_client_and_returns() {
+    // The mock broker does not implement CreateTopics, so this only shows the admin
+    // client is built from the same settings and the call ends with a named error.
+    let mock = mock_with_topic("exists", 1);
+    let (producer, _rx) = producer_for(&mock, |_| {});
+    let topics = vec!["new-topic".to_owned()];
+    let result = tokio::time::timeout(
+        WAIT,
+        producer.ensure_topics(&topics, 3, 1, Duration::from_secs(2)),
+    )
+    .await
+    .expect("ensure_topics hung");
+    assert!(
+        matches!(
+            result,
+            Ok(()) | Err(KafkaSetupError::Admin(_) | KafkaSetupError::TopicCreation { .. })
+        ),
+        "{result:?}"
+    );
+}
