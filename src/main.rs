@@ -1,13 +1,16 @@
-//! outboxd: relays transactional-outbox inserts from Postgres logical replication to Kafka.
+//! outboxd: relays transactional-outbox inserts from Postgres logical replication to
+//! Kafka, confirming the replication slot only after the broker acknowledged.
+//!
+//! The binary is thin: read the environment once, set up logging, and dispatch to a
+//! subcommand. Exit codes are listed in `cli::EXIT_CODES` and the README.
 
+mod cli;
 mod config;
+mod logging;
+mod wiring;
 
 fn main() {
-    match config::from_process_env() {
-        Ok(s) => println!("{s:?}"),
-        Err(e) => {
-            eprintln!("outboxd: configuration error: {e}");
-            std::process::exit(2);
-        }
-    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let code = cli::main(&args);
+    std::process::exit(code);
 }

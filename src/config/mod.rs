@@ -8,7 +8,9 @@ mod vars;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-pub use vars::{help_text, spec, VarSpec, KAFKA_PASSTHROUGH_PREFIX, VARS};
+#[cfg(test)]
+pub use vars::VARS;
+pub use vars::{help_text, spec, KAFKA_PASSTHROUGH_PREFIX};
 
 /// What a bad variable looked like and what would have been accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -166,9 +168,9 @@ impl Env<'_> {
         }
     }
 
-    fn number<T: std::str::FromStr>(&self, name: &str, min: T) -> Result<T, ConfigError>
+    fn number<T>(&self, name: &str, min: T) -> Result<T, ConfigError>
     where
-        T: PartialOrd + std::fmt::Display + Copy,
+        T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
     {
         let v = self.required(name, "a number")?;
         match v.trim().parse::<T>() {

@@ -1,0 +1,113 @@
+//! Why a relay session ended, classified once as permanent or retryable.
+
+use outbox_core::{AckError, RowError, ShapeError};
+use pgrepl::ReplError;
+
+use crate::kafka::{DeliveryFailure, KafkaSetupError, SendError};
+
+/// Permanent errors need an operator; retryable ones reconnect with backoff and resume
+/// from the slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    Permanent,
+    Retryable,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error(transparent)]
+    Postgres(#[from] ReplError),
+    #[error("SQL query failed: {0}")]
+    Sql(#[from] tokio_postgres::Error),
+    #[error("replication slot {slot:?} does not exist: run `outboxd init`, or set OUTBOXD_CREATE_SLOT=true to create it at start-up")]
+    SlotMissing { slot: String },
+    #[error("replication slot {slot:?} was dropped while outboxd was using it; events committed since its last confirmed position may not be relayed. Recreating it silently would skip them: re-publish the affected outbox rows if needed, then recreate the slot with `outboxd init` and restart")]
+    SlotDropped { slot: String },
+    #[error("replication slot {slot:?} was invalidated ({reason}); the WAL it needed is gone. Re-publish outbox rows committed since its confirmed_flush_lsn, drop the slot and recreate it (`outboxd init`); raise max_slot_wal_keep_size or keep outboxd running to avoid this")]
+    SlotInvalidated { slot: String, reason: String },
+    #[error("replication slot {slot:?} is not usable by outboxd: {problem}")]
+    SlotUnusable { slot: String, problem: String },
+    #[error("publication {publication:?} does not exist in this database: create it with CREATE PUBLICATION {publication} FOR TABLE <outbox table> WITH (publish = 'insert') (see sql/publication.sql), before the slot")]
+    PublicationMissing { publication: String },
+    #[error(transparent)]
+    Shape(#[from] ShapeError),
+    #[error("bad outbox row{}: {error}; OUTBOXD_BAD_ROW_POLICY=stop, so outboxd stopped without acknowledging it. Fix or delete the row's transaction effect and restart, or set OUTBOXD_BAD_ROW_POLICY=dead-letter", .error.event_id().map(|id| format!(" id={id}")).unwrap_or_default())]
+    BadRow { error: RowError },
+    #[error("Kafka producer setup failed: {0}")]
+    KafkaSetup(#[from] KafkaSetupError),
+    #[error("{0}")]
+    Delivery(DeliveryFailure),
+    #[error("producing to Kafka failed: {0}")]
+    Send(#[from] SendError),
+    #[error("replication protocol error: {0}")]
+    Protocol(String),
+    #[error("ack tracking error: {0}")]
+    Ack(#[from] AckError),
+    #[error("the server closed the replication stream")]
+    StreamClosed,
+}
+
+impl RelayError {
+    /// The one place that decides whether retrying can help.
+    pub fn class(&self) -> ErrorClass {
+        use RelayError as E;
+        match self {
+            E::Postgres(e) => match e.class() {
+                pgrepl::ErrorClass::Permanent => ErrorClass::Permanent,
+                pgrepl::ErrorClass::Retryable => ErrorClass::Retryable,
+            },
+            E::Sql(e) => match e.code() {
+                Some(code) => match pgrepl::class_of_sqlstate(code.code()) {
+                    pgrepl::ErrorClass::Permanent => ErrorClass::Permanent,
+                    pgrepl::ErrorClass::Retryable => ErrorClass::Retryable,
+                },
+                // No SQLSTATE: the connection failed or closed.
+                None => ErrorClass::Retryable,
+            },
+            E::SlotMissing { .. }
+            | E::SlotDropped { .. }
+            | E::SlotInvalidated { .. }
+            | E::SlotUnusable { .. }
+            | E::PublicationMissing { .. }
+            | E::Shape(_)
+            | E::BadRow { .. }
+            | E::Protocol(_)
+            | E::Ack(_) => ErrorClass::Permanent,
+            E::KafkaSetup(
+                KafkaSetupError::RefusedOverride { .. }
+                | KafkaSetupError::InvalidSettings(_)
+                | KafkaSetupError::Client(_),
+            ) => ErrorClass::Permanent,
+            E::KafkaSetup(_) => ErrorClass::Retryable,
+            E::Delivery(f) => {
+                if f.retriable {
+                    ErrorClass::Retryable
+                } else {
+                    ErrorClass::Permanent
+                }
+            }
+            E::Send(SendError::QueueFull | SendError::Fatal(_)) => ErrorClass::Retryable,
+            E::Send(SendError::Other { code }) if !crate::kafka::is_permanent(*code) => {
+                ErrorClass::Retryable
+            }
+            E::Send(_) => ErrorClass::Permanent,
+            E::StreamClosed => ErrorClass::Retryable,
+        }
+    }
+
+    /// Process exit code for a permanent error (listed in the README).
+    pub fn exit_code(&self) -> i32 {
+        use RelayError as E;
+        match self {
+            E::BadRow { .. } => 4,
+            E::KafkaSetup(_) | E::Delivery(_) | E::Send(_) => 5,
+            E::Protocol(_) | E::Ack(_) => 1,
+            _ => 3,
+        }
+    }
+
+    /// A short label for logs and metrics.
+    pub fn is_slot_in_use(&self) -> bool {
+        matches!(self, RelayError::Postgres(ReplError::SlotInUse { .. }))
+    }
+}

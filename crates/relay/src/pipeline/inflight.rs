@@ -1,0 +1,111 @@
+//! Messages handed to the producer and not yet acknowledged.
+//!
+//! The Kafka delivery opaque is an index into this slab, so a delivery report finds its
+//! transaction ticket, byte size and commit time without a per-message allocation, and the
+//! in-flight caps are exact.
+
+use outbox_core::Ticket;
+
+#[derive(Debug, Clone, Copy)]
+pub struct InFlightEntry {
+    pub ticket: Ticket,
+    pub bytes: usize,
+    /// Commit timestamp (unix micros) of the source transaction, for commit→ack latency.
+    pub commit_unix_micros: i64,
+}
+
+#[derive(Debug, Default)]
+pub struct InFlight {
+    slots: Vec<Option<InFlightEntry>>,
+    free: Vec<usize>,
+    len: usize,
+    bytes: usize,
+}
+
+impl InFlight {
+    pub fn insert(&mut self, entry: InFlightEntry) -> usize {
+        self.len += 1;
+        self.bytes += entry.bytes;
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(entry);
+                i
+            }
+            None => {
+                self.slots.push(Some(entry));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    /// Removes the entry; `None` for an index that is not in flight (a duplicate or stale
+    /// report), which the caller treats as a protocol error rather than guessing.
+    pub fn remove(&mut self, index: usize) -> Option<InFlightEntry> {
+        let entry = self.slots.get_mut(index)?.take()?;
+        self.free.push(index);
+        self.len -= 1;
+        self.bytes -= entry.bytes;
+        Some(entry)
+    }
+
+    /// Gives back the index of an entry whose send failed before librdkafka took it.
+    pub fn cancel(&mut self, index: usize) {
+        let _ = self.remove(index);
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Commit time of the oldest in-flight message, by scanning; called on the metrics
+    /// tick only, never per message.
+    pub fn oldest_commit_unix_micros(&self) -> Option<i64> {
+        self.slots
+            .iter()
+            .flatten()
+            .map(|e| e.commit_unix_micros)
+            .min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(bytes: usize, t: i64) -> InFlightEntry {
+        InFlightEntry {
+            ticket: Ticket::default(),
+            bytes,
+            commit_unix_micros: t,
+        }
+    }
+
+    #[test]
+    fn counts_and_bytes_follow_inserts_and_removes_and_indexes_are_reused() {
+        let mut f = InFlight::default();
+        let a = f.insert(entry(10, 5));
+        let b = f.insert(entry(20, 3));
+        assert_eq!((f.len(), f.bytes()), (2, 30));
+        assert_eq!(f.oldest_commit_unix_micros(), Some(3));
+        assert_eq!(f.remove(a).map(|e| e.bytes), Some(10));
+        assert!(
+            f.remove(a).is_none(),
+            "a second report for one message is refused"
+        );
+        let c = f.insert(entry(1, 9));
+        assert_eq!(c, a);
+        assert_eq!((f.len(), f.bytes()), (2, 21));
+        f.remove(b);
+        f.remove(c);
+        assert!(f.is_empty());
+        assert_eq!(f.bytes(), 0);
+    }
+}

@@ -1,0 +1,156 @@
+//! The relay loop: sessions of replication → Kafka, reconnected with backoff on retryable
+//! errors, ended by a permanent error or a shutdown request.
+
+mod backoff;
+mod error;
+mod inflight;
+mod observe;
+mod session;
+mod slot;
+
+use std::time::Duration;
+
+use outbox_core::{EmitMapper, TableSpec, TopicName};
+use pgrepl::{ConnectConfig, ReplicationConnection, StartOptions};
+use tokio::sync::watch;
+
+pub use backoff::Backoff;
+pub use error::{ErrorClass, RelayError};
+pub use observe::Observer;
+pub use session::SessionEnd;
+pub use slot::{SlotStart, SlotStats};
+
+use crate::kafka::{build_producer, ProducerSettings};
+use session::Session;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadRowPolicy {
+    DeadLetter,
+    Stop,
+}
+
+/// Everything the relay needs, already validated.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    pub pg: ConnectConfig,
+    pub slot: String,
+    pub publication: String,
+    pub create_slot: bool,
+    pub table: TableSpec,
+    /// Emitted logical messages with this mapper's prefix are relayed too.
+    pub emit: Option<EmitMapper>,
+    pub dead_letter_topic: TopicName,
+    pub bad_row_policy: BadRowPolicy,
+    pub max_message_bytes: usize,
+    pub max_in_flight_messages: usize,
+    pub max_in_flight_bytes: usize,
+    pub producer: ProducerSettings,
+    pub status_interval: Option<Duration>,
+    pub idle_flush: bool,
+    pub heartbeat_interval: Option<Duration>,
+    pub shutdown_timeout: Duration,
+    pub reconnect_max_backoff: Duration,
+    /// Slot statistics are polled every this many 1-second ticks.
+    pub slot_stats_every_ticks: u64,
+}
+
+/// Runs until `shutdown` turns true (Ok) or a permanent error (Err).
+pub async fn run(
+    cfg: &RelayConfig,
+    obs: &Observer,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), RelayError> {
+    let mut backoff = Backoff::new(Duration::from_millis(200), cfg.reconnect_max_backoff);
+    let mut seen_slot = false;
+    loop {
+        let result = run_session(cfg, obs, &mut shutdown, &mut seen_slot).await;
+        obs.connected(false, false);
+        match result {
+            Ok(SessionEnd::Shutdown) => return Ok(()),
+            Err(e) if e.class() == ErrorClass::Retryable => {
+                if *shutdown.borrow() {
+                    return Ok(());
+                }
+                let delay = if e.is_slot_in_use() {
+                    // Another instance holds the slot: stand by and poll quickly, so we
+                    // take over within seconds of it dying.
+                    tracing::info!("{e}; standing by");
+                    Duration::from_secs(1)
+                } else {
+                    let d = backoff.next_delay();
+                    tracing::warn!(retry_in_ms = d.as_millis(), "{e}");
+                    obs.reconnect();
+                    d
+                };
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.changed() => return Ok(()),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        if seen_slot {
+            backoff.reset();
+        }
+    }
+}
+
+async fn run_session(
+    cfg: &RelayConfig,
+    obs: &Observer,
+    shutdown: &mut watch::Receiver<bool>,
+    seen_slot: &mut bool,
+) -> Result<SessionEnd, RelayError> {
+    let sql = cfg.pg.connect_sql().await?;
+    let start = slot::prepare(
+        &sql,
+        &cfg.pg,
+        &cfg.slot,
+        &cfg.publication,
+        cfg.create_slot,
+        *seen_slot,
+    )
+    .await?;
+    let conn = ReplicationConnection::connect(&cfg.pg).await?;
+    let options = StartOptions {
+        slot: cfg.slot.clone(),
+        // 0/0: the server starts at the slot's confirmed_flush_lsn.
+        start_lsn: pgoutput::Lsn::ZERO,
+        publication_names: vec![cfg.publication.clone()],
+        messages: cfg.emit.is_some(),
+        proto_version: None,
+        binary: false,
+        initial_flush: start.confirmed_flush,
+        status_interval: cfg.status_interval,
+    };
+    let mut stream = conn.start_replication(options).await?;
+    *seen_slot = true;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let producer = build_producer(&cfg.producer, tx)?;
+    obs.connected(true, true);
+    tracing::info!(
+        slot = %cfg.slot,
+        confirmed_flush = %start.confirmed_flush,
+        "streaming"
+    );
+    let mut session = Session::new(
+        cfg,
+        obs,
+        sql,
+        producer,
+        rx,
+        stream.flush_handle(),
+        start.confirmed_flush,
+    );
+    let result = session.run(&mut stream, shutdown).await;
+    match &result {
+        Ok(_) => {
+            if let Err(e) = stream.stop().await {
+                tracing::warn!("closing the replication stream: {e}");
+            }
+        }
+        Err(_) => drop(stream),
+    }
+    session.abandon();
+    result
+}

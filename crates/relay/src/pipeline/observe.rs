@@ -1,0 +1,100 @@
+//! What the pipeline reports to metrics and readiness, in the pipeline's own terms.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use outbox_core::RowErrorKind;
+use pgoutput::{Lsn, PgTimestamp};
+
+use super::slot::SlotStats;
+use crate::telemetry::{DeadLetterReason, Health, Metrics, SlotWalStatus};
+
+#[derive(Clone)]
+pub struct Observer {
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+}
+
+impl Observer {
+    pub fn new(metrics: Arc<Metrics>, health: Arc<Health>) -> Self {
+        Observer { metrics, health }
+    }
+
+    pub(super) fn confirmed(&self, lsn: Lsn) {
+        self.metrics.set_confirmed_lsn(lsn.0);
+        self.health.record_progress(Instant::now());
+    }
+
+    pub(super) fn received(&self, wal_end: Lsn) {
+        if wal_end > Lsn::ZERO {
+            self.metrics.set_received_lsn(wal_end.0);
+        }
+    }
+
+    pub(super) fn server_wal_end(&self, lsn: Lsn) {
+        self.metrics.set_server_wal_end_lsn(lsn.0);
+    }
+
+    pub(super) fn in_flight(&self, messages: usize, bytes: usize) {
+        self.metrics.set_in_flight(
+            u64::try_from(messages).unwrap_or(u64::MAX),
+            u64::try_from(bytes).unwrap_or(u64::MAX),
+        );
+    }
+
+    /// Oldest unacked commit time; also tells readiness whether work is outstanding.
+    pub(super) fn oldest_unacked(&self, commit_unix_micros: Option<i64>) {
+        let since = commit_unix_micros
+            .and_then(|m| u64::try_from(m).ok())
+            .map(|m| UNIX_EPOCH + Duration::from_micros(m));
+        self.metrics.set_oldest_unacked(since);
+        self.health.set_unacked(since.is_some(), Instant::now());
+    }
+
+    pub(super) fn published(&self, commit_unix_micros: i64) {
+        self.metrics.add_events_published(1);
+        let now = PgTimestamp::now().unix_micros();
+        let latency = u64::try_from(now.saturating_sub(commit_unix_micros)).unwrap_or(0);
+        self.metrics
+            .observe_commit_to_ack(Duration::from_micros(latency));
+    }
+
+    pub(super) fn bad_row(&self, kind: RowErrorKind) {
+        let reason = match kind {
+            RowErrorKind::NullAggregateId => DeadLetterReason::NullKey,
+            RowErrorKind::EmptyAggregateId => DeadLetterReason::EmptyKey,
+            RowErrorKind::Oversize => DeadLetterReason::Oversize,
+            RowErrorKind::InvalidTopic => DeadLetterReason::BadTopic,
+            RowErrorKind::NullColumn
+            | RowErrorKind::UnreadableValue
+            | RowErrorKind::HeadersNotObject
+            | RowErrorKind::UnchangedToast
+            | RowErrorKind::InvalidEnvelope => DeadLetterReason::Unreadable,
+            _ => DeadLetterReason::Other,
+        };
+        self.metrics.inc_dead_lettered(reason);
+    }
+
+    pub(super) fn delivery_error(&self) {
+        self.metrics.inc_delivery_errors();
+    }
+
+    pub(super) fn slot_stats(&self, s: &SlotStats) {
+        self.metrics.set_lag_bytes(s.lag_bytes);
+        self.metrics.set_slot_retained_wal_bytes(s.retained_bytes);
+        self.metrics
+            .set_slot_wal_status(SlotWalStatus::from_pg(s.wal_status.as_deref()));
+        self.metrics.set_server_wal_end_lsn(s.current_wal.0);
+    }
+
+    pub(super) fn connected(&self, replication: bool, producer: bool) {
+        self.metrics.set_replication_connected(replication);
+        self.metrics.set_producer_healthy(producer);
+        self.health.set_replication_connected(replication);
+        self.health.set_producer_healthy(producer);
+    }
+
+    pub(super) fn reconnect(&self) {
+        self.metrics.inc_reconnects();
+    }
+}

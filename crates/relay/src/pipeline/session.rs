@@ -1,0 +1,443 @@
+//! One replication session: from START_REPLICATION until an error or a shutdown.
+//!
+//! A single task reads the stream, maps outbox inserts to records, hands them to the
+//! producer, and turns delivery reports into the flush position. Reading stops at the
+//! in-flight cap; the status writer inside `pgrepl` keeps talking to the server meanwhile.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outbox_core::{
+    check_size, dead_letter_message, dead_letter_record, AckTracker, BoundTable, CommitContext,
+    OutboxRecord, RowError,
+};
+use pgoutput::{Insert, LogicalMessage, Lsn, Message, PgTimestamp, Relation};
+use pgrepl::{FlushHandle, ReplicationEvent, ReplicationStream};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::watch;
+use tokio_postgres::Client;
+
+use super::error::RelayError;
+use super::inflight::{InFlight, InFlightEntry};
+use super::observe::Observer;
+use super::slot;
+use super::{BadRowPolicy, RelayConfig};
+use crate::kafka::{Delivery, OutgoingRecord, RelayProducer, SendError};
+
+/// How a session that did not fail ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionEnd {
+    Shutdown,
+}
+
+pub(super) struct Session<'a> {
+    cfg: &'a RelayConfig,
+    obs: &'a Observer,
+    sql: Client,
+    producer: RelayProducer,
+    deliveries: UnboundedReceiver<Delivery>,
+    tracker: AckTracker,
+    inflight: InFlight,
+    /// `None`: a relation that is not the outbox table (its rows are ignored).
+    relations: HashMap<u32, Option<Arc<BoundTable>>>,
+    txn: Option<CommitContext>,
+    /// End of the last transaction received, for emitted non-transactional messages.
+    last_end_lsn: Lsn,
+    flush: FlushHandle,
+    confirmed: Lsn,
+}
+
+impl<'a> Session<'a> {
+    pub(super) fn new(
+        cfg: &'a RelayConfig,
+        obs: &'a Observer,
+        sql: Client,
+        producer: RelayProducer,
+        deliveries: UnboundedReceiver<Delivery>,
+        flush: FlushHandle,
+        start: Lsn,
+    ) -> Self {
+        Session {
+            cfg,
+            obs,
+            sql,
+            producer,
+            deliveries,
+            tracker: AckTracker::new(start),
+            inflight: InFlight::default(),
+            relations: HashMap::new(),
+            txn: None,
+            last_end_lsn: start,
+            flush,
+            confirmed: start,
+        }
+    }
+
+    /// Drops the producer without sending what it still holds: after an error the
+    /// session's unacked messages are replayed from the slot by the next session.
+    pub(super) fn abandon(self) {
+        self.producer.purge_and_close();
+    }
+
+    pub(super) async fn run(
+        &mut self,
+        stream: &mut ReplicationStream,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<SessionEnd, RelayError> {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut heartbeat = self.cfg.heartbeat_interval.map(|every| {
+            let mut t = tokio::time::interval(every);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        });
+        let mut ticks: u64 = 0;
+        let mut stopping_since: Option<Instant> = None;
+        loop {
+            if *shutdown.borrow() && stopping_since.is_none() {
+                tracing::info!(
+                    "shutdown requested: finishing the open transaction, then draining acks"
+                );
+                stopping_since = Some(Instant::now());
+            }
+            // On shutdown, keep reading only to finish an open transaction, so its acked
+            // messages are confirmed and not re-sent after the restart.
+            let stopping = stopping_since.is_some();
+            if stopping && !self.tracker.in_transaction() {
+                return self.drain(stream).await;
+            }
+            if let Some(since) = stopping_since {
+                if since.elapsed() > self.cfg.shutdown_timeout {
+                    return self.drain(stream).await;
+                }
+            }
+            let room = self.has_room();
+            tokio::select! {
+                biased;
+                changed = shutdown.changed(), if !stopping => {
+                    if changed.is_err() {
+                        // The sender is gone: treat as a shutdown request.
+                        stopping_since = Some(Instant::now());
+                    }
+                }
+                d = self.deliveries.recv() => {
+                    let d = d.ok_or_else(|| RelayError::Protocol("the producer's delivery channel closed".into()))?;
+                    self.on_delivery(d)?;
+                    while let Ok(d) = self.deliveries.try_recv() {
+                        self.on_delivery(d)?;
+                    }
+                }
+                ev = stream.next(), if room => {
+                    match ev? {
+                        Some(ev) => self.on_event(ev).await?,
+                        None => return Err(RelayError::StreamClosed),
+                    }
+                }
+                _ = tick.tick() => {
+                    ticks += 1;
+                    self.on_tick(stream, ticks).await?;
+                }
+                _ = async { match heartbeat.as_mut() { Some(t) => t.tick().await, None => std::future::pending().await } } => {
+                    self.emit_heartbeat().await?;
+                }
+            }
+            self.advance();
+        }
+    }
+
+    fn has_room(&self) -> bool {
+        self.inflight.is_empty()
+            || (self.inflight.len() < self.cfg.max_in_flight_messages
+                && self.inflight.bytes() < self.cfg.max_in_flight_bytes)
+    }
+
+    fn advance(&mut self) {
+        let w = self.tracker.watermark();
+        if w > self.confirmed {
+            self.flush.advance(w);
+            self.confirmed = w;
+            self.obs.confirmed(w);
+        }
+    }
+
+    async fn on_event(&mut self, ev: ReplicationEvent) -> Result<(), RelayError> {
+        match ev {
+            ReplicationEvent::Keepalive { wal_end, .. } => {
+                self.obs.server_wal_end(wal_end);
+                if self.cfg.idle_flush && self.txn.is_none() {
+                    self.tracker.on_keepalive(wal_end);
+                }
+                Ok(())
+            }
+            ReplicationEvent::XLogData {
+                wal_end, message, ..
+            } => {
+                self.obs.received(wal_end);
+                self.on_message(message).await
+            }
+        }
+    }
+
+    async fn on_message(&mut self, message: LogicalMessage) -> Result<(), RelayError> {
+        match message {
+            LogicalMessage::Begin(b) => {
+                self.tracker.begin(now_unix_micros())?;
+                self.txn = Some(CommitContext::new(b.final_lsn, b.commit_time));
+            }
+            LogicalMessage::Commit(c) => {
+                self.tracker.commit(c.end_lsn)?;
+                self.txn = None;
+                self.last_end_lsn = self.last_end_lsn.max(c.end_lsn);
+            }
+            LogicalMessage::Relation(r) => self.on_relation(&r)?,
+            LogicalMessage::Insert(i) => self.on_insert(&i).await?,
+            LogicalMessage::Message(m) => self.on_emitted(&m).await?,
+            // Deletes (insert-then-delete), updates and truncates are not events.
+            LogicalMessage::Update(_)
+            | LogicalMessage::Delete(_)
+            | LogicalMessage::Truncate(_)
+            | LogicalMessage::Origin(_)
+            | LogicalMessage::Type(_) => {}
+            other => {
+                return Err(RelayError::Protocol(format!(
+                    "unexpected pgoutput message {:?} (streaming and two-phase are not requested)",
+                    char::from(other.tag())
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    fn on_relation(&mut self, r: &Relation) -> Result<(), RelayError> {
+        let bound = if self.cfg.table.matches(r) {
+            Some(Arc::new(BoundTable::bind(r, &self.cfg.table)?))
+        } else {
+            None
+        };
+        self.relations.insert(r.rel_id, bound);
+        Ok(())
+    }
+
+    async fn on_insert(&mut self, ins: &Insert) -> Result<(), RelayError> {
+        let table = match self.relations.get(&ins.rel_id) {
+            Some(Some(t)) => Arc::clone(t),
+            Some(None) => return Ok(()),
+            None => {
+                return Err(RelayError::Protocol(format!(
+                    "insert into relation {} before its Relation message",
+                    ins.rel_id
+                )))
+            }
+        };
+        let ctx = self
+            .txn
+            .ok_or_else(|| RelayError::Protocol("insert outside a transaction".into()))?;
+        let max = self.cfg.max_message_bytes;
+        match table
+            .map_insert(&ins.new_tuple, &ctx)
+            .and_then(|r| check_size(&r, max).map(|()| r))
+        {
+            Ok(record) => self.produce(&record, ctx).await,
+            Err(error) => {
+                let dlq = dead_letter_record(
+                    &table,
+                    &ins.new_tuple,
+                    &error,
+                    &ctx,
+                    &self.cfg.dead_letter_topic,
+                    max,
+                );
+                self.bad_row(error, dlq, ctx).await
+            }
+        }
+    }
+
+    async fn on_emitted(&mut self, m: &Message) -> Result<(), RelayError> {
+        let Some(mapper) = self.cfg.emit.as_ref() else {
+            return Ok(());
+        };
+        if m.prefix != mapper.prefix() {
+            return Ok(());
+        }
+        // A non-transactional message arrives outside Begin/Commit; it gets a transaction
+        // of its own in the tracker that completes at the last commit end, so it holds
+        // the watermark until acked but never moves it past anything unseen.
+        let own_txn = self.txn.is_none();
+        let ctx = match self.txn {
+            Some(ctx) => ctx,
+            None => {
+                self.tracker.begin(now_unix_micros())?;
+                CommitContext::non_transactional(m, PgTimestamp::now())
+            }
+        };
+        let max = self.cfg.max_message_bytes;
+        let mapped = mapper
+            .map_message(m, &ctx)
+            .and_then(|r| r.map(|r| check_size(&r, max).map(|()| r)).transpose());
+        let result = match mapped {
+            Ok(Some(record)) => self.produce(&record, ctx).await,
+            Ok(None) => Ok(()),
+            Err(error) => {
+                let dlq = dead_letter_message(m, &error, &ctx, &self.cfg.dead_letter_topic, max);
+                self.bad_row(error, dlq, ctx).await
+            }
+        };
+        if own_txn {
+            self.tracker.commit(self.last_end_lsn)?;
+        }
+        result
+    }
+
+    async fn bad_row(
+        &mut self,
+        error: RowError,
+        dead_letter: OutboxRecord,
+        ctx: CommitContext,
+    ) -> Result<(), RelayError> {
+        self.obs.bad_row(error.kind());
+        match self.cfg.bad_row_policy {
+            BadRowPolicy::Stop => Err(RelayError::BadRow { error }),
+            BadRowPolicy::DeadLetter => {
+                tracing::warn!(
+                    event_id = error.event_id().unwrap_or(""),
+                    kind = error.kind().as_str(),
+                    topic = %self.cfg.dead_letter_topic.as_str(),
+                    "dead-lettering a row: {error}"
+                );
+                self.produce(&dead_letter, ctx).await
+            }
+        }
+    }
+
+    async fn produce(&mut self, rec: &OutboxRecord, ctx: CommitContext) -> Result<(), RelayError> {
+        let ticket = self.tracker.track_message()?;
+        let index = self.inflight.insert(InFlightEntry {
+            ticket,
+            bytes: rec.approx_size(),
+            commit_unix_micros: ctx.commit_time.unix_micros(),
+        });
+        let headers: Vec<(&str, &[u8])> = rec
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_ref(), v.as_ref()))
+            .collect();
+        let out = OutgoingRecord {
+            topic: &rec.topic,
+            key: rec.key.as_deref(),
+            value: rec.value.as_deref(),
+            headers: &headers,
+            timestamp_millis: Some(rec.timestamp_millis),
+        };
+        loop {
+            match self.producer.send(&out, index) {
+                Ok(()) => {
+                    self.obs
+                        .in_flight(self.inflight.len(), self.inflight.bytes());
+                    return Ok(());
+                }
+                Err(SendError::QueueFull) => {
+                    // librdkafka's own queue is full (its cap is at least ours, so rare):
+                    // wait for one delivery and try again.
+                    let d = self.deliveries.recv().await.ok_or_else(|| {
+                        RelayError::Protocol("the producer's delivery channel closed".into())
+                    })?;
+                    self.on_delivery(d)?;
+                }
+                Err(e) => {
+                    self.inflight.cancel(index);
+                    return Err(e.into());
+                }
+            }
+        }
+    }
+
+    fn on_delivery(&mut self, d: Delivery) -> Result<(), RelayError> {
+        let entry = self.inflight.remove(d.ticket).ok_or_else(|| {
+            RelayError::Protocol(format!("delivery report for unknown message {}", d.ticket))
+        })?;
+        match d.outcome {
+            Ok(_) => {
+                self.tracker.ack(entry.ticket)?;
+                self.obs.published(entry.commit_unix_micros);
+                Ok(())
+            }
+            Err(failure) => {
+                self.tracker.fail(entry.ticket)?;
+                self.obs.delivery_error();
+                Err(RelayError::Delivery(failure))
+            }
+        }
+    }
+
+    async fn on_tick(&mut self, stream: &ReplicationStream, ticks: u64) -> Result<(), RelayError> {
+        self.obs.server_wal_end(stream.server_wal_end());
+        self.obs
+            .in_flight(self.inflight.len(), self.inflight.bytes());
+        self.obs
+            .oldest_unacked(self.inflight.oldest_commit_unix_micros());
+        if let Some(fatal) = self.producer.is_fatal() {
+            return Err(RelayError::Send(SendError::Fatal(fatal)));
+        }
+        if ticks.is_multiple_of(self.cfg.slot_stats_every_ticks) {
+            match slot::stats(&self.sql, &self.cfg.slot).await? {
+                Some(stats) => {
+                    if stats.wal_status.as_deref() == Some("lost") {
+                        return Err(RelayError::SlotInvalidated {
+                            slot: self.cfg.slot.clone(),
+                            reason: "wal_status = lost".into(),
+                        });
+                    }
+                    self.obs.slot_stats(&stats);
+                }
+                None => {
+                    return Err(RelayError::SlotDropped {
+                        slot: self.cfg.slot.clone(),
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A transactional logical message: a tiny transaction of our own whose Commit lets
+    /// the slot advance even when keepalives alone would not (e.g. idle flush disabled).
+    async fn emit_heartbeat(&mut self) -> Result<(), RelayError> {
+        self.sql
+            .execute(
+                "SELECT pg_logical_emit_message(true, 'outboxd.heartbeat', '')",
+                &[],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Stop reading, wait (bounded) for in-flight acks, confirm, and end the stream.
+    async fn drain(&mut self, stream: &mut ReplicationStream) -> Result<SessionEnd, RelayError> {
+        let deadline = tokio::time::Instant::now() + self.cfg.shutdown_timeout;
+        while !self.inflight.is_empty() {
+            tokio::select! {
+                d = self.deliveries.recv() => match d {
+                    Some(d) => self.on_delivery(d)?,
+                    None => break,
+                },
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!(
+                        unacked = self.inflight.len(),
+                        "shutdown timeout: unacknowledged messages will be re-sent after restart"
+                    );
+                    break;
+                }
+            }
+            self.advance();
+        }
+        self.advance();
+        tracing::info!(confirmed = %self.confirmed, "confirming the final position and closing the stream");
+        stream.send_status_now().await?;
+        Ok(SessionEnd::Shutdown)
+    }
+}
+
+fn now_unix_micros() -> u64 {
+    u64::try_from(PgTimestamp::now().unix_micros()).unwrap_or(0)
+}

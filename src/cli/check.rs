@@ -1,0 +1,228 @@
+//! `outboxd check`: every prerequisite, each reported as ok or FAIL with the fix.
+
+use outbox_core::BoundTable;
+use outboxd_relay::kafka::build_producer;
+use pgoutput::{Column, Relation, ReplicaIdentity};
+use pgrepl::{preflight, ReplicationConnection};
+use tokio_postgres::Client;
+
+use super::{EXIT_CHECK_FAILED, EXIT_OK};
+use crate::config::Settings;
+use crate::wiring;
+
+struct Report {
+    failed: usize,
+}
+
+impl Report {
+    fn ok(&mut self, what: &str, detail: impl std::fmt::Display) {
+        println!("ok    {what}: {detail}");
+    }
+
+    fn fail(&mut self, what: &str, fix: impl std::fmt::Display) {
+        self.failed += 1;
+        println!("FAIL  {what}: {fix}");
+    }
+}
+
+pub async fn check(s: &Settings) -> i32 {
+    let mut r = Report { failed: 0 };
+    let pg = wiring::connect_config(s);
+    match pg.connect_sql().await {
+        Ok(sql) => {
+            r.ok(
+                "postgres connection",
+                format!("{}@{}:{}/{}", pg.user, pg.host, pg.port, pg.dbname),
+            );
+            check_postgres(&mut r, s, &sql).await;
+        }
+        Err(e) => r.fail(
+            "postgres connection",
+            format!(
+                "{e}; check PGHOST/PGPORT/PGUSER/PGPASSWORD/PGDATABASE or OUTBOXD_DATABASE_URL"
+            ),
+        ),
+    }
+    match ReplicationConnection::connect(&pg).await {
+        Ok(mut conn) => match conn.identify_system().await {
+            Ok(sys) => r.ok(
+                "replication connection",
+                format!("system {} timeline {} at {}", sys.system_id, sys.timeline, sys.xlog_pos),
+            ),
+            Err(e) => r.fail("replication connection", e),
+        },
+        Err(e) => r.fail(
+            "replication connection",
+            format!("{e}; pg_hba.conf must allow this user to connect to the database (logical replication uses the database's own lines)"),
+        ),
+    }
+    check_kafka(&mut r, s);
+    if r.failed == 0 {
+        println!("all checks passed");
+        EXIT_OK
+    } else {
+        println!("{} check(s) failed", r.failed);
+        EXIT_CHECK_FAILED
+    }
+}
+
+async fn check_postgres(r: &mut Report, s: &Settings, sql: &Client) {
+    match preflight::wal_level(sql).await {
+        Ok(level) if level == "logical" => r.ok("wal_level", level),
+        Ok(level) => r.fail(
+            "wal_level",
+            format!(
+                "is {level}; set wal_level = logical in postgresql.conf and restart PostgreSQL"
+            ),
+        ),
+        Err(e) => r.fail("wal_level", e),
+    }
+    match preflight::max_replication_slots(sql).await {
+        Ok(n) if n > 0 => r.ok("max_replication_slots", n),
+        Ok(n) => r.fail(
+            "max_replication_slots",
+            format!("is {n}; set it to at least 1 (plus one per other consumer) and restart"),
+        ),
+        Err(e) => r.fail("max_replication_slots", e),
+    }
+    match preflight::role_can_replicate(sql, &s.pg.user).await {
+        Ok(true) => r.ok("REPLICATION attribute", &s.pg.user),
+        Ok(false) => r.fail(
+            "REPLICATION attribute",
+            format!(
+                "role {} lacks it: ALTER ROLE {} WITH REPLICATION (see sql/role.sql)",
+                s.pg.user, s.pg.user
+            ),
+        ),
+        Err(e) => r.fail("REPLICATION attribute", e),
+    }
+    check_table(r, s, sql).await;
+    match preflight::publication_exists(sql, &s.publication).await {
+        Ok(true) => match preflight::publication_tables(sql, &s.publication).await {
+            Ok(tables)
+                if tables
+                    .iter()
+                    .any(|(sch, t)| *sch == s.table_schema && *t == s.table_name) =>
+            {
+                r.ok(
+                    "publication",
+                    format!(
+                        "{} includes {}.{}",
+                        s.publication, s.table_schema, s.table_name
+                    ),
+                );
+            }
+            Ok(_) if s.message_prefix.is_some() => r.ok(
+                "publication",
+                format!(
+                    "{} exists (table not included: only emitted messages are relayed)",
+                    s.publication
+                ),
+            ),
+            Ok(_) => r.fail(
+                "publication",
+                format!(
+                    "{} does not include {}.{}: ALTER PUBLICATION {} ADD TABLE {}.{}",
+                    s.publication,
+                    s.table_schema,
+                    s.table_name,
+                    s.publication,
+                    s.table_schema,
+                    s.table_name
+                ),
+            ),
+            Err(e) => r.fail("publication", e),
+        },
+        Ok(false) => r.fail(
+            "publication",
+            format!(
+                "{} does not exist: run `outboxd init` or sql/publication.sql",
+                s.publication
+            ),
+        ),
+        Err(e) => r.fail("publication", e),
+    }
+    match preflight::slot_state(sql, &s.slot).await {
+        Ok(Some(st)) if st.wal_status.as_deref() == Some("lost") => r.fail("slot", format!("{} is invalidated (wal_status = lost): re-publish outbox rows since its confirmed position, drop it and run `outboxd init`", s.slot)),
+        Ok(Some(st)) if st.plugin.as_deref() != Some("pgoutput") => r.fail("slot", format!("{} uses plugin {:?}; outboxd needs pgoutput", s.slot, st.plugin)),
+        Ok(Some(st)) => r.ok("slot", format!(
+            "{} confirmed {} wal_status {}{}",
+            s.slot,
+            st.confirmed_flush_lsn.map(|l| l.to_string()).unwrap_or_default(),
+            st.wal_status.unwrap_or_default(),
+            st.active_pid.map(|p| format!(", active in pid {p} (another outboxd? it will wait as standby)")).unwrap_or_default()
+        )),
+        Ok(None) if s.create_slot => r.ok("slot", format!("{} does not exist yet; `outboxd run` will create it (OUTBOXD_CREATE_SLOT=true)", s.slot)),
+        Ok(None) => r.fail("slot", format!("{} does not exist: run `outboxd init`", s.slot)),
+        Err(e) => r.fail("slot", e),
+    }
+}
+
+async fn check_table(r: &mut Report, s: &Settings, sql: &Client) {
+    let what = "outbox table";
+    let spec = match wiring::table_spec(s) {
+        Ok(spec) => spec,
+        Err(e) => return r.fail(what, format!("{e:#}")),
+    };
+    match preflight::table_columns(sql, &s.table_schema, &s.table_name).await {
+        Ok(Some(cols)) => {
+            // Bind exactly as the relay will when the Relation message arrives.
+            let relation = Relation {
+                xid: None,
+                rel_id: 0,
+                namespace: s.table_schema.clone(),
+                name: s.table_name.clone(),
+                replica_identity: ReplicaIdentity::Default,
+                columns: cols
+                    .into_iter()
+                    .map(|(name, _, type_oid)| Column {
+                        flags: 0,
+                        name,
+                        type_oid,
+                        type_modifier: -1,
+                    })
+                    .collect(),
+            };
+            match BoundTable::bind(&relation, &spec) {
+                Ok(b) => r.ok(
+                    what,
+                    format!(
+                        "{}.{} (payload {})",
+                        s.table_schema,
+                        s.table_name,
+                        b.payload_kind().as_str()
+                    ),
+                ),
+                Err(e) => r.fail(what, e),
+            }
+        }
+        Ok(None) if s.message_prefix.is_some() => r.ok(
+            what,
+            format!(
+                "{}.{} does not exist; only emitted messages (prefix {:?}) will be relayed",
+                s.table_schema,
+                s.table_name,
+                s.message_prefix.as_deref().unwrap_or("")
+            ),
+        ),
+        Ok(None) => r.fail(
+            what,
+            format!(
+                "{}.{} does not exist: run `outboxd init` or sql/outbox.sql",
+                s.table_schema, s.table_name
+            ),
+        ),
+        Err(e) => r.fail(what, e),
+    }
+}
+
+fn check_kafka(r: &mut Report, s: &Settings) {
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    match build_producer(&wiring::producer_settings(s), tx) {
+        Ok(p) => match p.check_broker_reachable(wiring::BROKER_CHECK_TIMEOUT) {
+            Ok(info) => r.ok("kafka", format!("{} broker(s), answered by {}", info.brokers.len(), info.answered_by)),
+            Err(e) => r.fail("kafka", format!("{e}; check OUTBOXD_KAFKA_BOOTSTRAP_SERVERS and OUTBOXD_KAFKA_SECURITY_PROTOCOL/SASL settings")),
+        },
+        Err(e) => r.fail("kafka producer settings", e),
+    }
+}

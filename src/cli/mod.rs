@@ -1,0 +1,92 @@
+//! Subcommands and exit codes.
+
+mod check;
+mod init;
+mod run;
+mod status;
+
+use crate::config;
+
+/// Exit codes, as documented in the README.
+pub const EXIT_OK: i32 = 0;
+pub const EXIT_INTERNAL: i32 = 1;
+pub const EXIT_CONFIG: i32 = 2;
+pub const EXIT_CHECK_FAILED: i32 = 6;
+
+pub const EXIT_CODES: &str = "Exit codes:
+  0  stopped cleanly (SIGTERM/SIGINT), or the subcommand succeeded
+  1  internal error (a bug: please report it with the log)
+  2  configuration error: the message names the variable and what it accepts
+  3  permanent Postgres-side problem: slot missing/dropped/invalidated, publication missing,
+     wrong table shape, authentication or permission failure
+  4  a bad outbox row under OUTBOXD_BAD_ROW_POLICY=stop (the message names the row id)
+  5  permanent Kafka-side problem: refused producer setting, authorization, record too large
+  6  `outboxd check` found a problem (each failed check says how to fix it)
+";
+
+fn usage() -> String {
+    format!(
+        "outboxd {version}: relays transactional-outbox inserts from PostgreSQL logical replication to Kafka,
+confirming the replication slot only after the broker acknowledged every event.
+
+Usage: outboxd [run|check|init|status|--help|--version]
+  run     relay until SIGTERM/SIGINT (the default)
+  check   check Postgres and Kafka prerequisites, each with ok/fail and the fix
+  init    create the outbox table, publication and slot if missing (idempotent)
+  status  show the slot: confirmed position, lag, retained WAL, active pid
+
+Configuration is by environment variables only.
+
+{vars}
+{codes}",
+        version = env!("CARGO_PKG_VERSION"),
+        vars = config::help_text(),
+        codes = EXIT_CODES
+    )
+}
+
+pub fn main(args: &[String]) -> i32 {
+    let command = args.first().map_or("run", String::as_str);
+    match command {
+        "--help" | "-h" | "help" => {
+            print!("{}", usage());
+            return EXIT_OK;
+        }
+        "--version" | "-V" => {
+            println!("outboxd {}", env!("CARGO_PKG_VERSION"));
+            return EXIT_OK;
+        }
+        "run" | "check" | "init" | "status" => {}
+        other => {
+            eprintln!("outboxd: unknown command {other:?}; try `outboxd --help`");
+            return EXIT_CONFIG;
+        }
+    }
+    let settings = match config::from_process_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("outboxd: configuration error: {e}");
+            return EXIT_CONFIG;
+        }
+    };
+    crate::logging::init(&settings);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("outboxd: cannot start the async runtime: {e}");
+            return EXIT_INTERNAL;
+        }
+    };
+    runtime.block_on(async {
+        match command {
+            "check" => check::check(&settings).await,
+            "init" => init::init(&settings).await,
+            "status" => status::status(&settings).await,
+            _ => run::run(&settings).await,
+        }
+    })
+}

@@ -1,0 +1,94 @@
+//! `outboxd run`: the relay, the HTTP endpoint, and signal-driven graceful shutdown.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use outboxd_relay::pipeline::{self, ErrorClass, Observer};
+use outboxd_relay::telemetry::{serve_http, Health, Metrics};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+
+use super::{EXIT_CONFIG, EXIT_INTERNAL, EXIT_OK};
+use crate::config::Settings;
+use crate::wiring;
+
+pub async fn run(settings: &Settings) -> i32 {
+    let cfg = match wiring::relay_config(settings) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("configuration error: {e:#}");
+            return EXIT_CONFIG;
+        }
+    };
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::new(Instant::now()));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    if let Err(e) = spawn_signal_handler(stop_tx) {
+        tracing::error!("cannot install signal handlers: {e}");
+        return EXIT_INTERNAL;
+    }
+    if let Some(addr) = &settings.http_addr {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => {
+                let mut rx = stop_rx.clone();
+                let shutdown = async move {
+                    let _ = rx.wait_for(|stop| *stop).await;
+                };
+                tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+                tokio::spawn(serve_http(
+                    listener,
+                    Arc::clone(&metrics),
+                    Arc::clone(&health),
+                    settings.ready_stall,
+                    shutdown,
+                ));
+            }
+            Err(e) => {
+                tracing::error!(
+                    "OUTBOXD_HTTP_ADDR={addr:?} cannot be bound ({e}); set a free host:port, or empty to disable"
+                );
+                return EXIT_CONFIG;
+            }
+        }
+    }
+    let obs = Observer::new(metrics, health);
+    match pipeline::run(&cfg, &obs, stop_rx).await {
+        Ok(()) => {
+            tracing::info!("stopped");
+            EXIT_OK
+        }
+        Err(e) => {
+            let class = match e.class() {
+                ErrorClass::Permanent => "permanent",
+                ErrorClass::Retryable => "retryable",
+            };
+            tracing::error!(class, exit_code = e.exit_code(), "outboxd stopped: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// The first SIGTERM/SIGINT starts a graceful shutdown; a second one exits at once
+/// (nothing is lost: unconfirmed events are re-sent from the slot).
+fn spawn_signal_handler(stop: watch::Sender<bool>) -> std::io::Result<()> {
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        let mut received = 0;
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            received += 1;
+            if received == 1 {
+                tracing::info!("signal received: draining (send again to exit at once)");
+                let _ = stop.send(true);
+            } else {
+                tracing::warn!("second signal: exiting without draining");
+                std::process::exit(130);
+            }
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,95 @@
+//! Turns validated settings into the library configurations.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use outbox_core::{EmitMapper, OutboxColumns, TableSpec, TopicName, TopicTemplate};
+use outboxd_relay::kafka::ProducerSettings;
+use outboxd_relay::pipeline::{BadRowPolicy, RelayConfig};
+use pgrepl::{ConnectConfig, Password};
+
+use crate::config::{self, Settings};
+
+pub fn connect_config(s: &Settings) -> ConnectConfig {
+    let mut c = ConnectConfig::new(&s.pg.host, s.pg.port, &s.pg.user, &s.pg.dbname);
+    c.password = s.pg.password.as_deref().map(Password::new);
+    c.ssl_mode = match s.pg.ssl_mode {
+        config::SslMode::Disable => pgrepl::SslMode::Disable,
+        config::SslMode::Prefer => pgrepl::SslMode::Prefer,
+        config::SslMode::Require => pgrepl::SslMode::Require,
+        config::SslMode::VerifyCa => pgrepl::SslMode::VerifyCa,
+        config::SslMode::VerifyFull => pgrepl::SslMode::VerifyFull,
+    };
+    c.ssl_root_cert = s.pg.ssl_root_cert.as_ref().map(Into::into);
+    c.application_name = s.pg.application_name.clone();
+    c
+}
+
+pub fn table_spec(s: &Settings) -> anyhow::Result<TableSpec> {
+    let topic = Arc::new(
+        TopicTemplate::parse(&s.topic_template)
+            .with_context(|| format!("OUTBOXD_TOPIC={:?}", s.topic_template))?,
+    );
+    Ok(TableSpec {
+        schema: s.table_schema.clone(),
+        table: s.table_name.clone(),
+        columns: OutboxColumns {
+            id: s.column_id.clone(),
+            aggregate_type: s.column_aggregate_type.clone(),
+            aggregate_id: s.column_aggregate_id.clone(),
+            event_type: s.column_event_type.clone(),
+            payload: s.column_payload.clone(),
+            headers: s.column_headers.clone(),
+            headers_required: false,
+        },
+        topic,
+    })
+}
+
+pub fn producer_settings(s: &Settings) -> ProducerSettings {
+    let mut p = ProducerSettings::new(&s.bootstrap_servers);
+    p.overrides = s.kafka_overrides.clone();
+    p.max_message_bytes = s.max_message_bytes;
+    p.linger_ms = s.linger_ms;
+    // librdkafka's queue must never be the binding limit: ours is, and it is observable.
+    p.queue_max_messages = s.max_in_flight_messages.saturating_add(1000);
+    p
+}
+
+pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
+    let table = table_spec(s)?;
+    let emit = match &s.message_prefix {
+        Some(prefix) => Some(
+            EmitMapper::new(prefix.clone(), Arc::clone(&table.topic))
+                .context("OUTBOXD_MESSAGE_PREFIX")?,
+        ),
+        None => None,
+    };
+    Ok(RelayConfig {
+        pg: connect_config(s),
+        slot: s.slot.clone(),
+        publication: s.publication.clone(),
+        create_slot: s.create_slot,
+        table,
+        emit,
+        dead_letter_topic: TopicName::parse(&s.dead_letter_topic)
+            .with_context(|| format!("OUTBOXD_DEAD_LETTER_TOPIC={:?}", s.dead_letter_topic))?,
+        bad_row_policy: match s.bad_row_policy {
+            config::BadRowPolicy::DeadLetter => BadRowPolicy::DeadLetter,
+            config::BadRowPolicy::Stop => BadRowPolicy::Stop,
+        },
+        max_message_bytes: s.max_message_bytes,
+        max_in_flight_messages: s.max_in_flight_messages,
+        max_in_flight_bytes: s.max_in_flight_bytes,
+        producer: producer_settings(s),
+        status_interval: s.status_interval,
+        idle_flush: s.idle_flush,
+        heartbeat_interval: s.heartbeat_interval,
+        shutdown_timeout: s.shutdown_timeout,
+        reconnect_max_backoff: s.reconnect_max_backoff,
+        slot_stats_every_ticks: 5,
+    })
+}
+
+pub const BROKER_CHECK_TIMEOUT: Duration = Duration::from_secs(10);

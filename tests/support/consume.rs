@@ -1,0 +1,155 @@
+//! Reads back what the relay produced and checks it against what was committed.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::load::Event;
+
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub timestamp_millis: Option<i64>,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| std::str::from_utf8(v).ok())
+    }
+
+    pub fn key_str(&self) -> &str {
+        self.key
+            .as_deref()
+            .and_then(|k| std::str::from_utf8(k).ok())
+            .unwrap_or("")
+    }
+}
+
+/// Reads every partition of `topics` from the beginning until `want` records arrived, or
+/// nothing new arrived for `idle`, or `limit` passed.
+pub fn read_topics(
+    bootstrap: &str,
+    topics: &[String],
+    want: usize,
+    idle: Duration,
+    limit: Duration,
+) -> Vec<Received> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "outboxd-test-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for topic in topics {
+        let md = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .expect("metadata");
+        for t in md.topics() {
+            for p in t.partitions() {
+                tpl.add_partition_offset(t.name(), p.id(), Offset::Beginning)
+                    .expect("tpl");
+            }
+        }
+    }
+    consumer.assign(&tpl).expect("assign");
+    let mut out = Vec::new();
+    let start = Instant::now();
+    let mut last_new = Instant::now();
+    while out.len() < want && last_new.elapsed() < idle && start.elapsed() < limit {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                let headers = m
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                out.push(Received {
+                    topic: m.topic().to_owned(),
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m.key().map(<[u8]>::to_vec),
+                    value: m.payload().map(<[u8]>::to_vec),
+                    headers,
+                    timestamp_millis: m.timestamp().to_millis(),
+                });
+                last_new = Instant::now();
+            }
+            Some(Err(e)) => panic!("consumer error: {e}"),
+            None => {}
+        }
+    }
+    out
+}
+
+/// What a consumer that dedups by event id sees.
+pub struct DeliveryReport {
+    pub unique: usize,
+    pub duplicates: usize,
+    pub missing: Vec<String>,
+}
+
+/// Asserts every committed event arrived, and per aggregate, the order of first arrivals
+/// equals commit order. Returns the duplicate count (replays after a crash are allowed).
+pub fn check_delivery(committed: &[Event], received: &[Received]) -> DeliveryReport {
+    let mut seen: HashSet<&str> = HashSet::new();
+    let mut duplicates = 0;
+    let mut arrived: HashMap<&str, Vec<&str>> = HashMap::new();
+    // Kafka keeps order per partition; arrivals of one aggregate share a partition.
+    let mut by_partition: HashMap<(&str, i32), Vec<&Received>> = HashMap::new();
+    for r in received {
+        by_partition.entry((&r.topic, r.partition)).or_default().push(r);
+    }
+    for records in by_partition.values_mut() {
+        records.sort_by_key(|r| r.offset);
+        for r in records.iter() {
+            let id = r.header("id").expect("every record carries an id header");
+            if seen.insert(id) {
+                arrived.entry(r.key_str()).or_default().push(id);
+            } else {
+                duplicates += 1;
+            }
+        }
+    }
+    let mut expected: HashMap<&str, Vec<&str>> = HashMap::new();
+    for e in committed {
+        expected.entry(&e.aggregate_id).or_default().push(&e.id);
+    }
+    let missing: Vec<String> = committed
+        .iter()
+        .filter(|e| !seen.contains(e.id.as_str()))
+        .map(|e| e.id.clone())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} committed events never arrived (first: {:?})",
+        missing.len(),
+        committed.len(),
+        missing.first()
+    );
+    for (agg, want) in &expected {
+        let got = arrived.get(agg).cloned().unwrap_or_default();
+        assert_eq!(&got, want, "aggregate {agg}: arrival order differs from commit order");
+    }
+    DeliveryReport {
+        unique: seen.len(),
+        duplicates,
+        missing,
+    }
+}

@@ -1,0 +1,65 @@
+//! Inserts outbox events the way a service would, remembering commit order.
+
+use rand::Rng;
+use tokio_postgres::Client;
+
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub id: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    /// The payload text as inserted (jsonb normalises it; we insert normalised JSON).
+    pub payload: String,
+}
+
+/// Inserts `total` events in transactions of random size 1..=max_txn over `aggregates`
+/// aggregates, one transaction after another, so the returned order is commit order.
+pub async fn insert_events(
+    client: &Client,
+    table: &str,
+    total: usize,
+    max_txn: usize,
+    aggregates: usize,
+) -> Vec<Event> {
+    let mut rng = rand::thread_rng();
+    let mut events = Vec::with_capacity(total);
+    let mut seq = vec![0u64; aggregates];
+    while events.len() < total {
+        let n = rng.gen_range(1..=max_txn).min(total - events.len());
+        let batch: Vec<Event> = (0..n)
+            .map(|_| {
+                let a = rng.gen_range(0..aggregates);
+                seq[a] += 1;
+                Event {
+                    id: uuid::Uuid::new_v4().to_string(),
+                    aggregate_type: if a % 2 == 0 { "order" } else { "customer" }.into(),
+                    aggregate_id: format!("agg-{a}"),
+                    event_type: "Changed".into(),
+                    payload: format!("{{\"agg\": {a}, \"seq\": {}}}", seq[a]),
+                }
+            })
+            .collect();
+        insert_batch(client, table, &batch).await;
+        events.extend(batch);
+    }
+    events
+}
+
+/// One transaction with all of `batch`, in order.
+pub async fn insert_batch(client: &Client, table: &str, batch: &[Event]) {
+    let ids: Vec<&str> = batch.iter().map(|e| e.id.as_str()).collect();
+    let types: Vec<&str> = batch.iter().map(|e| e.aggregate_type.as_str()).collect();
+    let aggs: Vec<&str> = batch.iter().map(|e| e.aggregate_id.as_str()).collect();
+    let evts: Vec<&str> = batch.iter().map(|e| e.event_type.as_str()).collect();
+    let payloads: Vec<&str> = batch.iter().map(|e| e.payload.as_str()).collect();
+    let sql = format!(
+        "INSERT INTO {table} (id, aggregate_type, aggregate_id, event_type, payload) \
+         SELECT i::uuid, t, a, e, p::jsonb FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
+         WITH ORDINALITY AS u(i, t, a, e, p, n) ORDER BY n"
+    );
+    client
+        .execute(&sql, &[&ids, &types, &aggs, &evts, &payloads])
+        .await
+        .expect("insert batch");
+}

@@ -1,0 +1,9 @@
+//! Shared pieces of the end-to-end tests: brokers, the outbox schema, the real `outboxd`
+//! binary as a child process, a load generator and a consumer that checks what arrived.
+#![allow(dead_code)]
+
+pub mod broker;
+pub mod consume;
+pub mod load;
+pub mod relay;
+pub mod schema;

@@ -1,0 +1,191 @@
+//! The real `outboxd` binary as a child process.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use pgtest::TestDb;
+
+use super::schema::Outbox;
+
+pub struct Relay {
+    child: Option<Child>,
+    pub log: PathBuf,
+    pub http_port: u16,
+    env: Vec<(String, String)>,
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+impl Relay {
+    /// The environment a test relay runs with; `extra` entries override.
+    pub fn env_for(
+        db: &TestDb<'_>,
+        outbox: &Outbox,
+        bootstrap: &str,
+        extra: &[(&str, &str)],
+    ) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = db
+            .pg_env()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        let http_port = free_port();
+        let pairs = [
+            ("PGSSLMODE", "disable".to_owned()),
+            ("OUTBOXD_SLOT", outbox.slot.clone()),
+            ("OUTBOXD_PUBLICATION", outbox.publication.clone()),
+            ("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS", bootstrap.to_owned()),
+            ("OUTBOXD_TOPIC", format!("{}.{{aggregate_type}}", outbox.topic_prefix)),
+            ("OUTBOXD_DEAD_LETTER_TOPIC", outbox.dead_letter_topic()),
+            ("OUTBOXD_HTTP_ADDR", format!("127.0.0.1:{http_port}")),
+            ("OUTBOXD_LOG", "info,librdkafka=warn".to_owned()),
+            ("OUTBOXD_RECONNECT_MAX_BACKOFF_MS", "2000".to_owned()),
+        ];
+        env.extend(pairs.into_iter().map(|(k, v)| (k.to_owned(), v)));
+        for (k, v) in extra {
+            env.retain(|(ek, _)| ek != k);
+            env.push(((*k).to_owned(), (*v).to_owned()));
+        }
+        env
+    }
+
+    pub fn start(env: Vec<(String, String)>, args: &[&str]) -> Relay {
+        let http_port = env
+            .iter()
+            .find(|(k, _)| k == "OUTBOXD_HTTP_ADDR")
+            .and_then(|(_, v)| v.rsplit(':').next()?.parse().ok())
+            .unwrap_or(0);
+        let log = std::env::temp_dir().join(format!(
+            "outboxd-test-{}-{}.log",
+            std::process::id(),
+            free_port()
+        ));
+        let mut relay = Relay {
+            child: None,
+            log,
+            http_port,
+            env,
+        };
+        relay.spawn(args);
+        relay
+    }
+
+    fn spawn(&mut self, args: &[&str]) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("relay log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_outboxd"))
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn outboxd");
+        self.child = Some(child);
+    }
+
+    /// Starts the same relay again (after a kill).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn(&["run"]);
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// SIGKILL: no destructor, no final status update, nothing flushed.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        let deadline = Instant::now() + limit;
+        let child = self.child.as_mut().expect("relay running");
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                self.child = None;
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "outboxd did not exit within {limit:?}; log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => c.try_wait().ok().flatten().is_none(),
+            None => false,
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// GET a path of the relay's HTTP endpoint; (status code, body).
+    pub fn http_get(&self, path: &str) -> Option<(u16, String)> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.http_port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        let code = text.split_whitespace().nth(1)?.parse().ok()?;
+        let body = text.split_once("\r\n\r\n").map(|x| x.1.to_owned())?;
+        Some((code, body))
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("--- outboxd log ({}) ---\n{}", self.log.display(), self.log_text());
+        }
+    }
+}
+
+/// Runs `outboxd <args>` to completion with `env`; (exit code, stdout+stderr).
+pub fn run_to_end(env: &[(String, String)], args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .output()
+        .expect("run outboxd");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
