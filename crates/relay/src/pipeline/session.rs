@@ -128,18 +128,20 @@ impl<'a> Session<'a> {
                         self.on_delivery(d)?;
                     }
                 }
-                ev = stream.next(), if room => {
-                    match ev? {
-                        Some(ev) => self.on_event(ev).await?,
-                        None => return Err(RelayError::StreamClosed),
-                    }
-                }
                 _ = tick.tick() => {
                     ticks += 1;
                     self.on_tick(stream, ticks).await?;
                 }
                 _ = async { match heartbeat.as_mut() { Some(t) => t.tick().await, None => std::future::pending().await } } => {
                     self.emit_heartbeat().await?;
+                }
+                // Last: under a continuous backlog the stream is always ready, and a biased
+                // select would otherwise starve the ticks (metrics, slot checks).
+                ev = stream.next(), if room => {
+                    match ev? {
+                        Some(ev) => self.on_event(ev).await?,
+                        None => return Err(RelayError::StreamClosed),
+                    }
                 }
             }
             self.advance();
