@@ -122,7 +122,10 @@ impl Broker {
             .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
             .collect();
         let results = admin
-            .create_topics(&new, &AdminOptions::new().operation_timeout(Some(Duration::from_secs(20))))
+            .create_topics(
+                &new,
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(20))),
+            )
             .await
             .expect("create_topics");
         for r in results {

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::load::Event;
@@ -46,6 +46,19 @@ pub fn read_topics(
     idle: Duration,
     limit: Duration,
 ) -> Vec<Received> {
+    let mut out = Vec::new();
+    if want == 0 {
+        return out;
+    }
+    stream_topics(bootstrap, topics, idle, limit, |m| {
+        out.push(received(m));
+        out.len() < want
+    });
+    out
+}
+
+/// A consumer assigned to every partition of `topics`, from the beginning.
+fn assigned_consumer(bootstrap: &str, topics: &[String]) -> BaseConsumer {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "outboxd-test-reader")
@@ -66,36 +79,114 @@ pub fn read_topics(
         }
     }
     consumer.assign(&tpl).expect("assign");
-    let mut out = Vec::new();
+    consumer
+}
+
+/// Streams every record of `topics` from the beginning (each partition in offset order)
+/// into `on_record` until it returns false, nothing new arrived for `idle`, or `limit`
+/// passed. Keeps nothing itself; returns how many records were seen.
+pub fn stream_topics(
+    bootstrap: &str,
+    topics: &[String],
+    idle: Duration,
+    limit: Duration,
+    mut on_record: impl FnMut(&BorrowedMessage<'_>) -> bool,
+) -> usize {
+    let consumer = assigned_consumer(bootstrap, topics);
     let start = Instant::now();
     let mut last_new = Instant::now();
-    while out.len() < want && last_new.elapsed() < idle && start.elapsed() < limit {
+    let mut seen = 0;
+    while last_new.elapsed() < idle && start.elapsed() < limit {
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
-                let headers = m
-                    .headers()
-                    .map(|h| {
-                        h.iter()
-                            .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                out.push(Received {
-                    topic: m.topic().to_owned(),
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    key: m.key().map(<[u8]>::to_vec),
-                    value: m.payload().map(<[u8]>::to_vec),
-                    headers,
-                    timestamp_millis: m.timestamp().to_millis(),
-                });
+                seen += 1;
                 last_new = Instant::now();
+                if !on_record(&m) {
+                    break;
+                }
             }
             Some(Err(e)) => panic!("consumer error: {e}"),
             None => {}
         }
     }
+    seen
+}
+
+/// The owned form of one consumed record.
+pub fn received(m: &BorrowedMessage<'_>) -> Received {
+    let headers = m
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                .collect()
+        })
+        .unwrap_or_default();
+    Received {
+        topic: m.topic().to_owned(),
+        partition: m.partition(),
+        offset: m.offset(),
+        key: m.key().map(<[u8]>::to_vec),
+        value: m.payload().map(<[u8]>::to_vec),
+        headers,
+        timestamp_millis: m.timestamp().to_millis(),
+    }
+}
+
+/// Reads `topics` until every id in `want` arrived (by the `id` header), then keeps
+/// reading until nothing new arrives for `settle`, so trailing replays and unexpected
+/// extra records are seen too. Panics after `limit` naming how many ids are missing.
+pub fn read_until_ids(
+    bootstrap: &str,
+    topics: &[String],
+    want: &HashSet<String>,
+    settle: Duration,
+    limit: Duration,
+) -> Vec<Received> {
+    let mut out = Vec::new();
+    let mut missing: HashSet<String> = want.clone();
+    let start = Instant::now();
+    let mut done_at: Option<Instant> = None;
+    let consumer = assigned_consumer(bootstrap, topics);
+    let mut last_new = Instant::now();
+    loop {
+        if done_at.is_some() && last_new.elapsed() >= settle {
+            break;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "after {limit:?}, {} of {} expected events have not arrived ({} records read; first missing: {:?})",
+            missing.len(),
+            want.len(),
+            out.len(),
+            missing.iter().next()
+        );
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                let r = received(&m);
+                if let Some(id) = r.header("id") {
+                    missing.remove(id);
+                }
+                out.push(r);
+                last_new = Instant::now();
+                if missing.is_empty() && done_at.is_none() {
+                    done_at = Some(Instant::now());
+                }
+            }
+            Some(Err(e)) => panic!("consumer error: {e}"),
+            None => {
+                if missing.is_empty() && done_at.is_none() {
+                    done_at = Some(Instant::now());
+                }
+            }
+        }
+    }
     out
+}
+
+/// Ids of `events`, for [`read_until_ids`].
+pub fn ids(events: &[Event]) -> HashSet<String> {
+    events.iter().map(|e| e.id.clone()).collect()
 }
 
 /// What a consumer that dedups by event id sees.
@@ -114,7 +205,10 @@ pub fn check_delivery(committed: &[Event], received: &[Received]) -> DeliveryRep
     // Kafka keeps order per partition; arrivals of one aggregate share a partition.
     let mut by_partition: HashMap<(&str, i32), Vec<&Received>> = HashMap::new();
     for r in received {
-        by_partition.entry((&r.topic, r.partition)).or_default().push(r);
+        by_partition
+            .entry((&r.topic, r.partition))
+            .or_default()
+            .push(r);
     }
     for records in by_partition.values_mut() {
         records.sort_by_key(|r| r.offset);
@@ -145,7 +239,10 @@ pub fn check_delivery(committed: &[Event], received: &[Received]) -> DeliveryRep
     );
     for (agg, want) in &expected {
         let got = arrived.get(agg).cloned().unwrap_or_default();
-        assert_eq!(&got, want, "aggregate {agg}: arrival order differs from commit order");
+        assert_eq!(
+            &got, want,
+            "aggregate {agg}: arrival order differs from commit order"
+        );
     }
     DeliveryReport {
         unique: seen.len(),

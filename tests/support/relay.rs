@@ -42,7 +42,10 @@ impl Relay {
             ("OUTBOXD_SLOT", outbox.slot.clone()),
             ("OUTBOXD_PUBLICATION", outbox.publication.clone()),
             ("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS", bootstrap.to_owned()),
-            ("OUTBOXD_TOPIC", format!("{}.{{aggregate_type}}", outbox.topic_prefix)),
+            (
+                "OUTBOXD_TOPIC",
+                format!("{}.{{aggregate_type}}", outbox.topic_prefix),
+            ),
             ("OUTBOXD_DEAD_LETTER_TOPIC", outbox.dead_letter_topic()),
             ("OUTBOXD_HTTP_ADDR", format!("127.0.0.1:{http_port}")),
             ("OUTBOXD_LOG", "info,librdkafka=warn".to_owned()),
@@ -155,7 +158,11 @@ impl Relay {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.http_port)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
         let mut text = String::new();
         s.read_to_string(&mut text).ok()?;
         let code = text.split_whitespace().nth(1)?.parse().ok()?;
@@ -168,7 +175,11 @@ impl Drop for Relay {
     fn drop(&mut self) {
         self.kill();
         if std::thread::panicking() {
-            eprintln!("--- outboxd log ({}) ---\n{}", self.log.display(), self.log_text());
+            eprintln!(
+                "--- outboxd log ({}) ---\n{}",
+                self.log.display(),
+                self.log_text()
+            );
         }
     }
 }
@@ -188,4 +199,48 @@ pub fn run_to_end(env: &[(String, String)], args: &[&str]) -> (i32, String) {
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.code().unwrap_or(-1), text)
+}
+
+impl Relay {
+    /// The value of an unlabelled metric (or the sum over its labels) from /metrics.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let (code, body) = self.http_get("/metrics")?;
+        if code != 200 {
+            return None;
+        }
+        let mut found = None;
+        for line in body.lines().filter(|l| !l.starts_with('#')) {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let metric = series.split('{').next().unwrap_or(series);
+            if metric == name {
+                let v: f64 = value.parse().ok()?;
+                found = Some(found.unwrap_or(0.0) + v);
+            }
+        }
+        found
+    }
+
+    /// Peak resident set size (VmHWM) of the running relay, in kB.
+    pub fn peak_rss_kb(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("relay's /proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM in /proc status")
+    }
+
+    /// The environment the relay runs with (to derive a variant).
+    pub fn env(&self) -> &[(String, String)] {
+        &self.env
+    }
+
+    /// Replaces environment entries for the next (re)start.
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.to_owned(), value.to_owned()));
+    }
 }

@@ -27,7 +27,10 @@ impl Outbox {
 /// that order, as a user would, so every insert after this returns is relayed.
 pub async fn setup(db: &TestDb<'_>) -> Outbox {
     let client = db.client().await;
-    client.batch_execute(OUTBOX_DDL).await.expect("outbox table");
+    client
+        .batch_execute(OUTBOX_DDL)
+        .await
+        .expect("outbox table");
     client
         .batch_execute(&format!(
             "CREATE PUBLICATION \"{}\" FOR TABLE public.outbox WITH (publish = 'insert')",
@@ -69,4 +72,62 @@ pub async fn current_wal_lsn(db: &TestDb<'_>) -> u64 {
         .await
         .expect("wal lsn");
     u64::try_from(row.get::<_, i64>(0)).expect("positive lsn")
+}
+
+/// Like [`setup`], but with the caller's table DDL (it must create `public.outbox`) and
+/// publication options: `Some("publish = 'insert'")`, or `None` for PostgreSQL's default
+/// (insert, update, delete, truncate), which leaves the filtering to the relay.
+pub async fn setup_custom(db: &TestDb<'_>, table_ddl: &str, with: Option<&str>) -> Outbox {
+    let client = db.client().await;
+    client.batch_execute(table_ddl).await.expect("outbox table");
+    let with = with.map_or(String::new(), |w| format!(" WITH ({w})"));
+    client
+        .batch_execute(&format!(
+            "CREATE PUBLICATION \"{}\" FOR TABLE public.outbox{with}",
+            db.publication
+        ))
+        .await
+        .expect("publication");
+    client
+        .query_one(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&db.slot],
+        )
+        .await
+        .expect("slot");
+    Outbox {
+        table: "public.outbox".into(),
+        publication: db.publication.clone(),
+        slot: db.slot.clone(),
+        topic_prefix: db.name.replace('_', "-"),
+    }
+}
+
+/// The default table with publication defaults (inserts, updates, deletes, truncates).
+pub async fn setup_publish_all(db: &TestDb<'_>) -> Outbox {
+    setup_custom(db, OUTBOX_DDL, None).await
+}
+
+/// Parses an `X/Y` LSN as PostgreSQL prints it.
+pub fn parse_lsn(text: &str) -> u64 {
+    let (hi, lo) = text.split_once('/').expect("LSN of the form X/Y");
+    let hi = u64::from_str_radix(hi, 16).expect("LSN high part");
+    let lo = u64::from_str_radix(lo, 16).expect("LSN low part");
+    (hi << 32) | lo
+}
+
+/// Waits until the slot's confirmed_flush_lsn reaches `lsn`; panics after `limit`.
+pub async fn wait_confirmed_at_least(db: &TestDb<'_>, lsn: u64, limit: std::time::Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let c = confirmed_flush_lsn(db).await;
+        if c >= lsn {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "confirmed_flush_lsn stayed at {c:#x}, below {lsn:#x}, for {limit:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
