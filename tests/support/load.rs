@@ -1,6 +1,6 @@
 //! Inserts outbox events the way a service would, remembering commit order.
 
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use tokio_postgres::Client;
 
 #[derive(Debug, Clone)]
@@ -22,7 +22,8 @@ pub async fn insert_events(
     max_txn: usize,
     aggregates: usize,
 ) -> Vec<Event> {
-    let mut rng = rand::thread_rng();
+    // StdRng (not thread_rng) keeps the future Send, so a load can run in a spawned task.
+    let mut rng = rand::rngs::StdRng::from_entropy();
     let mut events = Vec::with_capacity(total);
     let mut seq = vec![0u64; aggregates];
     while events.len() < total {
