@@ -117,7 +117,9 @@ async fn run_session(
         // 0/0: the server starts at the slot's confirmed_flush_lsn.
         start_lsn: pgoutput::Lsn::ZERO,
         publication_names: vec![cfg.publication.clone()],
-        messages: cfg.emit.is_some(),
+        // The heartbeat is a logical message: without `messages` pgoutput drops it, its
+        // transaction is empty and skipped (PG15+), and the slot would not advance.
+        messages: cfg.emit.is_some() || cfg.heartbeat_interval.is_some(),
         proto_version: None,
         binary: false,
         initial_flush: start.confirmed_flush,
