@@ -29,6 +29,8 @@ pub enum RelayError {
     SlotUnusable { slot: String, problem: String },
     #[error("publication {publication:?} does not exist in this database: create it with CREATE PUBLICATION {publication} FOR TABLE <outbox table> WITH (publish = 'insert') (see sql/publication.sql), before the slot")]
     PublicationMissing { publication: String },
+    #[error("publication {publication:?} was dropped while outboxd was streaming (server: {server}); the server cannot decode changes committed while it did not exist. Recreate it: CREATE PUBLICATION {publication} FOR TABLE <outbox table> WITH (publish = 'insert') (see sql/publication.sql). If this error persists after recreating it, the slot cannot get past the changes committed while the publication was missing: re-publish the outbox rows committed since then, drop the slot and run `outboxd init`")]
+    PublicationDropped { publication: String, server: String },
     #[error(transparent)]
     Shape(#[from] ShapeError),
     #[error("bad outbox row{}: {error}; OUTBOXD_BAD_ROW_POLICY=stop, so outboxd stopped without acknowledging it. Fix or delete the row's transaction effect and restart, or set OUTBOXD_BAD_ROW_POLICY=dead-letter", .error.event_id().map(|id| format!(" id={id}")).unwrap_or_default())]
@@ -69,6 +71,7 @@ impl RelayError {
             | E::SlotInvalidated { .. }
             | E::SlotUnusable { .. }
             | E::PublicationMissing { .. }
+            | E::PublicationDropped { .. }
             | E::Shape(_)
             | E::BadRow { .. }
             | E::Protocol(_)
@@ -95,6 +98,22 @@ impl RelayError {
         }
     }
 
+    /// An error read from the replication stream, with the ones an operator must act on
+    /// named: pgoutput looks the publication up (with the historic snapshot) when it
+    /// decodes a change, so a dropped publication arrives as `42704 publication "p" does
+    /// not exist` in the middle of the stream.
+    pub fn from_stream(e: ReplError, publication: &str) -> RelayError {
+        if let ReplError::Server(s) = &e {
+            if s.code == "42704" && s.message.starts_with("publication ") {
+                return RelayError::PublicationDropped {
+                    publication: publication.to_owned(),
+                    server: s.message.clone(),
+                };
+            }
+        }
+        RelayError::Postgres(e)
+    }
+
     /// Process exit code for a permanent error (listed in the README).
     pub fn exit_code(&self) -> i32 {
         use RelayError as E;
@@ -109,5 +128,38 @@ impl RelayError {
     /// A short label for logs and metrics.
     pub fn is_slot_in_use(&self) -> bool {
         matches!(self, RelayError::Postgres(ReplError::SlotInUse { .. }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgrepl::ServerError;
+
+    fn server(code: &str, message: &str) -> ReplError {
+        ReplError::Server(Box::new(ServerError {
+            severity: "ERROR".into(),
+            code: code.into(),
+            message: message.into(),
+            ..ServerError::default()
+        }))
+    }
+
+    #[test]
+    fn a_dropped_publication_on_the_stream_is_permanent_and_names_the_fix() {
+        let e = RelayError::from_stream(
+            server("42704", "publication \"outbox_pub\" does not exist"),
+            "outbox_pub",
+        );
+        assert!(matches!(e, RelayError::PublicationDropped { .. }), "{e:?}");
+        assert_eq!(e.class(), ErrorClass::Permanent);
+        assert_eq!(e.exit_code(), 3);
+        let text = e.to_string();
+        assert!(text.contains("\"outbox_pub\""), "{text}");
+        assert!(text.contains("CREATE PUBLICATION outbox_pub"), "{text}");
+        // Other stream errors keep their own classification.
+        let other = RelayError::from_stream(server("57P01", "terminating connection"), "p");
+        assert!(matches!(other, RelayError::Postgres(_)));
+        assert_eq!(other.class(), ErrorClass::Retryable);
     }
 }

@@ -138,7 +138,7 @@ impl<'a> Session<'a> {
                 // Last: under a continuous backlog the stream is always ready, and a biased
                 // select would otherwise starve the ticks (metrics, slot checks).
                 ev = stream.next(), if room => {
-                    match ev? {
+                    match ev.map_err(|e| RelayError::from_stream(e, &self.cfg.publication))? {
                         Some(ev) => self.on_event(ev).await?,
                         None => return Err(RelayError::StreamClosed),
                     }
