@@ -6,5 +6,6 @@
 pub mod broker;
 pub mod consume;
 pub mod load;
+pub mod ops;
 pub mod relay;
 pub mod schema;

@@ -1,0 +1,202 @@
+//! Operations: the HTTP endpoint. /metrics in the Prometheus text format with counters
+//! that match what was relayed, LSN gauges that move and slot statistics from the 5 s
+//! poll; /healthz; /readyz ready while streaming and not ready when Kafka is down with
+//! work unacknowledged for longer than OUTBOXD_READY_STALL_MS.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use pgtest::PgCluster;
+use support::broker::Broker;
+use support::consume::check_delivery;
+use support::ops;
+use support::relay::Relay;
+use support::schema;
+
+fn get(relay: &Relay, path: &str) -> (u16, String) {
+    relay
+        .http_get(path)
+        .unwrap_or_else(|| panic!("GET {path} failed; log:\n{}", relay.log_text()))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_health_and_readiness() {
+    let db = PgCluster::shared().fresh_database("ops_http").await;
+    let outbox = schema::setup(&db).await;
+    let broker = Broker::mock();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let relay = Relay::start(
+        Relay::env_for(
+            &db,
+            &outbox,
+            &broker.bootstrap(),
+            &[("OUTBOXD_READY_STALL_MS", "3000")],
+        ),
+        &["run"],
+    );
+    let client = db.client().await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let (code, _) = get(&relay, "/healthz");
+    assert_eq!(code, 200);
+    ops::wait_for(
+        "/readyz 200 while streaming",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async { (get(&relay, "/readyz").0 == 200).then_some(()) },
+    )
+    .await;
+    let (_, before) = get(&relay, "/metrics");
+    let confirmed_before = ops::must_metric(&before, "outboxd_confirmed_lsn");
+
+    // 500 events in 50 transactions.
+    let events = support::load::insert_events(&client, &outbox.table, 500, 20, 10).await;
+    let wal_after = ops::current_wal(&client).await;
+    let received = ops::read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &events,
+        Duration::from_secs(60),
+    );
+    check_delivery(&events, &received);
+    let body = ops::wait_for(
+        "outboxd_events_published_total = 500",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async {
+            let (_, body) = relay.http_get("/metrics")?;
+            (ops::metric(&body, "outboxd_events_published_total")? == 500.0).then_some(body)
+        },
+    )
+    .await;
+    // Text format: every sample has HELP and TYPE lines for its family.
+    for family in [
+        "outboxd_events_published_total",
+        "outboxd_confirmed_lsn",
+        "outboxd_received_lsn",
+        "outboxd_lag_bytes",
+        "outboxd_slot_retained_wal_bytes",
+        "outboxd_commit_to_ack_seconds",
+    ] {
+        assert!(
+            body.contains(&format!("# HELP {family} ")),
+            "HELP {family}:\n{body}"
+        );
+        assert!(
+            body.contains(&format!("# TYPE {family} ")),
+            "TYPE {family}:\n{body}"
+        );
+    }
+    assert_eq!(
+        ops::must_metric(&body, "outboxd_commit_to_ack_seconds_count"),
+        500.0,
+        "one latency observation per published event"
+    );
+    assert_eq!(
+        ops::must_metric(&body, "outboxd_commit_to_ack_seconds_bucket{le=\"+Inf\"}"),
+        500.0
+    );
+    assert!(ops::must_metric(&body, "outboxd_commit_to_ack_seconds_sum") > 0.0);
+    assert_eq!(
+        ops::must_metric(&body, "outboxd_delivery_errors_total"),
+        0.0
+    );
+    assert_eq!(
+        ops::must_metric(&body, "outboxd_replication_connected"),
+        1.0
+    );
+    assert_eq!(ops::must_metric(&body, "outboxd_in_flight_messages"), 0.0);
+    // The LSN gauges moved to the end of the inserts.
+    let received_lsn = ops::must_metric(&body, "outboxd_received_lsn");
+    assert!(
+        received_lsn > confirmed_before,
+        "received_lsn {received_lsn} did not move past {confirmed_before}"
+    );
+    let confirmed = ops::wait_for(
+        "outboxd_confirmed_lsn to reach the end of the inserts",
+        Duration::from_secs(15),
+        Duration::from_millis(100),
+        || async {
+            let (_, body) = relay.http_get("/metrics")?;
+            let c = ops::metric(&body, "outboxd_confirmed_lsn")?;
+            (c >= wal_after as f64).then_some(c)
+        },
+    )
+    .await;
+    // The slot statistics come from the 5 s poll.
+    let body = ops::wait_for(
+        "slot statistics from the 5 s poll",
+        Duration::from_secs(12),
+        Duration::from_millis(200),
+        || async {
+            let (_, body) = relay.http_get("/metrics")?;
+            (ops::metric(&body, "outboxd_slot_wal_status{status=\"reserved\"}")? == 1.0
+                && ops::metric(&body, "outboxd_slot_retained_wal_bytes")? > 0.0)
+                .then_some(body)
+        },
+    )
+    .await;
+    let retained = ops::must_metric(&body, "outboxd_slot_retained_wal_bytes");
+    let lag = ops::must_metric(&body, "outboxd_lag_bytes");
+    let slot = ops::slot_row(&client, &outbox.slot).await.expect("slot");
+    assert!(
+        retained <= (slot.retained() + 16 * 1024 * 1024) as f64,
+        "retained gauge {retained} vs slot {}",
+        slot.retained()
+    );
+    assert!(lag < 16.0 * 1024.0 * 1024.0, "lag {lag} after catching up");
+    eprintln!("metrics after 500 events: confirmed {confirmed}, received {received_lsn}, lag {lag} B, retained {retained} B");
+
+    // Kafka down with events waiting: not ready once the stall passes 3 s.
+    broker.set_all_down(true);
+    let down_events = support::load::insert_events(&client, &outbox.table, 10, 5, 5).await;
+    let inserted = Instant::now();
+    let (code, body) = get(&relay, "/readyz");
+    assert_eq!(code, 200, "not stalled yet: {body}");
+    let body = ops::wait_for(
+        "/readyz 503 with Kafka down",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || async {
+            let (code, body) = relay.http_get("/readyz")?;
+            (code == 503).then_some(body)
+        },
+    )
+    .await;
+    let not_ready_after = inserted.elapsed();
+    assert!(
+        not_ready_after >= Duration::from_millis(2900),
+        "503 only after the 3 s stall window, got it after {not_ready_after:?}"
+    );
+    assert!(body.contains("Kafka"), "the reason is given: {body}");
+    assert_eq!(get(&relay, "/healthz").0, 200, "liveness is unaffected");
+    let (_, metrics) = get(&relay, "/metrics");
+    assert!(ops::must_metric(&metrics, "outboxd_in_flight_messages") > 0.0);
+    assert!(ops::must_metric(&metrics, "outboxd_oldest_unacked_age_seconds") > 0.0);
+
+    broker.set_all_down(false);
+    ops::wait_for(
+        "/readyz 200 after Kafka is back",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { (relay.http_get("/readyz")?.0 == 200).then_some(()) },
+    )
+    .await;
+    let mut all = events;
+    all.extend(down_events);
+    let received =
+        ops::read_all_blocking(&broker.bootstrap(), &topics, &all, Duration::from_secs(60));
+    check_delivery(&all, &received);
+    let (_, metrics) = get(&relay, "/metrics");
+    assert_eq!(
+        ops::must_metric(&metrics, "outboxd_events_published_total"),
+        510.0
+    );
+    assert_eq!(
+        ops::must_metric(&metrics, "outboxd_commit_to_ack_seconds_count"),
+        510.0
+    );
+    eprintln!("readyz: 503 {not_ready_after:?} after events got stuck (stall limit 3 s)");
+}

@@ -1,0 +1,431 @@
+//! Helpers of the operations tests (tests/ops_*.rs): a load generator that survives
+//! server restarts, slot inspection, waiting with a deadline, reading until every
+//! committed event arrived, and Prometheus text parsing.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::task::JoinHandle;
+use tokio_postgres::{Client, NoTls};
+
+use super::broker::Broker;
+use super::consume::Received;
+use super::load::Event;
+use super::schema::Outbox;
+
+/// Polls `probe` every `every` until it yields a value; panics with `what` after `limit`.
+pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, every: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// A SQL connection that may fail (the server may be restarting).
+pub async fn try_connect(conn: &str) -> Option<Client> {
+    let (client, connection) = tokio_postgres::connect(conn, NoTls).await.ok()?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Some(client)
+}
+
+pub async fn connect(conn: &str) -> Client {
+    wait_for(
+        "a SQL connection",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || try_connect(conn),
+    )
+    .await
+}
+
+/// The slot as `pg_replication_slots` shows it; LSNs as byte positions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotRow {
+    pub active_pid: Option<i32>,
+    pub confirmed_flush: Option<u64>,
+    pub restart: Option<u64>,
+    pub wal_status: Option<String>,
+    /// pg_current_wal_lsn() read in the same statement.
+    pub current_wal: u64,
+}
+
+impl SlotRow {
+    /// WAL the slot keeps: current − restart_lsn.
+    pub fn retained(&self) -> u64 {
+        self.restart
+            .map_or(0, |r| self.current_wal.saturating_sub(r))
+    }
+
+    /// current − confirmed_flush_lsn.
+    pub fn lag(&self) -> u64 {
+        self.confirmed_flush
+            .map_or(0, |c| self.current_wal.saturating_sub(c))
+    }
+}
+
+fn to_u64(v: Option<i64>) -> Option<u64> {
+    v.map(|v| u64::try_from(v).expect("positive lsn"))
+}
+
+/// `None` when the slot does not exist.
+pub async fn slot_row(client: &Client, slot: &str) -> Option<SlotRow> {
+    let row = client
+        .query_opt(
+            "SELECT active_pid, (confirmed_flush_lsn - '0/0')::bigint, (restart_lsn - '0/0')::bigint, \
+             wal_status, (pg_current_wal_lsn() - '0/0')::bigint \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .expect("reading pg_replication_slots")?;
+    Some(SlotRow {
+        active_pid: row.get(0),
+        confirmed_flush: to_u64(row.get(1)),
+        restart: to_u64(row.get(2)),
+        wal_status: row.get(3),
+        current_wal: to_u64(Some(row.get(4))).unwrap_or(0),
+    })
+}
+
+pub async fn current_wal(client: &Client) -> u64 {
+    let row = client
+        .query_one("SELECT (pg_current_wal_lsn() - '0/0')::bigint", &[])
+        .await
+        .expect("pg_current_wal_lsn");
+    to_u64(Some(row.get(0))).unwrap_or(0)
+}
+
+/// The walsender pid streaming `slot`, once it is active.
+pub async fn wait_active_pid(client: &Client, slot: &str, limit: Duration) -> i32 {
+    wait_for(
+        &format!("slot {slot} to become active"),
+        limit,
+        Duration::from_millis(50),
+        || async { slot_row(client, slot).await.and_then(|r| r.active_pid) },
+    )
+    .await
+}
+
+/// The two topics of the default load plus the dead-letter topic, created on `broker`.
+pub async fn create_topics(broker: &Broker, outbox: &Outbox) -> Vec<String> {
+    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
+    broker
+        .create_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 4)
+        .await;
+    topics
+}
+
+/// What the load generator inserts.
+#[derive(Debug, Clone)]
+pub struct LoadShape {
+    /// Transactions have 1..=max_txn events.
+    pub max_txn: usize,
+    pub aggregates: usize,
+    /// Pause after each transaction.
+    pub pause: Duration,
+    /// Every `big_every`-th transaction has `big_size` events (0 = never).
+    pub big_every: usize,
+    pub big_size: usize,
+}
+
+impl Default for LoadShape {
+    fn default() -> Self {
+        LoadShape {
+            max_txn: 20,
+            aggregates: 50,
+            pause: Duration::from_millis(10),
+            big_every: 0,
+            big_size: 0,
+        }
+    }
+}
+
+/// Inserts outbox events in a background task until stopped, reconnecting when the server
+/// goes away. A transaction whose COMMIT outcome is unknown (the connection broke) is
+/// looked up after reconnecting and counted only if it is there, so the returned events
+/// are exactly the committed ones, in commit order.
+pub struct LoadGen {
+    stop: Arc<AtomicBool>,
+    committed: Arc<AtomicUsize>,
+    failures: Arc<AtomicUsize>,
+    handle: JoinHandle<Vec<Event>>,
+}
+
+impl LoadGen {
+    pub fn spawn(conn: String, table: String, shape: LoadShape) -> LoadGen {
+        let stop = Arc::new(AtomicBool::new(false));
+        let committed = Arc::new(AtomicUsize::new(0));
+        let failures = Arc::new(AtomicUsize::new(0));
+        let handle = tokio::spawn(run_load(
+            conn,
+            table,
+            shape,
+            Arc::clone(&stop),
+            Arc::clone(&committed),
+            Arc::clone(&failures),
+        ));
+        LoadGen {
+            stop,
+            committed,
+            failures,
+            handle,
+        }
+    }
+
+    /// Events committed so far.
+    pub fn committed(&self) -> usize {
+        self.committed.load(Ordering::Relaxed)
+    }
+
+    /// Transactions that failed (server restarting); each was resolved afterwards.
+    pub fn failures(&self) -> usize {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    /// Waits until at least `n` events are committed.
+    pub async fn wait_committed(&self, n: usize, limit: Duration) {
+        wait_for(
+            &format!("the load to commit {n} events"),
+            limit,
+            Duration::from_millis(20),
+            || async { (self.committed() >= n).then_some(()) },
+        )
+        .await;
+    }
+
+    /// Stops after the transaction in progress; the committed events in commit order.
+    pub async fn stop(self) -> Vec<Event> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.await.expect("load task")
+    }
+}
+
+async fn run_load(
+    conn: String,
+    table: String,
+    shape: LoadShape,
+    stop: Arc<AtomicBool>,
+    committed: Arc<AtomicUsize>,
+    failures: Arc<AtomicUsize>,
+) -> Vec<Event> {
+    let mut rng = StdRng::from_entropy();
+    let mut seq = vec![0u64; shape.aggregates];
+    let mut events = Vec::new();
+    let mut client = connect(&conn).await;
+    let mut txn_no = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        txn_no += 1;
+        let n = if shape.big_every > 0 && txn_no.is_multiple_of(shape.big_every) {
+            shape.big_size
+        } else {
+            rng.gen_range(1..=shape.max_txn)
+        };
+        let batch: Vec<Event> = (0..n)
+            .map(|_| {
+                let a = rng.gen_range(0..shape.aggregates);
+                seq[a] += 1;
+                Event {
+                    id: uuid::Uuid::new_v4().to_string(),
+                    aggregate_type: if a.is_multiple_of(2) {
+                        "order"
+                    } else {
+                        "customer"
+                    }
+                    .into(),
+                    aggregate_id: format!("agg-{a}"),
+                    event_type: "Changed".into(),
+                    payload: format!("{{\"agg\": {a}, \"seq\": {}}}", seq[a]),
+                }
+            })
+            .collect();
+        match try_insert(&client, &table, &batch).await {
+            Ok(()) => {}
+            Err(_) => {
+                failures.fetch_add(1, Ordering::Relaxed);
+                client = connect(&conn).await;
+                // Did the broken transaction commit after all?
+                let ids: Vec<&str> = batch.iter().map(|e| e.id.as_str()).collect();
+                let row = client
+                    .query_one(
+                        &format!("SELECT count(*) FROM {table} WHERE id = ANY($1::text[]::uuid[])"),
+                        &[&ids],
+                    )
+                    .await
+                    .expect("looking up an uncertain transaction");
+                let found: i64 = row.get(0);
+                let found = usize::try_from(found).expect("count");
+                assert!(found == 0 || found == batch.len(), "a partial transaction?");
+                if found == 0 {
+                    continue;
+                }
+            }
+        }
+        committed.fetch_add(batch.len(), Ordering::Relaxed);
+        events.extend(batch);
+        if !shape.pause.is_zero() {
+            tokio::time::sleep(shape.pause).await;
+        }
+    }
+    events
+}
+
+/// One transaction with all of `batch`, in order (as support::load::insert_batch, but
+/// returning the error).
+pub async fn try_insert(
+    client: &Client,
+    table: &str,
+    batch: &[Event],
+) -> Result<(), tokio_postgres::Error> {
+    let ids: Vec<&str> = batch.iter().map(|e| e.id.as_str()).collect();
+    let types: Vec<&str> = batch.iter().map(|e| e.aggregate_type.as_str()).collect();
+    let aggs: Vec<&str> = batch.iter().map(|e| e.aggregate_id.as_str()).collect();
+    let evts: Vec<&str> = batch.iter().map(|e| e.event_type.as_str()).collect();
+    let payloads: Vec<&str> = batch.iter().map(|e| e.payload.as_str()).collect();
+    let sql = format!(
+        "INSERT INTO {table} (id, aggregate_type, aggregate_id, event_type, payload) \
+         SELECT i::uuid, t, a, e, p::jsonb FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
+         WITH ORDINALITY AS u(i, t, a, e, p, n) ORDER BY n"
+    );
+    client
+        .execute(&sql, &[&ids, &types, &aggs, &evts, &payloads])
+        .await
+        .map(|_| ())
+}
+
+/// Reads every partition of `topics` from the beginning until every id of `committed`
+/// arrived, then `settle` more (to see trailing replays). Panics after `limit` with the
+/// number missing. Blocking: call from `tokio::task::block_in_place` or a thread.
+pub fn read_all(
+    bootstrap: &str,
+    topics: &[String],
+    committed: &[Event],
+    settle: Duration,
+    limit: Duration,
+) -> Vec<Received> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "outboxd-ops-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for topic in topics {
+        let md = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .expect("metadata");
+        for t in md.topics() {
+            for p in t.partitions() {
+                tpl.add_partition_offset(t.name(), p.id(), Offset::Beginning)
+                    .expect("tpl");
+            }
+        }
+    }
+    consumer.assign(&tpl).expect("assign");
+    let mut missing: HashSet<&str> = committed.iter().map(|e| e.id.as_str()).collect();
+    let mut out = Vec::new();
+    let start = Instant::now();
+    let mut complete_at: Option<Instant> = None;
+    loop {
+        if missing.is_empty() && complete_at.is_none() {
+            complete_at = Some(Instant::now());
+        }
+        if complete_at.is_some_and(|t| t.elapsed() >= settle) {
+            return out;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "after {limit:?}, {} of {} committed events have not arrived ({} records read)",
+            missing.len(),
+            committed.len(),
+            out.len()
+        );
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                let headers: Vec<(String, Vec<u8>)> = m
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if let Some((_, id)) = headers.iter().find(|(k, _)| k == "id") {
+                    if let Ok(id) = std::str::from_utf8(id) {
+                        missing.remove(id);
+                    }
+                }
+                out.push(Received {
+                    topic: m.topic().to_owned(),
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m.key().map(<[u8]>::to_vec),
+                    value: m.payload().map(<[u8]>::to_vec),
+                    headers,
+                    timestamp_millis: m.timestamp().to_millis(),
+                });
+            }
+            Some(Err(e)) => panic!("consumer error: {e}"),
+            None => {}
+        }
+    }
+}
+
+/// [`read_all`] from async code.
+pub fn read_all_blocking(
+    bootstrap: &str,
+    topics: &[String],
+    committed: &[Event],
+    limit: Duration,
+) -> Vec<Received> {
+    tokio::task::block_in_place(|| {
+        read_all(bootstrap, topics, committed, Duration::from_secs(2), limit)
+    })
+}
+
+/// How many records carry each event id.
+pub fn id_counts(received: &[Received]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for r in received {
+        let id = r.header("id").expect("every record carries an id header");
+        *counts.entry(id.to_owned()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// The value of one sample of the Prometheus text `body`: `name` is the series as
+/// written before the value, e.g. `outboxd_events_published_total` or
+/// `outboxd_slot_wal_status{status="reserved"}`.
+pub fn metric(body: &str, series: &str) -> Option<f64> {
+    body.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (name, value) = l.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok())?
+    })
+}
+
+/// A sample that must exist.
+pub fn must_metric(body: &str, series: &str) -> f64 {
+    metric(body, series).unwrap_or_else(|| panic!("metric {series} missing from:\n{body}"))
+}
