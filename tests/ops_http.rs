@@ -103,6 +103,10 @@ async fn metrics_health_and_readiness() {
         ops::must_metric(&body, "outboxd_delivery_errors_total"),
         0.0
     );
+    assert!(
+        ops::must_metric(&body, "outboxd_status_updates_sent_total") > 0.0,
+        "status updates are counted"
+    );
     assert_eq!(
         ops::must_metric(&body, "outboxd_replication_connected"),
         1.0

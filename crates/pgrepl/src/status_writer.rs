@@ -32,6 +32,8 @@ pub(crate) struct Shared {
     flush: AtomicU64,
     /// Max walEnd received: the `write` field.
     received: AtomicU64,
+    /// Status updates written to the socket.
+    sent: AtomicU64,
     flush_advanced: Notify,
     pub(crate) reply_requested: Notify,
     /// Why the writer stopped, if it failed; the reader reports it.
@@ -44,6 +46,7 @@ impl Shared {
         Arc::new(Shared {
             flush: AtomicU64::new(initial_flush.0),
             received: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
             flush_advanced: Notify::new(),
             reply_requested: Notify::new(),
             failure: Mutex::new(None),
@@ -57,6 +60,10 @@ impl Shared {
 
     pub(crate) fn received(&self) -> Lsn {
         Lsn(self.received.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn status_updates_sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
     }
 
     pub(crate) fn failure(&self) -> Option<io::Error> {
@@ -206,6 +213,7 @@ impl Writer {
         self.write_buf().await?;
         self.last_sent = Instant::now();
         self.last_sent_flush = status.flush;
+        self.shared.sent.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(write = %status.write, flush = %status.flush, "sent standby status update");
         Ok(())
     }

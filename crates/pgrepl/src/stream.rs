@@ -218,6 +218,11 @@ impl ReplicationStream {
         }
     }
 
+    /// Standby status updates written so far in this stream.
+    pub fn status_updates_sent(&self) -> u64 {
+        self.shared.status_updates_sent()
+    }
+
     /// The highest walEnd the server has sent (XLogData or keepalive).
     pub fn server_wal_end(&self) -> Lsn {
         self.shared.received()

@@ -35,6 +35,13 @@ impl Observer {
         self.metrics.set_server_wal_end_lsn(lsn.0);
     }
 
+    /// `delta` more standby status updates were sent.
+    pub(super) fn status_updates_sent(&self, delta: u64) {
+        for _ in 0..delta {
+            self.metrics.inc_status_updates_sent();
+        }
+    }
+
     pub(super) fn in_flight(&self, messages: usize, bytes: usize) {
         self.metrics.set_in_flight(
             u64::try_from(messages).unwrap_or(u64::MAX),

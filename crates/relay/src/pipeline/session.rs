@@ -46,6 +46,8 @@ pub(super) struct Session<'a> {
     last_end_lsn: Lsn,
     flush: FlushHandle,
     confirmed: Lsn,
+    /// Status updates of this stream already added to the metrics.
+    status_updates_reported: u64,
 }
 
 impl<'a> Session<'a> {
@@ -71,6 +73,7 @@ impl<'a> Session<'a> {
             last_end_lsn: start,
             flush,
             confirmed: start,
+            status_updates_reported: 0,
         }
     }
 
@@ -374,6 +377,10 @@ impl<'a> Session<'a> {
 
     async fn on_tick(&mut self, stream: &ReplicationStream, ticks: u64) -> Result<(), RelayError> {
         self.obs.server_wal_end(stream.server_wal_end());
+        let sent = stream.status_updates_sent();
+        self.obs
+            .status_updates_sent(sent.saturating_sub(self.status_updates_reported));
+        self.status_updates_reported = sent;
         self.obs
             .in_flight(self.inflight.len(), self.inflight.bytes());
         self.obs
