@@ -1,6 +1,8 @@
 //! Every committed outbox event arrives once, keyed by aggregate id, in commit order per
 //! aggregate, with the documented topic, headers and payload bytes.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::collections::HashMap;
@@ -20,7 +22,10 @@ async fn ten_thousand_events_arrive_once_in_order(broker: Broker) {
     broker
         .create_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 6)
         .await;
-    let relay = Relay::start(Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]), &["run"]);
+    let relay = Relay::start(
+        Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
+        &["run"],
+    );
     let client = db.client().await;
     let events = insert_events(&client, &outbox.table, 10_000, 500, 100).await;
     let wal_after_inserts = schema::current_wal_lsn(&db).await;
@@ -57,7 +62,10 @@ async fn ten_thousand_events_arrive_once_in_order(broker: Broker) {
         if schema::confirmed_flush_lsn(&db).await >= wal_after_inserts {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "confirmed_flush_lsn does not catch up");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "confirmed_flush_lsn does not catch up"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     drop(relay);
