@@ -27,8 +27,7 @@ async fn insert(client: &Client, id: &str, event_type: &str, n: i32) {
         .expect("insert");
 }
 
-async fn only_inserts_are_published(name: &str, publish_all: bool) {
-    let broker = Broker::default_for_tests();
+async fn only_inserts_are_published(name: &str, publish_all: bool, broker: Broker) {
     let db = PgCluster::shared().fresh_database(name).await;
     let outbox: Outbox = if publish_all {
         schema::setup_publish_all(&db).await
@@ -126,10 +125,15 @@ async fn only_inserts_are_published(name: &str, publish_all: bool) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn publication_with_inserts_only() {
-    only_inserts_are_published("filters_insert", false).await;
+    only_inserts_are_published("filters_insert", false, Broker::default_for_tests()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn publication_with_every_operation_relay_ignores_non_inserts() {
-    only_inserts_are_published("filters_all", true).await;
+    only_inserts_are_published("filters_all", true, Broker::default_for_tests()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tansu_publication_with_every_operation_relay_ignores_non_inserts() {
+    only_inserts_are_published("filters_tansu", true, Broker::tansu()).await;
 }
