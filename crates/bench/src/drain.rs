@@ -1,0 +1,445 @@
+//! Draining a backlog: pg_recvlogical (the one-slot limit), outboxd and Debezium.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use pgtest::PgCluster;
+
+use crate::pg;
+use crate::procfs;
+
+/// What one drain measured.
+#[derive(Debug, Clone, Default)]
+pub struct DrainResult {
+    pub tool: String,
+    pub broker: String,
+    pub events: u64,
+    pub seconds: f64,
+    /// Debezium: from the first record instead of process start.
+    pub seconds_from_first: Option<f64>,
+    pub pg_cpu_seconds: f64,
+    pub tool_cpu_seconds: Option<f64>,
+    pub peak_rss_mib: Option<f64>,
+    pub note: String,
+}
+
+impl DrainResult {
+    pub fn events_per_sec(&self) -> f64 {
+        rate(self.events, self.seconds)
+    }
+}
+
+pub fn rate(events: u64, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        events as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+pub struct Target<'a> {
+    pub cluster: &'a PgCluster,
+    pub db: &'a str,
+    pub slot: &'a str,
+    pub end_lsn: &'a str,
+    pub events: u64,
+    pub timeout: Duration,
+}
+
+pub async fn recvlogical(t: &Target<'_>) -> Result<DrainResult> {
+    let sql = pg::connect(t.cluster, t.db).await?;
+    let cpu0 = procfs::cluster_cpu_seconds(t.cluster.data_dir())?;
+    let started = Instant::now();
+    let mut child = Command::new(t.cluster.bindir().join("pg_recvlogical"))
+        .args(["-h", t.cluster.host(), "-p", &t.cluster.port().to_string()])
+        .args(["-U", t.cluster.superuser(), "-d", t.db, "--slot", t.slot])
+        .args([
+            "--start",
+            "--no-loop",
+            "--endpos",
+            t.end_lsn,
+            "-f",
+            "/dev/null",
+        ])
+        .args(["-o", "proto_version=1", "-o"])
+        .arg(format!("publication_names={}", pg::PUBLICATION))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting pg_recvlogical")?;
+    let status = wait_timeout(&mut child, t.timeout)?;
+    let seconds = started.elapsed().as_secs_f64();
+    // The walsender exits after pg_recvlogical; its CPU time is counted once it is reaped.
+    for _ in 0..100 {
+        let active: bool = sql
+            .query_one("SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1", &[&t.slot])
+            .await?
+            .get(0);
+        if !active {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let cpu = procfs::cluster_cpu_seconds(t.cluster.data_dir())? - cpu0;
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    if !status {
+        bail!("pg_recvlogical failed or timed out: {err}");
+    }
+    drop(sql);
+    Ok(DrainResult {
+        tool: "pg_recvlogical".into(),
+        broker: "-".into(),
+        events: t.events,
+        seconds,
+        pg_cpu_seconds: cpu,
+        ..DrainResult::default()
+    })
+}
+
+/// A running `outboxd run`.
+pub struct Outboxd {
+    pub child: Child,
+    pub http: String,
+}
+
+impl Outboxd {
+    pub fn spawn(
+        bins: &Path,
+        cluster: &PgCluster,
+        db: &str,
+        slot: &str,
+        bootstrap: &str,
+        log: &Path,
+        perf_data: Option<&Path>,
+    ) -> Result<Outboxd> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let http = format!("127.0.0.1:{port}");
+        let outboxd = bins.join("outboxd");
+        let mut cmd = match perf_data {
+            Some(data) => {
+                let mut c = Command::new("perf");
+                c.args(["record", "-F", "999", "-o"])
+                    .arg(data)
+                    .arg("--")
+                    .arg(&outboxd);
+                c
+            }
+            None => Command::new(&outboxd),
+        };
+        let logfile = std::fs::File::create(log)?;
+        cmd.arg("run")
+            .env("PGHOST", cluster.host())
+            .env("PGPORT", cluster.port().to_string())
+            .env("PGUSER", cluster.superuser())
+            .env("PGDATABASE", db)
+            .env("PGSSLMODE", "disable")
+            .env("OUTBOXD_SLOT", slot)
+            .env("OUTBOXD_PUBLICATION", pg::PUBLICATION)
+            .env("OUTBOXD_CREATE_SLOT", "true")
+            .env("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS", bootstrap)
+            .env("OUTBOXD_HTTP_ADDR", &http)
+            .env("OUTBOXD_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(logfile.try_clone()?)
+            .stderr(logfile);
+        let child = cmd.spawn().context("starting outboxd")?;
+        Ok(Outboxd { child, http })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn metrics(&self) -> Result<String> {
+        http_get(&self.http, "/metrics")
+    }
+
+    /// SIGTERM, then wait (bounded), then SIGKILL.
+    pub fn stop(mut self) -> Result<()> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        if !wait_timeout(&mut self.child, Duration::from_secs(40))? {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        Ok(())
+    }
+}
+
+pub fn http_get(addr: &str, path: &str) -> Result<String> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or(out))
+}
+
+/// The value of an unlabelled metric line `outboxd_<name> <value>`.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+pub async fn outboxd(
+    t: &Target<'_>,
+    bins: &Path,
+    broker: &crate::broker::Broker,
+    log: &Path,
+    perf_data: Option<&Path>,
+) -> Result<DrainResult> {
+    let sql = pg::connect(t.cluster, t.db).await?;
+    let cpu0 = procfs::cluster_cpu_seconds(t.cluster.data_dir())?;
+    let started = Instant::now();
+    let relay = Outboxd::spawn(
+        bins,
+        t.cluster,
+        t.db,
+        t.slot,
+        &broker.bootstrap,
+        log,
+        perf_data,
+    )?;
+    let pid = relay.pid();
+    let mut reached = false;
+    while started.elapsed() < t.timeout {
+        if pg::slot_reached(&sql, t.slot, t.end_lsn).await? {
+            reached = true;
+            break;
+        }
+        if let Ok(Some(status)) = relay_exited(&relay) {
+            bail!("outboxd exited early ({status}); log: {}", tail(log));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu = procfs::cluster_cpu_seconds(t.cluster.data_dir())? - cpu0;
+    let tool_cpu = procfs::cpu_seconds(pid);
+    let rss = procfs::peak_rss_mib(pid);
+    if std::env::var("BENCH_DIAG").is_ok() {
+        for (name, cpu, vol, invol) in procfs::threads(pid) {
+            eprintln!(
+                "outboxd-bench:     thread {name:<16} cpu {cpu:.2} s  ctxt vol {vol} invol {invol}"
+            );
+        }
+    }
+    let published = relay
+        .metrics()
+        .ok()
+        .and_then(|m| metric(&m, "outboxd_events_published_total"));
+    relay.stop()?;
+    let mut note = String::new();
+    if !reached {
+        note = format!("timed out after {:.0} s", t.timeout.as_secs_f64());
+    }
+    if let Some(p) = published {
+        if p < t.events as f64 {
+            note.push_str(&format!(" only {p} events acked"));
+        }
+    }
+    Ok(DrainResult {
+        tool: "outboxd".into(),
+        broker: broker.kind.name().into(),
+        events: t.events,
+        seconds,
+        pg_cpu_seconds: cpu,
+        tool_cpu_seconds: if perf_data.is_some() { None } else { tool_cpu },
+        peak_rss_mib: if perf_data.is_some() { None } else { rss },
+        note,
+        ..DrainResult::default()
+    })
+}
+
+fn relay_exited(relay: &Outboxd) -> Result<Option<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", relay.pid()))?;
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, r)| r.split_whitespace().next())
+        .unwrap_or("");
+    Ok((state == "Z").then(|| "zombie".to_owned()))
+}
+
+pub fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+/// How to run the Debezium program: java, classpath.
+#[derive(Debug, Clone)]
+pub struct Debezium {
+    pub classpath: String,
+    pub version: String,
+}
+
+/// Debezium engine settings of one run: `None` = Debezium's defaults
+/// (poll.interval.ms 500, max.batch.size 2048, max.queue.size 8192).
+#[derive(Debug, Clone, Copy)]
+pub struct DbzTuning {
+    pub poll_interval_ms: u32,
+    pub max_batch_size: u32,
+}
+
+pub async fn debezium(
+    t: &Target<'_>,
+    dbz: &Debezium,
+    broker: &crate::broker::Broker,
+    workdir: &Path,
+    tuning: Option<DbzTuning>,
+) -> Result<DrainResult> {
+    let sql = pg::connect(t.cluster, t.db).await?;
+    let offsets: PathBuf = workdir.join(format!("dbz-offsets-{}.dat", t.slot));
+    let _ = std::fs::remove_file(&offsets);
+    let log = workdir.join(format!("dbz-{}.log", t.slot));
+    let cpu0 = procfs::cluster_cpu_seconds(t.cluster.data_dir())?;
+    let spawned_ms = unix_ms();
+    let started = Instant::now();
+    let mut child = Command::new("java")
+        .args(["-Xmx2g", "-cp", &dbz.classpath, "OutboxBench"])
+        .arg(format!("host={}", t.cluster.host()))
+        .arg(format!("port={}", t.cluster.port()))
+        .arg(format!("db={}", t.db))
+        .arg(format!("slot={}", t.slot))
+        .arg(format!("publication={}", pg::PUBLICATION))
+        .arg(format!("bootstrap={}", broker.bootstrap))
+        .arg(format!("expected={}", t.events))
+        .arg(format!("offsets_file={}", offsets.display()))
+        .args(tuning.map_or_else(Vec::new, |t| {
+            vec![
+                format!("poll_interval_ms={}", t.poll_interval_ms),
+                format!("max_batch_size={}", t.max_batch_size),
+            ]
+        }))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .context("starting java OutboxBench")?;
+    let pid = child.id();
+    let stdout = child.stdout.take().context("java stdout")?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut first_ms: Option<i64> = None;
+    let mut acked_ms: Option<i64> = None;
+    let deadline = tokio::time::Instant::now() + t.timeout;
+    while acked_ms.is_none() {
+        let line = tokio::select! {
+            l = rx.recv() => l,
+            _ = tokio::time::sleep_until(deadline) => None,
+        };
+        let Some(line) = line else { break };
+        let mut parts = line.split_whitespace();
+        match parts.next() {
+            Some("FIRST") => first_ms = parts.next().and_then(|v| v.parse().ok()),
+            Some("ACKED") => acked_ms = parts.nth(1).and_then(|v| v.parse().ok()),
+            Some("ENGINE_STOPPED") => break,
+            _ => {}
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let tool_cpu = procfs::cpu_seconds(pid);
+    let rss = procfs::peak_rss_mib(pid);
+    // Give the engine a moment to commit its offsets to the slot, for the note.
+    let mut slot_note = String::new();
+    if acked_ms.is_some() {
+        let mut ok = false;
+        for _ in 0..50 {
+            if pg::slot_reached(&sql, t.slot, t.end_lsn).await? {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if !ok {
+            slot_note = format!(
+                "slot at {} (end {}) 5 s after the last ack",
+                pg::slot_confirmed(&sql, t.slot).await?,
+                t.end_lsn
+            );
+        }
+    }
+    let cpu = procfs::cluster_cpu_seconds(t.cluster.data_dir())? - cpu0;
+    let _ = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    if !wait_timeout(&mut child, Duration::from_secs(20))? {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let Some(acked) = acked_ms else {
+        bail!("Debezium did not ack all events; log: {}", tail(&log));
+    };
+    let secs_total = ms_diff(acked, spawned_ms);
+    Ok(DrainResult {
+        tool: match tuning {
+            Some(t) => format!(
+                "Debezium (poll.interval.ms={}, max.batch.size={})",
+                t.poll_interval_ms, t.max_batch_size
+            ),
+            None => "Debezium (defaults)".into(),
+        },
+        broker: broker.kind.name().into(),
+        events: t.events,
+        seconds: if secs_total > 0.0 {
+            secs_total
+        } else {
+            seconds
+        },
+        seconds_from_first: first_ms.map(|f| ms_diff(acked, f)),
+        pg_cpu_seconds: cpu,
+        tool_cpu_seconds: tool_cpu,
+        peak_rss_mib: rss,
+        note: slot_note,
+    })
+}
+
+fn ms_diff(a: i64, b: i64) -> f64 {
+    // millisecond differences of one run are far inside f64's exact range
+    (a - b) as f64 / 1000.0
+}
+
+pub fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Waits for the child up to `limit`; true if it exited successfully, false on a failure
+/// exit or timeout (the child is then killed).
+pub fn wait_timeout(child: &mut Child, limit: Duration) -> Result<bool> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status.success());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

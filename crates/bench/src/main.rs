@@ -1,0 +1,659 @@
+//! outboxd-bench: the benchmark suite behind docs/benchmarks.md. Run it with
+//! `scripts/bench`, which builds the binaries, prepares the Debezium classpath and sets
+//! the environment described in `Settings::from_env`.
+
+// Rates, percentiles and scaled sizes are computed in f64 and rounded back; the values
+// are small and non-negative.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
+
+mod broker;
+mod drain;
+mod latency;
+mod pg;
+mod poll;
+mod procfs;
+mod report;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use broker::{Broker, BrokerKind};
+use drain::{DrainResult, Target};
+use pg::Shape;
+
+/// Everything the suite reads from its environment.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// BENCH_SCALE: multiplies every backlog size (1 = the full suite).
+    pub scale: f64,
+    /// BENCH_BIN_DIR: where outboxd and outboxd-dev are (default: beside this binary).
+    pub bins: PathBuf,
+    /// BENCH_OUT: the report (default docs/benchmarks.md); the SVG goes beside it.
+    pub out: PathBuf,
+    /// BENCH_WORKDIR: logs and scratch files.
+    pub workdir: PathBuf,
+    /// BENCH_SECTIONS: catchup,poll,latency,profile
+    pub sections: Vec<String>,
+    /// BENCH_CASES: a,b,c
+    pub cases: Vec<String>,
+    /// BENCH_LATENCY_SECS: seconds per latency rate (default 60, 30 when scale < 1).
+    pub latency_secs: f64,
+    /// BENCH_LATENCY_RATES: events/s (default 1000,5000,20000).
+    pub latency_rates: Vec<u64>,
+    /// BENCH_DEBEZIUM_CP / BENCH_DEBEZIUM_VERSION: the Java program's classpath.
+    pub debezium: Option<drain::Debezium>,
+    /// BENCH_DEBEZIUM_SKIP_REASON: why there is no classpath, for the report.
+    pub debezium_skip: String,
+    pub tansu: Option<PathBuf>,
+    /// BENCH_COMMAND: how the suite was started, for the report.
+    pub command: String,
+    /// BENCH_POLL_BROKERS: brokers for the polling comparison (default mock,tansu).
+    pub poll_brokers: Vec<String>,
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_owned())
+}
+
+fn list(name: &str, default: &str) -> Vec<String> {
+    env_or(name, default)
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+impl Settings {
+    fn from_env() -> Result<Settings> {
+        let scale: f64 = env_or("BENCH_SCALE", "1").parse().context("BENCH_SCALE")?;
+        let exe_dir = std::env::current_exe()?
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let bins = std::env::var("BENCH_BIN_DIR")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map_or(exe_dir, PathBuf::from);
+        let latency_default = if scale < 1.0 { "30" } else { "60" };
+        let debezium = std::env::var("BENCH_DEBEZIUM_CP")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map(|classpath| drain::Debezium {
+                classpath,
+                version: env_or("BENCH_DEBEZIUM_VERSION", "unknown"),
+            });
+        Ok(Settings {
+            scale,
+            bins,
+            out: PathBuf::from(env_or("BENCH_OUT", "docs/benchmarks.md")),
+            workdir: PathBuf::from(env_or("BENCH_WORKDIR", "/tmp/outboxd-bench")),
+            sections: list("BENCH_SECTIONS", "catchup,poll,latency,profile"),
+            cases: list("BENCH_CASES", "a,b,c"),
+            latency_secs: env_or("BENCH_LATENCY_SECS", latency_default)
+                .parse()
+                .context("BENCH_LATENCY_SECS")?,
+            latency_rates: list("BENCH_LATENCY_RATES", "1000,5000,20000")
+                .iter()
+                .map(|r| r.parse().context("BENCH_LATENCY_RATES"))
+                .collect::<Result<_>>()?,
+            debezium,
+            debezium_skip: env_or("BENCH_DEBEZIUM_SKIP_REASON", "BENCH_DEBEZIUM_CP not set"),
+            tansu: broker::find_tansu(),
+            command: env_or("BENCH_COMMAND", "outboxd-bench"),
+            poll_brokers: list("BENCH_POLL_BROKERS", "mock,tansu"),
+        })
+    }
+
+    fn section(&self, name: &str) -> bool {
+        self.sections.iter().any(|s| s == name)
+    }
+
+    fn scaled(&self, n: u64) -> u64 {
+        ((n as f64 * self.scale).round() as u64).max(1)
+    }
+
+    fn brokers(&self) -> Vec<BrokerKind> {
+        let mut b = vec![BrokerKind::Mock];
+        if self.tansu.is_some() {
+            b.push(BrokerKind::Tansu);
+        }
+        b
+    }
+
+    fn tansu_path(&self) -> PathBuf {
+        self.tansu.clone().unwrap_or_else(|| PathBuf::from("tansu"))
+    }
+}
+
+/// Debezium settings for throughput (its defaults, 500 ms / 2048, are run once more on
+/// case (b)): a short poll interval and larger batches.
+const DBZ_TUNED: drain::DbzTuning = drain::DbzTuning {
+    poll_interval_ms: 10,
+    max_batch_size: 8192,
+};
+
+/// One catch-up case and everything measured on it.
+#[derive(Debug, Clone)]
+pub struct CaseResult {
+    pub name: String,
+    pub label: String,
+    pub shape: Shape,
+    pub generate_seconds: f64,
+    pub wal_bytes: u64,
+    pub drains: Vec<DrainResult>,
+    pub profile: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PollResult {
+    pub approach: String,
+    pub broker: String,
+    pub events: u64,
+    pub seconds: f64,
+    pub pg_cpu_seconds: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct LatencyResult {
+    pub rate: u64,
+    pub achieved: f64,
+    pub seconds: f64,
+    pub received: usize,
+    pub consumer: [Option<f64>; 3],
+    pub histogram: [Option<f64>; 3],
+    pub outboxd_cpu_per_event_us: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Results {
+    pub cases: Vec<CaseResult>,
+    pub poll_events: u64,
+    pub poll: Vec<PollResult>,
+    pub latency_broker: String,
+    pub latency: Vec<LatencyResult>,
+    pub idle_rss_mib: Option<f64>,
+    pub idle_hwm_mib: Option<f64>,
+    pub latency_hwm_mib: Option<f64>,
+    pub notes: Vec<String>,
+    pub load_before: String,
+    pub load_after: String,
+    pub started: String,
+    pub finished: String,
+}
+
+fn main() -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("outboxd-bench: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("outboxd-bench: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn shell(cmd: &str) -> String {
+    Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+async fn run() -> Result<()> {
+    let s = Settings::from_env()?;
+    std::fs::create_dir_all(&s.workdir)?;
+    let mut r = Results {
+        load_before: shell("uptime"),
+        started: shell("date -u '+%Y-%m-%d %H:%M:%S UTC'"),
+        ..Results::default()
+    };
+    if s.tansu.is_none() {
+        r.notes.push(
+            "tansu not found (~/.cargo/bin/tansu, TANSU_BIN or PATH): every tansu row is missing"
+                .into(),
+        );
+    }
+    if s.debezium.is_none() {
+        r.notes
+            .push(format!("Debezium skipped: {}", s.debezium_skip));
+    }
+    eprintln!("outboxd-bench: scale {} sections {:?}", s.scale, s.sections);
+    let cluster = pg::start_cluster()?;
+    let versions = report::versions(&s, &cluster);
+    if s.section("catchup") {
+        for case in s.cases.clone() {
+            match catchup_case(&s, &cluster, &case).await {
+                Ok(c) => r.cases.push(c),
+                Err(e) => r.notes.push(format!("case ({case}) failed: {e:#}")),
+            }
+        }
+    }
+    if s.section("poll") {
+        if let Err(e) = polling(&s, &cluster, &mut r).await {
+            r.notes.push(format!("polling comparison failed: {e:#}"));
+        }
+    }
+    if s.section("latency") {
+        if let Err(e) = latency_suite(&s, &cluster, &mut r).await {
+            r.notes.push(format!("latency suite failed: {e:#}"));
+        }
+    }
+    r.load_after = shell("uptime");
+    r.finished = shell("date -u '+%Y-%m-%d %H:%M:%S UTC'");
+    for n in &r.notes {
+        eprintln!("outboxd-bench: note: {n}");
+    }
+    report::write(&s, &r, &versions)?;
+    eprintln!("outboxd-bench: wrote {}", s.out.display());
+    Ok(())
+}
+
+fn case_shape(s: &Settings, case: &str) -> Result<(Shape, String)> {
+    Ok(match case {
+        "a" => {
+            let n = s.scaled(1_000_000);
+            (
+                Shape::SingleRow { n },
+                format!("(a) {n} single-row transactions"),
+            )
+        }
+        "b" => {
+            let txns = s.scaled(10_000);
+            (
+                Shape::Batched { txns, rows: 100 },
+                format!("(b) {txns} transactions of 100 rows"),
+            )
+        }
+        "c" => {
+            let n = s.scaled(1_000_000);
+            (
+                Shape::OneTxn { n },
+                format!("(c) one transaction of {n} rows"),
+            )
+        }
+        other => anyhow::bail!("unknown case {other:?} (expected a, b or c)"),
+    })
+}
+
+fn drain_timeout(events: u64, per_sec: u64) -> Duration {
+    Duration::from_secs(120 + events / per_sec.max(1))
+}
+
+async fn catchup_case(s: &Settings, cluster: &pgtest::PgCluster, case: &str) -> Result<CaseResult> {
+    let (shape, label) = case_shape(s, case)?;
+    let db = format!("bench_{case}");
+    eprintln!("outboxd-bench: case {label}");
+    pg::create_database(cluster, &db, false).await?;
+    let sql = pg::connect(cluster, &db).await?;
+    let brokers = s.brokers();
+    let mut slots = vec!["s_recvlogical".to_owned()];
+    for b in &brokers {
+        slots.push(format!("s_outboxd_{}", b.name()));
+    }
+    let with_dbz = s.debezium.is_some() && s.tansu.is_some();
+    if with_dbz {
+        slots.push("s_debezium_tansu".into());
+        if case == "b" {
+            slots.push("s_debezium_defaults".into());
+        }
+    }
+    let profile = s.section("profile") && case != "c";
+    if profile {
+        slots.push("s_profile".into());
+    }
+    pg::create_slots(&sql, &slots).await?;
+    let lsn0 = pg::current_lsn(&sql).await?;
+    let gen = pg::generate(cluster, &db, shape).await?;
+    let end = pg::current_lsn(&sql).await?;
+    let wal: i64 = sql
+        .query_one(
+            "SELECT ($1::text::pg_lsn - $2::text::pg_lsn)::bigint",
+            &[&end, &lsn0],
+        )
+        .await?
+        .get(0);
+    sql.batch_execute("CHECKPOINT").await?;
+    eprintln!(
+        "outboxd-bench:   generated {} events in {:.1} s, {} MB of WAL, end {end}",
+        shape.events(),
+        gen.as_secs_f64(),
+        wal / 1_000_000
+    );
+    let events = shape.events();
+    let mut drains = Vec::new();
+    let t = |slot: &'static str, per_sec: u64| Target {
+        cluster,
+        db: &db,
+        slot,
+        end_lsn: &end,
+        events,
+        timeout: drain_timeout(events, per_sec),
+    };
+    match drain::recvlogical(&t("s_recvlogical", 2000)).await {
+        Ok(d) => drains.push(report_drain(d)),
+        Err(e) => drains.push(failed("pg_recvlogical", "-", events, &e)),
+    }
+    for b in &brokers {
+        let slot: &'static str = match b {
+            BrokerKind::Mock => "s_outboxd_mock",
+            BrokerKind::Tansu => "s_outboxd_tansu",
+        };
+        let log = s.workdir.join(format!("outboxd-{case}-{}.log", b.name()));
+        let result = async {
+            let broker = Broker::start(*b, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+            drain::outboxd(&t(slot, 2000), &s.bins, &broker, &log, None).await
+        }
+        .await;
+        match result {
+            Ok(d) => drains.push(report_drain(d)),
+            Err(e) => drains.push(failed("outboxd", b.name(), events, &e)),
+        }
+    }
+    if let (true, Some(dbz)) = (with_dbz, s.debezium.as_ref()) {
+        let result = async {
+            let broker =
+                Broker::start(BrokerKind::Tansu, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+            drain::debezium(
+                &t("s_debezium_tansu", 500),
+                dbz,
+                &broker,
+                &s.workdir,
+                Some(DBZ_TUNED),
+            )
+            .await
+        }
+        .await;
+        match result {
+            Ok(d) => drains.push(report_drain(d)),
+            Err(e) => drains.push(failed("Debezium", "tansu", events, &e)),
+        }
+        if case == "b" {
+            let result = async {
+                let broker =
+                    Broker::start(BrokerKind::Tansu, &s.bins, &s.tansu_path(), &[pg::TOPIC])
+                        .await?;
+                drain::debezium(
+                    &t("s_debezium_defaults", 200),
+                    dbz,
+                    &broker,
+                    &s.workdir,
+                    None,
+                )
+                .await
+            }
+            .await;
+            match result {
+                Ok(d) => drains.push(report_drain(d)),
+                Err(e) => drains.push(failed("Debezium (defaults)", "tansu", events, &e)),
+            }
+        }
+    }
+    let mut profile_text = None;
+    if profile {
+        let data = s.workdir.join(format!("perf-{case}.data"));
+        let log = s.workdir.join(format!("outboxd-{case}-perf.log"));
+        let result = async {
+            let broker =
+                Broker::start(BrokerKind::Mock, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+            drain::outboxd(&t("s_profile", 1000), &s.bins, &broker, &log, Some(&data)).await
+        }
+        .await;
+        match result {
+            Ok(d) => {
+                eprintln!(
+                    "outboxd-bench:   profiled run {:.0} events/s",
+                    d.events_per_sec()
+                );
+                profile_text = Some(report::perf_report(&data));
+            }
+            Err(e) => profile_text = Some(format!("profiling failed: {e:#}")),
+        }
+    }
+    drop(sql);
+    pg::drop_database(cluster, &db).await?;
+    Ok(CaseResult {
+        name: case.to_owned(),
+        label,
+        shape,
+        generate_seconds: gen.as_secs_f64(),
+        wal_bytes: u64::try_from(wal).unwrap_or(0),
+        drains,
+        profile: profile_text,
+    })
+}
+
+fn report_drain(d: DrainResult) -> DrainResult {
+    eprintln!(
+        "outboxd-bench:   {:<15} {:<6} {:>9.0} events/s  {:.2} s  pg cpu {:.2} s  {}",
+        d.tool,
+        d.broker,
+        d.events_per_sec(),
+        d.seconds,
+        d.pg_cpu_seconds,
+        d.note
+    );
+    d
+}
+
+fn failed(tool: &str, broker: &str, events: u64, e: &anyhow::Error) -> DrainResult {
+    eprintln!("outboxd-bench:   {tool} ({broker}) FAILED: {e:#}");
+    DrainResult {
+        tool: tool.into(),
+        broker: broker.into(),
+        events,
+        note: format!("FAILED: {e:#}"),
+        ..DrainResult::default()
+    }
+}
+
+async fn polling(s: &Settings, cluster: &pgtest::PgCluster, r: &mut Results) -> Result<()> {
+    let db = "bench_poll";
+    let txns = s.scaled(1_000);
+    let shape = Shape::Batched { txns, rows: 100 };
+    let events = shape.events();
+    r.poll_events = events;
+    eprintln!("outboxd-bench: polling vs CDC on {events} events in transactions of 100 rows");
+    pg::create_database(cluster, db, true).await?;
+    let sql = pg::connect(cluster, db).await?;
+    let kinds: Vec<BrokerKind> = s
+        .brokers()
+        .into_iter()
+        .filter(|b| s.poll_brokers.iter().any(|p| p == b.name()))
+        .collect();
+    let slots: Vec<String> = kinds
+        .iter()
+        .map(|b| format!("s_poll_cdc_{}", b.name()))
+        .collect();
+    pg::create_slots(&sql, &slots).await?;
+    pg::generate(cluster, db, shape).await?;
+    let end = pg::current_lsn(&sql).await?;
+    sql.batch_execute("VACUUM ANALYZE public.outbox").await?;
+    sql.batch_execute("CHECKPOINT").await?;
+    for (b, slot) in kinds.iter().zip(&slots) {
+        let log = s.workdir.join(format!("outboxd-poll-cdc-{}.log", b.name()));
+        let broker = Broker::start(*b, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+        let t = Target {
+            cluster,
+            db,
+            slot,
+            end_lsn: &end,
+            events,
+            timeout: drain_timeout(events, 1000),
+        };
+        let d = report_drain(drain::outboxd(&t, &s.bins, &broker, &log, None).await?);
+        r.poll.push(PollResult {
+            approach: "outboxd (CDC)".into(),
+            broker: b.name().into(),
+            events,
+            seconds: d.seconds,
+            pg_cpu_seconds: d.pg_cpu_seconds,
+        });
+    }
+    sql.batch_execute(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = 'bench_poll'",
+    )
+    .await?;
+    for b in &kinds {
+        for workers in [1usize, 4] {
+            poll::reset(cluster, db).await?;
+            let broker = Broker::start(*b, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+            let cpu0 = procfs::cluster_cpu_seconds(cluster.data_dir())?;
+            let out = poll::run(cluster, db, &broker.bootstrap, workers).await?;
+            let cpu = procfs::cluster_cpu_seconds(cluster.data_dir())? - cpu0;
+            let left: i64 = sql
+                .query_one(
+                    "SELECT count(*) FROM public.outbox WHERE sent_at IS NULL",
+                    &[],
+                )
+                .await?
+                .get(0);
+            if left != 0 || out.events != events {
+                r.notes.push(format!(
+                    "polling with {workers} worker(s) on {}: sent {} of {events}, {left} left unsent",
+                    b.name(),
+                    out.events
+                ));
+            }
+            eprintln!(
+                "outboxd-bench:   polling {workers} worker(s) {:<6} {:>8.0} events/s  pg cpu {:.2} s",
+                b.name(),
+                drain::rate(out.events, out.seconds),
+                cpu
+            );
+            r.poll.push(PollResult {
+                approach: format!(
+                    "polling, {workers} worker{}",
+                    if workers == 1 { "" } else { "s" }
+                ),
+                broker: b.name().into(),
+                events: out.events,
+                seconds: out.seconds,
+                pg_cpu_seconds: cpu,
+            });
+        }
+    }
+    drop(sql);
+    pg::drop_database(cluster, db).await?;
+    Ok(())
+}
+
+async fn latency_suite(s: &Settings, cluster: &pgtest::PgCluster, r: &mut Results) -> Result<()> {
+    let db = "bench_lat";
+    let kind = if s.tansu.is_some() {
+        BrokerKind::Tansu
+    } else {
+        BrokerKind::Mock
+    };
+    r.latency_broker = kind.name().into();
+    eprintln!("outboxd-bench: latency on {}", kind.name());
+    pg::create_database(cluster, db, false).await?;
+    let broker = Broker::start(kind, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+    let stamper = latency::Stamper::start(&broker.bootstrap, pg::TOPIC)?;
+    let log = s.workdir.join("outboxd-latency.log");
+    let relay = drain::Outboxd::spawn(
+        &s.bins,
+        cluster,
+        db,
+        "s_latency",
+        &broker.bootstrap,
+        &log,
+        None,
+    )?;
+    // Warm up: one event end to end.
+    let mut i: i64 = 0;
+    let sql = pg::connect(cluster, db).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while stamper.count() == 0 {
+        if std::time::Instant::now() > deadline {
+            anyhow::bail!(
+                "no warm-up event arrived; outboxd log: {}",
+                drain::tail(&log)
+            );
+        }
+        sql.execute(
+            &format!(
+                "INSERT INTO public.outbox ({}) VALUES ({})",
+                pg::COLUMNS,
+                pg::row_values("$1::bigint")
+            ),
+            &[&i],
+        )
+        .await?;
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    r.idle_rss_mib = procfs::rss_mib(relay.pid());
+    r.idle_hwm_mib = procfs::peak_rss_mib(relay.pid());
+    for &rate in &s.latency_rates {
+        let before = latency::histogram(&relay.metrics()?);
+        let cpu0 = procfs::cpu_seconds(relay.pid());
+        let from = drain::unix_ms();
+        let (inserted, secs) = latency::load(cluster, db, rate, s.latency_secs, i).await?;
+        i += i64::try_from(inserted).unwrap_or(0) + 1;
+        let to = drain::unix_ms();
+        // Let the tail arrive.
+        let want = stamper.count();
+        let wait_until = std::time::Instant::now() + Duration::from_secs(20);
+        let mut last = want;
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let now = stamper.count();
+            if (now == last && stamper.window(from, to + 1).len() as u64 >= inserted)
+                || std::time::Instant::now() > wait_until
+            {
+                break;
+            }
+            last = now;
+        }
+        let after = latency::histogram(&relay.metrics()?);
+        let cpu = procfs::cpu_seconds(relay.pid())
+            .zip(cpu0)
+            .map(|(a, b)| (a - b) / inserted.max(1) as f64 * 1e6);
+        let mut lat = stamper.window(from, to + 1);
+        lat.sort_unstable();
+        let qs = [0.5, 0.99, 0.999];
+        let res = LatencyResult {
+            rate,
+            achieved: drain::rate(inserted, secs),
+            seconds: secs,
+            received: lat.len(),
+            consumer: qs.map(|q| latency::percentile(&lat, q)),
+            histogram: qs.map(|q| latency::histogram_percentile(&before, &after, q)),
+            outboxd_cpu_per_event_us: cpu,
+        };
+        eprintln!(
+            "outboxd-bench:   {rate}/s: achieved {:.0}/s, received {}, consumer p50/p99/p99.9 {:?} ms, histogram {:?} ms",
+            res.achieved, res.received, res.consumer, res.histogram
+        );
+        r.latency.push(res);
+    }
+    r.latency_hwm_mib = procfs::peak_rss_mib(relay.pid());
+    relay.stop()?;
+    drop(stamper);
+    drop(broker);
+    drop(sql);
+    pg::drop_database(cluster, db).await?;
+    Ok(())
+}
