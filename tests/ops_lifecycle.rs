@@ -150,7 +150,7 @@ async fn sigterm_inside_a_big_transaction_finishes_it_first() {
     let client = db.client().await;
     ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
     let big = make_events(50_000, 100);
-    ops::try_insert(&client, &outbox.table, &big)
+    support::load::try_insert(&client, &outbox.table, &big)
         .await
         .expect("big transaction");
     let published_at_signal = ops::wait_for(
@@ -174,7 +174,7 @@ async fn sigterm_inside_a_big_transaction_finishes_it_first() {
     );
     assert!(log.contains("finishing the open transaction"), "{log}");
     let after = make_events(10, 5);
-    ops::try_insert(&client, &outbox.table, &after)
+    support::load::try_insert(&client, &outbox.table, &after)
         .await
         .expect("insert");
     relay.restart();

@@ -58,7 +58,7 @@ pub fn read_topics(
 }
 
 /// A consumer assigned to every partition of `topics`, from the beginning.
-fn assigned_consumer(bootstrap: &str, topics: &[String]) -> BaseConsumer {
+pub fn assigned_consumer(bootstrap: &str, topics: &[String]) -> BaseConsumer {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "outboxd-test-reader")

@@ -49,6 +49,17 @@ pub async fn insert_events(
 
 /// One transaction with all of `batch`, in order.
 pub async fn insert_batch(client: &Client, table: &str, batch: &[Event]) {
+    try_insert(client, table, batch)
+        .await
+        .expect("insert batch");
+}
+
+/// [`insert_batch`] returning the error, for loads that outlive a server restart.
+pub async fn try_insert(
+    client: &Client,
+    table: &str,
+    batch: &[Event],
+) -> Result<(), tokio_postgres::Error> {
     let ids: Vec<&str> = batch.iter().map(|e| e.id.as_str()).collect();
     let types: Vec<&str> = batch.iter().map(|e| e.aggregate_type.as_str()).collect();
     let aggs: Vec<&str> = batch.iter().map(|e| e.aggregate_id.as_str()).collect();
@@ -62,5 +73,5 @@ pub async fn insert_batch(client: &Client, table: &str, batch: &[Event]) {
     client
         .execute(&sql, &[&ids, &types, &aggs, &evts, &payloads])
         .await
-        .expect("insert batch");
+        .map(|_| ())
 }

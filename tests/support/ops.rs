@@ -10,10 +10,6 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
-use rdkafka::{Offset, TopicPartitionList};
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, NoTls};
 
@@ -260,7 +256,7 @@ async fn run_load(
                 }
             })
             .collect();
-        match try_insert(&client, &table, &batch).await {
+        match super::load::try_insert(&client, &table, &batch).await {
             Ok(()) => {}
             Err(_) => {
                 failures.fetch_add(1, Ordering::Relaxed);
@@ -291,29 +287,6 @@ async fn run_load(
     events
 }
 
-/// One transaction with all of `batch`, in order (as support::load::insert_batch, but
-/// returning the error).
-pub async fn try_insert(
-    client: &Client,
-    table: &str,
-    batch: &[Event],
-) -> Result<(), tokio_postgres::Error> {
-    let ids: Vec<&str> = batch.iter().map(|e| e.id.as_str()).collect();
-    let types: Vec<&str> = batch.iter().map(|e| e.aggregate_type.as_str()).collect();
-    let aggs: Vec<&str> = batch.iter().map(|e| e.aggregate_id.as_str()).collect();
-    let evts: Vec<&str> = batch.iter().map(|e| e.event_type.as_str()).collect();
-    let payloads: Vec<&str> = batch.iter().map(|e| e.payload.as_str()).collect();
-    let sql = format!(
-        "INSERT INTO {table} (id, aggregate_type, aggregate_id, event_type, payload) \
-         SELECT i::uuid, t, a, e, p::jsonb FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
-         WITH ORDINALITY AS u(i, t, a, e, p, n) ORDER BY n"
-    );
-    client
-        .execute(&sql, &[&ids, &types, &aggs, &evts, &payloads])
-        .await
-        .map(|_| ())
-}
-
 /// Reads every partition of `topics` from the beginning until every id of `committed`
 /// arrived, then `settle` more (to see trailing replays). Panics after `limit` with the
 /// number missing. Blocking: call from `tokio::task::block_in_place` or a thread.
@@ -324,26 +297,7 @@ pub fn read_all(
     settle: Duration,
     limit: Duration,
 ) -> Vec<Received> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "outboxd-ops-reader")
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
-        .create()
-        .expect("consumer");
-    let mut tpl = TopicPartitionList::new();
-    for topic in topics {
-        let md = consumer
-            .fetch_metadata(Some(topic), Duration::from_secs(10))
-            .expect("metadata");
-        for t in md.topics() {
-            for p in t.partitions() {
-                tpl.add_partition_offset(t.name(), p.id(), Offset::Beginning)
-                    .expect("tpl");
-            }
-        }
-    }
-    consumer.assign(&tpl).expect("assign");
+    let consumer = super::consume::assigned_consumer(bootstrap, topics);
     let mut missing: HashSet<&str> = committed.iter().map(|e| e.id.as_str()).collect();
     let mut out = Vec::new();
     let start = Instant::now();
@@ -364,28 +318,11 @@ pub fn read_all(
         );
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
-                let headers: Vec<(String, Vec<u8>)> = m
-                    .headers()
-                    .map(|h| {
-                        h.iter()
-                            .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                if let Some((_, id)) = headers.iter().find(|(k, _)| k == "id") {
-                    if let Ok(id) = std::str::from_utf8(id) {
-                        missing.remove(id);
-                    }
+                let r = super::consume::received(&m);
+                if let Some(id) = r.header("id") {
+                    missing.remove(id);
                 }
-                out.push(Received {
-                    topic: m.topic().to_owned(),
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    key: m.key().map(<[u8]>::to_vec),
-                    value: m.payload().map(<[u8]>::to_vec),
-                    headers,
-                    timestamp_millis: m.timestamp().to_millis(),
-                });
+                out.push(r);
             }
             Some(Err(e)) => panic!("consumer error: {e}"),
             None => {}
