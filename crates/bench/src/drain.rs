@@ -54,7 +54,19 @@ pub async fn recvlogical(t: &Target<'_>) -> Result<DrainResult> {
     let sql = pg::connect(t.cluster, t.db).await?;
     let cpu0 = procfs::cluster_cpu_seconds(t.cluster.data_dir())?;
     let started = Instant::now();
-    let mut child = Command::new(t.cluster.bindir().join("pg_recvlogical"))
+    let times = std::env::temp_dir().join(format!("outboxd-bench-recvlogical-{}.time", t.slot));
+    let _ = std::fs::remove_file(&times);
+    let timed = Path::new("/usr/bin/time").is_file();
+    let mut cmd = if timed {
+        let mut c = Command::new("/usr/bin/time");
+        c.args(["-f", "%U %S %M", "-o"])
+            .arg(&times)
+            .arg(t.cluster.bindir().join("pg_recvlogical"));
+        c
+    } else {
+        Command::new(t.cluster.bindir().join("pg_recvlogical"))
+    };
+    let mut child = cmd
         .args(["-h", t.cluster.host(), "-p", &t.cluster.port().to_string()])
         .args(["-U", t.cluster.superuser(), "-d", t.db, "--slot", t.slot])
         .args([
@@ -95,12 +107,27 @@ pub async fn recvlogical(t: &Target<'_>) -> Result<DrainResult> {
         bail!("pg_recvlogical failed or timed out: {err}");
     }
     drop(sql);
+    // "%U %S %M": user s, system s, max RSS KiB
+    let measured: Vec<f64> = std::fs::read_to_string(&times)
+        .unwrap_or_default()
+        .lines()
+        .last()
+        .unwrap_or("")
+        .split_whitespace()
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let (tool_cpu, rss) = match measured.as_slice() {
+        [u, s, m] => (Some(u + s), Some(m / 1024.0)),
+        _ => (None, None),
+    };
     Ok(DrainResult {
         tool: "pg_recvlogical".into(),
         broker: "-".into(),
         events: t.events,
         seconds,
         pg_cpu_seconds: cpu,
+        tool_cpu_seconds: tool_cpu,
+        peak_rss_mib: rss,
         ..DrainResult::default()
     })
 }
@@ -129,7 +156,10 @@ impl Outboxd {
         let mut cmd = match perf_data {
             Some(data) => {
                 let mut c = Command::new("perf");
-                c.args(["record", "-F", "999", "-o"])
+                let extra = std::env::var("BENCH_PERF_RECORD").unwrap_or_else(|_| "-F 999".into());
+                c.arg("record")
+                    .args(extra.split_whitespace())
+                    .arg("-o")
                     .arg(data)
                     .arg("--")
                     .arg(&outboxd);

@@ -56,6 +56,8 @@ pub struct Settings {
     pub command: String,
     /// BENCH_POLL_BROKERS: brokers for the polling comparison (default mock,tansu).
     pub poll_brokers: Vec<String>,
+    /// BENCH_LATENCY_BROKERS: brokers for the latency runs (default tansu,mock).
+    pub latency_brokers: Vec<String>,
 }
 
 fn env_or(name: &str, default: &str) -> String {
@@ -111,6 +113,7 @@ impl Settings {
             tansu: broker::find_tansu(),
             command: env_or("BENCH_COMMAND", "outboxd-bench"),
             poll_brokers: list("BENCH_POLL_BROKERS", "mock,tansu"),
+            latency_brokers: list("BENCH_LATENCY_BROKERS", "tansu,mock"),
         })
     }
 
@@ -165,6 +168,7 @@ pub struct PollResult {
 
 #[derive(Debug, Clone)]
 pub struct LatencyResult {
+    pub broker: String,
     pub rate: u64,
     pub achieved: f64,
     pub seconds: f64,
@@ -179,11 +183,11 @@ pub struct Results {
     pub cases: Vec<CaseResult>,
     pub poll_events: u64,
     pub poll: Vec<PollResult>,
-    pub latency_broker: String,
     pub latency: Vec<LatencyResult>,
-    pub idle_rss_mib: Option<f64>,
-    pub idle_hwm_mib: Option<f64>,
-    pub latency_hwm_mib: Option<f64>,
+    /// (broker, current RSS, peak RSS) of an idle outboxd, MiB.
+    pub idle: Vec<(String, Option<f64>, Option<f64>)>,
+    /// (broker, peak RSS after the latency runs), MiB.
+    pub latency_hwm: Vec<(String, Option<f64>)>,
     pub notes: Vec<String>,
     pub load_before: String,
     pub load_after: String,
@@ -255,8 +259,14 @@ async fn run() -> Result<()> {
         }
     }
     if s.section("latency") {
-        if let Err(e) = latency_suite(&s, &cluster, &mut r).await {
-            r.notes.push(format!("latency suite failed: {e:#}"));
+        for kind in s.brokers() {
+            if !s.latency_brokers.iter().any(|b| b == kind.name()) {
+                continue;
+            }
+            if let Err(e) = latency_suite(&s, &cluster, kind, &mut r).await {
+                r.notes
+                    .push(format!("latency suite on {} failed: {e:#}", kind.name()));
+            }
         }
     }
     r.load_after = shell("uptime");
@@ -558,14 +568,13 @@ async fn polling(s: &Settings, cluster: &pgtest::PgCluster, r: &mut Results) -> 
     Ok(())
 }
 
-async fn latency_suite(s: &Settings, cluster: &pgtest::PgCluster, r: &mut Results) -> Result<()> {
+async fn latency_suite(
+    s: &Settings,
+    cluster: &pgtest::PgCluster,
+    kind: BrokerKind,
+    r: &mut Results,
+) -> Result<()> {
     let db = "bench_lat";
-    let kind = if s.tansu.is_some() {
-        BrokerKind::Tansu
-    } else {
-        BrokerKind::Mock
-    };
-    r.latency_broker = kind.name().into();
     eprintln!("outboxd-bench: latency on {}", kind.name());
     pg::create_database(cluster, db, false).await?;
     let broker = Broker::start(kind, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
@@ -604,8 +613,11 @@ async fn latency_suite(s: &Settings, cluster: &pgtest::PgCluster, r: &mut Result
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     tokio::time::sleep(Duration::from_secs(5)).await;
-    r.idle_rss_mib = procfs::rss_mib(relay.pid());
-    r.idle_hwm_mib = procfs::peak_rss_mib(relay.pid());
+    r.idle.push((
+        kind.name().into(),
+        procfs::rss_mib(relay.pid()),
+        procfs::peak_rss_mib(relay.pid()),
+    ));
     for &rate in &s.latency_rates {
         let before = latency::histogram(&relay.metrics()?);
         let cpu0 = procfs::cpu_seconds(relay.pid());
@@ -635,6 +647,7 @@ async fn latency_suite(s: &Settings, cluster: &pgtest::PgCluster, r: &mut Result
         lat.sort_unstable();
         let qs = [0.5, 0.99, 0.999];
         let res = LatencyResult {
+            broker: kind.name().into(),
             rate,
             achieved: drain::rate(inserted, secs),
             seconds: secs,
@@ -644,12 +657,13 @@ async fn latency_suite(s: &Settings, cluster: &pgtest::PgCluster, r: &mut Result
             outboxd_cpu_per_event_us: cpu,
         };
         eprintln!(
-            "outboxd-bench:   {rate}/s: achieved {:.0}/s, received {}, consumer p50/p99/p99.9 {:?} ms, histogram {:?} ms",
-            res.achieved, res.received, res.consumer, res.histogram
+            "outboxd-bench:   {} {rate}/s: achieved {:.0}/s, received {}, consumer p50/p99/p99.9 {:?} ms, histogram {:?} ms",
+            res.broker, res.achieved, res.received, res.consumer, res.histogram
         );
         r.latency.push(res);
     }
-    r.latency_hwm_mib = procfs::peak_rss_mib(relay.pid());
+    r.latency_hwm
+        .push((kind.name().into(), procfs::peak_rss_mib(relay.pid())));
     relay.stop()?;
     drop(stamper);
     drop(broker);
