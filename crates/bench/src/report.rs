@@ -109,7 +109,7 @@ pub fn perf_report(data: &Path) -> String {
             .lines()
             .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
             .take(30)
-            .map(|l| l.trim_end().to_owned())
+            .map(|l| l.trim_end().trim_end_matches(['-', ' ']).to_owned())
             .collect::<Vec<_>>()
             .join("\n"),
         Err(e) => format!("perf report failed: {e}"),
