@@ -87,6 +87,8 @@ impl ReplicationConnection {
             decoder: MessageDecoder::new(),
             slot: opts.slot,
             finished: false,
+            behind: false,
+            pace: false,
         })
     }
 }
@@ -116,6 +118,10 @@ pub struct ReplicationStream {
     decoder: MessageDecoder,
     slot: String,
     finished: bool,
+    /// The last Begin committed long ago: a backlog is being read.
+    behind: bool,
+    /// Wait a moment before the next socket read, so a backlog arrives in bursts.
+    pace: bool,
 }
 
 impl std::fmt::Debug for ReplicationStream {
@@ -148,6 +154,9 @@ impl ReplicationStream {
             if self.finished {
                 return Ok(None);
             }
+            if std::mem::take(&mut self.pace) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
             self.rbuf.reserve(64 * 1024);
             let shared = self.shared.clone();
             tokio::select! {
@@ -156,6 +165,7 @@ impl ReplicationStream {
                     if n == 0 {
                         return Err(ReplError::Closed("reading the replication stream"));
                     }
+                    self.pace = self.behind && n < 32 * 1024;
                 }
                 () = shared.writer_failed.notified() => {}
             }
@@ -172,6 +182,10 @@ impl ReplicationStream {
                 ReplicationFrame::XLogData(x) => {
                     self.shared.note_received(x.wal_end);
                     let message = self.decoder.decode(x.data)?;
+                    if let LogicalMessage::Begin(b) = &message {
+                        let lag = PgTimestamp::now().unix_micros() - b.commit_time.unix_micros();
+                        self.behind = lag > 200_000;
+                    }
                     Ok(Some(ReplicationEvent::XLogData {
                         wal_start: x.wal_start,
                         wal_end: x.wal_end,
