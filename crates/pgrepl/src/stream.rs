@@ -183,7 +183,9 @@ impl ReplicationStream {
                     self.shared.note_received(x.wal_end);
                     let message = self.decoder.decode(x.data)?;
                     if let LogicalMessage::Begin(b) = &message {
-                        let lag = PgTimestamp::now().unix_micros() - b.commit_time.unix_micros();
+                        let lag = PgTimestamp::now()
+                            .unix_micros()
+                            .saturating_sub(b.commit_time.unix_micros());
                         self.behind = lag > 200_000;
                     }
                     Ok(Some(ReplicationEvent::XLogData {
