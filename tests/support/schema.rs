@@ -26,31 +26,7 @@ impl Outbox {
 /// Creates the default outbox table, its publication (inserts only), and the slot — in
 /// that order, as a user would, so every insert after this returns is relayed.
 pub async fn setup(db: &TestDb<'_>) -> Outbox {
-    let client = db.client().await;
-    client
-        .batch_execute(OUTBOX_DDL)
-        .await
-        .expect("outbox table");
-    client
-        .batch_execute(&format!(
-            "CREATE PUBLICATION \"{}\" FOR TABLE public.outbox WITH (publish = 'insert')",
-            db.publication
-        ))
-        .await
-        .expect("publication");
-    client
-        .query_one(
-            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-            &[&db.slot],
-        )
-        .await
-        .expect("slot");
-    Outbox {
-        table: "public.outbox".into(),
-        publication: db.publication.clone(),
-        slot: db.slot.clone(),
-        topic_prefix: db.name.replace('_', "-"),
-    }
+    setup_custom(db, OUTBOX_DDL, Some("publish = 'insert'")).await
 }
 
 pub async fn confirmed_flush_lsn(db: &TestDb<'_>) -> u64 {
