@@ -74,6 +74,8 @@ impl RelayError {
             | E::PublicationDropped { .. }
             | E::Shape(_)
             | E::BadRow { .. }
+            // A broken message sequence or ack bookkeeping is a bug, not an outage: replaying
+            // the same WAL would hit it again, so exit (code 1) with the log instead of looping.
             | E::Protocol(_)
             | E::Ack(_) => ErrorClass::Permanent,
             E::KafkaSetup(
