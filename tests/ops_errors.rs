@@ -182,26 +182,11 @@ async fn terminate_and_drop_slot(client: &tokio_postgres::Client, slot: &str) {
 /// the events committed in between (so the relay must not do it silently).
 #[tokio::test(flavor = "multi_thread")]
 async fn slot_dropped_while_running_exits_3() {
-    let db = PgCluster::shared().fresh_database("ops_slot_dropped").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let mut relay = Relay::start(
-        Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
-        &["run"],
-    );
-    let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
-    let events = support::load::insert_events(&client, &outbox.table, 50, 5, 5).await;
-    let received = ops::read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(60),
-    );
-    check_delivery(&events, &received);
+    let mut s = ops::streaming_relay("ops_slot_dropped", &[]).await;
+    s.relay_events(50).await;
+    let (client, outbox, relay) = (&s.client, &s.outbox, &mut s.relay);
 
-    terminate_and_drop_slot(&client, &outbox.slot).await;
+    terminate_and_drop_slot(client, &outbox.slot).await;
     let status = relay.wait_exit(Duration::from_secs(30));
     let log = relay.log_text();
     assert_eq!(status.code(), Some(3), "exit code; log:\n{log}");
@@ -211,7 +196,7 @@ async fn slot_dropped_while_running_exits_3() {
         "the message says why it is not recreated:\n{log}"
     );
     assert!(
-        ops::slot_row(&client, &outbox.slot).await.is_none(),
+        ops::slot_row(client, &outbox.slot).await.is_none(),
         "the relay must not recreate a slot dropped under it"
     );
 }
@@ -221,31 +206,16 @@ async fn slot_dropped_while_running_exits_3() {
 /// publication and the fix.
 #[tokio::test(flavor = "multi_thread")]
 async fn publication_dropped_while_running_exits_3() {
-    let db = PgCluster::shared().fresh_database("ops_pub_dropped").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let mut relay = Relay::start(
-        Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
-        &["run"],
-    );
-    let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
-    let events = support::load::insert_events(&client, &outbox.table, 20, 5, 5).await;
-    let received = ops::read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(60),
-    );
-    check_delivery(&events, &received);
+    let mut s = ops::streaming_relay("ops_pub_dropped", &[]).await;
+    s.relay_events(20).await;
+    let (client, outbox, relay) = (&s.client, &s.outbox, &mut s.relay);
 
     client
         .batch_execute(&format!("DROP PUBLICATION \"{}\"", outbox.publication))
         .await
         .expect("drop publication");
     // The next decoded change makes pgoutput look the publication up.
-    support::load::insert_events(&client, &outbox.table, 1, 1, 1).await;
+    support::load::insert_events(client, &outbox.table, 1, 1, 1).await;
     let status = relay.wait_exit(Duration::from_secs(30));
     let log = relay.log_text();
     assert_eq!(status.code(), Some(3), "exit code; log:\n{log}");

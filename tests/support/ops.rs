@@ -366,3 +366,50 @@ pub fn metric(body: &str, series: &str) -> Option<f64> {
 pub fn must_metric(body: &str, series: &str) -> f64 {
     metric(body, series).unwrap_or_else(|| panic!("metric {series} missing from:\n{body}"))
 }
+
+/// A relay streaming from a fresh database of the shared cluster to a fresh mock cluster.
+pub struct Streaming {
+    pub db: pgtest::TestDb<'static>,
+    pub outbox: Outbox,
+    pub broker: Broker,
+    pub topics: Vec<String>,
+    pub relay: super::relay::Relay,
+    pub client: Client,
+}
+
+/// Starts the relay with `extra` env and waits until its walsender holds the slot.
+pub async fn streaming_relay(name: &str, extra: &[(&str, &str)]) -> Streaming {
+    let db = pgtest::PgCluster::shared().fresh_database(name).await;
+    let outbox = super::schema::setup(&db).await;
+    let broker = Broker::mock();
+    let topics = create_topics(&broker, &outbox).await;
+    let relay = super::relay::Relay::start(
+        super::relay::Relay::env_for(&db, &outbox, &broker.bootstrap(), extra),
+        &["run"],
+    );
+    let client = db.client().await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    Streaming {
+        db,
+        outbox,
+        broker,
+        topics,
+        relay,
+        client,
+    }
+}
+
+impl Streaming {
+    /// Inserts `n` events and waits until every one arrived, in order per aggregate.
+    pub async fn relay_events(&self, n: usize) -> Vec<Event> {
+        let events = super::load::insert_events(&self.client, &self.outbox.table, n, 5, 5).await;
+        let received = read_all_blocking(
+            &self.broker.bootstrap(),
+            &self.topics,
+            &events,
+            Duration::from_secs(60),
+        );
+        super::consume::check_delivery(&events, &received);
+        events
+    }
+}
