@@ -134,23 +134,12 @@ fn make_events(n: usize, aggregates: usize) -> Vec<Event> {
 /// relay re-sends none of it.
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_inside_a_big_transaction_finishes_it_first() {
-    let db = PgCluster::shared().fresh_database("ops_stop_big").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let mut relay = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &broker.bootstrap(),
-            &[("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "500")],
-        ),
-        &["run"],
-    );
-    let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let mut s =
+        ops::streaming_relay("ops_stop_big", &[("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "500")]).await;
+    let (client, outbox, broker, topics, relay) =
+        (&s.client, &s.outbox, &s.broker, &s.topics, &mut s.relay);
     let big = make_events(50_000, 100);
-    support::load::try_insert(&client, &outbox.table, &big)
+    support::load::try_insert(client, &outbox.table, &big)
         .await
         .expect("big transaction");
     let published_at_signal = ops::wait_for(
@@ -174,7 +163,7 @@ async fn sigterm_inside_a_big_transaction_finishes_it_first() {
     );
     assert!(log.contains("finishing the open transaction"), "{log}");
     let after = make_events(10, 5);
-    support::load::try_insert(&client, &outbox.table, &after)
+    support::load::try_insert(client, &outbox.table, &after)
         .await
         .expect("insert");
     relay.restart();
@@ -182,7 +171,7 @@ async fn sigterm_inside_a_big_transaction_finishes_it_first() {
     events.extend(after);
     let received = ops::read_all_blocking(
         &broker.bootstrap(),
-        &topics,
+        topics,
         &events,
         Duration::from_secs(120),
     );
