@@ -9,12 +9,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use pgtest::PgCluster;
-use support::broker::Broker;
 use support::consume::check_delivery;
 use support::ops;
 use support::relay::Relay;
-use support::schema;
 
 fn get(relay: &Relay, path: &str) -> (u16, String) {
     relay
@@ -24,21 +21,14 @@ fn get(relay: &Relay, path: &str) -> (u16, String) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_health_and_readiness() {
-    let db = PgCluster::shared().fresh_database("ops_http").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let relay = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &broker.bootstrap(),
-            &[("OUTBOXD_READY_STALL_MS", "3000")],
-        ),
-        &["run"],
-    );
-    let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let ops::Streaming {
+        outbox,
+        broker,
+        topics,
+        relay,
+        client,
+        ..
+    } = ops::streaming_relay("ops_http", &[("OUTBOXD_READY_STALL_MS", "3000")]).await;
     let (code, _) = get(&relay, "/healthz");
     assert_eq!(code, 200);
     ops::wait_for(
