@@ -81,6 +81,28 @@ const INSERT_OUTBOX: &str = "INSERT INTO public.outbox \
     (id, aggregate_type, aggregate_id, event_type, payload, headers) \
     VALUES ($1::text::uuid, $2, $3, $4, $5::text::jsonb, $6::text::jsonb)";
 
+/// The outbox row of `e`, inside the caller's transaction.
+async fn insert_outbox_row(
+    tx: &tokio_postgres::Transaction<'_>,
+    e: &Event,
+    payload: &str,
+    headers: &str,
+) -> Result<()> {
+    tx.execute(
+        INSERT_OUTBOX,
+        &[
+            &e.id,
+            &e.aggregate_type,
+            &e.aggregate_id,
+            &e.event_type,
+            &payload,
+            &headers,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
 /// Commits one event in its own transaction.
 pub async fn insert(client: &mut Client, e: &Event) -> Result<()> {
     let tx = client.transaction().await?;
@@ -106,32 +128,10 @@ pub async fn insert(client: &mut Client, e: &Event) -> Result<()> {
                 )
                 .await?;
             }
-            tx.execute(
-                INSERT_OUTBOX,
-                &[
-                    &e.id,
-                    &e.aggregate_type,
-                    &e.aggregate_id,
-                    &e.event_type,
-                    &payload,
-                    &headers,
-                ],
-            )
-            .await?;
+            insert_outbox_row(&tx, e, &payload, &headers).await?;
         }
         Pattern::InsertThenDelete => {
-            tx.execute(
-                INSERT_OUTBOX,
-                &[
-                    &e.id,
-                    &e.aggregate_type,
-                    &e.aggregate_id,
-                    &e.event_type,
-                    &payload,
-                    &headers,
-                ],
-            )
-            .await?;
+            insert_outbox_row(&tx, e, &payload, &headers).await?;
             tx.execute(
                 "DELETE FROM public.outbox WHERE id = $1::text::uuid",
                 &[&e.id],
