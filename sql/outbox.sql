@@ -16,7 +16,8 @@ CREATE TABLE IF NOT EXISTS public.outbox (
 --  1. insert-then-delete in the same transaction (see examples.sql): the table stays empty,
 --     the insert is still in the WAL and is relayed; deletes are never published.
 --  2. keep rows for auditing and drop old partitions: partition by day on created_at
---     (PARTITION BY RANGE (created_at)) and DROP old partitions; add each new partition
---     to the publication, or create the publication with publish_via_partition_root.
+--     (PARTITION BY RANGE (created_at)) and DROP old partitions. Publish the partitioned
+--     table itself with publish_via_partition_root = true (sql/publication.sql): new
+--     partitions are then included without touching the publication.
 -- Keep rows (or WAL) longer than your worst relay outage only if you may need to
 -- re-publish after a lost slot: the slot, not the table, is what outboxd resumes from.

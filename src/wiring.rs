@@ -72,6 +72,7 @@ pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
         publication: s.publication.clone(),
         create_slot: s.create_slot,
         table,
+        relay_table: s.relay_table,
         emit,
         dead_letter_topic: TopicName::parse(&s.dead_letter_topic)
             .with_context(|| format!("OUTBOXD_DEAD_LETTER_TOPIC={:?}", s.dead_letter_topic))?,
@@ -89,6 +90,8 @@ pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
         shutdown_timeout: s.shutdown_timeout,
         reconnect_max_backoff: s.reconnect_max_backoff,
         slot_stats_every_ticks: 5,
+        progress_topic: s.progress_topic.clone(),
+        progress_interval: s.progress_interval,
     })
 }
 

@@ -68,7 +68,12 @@ async fn emitted_messages_are_published_like_rows() {
     let dlq = outbox.dead_letter_topic();
     broker.create_topics(&[&invoice, &order, &dlq], 3).await;
     let relay = Relay::start(
-        Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
+        Relay::env_for(
+            &db,
+            &outbox,
+            &broker.bootstrap(),
+            &[("OUTBOXD_MESSAGE_PREFIX", "outbox")],
+        ),
         &["run"],
     );
     let mut client = db.client().await;

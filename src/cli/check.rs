@@ -2,6 +2,7 @@
 
 use outbox_core::BoundTable;
 use outboxd_relay::kafka::build_producer;
+use outboxd_relay::pipeline::judge_publication;
 use pgoutput::{Column, Relation, ReplicaIdentity};
 use pgrepl::{preflight, ReplicationConnection};
 use tokio_postgres::Client;
@@ -17,6 +18,11 @@ struct Report {
 impl Report {
     fn ok(&mut self, what: &str, detail: impl std::fmt::Display) {
         println!("ok    {what}: {detail}");
+    }
+
+    /// Works, but deserves attention; does not fail the check.
+    fn warn(&mut self, what: &str, advice: impl std::fmt::Display) {
+        println!("warn  {what}: {advice}");
     }
 
     fn fail(&mut self, what: &str, fix: impl std::fmt::Display) {
@@ -97,50 +103,9 @@ async fn check_postgres(r: &mut Report, s: &Settings, sql: &Client) {
         Err(e) => r.fail("REPLICATION attribute", e),
     }
     check_table(r, s, sql).await;
-    match preflight::publication_exists(sql, &s.publication).await {
-        Ok(true) => match preflight::publication_tables(sql, &s.publication).await {
-            Ok(tables)
-                if tables
-                    .iter()
-                    .any(|(sch, t)| *sch == s.table_schema && *t == s.table_name) =>
-            {
-                r.ok(
-                    "publication",
-                    format!(
-                        "{} includes {}.{}",
-                        s.publication, s.table_schema, s.table_name
-                    ),
-                );
-            }
-            Ok(_) if s.message_prefix.is_some() => r.ok(
-                "publication",
-                format!(
-                    "{} exists (table not included: only emitted messages are relayed)",
-                    s.publication
-                ),
-            ),
-            Ok(_) => r.fail(
-                "publication",
-                format!(
-                    "{} does not include {}.{}: ALTER PUBLICATION {} ADD TABLE {}.{}",
-                    s.publication,
-                    s.table_schema,
-                    s.table_name,
-                    s.publication,
-                    s.table_schema,
-                    s.table_name
-                ),
-            ),
-            Err(e) => r.fail("publication", e),
-        },
-        Ok(false) => r.fail(
-            "publication",
-            format!(
-                "{} does not exist: run `outboxd init` or sql/publication.sql",
-                s.publication
-            ),
-        ),
-        Err(e) => r.fail("publication", e),
+    check_publication(r, s, sql).await;
+    if let Some(prefix) = &s.message_prefix {
+        check_emit_privilege(r, prefix, sql).await;
     }
     match preflight::slot_state(sql, &s.slot).await {
         Ok(Some(st)) if st.wal_status.as_deref() == Some("lost") => r.fail("slot", format!("{} is invalidated (wal_status = lost): re-publish outbox rows since its confirmed position, drop it and run `outboxd init`", s.slot)),
@@ -155,6 +120,76 @@ async fn check_postgres(r: &mut Report, s: &Settings, sql: &Client) {
         Ok(None) if s.create_slot => r.ok("slot", format!("{} does not exist yet; `outboxd run` will create it (OUTBOXD_CREATE_SLOT=true)", s.slot)),
         Ok(None) => r.fail("slot", format!("{} does not exist: run `outboxd init`", s.slot)),
         Err(e) => r.fail("slot", e),
+    }
+}
+
+/// The same rule `run` applies at start-up and while streaming.
+async fn check_publication(r: &mut Report, s: &Settings, sql: &Client) {
+    let what = "publication";
+    let coverage =
+        match preflight::publication_coverage(sql, &s.publication, &s.table_schema, &s.table_name)
+            .await
+        {
+            Ok(Some(c)) => c,
+            Ok(None) => {
+                return r.fail(
+                    what,
+                    format!(
+                        "{} does not exist: run `outboxd init` or sql/publication.sql",
+                        s.publication
+                    ),
+                )
+            }
+            Err(e) => return r.fail(what, e),
+        };
+    if !s.relay_table {
+        return r.ok(
+            what,
+            format!(
+                "{} exists; OUTBOXD_RELAY_TABLE=false: only emitted messages are relayed",
+                s.publication
+            ),
+        );
+    }
+    let table = format!("{}.{}", s.table_schema, s.table_name);
+    match judge_publication(&coverage, &s.publication, &table) {
+        Ok(None) => r.ok(
+            what,
+            format!(
+                "{} publishes the inserts of {table}{}",
+                s.publication,
+                if coverage.table_kind.as_deref() == Some("p") {
+                    " (partitioned, named after the table: publish_via_partition_root)"
+                } else {
+                    ""
+                }
+            ),
+        ),
+        Ok(Some(warning)) => r.warn(what, warning),
+        Err(problem) => r.fail(what, problem),
+    }
+}
+
+/// With emitted messages on, whoever can call pg_logical_emit_message publishes events.
+async fn check_emit_privilege(r: &mut Report, prefix: &str, sql: &Client) {
+    let what = "emitted messages";
+    match preflight::public_can_emit_messages(sql).await {
+        Ok(false) => r.ok(
+            what,
+            format!("prefix {prefix:?}; PUBLIC cannot execute pg_logical_emit_message"),
+        ),
+        Ok(true) => r.fail(
+            what,
+            format!(
+                "OUTBOXD_MESSAGE_PREFIX={prefix:?} relays pg_logical_emit_message(true, {prefix:?}, ...) \
+                 as events, and PUBLIC can execute that function, so any role can publish events. \
+                 Run: REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) FROM PUBLIC; \
+                 REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC; \
+                 then GRANT EXECUTE ON FUNCTION ... TO the roles that may publish (see sql/role.sql), \
+                 or unset OUTBOXD_MESSAGE_PREFIX"
+            ),
+        ),
+        Err(e) => r.fail(what, e),
     }
 }
 
@@ -196,10 +231,10 @@ async fn check_table(r: &mut Report, s: &Settings, sql: &Client) {
                 Err(e) => r.fail(what, e),
             }
         }
-        Ok(None) if s.message_prefix.is_some() => r.ok(
+        Ok(None) if !s.relay_table => r.ok(
             what,
             format!(
-                "{}.{} does not exist; only emitted messages (prefix {:?}) will be relayed",
+                "{}.{} does not exist; OUTBOXD_RELAY_TABLE=false: only emitted messages (prefix {:?}) are relayed",
                 s.table_schema,
                 s.table_name,
                 s.message_prefix.as_deref().unwrap_or("")

@@ -48,7 +48,7 @@ async fn init_inner(s: &Settings) -> anyhow::Result<()> {
         println!("ok  publication {} (exists)", s.publication);
     } else {
         sql.batch_execute(&format!(
-            "CREATE PUBLICATION {} FOR TABLE {table} WITH (publish = 'insert')",
+            "CREATE PUBLICATION {} FOR TABLE {table} WITH (publish = 'insert', publish_via_partition_root = true)",
             quote_ident(&s.publication)
         ))
         .await?;

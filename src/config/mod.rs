@@ -122,6 +122,8 @@ pub struct Settings {
     pub column_payload: String,
     pub column_headers: Option<String>,
     pub message_prefix: Option<String>,
+    /// false: emitted messages only (an explicit choice).
+    pub relay_table: bool,
     pub bootstrap_servers: String,
     /// librdkafka properties from OUTBOXD_KAFKA_<PROPERTY>; values may be secrets.
     pub kafka_overrides: BTreeMap<String, String>,
@@ -137,6 +139,8 @@ pub struct Settings {
     pub heartbeat_interval: Option<Duration>,
     pub shutdown_timeout: Duration,
     pub reconnect_max_backoff: Duration,
+    pub progress_topic: Option<String>,
+    pub progress_interval: Duration,
     pub http_addr: Option<String>,
     pub ready_stall: Duration,
     pub log_filter: String,
@@ -342,6 +346,18 @@ pub fn from_vars(vars: &BTreeMap<String, String>) -> Result<Settings, ConfigErro
         }
     }
     let status_interval = nonzero_millis("OUTBOXD_STATUS_INTERVAL_MS")?;
+    let relay_table = env.boolean("OUTBOXD_RELAY_TABLE")?;
+    if !relay_table
+        && env
+            .string("OUTBOXD_MESSAGE_PREFIX")
+            .is_none_or(|p| p.is_empty())
+    {
+        return Err(ConfigError::new(
+            "OUTBOXD_RELAY_TABLE",
+            "false",
+            "true, or false together with OUTBOXD_MESSAGE_PREFIX (otherwise nothing is relayed)",
+        ));
+    }
     Ok(Settings {
         pg: pg_settings(&env)?,
         slot: slot_name(&env)?,
@@ -358,6 +374,7 @@ pub fn from_vars(vars: &BTreeMap<String, String>) -> Result<Settings, ConfigErro
         message_prefix: env
             .string("OUTBOXD_MESSAGE_PREFIX")
             .filter(|p| !p.is_empty()),
+        relay_table,
         bootstrap_servers: env.required(
             "OUTBOXD_KAFKA_BOOTSTRAP_SERVERS",
             "Kafka bootstrap servers as host:port[,host:port]",
@@ -375,6 +392,10 @@ pub fn from_vars(vars: &BTreeMap<String, String>) -> Result<Settings, ConfigErro
         heartbeat_interval: nonzero_millis("OUTBOXD_HEARTBEAT_INTERVAL_MS")?,
         shutdown_timeout: env.millis("OUTBOXD_SHUTDOWN_TIMEOUT_MS", 0)?,
         reconnect_max_backoff: env.millis("OUTBOXD_RECONNECT_MAX_BACKOFF_MS", 100)?,
+        progress_topic: env
+            .string("OUTBOXD_PROGRESS_TOPIC")
+            .filter(|t| !t.trim().is_empty()),
+        progress_interval: env.millis("OUTBOXD_PROGRESS_INTERVAL_MS", 100)?,
         http_addr: env
             .string("OUTBOXD_HTTP_ADDR")
             .filter(|a| !a.trim().is_empty()),

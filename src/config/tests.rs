@@ -23,7 +23,12 @@ fn defaults_apply_when_only_bootstrap_is_set() {
     assert_eq!(s.topic_template, "outbox.{aggregate_type}");
     assert_eq!(s.bad_row_policy, BadRowPolicy::DeadLetter);
     assert_eq!(s.column_headers.as_deref(), Some("headers"));
-    assert_eq!(s.message_prefix.as_deref(), Some("outbox"));
+    assert!(
+        s.message_prefix.is_none(),
+        "emitted messages are off unless configured"
+    );
+    assert!(s.relay_table);
+    assert_eq!(s.progress_topic.as_deref(), Some("outboxd.progress"));
     assert_eq!(s.pg.port, 5432);
     assert!(s.idle_flush);
     assert!(s.heartbeat_interval.is_none());

@@ -129,13 +129,31 @@ pub struct BoundTable {
 impl BoundTable {
     /// Check `relation` against `spec` and map each role to its column by name.
     pub fn bind(relation: &Relation, spec: &TableSpec) -> Result<BoundTable, ShapeError> {
-        let table = spec.qualified_name();
         if !spec.matches(relation) {
             return Err(ShapeError::WrongTable {
-                expected: table,
+                expected: spec.qualified_name(),
                 found: qualified(&relation.namespace, &relation.name),
             });
         }
+        Self::bind_columns(relation, spec, spec.qualified_name())
+    }
+
+    /// Binds a partition of the spec's table (the caller has checked that it is one, in
+    /// the catalog): its rows are the table's rows. Shape errors and dead letters name
+    /// the partition, where the row is.
+    pub fn bind_partition(relation: &Relation, spec: &TableSpec) -> Result<BoundTable, ShapeError> {
+        Self::bind_columns(
+            relation,
+            spec,
+            qualified(&relation.namespace, &relation.name),
+        )
+    }
+
+    fn bind_columns(
+        relation: &Relation,
+        spec: &TableSpec,
+        table: String,
+    ) -> Result<BoundTable, ShapeError> {
         let cols = &spec.columns;
         let find = |name: &str, role: ColumnRole| -> Result<Bound, ShapeError> {
             relation

@@ -148,3 +148,97 @@ pub async fn current_wal_lsn(client: &Client) -> Result<Lsn, ReplError> {
         .try_get(0)?;
     Lsn::from_str(&text).map_err(|e| ReplError::Protocol(e.to_string()))
 }
+
+/// How a publication covers the outbox table, from `pg_publication` and
+/// `pg_publication_tables`: what decides whether the table's inserts reach the stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicationCoverage {
+    /// `pubinsert`: without it no insert is decoded.
+    pub publishes_insert: bool,
+    /// `pubviaroot`: whether changes of a partition are named after the partitioned table.
+    pub via_partition_root: bool,
+    /// `relkind` of the table (`r` plain, `p` partitioned, ...); `None`: it does not exist.
+    pub table_kind: Option<String>,
+    /// The table itself is listed for the publication.
+    pub table_listed: bool,
+    /// Partitions (any depth) of the table listed for the publication: what the server
+    /// publishes, under their own names, when `pubviaroot` is off.
+    pub partitions_listed: i64,
+}
+
+/// `None` when the publication does not exist.
+pub async fn publication_coverage(
+    client: &Client,
+    publication: &str,
+    schema: &str,
+    table: &str,
+) -> Result<Option<PublicationCoverage>, ReplError> {
+    let row = client
+        .query_opt(
+            "WITH t AS ( \
+               SELECT c.oid, c.relkind::text AS relkind FROM pg_catalog.pg_class c \
+               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+               WHERE n.nspname = $2 AND c.relname = $3) \
+             SELECT p.pubinsert, p.pubviaroot, (SELECT relkind FROM t), \
+               EXISTS (SELECT 1 FROM pg_catalog.pg_publication_tables pt \
+                       WHERE pt.pubname = p.pubname AND pt.schemaname = $2 AND pt.tablename = $3), \
+               (SELECT count(*) FROM pg_catalog.pg_publication_tables pt \
+                  JOIN pg_catalog.pg_namespace pn ON pn.nspname = pt.schemaname \
+                  JOIN pg_catalog.pg_class pc ON pc.relnamespace = pn.oid AND pc.relname = pt.tablename \
+                 WHERE pt.pubname = p.pubname AND pc.relispartition \
+                   AND EXISTS (SELECT 1 FROM pg_catalog.pg_partition_ancestors(pc.oid) a \
+                               WHERE a.relid = (SELECT oid FROM t))) \
+             FROM pg_catalog.pg_publication p WHERE p.pubname = $1",
+            &[&publication, &schema, &table],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    Ok(Some(PublicationCoverage {
+        publishes_insert: row.try_get(0)?,
+        via_partition_root: row.try_get(1)?,
+        table_kind: row.try_get(2)?,
+        table_listed: row.try_get(3)?,
+        partitions_listed: row.try_get(4)?,
+    }))
+}
+
+/// Whether relation `rel_id` is a partition, at any depth, of `schema.table` in the
+/// current catalog (pgoutput names a partition's rows after the partition unless the
+/// publication sets `publish_via_partition_root`).
+pub async fn is_partition_of(
+    client: &Client,
+    rel_id: u32,
+    schema: &str,
+    table: &str,
+) -> Result<bool, ReplError> {
+    Ok(client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class pc \
+               CROSS JOIN LATERAL pg_catalog.pg_partition_ancestors(pc.oid) a \
+               JOIN pg_catalog.pg_class c ON c.oid = a.relid \
+               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+              WHERE pc.oid = $1 AND pc.relispartition AND a.relid <> pc.oid \
+                AND n.nspname = $2 AND c.relname = $3)",
+            &[&rel_id, &schema, &table],
+        )
+        .await?
+        .try_get(0)?)
+}
+
+/// Whether PUBLIC may execute `pg_logical_emit_message` (either overload): then any role
+/// can write a logical message into the WAL.
+pub async fn public_can_emit_messages(client: &Client) -> Result<bool, ReplError> {
+    Ok(client
+        .query_one(
+            "SELECT bool_or(has_function_privilege('public', p.oid, 'EXECUTE')) \
+             FROM pg_catalog.pg_proc p \
+             WHERE p.proname = 'pg_logical_emit_message' \
+               AND p.pronamespace = 'pg_catalog'::regnamespace",
+            &[],
+        )
+        .await?
+        .try_get::<_, Option<bool>>(0)?
+        .unwrap_or(false))
+}

@@ -53,6 +53,9 @@ impl Relay {
         cmd.envs(pg_env.iter().map(|(k, v)| (*k, v.as_str())))
             .env("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS", bootstrap)
             .env("OUTBOXD_HTTP_ADDR", &http_addr)
+            // The demo shows emitted messages too; in production, turn them on only
+            // after restricting who may call pg_logical_emit_message (sql/role.sql).
+            .env("OUTBOXD_MESSAGE_PREFIX", "outbox")
             .env("OUTBOXD_LOG", "info,librdkafka=warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -6,12 +6,14 @@
 //! - `producer`: building the producer, sending, flushing, purging, metadata, topics.
 //! - `context`: librdkafka callbacks (logs → `tracing`, fatal errors, deliveries).
 //! - `delivery`: the delivery report type and permanent/retryable classification.
+//! - `progress`: the per-slot progress record that makes a lost slot loud.
 
 mod config;
 mod context;
 mod delivery;
 mod error;
 mod producer;
+mod progress;
 mod settings;
 
 #[cfg(test)]
@@ -22,6 +24,7 @@ pub use error::KafkaSetupError;
 pub use producer::{
     build_producer, BrokerAddress, BrokerInfo, FlushError, OutgoingRecord, RelayProducer, SendError,
 };
+pub use progress::{ProgressError, ProgressRecord, ProgressStore, SlotIdentity};
 pub use rdkafka::types::RDKafkaErrorCode;
 pub use settings::{
     is_secret_property, kafka_property_from_env, ProducerSettings, RedactedSettings,

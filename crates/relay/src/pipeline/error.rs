@@ -31,6 +31,25 @@ pub enum RelayError {
     PublicationMissing { publication: String },
     #[error("publication {publication:?} was dropped while outboxd was streaming (server: {server}); the server cannot decode changes committed while it did not exist. Recreate it: CREATE PUBLICATION {publication} FOR TABLE <outbox table> WITH (publish = 'insert') (see sql/publication.sql). If this error persists after recreating it, the slot cannot get past the changes committed while the publication was missing: re-publish the outbox rows committed since then, drop the slot and run `outboxd init`")]
     PublicationDropped { publication: String, server: String },
+    #[error("publication {publication:?} does not deliver the inserts of {table}: {problem}")]
+    TableNotPublished {
+        publication: String,
+        table: String,
+        problem: String,
+    },
+    #[error("replication slot {slot:?} does not exist, but the progress record in Kafka topic {progress_topic:?} says it did (last confirmed position {last_confirmed}, recorded {recorded_at}): it was dropped or lost (for example in a failover without failover slots). Creating it again would silently skip every event committed since then, so outboxd will not. Re-publish the outbox rows committed since that position if needed, then create the slot explicitly with `outboxd init` and start outboxd again")]
+    SlotLost {
+        slot: String,
+        progress_topic: String,
+        last_confirmed: pgoutput::Lsn,
+        recorded_at: String,
+    },
+    #[error("cannot tell whether replication slot {slot:?} existed before: reading the progress record from Kafka topic {progress_topic:?} failed ({reason}); outboxd creates a missing slot only when it knows no earlier slot is being replaced")]
+    SlotHistoryUnknown {
+        slot: String,
+        progress_topic: String,
+        reason: String,
+    },
     #[error(transparent)]
     Shape(#[from] ShapeError),
     #[error("bad outbox row{}: {error}; OUTBOXD_BAD_ROW_POLICY=stop, so outboxd stopped without acknowledging it. Fix or delete the row's transaction effect and restart, or set OUTBOXD_BAD_ROW_POLICY=dead-letter", .error.event_id().map(|id| format!(" id={id}")).unwrap_or_default())]
@@ -72,6 +91,8 @@ impl RelayError {
             | E::SlotUnusable { .. }
             | E::PublicationMissing { .. }
             | E::PublicationDropped { .. }
+            | E::TableNotPublished { .. }
+            | E::SlotLost { .. }
             | E::Shape(_)
             | E::BadRow { .. }
             // A broken message sequence or ack bookkeeping is a bug, not an outage: replaying
@@ -96,7 +117,7 @@ impl RelayError {
                 ErrorClass::Retryable
             }
             E::Send(_) => ErrorClass::Permanent,
-            E::StreamClosed => ErrorClass::Retryable,
+            E::StreamClosed | E::SlotHistoryUnknown { .. } => ErrorClass::Retryable,
         }
     }
 

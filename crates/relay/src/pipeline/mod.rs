@@ -18,9 +18,11 @@ pub use backoff::Backoff;
 pub use error::{ErrorClass, RelayError};
 pub use observe::Observer;
 pub use session::SessionEnd;
-pub use slot::{SlotStart, SlotStats};
+pub use slot::{judge_publication, SlotStart, SlotStats};
 
-use crate::kafka::{build_producer, ProducerSettings};
+use crate::kafka::{
+    build_producer, ProducerSettings, ProgressError, ProgressRecord, ProgressStore, SlotIdentity,
+};
 use session::Session;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +39,9 @@ pub struct RelayConfig {
     pub publication: String,
     pub create_slot: bool,
     pub table: TableSpec,
+    /// false: only emitted logical messages are relayed, and the table need not be
+    /// published. An explicit choice, never inferred from the publication.
+    pub relay_table: bool,
     /// Emitted logical messages with this mapper's prefix are relayed too.
     pub emit: Option<EmitMapper>,
     pub dead_letter_topic: TopicName,
@@ -50,8 +55,49 @@ pub struct RelayConfig {
     pub heartbeat_interval: Option<Duration>,
     pub shutdown_timeout: Duration,
     pub reconnect_max_backoff: Duration,
+    /// Topic of the per-slot progress record; `None`: no record, and then a missing slot
+    /// is never created at start-up (only `outboxd init` creates it).
+    pub progress_topic: Option<String>,
+    /// How often the progress record is brought up to date while streaming.
+    pub progress_interval: Duration,
     /// Slot statistics are polled every this many 1-second ticks.
     pub slot_stats_every_ticks: u64,
+}
+
+/// Creates the missing slot, but only once the progress record shows that no earlier slot
+/// of this name existed, and only after recording that this one will: a slot must never
+/// exist without a record, or its loss could go unnoticed.
+async fn create_slot_if_new(
+    cfg: &RelayConfig,
+    progress: Option<&ProgressStore>,
+    identity: &SlotIdentity,
+    timeline: u32,
+    position: pgoutput::Lsn,
+) -> Result<SlotStart, RelayError> {
+    let Some(progress) = progress else {
+        // Without a record nothing can tell a first start from a lost slot.
+        return Err(RelayError::SlotMissing {
+            slot: cfg.slot.clone(),
+        });
+    };
+    let unknown = |e: ProgressError| RelayError::SlotHistoryUnknown {
+        slot: cfg.slot.clone(),
+        progress_topic: progress.topic().to_owned(),
+        reason: e.to_string(),
+    };
+    if let Some(record) = progress.read_latest(identity).await.map_err(unknown)? {
+        return Err(RelayError::SlotLost {
+            slot: cfg.slot.clone(),
+            progress_topic: progress.topic().to_owned(),
+            last_confirmed: record.confirmed_lsn,
+            recorded_at: record.recorded_at_text(),
+        });
+    }
+    progress
+        .write_and_wait(identity, &ProgressRecord::now(timeline, position))
+        .await
+        .map_err(unknown)?;
+    slot::create(&cfg.pg, &cfg.slot).await
 }
 
 /// Runs until `shutdown` turns true (Ok) or a permanent error (Err).
@@ -61,9 +107,13 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
     let mut backoff = Backoff::new(Duration::from_millis(200), cfg.reconnect_max_backoff);
+    let progress = match &cfg.progress_topic {
+        Some(topic) => Some(ProgressStore::new(&cfg.producer, topic)?),
+        None => None,
+    };
     let mut seen_slot = false;
     loop {
-        let result = run_session(cfg, obs, &mut shutdown, &mut seen_slot).await;
+        let result = run_session(cfg, obs, progress.as_ref(), &mut shutdown, &mut seen_slot).await;
         obs.connected(false, false);
         match result {
             Ok(SessionEnd::Shutdown) => return Ok(()),
@@ -98,20 +148,34 @@ pub async fn run(
 async fn run_session(
     cfg: &RelayConfig,
     obs: &Observer,
+    progress: Option<&ProgressStore>,
     shutdown: &mut watch::Receiver<bool>,
     seen_slot: &mut bool,
 ) -> Result<SessionEnd, RelayError> {
     let sql = cfg.pg.connect_sql().await?;
-    let start = slot::prepare(
+    let mut conn = ReplicationConnection::connect(&cfg.pg).await?;
+    let system = conn.identify_system().await?;
+    let identity = SlotIdentity {
+        system_id: system.system_id.clone(),
+        database: cfg.pg.dbname.clone(),
+        slot: cfg.slot.clone(),
+    };
+    let prepared = slot::prepare(
         &sql,
         &cfg.pg,
         &cfg.slot,
         &cfg.publication,
         cfg.create_slot,
         *seen_slot,
+        cfg.relay_table.then_some(&cfg.table),
     )
     .await?;
-    let conn = ReplicationConnection::connect(&cfg.pg).await?;
+    let start = match prepared {
+        Some(start) => start,
+        None => {
+            create_slot_if_new(cfg, progress, &identity, system.timeline, system.xlog_pos).await?
+        }
+    };
     let options = StartOptions {
         slot: cfg.slot.clone(),
         // 0/0: the server starts at the slot's confirmed_flush_lsn.
@@ -143,6 +207,7 @@ async fn run_session(
         rx,
         stream.flush_handle(),
         start.confirmed_flush,
+        progress.map(|p| (p.clone(), identity, system.timeline)),
     );
     let result = session.run(&mut stream, shutdown).await;
     match &result {

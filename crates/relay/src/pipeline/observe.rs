@@ -82,6 +82,11 @@ impl Observer {
         self.metrics.inc_dead_lettered(reason);
     }
 
+    /// `n` inserts of a relation that is not the outbox; true the first time it is seen.
+    pub(super) fn ignored_rows(&self, relation: &str, n: u64) -> bool {
+        self.metrics.add_ignored_rows(relation, n)
+    }
+
     pub(super) fn delivery_error(&self) {
         self.metrics.inc_delivery_errors();
     }

@@ -13,7 +13,7 @@ use outbox_core::{
     OutboxRecord, RowError,
 };
 use pgoutput::{Insert, LogicalMessage, Lsn, Message, PgTimestamp, Relation};
-use pgrepl::{FlushHandle, ReplicationEvent, ReplicationStream};
+use pgrepl::{preflight, FlushHandle, ReplicationEvent, ReplicationStream};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 use tokio_postgres::Client;
@@ -23,12 +23,27 @@ use super::inflight::{InFlight, InFlightEntry};
 use super::observe::Observer;
 use super::slot;
 use super::{BadRowPolicy, RelayConfig};
-use crate::kafka::{Delivery, OutgoingRecord, RelayProducer, SendError};
+use crate::kafka::{
+    Delivery, OutgoingRecord, ProgressRecord, ProgressStore, RelayProducer, SendError, SlotIdentity,
+};
 
 /// How a session that did not fail ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionEnd {
     Shutdown,
+}
+
+/// What the rows of a relation of the stream are to the relay.
+enum RelationRole {
+    /// The outbox table, or a partition of it (pgoutput names partitions by their own
+    /// name unless the publication sets publish_via_partition_root).
+    Outbox(Arc<BoundTable>),
+    /// Any other published relation: its inserts are counted, not published.
+    Ignored {
+        name: String,
+        /// Inserts not yet added to the metrics.
+        unreported: u64,
+    },
 }
 
 pub(super) struct Session<'a> {
@@ -39,8 +54,7 @@ pub(super) struct Session<'a> {
     deliveries: UnboundedReceiver<Delivery>,
     tracker: AckTracker,
     inflight: InFlight,
-    /// `None`: a relation that is not the outbox table (its rows are ignored).
-    relations: HashMap<u32, Option<Arc<BoundTable>>>,
+    relations: HashMap<u32, RelationRole>,
     txn: Option<CommitContext>,
     /// End of the last transaction received, for emitted non-transactional messages.
     last_end_lsn: Lsn,
@@ -48,6 +62,18 @@ pub(super) struct Session<'a> {
     confirmed: Lsn,
     /// Status updates of this stream already added to the metrics.
     status_updates_reported: u64,
+    progress: Option<ProgressWriter>,
+}
+
+/// Keeps the slot's progress record current (see `kafka::progress`).
+struct ProgressWriter {
+    store: ProgressStore,
+    identity: SlotIdentity,
+    timeline: u32,
+    /// Position of the last record written by this session; `None`: none yet, so the
+    /// first tick writes one even without progress (a slot from before records existed).
+    written: Option<Lsn>,
+    last_write: Instant,
 }
 
 impl<'a> Session<'a> {
@@ -59,6 +85,7 @@ impl<'a> Session<'a> {
         deliveries: UnboundedReceiver<Delivery>,
         flush: FlushHandle,
         start: Lsn,
+        progress: Option<(ProgressStore, SlotIdentity, u32)>,
     ) -> Self {
         Session {
             cfg,
@@ -74,6 +101,31 @@ impl<'a> Session<'a> {
             flush,
             confirmed: start,
             status_updates_reported: 0,
+            progress: progress.map(|(store, identity, timeline)| ProgressWriter {
+                store,
+                identity,
+                timeline,
+                written: None,
+                last_write: Instant::now(),
+            }),
+        }
+    }
+
+    /// Brings the progress record up to the confirmed position, at most every interval.
+    fn update_progress(&mut self) {
+        let confirmed = self.confirmed;
+        let interval = self.cfg.progress_interval;
+        if let Some(p) = self.progress.as_mut() {
+            let due = match p.written {
+                None => true,
+                Some(w) => confirmed > w && p.last_write.elapsed() >= interval,
+            };
+            if due {
+                p.store
+                    .write_in_background(&p.identity, ProgressRecord::now(p.timeline, confirmed));
+                p.written = Some(confirmed);
+                p.last_write = Instant::now();
+            }
         }
     }
 
@@ -195,7 +247,7 @@ impl<'a> Session<'a> {
                 self.txn = None;
                 self.last_end_lsn = self.last_end_lsn.max(c.end_lsn);
             }
-            LogicalMessage::Relation(r) => self.on_relation(&r)?,
+            LogicalMessage::Relation(r) => self.on_relation(&r).await?,
             LogicalMessage::Insert(i) => self.on_insert(&i).await?,
             LogicalMessage::Message(m) => self.on_emitted(&m).await?,
             // Deletes (insert-then-delete), updates and truncates are not events.
@@ -214,20 +266,68 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    fn on_relation(&mut self, r: &Relation) -> Result<(), RelayError> {
-        let bound = if self.cfg.table.matches(r) {
-            Some(Arc::new(BoundTable::bind(r, &self.cfg.table)?))
+    async fn on_relation(&mut self, r: &Relation) -> Result<(), RelayError> {
+        let table = &self.cfg.table;
+        let role = if !self.cfg.relay_table {
+            None
+        } else if table.matches(r) {
+            Some(BoundTable::bind(r, table)?)
+        } else if preflight::is_partition_of(&self.sql, r.rel_id, &table.schema, &table.table)
+            .await?
+        {
+            // Any depth: bound by column names, since a partition's column order may
+            // differ from its parent's.
+            Some(BoundTable::bind_partition(r, table)?)
         } else {
             None
         };
-        self.relations.insert(r.rel_id, bound);
+        let role = match role {
+            Some(bound) => RelationRole::Outbox(Arc::new(bound)),
+            None => RelationRole::Ignored {
+                name: qualified_relation_name(r),
+                unreported: 0,
+            },
+        };
+        // A re-sent Relation (after a schema change) keeps the count not yet reported.
+        let unreported = match self.relations.get(&r.rel_id) {
+            Some(RelationRole::Ignored { unreported, .. }) => *unreported,
+            _ => 0,
+        };
+        let role = match role {
+            RelationRole::Ignored { name, .. } => RelationRole::Ignored { name, unreported },
+            outbox => outbox,
+        };
+        self.relations.insert(r.rel_id, role);
         Ok(())
     }
 
+    /// Adds the ignored inserts counted since the last tick to the metrics, logging each
+    /// relation the first time this process sees rows of it.
+    fn report_ignored_rows(&mut self) {
+        for role in self.relations.values_mut() {
+            if let RelationRole::Ignored { name, unreported } = role {
+                if *unreported == 0 {
+                    continue;
+                }
+                if self.obs.ignored_rows(name, *unreported) {
+                    tracing::warn!(
+                        relation = %name,
+                        outbox = %self.cfg.table.qualified_name(),
+                        "the publication sends inserts of {name}, which is neither the outbox table nor one of its partitions: they are counted in outboxd_ignored_rows_total and not published"
+                    );
+                }
+                *unreported = 0;
+            }
+        }
+    }
+
     async fn on_insert(&mut self, ins: &Insert) -> Result<(), RelayError> {
-        let table = match self.relations.get(&ins.rel_id) {
-            Some(Some(t)) => Arc::clone(t),
-            Some(None) => return Ok(()),
+        let table = match self.relations.get_mut(&ins.rel_id) {
+            Some(RelationRole::Outbox(t)) => Arc::clone(t),
+            Some(RelationRole::Ignored { unreported, .. }) => {
+                *unreported = unreported.saturating_add(1);
+                return Ok(());
+            }
             None => {
                 return Err(RelayError::Protocol(format!(
                     "insert into relation {} before its Relation message",
@@ -376,6 +476,8 @@ impl<'a> Session<'a> {
     }
 
     async fn on_tick(&mut self, stream: &ReplicationStream, ticks: u64) -> Result<(), RelayError> {
+        self.report_ignored_rows();
+        self.update_progress();
         self.obs.server_wal_end(stream.server_wal_end());
         let sent = stream.status_updates_sent();
         self.obs
@@ -389,6 +491,11 @@ impl<'a> Session<'a> {
             return Err(RelayError::Send(SendError::Fatal(fatal)));
         }
         if ticks.is_multiple_of(self.cfg.slot_stats_every_ticks) {
+            if self.cfg.relay_table {
+                // ALTER PUBLICATION ... DROP TABLE stops the server sending the table's
+                // rows without any message on the stream: look.
+                slot::verify_publication(&self.sql, &self.cfg.publication, &self.cfg.table).await?;
+            }
             match slot::stats(&self.sql, &self.cfg.slot).await? {
                 Some(stats) => {
                     if stats.wal_status.as_deref() == Some("lost") {
@@ -441,10 +548,25 @@ impl<'a> Session<'a> {
             self.advance();
         }
         self.advance();
+        if let Some(p) = &self.progress {
+            let record = ProgressRecord::now(p.timeline, self.confirmed);
+            if let Err(e) = p.store.write_and_wait(&p.identity, &record).await {
+                tracing::warn!("writing the final progress record failed: {e}");
+            }
+        }
         tracing::info!(confirmed = %self.confirmed, "confirming the final position and closing the stream");
         stream.send_status_now().await?;
         Ok(SessionEnd::Shutdown)
     }
+}
+
+fn qualified_relation_name(r: &Relation) -> String {
+    let namespace = if r.namespace.is_empty() {
+        "pg_catalog"
+    } else {
+        r.namespace.as_str()
+    };
+    format!("{namespace}.{}", r.name)
 }
 
 fn now_unix_micros() -> u64 {

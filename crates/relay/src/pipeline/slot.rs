@@ -1,7 +1,10 @@
 //! The slot and publication as outboxd finds them at the start of each session.
 
-use pgrepl::{preflight, ConnectConfig, Lsn, ReplicationConnection};
+use pgrepl::preflight::{self, PublicationCoverage};
+use pgrepl::{ConnectConfig, Lsn, ReplicationConnection};
 use tokio_postgres::Client;
+
+use outbox_core::TableSpec;
 
 use super::error::RelayError;
 
@@ -12,7 +15,8 @@ pub struct SlotStart {
     pub confirmed_flush: Lsn,
 }
 
-/// Checks the publication and the slot, creating the slot if allowed.
+/// Checks the publication and the slot. `Ok(None)`: the slot does not exist and may be
+/// created, if nothing says an earlier one was lost (the caller's job).
 ///
 /// `seen_slot` is true once this process has streamed from the slot: a slot missing
 /// after that was dropped under us, and recreating it would silently skip every event
@@ -24,12 +28,18 @@ pub async fn prepare(
     publication: &str,
     create_slot: bool,
     seen_slot: bool,
-) -> Result<SlotStart, RelayError> {
+    table: Option<&TableSpec>,
+) -> Result<Option<SlotStart>, RelayError> {
     // Checked first: a slot created before its publication cannot see it.
     if !preflight::publication_exists(sql, publication).await? {
         return Err(RelayError::PublicationMissing {
             publication: publication.to_owned(),
         });
+    }
+    if let Some(table) = table {
+        if let Some(warning) = verify_publication(sql, publication, table).await? {
+            tracing::warn!(publication, "{warning}");
+        }
     }
     let state = match preflight::slot_state(sql, slot).await? {
         Some(state) => state,
@@ -38,18 +48,7 @@ pub async fn prepare(
                 slot: slot.to_owned(),
             })
         }
-        None if create_slot => {
-            let mut conn = ReplicationConnection::connect(pg).await?;
-            let created = conn.create_logical_slot(slot, false).await?;
-            tracing::warn!(
-                slot,
-                consistent_point = %created.consistent_point,
-                "created replication slot; events committed before this point are not relayed"
-            );
-            return Ok(SlotStart {
-                confirmed_flush: created.consistent_point,
-            });
-        }
+        None if create_slot => return Ok(None),
         None => {
             return Err(RelayError::SlotMissing {
                 slot: slot.to_owned(),
@@ -86,8 +85,22 @@ pub async fn prepare(
             reason: "wal_status = lost".into(),
         });
     }
-    Ok(SlotStart {
+    Ok(Some(SlotStart {
         confirmed_flush: state.confirmed_flush_lsn.unwrap_or(Lsn::ZERO),
+    }))
+}
+
+/// Creates the slot; the caller has made sure no earlier slot of this name was lost.
+pub async fn create(pg: &ConnectConfig, slot: &str) -> Result<SlotStart, RelayError> {
+    let mut conn = ReplicationConnection::connect(pg).await?;
+    let created = conn.create_logical_slot(slot, false).await?;
+    tracing::warn!(
+        slot,
+        consistent_point = %created.consistent_point,
+        "created replication slot; events committed before this point are not relayed"
+    );
+    Ok(SlotStart {
+        confirmed_flush: created.consistent_point,
     })
 }
 
@@ -113,4 +126,71 @@ pub async fn stats(sql: &Client, slot: &str) -> Result<Option<SlotStats>, RelayE
         lag_bytes: behind(state.confirmed_flush_lsn),
         wal_status: state.wal_status,
     }))
+}
+
+/// Checks that `publication` delivers the inserts of `table` to this relay, and how.
+/// `Ok(Some(warning))`: published, but in a way that deserves the operator's attention.
+pub async fn verify_publication(
+    sql: &Client,
+    publication: &str,
+    table: &TableSpec,
+) -> Result<Option<String>, RelayError> {
+    let coverage = preflight::publication_coverage(sql, publication, &table.schema, &table.table)
+        .await?
+        .ok_or_else(|| RelayError::PublicationMissing {
+            publication: publication.to_owned(),
+        })?;
+    judge_publication(&coverage, publication, &table.qualified_name()).map_err(|problem| {
+        RelayError::TableNotPublished {
+            publication: publication.to_owned(),
+            table: table.qualified_name(),
+            problem,
+        }
+    })
+}
+
+/// The one rule for "does this publication send the outbox's inserts", shared by
+/// `outboxd check` and `run`. `Err` is the problem with its fix.
+pub fn judge_publication(
+    c: &PublicationCoverage,
+    publication: &str,
+    table: &str,
+) -> Result<Option<String>, String> {
+    let Some(kind) = c.table_kind.as_deref() else {
+        return Err(format!(
+            "the table {table} does not exist: create it (`outboxd init` or sql/outbox.sql), \
+             or set OUTBOXD_RELAY_TABLE=false to relay only emitted logical messages"
+        ));
+    };
+    if !c.publishes_insert {
+        return Err(format!(
+            "publication {publication} does not publish inserts: \
+             ALTER PUBLICATION {publication} SET (publish = 'insert')"
+        ));
+    }
+    let partitioned = kind == "p";
+    if c.table_listed {
+        return Ok(None);
+    }
+    if partitioned && c.partitions_listed > 0 {
+        // pubviaroot is off: the server sends each partition's rows under the partition's
+        // name. The relay maps them back through the catalog, but a partition detached
+        // before its rows were relayed would no longer map: name the partitioned table.
+        return Ok(Some(format!(
+            "{table} is partitioned and publication {publication} publishes its partitions \
+             under their own names (publish_via_partition_root = false); outboxd relays them, \
+             but rows of a partition detached before they are relayed would be missed. \
+             Recommended: ALTER PUBLICATION {publication} SET (publish_via_partition_root = true)"
+        )));
+    }
+    let hint = if partitioned && !c.via_partition_root {
+        format!(" WITH publish_via_partition_root: ALTER PUBLICATION {publication} SET (publish_via_partition_root = true);")
+    } else {
+        String::new()
+    };
+    Err(format!(
+        "publication {publication} does not include {table}, so none of its rows would be \
+         relayed: ALTER PUBLICATION {publication} ADD TABLE {table};{hint} \
+         (or set OUTBOXD_RELAY_TABLE=false to relay only emitted logical messages)"
+    ))
 }

@@ -1,7 +1,9 @@
 //! The relay's metrics: plain atomics updated from the hot path, read as a consistent
 //! enough snapshot when scraped. One `Arc<Metrics>` is shared by every task.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::histogram::{Histogram, HistogramSnapshot};
@@ -132,6 +134,10 @@ pub struct Metrics {
     replication_connected: AtomicBool,
     producer_healthy: AtomicBool,
     commit_to_ack: Histogram,
+    /// Inserts into published relations that are not the outbox table, by relation:
+    /// "published 0" with rows arriving here is a configuration mistake to see at once.
+    /// Updated in batches from the session's tick, so the lock is off the hot path.
+    ignored_rows: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Default for Metrics {
@@ -154,6 +160,7 @@ impl Default for Metrics {
             replication_connected: AtomicBool::new(false),
             producer_healthy: AtomicBool::new(false),
             commit_to_ack: Histogram::default(),
+            ignored_rows: Mutex::new(BTreeMap::new()),
         }
     }
 }
@@ -179,6 +186,8 @@ pub struct MetricsSnapshot {
     pub replication_connected: bool,
     pub producer_healthy: bool,
     pub commit_to_ack: HistogramSnapshot,
+    /// `(schema.relation, inserts)` for published relations that are not the outbox.
+    pub ignored_rows_total: Vec<(String, u64)>,
 }
 
 fn add(counter: &AtomicU64, n: u64) {
@@ -261,6 +270,22 @@ impl Metrics {
         self.producer_healthy.store(healthy, Ordering::Relaxed);
     }
 
+    /// `n` more inserts into `relation` were ignored. Returns true the first time the
+    /// relation is seen by this process, so the caller logs it once.
+    pub fn add_ignored_rows(&self, relation: &str, n: u64) -> bool {
+        let mut map = self.ignored_rows.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get_mut(relation) {
+            Some(count) => {
+                *count = count.saturating_add(n);
+                false
+            }
+            None => {
+                map.insert(relation.to_owned(), n);
+                true
+            }
+        }
+    }
+
     /// Time from the PostgreSQL commit to the broker ack of the transaction's last event.
     pub fn observe_commit_to_ack(&self, latency: Duration) {
         self.commit_to_ack.observe(latency);
@@ -295,6 +320,13 @@ impl Metrics {
             replication_connected: self.replication_connected.load(Ordering::Relaxed),
             producer_healthy: self.producer_healthy.load(Ordering::Relaxed),
             commit_to_ack: self.commit_to_ack.snapshot(),
+            ignored_rows_total: self
+                .ignored_rows
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .map(|(k, v)| (k.clone(), *v))
+                .collect(),
         }
     }
 }

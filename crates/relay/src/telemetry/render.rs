@@ -35,6 +35,18 @@ pub fn render(s: &MetricsSnapshot) -> String {
             *n,
         );
     }
+    out.header(
+        "ignored_rows_total",
+        "counter",
+        "Inserts into published relations that are not the outbox table (nor one of its partitions), by relation.",
+    );
+    for (relation, n) in &s.ignored_rows_total {
+        out.labelled(
+            "ignored_rows_total",
+            Some(("relation", &escape_label(relation))),
+            &n.to_string(),
+        );
+    }
     out.single(
         "delivery_errors_total",
         "counter",
@@ -156,6 +168,13 @@ fn seconds(d: Duration) -> String {
     micros_as_seconds(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
+/// A label value as the exposition format wants it: `\\`, `"` and newlines escaped.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 struct Text(String);
 
 impl Text {
@@ -173,7 +192,8 @@ impl Text {
         self.labelled(name, None, value);
     }
 
-    // Label values here are fixed identifiers, never user data, so need no escaping.
+    // Label values are fixed identifiers, except relation names, which go through
+    // `escape_label` first.
     fn labelled(&mut self, name: &str, label: Option<(&str, &str)>, value: &str) {
         let _ = match label {
             Some((k, v)) => writeln!(self.0, "outboxd_{name}{{{k}=\"{v}\"}} {value}"),

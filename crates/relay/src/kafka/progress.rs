@@ -1,0 +1,386 @@
+//! The progress record: one small record per slot in a compacted Kafka topic, saying that
+//! the slot exists and how far it was confirmed.
+//!
+//! Its first job is to make a lost slot loud. A logical slot that was dropped, or lost in
+//! a failover without failover slots, leaves no trace in PostgreSQL; creating it again
+//! starts at the current WAL position and skips, silently, every event committed in
+//! between. The relay writes the record before it ever creates a slot and keeps it
+//! current while streaming, so "the slot is missing and a record for it exists" means
+//! "an earlier slot was lost", and the relay refuses to paper over it.
+//!
+//! The record is keyed by `system identifier / database / slot`, so a different cluster
+//! (another system identifier) or another slot name never matches it. It is only ever
+//! written with positions already confirmed to PostgreSQL, never ahead of them.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use pgoutput::Lsn;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::config::{admin_config, producer_config};
+use super::context::LogContext;
+use super::error::KafkaSetupError;
+use super::settings::ProducerSettings;
+
+impl ConsumerContext for LogContext {}
+
+/// Which slot a record is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotIdentity {
+    /// `IDENTIFY_SYSTEM`'s system identifier: the same on a primary and its standbys.
+    pub system_id: String,
+    pub database: String,
+    pub slot: String,
+}
+
+impl SlotIdentity {
+    fn key(&self) -> String {
+        format!("{}/{}/{}", self.system_id, self.database, self.slot)
+    }
+}
+
+/// What a record says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgressRecord {
+    pub timeline: u32,
+    /// A position the slot had confirmed (everything before it is in Kafka).
+    pub confirmed_lsn: Lsn,
+    /// When it was written, Unix milliseconds.
+    pub recorded_at_unix_ms: u64,
+}
+
+impl ProgressRecord {
+    pub fn now(timeline: u32, confirmed_lsn: Lsn) -> Self {
+        ProgressRecord {
+            timeline,
+            confirmed_lsn,
+            recorded_at_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        }
+    }
+
+    fn to_json(&self, id: &SlotIdentity) -> String {
+        serde_json::json!({
+            "version": 1,
+            "system_id": id.system_id,
+            "database": id.database,
+            "slot": id.slot,
+            "timeline": self.timeline,
+            "confirmed_lsn": self.confirmed_lsn.to_string(),
+            "recorded_at_unix_ms": self.recorded_at_unix_ms,
+        })
+        .to_string()
+    }
+
+    fn from_json(bytes: &[u8]) -> Result<Self, String> {
+        let v: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+        let field = |name: &str| v.get(name).ok_or_else(|| format!("no field {name:?}"));
+        let confirmed_lsn = field("confirmed_lsn")?
+            .as_str()
+            .ok_or("confirmed_lsn is not a string")?
+            .parse::<Lsn>()
+            .map_err(|e| format!("confirmed_lsn: {e}"))?;
+        let timeline = field("timeline")?
+            .as_u64()
+            .and_then(|t| u32::try_from(t).ok())
+            .ok_or("timeline is not a 32-bit number")?;
+        let recorded_at_unix_ms = field("recorded_at_unix_ms")?
+            .as_u64()
+            .ok_or("recorded_at_unix_ms is not a number")?;
+        Ok(ProgressRecord {
+            timeline,
+            confirmed_lsn,
+            recorded_at_unix_ms,
+        })
+    }
+
+    /// `recorded_at` as RFC 3339-ish UTC text for error messages.
+    pub fn recorded_at_text(&self) -> String {
+        let secs = self.recorded_at_unix_ms / 1000;
+        let (days, rem) = (secs / 86_400, secs % 86_400);
+        let (y, m, d) = civil_from_days(days);
+        format!(
+            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+            rem / 3600,
+            rem % 3600 / 60,
+            rem % 60
+        )
+    }
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (Howard Hinnant's
+/// well-known algorithm, restated).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProgressError {
+    #[error(transparent)]
+    Setup(#[from] KafkaSetupError),
+    #[error("{0}")]
+    Kafka(String),
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("the record for this slot is unreadable ({0}); delete it only if you know the slot never existed")]
+    Unreadable(String),
+}
+
+/// Reads and writes progress records. Cheap to clone.
+#[derive(Clone)]
+pub struct ProgressStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    topic: String,
+    settings: ProducerSettings,
+    producer: FutureProducer<LogContext>,
+    /// A periodic write is skipped while the previous one is unanswered, so a broker
+    /// outage cannot queue records without bound.
+    write_in_flight: AtomicBool,
+    topic_ready: AtomicBool,
+    write_errors: AtomicU64,
+}
+
+const OPERATION_TIMEOUT: Duration = Duration::from_secs(15);
+
+impl ProgressStore {
+    /// Builds the clients; contacts no broker.
+    pub fn new(settings: &ProducerSettings, topic: &str) -> Result<Self, KafkaSetupError> {
+        let mut config = producer_config(settings)?;
+        config.set("client.id", format!("{}-progress", settings.client_id));
+        // Durable like the events (acks=all, idempotent), but bounded: a record that
+        // cannot be written is simply written again later.
+        config.set("message.timeout.ms", "30000");
+        let producer: FutureProducer<LogContext> = config
+            .create_with_context(LogContext)
+            .map_err(|e| KafkaSetupError::Client(settings.scrub(&e.to_string())))?;
+        Ok(ProgressStore {
+            inner: Arc::new(Inner {
+                topic: topic.to_owned(),
+                settings: settings.clone(),
+                producer,
+                write_in_flight: AtomicBool::new(false),
+                topic_ready: AtomicBool::new(false),
+                write_errors: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    pub fn topic(&self) -> &str {
+        &self.inner.topic
+    }
+
+    /// Failed writes so far (each only means a staler record).
+    pub fn write_errors(&self) -> u64 {
+        self.inner.write_errors.load(Ordering::Relaxed)
+    }
+
+    /// Creates the topic (compacted, one partition) if it does not exist.
+    async fn ensure_topic(&self) -> Result<(), ProgressError> {
+        if self.inner.topic_ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let s = &self.inner.settings;
+        let admin: AdminClient<LogContext> = admin_config(s)?
+            .create_with_context(LogContext)
+            .map_err(|e| KafkaSetupError::Client(s.scrub(&e.to_string())))?;
+        let options = AdminOptions::new()
+            .operation_timeout(Some(OPERATION_TIMEOUT))
+            .request_timeout(Some(OPERATION_TIMEOUT));
+        let compacted = NewTopic::new(&self.inner.topic, 1, TopicReplication::Fixed(-1))
+            .set("cleanup.policy", "compact");
+        let plain = NewTopic::new(&self.inner.topic, 1, TopicReplication::Fixed(-1));
+        for topic in [compacted, plain] {
+            let results = admin
+                .create_topics(&[topic], &options)
+                .await
+                .map_err(|e| ProgressError::Kafka(s.scrub(&e.to_string())))?;
+            match results.into_iter().next() {
+                Some(Ok(_)) | Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) | None => {
+                    self.inner.topic_ready.store(true, Ordering::Release);
+                    return Ok(());
+                }
+                // Brokers that refuse topic configs (some Kafka-compatible ones): the
+                // record is tiny, an uncompacted topic works too.
+                Some(Err((
+                    _,
+                    RDKafkaErrorCode::InvalidConfig
+                    | RDKafkaErrorCode::PolicyViolation
+                    | RDKafkaErrorCode::UnsupportedVersion,
+                ))) => continue,
+                Some(Err((topic, code))) => {
+                    return Err(KafkaSetupError::TopicCreation { topic, code }.into())
+                }
+            }
+        }
+        Err(ProgressError::Kafka(format!(
+            "the broker refused to create topic {:?}; create it (one partition, cleanup.policy=compact)",
+            self.inner.topic
+        )))
+    }
+
+    /// The newest record for `id`, reading the whole (compacted) topic. `None` when there
+    /// is none, or it was deleted with a tombstone.
+    pub async fn read_latest(
+        &self,
+        id: &SlotIdentity,
+    ) -> Result<Option<ProgressRecord>, ProgressError> {
+        self.ensure_topic().await?;
+        let this = self.clone();
+        let key = id.key();
+        tokio::task::spawn_blocking(move || this.read_blocking(&key, OPERATION_TIMEOUT))
+            .await
+            .map_err(|e| ProgressError::Kafka(format!("reader task failed: {e}")))?
+    }
+
+    fn read_blocking(
+        &self,
+        key: &str,
+        timeout: Duration,
+    ) -> Result<Option<ProgressRecord>, ProgressError> {
+        let s = &self.inner.settings;
+        let topic = self.inner.topic.as_str();
+        let mut config = admin_config(s)?;
+        config.remove("enable.idempotence");
+        config
+            .set("client.id", format!("{}-progress-reader", s.client_id))
+            .set("group.id", "outboxd-progress-reader")
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "false");
+        let consumer: BaseConsumer<LogContext> = config
+            .create_with_context(LogContext)
+            .map_err(|e| KafkaSetupError::Client(s.scrub(&e.to_string())))?;
+        let deadline = Instant::now() + timeout;
+        let (low, high) = consumer
+            .fetch_watermarks(topic, 0, timeout)
+            .map_err(|e| ProgressError::Kafka(s.scrub(&e.to_string())))?;
+        if high <= low {
+            return Ok(None);
+        }
+        let mut assignment = TopicPartitionList::new();
+        assignment
+            .add_partition_offset(topic, 0, Offset::Offset(low))
+            .map_err(|e| ProgressError::Kafka(e.to_string()))?;
+        consumer
+            .assign(&assignment)
+            .map_err(|e| ProgressError::Kafka(s.scrub(&e.to_string())))?;
+        let mut latest: Option<Option<Vec<u8>>> = None;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(ProgressError::Timeout(timeout));
+            }
+            match consumer.poll(remaining.min(Duration::from_millis(500))) {
+                None => continue,
+                Some(Err(KafkaError::PartitionEOF(_))) => continue,
+                Some(Err(e)) => return Err(ProgressError::Kafka(s.scrub(&e.to_string()))),
+                Some(Ok(m)) => {
+                    if m.key() == Some(key.as_bytes()) {
+                        latest = Some(m.payload().map(<[u8]>::to_vec));
+                    }
+                    if m.offset() >= high - 1 {
+                        break;
+                    }
+                }
+            }
+        }
+        match latest.flatten() {
+            None => Ok(None),
+            Some(bytes) => ProgressRecord::from_json(&bytes)
+                .map(Some)
+                .map_err(ProgressError::Unreadable),
+        }
+    }
+
+    /// Writes a record and waits for the broker's ack.
+    pub async fn write_and_wait(
+        &self,
+        id: &SlotIdentity,
+        record: &ProgressRecord,
+    ) -> Result<(), ProgressError> {
+        self.ensure_topic().await?;
+        let key = id.key();
+        let value = record.to_json(id);
+        let send = self.inner.producer.send(
+            FutureRecord::to(&self.inner.topic)
+                .key(&key)
+                .payload(&value),
+            OPERATION_TIMEOUT,
+        );
+        match tokio::time::timeout(OPERATION_TIMEOUT * 2, send).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err((e, _))) => Err(ProgressError::Kafka(
+                self.inner.settings.scrub(&e.to_string()),
+            )),
+            Err(_) => Err(ProgressError::Timeout(OPERATION_TIMEOUT * 2)),
+        }
+    }
+
+    /// Writes a record in the background; skipped while an earlier one is unanswered.
+    /// A failure is logged and counted: it only leaves an older record in place.
+    pub fn write_in_background(&self, id: &SlotIdentity, record: ProgressRecord) {
+        if self.inner.write_in_flight.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = self.clone();
+        let id = id.clone();
+        tokio::spawn(async move {
+            let result = this.write_and_wait(&id, &record).await;
+            this.inner.write_in_flight.store(false, Ordering::Release);
+            if let Err(e) = result {
+                this.inner.write_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    topic = %this.inner.topic,
+                    "writing the progress record failed: {e}; it stays at an older position (harmless: it only records that the slot exists)"
+                );
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_round_trips_and_dates_render() {
+        let id = SlotIdentity {
+            system_id: "7312".into(),
+            database: "shop".into(),
+            slot: "outboxd".into(),
+        };
+        let r = ProgressRecord {
+            timeline: 3,
+            confirmed_lsn: Lsn(0x1_0000_00A0),
+            recorded_at_unix_ms: 1_764_590_400_000,
+        };
+        let json = r.to_json(&id);
+        assert_eq!(ProgressRecord::from_json(json.as_bytes()), Ok(r.clone()));
+        assert_eq!(id.key(), "7312/shop/outboxd");
+        assert_eq!(r.recorded_at_text(), "2025-12-01T12:00:00Z");
+        assert!(ProgressRecord::from_json(b"{}").is_err());
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(59), (1970, 3, 1));
+    }
+}
