@@ -29,7 +29,13 @@ impl Broker {
     }
 
     pub fn mock() -> Broker {
-        Broker::Mock(MockCluster::new(3).expect("librdkafka mock cluster"))
+        let cluster = MockCluster::new(3).expect("librdkafka mock cluster");
+        // The mock cluster has no CreateTopics API: outboxd's progress topic is made here,
+        // as an operator would on a cluster without topic auto-creation.
+        cluster
+            .create_topic("outboxd.progress", 1, 1)
+            .expect("progress topic");
+        Broker::Mock(cluster)
     }
 
     /// A tansu broker process on a free port, in-memory storage.

@@ -11,6 +11,9 @@ use rdkafka::mocking::MockCluster;
 
 use crate::args;
 
+/// outboxd's default OUTBOXD_PROGRESS_TOPIC.
+pub const PROGRESS_TOPIC: &str = "outboxd.progress";
+
 /// Partition count of `--topic NAME` without `:PARTITIONS`.
 const DEFAULT_PARTITIONS: i32 = 3;
 
@@ -27,6 +30,10 @@ pub fn main(argv: &[String]) -> Result<ExitCode> {
         bail!("--brokers must be at least 1");
     }
     let cluster = MockCluster::new(brokers).context("starting librdkafka's mock cluster")?;
+    // The mock cluster has no CreateTopics API; outboxd's progress topic is made here.
+    cluster
+        .create_topic(PROGRESS_TOPIC, 1, 1)
+        .context("creating the progress topic")?;
     for (name, partitions) in &topics {
         cluster
             .create_topic(name, *partitions, 1)

@@ -62,6 +62,9 @@ async fn run(opts: Options, bin: PathBuf) -> Result<ExitCode> {
     println!("quickstart: outboxd-dev is for demos and development only, not a production broker");
     let mut pg = Postgres::start().await?;
     let cluster = MockCluster::new(3).context("starting librdkafka's mock cluster")?;
+    cluster
+        .create_topic(crate::broker::PROGRESS_TOPIC, 1, 1)
+        .context("creating the progress topic")?;
     for topic in TOPICS {
         cluster
             .create_topic(topic, PARTITIONS, 1)

@@ -163,6 +163,7 @@ struct Inner {
 }
 
 const OPERATION_TIMEOUT: Duration = Duration::from_secs(15);
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl ProgressStore {
     /// Builds the clients; contacts no broker.
@@ -196,18 +197,83 @@ impl ProgressStore {
         self.inner.write_errors.load(Ordering::Relaxed)
     }
 
-    /// Creates the topic (compacted, one partition) if it does not exist.
+    /// A consumer on the store's connection settings. Consumers do not auto-create
+    /// topics on metadata requests, so looking never creates the topic by accident.
+    fn consumer(&self) -> Result<BaseConsumer<LogContext>, KafkaSetupError> {
+        let s = &self.inner.settings;
+        let mut config = admin_config(s)?;
+        config.remove("enable.idempotence");
+        config
+            .set("client.id", format!("{}-progress-reader", s.client_id))
+            .set("group.id", "outboxd-progress-reader")
+            .set("enable.auto.commit", "false")
+            .set("allow.auto.create.topics", "false");
+        config
+            .create_with_context(LogContext)
+            .map_err(|e| KafkaSetupError::Client(s.scrub(&e.to_string())))
+    }
+
+    /// Whether the topic exists, asking the brokers (an unreachable cluster is an error,
+    /// never "no").
+    fn topic_exists(&self, consumer: &BaseConsumer<LogContext>) -> Result<bool, ProgressError> {
+        let s = &self.inner.settings;
+        let metadata = consumer
+            .fetch_metadata(Some(&self.inner.topic), OPERATION_TIMEOUT)
+            .map_err(|e| ProgressError::Kafka(s.scrub(&e.to_string())))?;
+        let topic = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == self.inner.topic);
+        match topic.map(|t| t.error()) {
+            Some(None) => Ok(true),
+            Some(Some(e))
+                if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition =>
+            {
+                Ok(false)
+            }
+            None => Ok(false),
+            Some(Some(e)) => Err(ProgressError::Kafka(format!(
+                "metadata for topic {:?}: {}",
+                self.inner.topic,
+                RDKafkaErrorCode::from(e)
+            ))),
+        }
+    }
+
+    /// Creates the topic (compacted, one partition) if it does not exist. A broker that
+    /// cannot create topics through the admin API (librdkafka's mock cluster, some
+    /// managed services) gets a warning: the first write may still auto-create it.
     async fn ensure_topic(&self) -> Result<(), ProgressError> {
         if self.inner.topic_ready.load(Ordering::Acquire) {
             return Ok(());
         }
+        let this = self.clone();
+        let exists = tokio::task::spawn_blocking(move || {
+            let consumer = this.consumer()?;
+            this.topic_exists(&consumer)
+        })
+        .await
+        .map_err(|e| ProgressError::Kafka(format!("metadata task failed: {e}")))??;
+        if !exists {
+            if let Err(e) = self.create_topic().await {
+                tracing::warn!(
+                    topic = %self.inner.topic,
+                    "could not create the progress topic ({e}); create it yourself with one partition and cleanup.policy=compact. Writing to it anyway, in case the brokers create topics on first use"
+                );
+            }
+        }
+        self.inner.topic_ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    async fn create_topic(&self) -> Result<(), ProgressError> {
         let s = &self.inner.settings;
         let admin: AdminClient<LogContext> = admin_config(s)?
             .create_with_context(LogContext)
             .map_err(|e| KafkaSetupError::Client(s.scrub(&e.to_string())))?;
         let options = AdminOptions::new()
-            .operation_timeout(Some(OPERATION_TIMEOUT))
-            .request_timeout(Some(OPERATION_TIMEOUT));
+            .operation_timeout(Some(ADMIN_TIMEOUT))
+            .request_timeout(Some(ADMIN_TIMEOUT));
         let compacted = NewTopic::new(&self.inner.topic, 1, TopicReplication::Fixed(-1))
             .set("cleanup.policy", "compact");
         let plain = NewTopic::new(&self.inner.topic, 1, TopicReplication::Fixed(-1));
@@ -218,7 +284,6 @@ impl ProgressStore {
                 .map_err(|e| ProgressError::Kafka(s.scrub(&e.to_string())))?;
             match results.into_iter().next() {
                 Some(Ok(_)) | Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) | None => {
-                    self.inner.topic_ready.store(true, Ordering::Release);
                     return Ok(());
                 }
                 // Brokers that refuse topic configs (some Kafka-compatible ones): the
@@ -234,10 +299,9 @@ impl ProgressStore {
                 }
             }
         }
-        Err(ProgressError::Kafka(format!(
-            "the broker refused to create topic {:?}; create it (one partition, cleanup.policy=compact)",
-            self.inner.topic
-        )))
+        Err(ProgressError::Kafka(
+            "the broker refused both topic definitions".into(),
+        ))
     }
 
     /// The newest record for `id`, reading the whole (compacted) topic. `None` when there
@@ -261,16 +325,11 @@ impl ProgressStore {
     ) -> Result<Option<ProgressRecord>, ProgressError> {
         let s = &self.inner.settings;
         let topic = self.inner.topic.as_str();
-        let mut config = admin_config(s)?;
-        config.remove("enable.idempotence");
-        config
-            .set("client.id", format!("{}-progress-reader", s.client_id))
-            .set("group.id", "outboxd-progress-reader")
-            .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "false");
-        let consumer: BaseConsumer<LogContext> = config
-            .create_with_context(LogContext)
-            .map_err(|e| KafkaSetupError::Client(s.scrub(&e.to_string())))?;
+        let consumer = self.consumer()?;
+        if !self.topic_exists(&consumer)? {
+            // No topic, no record: nothing was ever recorded on this cluster.
+            return Ok(None);
+        }
         let deadline = Instant::now() + timeout;
         let (low, high) = consumer
             .fetch_watermarks(topic, 0, timeout)

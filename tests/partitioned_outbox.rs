@@ -1,0 +1,319 @@
+//! Partitioned outbox tables and publications that do not (or no longer) carry the
+//! table: every row of any partition is relayed whatever publish_via_partition_root says,
+//! partitions attached while running included, and a publication that leaves the table
+//! out stops the relay instead of confirming past rows that went nowhere.
+
+mod support;
+
+use std::time::Duration;
+
+use pgtest::{PgCluster, TestDb};
+use support::broker::Broker;
+use support::consume::check_delivery;
+use support::load::Event;
+use support::ops::{self, read_all_blocking, wait_active_pid};
+use support::relay::{run_to_end, Relay};
+use support::schema::{self, Outbox};
+use tokio_postgres::Client;
+
+/// By day in real life; by year here so the test can aim rows at each partition. The
+/// newest range is itself partitioned by hash (partitions of partitions).
+const PARTITIONED_DDL: &str = "
+CREATE TABLE public.outbox (
+    id             uuid        NOT NULL,
+    aggregate_type text        NOT NULL,
+    aggregate_id   text        NOT NULL,
+    event_type     text        NOT NULL,
+    payload        jsonb       NOT NULL,
+    headers        jsonb       NULL,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (id, created_at)
+) PARTITION BY RANGE (created_at);
+CREATE TABLE public.outbox_2025 PARTITION OF public.outbox
+    FOR VALUES FROM (MINVALUE) TO ('2026-01-01');
+CREATE TABLE public.outbox_2026 PARTITION OF public.outbox
+    FOR VALUES FROM ('2026-01-01') TO ('2027-01-01') PARTITION BY HASH (id);
+CREATE TABLE public.outbox_2026_h0 PARTITION OF public.outbox_2026
+    FOR VALUES WITH (MODULUS 2, REMAINDER 0);
+CREATE TABLE public.outbox_2026_h1 PARTITION OF public.outbox_2026
+    FOR VALUES WITH (MODULUS 2, REMAINDER 1);
+";
+
+/// `n` events over 6 aggregates, in transactions of up to 5 rows, each row dated
+/// `year`-06-01 so it lands in that year's partition.
+async fn insert_dated(client: &mut Client, n: usize, years: &[i32]) -> Vec<Event> {
+    let mut events = Vec::with_capacity(n);
+    let mut seq = [0u32; 6];
+    let mut i = 0;
+    while events.len() < n {
+        let tx = client.transaction().await.expect("begin");
+        for _ in 0..(1 + i % 5).min(n - events.len()) {
+            let a = i % 6;
+            seq[a] += 1;
+            let e = Event {
+                id: uuid::Uuid::new_v4().to_string(),
+                aggregate_type: "order".into(),
+                aggregate_id: format!("agg-{a}"),
+                event_type: "Changed".into(),
+                payload: format!("{{\"agg\": {a}, \"seq\": {}}}", seq[a]),
+            };
+            let year = years[i % years.len()];
+            tx.execute(
+                "INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at) \
+                 VALUES ($1::text::uuid, $2, $3, $4, $5::text::jsonb, make_timestamptz($6, 6, 1, 0, 0, 0, 'UTC'))",
+                &[&e.id, &e.aggregate_type, &e.aggregate_id, &e.event_type, &e.payload, &year],
+            )
+            .await
+            .expect("insert");
+            events.push(e);
+            i += 1;
+        }
+        tx.commit().await.expect("commit");
+    }
+    events
+}
+
+async fn partitioned(db: &TestDb<'_>, publication_options: &str) -> Outbox {
+    schema::setup_custom(db, PARTITIONED_DDL, Some(publication_options)).await
+}
+
+async fn relay_partitioned(name: &str, publication_options: &str) {
+    let db = PgCluster::shared().fresh_database(name).await;
+    let outbox = partitioned(&db, publication_options).await;
+    let broker = Broker::default_for_tests();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let (code, out) = run_to_end(&env, &["check"]);
+    assert_eq!(
+        code, 0,
+        "check must pass for a published partitioned table:\n{out}"
+    );
+    let relay = Relay::start(env, &["run"]);
+    let mut client = db.client().await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+
+    let mut events = insert_dated(&mut client, 300, &[2025, 2026]).await;
+    // A partition attached while running, its columns in another order than the parent's.
+    client
+        .batch_execute(
+            "CREATE TABLE public.outbox_2027 (
+                 payload jsonb NOT NULL, created_at timestamptz NOT NULL, headers jsonb NULL,
+                 event_type text NOT NULL, aggregate_id text NOT NULL,
+                 aggregate_type text NOT NULL, id uuid NOT NULL);
+             ALTER TABLE public.outbox ATTACH PARTITION public.outbox_2027
+                 FOR VALUES FROM ('2027-01-01') TO (MAXVALUE);",
+        )
+        .await
+        .expect("attach a partition");
+    events.extend(insert_dated(&mut client, 100, &[2027, 2025, 2026]).await);
+    let end = schema::current_wal_lsn(&db).await;
+
+    let received = read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &events,
+        Duration::from_secs(60),
+    );
+    let report = check_delivery(&events, &received);
+    assert_eq!(report.duplicates, 0, "no restart, so no duplicates");
+    schema::wait_confirmed_at_least(&db, end, Duration::from_secs(30)).await;
+    assert_eq!(
+        relay.metric("outboxd_events_published_total"),
+        Some(400.0),
+        "every row of every partition is published"
+    );
+}
+
+/// The setup that lost every event: partitions named by the server one by one.
+#[tokio::test(flavor = "multi_thread")]
+async fn partitions_are_relayed_without_publish_via_partition_root() {
+    relay_partitioned("part_leaf_names", "publish = 'insert'").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn partitions_are_relayed_with_publish_via_partition_root() {
+    relay_partitioned(
+        "part_root_names",
+        "publish = 'insert', publish_via_partition_root = true",
+    )
+    .await;
+}
+
+/// `outboxd init` on an existing partitioned table creates a publication that names
+/// partitions after the table; `check` says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn init_publishes_via_the_partition_root() {
+    let db = PgCluster::shared().fresh_database("part_init").await;
+    let client = db.client().await;
+    client
+        .batch_execute(PARTITIONED_DDL)
+        .await
+        .expect("partitioned table");
+    let outbox = Outbox {
+        table: "public.outbox".into(),
+        publication: db.publication.clone(),
+        slot: db.slot.clone(),
+        topic_prefix: db.name.replace('_', "-"),
+    };
+    let broker = Broker::default_for_tests();
+    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let (code, out) = run_to_end(&env, &["init"]);
+    assert_eq!(code, 0, "{out}");
+    let via_root: bool = client
+        .query_one(
+            "SELECT pubviaroot FROM pg_publication WHERE pubname = $1",
+            &[&db.publication],
+        )
+        .await
+        .expect("publication row")
+        .get(0);
+    assert!(via_root, "init must set publish_via_partition_root");
+    let (code, out) = run_to_end(&env, &["check"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("ok    publication") && l.contains("partitioned")),
+        "check reports the partitioned table as published:\n{out}"
+    );
+}
+
+/// A publication without the table: `run` exits 3 before confirming anything, `check`
+/// fails naming the ALTER PUBLICATION to run.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_publication_without_the_table_stops_the_relay() {
+    let db = PgCluster::shared()
+        .fresh_database("part_not_published")
+        .await;
+    let client = db.client().await;
+    client
+        .batch_execute(&format!(
+            "{}; CREATE TABLE other (x int); CREATE PUBLICATION \"{}\" FOR TABLE other WITH (publish = 'insert')",
+            schema::OUTBOX_DDL,
+            db.publication
+        ))
+        .await
+        .expect("schema");
+    client
+        .query_one(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&db.slot],
+        )
+        .await
+        .expect("slot");
+    let before = schema::confirmed_flush_lsn(&db).await;
+    support::load::insert_events(&client, "public.outbox", 20, 3, 3).await;
+    let outbox = Outbox {
+        table: "public.outbox".into(),
+        publication: db.publication.clone(),
+        slot: db.slot.clone(),
+        topic_prefix: db.name.replace('_', "-"),
+    };
+    let broker = Broker::default_for_tests();
+    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let (code, out) = run_to_end(&env, &["check"]);
+    assert_eq!(code, 6, "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("FAIL  publication")
+            && l.contains(&format!("ALTER PUBLICATION {} ADD TABLE", db.publication))),
+        "check names the fix:\n{out}"
+    );
+    let mut relay = Relay::start(env, &["run"]);
+    let status = relay.wait_exit(Duration::from_secs(30));
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "run must refuse: {}",
+        relay.log_text()
+    );
+    assert_eq!(
+        schema::confirmed_flush_lsn(&db).await,
+        before,
+        "nothing may be confirmed past rows that went nowhere"
+    );
+}
+
+/// ALTER PUBLICATION ... DROP TABLE while streaming: the server just stops sending the
+/// table's rows; the relay notices and exits 3.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_dropped_from_the_publication_while_running_stops_the_relay() {
+    let s = ops::streaming_relay("part_dropped_from_pub", &[]).await;
+    let mut relay = s.relay;
+    s.client
+        .batch_execute(&format!(
+            "CREATE TABLE keep (x int); ALTER PUBLICATION \"{}\" ADD TABLE keep; \
+             ALTER PUBLICATION \"{}\" DROP TABLE public.outbox",
+            s.outbox.publication, s.outbox.publication
+        ))
+        .await
+        .expect("alter publication");
+    let status = relay.wait_exit(Duration::from_secs(30));
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "the relay must stop, not relay nothing silently: {}",
+        relay.log_text()
+    );
+}
+
+/// Rows of another table in the same publication are counted per relation, so
+/// "published 0" is never a mystery; the outbox's rows still flow.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_of_other_published_tables_are_counted() {
+    let db = PgCluster::shared().fresh_database("part_other_rows").await;
+    let client = db.client().await;
+    client
+        .batch_execute(&format!(
+            "{}; CREATE TABLE public.audit (x int); CREATE PUBLICATION \"{}\" FOR TABLE public.outbox, public.audit WITH (publish = 'insert')",
+            schema::OUTBOX_DDL,
+            db.publication
+        ))
+        .await
+        .expect("schema");
+    client
+        .query_one(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&db.slot],
+        )
+        .await
+        .expect("slot");
+    let outbox = Outbox {
+        table: "public.outbox".into(),
+        publication: db.publication.clone(),
+        slot: db.slot.clone(),
+        topic_prefix: db.name.replace('_', "-"),
+    };
+    let broker = Broker::default_for_tests();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let relay = Relay::start(
+        Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
+        &["run"],
+    );
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    client
+        .batch_execute("INSERT INTO public.audit SELECT generate_series(1, 7)")
+        .await
+        .expect("audit rows");
+    let events = support::load::insert_events(&client, "public.outbox", 10, 3, 3).await;
+    let received = read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &events,
+        Duration::from_secs(60),
+    );
+    check_delivery(&events, &received);
+    let counted = ops::wait_for(
+        "the ignored-rows metric",
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async {
+            let (_, body) = relay.http_get("/metrics")?;
+            ops::metric(
+                &body,
+                "outboxd_ignored_rows_total{relation=\"public.audit\"}",
+            )
+            .filter(|n| *n >= 7.0)
+        },
+    )
+    .await;
+    assert_eq!(counted, 7.0);
+}
