@@ -215,3 +215,90 @@ async fn emitted_messages_are_published_like_rows() {
     assert_eq!(lsns.len(), 1, "one transaction, one commit LSN: {lsns:?}");
     drop(relay);
 }
+
+/// Any role that can execute pg_logical_emit_message (PUBLIC, by default) could forge
+/// events if emitted messages were relayed: under the default configuration they are
+/// not, whoever emits them. With a prefix configured, `check` fails while PUBLIC holds
+/// the grant, and passes once it is revoked.
+#[tokio::test(flavor = "multi_thread")]
+async fn emitted_messages_are_off_by_default_and_check_flags_the_public_grant() {
+    let broker = Broker::default_for_tests();
+    let db = PgCluster::shared().fresh_database("emit_forgery").await;
+    let outbox = schema::setup(&db).await;
+    let payments = outbox.topic("payments");
+    let order = outbox.topic("order");
+    broker
+        .create_topics(&[&payments, &order, &outbox.dead_letter_topic()], 1)
+        .await;
+    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let relay = Relay::start(env.clone(), &["run"]);
+    let client = db.client().await;
+    support::ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+
+    // A role with no privilege on the outbox table forges a refund.
+    client
+        .batch_execute("CREATE ROLE forger NOLOGIN")
+        .await
+        .expect("role");
+    let forged = uuid::Uuid::new_v4().to_string();
+    client
+        .batch_execute("SET ROLE forger")
+        .await
+        .expect("set role");
+    emit(
+        &client,
+        "outbox",
+        &envelope(&forged, "payments", "acct-1", r#"{"refund": 1000}"#, "{}"),
+    )
+    .await;
+    client
+        .batch_execute("RESET ROLE")
+        .await
+        .expect("reset role");
+    // A real event after it: once it arrives, the forged one had its chance.
+    let real = uuid::Uuid::new_v4().to_string();
+    insert_row(&client, &real, "o-1", 1).await;
+    let want: HashSet<String> = [real.clone()].into();
+    let received = tokio::task::block_in_place(|| {
+        read_until_ids(
+            &broker.bootstrap(),
+            &[payments.clone(), order.clone()],
+            &want,
+            Duration::from_secs(2),
+            Duration::from_secs(60),
+        )
+    });
+    assert!(
+        ids_of(&received, &payments).is_empty(),
+        "a forged emitted message was published: {:?}",
+        ids_of(&received, &payments)
+    );
+    assert_eq!(ids_of(&received, &order), vec![real.as_str()]);
+    drop(relay);
+
+    let with_prefix = [
+        env.clone(),
+        vec![("OUTBOXD_MESSAGE_PREFIX".to_owned(), "outbox".to_owned())],
+    ]
+    .concat();
+    let (code, out) = support::relay::run_to_end(&with_prefix, &["check"]);
+    assert_eq!(code, 6, "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("FAIL  emitted messages")
+            && l.contains("REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message")),
+        "check names the REVOKE:\n{out}"
+    );
+    client
+        .batch_execute(
+            "REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) FROM PUBLIC; \
+             REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC",
+        )
+        .await
+        .expect("revoke");
+    let (code, out) = support::relay::run_to_end(&with_prefix, &["check"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("ok    emitted messages")),
+        "{out}"
+    );
+}

@@ -173,22 +173,27 @@ async fn check_publication(r: &mut Report, s: &Settings, sql: &Client) {
 /// With emitted messages on, whoever can call pg_logical_emit_message publishes events.
 async fn check_emit_privilege(r: &mut Report, prefix: &str, sql: &Client) {
     let what = "emitted messages";
-    match preflight::public_can_emit_messages(sql).await {
-        Ok(false) => r.ok(
+    match preflight::emit_message_functions_public_can_execute(sql).await {
+        Ok(functions) if functions.is_empty() => r.ok(
             what,
             format!("prefix {prefix:?}; PUBLIC cannot execute pg_logical_emit_message"),
         ),
-        Ok(true) => r.fail(
-            what,
-            format!(
-                "OUTBOXD_MESSAGE_PREFIX={prefix:?} relays pg_logical_emit_message(true, {prefix:?}, ...) \
-                 as events, and PUBLIC can execute that function, so any role can publish events. \
-                 Run: REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) FROM PUBLIC; \
-                 REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC; \
-                 then GRANT EXECUTE ON FUNCTION ... TO the roles that may publish (see sql/role.sql), \
-                 or unset OUTBOXD_MESSAGE_PREFIX"
-            ),
-        ),
+        Ok(functions) => {
+            let revokes: Vec<String> = functions
+                .iter()
+                .map(|f| format!("REVOKE EXECUTE ON FUNCTION pg_catalog.{f} FROM PUBLIC;"))
+                .collect();
+            r.fail(
+                what,
+                format!(
+                    "OUTBOXD_MESSAGE_PREFIX={prefix:?} relays pg_logical_emit_message(true, {prefix:?}, ...) \
+                     as events, and PUBLIC can execute that function, so any role can publish events. \
+                     Run: {} then GRANT EXECUTE on it to the roles that may publish (see sql/role.sql), \
+                     or unset OUTBOXD_MESSAGE_PREFIX",
+                    revokes.join(" ")
+                ),
+            )
+        }
         Err(e) => r.fail(what, e),
     }
 }

@@ -227,18 +227,21 @@ pub async fn is_partition_of(
         .try_get(0)?)
 }
 
-/// Whether PUBLIC may execute `pg_logical_emit_message` (either overload): then any role
-/// can write a logical message into the WAL.
-pub async fn public_can_emit_messages(client: &Client) -> Result<bool, ReplError> {
-    Ok(client
-        .query_one(
-            "SELECT bool_or(has_function_privilege('public', p.oid, 'EXECUTE')) \
-             FROM pg_catalog.pg_proc p \
+/// The `pg_logical_emit_message` overloads PUBLIC may execute, as `regprocedure` text
+/// (their signatures differ between versions: PG17 added a `flush` argument). Any role
+/// can write a logical message into the WAL with one of them.
+pub async fn emit_message_functions_public_can_execute(
+    client: &Client,
+) -> Result<Vec<String>, ReplError> {
+    let rows = client
+        .query(
+            "SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p \
              WHERE p.proname = 'pg_logical_emit_message' \
-               AND p.pronamespace = 'pg_catalog'::regnamespace",
+               AND p.pronamespace = 'pg_catalog'::regnamespace \
+               AND has_function_privilege('public', p.oid, 'EXECUTE') \
+             ORDER BY 1",
             &[],
         )
-        .await?
-        .try_get::<_, Option<bool>>(0)?
-        .unwrap_or(false))
+        .await?;
+    rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
 }
