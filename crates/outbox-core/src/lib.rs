@@ -54,6 +54,9 @@ pub use error::{
     TopicNameProblem,
 };
 pub use mapping::{BoundTable, OutboxColumns, TableSpec};
-pub use record::{check_size, header, CommitContext, HeaderName, OutboxRecord};
+pub use record::{
+    check_size, header, oversize_error, record_wire_size, CommitContext, HeaderName, OutboxRecord,
+    RECORD_MAX_OVERHEAD,
+};
 pub use topic::{validate_topic_name, EventFields, TopicField, TopicName, TopicTemplate};
 pub use value::PayloadKind;
