@@ -50,7 +50,7 @@ pub use budget::{InFlightBudget, InFlightUsage};
 pub use dlq::{dead_letter_message, dead_letter_record};
 pub use emit::EmitMapper;
 pub use error::{
-    AckError, ColumnRole, ConfigError, ErrorClass, RowError, RowErrorKind, ShapeError,
+    short_id, AckError, ColumnRole, ConfigError, ErrorClass, RowError, RowErrorKind, ShapeError,
     TopicNameProblem,
 };
 pub use mapping::{BoundTable, OutboxColumns, TableSpec};

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::{
-    check_size, dead_letter_message, dead_letter_record, AckTracker, BoundTable, CommitContext,
-    OutboxRecord, RowError,
+    check_size, dead_letter_message, dead_letter_record, oversize_error, AckTracker, BoundTable,
+    CommitContext, OutboxRecord, RowError,
 };
 use pgoutput::{Insert, LogicalMessage, Lsn, Message, PgTimestamp, Relation};
 use pgrepl::{FlushHandle, ReplicationEvent, ReplicationStream};
@@ -24,6 +24,17 @@ use super::observe::Observer;
 use super::slot;
 use super::{BadRowPolicy, RelayConfig};
 use crate::kafka::{Delivery, OutgoingRecord, RelayProducer, SendError};
+
+/// What became of a record handed to [`Session::produce`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Produced {
+    Queued,
+    /// The producer refused it for `message.max.bytes` (`size` as it measured): a bad
+    /// row, not a Kafka failure, since the same record is refused on every replay.
+    TooLarge {
+        size: usize,
+    },
+}
 
 /// How a session that did not fail ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -239,23 +250,26 @@ impl<'a> Session<'a> {
             .txn
             .ok_or_else(|| RelayError::Protocol("insert outside a transaction".into()))?;
         let max = self.cfg.max_message_bytes;
-        match table
+        let mapped = table
             .map_insert(&ins.new_tuple, &ctx)
-            .and_then(|r| check_size(&r, max).map(|()| r))
-        {
-            Ok(record) => self.produce(&record, ctx).await,
-            Err(error) => {
-                let dlq = dead_letter_record(
-                    &table,
-                    &ins.new_tuple,
-                    &error,
-                    &ctx,
-                    &self.cfg.dead_letter_topic,
-                    max,
-                );
-                self.bad_row(error, dlq, ctx).await
-            }
-        }
+            .and_then(|r| check_size(&r, max).map(|()| r));
+        let error = match mapped {
+            Ok(record) => match self.produce(&record, ctx).await? {
+                Produced::Queued => return Ok(()),
+                // Only if librdkafka's measure ever differs from check_size's.
+                Produced::TooLarge { size } => oversize_error(&record, size, max),
+            },
+            Err(error) => error,
+        };
+        let dlq = dead_letter_record(
+            &table,
+            &ins.new_tuple,
+            &error,
+            &ctx,
+            &self.cfg.dead_letter_topic,
+            max,
+        );
+        self.bad_row(error, dlq, ctx).await
     }
 
     async fn on_emitted(&mut self, m: &Message) -> Result<(), RelayError> {
@@ -280,10 +294,19 @@ impl<'a> Session<'a> {
         let mapped = mapper
             .map_message(m, &ctx)
             .and_then(|r| r.map(|r| check_size(&r, max).map(|()| r)).transpose());
-        let result = match mapped {
-            Ok(Some(record)) => self.produce(&record, ctx).await,
-            Ok(None) => Ok(()),
-            Err(error) => {
+        let error = match mapped {
+            Ok(None) => None,
+            Ok(Some(record)) => match self.produce(&record, ctx).await {
+                Ok(Produced::Queued) => None,
+                Ok(Produced::TooLarge { size }) => Some(Ok(oversize_error(&record, size, max))),
+                Err(e) => Some(Err(e)),
+            },
+            Err(error) => Some(Ok(error)),
+        };
+        let result = match error {
+            None => Ok(()),
+            Some(Err(e)) => Err(e),
+            Some(Ok(error)) => {
                 let dlq = dead_letter_message(m, &error, &ctx, &self.cfg.dead_letter_topic, max);
                 self.bad_row(error, dlq, ctx).await
             }
@@ -305,17 +328,28 @@ impl<'a> Session<'a> {
             BadRowPolicy::Stop => Err(RelayError::BadRow { error }),
             BadRowPolicy::DeadLetter => {
                 tracing::warn!(
-                    event_id = error.event_id().unwrap_or(""),
+                    event_id = %outbox_core::short_id(error.event_id().unwrap_or("")),
                     kind = error.kind().as_str(),
                     topic = %self.cfg.dead_letter_topic.as_str(),
                     "dead-lettering a row: {error}"
                 );
-                self.produce(&dead_letter, ctx).await
+                match self.produce(&dead_letter, ctx).await? {
+                    Produced::Queued => Ok(()),
+                    // Dead-letter records are shrunk to fit; only a limit below what they
+                    // can shrink to gets here. Stop rather than confirm past the row.
+                    Produced::TooLarge { size } => {
+                        Err(RelayError::DeadLetterTooLarge { error, size })
+                    }
+                }
             }
         }
     }
 
-    async fn produce(&mut self, rec: &OutboxRecord, ctx: CommitContext) -> Result<(), RelayError> {
+    async fn produce(
+        &mut self,
+        rec: &OutboxRecord,
+        ctx: CommitContext,
+    ) -> Result<Produced, RelayError> {
         let ticket = self.tracker.track_message()?;
         let index = self.inflight.insert(InFlightEntry {
             ticket,
@@ -339,7 +373,12 @@ impl<'a> Session<'a> {
                 Ok(()) => {
                     self.obs
                         .in_flight(self.inflight.len(), self.inflight.bytes());
-                    return Ok(());
+                    return Ok(Produced::Queued);
+                }
+                Err(SendError::MessageTooLarge { size }) => {
+                    self.inflight.cancel(index);
+                    self.tracker.untrack(ticket)?;
+                    return Ok(Produced::TooLarge { size });
                 }
                 Err(SendError::QueueFull) => {
                     // librdkafka's own queue is full (its cap is at least ours, so rare):
