@@ -25,6 +25,10 @@ use super::slot;
 use super::{BadRowPolicy, RelayConfig};
 use crate::kafka::{Delivery, OutgoingRecord, RelayProducer, SendError};
 
+/// Longest wait for a query on the side SQL connection (a few rows, normally
+/// milliseconds).
+const SQL_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What became of a record handed to [`Session::produce`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Produced {
@@ -108,6 +112,7 @@ impl<'a> Session<'a> {
         });
         let mut ticks: u64 = 0;
         let mut stopping_since: Option<Instant> = None;
+        let failure = stream.failure();
         loop {
             if *shutdown.borrow() && stopping_since.is_none() {
                 tracing::info!(
@@ -127,6 +132,7 @@ impl<'a> Session<'a> {
                 }
             }
             let room = self.has_room();
+            stream.set_reading_paused(!room);
             tokio::select! {
                 biased;
                 changed = shutdown.changed(), if !stopping => {
@@ -135,6 +141,11 @@ impl<'a> Session<'a> {
                         stopping_since = Some(Instant::now());
                     }
                 }
+                // Unconditionally: at the in-flight cap the stream is not read, and a
+                // failed status write is then the only sign that the server is gone
+                // (terminated walsender, partition). Carrying on would let a standby
+                // take over the slot while this instance still produces.
+                e = failure.wait() => return Err(RelayError::Postgres(e)),
                 d = self.deliveries.recv() => {
                     let d = d.ok_or_else(|| RelayError::Protocol("the producer's delivery channel closed".into()))?;
                     self.on_delivery(d)?;
@@ -428,7 +439,16 @@ impl<'a> Session<'a> {
             return Err(RelayError::Send(SendError::Fatal(fatal)));
         }
         if ticks.is_multiple_of(self.cfg.slot_stats_every_ticks) {
-            match slot::stats(&self.sql, &self.cfg.slot).await? {
+            // Bounded: a query on a dead connection would block this loop, and with it
+            // the reaction to a failed replication connection, until TCP gives up.
+            let stats = tokio::time::timeout(SQL_TIMEOUT, slot::stats(&self.sql, &self.cfg.slot))
+                .await
+                .map_err(|_| {
+                    RelayError::Postgres(pgrepl::ReplError::Timeout(
+                        "reading the slot's statistics",
+                    ))
+                })??;
+            match stats {
                 Some(stats) => {
                     if stats.wal_status.as_deref() == Some("lost") {
                         return Err(RelayError::SlotInvalidated {
@@ -451,12 +471,15 @@ impl<'a> Session<'a> {
     /// A transactional logical message: a tiny transaction of our own whose Commit lets
     /// the slot advance even when keepalives alone would not (e.g. idle flush disabled).
     async fn emit_heartbeat(&mut self) -> Result<(), RelayError> {
-        self.sql
-            .execute(
-                "SELECT pg_logical_emit_message(true, 'outboxd.heartbeat', '')",
-                &[],
-            )
-            .await?;
+        let emit = self.sql.execute(
+            "SELECT pg_logical_emit_message(true, 'outboxd.heartbeat', '')",
+            &[],
+        );
+        tokio::time::timeout(SQL_TIMEOUT, emit)
+            .await
+            .map_err(|_| {
+                RelayError::Postgres(pgrepl::ReplError::Timeout("emitting a heartbeat"))
+            })??;
         Ok(())
     }
 
