@@ -129,3 +129,35 @@ pub(crate) async fn open(cfg: &ConnectConfig) -> Result<Transport, ReplError> {
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn tcp_connections_detect_dead_peers() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        set_dead_peer_detection(&tcp).unwrap();
+        let sock = SockRef::from(&tcp);
+        assert!(sock.keepalive().unwrap());
+        assert_eq!(sock.tcp_keepalive_time().unwrap(), tcp::KEEPALIVE_IDLE);
+        #[cfg(any(target_os = "linux", target_os = "android", target_os = "fuchsia"))]
+        {
+            assert_eq!(
+                sock.tcp_keepalive_interval().unwrap(),
+                tcp::KEEPALIVE_INTERVAL
+            );
+            assert_eq!(
+                sock.tcp_keepalive_retries().unwrap(),
+                tcp::KEEPALIVE_RETRIES
+            );
+            assert_eq!(sock.tcp_user_timeout().unwrap(), Some(tcp::USER_TIMEOUT));
+        }
+        // Found well before wal_sender_timeout's default of 60 s, idle or not.
+        let idle = tcp::KEEPALIVE_IDLE + tcp::KEEPALIVE_INTERVAL * tcp::KEEPALIVE_RETRIES;
+        assert!(idle < std::time::Duration::from_secs(30));
+        assert!(tcp::USER_TIMEOUT < std::time::Duration::from_secs(30));
+    }
+}
