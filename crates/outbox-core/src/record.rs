@@ -121,10 +121,11 @@ impl OutboxRecord {
 pub const RECORD_MAX_OVERHEAD: usize = 36;
 
 /// The size librdkafka checks against `message.max.bytes` when a record is produced
-/// (`rd_kafka_msg_max_wire_size`, librdkafka 2.x): [`RECORD_MAX_OVERHEAD`] + key + value
-/// + the serialized headers, each header being its name and value with their lengths as
-/// zig-zag varints. A record is refused when this is *greater* than the limit, so one of
-/// exactly `message.max.bytes` is accepted. `headers` yields (name length, value length).
+/// (`rd_kafka_msg_max_wire_size`, librdkafka 2.x): [`RECORD_MAX_OVERHEAD`], plus key and
+/// value, plus the serialized headers, each header being its name and value with their
+/// lengths as zig-zag varints. A record is refused when this is *greater* than the
+/// limit, so one of exactly `message.max.bytes` is accepted. `headers` yields (name
+/// length, value length).
 pub fn record_wire_size(
     key_len: usize,
     value_len: usize,
