@@ -7,5 +7,6 @@ pub mod broker;
 pub mod consume;
 pub mod load;
 pub mod ops;
+pub mod proxy;
 pub mod relay;
 pub mod schema;

@@ -141,6 +141,15 @@ impl AckTracker {
         Ok(())
     }
 
+    /// A tracked message the producer refused before taking it, so no delivery report
+    /// will come: it stops holding its transaction back. The caller must track whatever
+    /// replaces it (a dead-letter record) before the transaction's Commit, or stop.
+    pub fn untrack(&mut self, ticket: Ticket) -> Result<(), AckError> {
+        self.settle(ticket)?;
+        self.advance();
+        Ok(())
+    }
+
     /// A failed delivery report. Freezes the watermark permanently (even if the ticket is
     /// unknown, which is reported as an error as well): the relay must drop the producer
     /// and restart from the slot. Later reports are still counted so the relay can drain.

@@ -1,30 +1,47 @@
 //! Dead-letter records for rows and emitted messages that cannot be relayed.
 //!
 //! A row record's value is the raw row as a JSON object `{column: text or null}` in
-//! column order (binary values without a text form as `\x` hex). If that does not fit
-//! `max_bytes`, the largest columns are replaced by `null` until it does, and their names
-//! are listed in the `outboxd.omitted_columns` header: an oversize row therefore arrives
-//! without its payload, saying so. An emitted message's record carries the message
-//! content, or no value (and `outboxd.omitted_columns: content`) if it is too large.
+//! column order (binary values without a text form as `\x` hex). An emitted message's
+//! record carries the message content.
 //!
 //! Headers: `id` (when readable), `outboxd.error`, `outboxd.error_kind`,
 //! `outboxd.source_table` or `outboxd.source_prefix`, `outboxd.commit_lsn`,
 //! `outboxd.commit_time`. The key is the aggregate id when readable.
+//!
+//! A dead-letter record must always fit `max_bytes` (measured as librdkafka does,
+//! [`crate::record_wire_size`]): if it did not, the row could go nowhere and the relay
+//! could only stop. So, while it does not fit, the largest of these is shrunk:
+//!
+//! - a column of the row, replaced by `null` (the payload first on ties) and listed in
+//!   `outboxd.omitted_columns`; a message's content is left out the same way (`content`);
+//! - the key (an oversize aggregate id), dropped, the `id` header or the error text, cut
+//!   short, each listed in `outboxd.truncated` (`key`, `id`, `error`).
+//!
+//! If that is not enough, the value is dropped (`value`), then every header value is
+//! cut short (`headers`). Cut texts end with `…`. The result is at most about 750
+//! bytes, below librdkafka's smallest `message.max.bytes` (1000), so dead-lettering
+//! cannot fail on size.
 
 use std::borrow::Cow;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use pgoutput::{Message, TupleData};
 
 use crate::error::RowError;
 use crate::json::push_json_string;
 use crate::mapping::BoundTable;
-use crate::record::{header, CommitContext, HeaderName, OutboxRecord};
+use crate::record::{header, record_wire_size, CommitContext, HeaderName, OutboxRecord};
 use crate::topic::TopicName;
 use crate::value;
 
 /// Longest `outboxd.error` header, in bytes; longer texts are cut at a character boundary.
 const MAX_ERROR_TEXT: usize = 4096;
+/// The error text once it has to be cut to make the record fit.
+const SHORT_ERROR_TEXT: usize = 256;
+/// Header values (the id first) once they have to be cut to make the record fit.
+const SHORT_HEADER_VALUE: usize = 64;
+/// What ends a cut text.
+const ELLIPSIS: &str = "…";
 
 /// The dead-letter record for a row of `table` that failed with `error`.
 pub fn dead_letter_record(
@@ -63,41 +80,24 @@ pub fn dead_letter_record(
         Cow::Borrowed(header::SOURCE_TABLE),
         Bytes::from(table.table_name().to_owned()),
     ));
-    let fixed = fixed_size(&key, &headers);
-
-    // Null the largest columns (the payload first on ties) until the row fits.
-    let mut encoded: Vec<(&str, Option<String>)> = texts
+    let columns = texts
         .into_iter()
         .map(|(name, t)| (name, t.map(|t| json_string(&t))))
         .collect();
-    let mut omitted: Vec<&str> = Vec::new();
-    let payload = table.payload_index();
-    while fixed.saturating_add(row_json_len(&encoded, &omitted)) > max_bytes {
-        let largest = encoded
-            .iter()
-            .enumerate()
-            .filter_map(|(i, (_, v))| v.as_ref().map(|v| (v.len(), i == payload, i)))
-            .max();
-        let Some((_, _, i)) = largest else { break };
-        if let Some((name, v)) = encoded.get_mut(i) {
-            *v = None;
-            omitted.push(name);
-        }
-    }
-    if !omitted.is_empty() {
-        headers.push((
-            Cow::Borrowed(header::OMITTED_COLUMNS),
-            Bytes::from(omitted.join(",")),
-        ));
-    }
-    OutboxRecord {
-        topic: topic.as_arc().clone(),
+    let draft = Draft {
         key,
-        value: Some(Bytes::from(row_json(&encoded))),
         headers,
-        timestamp_millis: ctx.commit_time.unix_millis(),
-        event_id: id.unwrap_or_default(),
-    }
+        value: Value::Row {
+            columns,
+            payload: table.payload_index(),
+        },
+        omitted: Vec::new(),
+        cut: Vec::new(),
+        short_omitted: false,
+    };
+    draft
+        .fit(max_bytes)
+        .into_record(topic, ctx, id.unwrap_or_default())
 }
 
 /// The dead-letter record for an emitted message that failed with `error`.
@@ -113,24 +113,239 @@ pub fn dead_letter_message(
         Cow::Borrowed(header::SOURCE_PREFIX),
         Bytes::from(message.prefix.clone()),
     ));
-    let fits = fixed_size(&None, &headers).saturating_add(message.content.len()) <= max_bytes;
-    let value = if fits {
-        Some(message.content.clone())
-    } else {
-        headers.push((
-            Cow::Borrowed(header::OMITTED_COLUMNS),
-            Bytes::from_static(b"content"),
-        ));
-        None
-    };
-    OutboxRecord {
-        topic: topic.as_arc().clone(),
+    let draft = Draft {
         key: None,
-        value,
         headers,
-        timestamp_millis: ctx.commit_time.unix_millis(),
-        event_id: error.event_id().unwrap_or_default().to_owned(),
+        value: Value::Content(Some(message.content.clone())),
+        omitted: Vec::new(),
+        cut: Vec::new(),
+        short_omitted: false,
+    };
+    let id = error.event_id().unwrap_or_default().to_owned();
+    draft.fit(max_bytes).into_record(topic, ctx, id)
+}
+
+/// A dead-letter record being shrunk to fit.
+struct Draft<'a> {
+    key: Option<Bytes>,
+    /// Without the omitted-columns and truncated headers, which are added at the end.
+    headers: Vec<(HeaderName, Bytes)>,
+    value: Value<'a>,
+    /// Columns (or `content`) left out.
+    omitted: Vec<&'a str>,
+    /// Fields cut short or dropped.
+    cut: Vec<&'static str>,
+    /// The omitted-columns list itself is cut short (many long column names).
+    short_omitted: bool,
+}
+
+enum Value<'a> {
+    /// The row as JSON: column names and their JSON-encoded values (`None`: null).
+    Row {
+        columns: Vec<(&'a str, Option<String>)>,
+        payload: usize,
+    },
+    /// An emitted message's content.
+    Content(Option<Bytes>),
+    /// Dropped as a last resort.
+    Dropped,
+}
+
+/// One thing [`Draft::fit`] can shrink.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Shrink {
+    Column(usize),
+    Content,
+    Key,
+    Id,
+    Error,
+}
+
+impl Draft<'_> {
+    fn fit(mut self, max_bytes: usize) -> Self {
+        while self.wire_size() > max_bytes {
+            let Some(step) = self.largest_shrinkable() else {
+                break;
+            };
+            self.shrink(step);
+        }
+        if self.wire_size() > max_bytes && !matches!(self.value, Value::Dropped) {
+            self.value = Value::Dropped;
+            self.cut.push("value");
+        }
+        if self.wire_size() > max_bytes {
+            let mut any = false;
+            for (_, v) in &mut self.headers {
+                if let Some(short) = shorten(v, SHORT_HEADER_VALUE) {
+                    *v = short;
+                    any = true;
+                }
+            }
+            if let Some(list) = self.omitted_list() {
+                any |= shorten(&list, SHORT_HEADER_VALUE).is_some();
+                self.short_omitted = true;
+            }
+            if any {
+                self.cut.push("headers");
+            }
+        }
+        self
     }
+    /// The biggest thing left to shrink, by its current size; the payload first on ties
+    /// among columns. Ids and error texts already short are left alone.
+    fn largest_shrinkable(&self) -> Option<Shrink> {
+        let mut best: Option<(usize, bool, Shrink)> = None;
+        let mut consider = |size: usize, favoured: bool, step: Shrink| {
+            if best.map_or(true, |(s, f, _)| (size, favoured) > (s, f)) {
+                best = Some((size, favoured, step));
+            }
+        };
+        match &self.value {
+            Value::Row { columns, payload } => {
+                for (i, (_, v)) in columns.iter().enumerate() {
+                    if let Some(v) = v {
+                        consider(v.len(), i == *payload, Shrink::Column(i));
+                    }
+                }
+            }
+            Value::Content(Some(c)) => consider(c.len(), false, Shrink::Content),
+            Value::Content(None) | Value::Dropped => {}
+        }
+        if let Some(k) = &self.key {
+            consider(k.len(), false, Shrink::Key);
+        }
+        for (name, limit, step) in [
+            (header::ID, SHORT_HEADER_VALUE, Shrink::Id),
+            (header::ERROR, SHORT_ERROR_TEXT, Shrink::Error),
+        ] {
+            if let Some(v) = self.header(name).filter(|v| shorten(v, limit).is_some()) {
+                consider(v.len(), false, step);
+            }
+        }
+        best.map(|(_, _, step)| step)
+    }
+
+    fn shrink(&mut self, step: Shrink) {
+        match step {
+            Shrink::Column(i) => {
+                if let Value::Row { columns, .. } = &mut self.value {
+                    if let Some((name, v)) = columns.get_mut(i) {
+                        *v = None;
+                        self.omitted.push(name);
+                    }
+                }
+            }
+            Shrink::Content => {
+                self.value = Value::Content(None);
+                self.omitted.push("content");
+            }
+            Shrink::Key => {
+                self.key = None;
+                self.cut.push("key");
+            }
+            Shrink::Id => self.shorten_header(header::ID, SHORT_HEADER_VALUE, "id"),
+            Shrink::Error => self.shorten_header(header::ERROR, SHORT_ERROR_TEXT, "error"),
+        }
+    }
+
+    fn shorten_header(&mut self, name: &str, max: usize, label: &'static str) {
+        for (k, v) in &mut self.headers {
+            if k == name {
+                if let Some(short) = shorten(v, max) {
+                    *v = short;
+                }
+            }
+        }
+        self.cut.push(label);
+    }
+
+    fn header(&self, name: &str) -> Option<&Bytes> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v)
+    }
+
+    fn omitted_list(&self) -> Option<Bytes> {
+        if self.omitted.is_empty() {
+            return None;
+        }
+        let list = Bytes::from(self.omitted.join(","));
+        if self.short_omitted {
+            return Some(shorten(&list, SHORT_HEADER_VALUE).unwrap_or(list));
+        }
+        Some(list)
+    }
+
+    /// The extra headers the record ends with: omitted columns, then what was cut.
+    fn trailing_headers(&self) -> Vec<(HeaderName, Bytes)> {
+        let mut out = Vec::with_capacity(2);
+        if let Some(list) = self.omitted_list() {
+            out.push((Cow::Borrowed(header::OMITTED_COLUMNS), list));
+        }
+        if !self.cut.is_empty() {
+            out.push((
+                Cow::Borrowed(header::TRUNCATED),
+                Bytes::from(self.cut.join(",")),
+            ));
+        }
+        out
+    }
+
+    fn value_len(&self) -> usize {
+        match &self.value {
+            Value::Row { columns, .. } => row_json_len(columns),
+            Value::Content(c) => c.as_ref().map_or(0, Bytes::len),
+            Value::Dropped => 0,
+        }
+    }
+
+    /// Exactly what librdkafka will count for the finished record.
+    fn wire_size(&self) -> usize {
+        let trailing = self.trailing_headers();
+        record_wire_size(
+            self.key.as_ref().map_or(0, Bytes::len),
+            self.value_len(),
+            self.headers
+                .iter()
+                .chain(trailing.iter())
+                .map(|(k, v)| (k.len(), v.len())),
+        )
+    }
+
+    fn into_record(self, topic: &TopicName, ctx: &CommitContext, event_id: String) -> OutboxRecord {
+        let mut headers = self.headers.clone();
+        headers.extend(self.trailing_headers());
+        let value = match self.value {
+            Value::Row { columns, .. } => Some(Bytes::from(row_json(&columns))),
+            Value::Content(c) => c,
+            Value::Dropped => None,
+        };
+        OutboxRecord {
+            topic: topic.as_arc().clone(),
+            key: self.key,
+            value,
+            headers,
+            timestamp_millis: ctx.commit_time.unix_millis(),
+            event_id,
+        }
+    }
+}
+
+/// `value` cut to at most `max` bytes plus an ellipsis, not splitting a UTF-8 character;
+/// `None` if it is not longer than that already.
+fn shorten(value: &Bytes, max: usize) -> Option<Bytes> {
+    if value.len() <= max.saturating_add(ELLIPSIS.len()) {
+        return None;
+    }
+    let head = value.get(..max)?;
+    let keep = match std::str::from_utf8(head) {
+        Ok(_) => max,
+        // A character cut in two at the end: drop its first bytes too.
+        Err(e) if e.error_len().is_none() => e.valid_up_to(),
+        Err(_) => max,
+    };
+    let mut out = BytesMut::with_capacity(keep.saturating_add(ELLIPSIS.len()));
+    out.extend_from_slice(value.get(..keep)?);
+    out.extend_from_slice(ELLIPSIS.as_bytes());
+    Some(out.freeze())
 }
 
 fn base_headers(
@@ -161,15 +376,6 @@ fn base_headers(
     headers
 }
 
-/// Key and headers, plus room for the omitted-columns header.
-fn fixed_size(key: &Option<Bytes>, headers: &[(HeaderName, Bytes)]) -> usize {
-    headers
-        .iter()
-        .fold(key.as_ref().map_or(0, Bytes::len), |n, (k, v)| {
-            n.saturating_add(k.len()).saturating_add(v.len())
-        })
-}
-
 fn truncate(mut s: String, max: usize) -> String {
     if s.len() > max {
         let mut cut = max;
@@ -189,7 +395,7 @@ fn json_string(s: &str) -> String {
 }
 
 fn row_json(cols: &[(&str, Option<String>)]) -> String {
-    let mut out = String::with_capacity(row_json_len(cols, &[]));
+    let mut out = String::with_capacity(row_json_len(cols));
     out.push('{');
     for (i, (name, value)) in cols.iter().enumerate() {
         if i > 0 {
@@ -203,18 +409,12 @@ fn row_json(cols: &[(&str, Option<String>)]) -> String {
     out
 }
 
-/// Length of [`row_json`] plus the omitted-columns header it would need.
-fn row_json_len(cols: &[(&str, Option<String>)], omitted: &[&str]) -> usize {
-    let body = cols.iter().fold(2usize, |n, (name, value)| {
-        n.saturating_add(name.len() + 4)
-            .saturating_add(value.as_ref().map_or(4, String::len))
-    });
-    let omitted_header = if omitted.is_empty() {
-        0
-    } else {
-        omitted.iter().fold(header::OMITTED_COLUMNS.len(), |n, c| {
-            n.saturating_add(c.len() + 1)
+/// Length of [`row_json`].
+fn row_json_len(cols: &[(&str, Option<String>)]) -> usize {
+    let commas = cols.len().saturating_sub(1);
+    cols.iter()
+        .fold(2usize.saturating_add(commas), |n, (name, value)| {
+            n.saturating_add(json_string(name).len() + 1)
+                .saturating_add(value.as_ref().map_or(4, String::len))
         })
-    };
-    body.saturating_add(omitted_header)
 }

@@ -240,10 +240,26 @@ struct EventIdPrefix<'a>(Option<&'a str>);
 impl fmt::Display for EventIdPrefix<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
-            Some(id) => write!(f, "outbox event {id:?}: "),
+            Some(id) => write!(f, "outbox event {:?}: ", short_id(id)),
             None => Ok(()),
         }
     }
+}
+
+/// Longest event id shown in messages; ids are row data and may be huge, and a message
+/// must stay readable (and fit a dead-letter header) with the fix it names.
+const MAX_SHOWN_ID: usize = 128;
+
+/// `id` as error messages show it: cut after [`MAX_SHOWN_ID`] bytes, ending with `…`.
+pub fn short_id(id: &str) -> std::borrow::Cow<'_, str> {
+    if id.len() <= MAX_SHOWN_ID {
+        return std::borrow::Cow::Borrowed(id);
+    }
+    let mut cut = MAX_SHOWN_ID;
+    while !id.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}…", id.get(..cut).unwrap_or_default()))
 }
 
 impl RowError {

@@ -50,10 +50,13 @@ pub use budget::{InFlightBudget, InFlightUsage};
 pub use dlq::{dead_letter_message, dead_letter_record};
 pub use emit::EmitMapper;
 pub use error::{
-    AckError, ColumnRole, ConfigError, ErrorClass, RowError, RowErrorKind, ShapeError,
+    short_id, AckError, ColumnRole, ConfigError, ErrorClass, RowError, RowErrorKind, ShapeError,
     TopicNameProblem,
 };
 pub use mapping::{BoundTable, OutboxColumns, TableSpec};
-pub use record::{check_size, header, CommitContext, HeaderName, OutboxRecord};
+pub use record::{
+    check_size, header, oversize_error, record_wire_size, CommitContext, HeaderName, OutboxRecord,
+    RECORD_MAX_OVERHEAD,
+};
 pub use topic::{validate_topic_name, EventFields, TopicField, TopicName, TopicTemplate};
 pub use value::PayloadKind;

@@ -31,6 +31,9 @@ pub mod header {
     pub const SOURCE_PREFIX: &str = "outboxd.source_prefix";
     /// Dead-letter records: comma-separated columns left out (as null) to fit the size limit.
     pub const OMITTED_COLUMNS: &str = "outboxd.omitted_columns";
+    /// Dead-letter records: comma-separated fields cut short or left out to fit the size
+    /// limit (`error`, `key`, `id`, `value`, `headers`); cut texts end with `…`.
+    pub const TRUNCATED: &str = "outboxd.truncated";
 }
 
 /// Where and when the source transaction committed; stamped on every record.
@@ -77,8 +80,8 @@ pub struct OutboxRecord {
 }
 
 impl OutboxRecord {
-    /// Key + value + header names and values, in bytes: what in-flight byte caps and the
-    /// size check count. Kafka's own framing adds some tens of bytes on top.
+    /// Key + value + header names and values, in bytes: what the in-flight byte cap
+    /// counts. The size limit is checked with [`OutboxRecord::wire_size`] instead.
     pub fn approx_size(&self) -> usize {
         let headers = self.headers.iter().fold(0usize, |n, (k, v)| {
             n.saturating_add(k.len()).saturating_add(v.len())
@@ -88,6 +91,16 @@ impl OutboxRecord {
             .map_or(0, Bytes::len)
             .saturating_add(self.value.as_ref().map_or(0, Bytes::len))
             .saturating_add(headers)
+    }
+
+    /// The size librdkafka compares with `message.max.bytes` for this record
+    /// ([`record_wire_size`]).
+    pub fn wire_size(&self) -> usize {
+        record_wire_size(
+            self.key.as_ref().map_or(0, Bytes::len),
+            self.value.as_ref().map_or(0, Bytes::len),
+            self.headers.iter().map(|(k, v)| (k.len(), v.len())),
+        )
     }
 
     /// The value of the last header called `name`.
@@ -100,25 +113,77 @@ impl OutboxRecord {
     }
 }
 
-/// Reject a record over `max_bytes` ([`OutboxRecord::approx_size`]) with a
-/// [`RowErrorKind::Oversize`] error, before the broker does.
+/// The framing librdkafka adds to every record when it checks the record against
+/// `message.max.bytes` (`RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD`): the v2 record's Length,
+/// Attributes, TimestampDelta, OffsetDelta, KeyLength, ValueLength and HeaderCount at the
+/// largest size their varints can take (5 + 1 + 10 + 5 + 5 + 5 + 5). It is counted in
+/// full whatever the actual values, so a record is refused by its lengths alone.
+pub const RECORD_MAX_OVERHEAD: usize = 36;
+
+/// The size librdkafka checks against `message.max.bytes` when a record is produced
+/// (`rd_kafka_msg_max_wire_size`, librdkafka 2.x): [`RECORD_MAX_OVERHEAD`], plus key and
+/// value, plus the serialized headers, each header being its name and value with their
+/// lengths as zig-zag varints. A record is refused when this is *greater* than the
+/// limit, so one of exactly `message.max.bytes` is accepted. `headers` yields (name
+/// length, value length).
+pub fn record_wire_size(
+    key_len: usize,
+    value_len: usize,
+    headers: impl IntoIterator<Item = (usize, usize)>,
+) -> usize {
+    headers.into_iter().fold(
+        RECORD_MAX_OVERHEAD
+            .saturating_add(key_len)
+            .saturating_add(value_len),
+        |n, (name, value)| n.saturating_add(header_wire_size(name, value)),
+    )
+}
+
+/// One serialized header: varint name length, name, varint value length, value.
+pub(crate) fn header_wire_size(name_len: usize, value_len: usize) -> usize {
+    zigzag_varint_len(name_len)
+        .saturating_add(name_len)
+        .saturating_add(zigzag_varint_len(value_len))
+        .saturating_add(value_len)
+}
+
+/// Bytes of the zig-zag varint of a non-negative length: 7 bits of `2 * n` per byte.
+fn zigzag_varint_len(n: usize) -> usize {
+    let mut v = u128::try_from(n).unwrap_or(u128::MAX).saturating_mul(2);
+    let mut bytes = 1;
+    while v > 0x7f {
+        v >>= 7;
+        bytes += 1;
+    }
+    bytes
+}
+
+/// Reject a record whose [`OutboxRecord::wire_size`] is over `max_bytes` with a
+/// [`RowErrorKind::Oversize`] error, before the producer does.
 pub fn check_size(record: &OutboxRecord, max_bytes: usize) -> Result<(), RowError> {
-    let size = record.approx_size();
+    let size = record.wire_size();
     if size <= max_bytes {
         return Ok(());
     }
+    Err(oversize_error(record, size, max_bytes))
+}
+
+/// The [`RowErrorKind::Oversize`] error for `record`, measured at `size` bytes (by
+/// [`check_size`], or by the producer when it refused the record).
+pub fn oversize_error(record: &OutboxRecord, size: usize, max_bytes: usize) -> RowError {
     let value = record.value.as_ref().map_or(0, Bytes::len);
-    Err(RowError::new(
+    let key = record.key.as_ref().map_or(0, Bytes::len);
+    RowError::new(
         RowErrorKind::Oversize,
         format!(
-            "the Kafka record for topic {topic} is {size} bytes (value {value}), over the \
-             {max_bytes}-byte limit. Fix: make the event smaller, or raise \
-             OUTBOXD_MAX_MESSAGE_BYTES together with the broker's message.max.bytes and the \
-             topic's max.message.bytes",
+            "the Kafka record for topic {topic} is {size} bytes with Kafka's framing (key \
+             {key}, value {value}), over the {max_bytes}-byte limit. Fix: make the event \
+             smaller, or raise OUTBOXD_MAX_MESSAGE_BYTES together with the broker's \
+             message.max.bytes and the topic's max.message.bytes",
             topic = record.topic,
         ),
     )
-    .with_event_id(Some(&record.event_id)))
+    .with_event_id(Some(&record.event_id))
 }
 
 /// The textual fields of one event, already checked.
@@ -190,17 +255,42 @@ mod tests {
         assert_eq!(r.header("zz"), None);
     }
 
+    /// librdkafka's rule spelled out: 36 bytes of framing, key, value, and per header a
+    /// zig-zag varint of the name length (2n as 7-bit groups), the name, the same for the
+    /// value length, the value.
+    #[test]
+    fn wire_size_follows_librdkafkas_formula() {
+        let r = record();
+        // Headers "ab"/"c" twice: 1 + 2 + 1 + 1 each.
+        assert_eq!(r.wire_size(), 36 + 3 + 5 + 2 * (1 + 2 + 1 + 1));
+        assert_eq!(record_wire_size(0, 0, []), RECORD_MAX_OVERHEAD);
+        // A length's varint grows when 2n needs another 7 bits: 63 -> 1 byte, 64 -> 2.
+        assert_eq!(header_wire_size(63, 0), 1 + 63 + 1);
+        assert_eq!(header_wire_size(64, 0), 2 + 64 + 1);
+        assert_eq!(header_wire_size(0, 8191), 1 + 2 + 8191);
+        assert_eq!(header_wire_size(0, 8192), 1 + 3 + 8192);
+        assert_eq!(header_wire_size(0, (1 << 20) - 1), 1 + 3 + (1 << 20) - 1);
+        assert_eq!(header_wire_size(0, 1 << 20), 1 + 4 + (1 << 20));
+        // Key and value lengths are inside the fixed framing, however long.
+        assert_eq!(record_wire_size(100_000, 1, []), 36 + 100_001);
+        assert_eq!(record_wire_size(usize::MAX, 1, [(1, 1)]), usize::MAX);
+    }
+
     #[test]
     fn size_check_message() {
         let r = record();
-        assert!(check_size(&r, 14).is_ok());
-        let e = check_size(&r, 13).unwrap_err();
+        let size = r.wire_size();
+        assert!(
+            check_size(&r, size).is_ok(),
+            "a record of exactly the limit fits"
+        );
+        let e = check_size(&r, size - 1).unwrap_err();
         assert_eq!(e.kind(), RowErrorKind::Oversize);
         assert_eq!(e.event_id(), Some("e"));
         let msg = e.to_string();
         for needle in [
-            "14 bytes",
-            "13-byte",
+            &format!("{size} bytes"),
+            &format!("{}-byte", size - 1),
             "OUTBOXD_MAX_MESSAGE_BYTES",
             "message.max.bytes",
         ] {

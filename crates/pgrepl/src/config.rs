@@ -147,6 +147,13 @@ impl ConnectConfig {
             .dbname(&self.dbname)
             .application_name(&self.application_name)
             .connect_timeout(self.connect_timeout)
+            // The same dead-peer detection as the replication socket: a query on a
+            // partitioned connection fails instead of hanging for the kernel's ~15 min.
+            .keepalives(true)
+            .keepalives_idle(crate::socket::tcp::KEEPALIVE_IDLE)
+            .keepalives_interval(crate::socket::tcp::KEEPALIVE_INTERVAL)
+            .keepalives_retries(crate::socket::tcp::KEEPALIVE_RETRIES)
+            .tcp_user_timeout(crate::socket::tcp::USER_TIMEOUT)
             .ssl_mode(match (self.ssl_mode, self.is_unix_socket()) {
                 // libpq never runs TLS over a Unix socket.
                 (_, true) | (SslMode::Disable, _) => tokio_postgres::config::SslMode::Disable,

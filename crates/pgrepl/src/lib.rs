@@ -35,6 +35,6 @@ pub use pg_tls::MakeRustlsConnect;
 pub use preflight::SlotState;
 pub use query::{SlotCreated, SystemInfo};
 pub use status_writer::FlushHandle;
-pub use stream::{ReplicationEvent, ReplicationStream};
+pub use stream::{ReplicationEvent, ReplicationStream, StreamFailure};
 
 pub use pgoutput::{LogicalMessage, Lsn};

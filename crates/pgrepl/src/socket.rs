@@ -1,5 +1,6 @@
 //! Transport setup: TCP or Unix socket, then the SSLRequest negotiation and TLS handshake.
 
+use socket2::{SockRef, TcpKeepalive};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::TlsConnector;
@@ -18,6 +19,44 @@ pub(crate) struct Transport {
     pub stream: BoxStream,
     /// `tls-server-end-point` hash; `Some` exactly when TLS is in use.
     pub cert_hash: Option<Vec<u8>>,
+}
+
+/// Dead-peer detection on every TCP connection to the server (replication and SQL).
+/// A walsender that is gone (terminated without a FIN reaching us, a network partition,
+/// a crashed host) must be noticed in well under `wal_sender_timeout` (60 s by default),
+/// or a standby instance may take over the slot while this one still thinks it streams.
+/// Without these, Linux retries unacknowledged data for ~15 minutes.
+pub(crate) mod tcp {
+    use std::time::Duration;
+
+    /// Data written (status updates, queries) unacknowledged this long kills the
+    /// connection (`TCP_USER_TIMEOUT`).
+    pub const USER_TIMEOUT: Duration = Duration::from_secs(20);
+    /// Keepalive probes after this much silence...
+    pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+    /// ...every this often...
+    pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+    /// ...and this many unanswered probes kill it (10 + 3 × 5 = 25 s on an idle link).
+    pub const KEEPALIVE_RETRIES: u32 = 3;
+}
+
+/// Keepalive and user timeout ([`tcp`]) on a connected socket.
+fn set_dead_peer_detection(tcp: &TcpStream) -> std::io::Result<()> {
+    let sock = SockRef::from(tcp);
+    let keepalive = TcpKeepalive::new()
+        .with_time(tcp::KEEPALIVE_IDLE)
+        .with_interval(tcp::KEEPALIVE_INTERVAL);
+    #[cfg(any(
+        target_os = "linux",
+        target_os = "android",
+        target_os = "freebsd",
+        target_os = "macos"
+    ))]
+    let keepalive = keepalive.with_retries(tcp::KEEPALIVE_RETRIES);
+    sock.set_tcp_keepalive(&keepalive)?;
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "fuchsia"))]
+    sock.set_tcp_user_timeout(Some(tcp::USER_TIMEOUT))?;
+    Ok(())
 }
 
 /// `SSLRequest`: Int32 length 8, Int32 magic 80877103.
@@ -40,6 +79,8 @@ pub(crate) async fn open(cfg: &ConnectConfig) -> Result<Transport, ReplError> {
         .map_err(ReplError::io("connecting over TCP"))?;
     tcp.set_nodelay(true)
         .map_err(ReplError::io("setting TCP_NODELAY"))?;
+    set_dead_peer_detection(&tcp)
+        .map_err(ReplError::io("setting TCP keepalive and user timeout"))?;
     if cfg.ssl_mode == SslMode::Disable {
         return Ok(Transport {
             stream: Box::new(tcp),
@@ -86,5 +127,37 @@ pub(crate) async fn open(cfg: &ConnectConfig) -> Result<Transport, ReplError> {
         other => Err(ReplError::Protocol(format!(
             "unexpected answer {other:#04x} to SSLRequest"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn tcp_connections_detect_dead_peers() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        set_dead_peer_detection(&tcp).unwrap();
+        let sock = SockRef::from(&tcp);
+        assert!(sock.keepalive().unwrap());
+        assert_eq!(sock.tcp_keepalive_time().unwrap(), tcp::KEEPALIVE_IDLE);
+        #[cfg(any(target_os = "linux", target_os = "android", target_os = "fuchsia"))]
+        {
+            assert_eq!(
+                sock.tcp_keepalive_interval().unwrap(),
+                tcp::KEEPALIVE_INTERVAL
+            );
+            assert_eq!(
+                sock.tcp_keepalive_retries().unwrap(),
+                tcp::KEEPALIVE_RETRIES
+            );
+            assert_eq!(sock.tcp_user_timeout().unwrap(), Some(tcp::USER_TIMEOUT));
+        }
+        // Found well before wal_sender_timeout's default of 60 s, idle or not.
+        let idle = tcp::KEEPALIVE_IDLE + tcp::KEEPALIVE_INTERVAL * tcp::KEEPALIVE_RETRIES;
+        assert!(idle < std::time::Duration::from_secs(30));
+        assert!(tcp::USER_TIMEOUT < std::time::Duration::from_secs(30));
     }
 }

@@ -6,7 +6,7 @@
 //! (electric-sql#4105, Materialize#6827).
 
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,6 +26,12 @@ const FLUSH_RATE_LIMIT: Duration = Duration::from_millis(100);
 /// A socket write that takes this long means the server is gone.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The status interval while the consumer does not read. Then only a failing write can
+/// reveal a dead connection (the kernel reports a terminated walsender's RST, or a
+/// TCP_USER_TIMEOUT expiry, to the next write), so writes come often: a peer gone while
+/// Kafka is down is noticed within about a second of the kernel knowing.
+const PAUSED_INTERVAL: Duration = Duration::from_secs(1);
+
 /// State shared by the reader, the writer task and every [`FlushHandle`].
 #[derive(Debug)]
 pub(crate) struct Shared {
@@ -38,7 +44,10 @@ pub(crate) struct Shared {
     pub(crate) reply_requested: Notify,
     /// Why the writer stopped, if it failed; the reader reports it.
     failure: Mutex<Option<(io::ErrorKind, String)>>,
-    pub(crate) writer_failed: Notify,
+    writer_failed: Notify,
+    /// The consumer stopped reading (back-pressure): write status updates more often.
+    paused: AtomicBool,
+    pause_changed: Notify,
 }
 
 impl Shared {
@@ -51,6 +60,8 @@ impl Shared {
             reply_requested: Notify::new(),
             failure: Mutex::new(None),
             writer_failed: Notify::new(),
+            paused: AtomicBool::new(false),
+            pause_changed: Notify::new(),
         })
     }
 
@@ -77,7 +88,31 @@ impl Shared {
         let mut guard = self.failure.lock().unwrap_or_else(|p| p.into_inner());
         *guard = Some((e.kind(), e.to_string()));
         drop(guard);
-        self.writer_failed.notify_one();
+        self.writer_failed.notify_waiters();
+    }
+
+    /// Resolves once the writer has failed, with why; any number of waiters.
+    pub(crate) async fn wait_failure(&self) -> io::Error {
+        loop {
+            let notified = self.writer_failed.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a failure set in between still wakes us.
+            notified.as_mut().enable();
+            if let Some(e) = self.failure() {
+                return e;
+            }
+            notified.await;
+        }
+    }
+
+    pub(crate) fn set_paused(&self, paused: bool) {
+        if self.paused.swap(paused, Ordering::AcqRel) != paused {
+            self.pause_changed.notify_one();
+        }
+    }
+
+    fn paused(&self) -> bool {
+        self.paused.load(Ordering::Acquire)
     }
 
     fn status(&self, reply_requested: bool) -> StandbyStatusUpdate {
@@ -177,6 +212,7 @@ impl Writer {
         self.send_status(false).await?;
         loop {
             let shared = self.shared.clone();
+            let next_periodic = self.last_sent + self.period();
             tokio::select! {
                 // Commands first: a shutdown must not wait behind a timer tick.
                 biased;
@@ -201,8 +237,18 @@ impl Writer {
                         self.send_status(false).await?;
                     }
                 }
-                () = sleep_until(self.last_sent + self.interval) => self.send_status(false).await?,
+                // Pausing shortens the period: start the shorter sleep now.
+                () = shared.pause_changed.notified() => {}
+                () = sleep_until(next_periodic) => self.send_status(false).await?,
             }
+        }
+    }
+
+    fn period(&self) -> Duration {
+        if self.shared.paused() {
+            self.interval.min(PAUSED_INTERVAL)
+        } else {
+            self.interval
         }
     }
 

@@ -167,7 +167,7 @@ impl ReplicationStream {
                     }
                     self.pace = self.behind && n < 32 * 1024;
                 }
-                () = shared.writer_failed.notified() => {}
+                _ = shared.wait_failure() => {}
             }
         }
     }
@@ -232,6 +232,22 @@ impl ReplicationStream {
         FlushHandle {
             shared: self.shared.clone(),
         }
+    }
+
+    /// A handle that resolves when the status writer fails (the connection is dead).
+    /// Select on it even while not calling [`ReplicationStream::next`]: at back-pressure
+    /// nothing reads the socket, and a failed write is the only sign of a dead server.
+    pub fn failure(&self) -> StreamFailure {
+        StreamFailure {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Tells the status writer whether the caller has stopped reading for a while
+    /// (back-pressure); while paused it writes status updates every second, so a dead
+    /// connection is found by a failing write (see [`ReplicationStream::failure`]).
+    pub fn set_reading_paused(&self, paused: bool) {
+        self.shared.set_paused(paused);
     }
 
     /// Standby status updates written so far in this stream.
@@ -315,6 +331,23 @@ impl ReplicationStream {
         let _ = write.shutdown().await;
         tracing::info!(slot = %self.slot, "replication stopped");
         Ok(())
+    }
+}
+
+/// See [`ReplicationStream::failure`]. Cloneable, independent of the stream's borrow.
+#[derive(Debug, Clone)]
+pub struct StreamFailure {
+    shared: Arc<Shared>,
+}
+
+impl StreamFailure {
+    /// Resolves with the writer's error once it failed; pending forever otherwise.
+    /// Cancel-safe.
+    pub async fn wait(&self) -> ReplError {
+        ReplError::Io {
+            context: "sending a status update",
+            source: self.shared.wait_failure().await,
+        }
     }
 }
 

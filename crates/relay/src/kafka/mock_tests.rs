@@ -245,6 +245,62 @@ async fn kafka_oversized_record_is_refused_locally() {
     }
 }
 
+/// outboxd's size function agrees with librdkafka's own check to the byte: a record of
+/// exactly `message.max.bytes` is accepted, one more byte is refused, whatever part of
+/// the record (key, value, a header near a varint boundary) the byte is in.
+#[tokio::test]
+async fn kafka_record_of_exactly_the_limit_is_accepted_and_one_more_byte_refused() {
+    let mock = mock_with_topic("edge", 1);
+    let max = 2000;
+    let (producer, mut rx) = producer_for(&mock, |s| s.max_message_bytes = max);
+    let mut ticket = 0;
+    // Header values of 63/64 bytes straddle the 1-to-2-byte varint step.
+    for header_len in [0, 1, 63, 64, 200] {
+        let hvalue = vec![b'h'; header_len];
+        let headers: [(&str, &[u8]); 2] = [("id", b"0b7e6a52"), ("outboxd.x", &hvalue)];
+        let base = OutgoingRecord {
+            topic: "edge",
+            key: Some(b"aggregate-1"),
+            value: Some(b""),
+            headers: &headers,
+            timestamp_millis: None,
+        };
+        let room = max - base.wire_size();
+        let fits = vec![b'v'; room];
+        let over = vec![b'v'; room + 1];
+        let at_limit = OutgoingRecord {
+            value: Some(&fits),
+            ..base
+        };
+        assert_eq!(at_limit.wire_size(), max);
+        producer
+            .send(&at_limit, ticket)
+            .unwrap_or_else(|e| panic!("header {header_len}: limit refused: {e}"));
+        ticket += 1;
+        let too_big = OutgoingRecord {
+            value: Some(&over),
+            ..base
+        };
+        match producer.send(&too_big, ticket) {
+            Err(SendError::MessageTooLarge { size }) => assert_eq!(size, max + 1),
+            other => panic!("header {header_len}: limit + 1 gave {other:?}"),
+        }
+        // The extra byte in the key instead of the value.
+        let long_key = [&b"aggregate-1"[..], b"k"].concat();
+        let key_over = OutgoingRecord {
+            key: Some(&long_key),
+            ..at_limit
+        };
+        assert!(matches!(
+            producer.send(&key_over, ticket),
+            Err(SendError::MessageTooLarge { .. })
+        ));
+    }
+    for d in recv_n(&mut rx, ticket).await {
+        assert!(d.outcome.is_ok(), "{d:?}");
+    }
+}
+
 #[tokio::test]
 async fn kafka_full_queue_is_backpressure_and_purge_reports_the_rest() {
     let mock = mock_with_topic("slow", 1);

@@ -29,10 +29,14 @@ pub struct OutgoingRecord<'a> {
 }
 
 impl OutgoingRecord<'_> {
-    /// Bytes of key, value and headers, as reported in [`SendError::MessageTooLarge`].
-    pub fn payload_size(&self) -> usize {
-        let headers: usize = self.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
-        self.key.map_or(0, <[u8]>::len) + self.value.map_or(0, <[u8]>::len) + headers
+    /// The size librdkafka compares with `message.max.bytes`
+    /// ([`outbox_core::record_wire_size`]), as reported in [`SendError::MessageTooLarge`].
+    pub fn wire_size(&self) -> usize {
+        outbox_core::record_wire_size(
+            self.key.map_or(0, <[u8]>::len),
+            self.value.map_or(0, <[u8]>::len),
+            self.headers.iter().map(|(k, v)| (k.len(), v.len())),
+        )
     }
 }
 
@@ -42,8 +46,8 @@ pub enum SendError {
     #[error("Kafka producer queue is full")]
     QueueFull,
     /// This record can never be produced with the current `message.max.bytes`:
-    /// dead-letter it.
-    #[error("record of {size} bytes is larger than the producer's message.max.bytes")]
+    /// dead-letter it. `size` is [`OutgoingRecord::wire_size`].
+    #[error("record of {size} bytes (with Kafka's framing) is larger than the producer's message.max.bytes")]
     MessageTooLarge { size: usize },
     /// The topic name cannot be used (e.g. contains NUL): dead-letter the record.
     #[error("invalid Kafka topic name {0:?}")]
@@ -139,7 +143,7 @@ impl RelayProducer {
                 RDKafkaErrorCode::QueueFull => return SendError::QueueFull,
                 RDKafkaErrorCode::MessageSizeTooLarge => {
                     return SendError::MessageTooLarge {
-                        size: rec.payload_size(),
+                        size: rec.wire_size(),
                     }
                 }
                 RDKafkaErrorCode::InvalidTopic => {

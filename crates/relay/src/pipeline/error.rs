@@ -52,8 +52,10 @@ pub enum RelayError {
     },
     #[error(transparent)]
     Shape(#[from] ShapeError),
-    #[error("bad outbox row{}: {error}; OUTBOXD_BAD_ROW_POLICY=stop, so outboxd stopped without acknowledging it. Fix or delete the row's transaction effect and restart, or set OUTBOXD_BAD_ROW_POLICY=dead-letter", .error.event_id().map(|id| format!(" id={id}")).unwrap_or_default())]
+    #[error("bad outbox row{}: {error}; OUTBOXD_BAD_ROW_POLICY=stop, so outboxd stopped without acknowledging it. Fix or delete the row's transaction effect and restart, or set OUTBOXD_BAD_ROW_POLICY=dead-letter", .error.event_id().map(|id| format!(" id={}", outbox_core::short_id(id))).unwrap_or_default())]
     BadRow { error: RowError },
+    #[error("bad outbox row{}: {error}; its dead-letter record of {size} bytes does not fit OUTBOXD_MAX_MESSAGE_BYTES either, so outboxd stopped without acknowledging the row. Raise OUTBOXD_MAX_MESSAGE_BYTES (with the broker's message.max.bytes) and restart", .error.event_id().map(|id| format!(" id={}", outbox_core::short_id(id))).unwrap_or_default())]
+    DeadLetterTooLarge { error: RowError, size: usize },
     #[error("Kafka producer setup failed: {0}")]
     KafkaSetup(#[from] KafkaSetupError),
     #[error("{0}")]
@@ -95,6 +97,7 @@ impl RelayError {
             | E::SlotLost { .. }
             | E::Shape(_)
             | E::BadRow { .. }
+            | E::DeadLetterTooLarge { .. }
             // A broken message sequence or ack bookkeeping is a bug, not an outage: replaying
             // the same WAL would hit it again, so exit (code 1) with the log instead of looping.
             | E::Protocol(_)
@@ -141,7 +144,7 @@ impl RelayError {
     pub fn exit_code(&self) -> i32 {
         use RelayError as E;
         match self {
-            E::BadRow { .. } => 4,
+            E::BadRow { .. } | E::DeadLetterTooLarge { .. } => 4,
             E::KafkaSetup(_) | E::Delivery(_) | E::Send(_) => 5,
             E::Protocol(_) | E::Ack(_) => 1,
             _ => 3,

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::{
-    check_size, dead_letter_message, dead_letter_record, AckTracker, BoundTable, CommitContext,
-    OutboxRecord, RowError,
+    check_size, dead_letter_message, dead_letter_record, oversize_error, AckTracker, BoundTable,
+    CommitContext, OutboxRecord, RowError,
 };
 use pgoutput::{Insert, LogicalMessage, Lsn, Message, PgTimestamp, Relation};
 use pgrepl::{preflight, FlushHandle, ReplicationEvent, ReplicationStream};
@@ -26,6 +26,21 @@ use super::{BadRowPolicy, RelayConfig};
 use crate::kafka::{
     Delivery, OutgoingRecord, ProgressRecord, ProgressStore, RelayProducer, SendError, SlotIdentity,
 };
+
+/// Longest wait for a query on the side SQL connection (a few rows, normally
+/// milliseconds).
+const SQL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What became of a record handed to [`Session::produce`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Produced {
+    Queued,
+    /// The producer refused it for `message.max.bytes` (`size` as it measured): a bad
+    /// row, not a Kafka failure, since the same record is refused on every replay.
+    TooLarge {
+        size: usize,
+    },
+}
 
 /// How a session that did not fail ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,6 +164,7 @@ impl<'a> Session<'a> {
         });
         let mut ticks: u64 = 0;
         let mut stopping_since: Option<Instant> = None;
+        let failure = stream.failure();
         loop {
             if *shutdown.borrow() && stopping_since.is_none() {
                 tracing::info!(
@@ -168,6 +184,7 @@ impl<'a> Session<'a> {
                 }
             }
             let room = self.has_room();
+            stream.set_reading_paused(!room);
             tokio::select! {
                 biased;
                 changed = shutdown.changed(), if !stopping => {
@@ -176,6 +193,11 @@ impl<'a> Session<'a> {
                         stopping_since = Some(Instant::now());
                     }
                 }
+                // Unconditionally: at the in-flight cap the stream is not read, and a
+                // failed status write is then the only sign that the server is gone
+                // (terminated walsender, partition). Carrying on would let a standby
+                // take over the slot while this instance still produces.
+                e = failure.wait() => return Err(RelayError::Postgres(e)),
                 d = self.deliveries.recv() => {
                     let d = d.ok_or_else(|| RelayError::Protocol("the producer's delivery channel closed".into()))?;
                     self.on_delivery(d)?;
@@ -272,8 +294,13 @@ impl<'a> Session<'a> {
             None
         } else if table.matches(r) {
             Some(BoundTable::bind(r, table)?)
-        } else if preflight::is_partition_of(&self.sql, r.rel_id, &table.schema, &table.table)
-            .await?
+        } else if bounded("looking up a relation's partition parent", async {
+            Ok(
+                preflight::is_partition_of(&self.sql, r.rel_id, &table.schema, &table.table)
+                    .await?,
+            )
+        })
+        .await?
         {
             // Any depth: bound by column names, since a partition's column order may
             // differ from its parent's.
@@ -339,23 +366,26 @@ impl<'a> Session<'a> {
             .txn
             .ok_or_else(|| RelayError::Protocol("insert outside a transaction".into()))?;
         let max = self.cfg.max_message_bytes;
-        match table
+        let mapped = table
             .map_insert(&ins.new_tuple, &ctx)
-            .and_then(|r| check_size(&r, max).map(|()| r))
-        {
-            Ok(record) => self.produce(&record, ctx).await,
-            Err(error) => {
-                let dlq = dead_letter_record(
-                    &table,
-                    &ins.new_tuple,
-                    &error,
-                    &ctx,
-                    &self.cfg.dead_letter_topic,
-                    max,
-                );
-                self.bad_row(error, dlq, ctx).await
-            }
-        }
+            .and_then(|r| check_size(&r, max).map(|()| r));
+        let error = match mapped {
+            Ok(record) => match self.produce(&record, ctx).await? {
+                Produced::Queued => return Ok(()),
+                // Only if librdkafka's measure ever differs from check_size's.
+                Produced::TooLarge { size } => oversize_error(&record, size, max),
+            },
+            Err(error) => error,
+        };
+        let dlq = dead_letter_record(
+            &table,
+            &ins.new_tuple,
+            &error,
+            &ctx,
+            &self.cfg.dead_letter_topic,
+            max,
+        );
+        self.bad_row(error, dlq, ctx).await
     }
 
     async fn on_emitted(&mut self, m: &Message) -> Result<(), RelayError> {
@@ -380,10 +410,19 @@ impl<'a> Session<'a> {
         let mapped = mapper
             .map_message(m, &ctx)
             .and_then(|r| r.map(|r| check_size(&r, max).map(|()| r)).transpose());
-        let result = match mapped {
-            Ok(Some(record)) => self.produce(&record, ctx).await,
-            Ok(None) => Ok(()),
-            Err(error) => {
+        let error = match mapped {
+            Ok(None) => None,
+            Ok(Some(record)) => match self.produce(&record, ctx).await {
+                Ok(Produced::Queued) => None,
+                Ok(Produced::TooLarge { size }) => Some(Ok(oversize_error(&record, size, max))),
+                Err(e) => Some(Err(e)),
+            },
+            Err(error) => Some(Ok(error)),
+        };
+        let result = match error {
+            None => Ok(()),
+            Some(Err(e)) => Err(e),
+            Some(Ok(error)) => {
                 let dlq = dead_letter_message(m, &error, &ctx, &self.cfg.dead_letter_topic, max);
                 self.bad_row(error, dlq, ctx).await
             }
@@ -405,17 +444,28 @@ impl<'a> Session<'a> {
             BadRowPolicy::Stop => Err(RelayError::BadRow { error }),
             BadRowPolicy::DeadLetter => {
                 tracing::warn!(
-                    event_id = error.event_id().unwrap_or(""),
+                    event_id = %outbox_core::short_id(error.event_id().unwrap_or("")),
                     kind = error.kind().as_str(),
                     topic = %self.cfg.dead_letter_topic.as_str(),
                     "dead-lettering a row: {error}"
                 );
-                self.produce(&dead_letter, ctx).await
+                match self.produce(&dead_letter, ctx).await? {
+                    Produced::Queued => Ok(()),
+                    // Dead-letter records are shrunk to fit; only a limit below what they
+                    // can shrink to gets here. Stop rather than confirm past the row.
+                    Produced::TooLarge { size } => {
+                        Err(RelayError::DeadLetterTooLarge { error, size })
+                    }
+                }
             }
         }
     }
 
-    async fn produce(&mut self, rec: &OutboxRecord, ctx: CommitContext) -> Result<(), RelayError> {
+    async fn produce(
+        &mut self,
+        rec: &OutboxRecord,
+        ctx: CommitContext,
+    ) -> Result<Produced, RelayError> {
         let ticket = self.tracker.track_message()?;
         let index = self.inflight.insert(InFlightEntry {
             ticket,
@@ -439,7 +489,12 @@ impl<'a> Session<'a> {
                 Ok(()) => {
                     self.obs
                         .in_flight(self.inflight.len(), self.inflight.bytes());
-                    return Ok(());
+                    return Ok(Produced::Queued);
+                }
+                Err(SendError::MessageTooLarge { size }) => {
+                    self.inflight.cancel(index);
+                    self.tracker.untrack(ticket)?;
+                    return Ok(Produced::TooLarge { size });
                 }
                 Err(SendError::QueueFull) => {
                     // librdkafka's own queue is full (its cap is at least ours, so rare):
@@ -494,9 +549,20 @@ impl<'a> Session<'a> {
             if self.cfg.relay_table {
                 // ALTER PUBLICATION ... DROP TABLE stops the server sending the table's
                 // rows without any message on the stream: look.
-                slot::verify_publication(&self.sql, &self.cfg.publication, &self.cfg.table).await?;
+                bounded(
+                    "checking the publication",
+                    slot::verify_publication(&self.sql, &self.cfg.publication, &self.cfg.table),
+                )
+                .await?;
             }
-            match slot::stats(&self.sql, &self.cfg.slot).await? {
+            // Bounded: a query on a dead connection would block this loop, and with it
+            // the reaction to a failed replication connection, until TCP gives up.
+            let stats = bounded(
+                "reading the slot's statistics",
+                slot::stats(&self.sql, &self.cfg.slot),
+            )
+            .await?;
+            match stats {
                 Some(stats) => {
                     if stats.wal_status.as_deref() == Some("lost") {
                         return Err(RelayError::SlotInvalidated {
@@ -519,12 +585,15 @@ impl<'a> Session<'a> {
     /// A transactional logical message: a tiny transaction of our own whose Commit lets
     /// the slot advance even when keepalives alone would not (e.g. idle flush disabled).
     async fn emit_heartbeat(&mut self) -> Result<(), RelayError> {
-        self.sql
-            .execute(
-                "SELECT pg_logical_emit_message(true, 'outboxd.heartbeat', '')",
-                &[],
-            )
-            .await?;
+        let emit = self.sql.execute(
+            "SELECT pg_logical_emit_message(true, 'outboxd.heartbeat', '')",
+            &[],
+        );
+        tokio::time::timeout(SQL_TIMEOUT, emit)
+            .await
+            .map_err(|_| {
+                RelayError::Postgres(pgrepl::ReplError::Timeout("emitting a heartbeat"))
+            })??;
         Ok(())
     }
 
@@ -558,6 +627,16 @@ impl<'a> Session<'a> {
         stream.send_status_now().await?;
         Ok(SessionEnd::Shutdown)
     }
+}
+
+/// A side-connection query that gives up after [`SQL_TIMEOUT`].
+async fn bounded<T>(
+    what: &'static str,
+    query: impl std::future::Future<Output = Result<T, RelayError>>,
+) -> Result<T, RelayError> {
+    tokio::time::timeout(SQL_TIMEOUT, query)
+        .await
+        .map_err(|_| RelayError::Postgres(pgrepl::ReplError::Timeout(what)))?
 }
 
 fn qualified_relation_name(r: &Relation) -> String {
