@@ -14,13 +14,7 @@ use crate::config::{self, Settings};
 pub fn connect_config(s: &Settings) -> ConnectConfig {
     let mut c = ConnectConfig::new(&s.pg.host, s.pg.port, &s.pg.user, &s.pg.dbname);
     c.password = s.pg.password.as_deref().map(Password::new);
-    c.ssl_mode = match s.pg.ssl_mode {
-        config::SslMode::Disable => pgrepl::SslMode::Disable,
-        config::SslMode::Prefer => pgrepl::SslMode::Prefer,
-        config::SslMode::Require => pgrepl::SslMode::Require,
-        config::SslMode::VerifyCa => pgrepl::SslMode::VerifyCa,
-        config::SslMode::VerifyFull => pgrepl::SslMode::VerifyFull,
-    };
+    c.ssl_mode = s.pg.ssl_mode;
     c.ssl_root_cert = s.pg.ssl_root_cert.as_ref().map(Into::into);
     c.application_name = s.pg.application_name.clone();
     c

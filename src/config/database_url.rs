@@ -1,6 +1,6 @@
 //! `OUTBOXD_DATABASE_URL`: a libpq-style URI, postgres://user:password@host:port/db?sslmode=...
 
-use super::{ConfigError, PgSettings, SslMode};
+use super::{parse_ssl_mode, ConfigError, PgSettings};
 
 const VAR: &str = "OUTBOXD_DATABASE_URL";
 const ACCEPTS: &str = "postgres://user:password@host:port/dbname?sslmode=...&sslrootcert=...";
@@ -51,7 +51,7 @@ pub fn apply(url: &str, pg: &mut PgSettings) -> Result<(), ConfigError> {
         let (k, v) = pair.split_once('=').ok_or_else(bad)?;
         let v = percent_decode(v).ok_or_else(bad)?;
         match k {
-            "sslmode" => pg.ssl_mode = SslMode::parse(VAR, &v)?,
+            "sslmode" => pg.ssl_mode = parse_ssl_mode(VAR, &v)?,
             "sslrootcert" => pg.ssl_root_cert = Some(v),
             "application_name" => pg.application_name = v,
             "host" => pg.host = v,

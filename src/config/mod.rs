@@ -38,32 +38,20 @@ impl ConfigError {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SslMode {
-    Disable,
-    Prefer,
-    Require,
-    VerifyCa,
-    VerifyFull,
-}
+pub use pgrepl::SslMode;
 
-impl SslMode {
-    pub fn parse(var: &str, s: &str) -> Result<Self, ConfigError> {
-        Ok(match s {
-            "disable" => SslMode::Disable,
-            "allow" | "prefer" => SslMode::Prefer,
-            "require" => SslMode::Require,
-            "verify-ca" => SslMode::VerifyCa,
-            "verify-full" => SslMode::VerifyFull,
-            _ => {
-                return Err(ConfigError::new(
-                    var,
-                    s,
-                    "disable, prefer, require, verify-ca or verify-full",
-                ))
-            }
-        })
+/// libpq's `sslmode` through the one parser (pgrepl's). `allow` (plaintext first, TLS
+/// only if the server insists) is refused rather than silently treated as `prefer`.
+pub fn parse_ssl_mode(var: &str, s: &str) -> Result<SslMode, ConfigError> {
+    if s.trim().eq_ignore_ascii_case("allow") {
+        return Err(ConfigError::new(
+            var,
+            s,
+            "disable, prefer, require, verify-ca or verify-full (allow is not supported: it tries plaintext first; use prefer or stronger)",
+        ));
     }
+    s.parse::<SslMode>()
+        .map_err(|_| ConfigError::new(var, s, "disable, prefer, require, verify-ca or verify-full"))
 }
 
 /// Where and how to reach Postgres. `Debug` never shows the password.
@@ -264,7 +252,7 @@ fn pg_settings(env: &Env<'_>) -> Result<PgSettings, ConfigError> {
             .filter(|p| !p.is_empty())
             .map(str::to_owned),
         dbname: env.required("PGDATABASE", "a database name")?,
-        ssl_mode: SslMode::parse("PGSSLMODE", &env.required("PGSSLMODE", "an ssl mode")?)?,
+        ssl_mode: parse_ssl_mode("PGSSLMODE", &env.required("PGSSLMODE", "an ssl mode")?)?,
         ssl_root_cert: env
             .raw("PGSSLROOTCERT")
             .filter(|p| !p.is_empty())

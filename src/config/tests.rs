@@ -133,3 +133,14 @@ fn help_lists_every_variable_with_its_default() {
         }
     }
 }
+
+#[test]
+fn sslmode_allow_is_refused_not_downgraded() {
+    for (k, v) in [
+        ("PGSSLMODE", "allow"),
+        ("OUTBOXD_DATABASE_URL", "postgres://u@h/db?sslmode=allow"),
+    ] {
+        let e = from_vars(&vars(&[(k, v)])).unwrap_err();
+        assert!(e.to_string().contains("allow is not supported"), "{e}");
+    }
+}

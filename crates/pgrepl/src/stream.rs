@@ -47,9 +47,20 @@ impl ReplicationConnection {
     ) -> Result<ReplicationStream, ReplError> {
         let version = self.server_version_num().await?;
         let sql = start_replication_sql(&opts, version)?;
+        let server_bound = status_interval(&self.show("wal_sender_timeout").await?)?;
         let interval = match opts.status_interval {
+            // The server drops a client silent for wal_sender_timeout: an explicit
+            // interval may be shorter than half of it, never longer.
+            Some(i) if i > server_bound => {
+                tracing::warn!(
+                    requested = ?i,
+                    used = ?server_bound,
+                    "the status interval is longer than half of the server's wal_sender_timeout; using the shorter one"
+                );
+                server_bound
+            }
             Some(i) => i,
-            None => status_interval(&self.show("wal_sender_timeout").await?)?,
+            None => server_bound,
         };
         tracing::info!(slot = %opts.slot, start = %opts.start_lsn, ?interval, "starting replication");
         self.conn

@@ -11,6 +11,16 @@ use crate::common::{
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_consumer_survives_short_wal_sender_timeout() {
+    paused_consumer_keeps_its_walsender(None).await;
+}
+
+/// An explicit interval longer than half of wal_sender_timeout is clamped, not obeyed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_explicit_status_interval_is_clamped_to_half_the_timeout() {
+    paused_consumer_keeps_its_walsender(Some(Duration::from_secs(30))).await;
+}
+
+async fn paused_consumer_keeps_its_walsender(status_interval: Option<Duration>) {
     let cluster = PgCluster::start(ClusterOptions {
         conf: vec!["wal_sender_timeout = '2s'".into()],
         ..ClusterOptions::default()
@@ -25,10 +35,9 @@ async fn paused_consumer_survives_short_wal_sender_timeout() {
     repl.create_logical_slot(&db.slot, false)
         .await
         .expect("create slot");
-    let mut stream = repl
-        .start_replication(StartOptions::new(&db.slot, &db.publication))
-        .await
-        .expect("start");
+    let mut options = StartOptions::new(&db.slot, &db.publication);
+    options.status_interval = status_interval;
+    let mut stream = repl.start_replication(options).await.expect("start");
     insert_txn(&client, &[(1, "before")]).await;
     read_until_commits(&mut stream, 1).await;
     let pid = preflight::slot_state(&client, &db.slot)
