@@ -30,6 +30,11 @@ const MAX_GROWTH_KB: u64 = 8 * 1024;
 /// Transactions per round trip: explicit BEGIN/COMMIT pairs in one simple query.
 const TXNS_PER_BATCH: usize = 200;
 const LOAD_PAUSE: Duration = Duration::from_millis(15);
+/// One transaction in this many carries an event; the rest carry none. The mock broker
+/// keeps only 5 MB per partition, so the busy topic cannot take one event per transaction
+/// for a minute.
+const EVENT_EVERY: usize = 8;
+const BUSY_PARTITIONS: i32 = 8;
 
 fn rss_kb(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
@@ -50,7 +55,7 @@ fn event(loader: usize, agg: usize, seq: u64) -> Event {
     }
 }
 
-/// Single-row transactions for the busy topic, every other one replaced by a transaction
+/// Single-row transactions for the busy topic, most of them replaced by transactions
 /// holding only a logical message of another prefix (it reaches the relay as a
 /// transaction without events; a transaction touching only an unpublished table would
 /// be skipped by the server). Each loader uses its own aggregates, so commit order per
@@ -74,7 +79,7 @@ async fn load(
         sql.clear();
         let mut batch = Vec::with_capacity(TXNS_PER_BATCH);
         for i in 0..TXNS_PER_BATCH {
-            if i % 2 == 1 {
+            if i % EVENT_EVERY != 0 {
                 sql.push_str(
                     "BEGIN; SELECT pg_logical_emit_message(true, 'other-app', 'x'); COMMIT;",
                 );
@@ -109,23 +114,21 @@ async fn rss_stays_flat_while_one_partition_is_stuck() {
     let quiet = outbox.topic("quiet");
     let busy = outbox.topic("order");
     broker
-        .create_topics(&[&busy, &outbox.dead_letter_topic()], 2)
+        .create_topics(&[&busy, &outbox.dead_letter_topic()], BUSY_PARTITIONS)
         .await;
     broker.create_topics(&[&quiet], 1).await;
     let mock = broker.mock_cluster();
     mock.partition_leader(&quiet, 0, Some(STUCK_BROKER))
         .expect("quiet leader");
-    for (p, leader) in [(0, 1), (1, 2)] {
+    for p in 0..BUSY_PARTITIONS {
+        let leader = 1 + p % 2;
         mock.partition_leader(&busy, p, Some(leader))
             .expect("busy leader");
         mock.partition_leader(&outbox.dead_letter_topic(), p, Some(leader))
             .expect("dead-letter leader");
     }
     let bootstrap = broker.bootstrap();
-    let relay = Relay::start(
-        Relay::env_for(&db, &outbox, &bootstrap, &[]),
-        &["run"],
-    );
+    let relay = Relay::start(Relay::env_for(&db, &outbox, &bootstrap, &[]), &["run"]);
     let client = db.client().await;
     ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
     let topics = vec![busy.clone(), quiet.clone()];
@@ -203,7 +206,7 @@ async fn rss_stays_flat_while_one_partition_is_stuck() {
     let total_txns = txns.load(Ordering::Relaxed);
     let published_busy = curve.last().map_or(0.0, |c| c.3);
     assert!(
-        published_busy > 50_000.0,
+        published_busy > 20_000.0,
         "the busy topic should keep acking during the test ({published_busy} published, {total_txns} transactions)"
     );
     assert!(
