@@ -63,7 +63,8 @@ pub async fn run(
     let mut backoff = Backoff::new(Duration::from_millis(200), cfg.reconnect_max_backoff);
     let mut seen_slot = false;
     loop {
-        let result = run_session(cfg, obs, &mut shutdown, &mut seen_slot).await;
+        let mut progressed = false;
+        let result = run_session(cfg, obs, &mut shutdown, &mut seen_slot, &mut progressed).await;
         obs.connected(false, false);
         match result {
             Ok(SessionEnd::Shutdown) => return Ok(()),
@@ -77,7 +78,7 @@ pub async fn run(
                     tracing::info!("{e}; standing by");
                     Duration::from_secs(1)
                 } else {
-                    let d = backoff.next_delay();
+                    let d = backoff.after_session(progressed);
                     tracing::warn!(retry_in_ms = d.as_millis(), "{e}");
                     obs.reconnect();
                     d
@@ -89,9 +90,6 @@ pub async fn run(
             }
             Err(e) => return Err(e),
         }
-        if seen_slot {
-            backoff.reset();
-        }
     }
 }
 
@@ -100,6 +98,7 @@ async fn run_session(
     obs: &Observer,
     shutdown: &mut watch::Receiver<bool>,
     seen_slot: &mut bool,
+    progressed: &mut bool,
 ) -> Result<SessionEnd, RelayError> {
     let sql = cfg.pg.connect_sql().await?;
     let start = slot::prepare(
@@ -145,6 +144,7 @@ async fn run_session(
         start.confirmed_flush,
     );
     let result = session.run(&mut stream, shutdown).await;
+    *progressed = session.made_progress();
     match &result {
         Ok(_) => {
             if let Err(e) = stream.stop().await {
