@@ -121,17 +121,25 @@ async fn run_session(
         messages: cfg.emit.is_some() || cfg.heartbeat_interval.is_some(),
         proto_version: None,
         binary: false,
-        initial_flush: start.confirmed_flush,
+        // Not `start`: the slot may have moved since it was read (another instance held
+        // it until just now), and PostgreSQL <= 16 takes a lower flush as given. The
+        // server ignores a flush of 0/0 until the real position is known below.
+        initial_flush: pgoutput::Lsn::ZERO,
         status_interval: cfg.status_interval,
     };
     let mut stream = conn.start_replication(options).await?;
     *seen_slot = true;
+    // The slot is ours now and cannot move under us: this is where the stream starts.
+    let confirmed_flush = slot::confirmed_flush(&sql, &cfg.slot)
+        .await?
+        .unwrap_or(start.confirmed_flush);
+    stream.flush_handle().advance(confirmed_flush);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let producer = build_producer(&cfg.producer, tx)?;
     obs.connected(true, true);
     tracing::info!(
         slot = %cfg.slot,
-        confirmed_flush = %start.confirmed_flush,
+        confirmed_flush = %confirmed_flush,
         "streaming"
     );
     let mut session = Session::new(
@@ -141,7 +149,7 @@ async fn run_session(
         producer,
         rx,
         stream.flush_handle(),
-        start.confirmed_flush,
+        confirmed_flush,
     );
     let result = session.run(&mut stream, shutdown).await;
     *progressed = session.made_progress();
