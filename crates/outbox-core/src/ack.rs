@@ -19,6 +19,15 @@
 //!   new tracker.
 //! - Keepalives advance W only when nothing is open and nothing is unacknowledged
 //!   ([`AckTracker::on_keepalive`], replication-protocol §4.3).
+//!
+//! The queue is bounded by the messages in flight, not by the transactions read: one
+//! message stuck on an unreachable partition must not make every later transaction cost
+//! memory. A committed entry that needs no more reports and is not at the front is merged
+//! into its predecessor (which then ends at the merged one's `end_lsn`): W reaches that
+//! `end_lsn` exactly when it would have reached the predecessor's and then popped the
+//! merged entry at once, so the watermark is unchanged. Merging happens at Commit, and a
+//! compaction pass merges the entries whose last report arrived while they were not at
+//! the front, so the queue holds at most `2 × (messages in flight + 2)` entries.
 
 use std::collections::VecDeque;
 
@@ -46,8 +55,11 @@ impl Ticket {
 
 #[derive(Debug, Clone)]
 struct PendingTxn {
+    /// Also the ticket of this transaction's messages. Strictly increasing along the
+    /// queue, so a ticket is found by binary search even after merges removed entries.
     seq: u64,
-    /// `None` until the Commit is read.
+    /// `None` until the Commit is read. After merges: the `end_lsn` of the newest
+    /// transaction merged into this entry.
     end_lsn: Option<Lsn>,
     /// Messages handed to the producer without a delivery report yet.
     outstanding: u64,
@@ -59,8 +71,9 @@ struct PendingTxn {
 #[derive(Debug, Clone)]
 pub struct AckTracker {
     watermark: Lsn,
-    /// Transactions in stream order whose `end_lsn` W has not reached yet. Only the last
-    /// one can be uncommitted; committed, fully-acked ones at the front are popped at once.
+    /// Transactions in stream order whose `end_lsn` W has not reached yet (runs of them
+    /// merged into one entry, see the module docs). Only the last one can be uncommitted;
+    /// committed, fully-acked ones at the front are popped at once.
     pending: VecDeque<PendingTxn>,
     next_seq: u64,
     in_flight: u64,
@@ -89,8 +102,14 @@ impl AckTracker {
         if let Some(open) = self.open_txn() {
             return Err(AckError::TransactionAlreadyOpen { open: open.seq });
         }
+        // `>=`: the push below must not take the queue past the bound.
+        if self.pending.len() >= self.compaction_threshold() {
+            self.compact();
+        }
         let seq = self.next_seq;
-        self.next_seq = self.next_seq.wrapping_add(1);
+        // 2^64 transactions cannot be read in a session; saturating keeps the queue sorted
+        // by seq (which the ticket lookup relies on) even in theory.
+        self.next_seq = self.next_seq.saturating_add(1);
         self.pending.push_back(PendingTxn {
             seq,
             end_lsn: None,
@@ -129,7 +148,15 @@ impl AckTracker {
                 operation: "Commit",
             })?;
         txn.end_lsn = Some(end_lsn);
+        let complete = txn.outstanding == 0;
         self.last_end_lsn = Some(end_lsn);
+        if complete && self.pending.len() > 1 {
+            // Needs nothing more: let the predecessor carry its end_lsn (module docs).
+            self.pending.pop_back();
+            if let Some(previous) = self.pending.back_mut() {
+                previous.end_lsn = Some(end_lsn);
+            }
+        }
         self.advance();
         Ok(())
     }
@@ -138,6 +165,7 @@ impl AckTracker {
     pub fn ack(&mut self, ticket: Ticket) -> Result<(), AckError> {
         self.settle(ticket)?;
         self.advance();
+        self.compact_if_over();
         Ok(())
     }
 
@@ -157,7 +185,9 @@ impl AckTracker {
         if self.failed.is_none() {
             self.failed = Some(ticket);
         }
-        self.settle(ticket)
+        self.settle(ticket)?;
+        self.compact_if_over();
+        Ok(())
     }
 
     /// The position safe to report as flushed. Never decreases.
@@ -201,8 +231,11 @@ impl AckTracker {
         self.in_flight
     }
 
-    /// Transactions the watermark has not reached yet: the open one, if any, plus committed
-    /// ones waiting for delivery reports (or, after a failure, never to be reached).
+    /// Entries of the queue of transactions the watermark has not reached yet: the open
+    /// one, if any, plus committed ones waiting for delivery reports (or, after a failure,
+    /// never to be reached). Runs of transactions that need no more reports count as one,
+    /// so this stays at most `2 × (in_flight_messages() + 2)` however many transactions
+    /// wait behind an unacknowledged message.
     pub fn open_transactions(&self) -> usize {
         self.pending.len()
     }
@@ -217,15 +250,48 @@ impl AckTracker {
         self.pending.back().filter(|t| t.end_lsn.is_none())
     }
 
+    /// The queue is kept at or below this many entries. Twice what a compaction leaves at
+    /// most (front, open, one per outstanding message), so a pass removes at least half of
+    /// the entries it scans: amortized O(1) per transaction.
+    fn compaction_threshold(&self) -> usize {
+        usize::try_from(self.in_flight)
+            .unwrap_or(usize::MAX)
+            .saturating_add(2)
+            .saturating_mul(2)
+    }
+
+    /// A report lowers the bound, and the entry it completed may sit behind the front.
+    fn compact_if_over(&mut self) {
+        if self.pending.len() > self.compaction_threshold() {
+            self.compact();
+        }
+    }
+
+    /// Merges every committed entry that needs no more reports into its predecessor; the
+    /// front stays (it is what W waits for, and its `begun_at` is what
+    /// [`AckTracker::oldest_unacked`] reports).
+    fn compact(&mut self) {
+        let mut kept = 0;
+        for i in 0..self.pending.len() {
+            let t = &self.pending[i];
+            if kept > 0 && t.outstanding == 0 && t.end_lsn.is_some() {
+                let end = t.end_lsn;
+                self.pending[kept - 1].end_lsn = end;
+            } else {
+                self.pending.swap(kept, i);
+                kept += 1;
+            }
+        }
+        self.pending.truncate(kept);
+    }
+
     fn settle(&mut self, ticket: Ticket) -> Result<(), AckError> {
-        let unknown = AckError::UnknownTicket { ticket: ticket.0 };
-        let front = self.pending.front().ok_or(unknown.clone())?.seq;
-        let index = ticket
-            .0
-            .checked_sub(front)
-            .and_then(|i| usize::try_from(i).ok())
-            .ok_or(unknown.clone())?;
-        let txn = self.pending.get_mut(index).ok_or(unknown)?;
+        let unknown = || AckError::UnknownTicket { ticket: ticket.0 };
+        let index = self
+            .pending
+            .binary_search_by_key(&ticket.0, |t| t.seq)
+            .map_err(|_| unknown())?;
+        let txn = self.pending.get_mut(index).ok_or_else(unknown)?;
         if txn.outstanding == 0 {
             return Err(AckError::TooManyReports { ticket: ticket.0 });
         }
@@ -429,6 +495,112 @@ mod tests {
         assert!(t.is_idle());
     }
 
+    #[test]
+    fn completed_transactions_behind_a_stuck_message_are_merged() {
+        let mut t = AckTracker::new(lsn(10));
+        t.begin(7).unwrap();
+        let stuck = t.track_message().unwrap();
+        t.commit(lsn(20)).unwrap();
+        // Empty transactions complete at Commit: merged into the stuck one at once.
+        for i in 0..5u64 {
+            t.begin(0).unwrap();
+            t.commit(lsn(30 + i)).unwrap();
+        }
+        assert_eq!(t.open_transactions(), 1);
+        // One acked before its Commit, one after: both end up merged too.
+        t.begin(0).unwrap();
+        let a = t.track_message().unwrap();
+        t.ack(a).unwrap();
+        t.commit(lsn(40)).unwrap();
+        t.begin(0).unwrap();
+        let b = t.track_message().unwrap();
+        t.commit(lsn(50)).unwrap();
+        assert_eq!(t.open_transactions(), 2);
+        t.ack(b).unwrap();
+        t.begin(0).unwrap();
+        t.commit(lsn(60)).unwrap();
+        assert!(t.open_transactions() <= 2);
+        // A merged transaction's ticket is no longer known.
+        assert!(matches!(t.ack(a), Err(AckError::UnknownTicket { .. })));
+        assert_eq!(t.watermark(), lsn(10));
+        assert_eq!(t.oldest_unacked(), Some(7), "the stuck transaction holds W");
+        t.ack(stuck).unwrap();
+        assert_eq!(t.watermark(), lsn(60));
+        assert!(t.is_idle());
+    }
+
+    #[test]
+    fn queue_stays_bounded_behind_one_stuck_message() {
+        let mut t = AckTracker::new(lsn(1));
+        t.begin(0).unwrap();
+        let stuck = t.track_message().unwrap();
+        t.commit(lsn(2)).unwrap();
+        let mut end = 2;
+        // A window of unacked messages acked out of order, interleaved with empty
+        // transactions, all behind the stuck one.
+        let mut window: VecDeque<Ticket> = VecDeque::new();
+        let mut max_len = 0;
+        for i in 0..200_000u64 {
+            t.begin(0).unwrap();
+            if i % 3 != 0 {
+                window.push_back(t.track_message().unwrap());
+            }
+            end += 1;
+            t.commit(lsn(end)).unwrap();
+            if window.len() > 50 {
+                // Newest first: every report completes a transaction behind the front.
+                let k = window.pop_back().unwrap();
+                t.ack(k).unwrap();
+                let k = window.pop_front().unwrap();
+                t.ack(k).unwrap();
+            }
+            let bound = 2 * (usize::try_from(t.in_flight_messages()).unwrap() + 2);
+            assert!(
+                t.open_transactions() <= bound,
+                "{} entries",
+                t.open_transactions()
+            );
+            max_len = max_len.max(t.open_transactions());
+        }
+        assert!(
+            max_len <= 2 * (52 + 2),
+            "{max_len} entries for at most 52 in flight"
+        );
+        assert_eq!(t.watermark(), lsn(1));
+        for k in window.drain(..) {
+            t.ack(k).unwrap();
+        }
+        assert!(t.open_transactions() <= 2 * (1 + 2));
+        assert_eq!(t.watermark(), lsn(1));
+        t.ack(stuck).unwrap();
+        assert_eq!(t.watermark(), lsn(end));
+        assert!(t.is_idle());
+    }
+
+    #[test]
+    fn merging_does_not_delay_the_watermark() {
+        // A completes after B and C completed behind it: W jumps straight to C's end.
+        let mut t = AckTracker::new(lsn(0));
+        t.begin(0).unwrap();
+        let a = t.track_message().unwrap();
+        t.commit(lsn(10)).unwrap();
+        t.begin(0).unwrap();
+        let b = t.track_message().unwrap();
+        t.commit(lsn(20)).unwrap();
+        t.begin(0).unwrap();
+        t.commit(lsn(30)).unwrap();
+        t.begin(0).unwrap();
+        let d = t.track_message().unwrap();
+        t.ack(b).unwrap();
+        t.ack(a).unwrap();
+        assert_eq!(t.watermark(), lsn(30));
+        assert!(t.in_transaction());
+        t.ack(d).unwrap();
+        assert_eq!(t.watermark(), lsn(30));
+        t.commit(lsn(40)).unwrap();
+        assert_eq!(t.watermark(), lsn(40));
+    }
+
     /// One step of a simulated session.
     #[derive(Debug, Clone)]
     enum Step {
@@ -453,9 +625,11 @@ mod tests {
         KeepaliveInside(u64),
     }
 
-    /// Transactions as (message count, commit_lsn, end_lsn), in WAL order.
+    /// Transactions as (message count, commit_lsn, end_lsn), in WAL order; many without
+    /// messages (zero-row, or only ignored content), which the tracker merges.
     fn transactions() -> impl Strategy<Value = Vec<(usize, u64, u64)>> {
-        prop::collection::vec((0usize..5, 0u64..40, 1u64..40), 0..12).prop_map(|v| {
+        let count = prop_oneof![2 => Just(0usize), 3 => 0usize..5];
+        prop::collection::vec((count, 0u64..40, 1u64..40), 0..40).prop_map(|v| {
             let mut pos = 1000;
             v.into_iter()
                 .map(|(n, gap, len)| {
@@ -493,7 +667,7 @@ mod tests {
         #[test]
         fn watermark_is_safe_monotonic_and_complete(
             txns in transactions(),
-            steps in prop::collection::vec(step(), 0..120),
+            steps in prop::collection::vec(step(), 0..300),
             tail_order in prop::collection::vec(any::<usize>(), 60),
         ) {
             let start = 1000;
@@ -514,10 +688,21 @@ mod tests {
                 *last_w = w;
                 // The first transaction not fully done bounds W by its commit_lsn (so it
                 // is re-sent on restart): W <= commit_lsn < end_lsn.
-                if let Some(i) = (0..txns.len()).find(|&i| !committed[i] || unacked[i] > 0) {
+                let first_undone = (0..txns.len()).find(|&i| !committed[i] || unacked[i] > 0);
+                if let Some(i) = first_undone {
                     prop_assert!(w.0 <= txns[i].1,
                         "W {} passed txn {} (commit {}, end {}) with unacked messages", w.0, i, txns[i].1, txns[i].2);
                 }
+                // And W is not late: it covers the whole completed prefix at once.
+                let done = first_undone.unwrap_or(txns.len());
+                if let Some(last_done) = done.checked_sub(1) {
+                    prop_assert!(w.0 >= txns[last_done].2,
+                        "W {} lags the completed prefix ending at {}", w.0, txns[last_done].2);
+                }
+                // Bookkeeping is bounded by the messages in flight, not by transactions.
+                let in_flight = usize::try_from(t.in_flight_messages()).unwrap();
+                prop_assert!(t.open_transactions() <= 2 * (in_flight + 2),
+                    "{} queue entries with {} messages in flight", t.open_transactions(), in_flight);
                 Ok(())
             };
 

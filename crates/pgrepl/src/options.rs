@@ -24,8 +24,12 @@ pub struct StartOptions {
     pub proto_version: Option<u32>,
     /// Binary column values where the type supports it (PG14+).
     pub binary: bool,
-    /// Initial flush position: pass max(slot `confirmed_flush_lsn`, `start_lsn`), so the
-    /// first status update can never move the slot backwards.
+    /// Flush position the status updates report until [`crate::FlushHandle::advance`]
+    /// raises it; the writer sends one right after the start. `0/0` reports nothing (the
+    /// server ignores it), the safe choice when the slot's position is not known *now*:
+    /// PostgreSQL <= 16 moves `confirmed_flush_lsn` back to a lower reported value, and a
+    /// position read before START_REPLICATION may be stale (another client may have held
+    /// the slot and confirmed more). Read it once streaming, then advance.
     pub initial_flush: Lsn,
     /// `None`: min(10 s, wal_sender_timeout / 2), read from the server.
     pub status_interval: Option<Duration>,

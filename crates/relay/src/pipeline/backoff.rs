@@ -1,4 +1,4 @@
-//! Capped exponential backoff with full jitter for reconnects.
+//! Capped exponential backoff with "equal jitter" for reconnects.
 
 use std::time::Duration;
 
@@ -20,21 +20,36 @@ impl Backoff {
         }
     }
 
-    /// The next delay: uniformly random in [base/2, min(cap, base * 2^attempt)], so many
-    /// relays restarted by one outage do not reconnect in lockstep.
+    /// The next delay: uniformly random in [ceiling/2, ceiling] with ceiling =
+    /// min(cap, base * 2^attempt). The random half keeps many relays hit by one outage
+    /// from reconnecting in lockstep; the fixed half makes the delays really grow (full
+    /// jitter can draw tiny delays at any attempt).
     pub fn next_delay(&mut self) -> Duration {
-        let exp = self
-            .base
-            .saturating_mul(2u32.saturating_pow(self.attempt.min(20)));
+        let ceiling = self.ceiling();
         self.attempt = self.attempt.saturating_add(1);
-        let ceiling = exp.min(self.cap);
-        let floor = (self.base / 2).min(ceiling);
-        rand::thread_rng().gen_range(floor..=ceiling)
+        rand::thread_rng().gen_range(ceiling / 2..=ceiling)
     }
 
-    /// Called once a session made progress, so the next outage starts from `base` again.
+    /// The delay before reconnecting after a session ended with a retryable error. Only a
+    /// session that made real progress starts the backoff over: one that merely connected
+    /// (or streamed briefly) before failing again must not turn an outage into a
+    /// reconnect storm.
+    pub fn after_session(&mut self, made_progress: bool) -> Duration {
+        if made_progress {
+            self.reset();
+        }
+        self.next_delay()
+    }
+
+    /// So the next outage starts from `base` again.
     pub fn reset(&mut self) {
         self.attempt = 0;
+    }
+
+    fn ceiling(&self) -> Duration {
+        self.base
+            .saturating_mul(2u32.saturating_pow(self.attempt.min(20)))
+            .min(self.cap)
     }
 }
 
@@ -42,14 +57,53 @@ impl Backoff {
 mod tests {
     use super::*;
 
+    fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+
     #[test]
-    fn grows_to_the_cap_and_resets() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
-        let delays: Vec<Duration> = (0..12).map(|_| b.next_delay()).collect();
-        assert!(delays.iter().all(|d| *d >= Duration::from_millis(50)));
-        assert!(delays.iter().all(|d| *d <= Duration::from_secs(2)));
-        assert!(delays[0] <= Duration::from_millis(100));
-        b.reset();
-        assert!(b.next_delay() <= Duration::from_millis(100));
+    fn delays_grow_to_the_cap() {
+        let mut b = Backoff::new(ms(100), Duration::from_secs(30));
+        let delays: Vec<Duration> = (0..15).map(|_| b.next_delay()).collect();
+        for (i, d) in delays.iter().enumerate() {
+            let ceiling = ms(100)
+                .saturating_mul(1 << i.min(20))
+                .min(Duration::from_secs(30));
+            assert!(
+                *d >= ceiling / 2 && *d <= ceiling,
+                "attempt {i}: {d:?} not in [{:?}, {ceiling:?}]",
+                ceiling / 2
+            );
+        }
+        // The lower bound grows: each delay from the third on exceeds the first's maximum.
+        assert!(delays[2..].iter().all(|d| *d >= ms(200)));
+        assert!(delays[8..].iter().all(|d| *d >= Duration::from_secs(12)));
+        assert!(delays[12..].iter().all(|d| *d >= Duration::from_secs(15)));
+        // 30 s of outage take few attempts: the lower bounds alone sum past 30 s by the 10th.
+        let mut total = Duration::ZERO;
+        let attempts = delays
+            .iter()
+            .take_while(|d| {
+                total += **d;
+                total < Duration::from_secs(30)
+            })
+            .count();
+        assert!(attempts <= 9, "{attempts} attempts within 30 s: {delays:?}");
+    }
+
+    #[test]
+    fn only_progress_resets() {
+        let mut b = Backoff::new(ms(100), Duration::from_secs(30));
+        // Sessions that fail without progress: the delays keep growing.
+        let first = b.after_session(false);
+        assert!(first <= ms(100));
+        for _ in 0..5 {
+            b.after_session(false);
+        }
+        assert!(b.after_session(false) >= Duration::from_millis(3200));
+        // A session that made progress: the next outage starts from the base again.
+        assert!(b.after_session(true) <= ms(100));
+        assert!(b.after_session(false) >= ms(100));
+        assert!(b.after_session(false) >= ms(200));
     }
 }

@@ -113,7 +113,16 @@ pub async fn run(
     };
     let mut seen_slot = false;
     loop {
-        let result = run_session(cfg, obs, progress.as_ref(), &mut shutdown, &mut seen_slot).await;
+        let mut progressed = false;
+        let result = run_session(
+            cfg,
+            obs,
+            progress.as_ref(),
+            &mut shutdown,
+            &mut seen_slot,
+            &mut progressed,
+        )
+        .await;
         obs.connected(false, false);
         match result {
             Ok(SessionEnd::Shutdown) => return Ok(()),
@@ -127,7 +136,7 @@ pub async fn run(
                     tracing::info!("{e}; standing by");
                     Duration::from_secs(1)
                 } else {
-                    let d = backoff.next_delay();
+                    let d = backoff.after_session(progressed);
                     tracing::warn!(retry_in_ms = d.as_millis(), "{e}");
                     obs.reconnect();
                     d
@@ -139,9 +148,6 @@ pub async fn run(
             }
             Err(e) => return Err(e),
         }
-        if seen_slot {
-            backoff.reset();
-        }
     }
 }
 
@@ -151,6 +157,7 @@ async fn run_session(
     progress: Option<&ProgressStore>,
     shutdown: &mut watch::Receiver<bool>,
     seen_slot: &mut bool,
+    progressed: &mut bool,
 ) -> Result<SessionEnd, RelayError> {
     let sql = cfg.pg.connect_sql().await?;
     let mut conn = ReplicationConnection::connect(&cfg.pg).await?;
@@ -186,17 +193,25 @@ async fn run_session(
         messages: cfg.emit.is_some() || cfg.heartbeat_interval.is_some(),
         proto_version: None,
         binary: false,
-        initial_flush: start.confirmed_flush,
+        // Not `start`: the slot may have moved since it was read (another instance held
+        // it until just now), and PostgreSQL <= 16 takes a lower flush as given. The
+        // server ignores a flush of 0/0 until the real position is known below.
+        initial_flush: pgoutput::Lsn::ZERO,
         status_interval: cfg.status_interval,
     };
     let mut stream = conn.start_replication(options).await?;
     *seen_slot = true;
+    // The slot is ours now and cannot move under us: this is where the stream starts.
+    let confirmed_flush = slot::confirmed_flush(&sql, &cfg.slot)
+        .await?
+        .unwrap_or(start.confirmed_flush);
+    stream.flush_handle().advance(confirmed_flush);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let producer = build_producer(&cfg.producer, tx)?;
     obs.connected(true, true);
     tracing::info!(
         slot = %cfg.slot,
-        confirmed_flush = %start.confirmed_flush,
+        confirmed_flush = %confirmed_flush,
         "streaming"
     );
     let mut session = Session::new(
@@ -206,10 +221,11 @@ async fn run_session(
         producer,
         rx,
         stream.flush_handle(),
-        start.confirmed_flush,
+        confirmed_flush,
         progress.map(|p| (p.clone(), identity, system.timeline)),
     );
     let result = session.run(&mut stream, shutdown).await;
+    *progressed = session.made_progress();
     match &result {
         Ok(_) => {
             if let Err(e) = stream.stop().await {

@@ -42,6 +42,11 @@ enum Produced {
     },
 }
 
+/// A session that streamed this long without failing counts as progress for the reconnect
+/// backoff even if it confirmed nothing (an idle slot): the outage that ends it is a new
+/// one, not the same one retried.
+const STREAMED_LONG_ENOUGH: Duration = Duration::from_secs(60);
+
 /// How a session that did not fail ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionEnd {
@@ -75,6 +80,8 @@ pub(super) struct Session<'a> {
     last_end_lsn: Lsn,
     flush: FlushHandle,
     confirmed: Lsn,
+    start: Lsn,
+    started_at: Instant,
     /// Status updates of this stream already added to the metrics.
     status_updates_reported: u64,
     progress: Option<ProgressWriter>,
@@ -115,6 +122,8 @@ impl<'a> Session<'a> {
             last_end_lsn: start,
             flush,
             confirmed: start,
+            start,
+            started_at: Instant::now(),
             status_updates_reported: 0,
             progress: progress.map(|(store, identity, timeline)| ProgressWriter {
                 store,
@@ -142,6 +151,12 @@ impl<'a> Session<'a> {
                 p.last_write = Instant::now();
             }
         }
+    }
+
+    /// Whether this session moved the confirmed position, or streamed for a good while:
+    /// what allows the reconnect backoff to start over.
+    pub(super) fn made_progress(&self) -> bool {
+        self.confirmed > self.start || self.started_at.elapsed() >= STREAMED_LONG_ENOUGH
     }
 
     /// Drops the producer without sending what it still holds: after an error the

@@ -8,10 +8,12 @@ use outbox_core::TableSpec;
 
 use super::error::RelayError;
 
-/// What a session starts from.
+/// The slot as checked before START_REPLICATION.
 #[derive(Debug, Clone, Copy)]
 pub struct SlotStart {
-    /// The slot's confirmed_flush_lsn: the ack watermark starts here and never goes below.
+    /// The slot's confirmed_flush_lsn when checked: only a fallback for the session's
+    /// start, which is read again once the slot is ours ([`confirmed_flush`]), because
+    /// another instance may advance it until then.
     pub confirmed_flush: Lsn,
 }
 
@@ -102,6 +104,15 @@ pub async fn create(pg: &ConnectConfig, slot: &str) -> Result<SlotStart, RelayEr
     Ok(SlotStart {
         confirmed_flush: created.consistent_point,
     })
+}
+
+/// The slot's `confirmed_flush_lsn` now. Read once START_REPLICATION succeeded, when the
+/// slot is held by our walsender and only our status updates can move it; `None` if the
+/// slot has none (or is gone).
+pub async fn confirmed_flush(sql: &Client, slot: &str) -> Result<Option<Lsn>, RelayError> {
+    Ok(preflight::slot_state(sql, slot)
+        .await?
+        .and_then(|s| s.confirmed_flush_lsn))
 }
 
 /// Slot health as the metrics report it, polled over SQL.
