@@ -221,7 +221,6 @@ async fn run_session(
         producer,
         rx,
         stream.flush_handle(),
-        confirmed_flush,
         progress.map(|p| (p.clone(), identity, system.timeline)),
     );
     let result = session.run(&mut stream, shutdown).await;

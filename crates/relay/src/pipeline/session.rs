@@ -106,9 +106,10 @@ impl<'a> Session<'a> {
         producer: RelayProducer,
         deliveries: UnboundedReceiver<Delivery>,
         flush: FlushHandle,
-        start: Lsn,
         progress: Option<(ProgressStore, SlotIdentity, u32)>,
     ) -> Self {
+        // The caller raised the handle to the slot's confirmed position: the start.
+        let start = flush.get();
         Session {
             cfg,
             obs,
