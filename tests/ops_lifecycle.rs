@@ -281,3 +281,49 @@ async fn standby_takes_over_within_5s_of_sigkill() {
     assert!(standby.is_running());
     standby.kill();
 }
+
+/// One deadline for the whole shutdown: with Kafka down and a transaction that cannot be
+/// finished (reading stopped at the in-flight cap inside it), SIGTERM exits 0 within
+/// OUTBOXD_SHUTDOWN_TIMEOUT_MS, not after one timeout to finish the transaction plus
+/// another to drain acks; nothing unacked is confirmed.
+#[tokio::test(flavor = "multi_thread")]
+async fn shutdown_takes_at_most_the_shutdown_timeout() {
+    let s = ops::streaming_relay(
+        "ops_shutdown_deadline",
+        &[
+            ("OUTBOXD_SHUTDOWN_TIMEOUT_MS", "3000"),
+            ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "10"),
+        ],
+    )
+    .await;
+    let mut relay = s.relay;
+    s.broker.set_all_down(true);
+    let before = schema::confirmed_flush_lsn(&s.db).await;
+    support::load::insert_events(&s.client, &s.outbox.table, 200, 200, 4).await;
+    ops::wait_for(
+        "the relay to reach the in-flight cap inside the transaction",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            relay
+                .metric("outboxd_in_flight_messages")
+                .filter(|n| *n >= 10.0)
+        },
+    )
+    .await;
+    let signalled = Instant::now();
+    relay.signal("TERM");
+    let status = relay.wait_exit(Duration::from_secs(30));
+    let took = signalled.elapsed();
+    eprintln!("shutdown with an unfinishable transaction took {took:?}");
+    assert_eq!(status.code(), Some(0), "{}", relay.log_text());
+    assert!(
+        took < Duration::from_millis(4500),
+        "shutdown took {took:?}, more than OUTBOXD_SHUTDOWN_TIMEOUT_MS (3 s) plus 1.5 s"
+    );
+    assert_eq!(
+        schema::confirmed_flush_lsn(&s.db).await,
+        before,
+        "nothing unacked may be confirmed"
+    );
+}

@@ -2,7 +2,7 @@
 
 use outbox_core::BoundTable;
 use outboxd_relay::kafka::build_producer;
-use outboxd_relay::pipeline::judge_publication;
+use outboxd_relay::pipeline::{judge_publication, MIN_SERVER_VERSION_NUM};
 use pgoutput::{Column, Relation, ReplicaIdentity};
 use pgrepl::{preflight, ReplicationConnection};
 use tokio_postgres::Client;
@@ -73,6 +73,20 @@ pub async fn check(s: &Settings) -> i32 {
 }
 
 async fn check_postgres(r: &mut Report, s: &Settings, sql: &Client) {
+    match sql
+        .query_one("SELECT current_setting('server_version_num')::int4", &[])
+        .await
+        .and_then(|row| row.try_get::<_, i32>(0))
+    {
+        Ok(v) if u32::try_from(v).is_ok_and(|v| v >= MIN_SERVER_VERSION_NUM) => {
+            r.ok("server version", v)
+        }
+        Ok(v) => r.fail(
+            "server version",
+            format!("server_version_num {v}: outboxd needs PostgreSQL 14 or newer"),
+        ),
+        Err(e) => r.fail("server version", e),
+    }
     match preflight::wal_level(sql).await {
         Ok(level) if level == "logical" => r.ok("wal_level", level),
         Ok(level) => r.fail(

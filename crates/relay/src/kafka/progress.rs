@@ -21,7 +21,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -394,6 +394,14 @@ impl ProgressStore {
             )),
             Err(_) => Err(ProgressError::Timeout(OPERATION_TIMEOUT * 2)),
         }
+    }
+
+    /// Drops records still waiting for a broker, so a shutdown during a Kafka outage does
+    /// not wait for them: they would only have been an older position anyway.
+    pub fn abandon_pending(&self) {
+        self.inner
+            .producer
+            .purge(PurgeConfig::default().queue().inflight().non_blocking());
     }
 
     /// Writes a record in the background; skipped while an earlier one is unanswered.

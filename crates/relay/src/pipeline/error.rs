@@ -50,6 +50,8 @@ pub enum RelayError {
         progress_topic: String,
         reason: String,
     },
+    #[error("the server is PostgreSQL {}.{} (server_version_num {version_num}); outboxd needs PostgreSQL 14 or newer", version_num / 10_000, version_num % 10_000)]
+    UnsupportedServer { version_num: u32 },
     #[error(transparent)]
     Shape(#[from] ShapeError),
     #[error("bad outbox row{}: {error}; OUTBOXD_BAD_ROW_POLICY=stop, so outboxd stopped without acknowledging it. Fix or delete the row's transaction effect and restart, or set OUTBOXD_BAD_ROW_POLICY=dead-letter", .error.event_id().map(|id| format!(" id={}", outbox_core::short_id(id))).unwrap_or_default())]
@@ -94,6 +96,7 @@ impl RelayError {
             | E::PublicationMissing { .. }
             | E::PublicationDropped { .. }
             | E::TableNotPublished { .. }
+            | E::UnsupportedServer { .. }
             | E::SlotLost { .. }
             | E::Shape(_)
             | E::BadRow { .. }

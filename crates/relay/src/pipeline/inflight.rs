@@ -12,7 +12,43 @@ pub struct InFlightEntry {
     pub bytes: usize,
     /// Commit timestamp (unix micros) of the source transaction, for commit→ack latency.
     pub commit_unix_micros: i64,
+    /// Index of the record's topic in the session's [`TopicNames`], so a stuck event can
+    /// be reported with its topic without a string per message.
+    pub topic: u32,
 }
+
+/// Topic names of the session's messages, each stored once. Bounded: a topic template
+/// over the aggregate id could name millions of topics, and past the bound a stuck event
+/// is reported without its topic rather than memory growing.
+#[derive(Debug, Default)]
+pub struct TopicNames {
+    names: Vec<String>,
+    index: std::collections::HashMap<String, u32>,
+}
+
+impl TopicNames {
+    pub fn intern(&mut self, topic: &str) -> u32 {
+        if let Some(i) = self.index.get(topic) {
+            return *i;
+        }
+        if self.names.len() >= MAX_TOPIC_NAMES {
+            return u32::MAX;
+        }
+        let i = u32::try_from(self.names.len()).unwrap_or(u32::MAX);
+        self.names.push(topic.to_owned());
+        self.index.insert(topic.to_owned(), i);
+        i
+    }
+
+    pub fn name(&self, i: u32) -> &str {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| self.names.get(i))
+            .map_or("(one of many topics)", String::as_str)
+    }
+}
+
+const MAX_TOPIC_NAMES: usize = 1024;
 
 #[derive(Debug, Default)]
 pub struct InFlight {
@@ -68,11 +104,15 @@ impl InFlight {
     /// Commit time of the oldest in-flight message, by scanning; called on the metrics
     /// tick only, never per message.
     pub fn oldest_commit_unix_micros(&self) -> Option<i64> {
+        self.oldest().map(|e| e.commit_unix_micros)
+    }
+
+    /// The in-flight message with the oldest commit, by scanning (ticks only).
+    pub fn oldest(&self) -> Option<&InFlightEntry> {
         self.slots
             .iter()
             .flatten()
-            .map(|e| e.commit_unix_micros)
-            .min()
+            .min_by_key(|e| e.commit_unix_micros)
     }
 }
 
@@ -85,6 +125,7 @@ mod tests {
             ticket: Ticket::default(),
             bytes,
             commit_unix_micros: t,
+            topic: 0,
         }
     }
 

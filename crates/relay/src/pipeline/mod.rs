@@ -64,6 +64,18 @@ pub struct RelayConfig {
     pub slot_stats_every_ticks: u64,
 }
 
+/// The oldest PostgreSQL outboxd supports: pgoutput's `messages` option, the
+/// `CREATE_REPLICATION_SLOT` forms and the catalog views it relies on (and the versions
+/// its tests run on) start here.
+pub const MIN_SERVER_VERSION_NUM: u32 = 140_000;
+
+fn check_server_version(version_num: u32) -> Result<(), RelayError> {
+    if version_num < MIN_SERVER_VERSION_NUM {
+        return Err(RelayError::UnsupportedServer { version_num });
+    }
+    Ok(())
+}
+
 /// Creates the missing slot, but only once the progress record shows that no earlier slot
 /// of this name existed, and only after recording that this one will: a slot must never
 /// exist without a record, or its loss could go unnoticed.
@@ -111,14 +123,28 @@ pub async fn run(
         Some(topic) => Some(ProgressStore::new(&cfg.producer, topic)?),
         None => None,
     };
+    let result = relay_loop(cfg, obs, progress.as_ref(), &mut shutdown, &mut backoff).await;
+    if let Some(p) = &progress {
+        p.abandon_pending();
+    }
+    result
+}
+
+async fn relay_loop(
+    cfg: &RelayConfig,
+    obs: &Observer,
+    progress: Option<&ProgressStore>,
+    shutdown: &mut watch::Receiver<bool>,
+    backoff: &mut Backoff,
+) -> Result<(), RelayError> {
     let mut seen_slot = false;
     loop {
         let mut progressed = false;
         let result = run_session(
             cfg,
             obs,
-            progress.as_ref(),
-            &mut shutdown,
+            progress,
+            shutdown,
             &mut seen_slot,
             &mut progressed,
         )
@@ -161,6 +187,7 @@ async fn run_session(
 ) -> Result<SessionEnd, RelayError> {
     let sql = cfg.pg.connect_sql().await?;
     let mut conn = ReplicationConnection::connect(&cfg.pg).await?;
+    check_server_version(conn.server_version_num().await?)?;
     let system = conn.identify_system().await?;
     let identity = SlotIdentity {
         system_id: system.system_id.clone(),
@@ -227,12 +254,30 @@ async fn run_session(
     *progressed = session.made_progress();
     match &result {
         Ok(_) => {
-            if let Err(e) = stream.stop().await {
-                tracing::warn!("closing the replication stream: {e}");
+            // Bounded: the final position was already sent; CopyDone is a courtesy.
+            match tokio::time::timeout(Duration::from_secs(2), stream.stop()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!("closing the replication stream: {e}"),
+                Err(_) => tracing::warn!("closing the replication stream timed out"),
             }
         }
         Err(_) => drop(stream),
     }
     session.abandon();
     result
+}
+
+#[cfg(test)]
+mod version_tests {
+    use super::*;
+
+    #[test]
+    fn servers_before_14_are_refused_with_exit_3() {
+        let e = check_server_version(130_015).unwrap_err();
+        assert_eq!(e.exit_code(), 3);
+        assert_eq!(e.class(), ErrorClass::Permanent);
+        assert!(e.to_string().contains("PostgreSQL 14 or newer"), "{e}");
+        assert!(check_server_version(140_000).is_ok());
+        assert!(check_server_version(180_001).is_ok());
+    }
 }

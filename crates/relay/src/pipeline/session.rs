@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio_postgres::Client;
 
 use super::error::RelayError;
-use super::inflight::{InFlight, InFlightEntry};
+use super::inflight::{InFlight, InFlightEntry, TopicNames};
 use super::observe::Observer;
 use super::slot;
 use super::{BadRowPolicy, RelayConfig};
@@ -30,6 +30,9 @@ use crate::kafka::{
 /// Longest wait for a query on the side SQL connection (a few rows, normally
 /// milliseconds).
 const SQL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long an unacked event waits before it is reported, and how often after that.
+const STUCK_REPORT_EVERY: Duration = Duration::from_secs(30);
 
 /// What became of a record handed to [`Session::produce`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +88,9 @@ pub(super) struct Session<'a> {
     /// Status updates of this stream already added to the metrics.
     status_updates_reported: u64,
     progress: Option<ProgressWriter>,
+    topics: TopicNames,
+    /// When a stuck event was last reported.
+    last_stuck_report: Option<Instant>,
 }
 
 /// Keeps the slot's progress record current (see `kafka::progress`).
@@ -126,6 +132,8 @@ impl<'a> Session<'a> {
             start,
             started_at: Instant::now(),
             status_updates_reported: 0,
+            topics: TopicNames::default(),
+            last_stuck_report: None,
             progress: progress.map(|(store, identity, timeline)| ProgressWriter {
                 store,
                 identity,
@@ -179,24 +187,24 @@ impl<'a> Session<'a> {
             t
         });
         let mut ticks: u64 = 0;
-        let mut stopping_since: Option<Instant> = None;
+        // One deadline for the whole shutdown: finishing the open transaction, draining
+        // acks and the final progress record all fit in OUTBOXD_SHUTDOWN_TIMEOUT_MS, so an
+        // orchestrator's grace period sized from it is enough.
+        let mut deadline: Option<tokio::time::Instant> = None;
         let failure = stream.failure();
         loop {
-            if *shutdown.borrow() && stopping_since.is_none() {
+            if *shutdown.borrow() && deadline.is_none() {
                 tracing::info!(
                     "shutdown requested: finishing the open transaction, then draining acks"
                 );
-                stopping_since = Some(Instant::now());
+                deadline = Some(tokio::time::Instant::now() + self.cfg.shutdown_timeout);
             }
             // On shutdown, keep reading only to finish an open transaction, so its acked
             // messages are confirmed and not re-sent after the restart.
-            let stopping = stopping_since.is_some();
-            if stopping && !self.tracker.in_transaction() {
-                return self.drain(stream).await;
-            }
-            if let Some(since) = stopping_since {
-                if since.elapsed() > self.cfg.shutdown_timeout {
-                    return self.drain(stream).await;
+            let stopping = deadline.is_some();
+            if let Some(at) = deadline {
+                if !self.tracker.in_transaction() || tokio::time::Instant::now() >= at {
+                    return self.drain(stream, at).await;
                 }
             }
             let room = self.has_room();
@@ -206,7 +214,7 @@ impl<'a> Session<'a> {
                 changed = shutdown.changed(), if !stopping => {
                     if changed.is_err() {
                         // The sender is gone: treat as a shutdown request.
-                        stopping_since = Some(Instant::now());
+                        deadline = Some(tokio::time::Instant::now() + self.cfg.shutdown_timeout);
                     }
                 }
                 // Unconditionally: at the in-flight cap the stream is not read, and a
@@ -221,6 +229,7 @@ impl<'a> Session<'a> {
                         self.on_delivery(d)?;
                     }
                 }
+                _ = async { match deadline { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {}
                 _ = tick.tick() => {
                     ticks += 1;
                     self.on_tick(stream, ticks).await?;
@@ -342,6 +351,34 @@ impl<'a> Session<'a> {
         };
         self.relations.insert(r.rel_id, role);
         Ok(())
+    }
+
+    /// A message unacked for long (a topic that does not exist, a partition without a
+    /// leader, a broker refusing writes) holds the slot back without any error: say which
+    /// topic, every so often, so the on-call engineer does not have to guess.
+    fn report_stuck_event(&mut self) {
+        let Some(oldest) = self.inflight.oldest() else {
+            self.last_stuck_report = None;
+            return;
+        };
+        let now_micros = PgTimestamp::now().unix_micros();
+        let age = Duration::from_micros(
+            u64::try_from(now_micros.saturating_sub(oldest.commit_unix_micros)).unwrap_or(0),
+        );
+        let due = self
+            .last_stuck_report
+            .is_none_or(|at| at.elapsed() >= STUCK_REPORT_EVERY);
+        if age >= STUCK_REPORT_EVERY && due {
+            self.last_stuck_report = Some(Instant::now());
+            tracing::warn!(
+                topic = self.topics.name(oldest.topic),
+                unacked = self.inflight.len(),
+                age_s = age.as_secs(),
+                "an event to topic {} has waited {} s for Kafka's ack, holding the slot back; check that the topic exists (or that brokers create topics) and that its partitions have a leader",
+                self.topics.name(oldest.topic),
+                age.as_secs()
+            );
+        }
     }
 
     /// Adds the ignored inserts counted since the last tick to the metrics, logging each
@@ -483,10 +520,12 @@ impl<'a> Session<'a> {
         ctx: CommitContext,
     ) -> Result<Produced, RelayError> {
         let ticket = self.tracker.track_message()?;
+        let topic = self.topics.intern(&rec.topic);
         let index = self.inflight.insert(InFlightEntry {
             ticket,
             bytes: rec.approx_size(),
             commit_unix_micros: ctx.commit_time.unix_micros(),
+            topic,
         });
         let headers: Vec<(&str, &[u8])> = rec
             .headers
@@ -558,6 +597,7 @@ impl<'a> Session<'a> {
             .in_flight(self.inflight.len(), self.inflight.bytes());
         self.obs
             .oldest_unacked(self.inflight.oldest_commit_unix_micros());
+        self.report_stuck_event();
         if let Some(fatal) = self.producer.is_fatal() {
             return Err(RelayError::Send(SendError::Fatal(fatal)));
         }
@@ -614,8 +654,11 @@ impl<'a> Session<'a> {
     }
 
     /// Stop reading, wait (bounded) for in-flight acks, confirm, and end the stream.
-    async fn drain(&mut self, stream: &mut ReplicationStream) -> Result<SessionEnd, RelayError> {
-        let deadline = tokio::time::Instant::now() + self.cfg.shutdown_timeout;
+    async fn drain(
+        &mut self,
+        stream: &mut ReplicationStream,
+        deadline: tokio::time::Instant,
+    ) -> Result<SessionEnd, RelayError> {
         while !self.inflight.is_empty() {
             tokio::select! {
                 d = self.deliveries.recv() => match d {
@@ -635,8 +678,14 @@ impl<'a> Session<'a> {
         self.advance();
         if let Some(p) = &self.progress {
             let record = ProgressRecord::now(p.timeline, self.confirmed);
-            if let Err(e) = p.store.write_and_wait(&p.identity, &record).await {
-                tracing::warn!("writing the final progress record failed: {e}");
+            // Whatever time is left, but a moment at least: the record is worth a try.
+            let left = deadline
+                .saturating_duration_since(tokio::time::Instant::now())
+                .max(Duration::from_millis(250));
+            match tokio::time::timeout(left, p.store.write_and_wait(&p.identity, &record)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!("writing the final progress record failed: {e}"),
+                Err(_) => tracing::warn!("no time left to write the final progress record"),
             }
         }
         tracing::info!(confirmed = %self.confirmed, "confirming the final position and closing the stream");
