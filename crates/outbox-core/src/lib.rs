@@ -29,12 +29,15 @@
 //!   whose messages, and all earlier ones', the broker acknowledged; keepalives advance it
 //!   only when nothing is open or unacknowledged; a failed delivery freezes it until the
 //!   relay restarts from the slot.
+//! - **Replays** ([`delivered`]): transactions PostgreSQL sends again after a restart
+//!   are skipped when the relay knows Kafka has them, narrowly (same history only).
 //! - **Back-pressure** ([`budget`]): caps on in-flight messages and bytes, always letting
 //!   one message through.
 //! - Every error type has a [`ErrorClass`] (permanent or retryable) decided in one place.
 
 pub mod ack;
 pub mod budget;
+pub mod delivered;
 pub mod dlq;
 pub mod emit;
 pub mod error;
@@ -47,6 +50,7 @@ mod value;
 
 pub use ack::{AckTracker, Ticket};
 pub use budget::{InFlightBudget, InFlightUsage};
+pub use delivered::{DeliveredPosition, Replay, SkipRange};
 pub use dlq::{dead_letter_message, dead_letter_record};
 pub use emit::EmitMapper;
 pub use error::{

@@ -131,6 +131,17 @@ impl ReplicationConnection {
         })
     }
 
+    /// `TIMELINE_HISTORY tli`: the history file of timeline `tli` (2 or more), as text:
+    /// `parentTLI<TAB>switchpoint<TAB>reason` lines.
+    pub async fn timeline_history(&mut self, timeline: u32) -> Result<String, ReplError> {
+        let rows = self
+            .simple_query(&format!("TIMELINE_HISTORY {timeline}"))
+            .await?;
+        let row = rows.single_row("TIMELINE_HISTORY")?;
+        // The walsender sends the file's bytes as they are, though the column is bytea.
+        rows.required(row, "content")
+    }
+
     /// `SHOW name` (e.g. `wal_sender_timeout`, `server_version_num`).
     pub async fn show(&mut self, name: &str) -> Result<String, ReplError> {
         let rows = self

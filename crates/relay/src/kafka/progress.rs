@@ -55,13 +55,16 @@ pub struct ProgressRecord {
     pub confirmed_lsn: Lsn,
     /// When it was written, Unix milliseconds.
     pub recorded_at_unix_ms: u64,
+    /// Commit time of the newest transaction read when it was written (0: unknown).
+    pub last_commit_unix_micros: i64,
 }
 
 impl ProgressRecord {
-    pub fn now(timeline: u32, confirmed_lsn: Lsn) -> Self {
+    pub fn now(timeline: u32, confirmed_lsn: Lsn, last_commit_unix_micros: i64) -> Self {
         ProgressRecord {
             timeline,
             confirmed_lsn,
+            last_commit_unix_micros,
             recorded_at_unix_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
@@ -77,6 +80,7 @@ impl ProgressRecord {
             "timeline": self.timeline,
             "confirmed_lsn": self.confirmed_lsn.to_string(),
             "recorded_at_unix_ms": self.recorded_at_unix_ms,
+            "last_commit_unix_micros": self.last_commit_unix_micros,
         })
         .to_string()
     }
@@ -97,11 +101,26 @@ impl ProgressRecord {
         let recorded_at_unix_ms = field("recorded_at_unix_ms")?
             .as_u64()
             .ok_or("recorded_at_unix_ms is not a number")?;
+        // Absent in records written before it existed: 0 skips nothing (see delivered).
+        let last_commit_unix_micros = v
+            .get("last_commit_unix_micros")
+            .and_then(serde_json::Value::as_i64)
+            .unwrap_or(0);
         Ok(ProgressRecord {
             timeline,
             confirmed_lsn,
             recorded_at_unix_ms,
+            last_commit_unix_micros,
         })
+    }
+
+    /// What the record says Kafka has, for skipping replays.
+    pub fn delivered(&self) -> outbox_core::DeliveredPosition {
+        outbox_core::DeliveredPosition {
+            timeline: self.timeline,
+            lsn: self.confirmed_lsn,
+            last_commit_unix_micros: self.last_commit_unix_micros,
+        }
     }
 
     /// `recorded_at` as RFC 3339-ish UTC text for error messages.
@@ -441,6 +460,7 @@ mod tests {
             timeline: 3,
             confirmed_lsn: Lsn(0x1_0000_00A0),
             recorded_at_unix_ms: 1_764_590_400_000,
+            last_commit_unix_micros: 1_764_590_399_000_000,
         };
         let json = r.to_json(&id);
         assert_eq!(ProgressRecord::from_json(json.as_bytes()), Ok(r.clone()));

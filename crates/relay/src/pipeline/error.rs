@@ -154,6 +154,15 @@ impl RelayError {
         }
     }
 
+    /// The PostgreSQL side ended the session (restart, network, terminated walsender):
+    /// what is in flight to Kafka is still good and worth waiting for.
+    pub fn is_server_gone(&self) -> bool {
+        matches!(
+            self,
+            RelayError::Postgres(_) | RelayError::Sql(_) | RelayError::StreamClosed
+        )
+    }
+
     /// A short label for logs and metrics.
     pub fn is_slot_in_use(&self) -> bool {
         matches!(self, RelayError::Postgres(ReplError::SlotInUse { .. }))

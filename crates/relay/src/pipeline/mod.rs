@@ -20,10 +20,12 @@ pub use observe::Observer;
 pub use session::SessionEnd;
 pub use slot::{judge_publication, SlotStart, SlotStats};
 
+use outbox_core::{DeliveredPosition, SkipRange};
+
 use crate::kafka::{
     build_producer, ProducerSettings, ProgressError, ProgressRecord, ProgressStore, SlotIdentity,
 };
-use session::Session;
+use session::{Session, SessionStart};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BadRowPolicy {
@@ -62,6 +64,89 @@ pub struct RelayConfig {
     pub progress_interval: Duration,
     /// Slot statistics are polled every this many 1-second ticks.
     pub slot_stats_every_ticks: u64,
+}
+
+/// How long a session whose server went away waits for in-flight acks (see
+/// `Session::settle_in_flight`).
+const SETTLE_AFTER_SERVER_LOSS: Duration = Duration::from_secs(5);
+
+/// What one session hands the next within a process.
+#[derive(Debug, Default)]
+struct Carry {
+    /// This process has streamed from the slot: a missing slot was dropped under us.
+    seen_slot: bool,
+    /// The last session made progress (resets the reconnect backoff).
+    progressed: bool,
+    /// What the last session knew Kafka has: replays of it are skipped.
+    delivered: Option<DeliveredPosition>,
+}
+
+/// The transactions of the coming replay that Kafka already has: what the previous
+/// session of this process confirmed, or else the progress record. Any doubt (no record,
+/// an unreadable one, a timeline history that cannot be read) skips nothing: skipping
+/// saves duplicates, it must never cost an event.
+async fn skip_range(
+    pg: &ConnectConfig,
+    carry: &Carry,
+    progress: Option<&ProgressStore>,
+    identity: &SlotIdentity,
+    timeline: u32,
+) -> SkipRange {
+    let known = match (carry.delivered, progress) {
+        (Some(d), _) => Some(d),
+        (None, Some(p)) => {
+            match p.read_latest(identity).await {
+                Ok(record) => record.map(|r| r.delivered()),
+                Err(e) => {
+                    tracing::info!("no progress record to skip replayed events ({e}); they are published again");
+                    None
+                }
+            }
+        }
+        (None, None) => None,
+    };
+    let Some(known) = known else {
+        return SkipRange::none();
+    };
+    let fork = if known.timeline == timeline {
+        None
+    } else {
+        // Rare (a failover or restore happened): a connection of its own, as the
+        // replication one is streaming already.
+        let history = match ReplicationConnection::connect(pg).await {
+            Ok(mut conn) => conn.timeline_history(timeline).await,
+            Err(e) => Err(e),
+        };
+        match history {
+            Ok(text) => match outbox_core::delivered::parse_timeline_history(&text) {
+                Ok(history) => outbox_core::delivered::fork_point(&history, known.timeline),
+                Err(e) => {
+                    tracing::warn!(
+                        "unreadable history of timeline {timeline}: {e}; skipping nothing"
+                    );
+                    None
+                }
+            },
+            Err(e) => {
+                tracing::warn!(
+                    "reading the history of timeline {timeline} failed: {e}; skipping nothing"
+                );
+                None
+            }
+        }
+    };
+    let range = SkipRange::new(known, timeline, fork);
+    if known.timeline != timeline {
+        tracing::warn!(
+            recorded_timeline = known.timeline,
+            timeline,
+            recorded = %known.lsn,
+            fork = ?fork.map(|f| f.to_string()),
+            skip_below = ?range.below().map(|l| l.to_string()),
+            "the server is on another timeline than the last delivered position (failover or restore): only transactions before the fork are skipped"
+        );
+    }
+    range
 }
 
 /// The oldest PostgreSQL outboxd supports: pgoutput's `messages` option, the
@@ -106,7 +191,7 @@ async fn create_slot_if_new(
         });
     }
     progress
-        .write_and_wait(identity, &ProgressRecord::now(timeline, position))
+        .write_and_wait(identity, &ProgressRecord::now(timeline, position, 0))
         .await
         .map_err(unknown)?;
     slot::create(&cfg.pg, &cfg.slot).await
@@ -137,18 +222,10 @@ async fn relay_loop(
     shutdown: &mut watch::Receiver<bool>,
     backoff: &mut Backoff,
 ) -> Result<(), RelayError> {
-    let mut seen_slot = false;
+    let mut carry = Carry::default();
     loop {
-        let mut progressed = false;
-        let result = run_session(
-            cfg,
-            obs,
-            progress,
-            shutdown,
-            &mut seen_slot,
-            &mut progressed,
-        )
-        .await;
+        carry.progressed = false;
+        let result = run_session(cfg, obs, progress, shutdown, &mut carry).await;
         obs.connected(false, false);
         match result {
             Ok(SessionEnd::Shutdown) => return Ok(()),
@@ -162,7 +239,7 @@ async fn relay_loop(
                     tracing::info!("{e}; standing by");
                     Duration::from_secs(1)
                 } else {
-                    let d = backoff.after_session(progressed);
+                    let d = backoff.after_session(carry.progressed);
                     tracing::warn!(retry_in_ms = d.as_millis(), "{e}");
                     obs.reconnect();
                     d
@@ -182,8 +259,7 @@ async fn run_session(
     obs: &Observer,
     progress: Option<&ProgressStore>,
     shutdown: &mut watch::Receiver<bool>,
-    seen_slot: &mut bool,
-    progressed: &mut bool,
+    carry: &mut Carry,
 ) -> Result<SessionEnd, RelayError> {
     let sql = cfg.pg.connect_sql().await?;
     let mut conn = ReplicationConnection::connect(&cfg.pg).await?;
@@ -200,7 +276,7 @@ async fn run_session(
         &cfg.slot,
         &cfg.publication,
         cfg.create_slot,
-        *seen_slot,
+        carry.seen_slot,
         cfg.relay_table.then_some(&cfg.table),
     )
     .await?;
@@ -227,12 +303,13 @@ async fn run_session(
         status_interval: cfg.status_interval,
     };
     let mut stream = conn.start_replication(options).await?;
-    *seen_slot = true;
+    carry.seen_slot = true;
     // The slot is ours now and cannot move under us: this is where the stream starts.
     let confirmed_flush = slot::confirmed_flush(&sql, &cfg.slot)
         .await?
         .unwrap_or(start.confirmed_flush);
     stream.flush_handle().advance(confirmed_flush);
+    let skip = skip_range(&cfg.pg, carry, progress, &identity, system.timeline).await;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let producer = build_producer(&cfg.producer, tx)?;
     obs.connected(true, true);
@@ -248,10 +325,19 @@ async fn run_session(
         producer,
         rx,
         stream.flush_handle(),
-        progress.map(|p| (p.clone(), identity, system.timeline)),
+        SessionStart {
+            timeline: system.timeline,
+            skip,
+            last_commit_unix_micros: skip.last_commit_unix_micros(),
+            progress: progress.map(|p| (p.clone(), identity)),
+        },
     );
     let result = session.run(&mut stream, shutdown).await;
-    *progressed = session.made_progress();
+    if result.as_ref().is_err_and(RelayError::is_server_gone) {
+        session.settle_in_flight(SETTLE_AFTER_SERVER_LOSS).await;
+    }
+    carry.progressed = session.made_progress();
+    carry.delivered = Some(session.delivered());
     match &result {
         Ok(_) => {
             // Bounded: the final position was already sent; CopyDone is a courtesy.

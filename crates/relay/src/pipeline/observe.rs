@@ -87,6 +87,11 @@ impl Observer {
         self.metrics.add_ignored_rows(relation, n)
     }
 
+    /// A replayed event Kafka already had was not published again.
+    pub(super) fn skipped_as_delivered(&self) {
+        self.metrics.inc_events_skipped();
+    }
+
     pub(super) fn delivery_error(&self) {
         self.metrics.inc_delivery_errors();
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use outbox_core::{
     check_size, dead_letter_message, dead_letter_record, oversize_error, AckTracker, BoundTable,
-    CommitContext, OutboxRecord, RowError,
+    CommitContext, DeliveredPosition, OutboxRecord, Replay, RowError, SkipRange,
 };
 use pgoutput::{Insert, LogicalMessage, Lsn, Message, PgTimestamp, Relation};
 use pgrepl::{preflight, FlushHandle, ReplicationEvent, ReplicationStream};
@@ -91,13 +91,31 @@ pub(super) struct Session<'a> {
     topics: TopicNames,
     /// When a stuck event was last reported.
     last_stuck_report: Option<Instant>,
+    timeline: u32,
+    /// Replayed transactions Kafka already has (see `outbox_core::delivered`).
+    skip: SkipRange,
+    /// The open transaction is one of them: its rows are not published.
+    skipping: bool,
+    /// The bound the session started with that is valid on this timeline; dropped if the
+    /// history turns out to have changed.
+    known_below: Lsn,
+    /// Commit time of the newest transaction read (skipped ones included).
+    last_commit_unix_micros: i64,
+}
+
+/// How a session starts beyond its connections: where it is in the server's history,
+/// what it may skip, and where it keeps its progress record.
+pub(super) struct SessionStart {
+    pub timeline: u32,
+    pub skip: SkipRange,
+    pub last_commit_unix_micros: i64,
+    pub progress: Option<(ProgressStore, SlotIdentity)>,
 }
 
 /// Keeps the slot's progress record current (see `kafka::progress`).
 struct ProgressWriter {
     store: ProgressStore,
     identity: SlotIdentity,
-    timeline: u32,
     /// Position of the last record written by this session; `None`: none yet, so the
     /// first tick writes one even without progress (a slot from before records existed).
     written: Option<Lsn>,
@@ -112,7 +130,7 @@ impl<'a> Session<'a> {
         producer: RelayProducer,
         deliveries: UnboundedReceiver<Delivery>,
         flush: FlushHandle,
-        progress: Option<(ProgressStore, SlotIdentity, u32)>,
+        begin: SessionStart,
     ) -> Self {
         // The caller raised the handle to the slot's confirmed position: the start.
         let start = flush.get();
@@ -134,10 +152,14 @@ impl<'a> Session<'a> {
             status_updates_reported: 0,
             topics: TopicNames::default(),
             last_stuck_report: None,
-            progress: progress.map(|(store, identity, timeline)| ProgressWriter {
+            timeline: begin.timeline,
+            skip: begin.skip,
+            skipping: false,
+            known_below: begin.skip.below().unwrap_or(Lsn::ZERO),
+            last_commit_unix_micros: begin.last_commit_unix_micros,
+            progress: begin.progress.map(|(store, identity)| ProgressWriter {
                 store,
                 identity,
-                timeline,
                 written: None,
                 last_write: Instant::now(),
             }),
@@ -154,11 +176,46 @@ impl<'a> Session<'a> {
                 Some(w) => confirmed > w && p.last_write.elapsed() >= interval,
             };
             if due {
-                p.store
-                    .write_in_background(&p.identity, ProgressRecord::now(p.timeline, confirmed));
+                p.store.write_in_background(
+                    &p.identity,
+                    ProgressRecord::now(self.timeline, confirmed, self.last_commit_unix_micros),
+                );
                 p.written = Some(confirmed);
                 p.last_write = Instant::now();
             }
+        }
+    }
+
+    /// After the server went away (not Kafka): waits a little for the acks of what is in
+    /// flight, so the next session knows them delivered and skips them in the replay
+    /// instead of publishing them twice. A delivery error ends the wait (and is then the
+    /// session's business no more: the producer is dropped anyway).
+    pub(super) async fn settle_in_flight(&mut self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while !self.inflight.is_empty() {
+            tokio::select! {
+                d = self.deliveries.recv() => match d {
+                    Some(d) => {
+                        if self.on_delivery(d).is_err() {
+                            break;
+                        }
+                    }
+                    None => break,
+                },
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        // Only ever the acked prefix; the stream is gone, so nothing is sent with it.
+        let w = self.tracker.watermark();
+        self.confirmed = self.confirmed.max(w);
+    }
+
+    /// What this session knows Kafka has, for the next session of the process.
+    pub(super) fn delivered(&self) -> DeliveredPosition {
+        DeliveredPosition {
+            timeline: self.timeline,
+            lsn: self.confirmed.max(self.known_below),
+            last_commit_unix_micros: self.last_commit_unix_micros,
         }
     }
 
@@ -288,10 +345,26 @@ impl<'a> Session<'a> {
             LogicalMessage::Begin(b) => {
                 self.tracker.begin(now_unix_micros())?;
                 self.txn = Some(CommitContext::new(b.final_lsn, b.commit_time));
+                self.last_commit_unix_micros = self
+                    .last_commit_unix_micros
+                    .max(b.commit_time.unix_micros());
+                self.skipping = match self.skip.on_begin(b.final_lsn, b.commit_time) {
+                    Replay::Skip => true,
+                    Replay::Publish => false,
+                    Replay::HistoryChanged => {
+                        tracing::warn!(
+                            commit_lsn = %b.final_lsn,
+                            "a transaction inside the range already delivered committed after the newest delivered one: the server's history changed (restored from a snapshot?); publishing everything from here"
+                        );
+                        self.known_below = Lsn::ZERO;
+                        false
+                    }
+                };
             }
             LogicalMessage::Commit(c) => {
                 self.tracker.commit(c.end_lsn)?;
                 self.txn = None;
+                self.skipping = false;
                 self.last_end_lsn = self.last_end_lsn.max(c.end_lsn);
             }
             LogicalMessage::Relation(r) => self.on_relation(&r).await?,
@@ -418,6 +491,10 @@ impl<'a> Session<'a> {
         let ctx = self
             .txn
             .ok_or_else(|| RelayError::Protocol("insert outside a transaction".into()))?;
+        if self.skipping {
+            self.obs.skipped_as_delivered();
+            return Ok(());
+        }
         let max = self.cfg.max_message_bytes;
         let mapped = table
             .map_insert(&ins.new_tuple, &ctx)
@@ -446,6 +523,10 @@ impl<'a> Session<'a> {
             return Ok(());
         };
         if m.prefix != mapper.prefix() {
+            return Ok(());
+        }
+        if self.skipping {
+            self.obs.skipped_as_delivered();
             return Ok(());
         }
         // A non-transactional message arrives outside Begin/Commit; it gets a transaction
@@ -677,7 +758,8 @@ impl<'a> Session<'a> {
         }
         self.advance();
         if let Some(p) = &self.progress {
-            let record = ProgressRecord::now(p.timeline, self.confirmed);
+            let record =
+                ProgressRecord::now(self.timeline, self.confirmed, self.last_commit_unix_micros);
             // Whatever time is left, but a moment at least: the record is worth a try.
             let left = deadline
                 .saturating_duration_since(tokio::time::Instant::now())

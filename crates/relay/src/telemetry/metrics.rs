@@ -117,6 +117,7 @@ pub struct Metrics {
     events_published: AtomicU64,
     dead_lettered: [AtomicU64; 6],
     delivery_errors: AtomicU64,
+    events_skipped: AtomicU64,
     reconnects: AtomicU64,
     status_updates_sent: AtomicU64,
     in_flight_messages: AtomicU64,
@@ -146,6 +147,7 @@ impl Default for Metrics {
             events_published: AtomicU64::new(0),
             dead_lettered: Default::default(),
             delivery_errors: AtomicU64::new(0),
+            events_skipped: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             status_updates_sent: AtomicU64::new(0),
             in_flight_messages: AtomicU64::new(0),
@@ -171,6 +173,8 @@ pub struct MetricsSnapshot {
     pub events_published_total: u64,
     pub events_dead_lettered_total: Vec<(DeadLetterReason, u64)>,
     pub delivery_errors_total: u64,
+    /// Replayed events not published again because Kafka already had them.
+    pub events_skipped_total: u64,
     pub reconnects_total: u64,
     pub status_updates_sent_total: u64,
     pub in_flight_messages: u64,
@@ -211,6 +215,10 @@ impl Metrics {
         if let Some(c) = self.dead_lettered.get(reason.index()) {
             add(c, 1);
         }
+    }
+
+    pub fn inc_events_skipped(&self) {
+        add(&self.events_skipped, 1);
     }
 
     pub fn inc_delivery_errors(&self) {
@@ -306,6 +314,7 @@ impl Metrics {
                 .map(|r| (r, self.dead_lettered.get(r.index()).map_or(0, load)))
                 .collect(),
             delivery_errors_total: load(&self.delivery_errors),
+            events_skipped_total: load(&self.events_skipped),
             reconnects_total: load(&self.reconnects),
             status_updates_sent_total: load(&self.status_updates_sent),
             in_flight_messages: load(&self.in_flight_messages),

@@ -48,6 +48,12 @@ pub fn render(s: &MetricsSnapshot) -> String {
         );
     }
     out.single(
+        "events_skipped_total",
+        "counter",
+        "Events PostgreSQL sent again (after a restart) that were not published again: Kafka already had them.",
+        s.events_skipped_total,
+    );
+    out.single(
         "delivery_errors_total",
         "counter",
         "Failed Kafka deliveries (each one restarts the pipeline).",
