@@ -132,18 +132,15 @@ fn latest_record_lsn(bootstrap: &str, slot: &str) -> Option<u64> {
     let mut latest = None;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::time::Instant::now() < deadline {
-        match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                let key = m.key().map(String::from_utf8_lossy).unwrap_or_default();
-                if key.ends_with(&format!("/{slot}")) {
-                    let v: serde_json::Value = serde_json::from_slice(m.payload()?).ok()?;
-                    latest = v["confirmed_lsn"].as_str().map(schema::parse_lsn);
-                }
-                if m.offset() + 1 >= high {
-                    break;
-                }
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            let key = m.key().map(String::from_utf8_lossy).unwrap_or_default();
+            if key.ends_with(&format!("/{slot}")) {
+                let v: serde_json::Value = serde_json::from_slice(m.payload()?).ok()?;
+                latest = v["confirmed_lsn"].as_str().map(schema::parse_lsn);
             }
-            Some(Err(_)) | None => {}
+            if m.offset() + 1 >= high {
+                break;
+            }
         }
     }
     latest
