@@ -85,3 +85,18 @@ pub async fn wait_for_signal() -> Result<&'static str> {
         _ = int.recv() => "SIGINT",
     })
 }
+
+#[cfg(test)]
+mod help_tests {
+    #[test]
+    fn broker_help_prints_usage_and_succeeds() {
+        for flag in ["--help", "-h"] {
+            let result = super::main(&[flag.to_owned()]);
+            assert_eq!(
+                format!("{:?}", result.as_ref().map_err(|e| e.to_string())),
+                format!("{:?}", Ok::<_, String>(std::process::ExitCode::SUCCESS)),
+                "{flag}"
+            );
+        }
+    }
+}
