@@ -152,8 +152,8 @@ async fn init_creates_everything_and_is_idempotent() {
     assert!(out.contains("ok  table"), "{out}");
     assert_eq!(
         out.matches("(created").count(),
-        2,
-        "publication and slot created:\n{out}"
+        3,
+        "table, publication and slot created:\n{out}"
     );
     let client = db.client().await;
     let in_pub: i64 = client

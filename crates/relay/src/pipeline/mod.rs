@@ -18,7 +18,7 @@ pub use backoff::Backoff;
 pub use error::{ErrorClass, RelayError};
 pub use observe::Observer;
 pub use session::SessionEnd;
-pub use slot::{judge_publication, SlotStart, SlotStats};
+pub use slot::{judge_publication, judge_server, judge_slot, SlotStart, SlotStats, Verdict};
 
 use crate::kafka::{
     build_producer, ProducerSettings, ProgressError, ProgressRecord, ProgressStore, SlotIdentity,
@@ -160,6 +160,7 @@ async fn run_session(
     progressed: &mut bool,
 ) -> Result<SessionEnd, RelayError> {
     let sql = cfg.pg.connect_sql().await?;
+    slot::check_server(&sql, &cfg.slot, !*seen_slot).await?;
     let mut conn = ReplicationConnection::connect(&cfg.pg).await?;
     let system = conn.identify_system().await?;
     let identity = SlotIdentity {

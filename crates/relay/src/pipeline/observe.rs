@@ -66,7 +66,9 @@ impl Observer {
             .observe_commit_to_ack(Duration::from_micros(latency));
     }
 
-    pub(super) fn bad_row(&self, kind: RowErrorKind) {
+    /// A bad row's dead-letter record was queued (under `stop` nothing is counted: the
+    /// row was not dead-lettered).
+    pub(super) fn dead_lettered(&self, kind: RowErrorKind) {
         let reason = match kind {
             RowErrorKind::NullAggregateId => DeadLetterReason::NullKey,
             RowErrorKind::EmptyAggregateId => DeadLetterReason::EmptyKey,
