@@ -249,7 +249,7 @@ fn subcommand_help_exits_0_without_configuration() {
             let (code, out) = run_to_end(&[], &[command, flag]);
             assert_eq!(code, 0, "{command} {flag}:\n{out}");
             assert!(out.contains("Usage: outboxd"), "{command} {flag}:\n{out}");
-            assert!(!out.contains("configuration error"), "{out}");
+            assert!(!out.contains("outboxd: configuration error"), "{out}");
         }
     }
 }
