@@ -45,7 +45,10 @@ async fn slot_of_the_same_name_in_another_database_fails_check_and_run() {
     let (code, out) = run_to_end(&env, &["check"]);
     assert_eq!(code, 6, "{out}");
     let slot = fail_line(&out, "slot");
-    assert!(slot.contains(&other.name), "names the slot's database: {slot}");
+    assert!(
+        slot.contains(&other.name),
+        "names the slot's database: {slot}"
+    );
     assert!(slot.contains("OUTBOXD_SLOT"), "names the fix: {slot}");
     let (code, log) = run_exit_code(env, Duration::from_secs(30));
     assert_eq!(code, 3, "{log}");
@@ -59,8 +62,7 @@ async fn no_walsender_allowed_fails_check_and_run_exits_3() {
     })
     .expect("cluster");
     let db = cluster.fresh_database("parity_senders").await;
-    let outbox = schema::setup_custom(&db, schema::OUTBOX_DDL, Some("publish = 'insert'"))
-        .await;
+    let outbox = schema::setup_custom(&db, schema::OUTBOX_DDL, Some("publish = 'insert'")).await;
     let broker = Broker::mock();
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["check"]);
@@ -78,7 +80,9 @@ async fn no_walsender_allowed_fails_check_and_run_exits_3() {
 /// with the slot's safe_wal_size.
 #[tokio::test(flavor = "multi_thread")]
 async fn wal_retention_is_reported() {
-    let db = PgCluster::shared().fresh_database("parity_keep_default").await;
+    let db = PgCluster::shared()
+        .fresh_database("parity_keep_default")
+        .await;
     let outbox = schema::setup(&db).await;
     let broker = Broker::mock();
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);

@@ -57,7 +57,12 @@ async fn connection_failures_name_target_and_cause_and_are_permanent() {
         "/CN=localhost",
         "subjectAltName=DNS:localhost,IP:127.0.0.1",
     );
-    let (other_ca, _) = openssl_cert(&pki, "other-ca", "/CN=other CA", "basicConstraints=critical,CA:TRUE");
+    let (other_ca, _) = openssl_cert(
+        &pki,
+        "other-ca",
+        "/CN=other CA",
+        "basicConstraints=critical,CA:TRUE",
+    );
     let other_ca_path = pki.join("other-ca.crt");
     std::fs::write(&other_ca_path, &other_ca).expect("other CA");
     let cluster = PgCluster::start(ClusterOptions {
@@ -143,16 +148,17 @@ async fn connection_failures_name_target_and_cause_and_are_permanent() {
         }
         if case.tls_untrusted {
             env.push(("PGSSLMODE".into(), "verify-full".into()));
-            env.push((
-                "PGSSLROOTCERT".into(),
-                other_ca_path.display().to_string(),
-            ));
+            env.push(("PGSSLROOTCERT".into(), other_ca_path.display().to_string()));
         } else {
             env.push(("PGSSLMODE".into(), "disable".into()));
         }
         let target = format!("{}@127.0.0.1:{}/{dbname}", case.user, cluster.port());
         let expect_text = |what: &str, out: &str| {
-            assert!(out.contains(&target), "{}: {what} names {target}:\n{out}", case.name);
+            assert!(
+                out.contains(&target),
+                "{}: {what} names {target}:\n{out}",
+                case.name
+            );
             for r in case.reason {
                 assert!(out.contains(r), "{}: {what} says {r:?}:\n{out}", case.name);
             }

@@ -88,7 +88,9 @@ async fn init_without_create_on_the_schema_names_the_grant() {
 /// (PG15+): exit 3 naming GRANT CREATE ON DATABASE, and no slot is created before it.
 #[tokio::test(flavor = "multi_thread")]
 async fn init_as_table_owner_without_create_on_the_database_names_the_grant() {
-    let db = PgCluster::shared().fresh_database("init_no_db_create").await;
+    let db = PgCluster::shared()
+        .fresh_database("init_no_db_create")
+        .await;
     create_role(&db, "init_owner", "LOGIN REPLICATION").await;
     let client = db.client().await;
     client
@@ -107,7 +109,10 @@ async fn init_as_table_owner_without_create_on_the_database_names_the_grant() {
         )),
         "{out}"
     );
-    assert!(out.contains("sql/publication.sql"), "the alternative: {out}");
+    assert!(
+        out.contains("sql/publication.sql"),
+        "the alternative: {out}"
+    );
     assert!(ops::slot_row(&client, &db.slot).await.is_none(), "{out}");
 }
 

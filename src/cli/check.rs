@@ -51,7 +51,10 @@ pub async fn check(s: &Settings) -> i32 {
             Ok(sys) => {
                 r.ok(
                     "replication connection",
-                    format!("system {} timeline {} at {}", sys.system_id, sys.timeline, sys.xlog_pos),
+                    format!(
+                        "system {} timeline {} at {}",
+                        sys.system_id, sys.timeline, sys.xlog_pos
+                    ),
                 );
                 Some(sys)
             }
@@ -112,9 +115,10 @@ async fn check_postgres(r: &mut Report, s: &Settings, sql: &Client, replicates: 
                         "{} ({} in use)",
                         settings.max_wal_senders, settings.wal_senders_in_use
                     ),
-                    _ => settings
-                        .max_slot_wal_keep_size_mb
-                        .map_or_else(|| "not supported (PostgreSQL < 13)".into(), |mb| format!("{mb}MB")),
+                    _ => settings.max_slot_wal_keep_size_mb.map_or_else(
+                        || "not supported (PostgreSQL < 13)".into(),
+                        |mb| format!("{mb}MB"),
+                    ),
                 };
                 match verdict {
                     Ok(None) => r.ok(setting, value),
@@ -138,7 +142,10 @@ async fn check_postgres(r: &mut Report, s: &Settings, sql: &Client, replicates: 
         ),
         Ok(false) => r.warn(
             "REPLICATION attribute",
-            format!("role {user} does not have it: ALTER ROLE {user} WITH REPLICATION", user = s.pg.user),
+            format!(
+                "role {user} does not have it: ALTER ROLE {user} WITH REPLICATION",
+                user = s.pg.user
+            ),
         ),
         Err(e) => r.warn("REPLICATION attribute", e),
     }
@@ -166,12 +173,18 @@ async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&
                     format!(
                         "{} confirmed {} wal_status {} safe_wal_size {}{}",
                         s.slot,
-                        st.confirmed_flush_lsn.map(|l| l.to_string()).unwrap_or_default(),
+                        st.confirmed_flush_lsn
+                            .map(|l| l.to_string())
+                            .unwrap_or_default(),
                         st.wal_status.as_deref().unwrap_or_default(),
-                        st.safe_wal_size
-                            .map_or_else(|| "unlimited (no max_slot_wal_keep_size)".into(), |b| format!("{b} bytes")),
+                        st.safe_wal_size.map_or_else(
+                            || "unlimited (no max_slot_wal_keep_size)".into(),
+                            |b| format!("{b} bytes")
+                        ),
                         st.active_pid
-                            .map(|p| format!(", active in pid {p} (another outboxd? it will wait as standby)"))
+                            .map(|p| format!(
+                                ", active in pid {p} (another outboxd? it will wait as standby)"
+                            ))
                             .unwrap_or_default()
                     ),
                 );
@@ -183,7 +196,13 @@ async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&
         };
     }
     if !s.create_slot {
-        return r.fail(what, format!("{} does not exist: run `outboxd init` (OUTBOXD_CREATE_SLOT=false)", s.slot));
+        return r.fail(
+            what,
+            format!(
+                "{} does not exist: run `outboxd init` (OUTBOXD_CREATE_SLOT=false)",
+                s.slot
+            ),
+        );
     }
     let Some(topic) = &s.progress_topic else {
         return r.fail(

@@ -84,7 +84,12 @@ async fn init_inner(s: &Settings) -> Result<(), InitError> {
     Ok(())
 }
 
-async fn create_table(s: &Settings, sql: &Client, table: &str, user: &str) -> Result<(), InitError> {
+async fn create_table(
+    s: &Settings,
+    sql: &Client,
+    table: &str,
+    user: &str,
+) -> Result<(), InitError> {
     let schema = quote_ident(&s.table_schema);
     let can_create: Option<bool> = sql
         .query_opt(

@@ -18,6 +18,13 @@ pub const PROGRESS_TOPIC: &str = "outboxd.progress";
 const DEFAULT_PARTITIONS: i32 = 3;
 
 pub fn main(argv: &[String]) -> Result<ExitCode> {
+    if argv
+        .iter()
+        .any(|a| matches!(a.as_str(), "--help" | "-h" | "help"))
+    {
+        print!("{}", crate::USAGE);
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut brokers: i32 = 3;
     let mut topics: Vec<(String, i32)> = Vec::new();
     for (flag, value) in args::pairs(argv, &["--brokers", "--topic"])? {

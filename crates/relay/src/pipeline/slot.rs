@@ -91,7 +91,10 @@ pub async fn check_server(sql: &Client, slot: &str, first: bool) -> Result<(), R
 pub fn judge_server(s: &ServerSettings, slot_exists: bool) -> Vec<(&'static str, Verdict)> {
     vec![
         ("wal_level", judge_wal_level(s)),
-        ("max_replication_slots", judge_replication_slots(s, slot_exists)),
+        (
+            "max_replication_slots",
+            judge_replication_slots(s, slot_exists),
+        ),
         ("max_wal_senders", judge_wal_senders(s)),
         ("max_slot_wal_keep_size", judge_wal_keep(s)),
     ]
