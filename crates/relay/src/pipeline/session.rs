@@ -99,6 +99,8 @@ struct ProgressWriter {
 }
 
 impl<'a> Session<'a> {
+    // Every argument is a distinct piece of the session; a struct would only rename them.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         cfg: &'a RelayConfig,
         obs: &'a Observer,
