@@ -1,6 +1,9 @@
+-- Runnable as written once sql/outbox.sql ran (each run inserts new events). Where your own
+-- tables go, the statement is commented out and marked "your business change".
+
 -- 1. The usual pattern: the business change and its event in one transaction.
 BEGIN;
-UPDATE orders SET status = 'paid' WHERE id = 42;
+-- UPDATE orders SET status = 'paid' WHERE id = 42;   -- your business change goes here
 INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
 VALUES (gen_random_uuid(), 'order', '42', 'OrderPaid',
         '{"order_id": 42, "amount": "19.90"}', '{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}');

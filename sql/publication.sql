@@ -6,8 +6,14 @@
 -- the row was written, so partitions attached or detached later change nothing. Without it
 -- the server names each partition; outboxd maps partitions back to the table through the
 -- current catalog, which misses a partition detached before its rows were relayed.
-CREATE PUBLICATION outboxd FOR TABLE public.outbox
-    WITH (publish = 'insert', publish_via_partition_root = true);
+-- Runnable twice: an existing publication of this name is left as it is (`outboxd check`
+-- says whether it publishes the table's inserts). Needs the CREATE privilege on the
+-- database (PostgreSQL 15+) and ownership of the table: run it as the table's owner.
+DO $$ BEGIN
+    CREATE PUBLICATION outboxd FOR TABLE public.outbox
+        WITH (publish = 'insert', publish_via_partition_root = true);
+EXCEPTION WHEN duplicate_object THEN NULL;
+END $$;
 
 -- An existing publication: ALTER PUBLICATION outboxd SET (publish_via_partition_root = true);
 

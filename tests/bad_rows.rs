@@ -198,12 +198,20 @@ async fn stop_policy_exits_4_without_confirming_the_bad_row() {
         "aggregate_id",
         "NOT NULL",
         "OUTBOXD_BAD_ROW_POLICY",
+        // The two recoveries that work: the insert stays in the WAL whatever happens to
+        // the row, so "delete the row" cannot.
+        "OUTBOXD_BAD_ROW_POLICY=dead-letter",
+        "pg_replication_slot_advance",
     ] {
         assert!(
             log.contains(needle),
             "the log should name {needle:?}; log:\n{log}"
         );
     }
+    assert!(
+        !log.contains("delete the row"),
+        "no advice that cannot work; log:\n{log}"
+    );
     let confirmed_at_stop = schema::confirmed_flush_lsn(&db).await;
 
     // Restart with the dead-letter policy: the row goes to the DLQ and the rest follows.

@@ -152,8 +152,8 @@ async fn init_creates_everything_and_is_idempotent() {
     assert!(out.contains("ok  table"), "{out}");
     assert_eq!(
         out.matches("(created").count(),
-        2,
-        "publication and slot created:\n{out}"
+        3,
+        "table, publication and slot created:\n{out}"
     );
     let client = db.client().await;
     let in_pub: i64 = client
@@ -239,4 +239,85 @@ async fn config_error_exits_2_naming_the_variable() {
     let (code, out) = run_to_end(&env, &["run"]);
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS"), "{out}");
+}
+
+/// `<command> --help` prints the usage and exits 0 without reading any configuration.
+#[test]
+fn subcommand_help_exits_0_without_configuration() {
+    for command in ["run", "check", "init", "status"] {
+        for flag in ["--help", "-h"] {
+            let (code, out) = run_to_end(&[], &[command, flag]);
+            assert_eq!(code, 0, "{command} {flag}:\n{out}");
+            assert!(out.contains("Usage: outboxd"), "{command} {flag}:\n{out}");
+            assert!(!out.contains("outboxd: configuration error"), "{out}");
+        }
+    }
+}
+
+/// `init` and `status` only talk to PostgreSQL: no Kafka setting is needed.
+#[tokio::test(flavor = "multi_thread")]
+async fn init_and_status_do_not_require_kafka_settings() {
+    let db = PgCluster::shared().fresh_database("ops_no_kafka").await;
+    let env: Vec<_> = Relay::env_for(&db, &names(&db), "unused:9092", &[])
+        .into_iter()
+        .filter(|(k, _)| k != "OUTBOXD_KAFKA_BOOTSTRAP_SERVERS")
+        .collect();
+    let (code, out) = run_to_end(&env, &["init"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = run_to_end(&env, &["status"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = run_to_end(&env, &["check"]);
+    assert_eq!(code, 2, "check still needs the brokers:\n{out}");
+    assert!(out.contains("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS"), "{out}");
+}
+
+/// `outboxd status | head -1`: the reader goes away; outboxd exits 0 instead of panicking.
+#[tokio::test(flavor = "multi_thread")]
+async fn status_into_a_closed_pipe_exits_0() {
+    use std::process::{Command, Stdio};
+    let db = PgCluster::shared().fresh_database("ops_status_pipe").await;
+    let outbox = schema::setup(&db).await;
+    let env = Relay::env_for(&db, &outbox, "unused:9092", &[]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .arg("status")
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // Closed before outboxd writes anything: every write gets EPIPE.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// The first SIGTERM drains (here: waiting for a broker that is down); a second one exits
+/// at once with 130.
+#[tokio::test(flavor = "multi_thread")]
+async fn second_signal_exits_130() {
+    let ops::Streaming {
+        outbox,
+        broker,
+        mut relay,
+        client,
+        ..
+    } = ops::streaming_relay("ops_second_signal", &[]).await;
+    broker.set_all_down(true);
+    support::load::insert_events(&client, &outbox.table, 5, 1, 5).await;
+    ops::wait_for(
+        "events in flight",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async { (relay.metric("outboxd_in_flight_messages")? > 0.0).then_some(()) },
+    )
+    .await;
+    relay.signal("TERM");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(relay.is_running(), "still draining after the first signal");
+    relay.signal("TERM");
+    let status = relay.wait_exit(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(130), "{}", relay.log_text());
 }

@@ -194,3 +194,46 @@ async fn metrics_health_and_readiness() {
     );
     eprintln!("readyz: 503 {not_ready_after:?} after events got stuck (stall limit 3 s)");
 }
+
+/// All brokers down with nothing waiting: /readyz turns 503 and outboxd_kafka_brokers_up
+/// 0 within seconds (no event has to be stuck first); both recover with the brokers.
+#[tokio::test(flavor = "multi_thread")]
+async fn brokers_down_with_nothing_waiting_is_not_ready() {
+    let ops::Streaming { broker, relay, .. } = ops::streaming_relay("ops_http_brokers", &[]).await;
+    ops::wait_for(
+        "/readyz 200 and brokers up",
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async {
+            let up = relay.metric("outboxd_kafka_brokers_up")?;
+            (get(&relay, "/readyz").0 == 200 && up > 0.0).then_some(())
+        },
+    )
+    .await;
+    broker.set_all_down(true);
+    let started = Instant::now();
+    let body = ops::wait_for(
+        "/readyz 503 naming Kafka",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let (code, body) = get(&relay, "/readyz");
+            (code == 503).then_some(body)
+        },
+    )
+    .await;
+    assert!(body.contains("Kafka"), "{body}");
+    assert_eq!(relay.metric("outboxd_kafka_brokers_up"), Some(0.0));
+    assert!(started.elapsed() < Duration::from_secs(30));
+    broker.set_all_down(false);
+    ops::wait_for(
+        "/readyz 200 again",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let up = relay.metric("outboxd_kafka_brokers_up")?;
+            (get(&relay, "/readyz").0 == 200 && up > 0.0).then_some(())
+        },
+    )
+    .await;
+}

@@ -1,13 +1,15 @@
 //! `outboxd check`: every prerequisite, each reported as ok or FAIL with the fix.
 
 use outbox_core::BoundTable;
-use outboxd_relay::kafka::build_producer;
-use outboxd_relay::pipeline::{judge_publication, MIN_SERVER_VERSION_NUM};
+use outboxd_relay::kafka::{build_producer, ProgressStore, SlotIdentity};
+use outboxd_relay::pipeline::{
+    judge_publication, judge_server, judge_slot, RelayError, MIN_SERVER_VERSION_NUM,
+};
 use pgoutput::{Column, Relation, ReplicaIdentity};
-use pgrepl::{preflight, ReplicationConnection};
+use pgrepl::{preflight, ReplicationConnection, SystemInfo};
 use tokio_postgres::Client;
 
-use super::{EXIT_CHECK_FAILED, EXIT_OK};
+use super::{say, EXIT_CHECK_FAILED, EXIT_OK};
 use crate::config::Settings;
 use crate::wiring;
 
@@ -17,62 +19,90 @@ struct Report {
 
 impl Report {
     fn ok(&mut self, what: &str, detail: impl std::fmt::Display) {
-        println!("ok    {what}: {detail}");
+        say!("ok    {what}: {detail}");
     }
 
     /// Works, but deserves attention; does not fail the check.
     fn warn(&mut self, what: &str, advice: impl std::fmt::Display) {
-        println!("warn  {what}: {advice}");
+        say!("warn  {what}: {advice}");
     }
 
     fn fail(&mut self, what: &str, fix: impl std::fmt::Display) {
         self.failed += 1;
-        println!("FAIL  {what}: {fix}");
+        say!("FAIL  {what}: {fix}");
     }
 }
 
 pub async fn check(s: &Settings) -> i32 {
     let mut r = Report { failed: 0 };
     let pg = wiring::connect_config(s);
-    match pg.connect_sql().await {
+    let sql = match pg.connect_sql().await {
         Ok(sql) => {
-            r.ok(
-                "postgres connection",
-                format!("{}@{}:{}/{}", pg.user, pg.host, pg.port, pg.dbname),
-            );
-            check_postgres(&mut r, s, &sql).await;
+            r.ok("postgres connection", pg.target());
+            Some(sql)
         }
-        Err(e) => r.fail(
-            "postgres connection",
-            format!(
-                "{e}; check PGHOST/PGPORT/PGUSER/PGPASSWORD/PGDATABASE or OUTBOXD_DATABASE_URL"
-            ),
-        ),
-    }
-    match ReplicationConnection::connect(&pg).await {
+        Err(e) => {
+            r.fail("postgres connection", e);
+            None
+        }
+    };
+    // What decides whether the role may replicate is whether the server lets it: the
+    // REPLICATION attribute is one way, a provider's role (RDS's rds_replication) another.
+    let system = match ReplicationConnection::connect(&pg).await {
         Ok(mut conn) => match conn.identify_system().await {
-            Ok(sys) => r.ok(
-                "replication connection",
-                format!("system {} timeline {} at {}", sys.system_id, sys.timeline, sys.xlog_pos),
-            ),
-            Err(e) => r.fail("replication connection", e),
+            Ok(sys) => {
+                r.ok(
+                    "replication connection",
+                    format!(
+                        "system {} timeline {} at {}",
+                        sys.system_id, sys.timeline, sys.xlog_pos
+                    ),
+                );
+                Some(sys)
+            }
+            Err(e) => {
+                r.fail("replication connection", e);
+                None
+            }
         },
-        Err(e) => r.fail(
-            "replication connection",
-            format!("{e}; pg_hba.conf must allow this user to connect to the database (logical replication uses the database's own lines)"),
-        ),
+        Err(e) if e.sqlstate() == Some("42501") => {
+            r.fail(
+                "replication connection",
+                format!(
+                    "{e}; role {user} may not replicate: ALTER ROLE {user} WITH REPLICATION \
+                     (see sql/role.sql), or on a managed service grant its replication role \
+                     (RDS: GRANT rds_replication TO {user})",
+                    user = s.pg.user
+                ),
+            );
+            None
+        }
+        Err(e) if sql.is_some() => {
+            r.fail(
+                "replication connection",
+                format!("{e}; pg_hba.conf must allow this user to connect to the database (logical replication uses the database's own lines)"),
+            );
+            None
+        }
+        // The same failure as the SQL connection's, already counted.
+        Err(_) => None,
+    };
+    if let Some(sql) = &sql {
+        check_postgres(&mut r, s, sql, system.is_some()).await;
+        check_slot(&mut r, s, sql, system.as_ref()).await;
     }
     check_kafka(&mut r, s);
     if r.failed == 0 {
-        println!("all checks passed");
+        say!("all checks passed");
         EXIT_OK
     } else {
-        println!("{} check(s) failed", r.failed);
+        say!("{} check(s) failed", r.failed);
         EXIT_CHECK_FAILED
     }
 }
 
-async fn check_postgres(r: &mut Report, s: &Settings, sql: &Client) {
+async fn check_postgres(r: &mut Report, s: &Settings, sql: &Client, replicates: bool) {
+    // The same rules `run` applies before it opens the replication connection.
     match sql
         .query_one("SELECT current_setting('server_version_num')::int4", &[])
         .await
@@ -87,53 +117,139 @@ async fn check_postgres(r: &mut Report, s: &Settings, sql: &Client) {
         ),
         Err(e) => r.fail("server version", e),
     }
-    match preflight::wal_level(sql).await {
-        Ok(level) if level == "logical" => r.ok("wal_level", level),
-        Ok(level) => r.fail(
-            "wal_level",
-            format!(
-                "is {level}; set wal_level = logical in postgresql.conf and restart PostgreSQL"
-            ),
-        ),
-        Err(e) => r.fail("wal_level", e),
-    }
-    match preflight::max_replication_slots(sql).await {
-        Ok(n) if n > 0 => r.ok("max_replication_slots", n),
-        Ok(n) => r.fail(
-            "max_replication_slots",
-            format!("is {n}; set it to at least 1 (plus one per other consumer) and restart"),
-        ),
-        Err(e) => r.fail("max_replication_slots", e),
+    let slot_exists = matches!(preflight::slot_state(sql, &s.slot).await, Ok(Some(_)));
+    match preflight::server_settings(sql).await {
+        Ok(settings) => {
+            for (setting, verdict) in judge_server(&settings, slot_exists) {
+                let value = match setting {
+                    "wal_level" => settings.wal_level.clone(),
+                    "max_replication_slots" => format!(
+                        "{} ({} in use)",
+                        settings.max_replication_slots, settings.replication_slots_in_use
+                    ),
+                    "max_wal_senders" => format!(
+                        "{} ({} in use)",
+                        settings.max_wal_senders, settings.wal_senders_in_use
+                    ),
+                    _ => settings.max_slot_wal_keep_size_mb.map_or_else(
+                        || "not supported (PostgreSQL < 13)".into(),
+                        |mb| format!("{mb}MB"),
+                    ),
+                };
+                match verdict {
+                    Ok(None) => r.ok(setting, value),
+                    Ok(Some(warning)) => r.warn(setting, warning),
+                    Err(problem) => r.fail(setting, problem),
+                }
+            }
+        }
+        Err(e) => r.fail("server settings", e),
     }
     match preflight::role_can_replicate(sql, &s.pg.user).await {
         Ok(true) => r.ok("REPLICATION attribute", &s.pg.user),
-        Ok(false) => r.fail(
+        // Advisory: the replication connection above is the test that counts.
+        Ok(false) if replicates => r.warn(
             "REPLICATION attribute",
             format!(
-                "role {} lacks it: ALTER ROLE {} WITH REPLICATION (see sql/role.sql)",
-                s.pg.user, s.pg.user
+                "role {} does not have it in pg_roles, but the replication connection \
+                 succeeded (replication granted another way, e.g. rds_replication)",
+                s.pg.user
             ),
         ),
-        Err(e) => r.fail("REPLICATION attribute", e),
+        Ok(false) => r.warn(
+            "REPLICATION attribute",
+            format!(
+                "role {user} does not have it: ALTER ROLE {user} WITH REPLICATION",
+                user = s.pg.user
+            ),
+        ),
+        Err(e) => r.warn("REPLICATION attribute", e),
     }
     check_table(r, s, sql).await;
     check_publication(r, s, sql).await;
     if let Some(prefix) = &s.message_prefix {
         check_emit_privilege(r, prefix, sql).await;
     }
-    match preflight::slot_state(sql, &s.slot).await {
-        Ok(Some(st)) if st.wal_status.as_deref() == Some("lost") => r.fail("slot", format!("{} is invalidated (wal_status = lost): re-publish outbox rows since its confirmed position, drop it and run `outboxd init`", s.slot)),
-        Ok(Some(st)) if st.plugin.as_deref() != Some("pgoutput") => r.fail("slot", format!("{} uses plugin {:?}; outboxd needs pgoutput", s.slot, st.plugin)),
-        Ok(Some(st)) => r.ok("slot", format!(
-            "{} confirmed {} wal_status {}{}",
-            s.slot,
-            st.confirmed_flush_lsn.map(|l| l.to_string()).unwrap_or_default(),
-            st.wal_status.unwrap_or_default(),
-            st.active_pid.map(|p| format!(", active in pid {p} (another outboxd? it will wait as standby)")).unwrap_or_default()
-        )),
-        Ok(None) if s.create_slot => r.ok("slot", format!("{} does not exist yet; `outboxd run` will create it (OUTBOXD_CREATE_SLOT=true)", s.slot)),
-        Ok(None) => r.fail("slot", format!("{} does not exist: run `outboxd init`", s.slot)),
-        Err(e) => r.fail("slot", e),
+}
+
+/// The slot as `run` judges it at start-up, including whether it would create a missing
+/// one: only with OUTBOXD_CREATE_SLOT=true, a progress topic, and no record of an earlier
+/// slot of this name.
+async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&SystemInfo>) {
+    let what = "slot";
+    let state = match preflight::slot_state(sql, &s.slot).await {
+        Ok(state) => state,
+        Err(e) => return r.fail(what, e),
+    };
+    if let Some(st) = state {
+        return match judge_slot(&st, &s.slot, &s.pg.dbname) {
+            Ok(warning) => {
+                r.ok(
+                    what,
+                    format!(
+                        "{} confirmed {} wal_status {} safe_wal_size {}{}",
+                        s.slot,
+                        st.confirmed_flush_lsn
+                            .map(|l| l.to_string())
+                            .unwrap_or_default(),
+                        st.wal_status.as_deref().unwrap_or_default(),
+                        st.safe_wal_size.map_or_else(
+                            || "unlimited (no max_slot_wal_keep_size)".into(),
+                            |b| format!("{b} bytes")
+                        ),
+                        st.active_pid
+                            .map(|p| format!(
+                                ", active in pid {p} (another outboxd? it will wait as standby)"
+                            ))
+                            .unwrap_or_default()
+                    ),
+                );
+                if let Some(w) = warning {
+                    r.warn(what, w);
+                }
+            }
+            Err(e) => r.fail(what, e),
+        };
+    }
+    if !s.create_slot {
+        return r.fail(
+            what,
+            format!(
+                "{} does not exist: run `outboxd init` (OUTBOXD_CREATE_SLOT=false)",
+                s.slot
+            ),
+        );
+    }
+    let Some(topic) = &s.progress_topic else {
+        return r.fail(
+            what,
+            format!("{} does not exist, and with OUTBOXD_PROGRESS_TOPIC empty `outboxd run` does not create it: run `outboxd init`", s.slot),
+        );
+    };
+    let Some(system) = system else {
+        return r.warn(what, format!("{} does not exist; whether `outboxd run` may create it depends on the progress record, which needs the replication connection", s.slot));
+    };
+    let identity = SlotIdentity {
+        system_id: system.system_id.clone(),
+        database: s.pg.dbname.clone(),
+        slot: s.slot.clone(),
+    };
+    let store = match ProgressStore::new(&wiring::producer_settings(s), topic) {
+        Ok(store) => store,
+        Err(e) => return r.fail(what, format!("cannot read the progress record: {e}")),
+    };
+    match store.read_latest(&identity).await {
+        Ok(None) => r.ok(what, format!("{} does not exist yet; `outboxd run` will create it (OUTBOXD_CREATE_SLOT=true, no earlier slot recorded in {topic})", s.slot)),
+        Ok(Some(record)) => r.fail(
+            what,
+            RelayError::SlotLost {
+                slot: s.slot.clone(),
+                progress_topic: topic.clone(),
+                last_confirmed: record.confirmed_lsn,
+                recorded_at: record.recorded_at_text(),
+            },
+        ),
+        Err(e) => r.warn(what, format!("{} does not exist, and the progress record in {topic} cannot be read ({e}); `outboxd run` creates the slot only once it can", s.slot)),
     }
 }
 

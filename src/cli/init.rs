@@ -1,39 +1,130 @@
 //! `outboxd init`: creates what is missing, in the safe order: table, publication, slot.
+//! It looks before it creates, so the least-privilege role (sql/role.sql) can run it once
+//! an owner made the table and publication, and a missing privilege is named with its
+//! GRANT before anything is attempted.
 
 use outbox_core::pgtype::quote_ident;
-use pgrepl::{preflight, ReplicationConnection};
+use outboxd_relay::pipeline::judge_slot;
+use pgrepl::{preflight, ReplError, ReplicationConnection};
+use tokio_postgres::Client;
 
-use super::{EXIT_INTERNAL, EXIT_OK};
+use super::{say, EXIT_OK, EXIT_POSTGRES};
 use crate::config::Settings;
 use crate::wiring;
+
+/// Why init stopped. Every failure is on the PostgreSQL side: exit 3.
+#[derive(Debug, thiserror::Error)]
+enum InitError {
+    #[error("{0}")]
+    Postgres(#[from] ReplError),
+    #[error("SQL error: {}", pgrepl::error_chain(.0))]
+    Sql(#[from] tokio_postgres::Error),
+    /// A privilege or object outboxd needs and cannot get itself, with the fix.
+    #[error("{0}")]
+    Refused(String),
+}
 
 pub async fn init(s: &Settings) -> i32 {
     match init_inner(s).await {
         Ok(()) => EXIT_OK,
         Err(e) => {
-            eprintln!("outboxd init failed: {e:#}");
-            if format!("{e:#}").contains("permission denied") {
-                3
-            } else {
-                EXIT_INTERNAL
-            }
+            eprintln!("outboxd init failed: {e}");
+            EXIT_POSTGRES
         }
     }
 }
 
-async fn init_inner(s: &Settings) -> anyhow::Result<()> {
+/// `"name"`, always quoted: for identifiers shown in a GRANT the operator copies.
+fn quoted(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+async fn init_inner(s: &Settings) -> Result<(), InitError> {
     let pg = wiring::connect_config(s);
     let sql = pg.connect_sql().await?;
+    let user = quote_ident(&s.pg.user);
     let table = format!(
         "{}.{}",
         quote_ident(&s.table_schema),
         quote_ident(&s.table_name)
     );
+    if preflight::table_columns(&sql, &s.table_schema, &s.table_name)
+        .await?
+        .is_some()
+    {
+        say!("ok  table {table} (exists)");
+    } else {
+        create_table(s, &sql, &table, &user).await?;
+        say!("ok  table {table} (created)");
+    }
+    if preflight::publication_exists(&sql, &s.publication).await? {
+        say!("ok  publication {} (exists)", s.publication);
+    } else {
+        create_publication(s, &sql, &table, &user).await?;
+        say!("ok  publication {} (created)", s.publication);
+    }
+    match preflight::slot_state(&sql, &s.slot).await? {
+        Some(state) => {
+            // The same rule `run` applies: a slot of this name that run would refuse
+            // (another database, another plugin, lost) is not "done".
+            judge_slot(&state, &s.slot, &s.pg.dbname)
+                .map_err(|e| InitError::Refused(e.to_string()))?;
+            say!("ok  slot {} (exists)", s.slot);
+        }
+        None => {
+            let mut conn = ReplicationConnection::connect(&pg).await?;
+            let created = conn.create_logical_slot(&s.slot, false).await?;
+            say!(
+                "ok  slot {} (created at {}; events committed from here on are relayed)",
+                s.slot,
+                created.consistent_point
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn create_table(
+    s: &Settings,
+    sql: &Client,
+    table: &str,
+    user: &str,
+) -> Result<(), InitError> {
+    let schema = quote_ident(&s.table_schema);
+    let can_create: Option<bool> = sql
+        .query_opt(
+            "SELECT has_schema_privilege(n.oid, 'CREATE') FROM pg_catalog.pg_namespace n \
+             WHERE n.nspname = $1",
+            &[&s.table_schema],
+        )
+        .await?
+        .map(|row| row.try_get(0))
+        .transpose()?;
+    let refused = || {
+        InitError::Refused(format!(
+            "cannot create table {table}: role {user} has no CREATE privilege on schema \
+             {schema} (PostgreSQL 15+ no longer grants it to PUBLIC on schema public). Either \
+             grant it, as the schema's owner: GRANT CREATE ON SCHEMA {schema} TO {user}; or \
+             create the table as its owner with sql/outbox.sql (adjusted to OUTBOXD_TABLE and \
+             OUTBOXD_COLUMN_*) and run `outboxd init` again"
+        ))
+    };
+    match can_create {
+        None => {
+            return Err(InitError::Refused(format!(
+                "cannot create table {table}: schema {schema} does not exist. Create it \
+                 (CREATE SCHEMA {schema}) or set OUTBOXD_TABLE"
+            )))
+        }
+        Some(false) => return Err(refused()),
+        Some(true) => {}
+    }
     let headers = s
         .column_headers
         .as_deref()
         .map(|h| format!(",\n    {} jsonb NULL", quote_ident(h)))
         .unwrap_or_default();
+    // IF NOT EXISTS only for a concurrent `init`: the table was looked for above.
     let ddl = format!(
         "CREATE TABLE IF NOT EXISTS {table} (\n    {} uuid PRIMARY KEY,\n    {} text NOT NULL,\n    {} text NOT NULL,\n    {} text NOT NULL,\n    {} jsonb NOT NULL{headers},\n    created_at timestamptz NOT NULL DEFAULT now()\n)",
         quote_ident(&s.column_id),
@@ -42,27 +133,66 @@ async fn init_inner(s: &Settings) -> anyhow::Result<()> {
         quote_ident(&s.column_event_type),
         quote_ident(&s.column_payload),
     );
-    sql.batch_execute(&ddl).await?;
-    println!("ok  table {table}");
-    if preflight::publication_exists(&sql, &s.publication).await? {
-        println!("ok  publication {} (exists)", s.publication);
-    } else {
-        sql.batch_execute(&format!(
-            "CREATE PUBLICATION {} FOR TABLE {table} WITH (publish = 'insert', publish_via_partition_root = true)",
-            quote_ident(&s.publication)
-        ))
+    match sql.batch_execute(&ddl).await {
+        Err(e) if e.code().map(|c| c.code()) == Some("42501") => Err(refused()),
+        other => Ok(other?),
+    }
+}
+
+async fn create_publication(
+    s: &Settings,
+    sql: &Client,
+    table: &str,
+    user: &str,
+) -> Result<(), InitError> {
+    let row = sql
+        .query_one(
+            "SELECT current_database()::text, \
+                    has_database_privilege(current_database(), 'CREATE'), \
+                    (SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_catalog.pg_class c \
+                       JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+                      WHERE n.nspname = $1 AND c.relname = $2), \
+                    (SELECT c.relowner::regrole::text FROM pg_catalog.pg_class c \
+                       JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+                      WHERE n.nspname = $1 AND c.relname = $2)",
+            &[&s.table_schema, &s.table_name],
+        )
         .await?;
-        println!("ok  publication {} (created)", s.publication);
+    let database: String = row.try_get(0)?;
+    let can_create: bool = row.try_get(1)?;
+    let owns_table: Option<bool> = row.try_get(2)?;
+    let owner: Option<String> = row.try_get(3)?;
+    let publication = quote_ident(&s.publication);
+    let alternative = "or create it as the table's owner with sql/publication.sql (adjusted \
+         to OUTBOXD_PUBLICATION and OUTBOXD_TABLE) and run `outboxd init` again";
+    let no_create = || {
+        InitError::Refused(format!(
+            "cannot create publication {publication}: CREATE PUBLICATION needs the CREATE \
+             privilege on the database (PostgreSQL 15+), which role {user} lacks. Either \
+             grant it: GRANT CREATE ON DATABASE {} TO {user}; {alternative}",
+            quoted(&database)
+        ))
+    };
+    if !can_create {
+        return Err(no_create());
     }
-    if preflight::slot_state(&sql, &s.slot).await?.is_some() {
-        println!("ok  slot {} (exists)", s.slot);
-    } else {
-        let mut conn = ReplicationConnection::connect(&pg).await?;
-        let created = conn.create_logical_slot(&s.slot, false).await?;
-        println!(
-            "ok  slot {} (created at {}; events committed from here on are relayed)",
-            s.slot, created.consistent_point
-        );
+    if owns_table == Some(false) {
+        return Err(InitError::Refused(format!(
+            "cannot create publication {publication}: adding {table} to a publication needs \
+             ownership of the table (owner: {}), which role {user} lacks. Either GRANT {} TO \
+             {user}; {alternative}",
+            owner.as_deref().unwrap_or("?"),
+            owner.as_deref().unwrap_or("<owner>"),
+        )));
     }
-    Ok(())
+    let ddl = format!(
+        "CREATE PUBLICATION {publication} FOR TABLE {table} WITH (publish = 'insert', publish_via_partition_root = true)"
+    );
+    match sql.batch_execute(&ddl).await {
+        Err(e) if e.code().map(|c| c.code()) == Some("42501") => Err(InitError::Refused(format!(
+            "cannot create publication {publication}: {}; {alternative}",
+            pgrepl::error_chain(&e)
+        ))),
+        other => Ok(other?),
+    }
 }

@@ -11,7 +11,23 @@ use crate::config;
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_INTERNAL: i32 = 1;
 pub const EXIT_CONFIG: i32 = 2;
+pub const EXIT_POSTGRES: i32 = 3;
 pub const EXIT_CHECK_FAILED: i32 = 6;
+
+/// Writes to stdout. A reader that went away (`outboxd status | head -1`) is not an
+/// error of ours: the rest of the output is dropped and the exit code stays the command's.
+pub fn write_stdout(text: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    // Nothing useful can be done about a failed write to stdout; stderr carries errors.
+    let _ = out.write_fmt(text).and_then(|()| out.write_all(b"\n"));
+}
+
+/// `println!` without the panic on a closed pipe.
+macro_rules! say {
+    ($($arg:tt)*) => { $crate::cli::write_stdout(format_args!($($arg)*)) };
+}
+pub(crate) use say;
 
 pub const EXIT_CODES: &str = "Exit codes:
   0  stopped cleanly (SIGTERM/SIGINT), or the subcommand succeeded
@@ -22,6 +38,8 @@ pub const EXIT_CODES: &str = "Exit codes:
   4  a bad outbox row under OUTBOXD_BAD_ROW_POLICY=stop (the message names the row id)
   5  permanent Kafka-side problem: refused producer setting, authorization, record too large
   6  `outboxd check` found a problem (each failed check says how to fix it)
+  130  a second SIGTERM/SIGINT while draining: exited at once (nothing is lost: events not
+     yet confirmed are sent again from the slot)
 ";
 
 fn usage() -> String {
@@ -49,20 +67,28 @@ pub fn main(args: &[String]) -> i32 {
     let command = args.first().map_or("run", String::as_str);
     match command {
         "--help" | "-h" | "help" => {
-            print!("{}", usage());
+            say!("{}", usage().trim_end());
             return EXIT_OK;
         }
         "--version" | "-V" => {
-            println!("outboxd {}", env!("CARGO_PKG_VERSION"));
+            say!("outboxd {}", env!("CARGO_PKG_VERSION"));
             return EXIT_OK;
         }
-        "run" | "check" | "init" | "status" => {}
+        "run" | "check" | "init" | "status" => {
+            if args
+                .get(1)
+                .is_some_and(|a| matches!(a.as_str(), "--help" | "-h" | "help"))
+            {
+                say!("{}", usage().trim_end());
+                return EXIT_OK;
+            }
+        }
         other => {
             eprintln!("outboxd: unknown command {other:?}; try `outboxd --help`");
             return EXIT_CONFIG;
         }
     }
-    let settings = match config::from_process_env() {
+    let settings = match config::from_process_env(matches!(command, "run" | "check")) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("outboxd: configuration error: {e}");

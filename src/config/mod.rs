@@ -276,8 +276,18 @@ fn pg_settings(env: &Env<'_>) -> Result<PgSettings, ConfigError> {
     Ok(pg)
 }
 
-/// Parses a snapshot of the environment.
+/// Parses a snapshot of the environment for a command that talks to Kafka.
+#[cfg(test)]
 pub fn from_vars(vars: &BTreeMap<String, String>) -> Result<Settings, ConfigError> {
+    from_vars_for(vars, true)
+}
+
+/// Parses a snapshot of the environment. `needs_kafka` false (`init`, `status`): the
+/// brokers may be left unset, since those commands only talk to PostgreSQL.
+pub fn from_vars_for(
+    vars: &BTreeMap<String, String>,
+    needs_kafka: bool,
+) -> Result<Settings, ConfigError> {
     let env = Env { vars };
     for name in vars.keys() {
         if name.starts_with("OUTBOXD_")
@@ -363,10 +373,15 @@ pub fn from_vars(vars: &BTreeMap<String, String>) -> Result<Settings, ConfigErro
             .string("OUTBOXD_MESSAGE_PREFIX")
             .filter(|p| !p.is_empty()),
         relay_table,
-        bootstrap_servers: env.required(
-            "OUTBOXD_KAFKA_BOOTSTRAP_SERVERS",
-            "Kafka bootstrap servers as host:port[,host:port]",
-        )?,
+        bootstrap_servers: if needs_kafka {
+            env.required(
+                "OUTBOXD_KAFKA_BOOTSTRAP_SERVERS",
+                "Kafka bootstrap servers as host:port[,host:port]",
+            )?
+        } else {
+            env.string("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS")
+                .unwrap_or_default()
+        },
         kafka_overrides,
         topic_template: env.required("OUTBOXD_TOPIC", "a topic or topic template")?,
         bad_row_policy,
@@ -394,11 +409,11 @@ pub fn from_vars(vars: &BTreeMap<String, String>) -> Result<Settings, ConfigErro
 }
 
 /// Reads the process environment once.
-pub fn from_process_env() -> Result<Settings, ConfigError> {
+pub fn from_process_env(needs_kafka: bool) -> Result<Settings, ConfigError> {
     let vars: BTreeMap<String, String> = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
         .collect();
-    from_vars(&vars)
+    from_vars_for(&vars, needs_kafka)
 }
 
 #[cfg(test)]

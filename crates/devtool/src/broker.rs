@@ -18,6 +18,13 @@ pub const PROGRESS_TOPIC: &str = "outboxd.progress";
 const DEFAULT_PARTITIONS: i32 = 3;
 
 pub fn main(argv: &[String]) -> Result<ExitCode> {
+    if argv
+        .iter()
+        .any(|a| matches!(a.as_str(), "--help" | "-h" | "help"))
+    {
+        print!("{}", crate::USAGE);
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut brokers: i32 = 3;
     let mut topics: Vec<(String, i32)> = Vec::new();
     for (flag, value) in args::pairs(argv, &["--brokers", "--topic"])? {
@@ -84,4 +91,19 @@ pub async fn wait_for_signal() -> Result<&'static str> {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     })
+}
+
+#[cfg(test)]
+mod help_tests {
+    #[test]
+    fn broker_help_prints_usage_and_succeeds() {
+        for flag in ["--help", "-h"] {
+            let result = super::main(&[flag.to_owned()]);
+            assert_eq!(
+                format!("{:?}", result.as_ref().map_err(|e| e.to_string())),
+                format!("{:?}", Ok::<_, String>(std::process::ExitCode::SUCCESS)),
+                "{flag}"
+            );
+        }
+    }
 }

@@ -13,7 +13,7 @@ mod quickstart;
 
 use std::process::ExitCode;
 
-const USAGE: &str = "\
+pub(crate) const USAGE: &str = "\
 outboxd-dev: for demos and development only, not a production broker
 
 USAGE:

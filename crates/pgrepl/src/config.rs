@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::error::ReplError;
+use crate::error::{ReplError, ServerError};
 use crate::pg_tls::MakeRustlsConnect;
 
 /// A password that never shows up in logs or `Debug` output.
@@ -131,6 +131,19 @@ impl ConnectConfig {
         }
     }
 
+    /// `user@host:port/database`, for messages: where a connection was going.
+    pub fn target(&self) -> String {
+        format!("{}@{}:{}/{}", self.user, self.host, self.port, self.dbname)
+    }
+
+    /// Wraps a failure to connect with [`ConnectConfig::target`].
+    pub fn connect_error(&self, cause: ReplError) -> ReplError {
+        ReplError::Connect {
+            target: self.target(),
+            cause: Box::new(cause),
+        }
+    }
+
     pub fn is_unix_socket(&self) -> bool {
         self.host.starts_with('/')
     }
@@ -170,16 +183,63 @@ impl ConnectConfig {
     pub async fn connect_sql(&self) -> Result<tokio_postgres::Client, ReplError> {
         let cfg = self.tokio_postgres_config();
         let client = if cfg.get_ssl_mode() == tokio_postgres::config::SslMode::Disable {
-            let (client, conn) = cfg.connect(tokio_postgres::NoTls).await?;
+            let (client, conn) = cfg
+                .connect(tokio_postgres::NoTls)
+                .await
+                .map_err(|e| self.connect_error(self.sql_connect_error(e)))?;
             spawn_connection(conn);
             client
         } else {
-            let tls = MakeRustlsConnect::new(self)?;
-            let (client, conn) = cfg.connect(tls).await?;
+            let tls = MakeRustlsConnect::new(self).map_err(|e| self.connect_error(e))?;
+            let (client, conn) = cfg
+                .connect(tls)
+                .await
+                .map_err(|e| self.connect_error(self.sql_connect_error(e)))?;
             spawn_connection(conn);
             client
         };
         Ok(client)
+    }
+
+    /// tokio-postgres's connect errors in the replication connection's terms, so both
+    /// connections classify a failure alike: a refused credential, a missing password and
+    /// a certificate that does not verify are permanent; a network failure is not.
+    fn sql_connect_error(&self, e: tokio_postgres::Error) -> ReplError {
+        if let Some(db) = e.as_db_error() {
+            let server = ServerError {
+                severity: db.severity().to_owned(),
+                code: db.code().code().to_owned(),
+                message: db.message().to_owned(),
+                detail: db.detail().map(str::to_owned),
+                hint: db.hint().map(str::to_owned),
+            };
+            return crate::connection::startup_error(&self.user, "SQL connection", server);
+        }
+        let mut next: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
+        while let Some(cause) = next {
+            if let Some(tls) = cause
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            {
+                return ReplError::Tls(format!("handshake failed: {tls}"));
+            }
+            if let Some(repl) = cause.downcast_ref::<ReplError>() {
+                if repl.class() == crate::ErrorClass::Permanent {
+                    return ReplError::Tls(repl.to_string());
+                }
+            }
+            // tokio-postgres has no error kind to match; this is its only message for it.
+            if cause.to_string() == "password missing" {
+                return ReplError::AuthClient {
+                    user: self.user.clone(),
+                    method: "password",
+                    reason: "the server requires a password but none is configured".into(),
+                };
+            }
+            next = cause.source();
+        }
+        ReplError::Sql(e)
     }
 }
 

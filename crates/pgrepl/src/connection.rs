@@ -87,7 +87,9 @@ impl ReplicationConnection {
     pub async fn connect(cfg: &ConnectConfig) -> Result<Self, ReplError> {
         tokio::time::timeout(cfg.connect_timeout, Self::connect_inner(cfg))
             .await
-            .map_err(|_| ReplError::Timeout("connecting to the server"))?
+            .map_err(|_| ReplError::Timeout("connecting to the server"))
+            .and_then(|r| r)
+            .map_err(|e| cfg.connect_error(e))
     }
 
     async fn connect_inner(cfg: &ConnectConfig) -> Result<Self, ReplError> {

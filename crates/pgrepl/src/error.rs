@@ -79,8 +79,62 @@ pub enum ReplError {
     Protocol(String),
     #[error("cannot decode replication data: {0}")]
     Decode(#[from] DecodeError),
-    #[error("SQL error: {0}")]
+    #[error("SQL error: {}", chain(.0))]
     Sql(#[from] tokio_postgres::Error),
+    /// Any failure to establish a connection, with where it was going: the cause alone
+    /// ("connection refused", "password authentication failed") does not say which
+    /// server, role or database was meant.
+    #[error("cannot connect to {target}: {cause}{}", connect_hint(cause))]
+    Connect {
+        /// `user@host:port/database`
+        target: String,
+        /// Not `#[source]`: the message already includes it, and chain printers would
+        /// repeat it.
+        cause: Box<ReplError>,
+    },
+}
+
+/// An error and its sources, `a: b: c`. tokio-postgres prints only its own layer ("db
+/// error"), keeping the server's message in the source.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let part = cause.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        next = cause.source();
+    }
+    text
+}
+
+/// What to look at for each kind of connection failure.
+fn connect_hint(cause: &ReplError) -> &'static str {
+    match cause {
+        ReplError::Tls(_) => {
+            "; the server's certificate was not accepted: PGSSLROOTCERT must name a PEM file \
+             with the CA that signed it (verify-ca / verify-full), and for verify-full PGHOST \
+             must be a name in the certificate"
+        }
+        ReplError::AuthClient { .. } => {
+            "; set PGPASSWORD (or the password in OUTBOXD_DATABASE_URL), or allow the role \
+             another method in pg_hba.conf"
+        }
+        ReplError::Auth { server, .. } if server.code == "28P01" => {
+            "; check PGUSER and PGPASSWORD (or OUTBOXD_DATABASE_URL)"
+        }
+        ReplError::Auth { .. } => {
+            "; pg_hba.conf must have a line for this role, database and address, and the role \
+             must exist with LOGIN"
+        }
+        ReplError::Server(e) if e.code == "3D000" => "; check PGDATABASE (or OUTBOXD_DATABASE_URL)",
+        ReplError::Io { .. } | ReplError::Timeout(_) | ReplError::Closed(_) => {
+            "; check PGHOST and PGPORT, and that the server is running and reachable"
+        }
+        _ => "",
+    }
 }
 
 impl ReplError {
@@ -88,9 +142,18 @@ impl ReplError {
         move |source| ReplError::Io { context, source }
     }
 
+    /// The error itself, without the connection target around it.
+    pub fn root(&self) -> &ReplError {
+        match self {
+            ReplError::Connect { cause, .. } => cause.root(),
+            other => other,
+        }
+    }
+
     /// The SQLSTATE that decided this error, when the server sent one.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
+            ReplError::Connect { cause, .. } => cause.sqlstate(),
             ReplError::Server(e) | ReplError::Auth { server: e, .. } => Some(&e.code),
             ReplError::SlotInUse { .. } => Some("55006"),
             ReplError::Sql(e) => e.code().map(|c| c.code()),
@@ -101,6 +164,7 @@ impl ReplError {
     /// The single place where errors are split into permanent and retryable.
     pub fn class(&self) -> ErrorClass {
         match self {
+            ReplError::Connect { cause, .. } => cause.class(),
             ReplError::Io { .. }
             | ReplError::Timeout(_)
             | ReplError::Closed(_)

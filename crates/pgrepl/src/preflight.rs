@@ -42,6 +42,44 @@ pub async fn max_replication_slots(client: &Client) -> Result<i32, ReplError> {
         .try_get(0)?)
 }
 
+/// The server settings logical replication depends on, and how much of them is in use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSettings {
+    pub wal_level: String,
+    pub max_replication_slots: i32,
+    /// Slots of every kind that exist now (each takes one of `max_replication_slots`).
+    pub replication_slots_in_use: i64,
+    pub max_wal_senders: i32,
+    /// Walsender processes running now (each takes one of `max_wal_senders`).
+    pub wal_senders_in_use: i64,
+    /// `max_slot_wal_keep_size` in MB; -1 is no cap; `None` before PostgreSQL 13.
+    pub max_slot_wal_keep_size_mb: Option<i64>,
+}
+
+/// One query, readable by any role (pg_settings, pg_replication_slots, pg_stat_activity's
+/// backend_type are not restricted).
+pub async fn server_settings(client: &Client) -> Result<ServerSettings, ReplError> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('wal_level'), \
+                    current_setting('max_replication_slots')::int4, \
+                    (SELECT count(*) FROM pg_catalog.pg_replication_slots), \
+                    current_setting('max_wal_senders')::int4, \
+                    (SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE backend_type = 'walsender'), \
+                    (SELECT setting::int8 FROM pg_catalog.pg_settings WHERE name = 'max_slot_wal_keep_size')",
+            &[],
+        )
+        .await?;
+    Ok(ServerSettings {
+        wal_level: row.try_get(0)?,
+        max_replication_slots: row.try_get(1)?,
+        replication_slots_in_use: row.try_get(2)?,
+        max_wal_senders: row.try_get(3)?,
+        wal_senders_in_use: row.try_get(4)?,
+        max_slot_wal_keep_size_mb: row.try_get(5)?,
+    })
+}
+
 /// Whether `user` may open a replication connection (REPLICATION or superuser).
 pub async fn role_can_replicate(client: &Client, user: &str) -> Result<bool, ReplError> {
     let row = client

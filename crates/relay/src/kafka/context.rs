@@ -47,8 +47,8 @@ impl ClientContext for RelayContext {
             tracing::error!(target: "librdkafka", %error, reason, "fatal Kafka producer error");
             // Only the first fatal error matters; librdkafka raises at most one.
             let _ = self.fatal.set(format!("{error}: {reason}"));
-        } else {
-            tracing::warn!(target: "librdkafka", %error, reason, "Kafka client error");
+        } else if let Some(suppressed) = NOISE.admit(&format!("error:{error}")) {
+            tracing::warn!(target: "librdkafka", %error, reason, suppressed, "Kafka client error");
         }
     }
 }
@@ -85,17 +85,68 @@ impl ClientContext for LogContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        tracing::warn!(target: "librdkafka", %error, reason, "Kafka admin client error");
+        if let Some(suppressed) = NOISE.admit(&format!("admin:{error}")) {
+            tracing::warn!(target: "librdkafka", %error, reason, suppressed, "Kafka admin client error");
+        }
+    }
+}
+
+/// An outage makes librdkafka repeat the same complaint for every broker every second or
+/// so; one line per kind every [`NOISE_WINDOW`], with how many were left out, says the
+/// same without burying everything else.
+static NOISE: RateLimit = RateLimit::new();
+
+const NOISE_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
+
+struct RateLimit {
+    seen: std::sync::Mutex<Option<std::collections::HashMap<String, (std::time::Instant, u64)>>>,
+}
+
+impl RateLimit {
+    const fn new() -> Self {
+        RateLimit {
+            seen: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// `Some(suppressed since the last admitted one)` when a line of this kind may be
+    /// logged now. Kinds are few (error codes, log facilities), so the map stays small.
+    fn admit(&self, kind: &str) -> Option<u64> {
+        let now = std::time::Instant::now();
+        let mut guard = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let map = guard.get_or_insert_with(std::collections::HashMap::new);
+        match map.get_mut(kind) {
+            Some((last, suppressed)) if now.duration_since(*last) < NOISE_WINDOW => {
+                *suppressed = suppressed.saturating_add(1);
+                None
+            }
+            Some((last, suppressed)) => {
+                let n = *suppressed;
+                *last = now;
+                *suppressed = 0;
+                Some(n)
+            }
+            None => {
+                map.insert(kind.to_owned(), (now, 0));
+                Some(0)
+            }
+        }
     }
 }
 
 fn route_log(level: RDKafkaLogLevel, fac: &str, message: &str) {
     use RDKafkaLogLevel as L;
     match level {
-        L::Emerg | L::Alert | L::Critical | L::Error => {
-            tracing::error!(target: "librdkafka", fac, "{message}")
+        L::Emerg | L::Alert | L::Critical | L::Error | L::Warning => {
+            let Some(suppressed) = NOISE.admit(&format!("log:{fac}")) else {
+                return;
+            };
+            if matches!(level, L::Warning) {
+                tracing::warn!(target: "librdkafka", fac, suppressed, "{message}")
+            } else {
+                tracing::error!(target: "librdkafka", fac, suppressed, "{message}")
+            }
         }
-        L::Warning => tracing::warn!(target: "librdkafka", fac, "{message}"),
         L::Notice | L::Info => tracing::info!(target: "librdkafka", fac, "{message}"),
         L::Debug => tracing::debug!(target: "librdkafka", fac, "{message}"),
     }
@@ -110,6 +161,15 @@ fn log_stats(statistics: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repeated_complaints_are_admitted_once_per_window() {
+        let limit = RateLimit::new();
+        assert_eq!(limit.admit("a"), Some(0));
+        assert_eq!(limit.admit("a"), None);
+        assert_eq!(limit.admit("a"), None);
+        assert_eq!(limit.admit("b"), Some(0), "kinds are limited separately");
+    }
 
     #[test]
     fn fatal_global_error_is_remembered_others_are_not() {

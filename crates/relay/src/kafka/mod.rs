@@ -12,6 +12,7 @@ mod config;
 mod context;
 mod delivery;
 mod error;
+mod probe;
 mod producer;
 mod progress;
 mod settings;
@@ -21,6 +22,7 @@ mod mock_tests;
 
 pub use delivery::{is_permanent, Delivered, Delivery, DeliveryFailure, DeliverySink};
 pub use error::KafkaSetupError;
+pub use probe::BrokerProbe;
 pub use producer::{
     build_producer, BrokerAddress, BrokerInfo, FlushError, OutgoingRecord, RelayProducer, SendError,
 };

@@ -52,10 +52,20 @@ pub enum RelayError {
     },
     #[error("the server is PostgreSQL {}.{} (server_version_num {version_num}); outboxd needs PostgreSQL 14 or newer", version_num / 10_000, version_num % 10_000)]
     UnsupportedServer { version_num: u32 },
+    #[error("PostgreSQL's {setting} prevents outboxd from streaming: {problem}")]
+    ServerSetting {
+        setting: &'static str,
+        problem: String,
+    },
     #[error(transparent)]
     Shape(#[from] ShapeError),
-    #[error("bad outbox row{}: {error}; OUTBOXD_BAD_ROW_POLICY=stop, so outboxd stopped without acknowledging it. Fix or delete the row's transaction effect and restart, or set OUTBOXD_BAD_ROW_POLICY=dead-letter", .error.event_id().map(|id| format!(" id={}", outbox_core::short_id(id))).unwrap_or_default())]
-    BadRow { error: RowError },
+    #[error("bad outbox row{}: {error}; OUTBOXD_BAD_ROW_POLICY=stop, so outboxd stopped without acknowledging it. The insert is in the WAL and the slot will deliver it again on every start, whatever happens to the row in the table now. To get past it: run once with OUTBOXD_BAD_ROW_POLICY=dead-letter (the row goes to OUTBOXD_DEAD_LETTER_TOPIC, later events follow), then switch back; or, accepting that this transaction's events are skipped and never published, stop outboxd and advance the slot past this transaction only with SELECT pg_replication_slot_advance('{slot}', '{commit_lsn}'::pg_lsn + 1), then restart", .error.event_id().map(|id| format!(" id={}", outbox_core::short_id(id))).unwrap_or_default())]
+    BadRow {
+        error: RowError,
+        slot: String,
+        /// The transaction's commit LSN: a slot confirmed past it no longer decodes it.
+        commit_lsn: pgoutput::Lsn,
+    },
     #[error("bad outbox row{}: {error}; its dead-letter record of {size} bytes does not fit OUTBOXD_MAX_MESSAGE_BYTES either, so outboxd stopped without acknowledging the row. Raise OUTBOXD_MAX_MESSAGE_BYTES (with the broker's message.max.bytes) and restart", .error.event_id().map(|id| format!(" id={}", outbox_core::short_id(id))).unwrap_or_default())]
     DeadLetterTooLarge { error: RowError, size: usize },
     #[error("Kafka producer setup failed: {0}")]
@@ -98,6 +108,7 @@ impl RelayError {
             | E::TableNotPublished { .. }
             | E::UnsupportedServer { .. }
             | E::SlotLost { .. }
+            | E::ServerSetting { .. }
             | E::Shape(_)
             | E::BadRow { .. }
             | E::DeadLetterTooLarge { .. }

@@ -18,12 +18,13 @@ pub use backoff::Backoff;
 pub use error::{ErrorClass, RelayError};
 pub use observe::Observer;
 pub use session::SessionEnd;
-pub use slot::{judge_publication, SlotStart, SlotStats};
+pub use slot::{judge_publication, judge_server, judge_slot, SlotStart, SlotStats, Verdict};
 
 use outbox_core::{DeliveredPosition, SkipRange};
 
 use crate::kafka::{
-    build_producer, ProducerSettings, ProgressError, ProgressRecord, ProgressStore, SlotIdentity,
+    build_producer, BrokerProbe, ProducerSettings, ProgressError, ProgressRecord, ProgressStore,
+    SlotIdentity,
 };
 use session::{Session, SessionStart};
 
@@ -69,6 +70,28 @@ pub struct RelayConfig {
 /// How long a session whose server went away waits for in-flight acks (see
 /// `Session::settle_in_flight`).
 const SETTLE_AFTER_SERVER_LOSS: Duration = Duration::from_secs(5);
+
+/// Asks the brokers every few seconds whether they answer, for readiness and the
+/// `kafka_brokers_up` metric.
+fn spawn_broker_probe(
+    cfg: &RelayConfig,
+    obs: &Observer,
+) -> Result<tokio::task::JoinHandle<()>, RelayError> {
+    let probe = std::sync::Arc::new(BrokerProbe::new(&cfg.producer)?);
+    let obs = obs.clone();
+    Ok(tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            let p = std::sync::Arc::clone(&probe);
+            match tokio::task::spawn_blocking(move || p.brokers_up(Duration::from_secs(3))).await {
+                Ok(n) => obs.kafka_brokers_up(n),
+                Err(_) => return,
+            }
+        }
+    }))
+}
 
 /// What one session hands the next within a process.
 #[derive(Debug, Default)]
@@ -208,7 +231,9 @@ pub async fn run(
         Some(topic) => Some(ProgressStore::new(&cfg.producer, topic)?),
         None => None,
     };
+    let probe = spawn_broker_probe(cfg, obs)?;
     let result = relay_loop(cfg, obs, progress.as_ref(), &mut shutdown, &mut backoff).await;
+    probe.abort();
     if let Some(p) = &progress {
         p.abandon_pending();
     }
@@ -262,6 +287,7 @@ async fn run_session(
     carry: &mut Carry,
 ) -> Result<SessionEnd, RelayError> {
     let sql = cfg.pg.connect_sql().await?;
+    slot::check_server(&sql, &cfg.slot, !carry.seen_slot).await?;
     let mut conn = ReplicationConnection::connect(&cfg.pg).await?;
     check_server_version(conn.server_version_num().await?)?;
     let system = conn.identify_system().await?;

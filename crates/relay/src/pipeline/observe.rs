@@ -66,7 +66,9 @@ impl Observer {
             .observe_commit_to_ack(Duration::from_micros(latency));
     }
 
-    pub(super) fn bad_row(&self, kind: RowErrorKind) {
+    /// A bad row's dead-letter record was queued (under `stop` nothing is counted: the
+    /// row was not dead-lettered).
+    pub(super) fn dead_lettered(&self, kind: RowErrorKind) {
         let reason = match kind {
             RowErrorKind::NullAggregateId => DeadLetterReason::NullKey,
             RowErrorKind::EmptyAggregateId => DeadLetterReason::EmptyKey,
@@ -90,6 +92,12 @@ impl Observer {
     /// A replayed event Kafka already had was not published again.
     pub(super) fn skipped_as_delivered(&self) {
         self.metrics.inc_events_skipped();
+    }
+
+    pub(super) fn kafka_brokers_up(&self, n: usize) {
+        self.metrics
+            .set_kafka_brokers_up(u64::try_from(n).unwrap_or(u64::MAX));
+        self.health.set_kafka_reachable(n > 0);
     }
 
     pub(super) fn delivery_error(&self) {

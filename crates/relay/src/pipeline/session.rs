@@ -123,6 +123,8 @@ struct ProgressWriter {
 }
 
 impl<'a> Session<'a> {
+    // Every argument is a distinct piece of the session; a struct would only rename them.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         cfg: &'a RelayConfig,
         obs: &'a Observer,
@@ -573,9 +575,13 @@ impl<'a> Session<'a> {
         dead_letter: OutboxRecord,
         ctx: CommitContext,
     ) -> Result<(), RelayError> {
-        self.obs.bad_row(error.kind());
         match self.cfg.bad_row_policy {
-            BadRowPolicy::Stop => Err(RelayError::BadRow { error }),
+            // Not counted as dead-lettered: it was not, and the slot stays before it.
+            BadRowPolicy::Stop => Err(RelayError::BadRow {
+                error,
+                slot: self.cfg.slot.clone(),
+                commit_lsn: ctx.commit_lsn,
+            }),
             BadRowPolicy::DeadLetter => {
                 tracing::warn!(
                     event_id = %outbox_core::short_id(error.event_id().unwrap_or("")),
@@ -584,7 +590,10 @@ impl<'a> Session<'a> {
                     "dead-lettering a row: {error}"
                 );
                 match self.produce(&dead_letter, ctx).await? {
-                    Produced::Queued => Ok(()),
+                    Produced::Queued => {
+                        self.obs.dead_lettered(error.kind());
+                        Ok(())
+                    }
                     // Dead-letter records are shrunk to fit; only a limit below what they
                     // can shrink to gets here. Stop rather than confirm past the row.
                     Produced::TooLarge { size } => {

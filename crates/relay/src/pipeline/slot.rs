@@ -1,6 +1,6 @@
 //! The slot and publication as outboxd finds them at the start of each session.
 
-use pgrepl::preflight::{self, PublicationCoverage};
+use pgrepl::preflight::{self, PublicationCoverage, ServerSettings, SlotState};
 use pgrepl::{ConnectConfig, Lsn, ReplicationConnection};
 use tokio_postgres::Client;
 
@@ -57,6 +57,116 @@ pub async fn prepare(
             })
         }
     };
+    if let Some(warning) = judge_slot(&state, slot, &pg.dbname)? {
+        tracing::warn!(slot, "{warning}");
+    }
+    Ok(Some(SlotStart {
+        confirmed_flush: state.confirmed_flush_lsn.unwrap_or(Lsn::ZERO),
+    }))
+}
+
+/// A prerequisite as `run` and `check` both judge it: `Ok(None)` fine, `Ok(Some(warning))`
+/// works but deserves the operator's attention, `Err(problem)` outboxd cannot work, with
+/// the fix.
+pub type Verdict = Result<Option<String>, String>;
+
+/// Checks the server settings before the replication connection is opened: a refusal
+/// there (no walsender allowed) would otherwise look like a transient overload (53300)
+/// and be retried forever. `first` logs the warnings, once per process.
+pub async fn check_server(sql: &Client, slot: &str, first: bool) -> Result<(), RelayError> {
+    let settings = preflight::server_settings(sql).await?;
+    let slot_exists = preflight::slot_state(sql, slot).await?.is_some();
+    for (setting, verdict) in judge_server(&settings, slot_exists) {
+        match verdict {
+            Ok(None) => {}
+            Ok(Some(warning)) if first => tracing::warn!(setting, "{warning}"),
+            Ok(Some(_)) => {}
+            Err(problem) => return Err(RelayError::ServerSetting { setting, problem }),
+        }
+    }
+    Ok(())
+}
+
+/// Every server-setting rule, named by the setting; `check` prints one line each.
+pub fn judge_server(s: &ServerSettings, slot_exists: bool) -> Vec<(&'static str, Verdict)> {
+    vec![
+        ("wal_level", judge_wal_level(s)),
+        (
+            "max_replication_slots",
+            judge_replication_slots(s, slot_exists),
+        ),
+        ("max_wal_senders", judge_wal_senders(s)),
+        ("max_slot_wal_keep_size", judge_wal_keep(s)),
+    ]
+}
+
+fn judge_wal_level(s: &ServerSettings) -> Verdict {
+    if s.wal_level == "logical" {
+        Ok(None)
+    } else {
+        Err(format!(
+            "is {}; set wal_level = logical in postgresql.conf and restart PostgreSQL",
+            s.wal_level
+        ))
+    }
+}
+
+fn judge_replication_slots(s: &ServerSettings, slot_exists: bool) -> Verdict {
+    if s.max_replication_slots < 1 {
+        return Err(format!(
+            "is {}; set it to at least 1 (plus one per other consumer) and restart PostgreSQL",
+            s.max_replication_slots
+        ));
+    }
+    let max = i64::from(s.max_replication_slots);
+    if !slot_exists && s.replication_slots_in_use >= max {
+        return Err(format!(
+            "all {max} slots are in use and outboxd's slot does not exist yet: raise \
+             max_replication_slots (restart PostgreSQL) or drop an unused slot \
+             (SELECT pg_drop_replication_slot('<name>'))"
+        ));
+    }
+    Ok(None)
+}
+
+fn judge_wal_senders(s: &ServerSettings) -> Verdict {
+    if s.max_wal_senders < 1 {
+        return Err(format!(
+            "max_wal_senders is {}, so no replication connection is allowed; set it to at \
+             least 1 (plus one per standby and other consumer) and restart PostgreSQL",
+            s.max_wal_senders
+        ));
+    }
+    if s.wal_senders_in_use >= i64::from(s.max_wal_senders) {
+        // Transient: one may end. `run` waits for it; the operator should know.
+        return Ok(Some(format!(
+            "all {} walsenders are in use; outboxd waits until one is free: raise \
+             max_wal_senders (restart PostgreSQL)",
+            s.max_wal_senders
+        )));
+    }
+    Ok(None)
+}
+
+fn judge_wal_keep(s: &ServerSettings) -> Verdict {
+    match s.max_slot_wal_keep_size_mb {
+        Some(-1) => Ok(Some(
+            "-1 (no cap): while outboxd or Kafka is down the slot keeps all WAL until the \
+             disk fills. Set max_slot_wal_keep_size to the WAL rate × the longest outage to \
+             ride out, and alert on pg_replication_slots.safe_wal_size and wal_status"
+                .into(),
+        )),
+        _ => Ok(None),
+    }
+}
+
+/// The one rule for "can outboxd stream from this existing slot", shared by `run` and
+/// `outboxd check`.
+pub fn judge_slot(
+    state: &SlotState,
+    slot: &str,
+    dbname: &str,
+) -> Result<Option<String>, RelayError> {
     let unusable = |problem: String| RelayError::SlotUnusable {
         slot: slot.to_owned(),
         problem,
@@ -74,22 +184,27 @@ pub async fn prepare(
         )));
     }
     if let Some(db) = state.database.as_deref() {
-        if db != pg.dbname {
+        if db != dbname {
             return Err(unusable(format!(
-                "it belongs to database {db:?}, not {:?}; set PGDATABASE or OUTBOXD_SLOT",
-                pg.dbname
+                "it belongs to database {db:?}, not {dbname:?}; set PGDATABASE or OUTBOXD_SLOT"
             )));
         }
     }
-    if state.wal_status.as_deref() == Some("lost") {
-        return Err(RelayError::SlotInvalidated {
+    match state.wal_status.as_deref() {
+        Some("lost") => Err(RelayError::SlotInvalidated {
             slot: slot.to_owned(),
             reason: "wal_status = lost".into(),
-        });
+        }),
+        Some("unreserved") => Ok(Some(format!(
+            "slot {slot} has wal_status = unreserved: WAL it needs is past \
+             max_slot_wal_keep_size and will be removed at the next checkpoint unless \
+             outboxd catches up (safe_wal_size {})",
+            state
+                .safe_wal_size
+                .map_or_else(|| "unknown".to_owned(), |b| format!("{b} bytes"))
+        ))),
+        _ => Ok(None),
     }
-    Ok(Some(SlotStart {
-        confirmed_flush: state.confirmed_flush_lsn.unwrap_or(Lsn::ZERO),
-    }))
 }
 
 /// Creates the slot; the caller has made sure no earlier slot of this name was lost.

@@ -12,6 +12,7 @@ pub struct Health {
     base: Instant,
     replication_connected: AtomicBool,
     producer_healthy: AtomicBool,
+    kafka_reachable: AtomicBool,
     unacked: AtomicBool,
     last_progress_nanos: AtomicU64,
     unacked_since_nanos: AtomicU64,
@@ -23,6 +24,8 @@ impl Health {
             base: now,
             replication_connected: AtomicBool::new(false),
             producer_healthy: AtomicBool::new(false),
+            // Until the first probe says otherwise: the producer's own health decides.
+            kafka_reachable: AtomicBool::new(true),
             unacked: AtomicBool::new(false),
             last_progress_nanos: AtomicU64::new(0),
             unacked_since_nanos: AtomicU64::new(0),
@@ -36,6 +39,10 @@ impl Health {
 
     pub fn set_producer_healthy(&self, healthy: bool) {
         self.producer_healthy.store(healthy, Ordering::Relaxed);
+    }
+
+    pub fn set_kafka_reachable(&self, reachable: bool) {
+        self.kafka_reachable.store(reachable, Ordering::Relaxed);
     }
 
     /// The confirmed LSN moved.
@@ -66,6 +73,9 @@ impl Health {
         }
         if !self.producer_healthy.load(Ordering::Relaxed) {
             return Err("Kafka producer is not healthy".into());
+        }
+        if !self.kafka_reachable.load(Ordering::Relaxed) {
+            return Err("no Kafka broker answers".into());
         }
         if self.unacked.load(Ordering::Relaxed) {
             let since = self

@@ -117,6 +117,7 @@ pub struct Metrics {
     events_published: AtomicU64,
     dead_lettered: [AtomicU64; 6],
     delivery_errors: AtomicU64,
+    kafka_brokers_up: AtomicU64,
     events_skipped: AtomicU64,
     reconnects: AtomicU64,
     status_updates_sent: AtomicU64,
@@ -147,6 +148,7 @@ impl Default for Metrics {
             events_published: AtomicU64::new(0),
             dead_lettered: Default::default(),
             delivery_errors: AtomicU64::new(0),
+            kafka_brokers_up: AtomicU64::new(0),
             events_skipped: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             status_updates_sent: AtomicU64::new(0),
@@ -173,6 +175,8 @@ pub struct MetricsSnapshot {
     pub events_published_total: u64,
     pub events_dead_lettered_total: Vec<(DeadLetterReason, u64)>,
     pub delivery_errors_total: u64,
+    /// Brokers in the last metadata answer of the probe; 0 when none answered.
+    pub kafka_brokers_up: u64,
     /// Replayed events not published again because Kafka already had them.
     pub events_skipped_total: u64,
     pub reconnects_total: u64,
@@ -219,6 +223,10 @@ impl Metrics {
 
     pub fn inc_events_skipped(&self) {
         add(&self.events_skipped, 1);
+    }
+
+    pub fn set_kafka_brokers_up(&self, n: u64) {
+        set(&self.kafka_brokers_up, n);
     }
 
     pub fn inc_delivery_errors(&self) {
@@ -314,6 +322,7 @@ impl Metrics {
                 .map(|r| (r, self.dead_lettered.get(r.index()).map_or(0, load)))
                 .collect(),
             delivery_errors_total: load(&self.delivery_errors),
+            kafka_brokers_up: load(&self.kafka_brokers_up),
             events_skipped_total: load(&self.events_skipped),
             reconnects_total: load(&self.reconnects),
             status_updates_sent_total: load(&self.status_updates_sent),

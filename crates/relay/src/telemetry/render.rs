@@ -54,6 +54,12 @@ pub fn render(s: &MetricsSnapshot) -> String {
         s.events_skipped_total,
     );
     out.single(
+        "kafka_brokers_up",
+        "gauge",
+        "Brokers listed in the last metadata answer (probed every 5 s); 0 when none answered.",
+        s.kafka_brokers_up,
+    );
+    out.single(
         "delivery_errors_total",
         "counter",
         "Failed Kafka deliveries (each one restarts the pipeline).",
