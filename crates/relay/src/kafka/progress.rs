@@ -160,6 +160,8 @@ struct Inner {
     write_in_flight: AtomicBool,
     topic_ready: AtomicBool,
     write_errors: AtomicU64,
+    /// Writes the broker acknowledged.
+    writes_acked: AtomicU64,
 }
 
 const OPERATION_TIMEOUT: Duration = Duration::from_secs(15);
@@ -184,6 +186,7 @@ impl ProgressStore {
                 write_in_flight: AtomicBool::new(false),
                 topic_ready: AtomicBool::new(false),
                 write_errors: AtomicU64::new(0),
+                writes_acked: AtomicU64::new(0),
             }),
         })
     }
@@ -195,6 +198,11 @@ impl ProgressStore {
     /// Failed writes so far (each only means a staler record).
     pub fn write_errors(&self) -> u64 {
         self.inner.write_errors.load(Ordering::Relaxed)
+    }
+
+    /// Writes the broker acknowledged so far.
+    pub fn writes_acked(&self) -> u64 {
+        self.inner.writes_acked.load(Ordering::Acquire)
     }
 
     /// A consumer on the store's connection settings. Consumers do not auto-create
@@ -372,7 +380,10 @@ impl ProgressStore {
         }
     }
 
-    /// Writes a record and waits for the broker's ack.
+    /// Writes a record and waits for the broker's ack. Always to partition 0, the only one
+    /// [`ProgressStore::read_latest`] reads: a topic with more partitions (made with a
+    /// cluster's default count, or auto-created on the first write) would otherwise
+    /// scatter records by key where no reader looks.
     pub async fn write_and_wait(
         &self,
         id: &SlotIdentity,
@@ -383,12 +394,16 @@ impl ProgressStore {
         let value = record.to_json(id);
         let send = self.inner.producer.send(
             FutureRecord::to(&self.inner.topic)
+                .partition(0)
                 .key(&key)
                 .payload(&value),
             OPERATION_TIMEOUT,
         );
         match tokio::time::timeout(OPERATION_TIMEOUT * 2, send).await {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(_)) => {
+                self.inner.writes_acked.fetch_add(1, Ordering::AcqRel);
+                Ok(())
+            }
             Ok(Err((e, _))) => Err(ProgressError::Kafka(
                 self.inner.settings.scrub(&e.to_string()),
             )),

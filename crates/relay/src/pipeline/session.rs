@@ -96,6 +96,10 @@ struct ProgressWriter {
     /// first tick writes one even without progress (a slot from before records existed).
     written: Option<Lsn>,
     last_write: Instant,
+    /// The store's acknowledged writes when the session started: until one more is
+    /// acknowledged, the record may not exist at all (a slot made by `outboxd init`, with
+    /// Kafka down at the first tick), so the write is retried even without progress.
+    acked_at_start: u64,
 }
 
 impl<'a> Session<'a> {
@@ -126,11 +130,12 @@ impl<'a> Session<'a> {
             started_at: Instant::now(),
             status_updates_reported: 0,
             progress: progress.map(|(store, identity, timeline)| ProgressWriter {
-                store,
                 identity,
                 timeline,
+                acked_at_start: store.writes_acked(),
                 written: None,
                 last_write: Instant::now(),
+                store,
             }),
         }
     }
@@ -140,9 +145,10 @@ impl<'a> Session<'a> {
         let confirmed = self.confirmed;
         let interval = self.cfg.progress_interval;
         if let Some(p) = self.progress.as_mut() {
+            let unacked = p.store.writes_acked() == p.acked_at_start;
             let due = match p.written {
                 None => true,
-                Some(w) => confirmed > w && p.last_write.elapsed() >= interval,
+                Some(w) => (confirmed > w || unacked) && p.last_write.elapsed() >= interval,
             };
             if due {
                 p.store
