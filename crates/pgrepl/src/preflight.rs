@@ -164,6 +164,10 @@ pub struct PublicationCoverage {
     /// Partitions (any depth) of the table listed for the publication: what the server
     /// publishes, under their own names, when `pubviaroot` is off.
     pub partitions_listed: i64,
+    /// Leaf partitions (any depth) of the table that neither they nor an ancestor below
+    /// the table are listed for the publication: their rows are never sent when the
+    /// table itself is not listed.
+    pub leaves_unlisted: i64,
 }
 
 /// `None` when the publication does not exist.
@@ -187,7 +191,14 @@ pub async fn publication_coverage(
                   JOIN pg_catalog.pg_class pc ON pc.relnamespace = pn.oid AND pc.relname = pt.tablename \
                  WHERE pt.pubname = p.pubname AND pc.relispartition \
                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_partition_ancestors(pc.oid) a \
-                               WHERE a.relid = (SELECT oid FROM t))) \
+                               WHERE a.relid = (SELECT oid FROM t))), \
+               (SELECT count(*) FROM pg_catalog.pg_partition_tree((SELECT oid FROM t)) l \
+                 WHERE l.isleaf AND l.relid <> (SELECT oid FROM t) AND NOT EXISTS ( \
+                   SELECT 1 FROM pg_catalog.pg_partition_ancestors(l.relid) a \
+                   JOIN pg_catalog.pg_class ac ON ac.oid = a.relid \
+                   JOIN pg_catalog.pg_namespace an ON an.oid = ac.relnamespace \
+                   JOIN pg_catalog.pg_publication_tables pt ON pt.pubname = p.pubname \
+                    AND pt.schemaname = an.nspname AND pt.tablename = ac.relname)) \
              FROM pg_catalog.pg_publication p WHERE p.pubname = $1",
             &[&publication, &schema, &table],
         )
@@ -201,6 +212,7 @@ pub async fn publication_coverage(
         table_kind: row.try_get(2)?,
         table_listed: row.try_get(3)?,
         partitions_listed: row.try_get(4)?,
+        leaves_unlisted: row.try_get(5)?,
     }))
 }
 

@@ -183,6 +183,16 @@ pub fn judge_publication(
     if c.table_listed {
         return Ok(None);
     }
+    if partitioned && c.partitions_listed > 0 && c.leaves_unlisted > 0 {
+        // Some partitions listed one by one, not all: the others' rows are never sent.
+        return Err(format!(
+            "publication {publication} lists some partitions of {table} but not {} of them, \
+             so their rows would never be relayed: publish the partitioned table itself, \
+             ALTER PUBLICATION {publication} ADD TABLE {table}; with \
+             ALTER PUBLICATION {publication} SET (publish_via_partition_root = true)",
+            c.leaves_unlisted
+        ));
+    }
     if partitioned && c.partitions_listed > 0 {
         // pubviaroot is off: the server sends each partition's rows under the partition's
         // name. The relay maps them back through the catalog, but a partition detached
