@@ -350,3 +350,33 @@ async fn an_interrupted_first_creation_is_not_a_lost_slot() {
         restarted.log_text()
     );
 }
+
+/// The final progress record is written on shutdown after the drain deadline, with its
+/// own 30 s timeout, and before the final status update: with Kafka down a SIGTERM takes
+/// OUTBOXD_SHUTDOWN_TIMEOUT_MS plus ~30 s (past Kubernetes' default grace period, so the
+/// final confirmation is never sent and acked events are re-sent).
+#[tokio::test(flavor = "multi_thread")]
+async fn shutdown_with_kafka_down_keeps_its_deadline() {
+    let s = ops::streaming_relay(
+        "slot_progress_shutdown",
+        &[("OUTBOXD_SHUTDOWN_TIMEOUT_MS", "2000")],
+    )
+    .await;
+    s.relay_events(3).await;
+    let mut relay = s.relay;
+    // Let a first progress record be written (the topic is then known to exist).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.broker.set_all_down(true);
+    insert_events(&s.client, &s.outbox.table, 3, 3, 3).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t0 = std::time::Instant::now();
+    relay.signal("TERM");
+    let status = relay.wait_exit(Duration::from_secs(90));
+    let took = t0.elapsed();
+    assert_eq!(status.code(), Some(0), "{}", relay.log_text());
+    assert!(
+        took < Duration::from_secs(10),
+        "shutdown took {took:?} with a 2 s shutdown timeout: {}",
+        relay.log_text()
+    );
+}
