@@ -27,6 +27,9 @@ use crate::kafka::{
     Delivery, OutgoingRecord, ProgressRecord, ProgressStore, RelayProducer, SendError, SlotIdentity,
 };
 
+/// The final progress record gets at least this long, even past the shutdown deadline.
+const FINAL_PROGRESS_WRITE_MIN: Duration = Duration::from_secs(1);
+
 /// Longest wait for a query on the side SQL connection (a few rows, normally
 /// milliseconds).
 const SQL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -638,14 +641,24 @@ impl<'a> Session<'a> {
             self.advance();
         }
         self.advance();
-        if let Some(p) = &self.progress {
-            let record = ProgressRecord::now(p.timeline, self.confirmed);
-            if let Err(e) = p.store.write_and_wait(&p.identity, &record).await {
-                tracing::warn!("writing the final progress record failed: {e}");
-            }
-        }
         tracing::info!(confirmed = %self.confirmed, "confirming the final position and closing the stream");
         stream.send_status_now().await?;
+        // After the status update, and within what is left of the deadline (at least a
+        // moment): with Kafka down the write would otherwise hold the shutdown for its own
+        // 30 s timeout. A record left older only records that the slot exists.
+        if let Some(p) = &self.progress {
+            let record = ProgressRecord::now(p.timeline, self.confirmed);
+            let left = deadline
+                .saturating_duration_since(tokio::time::Instant::now())
+                .max(FINAL_PROGRESS_WRITE_MIN);
+            match tokio::time::timeout(left, p.store.write_and_wait(&p.identity, &record)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!("writing the final progress record failed: {e}"),
+                Err(_) => tracing::warn!(
+                    "writing the final progress record timed out after {left:?}; it stays at an older position"
+                ),
+            }
+        }
         Ok(SessionEnd::Shutdown)
     }
 }
