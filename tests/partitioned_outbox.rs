@@ -445,3 +445,49 @@ async fn a_publication_of_only_some_partitions_is_refused() {
     assert_eq!(status.code(), Some(3), "{}", relay.log_text());
     assert_eq!(schema::confirmed_flush_lsn(&db).await, before);
 }
+
+/// PostgreSQL 15 row filters and column lists: a publication `FOR TABLE outbox WHERE
+/// (...)` never sends the other rows, and one with a column list drops columns (the
+/// headers) without a word. `check` and `run` must not take either for "published".
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_filter_or_column_list_on_the_publication_is_refused() {
+    for (name, filter) in [
+        ("part_row_filter", " WHERE (aggregate_type = 'order')"),
+        (
+            "part_column_list",
+            " (id, aggregate_type, aggregate_id, event_type, payload, created_at)",
+        ),
+    ] {
+        let db = PgCluster::shared().fresh_database(name).await;
+        let client = db.client().await;
+        client
+            .batch_execute(&format!(
+                "{}; CREATE PUBLICATION \"{}\" FOR TABLE public.outbox{filter} WITH (publish = 'insert')",
+                schema::OUTBOX_DDL,
+                db.publication
+            ))
+            .await
+            .expect("schema");
+        client
+            .query_one(
+                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[&db.slot],
+            )
+            .await
+            .expect("slot");
+        let outbox = Outbox {
+            table: "public.outbox".into(),
+            publication: db.publication.clone(),
+            slot: db.slot.clone(),
+            topic_prefix: db.name.replace('_', "-"),
+        };
+        let broker = Broker::default_for_tests();
+        ops::create_topics(&broker, &outbox).await;
+        let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+        let (code, out) = run_to_end(&env, &["check"]);
+        assert_ne!(code, 0, "{name}: check must fail:\n{out}");
+        let mut relay = Relay::start(env, &["run"]);
+        let status = relay.wait_exit(Duration::from_secs(30));
+        assert_eq!(status.code(), Some(3), "{name}: {}", relay.log_text());
+    }
+}
