@@ -179,6 +179,22 @@ pub fn judge_publication(
              ALTER PUBLICATION {publication} SET (publish = 'insert')"
         ));
     }
+    if c.row_filtered {
+        return Err(format!(
+            "publication {publication} has a row filter (WHERE) on {table}: the rows it \
+             rejects would never be relayed. Publish every row: \
+             ALTER PUBLICATION {publication} DROP TABLE {table}; \
+             ALTER PUBLICATION {publication} ADD TABLE {table};"
+        ));
+    }
+    if c.column_listed {
+        return Err(format!(
+            "publication {publication} has a column list on {table}: the other columns \
+             (headers, for one) would be dropped from every event. Publish every column: \
+             ALTER PUBLICATION {publication} DROP TABLE {table}; \
+             ALTER PUBLICATION {publication} ADD TABLE {table};"
+        ));
+    }
     let partitioned = kind == "p";
     if c.table_listed {
         return Ok(None);
