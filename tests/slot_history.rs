@@ -3,6 +3,8 @@
 //! explicit `outboxd init` creates it again. A first start with no history still creates
 //! the slot by itself.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::time::Duration;

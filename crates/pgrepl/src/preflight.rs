@@ -164,9 +164,9 @@ pub struct PublicationCoverage {
     /// Partitions (any depth) of the table listed for the publication: what the server
     /// publishes, under their own names, when `pubviaroot` is off.
     pub partitions_listed: i64,
-    /// Leaf partitions (any depth) of the table that neither they nor an ancestor below
-    /// the table are listed for the publication: their rows are never sent when the
-    /// table itself is not listed.
+    /// Leaf partitions (any depth; plain tables only, foreign ones write no WAL) of the
+    /// table that neither they nor an ancestor are listed for the publication: their
+    /// rows are never sent when the table itself is not listed.
     pub leaves_unlisted: i64,
     /// A row filter (`WHERE`, PostgreSQL 15+) on the table, a partition or an ancestor
     /// of it in this publication: the rows it rejects are never sent.
@@ -207,6 +207,7 @@ pub async fn publication_coverage(
                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_partition_ancestors(pc.oid) a \
                                WHERE a.relid = (SELECT oid FROM t))), \
                (SELECT count(*) FROM pg_catalog.pg_partition_tree((SELECT oid FROM t)) l \
+                 JOIN pg_catalog.pg_class lc ON lc.oid = l.relid AND lc.relkind = 'r' \
                  WHERE l.isleaf AND l.relid <> (SELECT oid FROM t) AND NOT EXISTS ( \
                    SELECT 1 FROM pg_catalog.pg_partition_ancestors(l.relid) a \
                    JOIN pg_catalog.pg_class ac ON ac.oid = a.relid \
