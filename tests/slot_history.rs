@@ -134,3 +134,251 @@ async fn without_a_progress_record_only_init_creates_the_slot() {
     );
     assert!(slot_row(&client, &outbox.slot).await.is_none());
 }
+
+/// Table and publication of a fresh database, no slot.
+async fn table_and_publication(db: &pgtest::TestDb<'_>) -> Outbox {
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "{}; CREATE PUBLICATION \"{}\" FOR TABLE public.outbox WITH (publish = 'insert')",
+            schema::OUTBOX_DDL,
+            db.publication
+        ))
+        .await
+        .expect("schema");
+    Outbox {
+        table: "public.outbox".into(),
+        publication: db.publication.clone(),
+        slot: db.slot.clone(),
+        topic_prefix: db.name.replace('_', "-"),
+    }
+}
+
+/// Waits until the relay exits (its code) or the slot exists (None).
+async fn exit_or_slot(
+    relay: &mut Relay,
+    client: &tokio_postgres::Client,
+    slot: &str,
+) -> Option<i32> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        if !relay.is_running() {
+            return Some(relay.wait_exit(Duration::from_secs(1)).code().unwrap_or(-1));
+        }
+        if slot_row(client, slot).await.is_some() {
+            return None;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "neither exited nor created the slot: {}",
+            relay.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A progress topic with several partitions (made by an operator with the cluster's
+/// default partition count, or auto-created by a broker on the first write): the record
+/// is written to the partition its key hashes to, but only partition 0 is read back, so
+/// a lost slot looks like a first start and is recreated silently.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_progress_topic_with_several_partitions_still_guards_the_slot() {
+    let db = PgCluster::shared()
+        .fresh_database("slot_progress_parts")
+        .await;
+    let client = db.client().await;
+    let outbox = table_and_publication(&db).await;
+    let broker = Broker::default_for_tests();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let progress_topic = format!("{}.progress", outbox.topic_prefix);
+    broker.create_topics(&[&progress_topic], 16).await;
+    let env = Relay::env_for(
+        &db,
+        &outbox,
+        &broker.bootstrap(),
+        &[("OUTBOXD_PROGRESS_TOPIC", &progress_topic)],
+    );
+    let mut relay = Relay::start(env.clone(), &["run"]);
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let first = insert_events(&client, &outbox.table, 5, 3, 3).await;
+    let received = read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &first,
+        Duration::from_secs(60),
+    );
+    check_delivery(&first, &received);
+    relay.signal("TERM");
+    assert_eq!(relay.wait_exit(Duration::from_secs(30)).code(), Some(0));
+
+    client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&outbox.slot])
+        .await
+        .expect("drop slot");
+    insert_events(&client, &outbox.table, 5, 3, 3).await;
+    let mut restarted = Relay::start(env, &["run"]);
+    let exited = exit_or_slot(&mut restarted, &client, &outbox.slot).await;
+    assert_eq!(
+        exited,
+        Some(3),
+        "the lost slot was recreated (events committed meanwhile skipped): {}",
+        restarted.log_text()
+    );
+}
+
+/// Kafka unreachable when outboxd starts on a slot made by `outboxd init` (or by hand, or
+/// before progress records existed): the session's one "first" write fails, and no
+/// record is attempted again while nothing is confirmed (here: the events' partition
+/// leader stays down after the rest of Kafka is back). The slot is then lost (a
+/// failover): the next start finds no record and recreates it over the events waiting.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_first_progress_write_that_failed_is_retried() {
+    let db = PgCluster::shared()
+        .fresh_database("slot_progress_down")
+        .await;
+    let client = db.client().await;
+    let outbox = table_and_publication(&db).await;
+    client
+        .query_one(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&outbox.slot],
+        )
+        .await
+        .expect("slot");
+    let broker = Broker::mock();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    // The progress topic on broker 1, the events' partitions on broker 3.
+    let mock = broker.mock_cluster();
+    mock.partition_leader("outboxd.progress", 0, Some(1))
+        .expect("progress leader");
+    for t in topics
+        .iter()
+        .chain(std::iter::once(&outbox.dead_letter_topic()))
+    {
+        for p in 0..4 {
+            mock.partition_leader(t, p, Some(3)).expect("event leader");
+        }
+    }
+    broker.set_all_down(true);
+    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let mut relay = Relay::start(env.clone(), &["run"]);
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let waiting = insert_events(&client, &outbox.table, 10, 3, 3).await;
+    ops::wait_for(
+        "the failed progress write",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            relay
+                .log_text()
+                .contains("writing the progress record failed")
+                .then_some(())
+        },
+    )
+    .await;
+    // Kafka comes back, but not the events' partitions' leader: nothing is confirmed,
+    // while the progress topic is writable again for a good while.
+    mock.broker_up(1).expect("broker_up");
+    mock.broker_up(2).expect("broker_up");
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    relay.kill();
+    assert!(!waiting.is_empty());
+
+    // The slot is lost while outboxd is down.
+    client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&outbox.slot])
+        .await
+        .expect("drop slot");
+    let mut restarted = Relay::start(env, &["run"]);
+    let exited = exit_or_slot(&mut restarted, &client, &outbox.slot).await;
+    assert_eq!(
+        exited,
+        Some(3),
+        "the lost slot was recreated over unrelayed events: {}",
+        restarted.log_text()
+    );
+}
+
+/// The record is written before the slot is created. If the creation never completes (a
+/// long transaction delays the consistent point, and the pod is killed meanwhile), the
+/// next start takes the record for a lost slot and refuses to create one that never
+/// existed, until an operator steps in.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_interrupted_first_creation_is_not_a_lost_slot() {
+    let db = PgCluster::shared()
+        .fresh_database("slot_create_killed")
+        .await;
+    let client = db.client().await;
+    let outbox = table_and_publication(&db).await;
+    let broker = Broker::default_for_tests();
+    ops::create_topics(&broker, &outbox).await;
+    let mut blocker = db.client().await;
+    let tx = blocker.transaction().await.expect("begin");
+    tx.query_one("SELECT txid_current()", &[])
+        .await
+        .expect("xid");
+    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let mut relay = Relay::start(env.clone(), &["run"]);
+    // The slot appears (ephemeral) while CREATE_REPLICATION_SLOT waits for the blocker.
+    ops::wait_for(
+        "the slot being created",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_row(&client, &outbox.slot).await.map(|_| ()) },
+    )
+    .await;
+    relay.kill();
+    // The walsender notices its client is gone once the wait ends: the slot goes.
+    tx.commit().await.expect("commit");
+    ops::wait_for(
+        "the unfinished slot to go",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            slot_row(&client, &outbox.slot)
+                .await
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+
+    let mut restarted = Relay::start(env, &["run"]);
+    let exited = exit_or_slot(&mut restarted, &client, &outbox.slot).await;
+    assert_eq!(
+        exited,
+        None,
+        "no slot ever existed, yet the restart refuses: {}",
+        restarted.log_text()
+    );
+}
+
+/// The final progress record is written on shutdown after the drain deadline, with its
+/// own 30 s timeout, and before the final status update: with Kafka down a SIGTERM takes
+/// OUTBOXD_SHUTDOWN_TIMEOUT_MS plus ~30 s (past Kubernetes' default grace period, so the
+/// final confirmation is never sent and acked events are re-sent).
+#[tokio::test(flavor = "multi_thread")]
+async fn shutdown_with_kafka_down_keeps_its_deadline() {
+    let s = ops::streaming_relay(
+        "slot_progress_shutdown",
+        &[("OUTBOXD_SHUTDOWN_TIMEOUT_MS", "2000")],
+    )
+    .await;
+    s.relay_events(3).await;
+    let mut relay = s.relay;
+    // Let a first progress record be written (the topic is then known to exist).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.broker.set_all_down(true);
+    insert_events(&s.client, &s.outbox.table, 3, 3, 3).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t0 = std::time::Instant::now();
+    relay.signal("TERM");
+    let status = relay.wait_exit(Duration::from_secs(90));
+    let took = t0.elapsed();
+    assert_eq!(status.code(), Some(0), "{}", relay.log_text());
+    assert!(
+        took < Duration::from_secs(10),
+        "shutdown took {took:?} with a 2 s shutdown timeout: {}",
+        relay.log_text()
+    );
+}

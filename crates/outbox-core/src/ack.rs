@@ -805,5 +805,82 @@ mod tests {
             prop_assert!(frozen.0 < 10 * (failed.to_u64() + 1));
             prop_assert_eq!(t.in_flight_messages(), 0);
         }
+
+        /// Acks, refusals (untrack + a dead-letter replacement) and failures in any
+        /// order against a plain model: W never passes the commit of a transaction with
+        /// an unacked message, never moves after a failure, and the queue stays bounded.
+        #[test]
+        fn untrack_and_fail_against_a_model(
+            ops in prop::collection::vec((0u8..6, any::<usize>()), 0..400),
+        ) {
+            let mut t = AckTracker::new(Lsn(100));
+            // (commit_lsn, end_lsn, unacked) per transaction in stream order.
+            let mut model: Vec<(u64, Option<u64>, usize)> = Vec::new();
+            let mut outstanding: Vec<(Ticket, usize)> = Vec::new();
+            let mut pos = 100u64;
+            let mut open = false;
+            let mut frozen: Option<Lsn> = None;
+            let mut last_w = t.watermark();
+            for (op, k) in ops {
+                match op {
+                    0 if !open => {
+                        t.begin(0).unwrap();
+                        model.push((pos + 1, None, 0));
+                        open = true;
+                    }
+                    1 if open => {
+                        let i = model.len() - 1;
+                        let tk = t.track_message().unwrap();
+                        if k % 3 == 0 {
+                            // Refused by the producer: a dead letter replaces it.
+                            t.untrack(tk).unwrap();
+                            let dl = t.track_message().unwrap();
+                            outstanding.push((dl, i));
+                        } else {
+                            outstanding.push((tk, i));
+                        }
+                        model[i].2 += 1;
+                    }
+                    2 if open => {
+                        let i = model.len() - 1;
+                        pos += 2;
+                        model[i].0 = pos;
+                        pos += 1 + u64::try_from(k % 5).unwrap();
+                        model[i].1 = Some(pos);
+                        t.commit(Lsn(pos)).unwrap();
+                        open = false;
+                    }
+                    3 | 4 if !outstanding.is_empty() => {
+                        let (tk, i) = outstanding.swap_remove(k % outstanding.len());
+                        if op == 4 && k % 7 == 0 {
+                            t.fail(tk).unwrap();
+                            frozen.get_or_insert(t.watermark());
+                        } else {
+                            t.ack(tk).unwrap();
+                        }
+                        model[i].2 -= 1;
+                    }
+                    5 if !open => {
+                        t.on_keepalive(Lsn(pos));
+                    }
+                    _ => {}
+                }
+                let w = t.watermark();
+                prop_assert!(w >= last_w);
+                last_w = w;
+                if let Some(f) = frozen {
+                    prop_assert_eq!(w, f, "W moved after a failure");
+                }
+                if let Some(&(commit, _, _)) = model.iter().find(|m| m.1.is_none() || m.2 > 0) {
+                    prop_assert!(w.0 < commit, "W {} passed an undone commit {}", w.0, commit);
+                }
+                let in_flight = usize::try_from(t.in_flight_messages()).unwrap();
+                prop_assert_eq!(in_flight, outstanding.len());
+                prop_assert!(t.open_transactions() <= 2 * (in_flight + 2));
+            }
+            if frozen.is_none() && !open && outstanding.is_empty() {
+                prop_assert_eq!(t.watermark().0, model.last().and_then(|m| m.1).unwrap_or(100).max(last_w.0));
+            }
+        }
     }
 }

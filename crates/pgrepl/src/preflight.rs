@@ -202,6 +202,15 @@ pub struct PublicationCoverage {
     /// Partitions (any depth) of the table listed for the publication: what the server
     /// publishes, under their own names, when `pubviaroot` is off.
     pub partitions_listed: i64,
+    /// Leaf partitions (any depth; plain tables only, foreign ones write no WAL) of the
+    /// table that neither they nor an ancestor are listed for the publication: their
+    /// rows are never sent when the table itself is not listed.
+    pub leaves_unlisted: i64,
+    /// A row filter (`WHERE`, PostgreSQL 15+) on the table, a partition or an ancestor
+    /// of it in this publication: the rows it rejects are never sent.
+    pub row_filtered: bool,
+    /// A column list (PostgreSQL 15+) on the same: the other columns are never sent.
+    pub column_listed: bool,
 }
 
 /// `None` when the publication does not exist.
@@ -216,7 +225,16 @@ pub async fn publication_coverage(
             "WITH t AS ( \
                SELECT c.oid, c.relkind::text AS relkind FROM pg_catalog.pg_class c \
                JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-               WHERE n.nspname = $2 AND c.relname = $3) \
+               WHERE n.nspname = $2 AND c.relname = $3), \
+             r AS ( \
+               SELECT pr.prpubid, to_jsonb(pr) ->> 'prqual' AS prqual, \
+                      to_jsonb(pr) ->> 'prattrs' AS prattrs \
+               FROM pg_catalog.pg_publication_rel pr \
+               WHERE pr.prrelid = (SELECT oid FROM t) \
+                  OR EXISTS (SELECT 1 FROM pg_catalog.pg_partition_ancestors(pr.prrelid) a \
+                             WHERE a.relid = (SELECT oid FROM t)) \
+                  OR EXISTS (SELECT 1 FROM pg_catalog.pg_partition_ancestors((SELECT oid FROM t)) a \
+                             WHERE a.relid = pr.prrelid)) \
              SELECT p.pubinsert, p.pubviaroot, (SELECT relkind FROM t), \
                EXISTS (SELECT 1 FROM pg_catalog.pg_publication_tables pt \
                        WHERE pt.pubname = p.pubname AND pt.schemaname = $2 AND pt.tablename = $3), \
@@ -225,7 +243,17 @@ pub async fn publication_coverage(
                   JOIN pg_catalog.pg_class pc ON pc.relnamespace = pn.oid AND pc.relname = pt.tablename \
                  WHERE pt.pubname = p.pubname AND pc.relispartition \
                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_partition_ancestors(pc.oid) a \
-                               WHERE a.relid = (SELECT oid FROM t))) \
+                               WHERE a.relid = (SELECT oid FROM t))), \
+               (SELECT count(*) FROM pg_catalog.pg_partition_tree((SELECT oid FROM t)) l \
+                 JOIN pg_catalog.pg_class lc ON lc.oid = l.relid AND lc.relkind = 'r' \
+                 WHERE l.isleaf AND l.relid <> (SELECT oid FROM t) AND NOT EXISTS ( \
+                   SELECT 1 FROM pg_catalog.pg_partition_ancestors(l.relid) a \
+                   JOIN pg_catalog.pg_class ac ON ac.oid = a.relid \
+                   JOIN pg_catalog.pg_namespace an ON an.oid = ac.relnamespace \
+                   JOIN pg_catalog.pg_publication_tables pt ON pt.pubname = p.pubname \
+                    AND pt.schemaname = an.nspname AND pt.tablename = ac.relname)), \
+               EXISTS (SELECT 1 FROM r WHERE r.prpubid = p.oid AND r.prqual IS NOT NULL), \
+               EXISTS (SELECT 1 FROM r WHERE r.prpubid = p.oid AND r.prattrs IS NOT NULL) \
              FROM pg_catalog.pg_publication p WHERE p.pubname = $1",
             &[&publication, &schema, &table],
         )
@@ -239,6 +267,9 @@ pub async fn publication_coverage(
         table_kind: row.try_get(2)?,
         table_listed: row.try_get(3)?,
         partitions_listed: row.try_get(4)?,
+        leaves_unlisted: row.try_get(5)?,
+        row_filtered: row.try_get(6)?,
+        column_listed: row.try_get(7)?,
     }))
 }
 

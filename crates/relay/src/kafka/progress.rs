@@ -57,6 +57,10 @@ pub struct ProgressRecord {
     pub recorded_at_unix_ms: u64,
     /// Commit time of the newest transaction read when it was written (0: unknown).
     pub last_commit_unix_micros: i64,
+    /// false: written just before creating the slot, which may never have happened (the
+    /// process died while CREATE_REPLICATION_SLOT waited), so a missing slot is then no
+    /// proof of a lost one. Set by every later write.
+    pub slot_created: bool,
 }
 
 impl ProgressRecord {
@@ -68,6 +72,15 @@ impl ProgressRecord {
             recorded_at_unix_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            slot_created: true,
+        }
+    }
+
+    /// The record written before the slot is created.
+    pub fn before_creation(timeline: u32, position: Lsn) -> Self {
+        ProgressRecord {
+            slot_created: false,
+            ..ProgressRecord::now(timeline, position, 0)
         }
     }
 
@@ -81,6 +94,7 @@ impl ProgressRecord {
             "confirmed_lsn": self.confirmed_lsn.to_string(),
             "recorded_at_unix_ms": self.recorded_at_unix_ms,
             "last_commit_unix_micros": self.last_commit_unix_micros,
+            "slot_created": self.slot_created,
         })
         .to_string()
     }
@@ -106,11 +120,17 @@ impl ProgressRecord {
             .get("last_commit_unix_micros")
             .and_then(serde_json::Value::as_i64)
             .unwrap_or(0);
+        // Absent in records written before it existed: those were all written for slots.
+        let slot_created = v
+            .get("slot_created")
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(true);
         Ok(ProgressRecord {
             timeline,
             confirmed_lsn,
             recorded_at_unix_ms,
             last_commit_unix_micros,
+            slot_created,
         })
     }
 
@@ -179,6 +199,8 @@ struct Inner {
     write_in_flight: AtomicBool,
     topic_ready: AtomicBool,
     write_errors: AtomicU64,
+    /// Writes the broker acknowledged.
+    writes_acked: AtomicU64,
 }
 
 const OPERATION_TIMEOUT: Duration = Duration::from_secs(15);
@@ -203,6 +225,7 @@ impl ProgressStore {
                 write_in_flight: AtomicBool::new(false),
                 topic_ready: AtomicBool::new(false),
                 write_errors: AtomicU64::new(0),
+                writes_acked: AtomicU64::new(0),
             }),
         })
     }
@@ -214,6 +237,11 @@ impl ProgressStore {
     /// Failed writes so far (each only means a staler record).
     pub fn write_errors(&self) -> u64 {
         self.inner.write_errors.load(Ordering::Relaxed)
+    }
+
+    /// Writes the broker acknowledged so far.
+    pub fn writes_acked(&self) -> u64 {
+        self.inner.writes_acked.load(Ordering::Acquire)
     }
 
     /// A consumer on the store's connection settings. Consumers do not auto-create
@@ -391,7 +419,10 @@ impl ProgressStore {
         }
     }
 
-    /// Writes a record and waits for the broker's ack.
+    /// Writes a record and waits for the broker's ack. Always to partition 0, the only one
+    /// [`ProgressStore::read_latest`] reads: a topic with more partitions (made with a
+    /// cluster's default count, or auto-created on the first write) would otherwise
+    /// scatter records by key where no reader looks.
     pub async fn write_and_wait(
         &self,
         id: &SlotIdentity,
@@ -402,12 +433,16 @@ impl ProgressStore {
         let value = record.to_json(id);
         let send = self.inner.producer.send(
             FutureRecord::to(&self.inner.topic)
+                .partition(0)
                 .key(&key)
                 .payload(&value),
             OPERATION_TIMEOUT,
         );
         match tokio::time::timeout(OPERATION_TIMEOUT * 2, send).await {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(_)) => {
+                self.inner.writes_acked.fetch_add(1, Ordering::AcqRel);
+                Ok(())
+            }
             Ok(Err((e, _))) => Err(ProgressError::Kafka(
                 self.inner.settings.scrub(&e.to_string()),
             )),
@@ -461,6 +496,7 @@ mod tests {
             confirmed_lsn: Lsn(0x1_0000_00A0),
             recorded_at_unix_ms: 1_764_590_400_000,
             last_commit_unix_micros: 1_764_590_399_000_000,
+            slot_created: true,
         };
         let json = r.to_json(&id);
         assert_eq!(ProgressRecord::from_json(json.as_bytes()), Ok(r.clone()));

@@ -57,6 +57,8 @@ pub enum RelayError {
         setting: &'static str,
         problem: String,
     },
+    #[error("the stream carries inserts into {relation}, which has the outbox's columns but is neither {table} nor, in the current catalog, one of its partitions: probably a partition detached or dropped before outboxd relayed its rows. Ignoring them could lose events, so outboxd stopped before confirming them. Re-attach the partition until outboxd has relayed them (ALTER TABLE {table} ATTACH PARTITION {relation} ...), or, if {relation} really is another table, take it out of the publication. A dropped partition cannot be re-attached: its rows can then only be skipped, knowingly, with pg_replication_slot_advance (README, Bad rows)")]
+    OutboxLikeRelation { relation: String, table: String },
     #[error(transparent)]
     Shape(#[from] ShapeError),
     #[error("bad outbox row{}: {error}; OUTBOXD_BAD_ROW_POLICY=stop, so outboxd stopped without acknowledging it. The insert is in the WAL and the slot will deliver it again on every start, whatever happens to the row in the table now. To get past it: run once with OUTBOXD_BAD_ROW_POLICY=dead-letter (the row goes to OUTBOXD_DEAD_LETTER_TOPIC, later events follow), then switch back; or, accepting that this transaction's events are skipped and never published, stop outboxd and advance the slot past this transaction only with SELECT pg_replication_slot_advance('{slot}', '{commit_lsn}'::pg_lsn + 1), then restart", .error.event_id().map(|id| format!(" id={}", outbox_core::short_id(id))).unwrap_or_default())]
@@ -107,6 +109,7 @@ impl RelayError {
             | E::PublicationDropped { .. }
             | E::TableNotPublished { .. }
             | E::UnsupportedServer { .. }
+            | E::OutboxLikeRelation { .. }
             | E::SlotLost { .. }
             | E::ServerSetting { .. }
             | E::Shape(_)

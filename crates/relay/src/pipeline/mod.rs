@@ -205,19 +205,36 @@ async fn create_slot_if_new(
         progress_topic: progress.topic().to_owned(),
         reason: e.to_string(),
     };
-    if let Some(record) = progress.read_latest(identity).await.map_err(unknown)? {
-        return Err(RelayError::SlotLost {
-            slot: cfg.slot.clone(),
-            progress_topic: progress.topic().to_owned(),
-            last_confirmed: record.confirmed_lsn,
-            recorded_at: record.recorded_at_text(),
-        });
+    match progress.read_latest(identity).await.map_err(unknown)? {
+        Some(record) if record.slot_created => {
+            return Err(RelayError::SlotLost {
+                slot: cfg.slot.clone(),
+                progress_topic: progress.topic().to_owned(),
+                last_confirmed: record.confirmed_lsn,
+                recorded_at: record.recorded_at_text(),
+            });
+        }
+        Some(record) => tracing::info!(
+            slot = %cfg.slot,
+            recorded_at = %record.recorded_at_text(),
+            "an earlier attempt to create the slot did not finish (no record of the slot after it); creating it now"
+        ),
+        None => {}
     }
     progress
-        .write_and_wait(identity, &ProgressRecord::now(timeline, position, 0))
+        .write_and_wait(identity, &ProgressRecord::before_creation(timeline, position))
         .await
         .map_err(unknown)?;
-    slot::create(&cfg.pg, &cfg.slot).await
+    let start = slot::create(&cfg.pg, &cfg.slot).await?;
+    // At once, not at the first tick: from here on a missing slot is a lost one.
+    progress
+        .write_and_wait(
+            identity,
+            &ProgressRecord::now(timeline, start.confirmed_flush, 0),
+        )
+        .await
+        .map_err(unknown)?;
+    Ok(start)
 }
 
 /// Runs until `shutdown` turns true (Ok) or a permanent error (Err).

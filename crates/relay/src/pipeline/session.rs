@@ -27,6 +27,9 @@ use crate::kafka::{
     Delivery, OutgoingRecord, ProgressRecord, ProgressStore, RelayProducer, SendError, SlotIdentity,
 };
 
+/// The final progress record gets at least this long, even past the shutdown deadline.
+const FINAL_PROGRESS_WRITE_MIN: Duration = Duration::from_secs(1);
+
 /// Longest wait for a query on the side SQL connection (a few rows, normally
 /// milliseconds).
 const SQL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -120,11 +123,13 @@ struct ProgressWriter {
     /// first tick writes one even without progress (a slot from before records existed).
     written: Option<Lsn>,
     last_write: Instant,
+    /// The store's acknowledged writes when the session started: until one more is
+    /// acknowledged, the record may not exist at all (a slot made by `outboxd init`, with
+    /// Kafka down at the first tick), so the write is retried even without progress.
+    acked_at_start: u64,
 }
 
 impl<'a> Session<'a> {
-    // Every argument is a distinct piece of the session; a struct would only rename them.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         cfg: &'a RelayConfig,
         obs: &'a Observer,
@@ -160,10 +165,12 @@ impl<'a> Session<'a> {
             known_below: begin.skip.below().unwrap_or(Lsn::ZERO),
             last_commit_unix_micros: begin.last_commit_unix_micros,
             progress: begin.progress.map(|(store, identity)| ProgressWriter {
+                acked_at_start: store.writes_acked(),
                 store,
                 identity,
                 written: None,
                 last_write: Instant::now(),
+                store,
             }),
         }
     }
@@ -173,9 +180,10 @@ impl<'a> Session<'a> {
         let confirmed = self.confirmed;
         let interval = self.cfg.progress_interval;
         if let Some(p) = self.progress.as_mut() {
+            let unacked = p.store.writes_acked() == p.acked_at_start;
             let due = match p.written {
                 None => true,
-                Some(w) => confirmed > w && p.last_write.elapsed() >= interval,
+                Some(w) => (confirmed > w || unacked) && p.last_write.elapsed() >= interval,
             };
             if due {
                 p.store.write_in_background(
@@ -405,6 +413,15 @@ impl<'a> Session<'a> {
             // Any depth: bound by column names, since a partition's column order may
             // differ from its parent's.
             Some(BoundTable::bind_partition(r, table)?)
+        } else if BoundTable::bind_partition(r, table).is_ok() {
+            // Shaped like the outbox but, in today's catalog, neither the table nor a
+            // partition of it: most likely a partition detached or dropped since its rows
+            // were written (possible only for rows from before publish_via_partition_root
+            // was set). Ignoring it could drop events: stop, and say how to get past it.
+            return Err(RelayError::OutboxLikeRelation {
+                relation: qualified_relation_name(r),
+                table: table.qualified_name(),
+            });
         } else {
             None
         };
@@ -766,21 +783,25 @@ impl<'a> Session<'a> {
             self.advance();
         }
         self.advance();
+        tracing::info!(confirmed = %self.confirmed, "confirming the final position and closing the stream");
+        stream.send_status_now().await?;
+        // After the status update, and within what is left of the deadline (at least a
+        // moment): with Kafka down the write would otherwise hold the shutdown for its own
+        // 30 s timeout. A record left older only records that the slot exists.
         if let Some(p) = &self.progress {
             let record =
                 ProgressRecord::now(self.timeline, self.confirmed, self.last_commit_unix_micros);
-            // Whatever time is left, but a moment at least: the record is worth a try.
             let left = deadline
                 .saturating_duration_since(tokio::time::Instant::now())
-                .max(Duration::from_millis(250));
+                .max(FINAL_PROGRESS_WRITE_MIN);
             match tokio::time::timeout(left, p.store.write_and_wait(&p.identity, &record)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => tracing::warn!("writing the final progress record failed: {e}"),
-                Err(_) => tracing::warn!("no time left to write the final progress record"),
+                Err(_) => tracing::warn!(
+                    "writing the final progress record timed out after {left:?}; it stays at an older position"
+                ),
             }
         }
-        tracing::info!(confirmed = %self.confirmed, "confirming the final position and closing the stream");
-        stream.send_status_now().await?;
         Ok(SessionEnd::Shutdown)
     }
 }

@@ -294,20 +294,50 @@ pub fn judge_publication(
              ALTER PUBLICATION {publication} SET (publish = 'insert')"
         ));
     }
+    if c.row_filtered {
+        return Err(format!(
+            "publication {publication} has a row filter (WHERE) on {table}: the rows it \
+             rejects would never be relayed. Publish every row: \
+             ALTER PUBLICATION {publication} DROP TABLE {table}; \
+             ALTER PUBLICATION {publication} ADD TABLE {table};"
+        ));
+    }
+    if c.column_listed {
+        return Err(format!(
+            "publication {publication} has a column list on {table}: the other columns \
+             (headers, for one) would be dropped from every event. Publish every column: \
+             ALTER PUBLICATION {publication} DROP TABLE {table}; \
+             ALTER PUBLICATION {publication} ADD TABLE {table};"
+        ));
+    }
     let partitioned = kind == "p";
     if c.table_listed {
         return Ok(None);
     }
+    if partitioned && c.partitions_listed > 0 && c.leaves_unlisted > 0 {
+        // Some partitions listed one by one, not all: the others' rows are never sent.
+        return Err(format!(
+            "publication {publication} lists some partitions of {table} but not {} of them, \
+             so their rows would never be relayed: publish the partitioned table itself, \
+             ALTER PUBLICATION {publication} ADD TABLE {table}; with \
+             ALTER PUBLICATION {publication} SET (publish_via_partition_root = true)",
+            c.leaves_unlisted
+        ));
+    }
     if partitioned && c.partitions_listed > 0 {
-        // pubviaroot is off: the server sends each partition's rows under the partition's
-        // name. The relay maps them back through the catalog, but a partition detached
-        // before its rows were relayed would no longer map: name the partitioned table.
-        return Ok(Some(format!(
-            "{table} is partitioned and publication {publication} publishes its partitions \
-             under their own names (publish_via_partition_root = false); outboxd relays them, \
-             but rows of a partition detached before they are relayed would be missed. \
-             Recommended: ALTER PUBLICATION {publication} SET (publish_via_partition_root = true)"
-        )));
+        // pubviaroot is off: the server names each row after its partition, with the
+        // catalog as it was when the row was written. The relay can only ask the catalog
+        // as it is now, where a partition detached or dropped in between is a stranger:
+        // its rows would be ignored and the slot confirmed past them.
+        return Err(format!(
+            "{table} is partitioned and publication {publication} has \
+             publish_via_partition_root = false, so the server names each partition's rows \
+             after the partition, and rows of a partition detached or dropped before outboxd \
+             relays them could not be told apart from another table's: \
+             ALTER PUBLICATION {publication} SET (publish_via_partition_root = true). Rows \
+             committed before that still arrive under their partitions' names; outboxd relays \
+             them while those partitions are attached"
+        ));
     }
     let hint = if partitioned && !c.via_partition_root {
         format!(" WITH publish_via_partition_root: ALTER PUBLICATION {publication} SET (publish_via_partition_root = true);")
