@@ -234,11 +234,20 @@ fn header_columns(env: &Env<'_>) -> Result<Vec<String>, ConfigError> {
     let raw = env.string(name).unwrap_or_default();
     let mut out: Vec<String> = Vec::new();
     for col in raw.split(',').map(str::trim).filter(|c| !c.is_empty()) {
-        let bad = |why: &str| ConfigError::new(name, &raw, format!("comma-separated column names; {col:?} {why}"));
+        let bad = |why: &str| {
+            ConfigError::new(
+                name,
+                &raw,
+                format!("comma-separated column names; {col:?} {why}"),
+            )
+        };
         if col.len() > 63 || col.contains('"') || col.contains('\0') {
-            return Err(bad("is not a Postgres identifier of at most 63 bytes without double quotes"));
+            return Err(bad(
+                "is not a Postgres identifier of at most 63 bytes without double quotes",
+            ));
         }
-        if RESERVED_HEADERS.contains(&col) || col.starts_with("outboxd.") || col.starts_with("ce_") {
+        if RESERVED_HEADERS.contains(&col) || col.starts_with("outboxd.") || col.starts_with("ce_")
+        {
             return Err(bad("is a header outboxd sets itself (id, event_type, aggregate_type, content-type, outboxd.*, ce_*)"));
         }
         if out.iter().any(|c| c == col) {

@@ -246,9 +246,15 @@ fn envelope_fields_as_header_columns_topic_columns_and_cloudevents() {
     );
     let content = r#"{"id":"e-1","aggregate_type":"Order","aggregate_id":"42","event_type":"Paid",
         "payload":{"a":1},"idempotency_key":"pay:7","version":3,"tenant":"acme"}"#;
-    let r = m.map_message(&msg("outbox", content), &ctx()).unwrap().unwrap();
+    let r = m
+        .map_message(&msg("outbox", content), &ctx())
+        .unwrap()
+        .unwrap();
     assert_eq!(&*r.topic, "acme.Order");
-    assert_eq!(r.header("idempotency_key").map(|v| &v[..]), Some(&b"pay:7"[..]));
+    assert_eq!(
+        r.header("idempotency_key").map(|v| &v[..]),
+        Some(&b"pay:7"[..])
+    );
     assert_eq!(r.header("version").map(|v| &v[..]), Some(&b"3"[..]));
     assert_eq!(r.header("absent"), None);
     assert_eq!(r.header("ce_id").map(|v| &v[..]), Some(&b"e-1"[..]));

@@ -111,9 +111,7 @@ impl ColumnRole {
     /// The column types outboxd accepts for this role, in words.
     pub fn accepted_types(self) -> &'static str {
         match self {
-            ColumnRole::Id | ColumnRole::HeaderColumn | ColumnRole::TopicPlaceholder => {
-                "any type"
-            }
+            ColumnRole::Id | ColumnRole::HeaderColumn | ColumnRole::TopicPlaceholder => "any type",
             ColumnRole::AggregateType | ColumnRole::EventType => "text, varchar, char or name",
             ColumnRole::AggregateId => {
                 "text, varchar, char, name, uuid, smallint, integer or bigint"

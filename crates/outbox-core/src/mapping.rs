@@ -28,9 +28,7 @@ use pgoutput::{Relation, TupleData, TupleValue};
 use crate::error::{ColumnRole, RowError, RowErrorKind, ShapeError};
 use crate::json::{self, HeadersProblem};
 use crate::pgtype::{self, qualified, quote_ident};
-use crate::record::{
-    assemble, CommitContext, EventParts, HeaderFormat, HeaderName, OutboxRecord,
-};
+use crate::record::{assemble, CommitContext, EventParts, HeaderFormat, HeaderName, OutboxRecord};
 use crate::topic::{EventFields, TopicTemplate};
 use crate::value::{self, PayloadKind, ValueProblem};
 

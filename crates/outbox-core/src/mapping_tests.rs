@@ -728,8 +728,8 @@ fn seed_004_spec(format: HeaderFormat) -> TableSpec {
 
 #[test]
 fn header_columns_and_column_placeholders() {
-    let table = BoundTable::bind(&seed_004_relation(), &seed_004_spec(HeaderFormat::Outboxd))
-        .unwrap();
+    let table =
+        BoundTable::bind(&seed_004_relation(), &seed_004_spec(HeaderFormat::Outboxd)).unwrap();
     let r = table
         .map_insert(
             &seed_004_row(t("settlement:order:42:payment:7"), t("3")),
@@ -824,10 +824,7 @@ fn cloudevents_binary_mode_headers() {
     assert_eq!(h("ce_id").as_deref(), Some(ID));
     assert_eq!(h("ce_type").as_deref(), Some("OrderPaid"));
     assert_eq!(h("ce_source").as_deref(), Some("/shop/orders"));
-    assert_eq!(
-        h("ce_time").as_deref(),
-        Some("2024-01-01T00:00:00.123456Z")
-    );
+    assert_eq!(h("ce_time").as_deref(), Some("2024-01-01T00:00:00.123456Z"));
     assert_eq!(h("content-type").as_deref(), Some("application/json"));
     // outboxd's own headers stay; the value is the payload.
     assert_eq!(h("id").as_deref(), Some(ID));

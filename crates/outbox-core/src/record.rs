@@ -271,7 +271,10 @@ pub(crate) fn assemble(
     if let HeaderFormat::CloudEvents { source } = format {
         // Pushed below, after outboxd's own; prepared here while `parts` is whole.
         let ce = [
-            (header::CE_SPECVERSION, Bytes::from_static(CLOUDEVENTS_SPEC_VERSION.as_bytes())),
+            (
+                header::CE_SPECVERSION,
+                Bytes::from_static(CLOUDEVENTS_SPEC_VERSION.as_bytes()),
+            ),
             (header::CE_ID, parts.id.clone()),
             (header::CE_SOURCE, source.clone()),
             (header::CE_TYPE, parts.event_type.clone()),
@@ -393,10 +396,16 @@ mod tests {
             rfc3339_utc(1_796_118_115_123_456),
             "2026-12-01T09:41:55.123456Z"
         );
-        assert_eq!(rfc3339_utc(951_782_400_000_000), "2000-02-29T00:00:00.000000Z");
+        assert_eq!(
+            rfc3339_utc(951_782_400_000_000),
+            "2000-02-29T00:00:00.000000Z"
+        );
         assert_eq!(rfc3339_utc(-1), "1969-12-31T23:59:59.999999Z");
         // PostgreSQL's epoch, the commit time of a zeroed timestamp.
-        assert_eq!(rfc3339_utc(946_684_800_000_000), "2000-01-01T00:00:00.000000Z");
+        assert_eq!(
+            rfc3339_utc(946_684_800_000_000),
+            "2000-01-01T00:00:00.000000Z"
+        );
     }
 
     #[test]
