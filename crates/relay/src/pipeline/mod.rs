@@ -2,6 +2,7 @@
 //! errors, ended by a permanent error or a shutdown request.
 
 mod backoff;
+mod catchup;
 mod error;
 mod inflight;
 mod observe;

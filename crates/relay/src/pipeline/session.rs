@@ -18,6 +18,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 use tokio_postgres::Client;
 
+use super::catchup::{self, CatchUp, Report, Sample};
 use super::error::RelayError;
 use super::inflight::{InFlight, InFlightEntry};
 use super::observe::Observer;
@@ -85,6 +86,11 @@ pub(super) struct Session<'a> {
     /// Status updates of this stream already added to the metrics.
     status_updates_reported: u64,
     progress: Option<ProgressWriter>,
+    catchup: CatchUp,
+    /// Commit time of the newest transaction read: how far back in time reading is.
+    last_commit_time: Option<PgTimestamp>,
+    /// Events acknowledged in this session, for the catch-up rate.
+    events_acked: u64,
 }
 
 /// Keeps the slot's progress record current (see `kafka::progress`).
@@ -132,6 +138,9 @@ impl<'a> Session<'a> {
                 written: None,
                 last_write: Instant::now(),
             }),
+            catchup: CatchUp::default(),
+            last_commit_time: None,
+            events_acked: 0,
         }
     }
 
@@ -281,6 +290,7 @@ impl<'a> Session<'a> {
             }
             LogicalMessage::Commit(c) => {
                 self.tracker.commit(c.end_lsn)?;
+                self.last_commit_time = self.txn.map(|t| t.commit_time);
                 self.txn = None;
                 self.last_end_lsn = self.last_end_lsn.max(c.end_lsn);
             }
@@ -534,6 +544,7 @@ impl<'a> Session<'a> {
         match d.outcome {
             Ok(_) => {
                 self.tracker.ack(entry.ticket)?;
+                self.events_acked = self.events_acked.saturating_add(1);
                 self.obs.published(entry.commit_unix_micros);
                 Ok(())
             }
@@ -560,7 +571,8 @@ impl<'a> Session<'a> {
         if let Some(fatal) = self.producer.is_fatal() {
             return Err(RelayError::Send(SendError::Fatal(fatal)));
         }
-        if ticks.is_multiple_of(self.cfg.slot_stats_every_ticks) {
+        // Also at the first tick: a session that starts behind says so at once.
+        if ticks == 1 || ticks.is_multiple_of(self.cfg.slot_stats_every_ticks) {
             if self.cfg.relay_table {
                 // ALTER PUBLICATION ... DROP TABLE stops the server sending the table's
                 // rows without any message on the stream: look.
@@ -586,6 +598,7 @@ impl<'a> Session<'a> {
                         });
                     }
                     self.obs.slot_stats(&stats);
+                    self.report_catch_up(stats.current_wal);
                 }
                 None => {
                     return Err(RelayError::SlotDropped {
@@ -595,6 +608,61 @@ impl<'a> Session<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Logs the backlog's progress (see `catchup`) against the server's WAL end.
+    fn report_catch_up(&mut self, server_wal: Lsn) {
+        let commit_age = self.last_commit_time.map(|t| {
+            let micros = PgTimestamp::now()
+                .unix_micros()
+                .saturating_sub(t.unix_micros());
+            Duration::from_micros(u64::try_from(micros).unwrap_or(0))
+        });
+        let sample = Sample {
+            at: self.started_at.elapsed(),
+            server_wal,
+            confirmed: self.confirmed,
+            events: self.events_acked,
+            commit_age,
+        };
+        let age = |a: Option<Duration>| a.map_or("?".to_owned(), catchup::human_duration);
+        match self.catchup.observe(sample) {
+            None => {}
+            Some(Report::Behind {
+                lag_bytes,
+                commit_age,
+            }) => tracing::info!(
+                lag_bytes,
+                behind_secs = commit_age.map_or(0, |a| a.as_secs()),
+                "catching up a backlog: {} of WAL behind, reading transactions committed {} ago",
+                catchup::human_bytes(lag_bytes),
+                age(commit_age),
+            ),
+            Some(Report::Progress {
+                lag_bytes,
+                commit_age,
+                events_per_sec,
+                bytes_per_sec,
+                eta,
+            }) => tracing::info!(
+                lag_bytes,
+                behind_secs = commit_age.map_or(0, |a| a.as_secs()),
+                events_per_sec,
+                bytes_per_sec,
+                eta_secs = eta.map(|e| e.as_secs()),
+                "catching up: {} behind ({} behind in time), {events_per_sec} events/s, {}/s, about {} to go",
+                catchup::human_bytes(lag_bytes),
+                age(commit_age),
+                catchup::human_bytes(bytes_per_sec),
+                eta.map_or("? (nothing confirmed yet)".to_owned(), catchup::human_duration),
+            ),
+            Some(Report::CaughtUp { took, events }) => tracing::info!(
+                took_secs = took.as_secs(),
+                events,
+                "caught up: {events} events in {}",
+                catchup::human_duration(took),
+            ),
+        }
     }
 
     /// A transactional logical message: a tiny transaction of our own whose Commit lets
