@@ -146,6 +146,7 @@ pub struct Settings {
     pub progress_interval: Duration,
     pub http_addr: Option<String>,
     pub ready_stall: Duration,
+    pub ready_standby: bool,
     pub log_filter: String,
     pub log_format: LogFormat,
     pub status_format: StatusFormat,
@@ -485,6 +486,7 @@ pub fn from_vars(vars: &BTreeMap<String, String>) -> Result<Settings, ConfigErro
             .string("OUTBOXD_HTTP_ADDR")
             .filter(|a| !a.trim().is_empty()),
         ready_stall: env.millis("OUTBOXD_READY_STALL_MS", 1000)?,
+        ready_standby: env.boolean("OUTBOXD_READY_STANDBY")?,
         log_filter: env.required("OUTBOXD_LOG", "a log filter")?,
         log_format,
         status_format,

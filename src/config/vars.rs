@@ -68,6 +68,7 @@ pub const VARS: &[VarSpec] = &[
     var("OUTBOXD_RECONNECT_MAX_BACKOFF_MS", Some("30000"), "cap of the exponential reconnect backoff"),
     // Operations
     var("OUTBOXD_HTTP_ADDR", Some("127.0.0.1:9187"), "address for /metrics, /healthz, /readyz; empty disables"),
+    var("OUTBOXD_READY_STANDBY", Some("false"), "true: a standby waiting for the slot held by another instance answers /readyz with 200, so Kubernetes rollouts and PodDisruptionBudgets (which count ready pods) work with active + standby replicas; false: it answers 503"),
     var("OUTBOXD_READY_STALL_MS", Some("60000"), "/readyz fails when work is unacked and the confirmed LSN has not moved for this long"),
     var("OUTBOXD_LOG", Some("info"), "log filter (tracing EnvFilter syntax, e.g. info,librdkafka=warn)"),
     var("OUTBOXD_LOG_FORMAT", Some("text"), "text | json"),

@@ -131,7 +131,9 @@ pub async fn run(
                 if *shutdown.borrow() {
                     return Ok(());
                 }
-                let delay = if e.is_slot_in_use() {
+                let standby = e.is_slot_in_use();
+                obs.standby(standby);
+                let delay = if standby {
                     // Another instance holds the slot: stand by and poll quickly, so we
                     // take over within seconds of it dying.
                     tracing::info!("{e}; standing by");
