@@ -19,28 +19,21 @@ struct Credit {
 impl Apply for Credit {
     type Output = i64;
 
-    fn apply<'a>(
-        &'a mut self,
-        tx: &'a Transaction<'_>,
-        event: &'a InboxEvent,
-    ) -> impl std::future::Future<Output = Result<i64, BoxError>> + Send + 'a {
-        async move {
-            let amount: i64 =
-                std::str::from_utf8(event.payload.as_deref().unwrap_or(b"0"))?.parse()?;
-            let account = event.aggregate_id.clone().unwrap_or_default();
-            let row = tx
-                .query_one(
-                    "INSERT INTO balances (account, balance) VALUES ($1, $2) \
-                     ON CONFLICT (account) DO UPDATE SET balance = balances.balance + $2 \
-                     RETURNING balance",
-                    &[&account, &amount],
-                )
-                .await?;
-            if self.fail {
-                return Err("the handler failed after writing".into());
-            }
-            Ok(row.get(0))
+    async fn apply(&mut self, tx: &Transaction<'_>, event: &InboxEvent) -> Result<i64, BoxError> {
+        let amount: i64 = std::str::from_utf8(event.payload.as_deref().unwrap_or(b"0"))?.parse()?;
+        let account = event.aggregate_id.clone().unwrap_or_default();
+        let row = tx
+            .query_one(
+                "INSERT INTO balances (account, balance) VALUES ($1, $2) \
+                 ON CONFLICT (account) DO UPDATE SET balance = balances.balance + $2 \
+                 RETURNING balance",
+                &[&account, &amount],
+            )
+            .await?;
+        if self.fail {
+            return Err("the handler failed after writing".into());
         }
+        Ok(row.get(0))
     }
 }
 
@@ -312,4 +305,118 @@ fn events_are_read_from_outboxd_headers() {
         let err = inbox.event(&record(&headers, None)).unwrap_err();
         assert!(err.to_string().contains(needle), "{err}");
     }
+}
+
+/// Through Kafka (librdkafka's mock cluster): [`Inbox::handle`] applies each record once
+/// and commits the offset past it, so a consumer of the same group that starts later
+/// reads only what is left; a record redelivered anyway (a re-sent event) is skipped.
+#[tokio::test(flavor = "multi_thread")]
+async fn handle_commits_the_offset_after_the_database() {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    use std::time::Duration;
+
+    let (_db, mut client) = setup("inbox_kafka").await;
+    let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1).unwrap();
+    cluster.create_topic("outbox.account", 1, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let producer: ThreadedProducer<_> = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    // Versions 1, 2, 3 and a re-send of version 2 (same id), as outboxd does after a crash.
+    for (id, version, amount) in [("e1", 1, 10), ("e2", 2, 20), ("e3", 3, 30), ("e2", 2, 20)] {
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "version",
+                value: Some(version.to_string().as_bytes()),
+            })
+            .insert(Header {
+                key: "id",
+                value: Some(id.as_bytes()),
+            });
+        let amount = amount.to_string();
+        producer
+            .send(
+                BaseRecord::to("outbox.account")
+                    .key("acct")
+                    .payload(&amount)
+                    .headers(headers),
+            )
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+
+    let consumer = |group: &str| -> BaseConsumer {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .unwrap();
+        // Assigned, not subscribed: the group's committed offset without waiting for a
+        // rebalance to hand the partition over.
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        tpl.add_partition_offset("outbox.account", 0, rdkafka::Offset::Stored)
+            .unwrap();
+        c.assign(&tpl).unwrap();
+        c
+    };
+    let inbox = Inbox::new("balances");
+    let mut credit = Credit { fail: false };
+    let first = consumer("g");
+    let mut outcomes = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    // Read the first two records only, then "crash" (drop the consumer).
+    while outcomes.len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "{outcomes:?}");
+        let Some(m) = first.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let m = m.unwrap();
+        outcomes.push(
+            inbox
+                .handle(&mut client, &first, &m, &mut credit)
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(outcomes, [Outcome::Applied(10), Outcome::Applied(30)]);
+    // The async commit is sent by the consumer's background thread: wait for it.
+    let committed_past = |c: &BaseConsumer| -> Option<i64> {
+        let tpl = c.committed(Duration::from_secs(5)).ok()?;
+        tpl.elements().first().and_then(|e| e.offset().to_raw())
+    };
+    while committed_past(&first) != Some(2) {
+        assert!(std::time::Instant::now() < deadline, "offset not committed");
+        first.poll(Duration::from_millis(100));
+    }
+    drop(first);
+
+    // The group resumes after the committed offset: e3, then the re-sent e2 (skipped).
+    let second = consumer("g");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut offsets = Vec::new();
+    while outcomes.len() < 4 {
+        assert!(std::time::Instant::now() < deadline, "{outcomes:?}");
+        let Some(m) = second.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let m = m.unwrap();
+        offsets.push(m.offset());
+        outcomes.push(
+            inbox
+                .handle(&mut client, &second, &m, &mut credit)
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(offsets, [2, 3]);
+    assert_eq!(outcomes[2..], [Outcome::Applied(60), Outcome::Duplicate]);
+    assert_eq!(balance(&client, "acct").await, Some(60));
 }
