@@ -30,7 +30,24 @@
 //! (a consumer may start after the aggregate's first events left the topic).
 //!
 //! The kit has no runtime of its own: the caller owns the rdkafka consumer and the
-//! tokio-postgres client, so it fits in any consumer loop.
+//! tokio-postgres client, so it fits in any consumer loop:
+//!
+//! ```ignore
+//! struct Credit;
+//! impl outboxd_inbox::Apply for Credit {
+//!     type Output = ();
+//!     async fn apply(&mut self, tx: &Transaction<'_>, e: &InboxEvent) -> Result<(), BoxError> {
+//!         tx.execute("UPDATE balances SET balance = balance + $2 WHERE account = $1",
+//!                    &[&e.aggregate_id, &amount_of(e)?]).await?;
+//!         Ok(())
+//!     }
+//! }
+//! let inbox = Inbox::new("balances");
+//! loop {
+//!     let m = consumer.poll(Duration::from_secs(1)); // enable.auto.commit=false
+//!     if let Some(m) = m { inbox.handle(&mut client, &consumer, &m?, &mut Credit).await?; }
+//! }
+//! ```
 
 use std::future::Future;
 
