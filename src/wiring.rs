@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use outbox_core::{EmitMapper, OutboxColumns, TableSpec, TopicName, TopicTemplate};
+use outbox_core::{EmitMapper, HeaderFormat, OutboxColumns, TableSpec, TopicName, TopicTemplate};
 use outboxd_relay::kafka::ProducerSettings;
 use outboxd_relay::pipeline::{BadRowPolicy, RelayConfig};
 use pgrepl::{ConnectConfig, Password};
@@ -36,9 +36,20 @@ pub fn table_spec(s: &Settings) -> anyhow::Result<TableSpec> {
             payload: s.column_payload.clone(),
             headers: s.column_headers.clone(),
             headers_required: false,
+            header_columns: s.header_columns.clone(),
         },
         topic,
+        header_format: header_format(s),
     })
+}
+
+fn header_format(s: &Settings) -> HeaderFormat {
+    match &s.header_format {
+        config::HeaderFormat::Outboxd => HeaderFormat::Outboxd,
+        config::HeaderFormat::CloudEvents { source } => HeaderFormat::CloudEvents {
+            source: source.clone().into_bytes().into(),
+        },
+    }
 }
 
 pub fn producer_settings(s: &Settings) -> ProducerSettings {
@@ -56,7 +67,8 @@ pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
     let emit = match &s.message_prefix {
         Some(prefix) => Some(
             EmitMapper::new(prefix.clone(), Arc::clone(&table.topic))
-                .context("OUTBOXD_MESSAGE_PREFIX")?,
+                .context("OUTBOXD_MESSAGE_PREFIX")?
+                .with_headers(s.header_columns.clone(), header_format(s)),
         ),
         None => None,
     };

@@ -47,11 +47,12 @@ fn usage() -> String {
         "outboxd {version}: relays transactional-outbox inserts from PostgreSQL logical replication to Kafka,
 confirming the replication slot only after the broker acknowledged every event.
 
-Usage: outboxd [run|check|init|status|--help|--version]
+Usage: outboxd [run|check|init|status [--json]|--help|--version]
   run     relay until SIGTERM/SIGINT (the default)
   check   check Postgres and Kafka prerequisites, each with ok/fail and the fix
   init    create the outbox table, publication and slot if missing (idempotent)
-  status  show the slot: confirmed position, lag, retained WAL, active pid
+  status  show the slot: confirmed position, lag, retained WAL, active pid;
+          --json (or OUTBOXD_STATUS_FORMAT=json) prints one JSON object for scripts
 
 Configuration is by environment variables only.
 
@@ -88,6 +89,16 @@ pub fn main(args: &[String]) -> i32 {
             return EXIT_CONFIG;
         }
     }
+    let rest = args.get(1..).unwrap_or_default();
+    let json = match (command, rest) {
+        ("status", []) => false,
+        ("status", [flag]) if flag == "--json" => true,
+        ("status", extra) => {
+            eprintln!("outboxd status: unexpected arguments {extra:?}; it takes --json");
+            return EXIT_CONFIG;
+        }
+        _ => false,
+    };
     let settings = match config::from_process_env(matches!(command, "run" | "check")) {
         Ok(s) => s,
         Err(e) => {
@@ -114,7 +125,10 @@ pub fn main(args: &[String]) -> i32 {
         match command {
             "check" => check::check(&settings).await,
             "init" => init::init(&settings).await,
-            "status" => status::status(&settings).await,
+            "status" => {
+                let json = json || settings.status_format == config::StatusFormat::Json;
+                status::status(&settings, json).await
+            }
             _ => run::run(&settings).await,
         }
     })

@@ -22,6 +22,7 @@ pub async fn run(settings: &Settings) -> i32 {
     };
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::new(Instant::now()));
+    health.set_standby_is_ready(settings.ready_standby);
     let (stop_tx, stop_rx) = watch::channel(false);
     if let Err(e) = spawn_signal_handler(stop_tx) {
         tracing::error!("cannot install signal handlers: {e}");

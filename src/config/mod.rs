@@ -88,6 +88,19 @@ pub enum BadRowPolicy {
     Stop,
 }
 
+/// `OUTBOXD_HEADER_FORMAT`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderFormat {
+    Outboxd,
+    CloudEvents { source: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusFormat {
+    Text,
+    Json,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
@@ -109,6 +122,8 @@ pub struct Settings {
     pub column_event_type: String,
     pub column_payload: String,
     pub column_headers: Option<String>,
+    pub header_columns: Vec<String>,
+    pub header_format: HeaderFormat,
     pub message_prefix: Option<String>,
     /// false: emitted messages only (an explicit choice).
     pub relay_table: bool,
@@ -131,8 +146,10 @@ pub struct Settings {
     pub progress_interval: Duration,
     pub http_addr: Option<String>,
     pub ready_stall: Duration,
+    pub ready_standby: bool,
     pub log_filter: String,
     pub log_format: LogFormat,
+    pub status_format: StatusFormat,
 }
 
 /// A snapshot of the environment with typed getters that fall back to the documented default.
@@ -206,6 +223,74 @@ impl Env<'_> {
             None => Ok(None),
             Some(_) => self.identifier(name).map(Some),
         }
+    }
+}
+
+/// The headers outboxd itself sets: a header column of one of these names would be
+/// shadowed (consumers read the last header of a name).
+const RESERVED_HEADERS: &[&str] = &["id", "event_type", "aggregate_type", "content-type"];
+
+fn header_columns(env: &Env<'_>) -> Result<Vec<String>, ConfigError> {
+    let name = "OUTBOXD_HEADER_COLUMNS";
+    let raw = env.string(name).unwrap_or_default();
+    let mut out: Vec<String> = Vec::new();
+    for col in raw.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+        let bad = |why: &str| {
+            ConfigError::new(
+                name,
+                &raw,
+                format!("comma-separated column names; {col:?} {why}"),
+            )
+        };
+        if col.len() > 63 || col.contains('"') || col.contains('\0') {
+            return Err(bad(
+                "is not a Postgres identifier of at most 63 bytes without double quotes",
+            ));
+        }
+        if RESERVED_HEADERS.contains(&col) || col.starts_with("outboxd.") || col.starts_with("ce_")
+        {
+            return Err(bad("is a header outboxd sets itself (id, event_type, aggregate_type, content-type, outboxd.*, ce_*)"));
+        }
+        if out.iter().any(|c| c == col) {
+            return Err(bad("is listed twice"));
+        }
+        out.push(col.to_owned());
+    }
+    Ok(out)
+}
+
+fn header_format(env: &Env<'_>) -> Result<HeaderFormat, ConfigError> {
+    let format = env.required("OUTBOXD_HEADER_FORMAT", "outboxd or cloudevents")?;
+    let source = env
+        .raw("OUTBOXD_CLOUDEVENTS_SOURCE")
+        .map(str::trim)
+        .filter(|s| !s.is_empty());
+    match format.trim().to_ascii_lowercase().as_str() {
+        "outboxd" => Ok(HeaderFormat::Outboxd),
+        "cloudevents" => {
+            let Some(source) = source else {
+                return Err(ConfigError::new(
+                    "OUTBOXD_CLOUDEVENTS_SOURCE",
+                    "",
+                    "required with OUTBOXD_HEADER_FORMAT=cloudevents: a URI-reference naming the producer, e.g. /shop/orders or urn:shop:orders",
+                ));
+            };
+            if source.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(ConfigError::new(
+                    "OUTBOXD_CLOUDEVENTS_SOURCE",
+                    source,
+                    "a URI-reference without spaces, e.g. /shop/orders or urn:shop:orders",
+                ));
+            }
+            Ok(HeaderFormat::CloudEvents {
+                source: source.to_owned(),
+            })
+        }
+        _ => Err(ConfigError::new(
+            "OUTBOXD_HEADER_FORMAT",
+            &format,
+            "outboxd or cloudevents",
+        )),
     }
 }
 
@@ -313,6 +398,17 @@ pub fn from_vars_for(
             ))
         }
     };
+    let status_format = match env.required("OUTBOXD_STATUS_FORMAT", "a format")?.as_str() {
+        "text" => StatusFormat::Text,
+        "json" => StatusFormat::Json,
+        other => {
+            return Err(ConfigError::new(
+                "OUTBOXD_STATUS_FORMAT",
+                other,
+                "text or json",
+            ))
+        }
+    };
     let log_format = match env.required("OUTBOXD_LOG_FORMAT", "a format")?.as_str() {
         "text" => LogFormat::Text,
         "json" => LogFormat::Json,
@@ -369,6 +465,8 @@ pub fn from_vars_for(
         column_event_type: env.identifier("OUTBOXD_COLUMN_EVENT_TYPE")?,
         column_payload: env.identifier("OUTBOXD_COLUMN_PAYLOAD")?,
         column_headers: env.optional_identifier("OUTBOXD_COLUMN_HEADERS")?,
+        header_columns: header_columns(&env)?,
+        header_format: header_format(&env)?,
         message_prefix: env
             .string("OUTBOXD_MESSAGE_PREFIX")
             .filter(|p| !p.is_empty()),
@@ -403,8 +501,10 @@ pub fn from_vars_for(
             .string("OUTBOXD_HTTP_ADDR")
             .filter(|a| !a.trim().is_empty()),
         ready_stall: env.millis("OUTBOXD_READY_STALL_MS", 1000)?,
+        ready_standby: env.boolean("OUTBOXD_READY_STANDBY")?,
         log_filter: env.required("OUTBOXD_LOG", "a log filter")?,
         log_format,
+        status_format,
     })
 }
 

@@ -144,3 +144,65 @@ fn sslmode_allow_is_refused_not_downgraded() {
         assert!(e.to_string().contains("allow is not supported"), "{e}");
     }
 }
+
+#[test]
+fn header_columns_and_format() {
+    let s = from_vars(&vars(&[])).unwrap();
+    assert!(s.header_columns.is_empty());
+    assert_eq!(s.header_format, HeaderFormat::Outboxd);
+    assert_eq!(s.status_format, StatusFormat::Text);
+    let s = from_vars(&vars(&[
+        ("OUTBOXD_HEADER_COLUMNS", " idempotency_key, version ,"),
+        ("OUTBOXD_HEADER_FORMAT", "cloudevents"),
+        ("OUTBOXD_CLOUDEVENTS_SOURCE", "/shop/orders"),
+        ("OUTBOXD_STATUS_FORMAT", "json"),
+    ]))
+    .unwrap();
+    assert_eq!(s.header_columns, ["idempotency_key", "version"]);
+    assert_eq!(
+        s.header_format,
+        HeaderFormat::CloudEvents {
+            source: "/shop/orders".into()
+        }
+    );
+    assert_eq!(s.status_format, StatusFormat::Json);
+    for (pairs, var, needle) in [
+        (
+            vec![("OUTBOXD_HEADER_FORMAT", "cloudevents")],
+            "OUTBOXD_CLOUDEVENTS_SOURCE",
+            "required",
+        ),
+        (
+            vec![
+                ("OUTBOXD_HEADER_FORMAT", "cloudevents"),
+                ("OUTBOXD_CLOUDEVENTS_SOURCE", "a b"),
+            ],
+            "OUTBOXD_CLOUDEVENTS_SOURCE",
+            "URI-reference",
+        ),
+        (
+            vec![("OUTBOXD_HEADER_FORMAT", "ce")],
+            "OUTBOXD_HEADER_FORMAT",
+            "cloudevents",
+        ),
+        (
+            vec![("OUTBOXD_HEADER_COLUMNS", "id")],
+            "OUTBOXD_HEADER_COLUMNS",
+            "outboxd sets itself",
+        ),
+        (
+            vec![("OUTBOXD_HEADER_COLUMNS", "a,a")],
+            "OUTBOXD_HEADER_COLUMNS",
+            "twice",
+        ),
+        (
+            vec![("OUTBOXD_STATUS_FORMAT", "yaml")],
+            "OUTBOXD_STATUS_FORMAT",
+            "text or json",
+        ),
+    ] {
+        let e = from_vars(&vars(&pairs)).unwrap_err();
+        assert_eq!(e.var, var, "{e}");
+        assert!(e.accepts.contains(needle), "{e}");
+    }
+}

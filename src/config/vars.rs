@@ -45,10 +45,13 @@ pub const VARS: &[VarSpec] = &[
     var("OUTBOXD_COLUMN_EVENT_TYPE", Some("event_type"), "column holding the event type"),
     var("OUTBOXD_COLUMN_PAYLOAD", Some("payload"), "column holding the payload: jsonb, json, text or bytea, sent as stored"),
     var("OUTBOXD_COLUMN_HEADERS", Some("headers"), "optional jsonb column of extra headers; empty to disable"),
+    var("OUTBOXD_HEADER_COLUMNS", Some(""), "comma-separated columns each sent as a header named after the column, in its text form (NULL: header left out), e.g. idempotency_key,version; each must exist in the table. For emitted messages, the envelope's top-level fields of those names"),
+    var("OUTBOXD_HEADER_FORMAT", Some("outboxd"), "outboxd: the documented headers; cloudevents: also the CloudEvents Kafka binding's binary-mode attributes (ce_specversion, ce_id, ce_source, ce_type, ce_time, content-type)"),
+    var("OUTBOXD_CLOUDEVENTS_SOURCE", None, "the CloudEvents source attribute (a URI-reference such as /shop/orders); required with OUTBOXD_HEADER_FORMAT=cloudevents"),
     var("OUTBOXD_MESSAGE_PREFIX", Some(""), "off unless set: pg_logical_emit_message(true, PREFIX, ...) messages are relayed like rows (PG14+). Any role that can execute pg_logical_emit_message can then publish events: REVOKE it from PUBLIC (see sql/role.sql)"),
     // Kafka
     var("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS", None, "required: Kafka bootstrap servers, host:port[,host:port]"),
-    var("OUTBOXD_TOPIC", Some("outbox.{aggregate_type}"), "topic template over {id} {aggregate_type} {aggregate_id} {event_type}, or one fixed topic"),
+    var("OUTBOXD_TOPIC", Some("outbox.{aggregate_type}"), "topic template over {id} {aggregate_type} {aggregate_id} {event_type} and any other column as {column_name}, or one fixed topic"),
     var("OUTBOXD_BAD_ROW_POLICY", Some("dead-letter"), "dead-letter: a row that cannot be published goes to the dead-letter topic; stop: exit naming the row"),
     var("OUTBOXD_DEAD_LETTER_TOPIC", Some("outbox.dead-letter"), "topic for rows that cannot be published"),
     var("OUTBOXD_MAX_MESSAGE_BYTES", Some("1000000"), "largest record outboxd produces; keep <= the broker's message.max.bytes"),
@@ -65,9 +68,11 @@ pub const VARS: &[VarSpec] = &[
     var("OUTBOXD_RECONNECT_MAX_BACKOFF_MS", Some("30000"), "cap of the exponential reconnect backoff"),
     // Operations
     var("OUTBOXD_HTTP_ADDR", Some("127.0.0.1:9187"), "address for /metrics, /healthz, /readyz; empty disables"),
+    var("OUTBOXD_READY_STANDBY", Some("false"), "true: a standby waiting for the slot held by another instance answers /readyz with 200, so Kubernetes rollouts and PodDisruptionBudgets (which count ready pods) work with active + standby replicas; false: it answers 503"),
     var("OUTBOXD_READY_STALL_MS", Some("60000"), "/readyz fails when work is unacked and the confirmed LSN has not moved for this long"),
     var("OUTBOXD_LOG", Some("info"), "log filter (tracing EnvFilter syntax, e.g. info,librdkafka=warn)"),
     var("OUTBOXD_LOG_FORMAT", Some("text"), "text | json"),
+    var("OUTBOXD_STATUS_FORMAT", Some("text"), "output of `outboxd status`: text | json (same as `outboxd status --json`)"),
 ];
 
 pub fn spec(name: &str) -> Option<&'static VarSpec> {

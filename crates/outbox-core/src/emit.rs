@@ -22,13 +22,17 @@
 //! except when `payload` is a JSON string: then the value is the decoded string (so a
 //! producer can send non-JSON text, e.g. base64 or XML, without it arriving quoted).
 //! `"payload": null` gives a record with a null value (a tombstone). Unknown fields are
-//! ignored. The record is the same as for a table row, headers included.
+//! ignored, except that header columns (`OUTBOXD_HEADER_COLUMNS`) and topic template
+//! column placeholders are read from the envelope's top-level fields of the same name
+//! (a string as its text, another value as its JSON text, null or absent: no value).
+//! The record is the same as for a table row, headers included.
 //!
 //! Both transactional (`pg_logical_emit_message(true, …)`) and non-transactional messages
 //! are relayed. A non-transactional message is decoded as soon as it is written, **even if
 //! the transaction that emitted it later rolls back**: that is PostgreSQL's semantics, so
 //! use `true` for outbox events.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -38,7 +42,7 @@ use serde_json::value::RawValue;
 
 use crate::error::{ConfigError, RowError, RowErrorKind};
 use crate::json::{self, HeadersProblem, JsonType};
-use crate::record::{assemble, CommitContext, EventParts, OutboxRecord};
+use crate::record::{assemble, CommitContext, EventParts, HeaderFormat, HeaderName, OutboxRecord};
 use crate::topic::{EventFields, TopicTemplate};
 
 /// The envelope with every value borrowed raw from the message content.
@@ -63,6 +67,8 @@ struct Envelope<'a> {
 pub struct EmitMapper {
     prefix: String,
     topic: Arc<TopicTemplate>,
+    header_columns: Vec<String>,
+    header_format: HeaderFormat,
 }
 
 impl EmitMapper {
@@ -75,7 +81,20 @@ impl EmitMapper {
                 "the prefix is empty; set the prefix passed to pg_logical_emit_message".into(),
             ));
         }
-        Ok(EmitMapper { prefix, topic })
+        Ok(EmitMapper {
+            prefix,
+            topic,
+            header_columns: Vec::new(),
+            header_format: HeaderFormat::default(),
+        })
+    }
+
+    /// The same header columns and format as the table's ([`crate::TableSpec`]): an
+    /// envelope's top-level fields play the columns' part.
+    pub fn with_headers(mut self, header_columns: Vec<String>, format: HeaderFormat) -> Self {
+        self.header_columns = header_columns;
+        self.header_format = format;
+        self
     }
 
     pub fn prefix(&self) -> &str {
@@ -124,7 +143,7 @@ impl EmitMapper {
                 envelope_error(format!("its payload string cannot be decoded ({e})"), eid)
             })?),
         };
-        let headers = match env.headers.filter(|h| JsonType::of(h) != JsonType::Null) {
+        let mut headers = match env.headers.filter(|h| JsonType::of(h) != JsonType::Null) {
             None => Vec::new(),
             Some(raw) => {
                 json::headers_object(&src.slice_ref(raw.get().as_bytes())).map_err(|p| {
@@ -143,11 +162,55 @@ impl EmitMapper {
                 })?
             }
         };
+        let topic_columns = self.topic.columns();
+        let extra = if self.header_columns.is_empty() && topic_columns.is_empty() {
+            HashMap::new()
+        } else {
+            // A second pass only when columns are configured: the envelope struct above
+            // ignores unknown fields, and a flattened map cannot borrow raw values.
+            serde_json::from_slice::<HashMap<String, &RawValue>>(src)
+                .map_err(|e| envelope_error(format!("{e}"), eid))?
+        };
+        let extra_text = |name: &str| -> Result<Option<Bytes>, RowError> {
+            match extra.get(name) {
+                None => Ok(None),
+                Some(raw) => match JsonType::of(raw) {
+                    JsonType::Null => Ok(None),
+                    JsonType::String => json::value_bytes(src, raw).map(Some).map_err(|e| {
+                        envelope_error(format!("its {name} cannot be decoded ({e})"), eid)
+                    }),
+                    _ => Ok(Some(src.slice_ref(raw.get().as_bytes()))),
+                },
+            }
+        };
+        for name in &self.header_columns {
+            if let Some(text) = extra_text(name)? {
+                headers.push((HeaderName::Owned(name.clone()), text));
+            }
+        }
+        let mut column_bytes = Vec::with_capacity(topic_columns.len());
+        for name in &topic_columns {
+            column_bytes.push((*name, extra_text(name)?));
+        }
+        let mut columns = Vec::with_capacity(column_bytes.len());
+        for (name, bytes) in &column_bytes {
+            let text = match bytes {
+                Some(b) => Some(utf8(b)?),
+                None => None,
+            };
+            columns.push((*name, text));
+        }
+        let content_type = match JsonType::of(env.payload) {
+            // A JSON string payload is sent decoded: its media type is unknown.
+            JsonType::String | JsonType::Null => None,
+            _ => Some("application/json"),
+        };
         let fields = EventFields {
             id: id_str,
             aggregate_type: utf8(&aggregate_type)?,
             aggregate_id: utf8(&aggregate_id)?,
             event_type: utf8(&event_type)?,
+            columns: &columns,
         };
         let topic = self.topic.render(&fields)?;
         let event_id = id_str.to_owned();
@@ -157,8 +220,16 @@ impl EmitMapper {
             aggregate_id,
             event_type,
             event_id,
+            content_type,
         };
-        Ok(Some(assemble(topic, parts, value, headers, ctx)))
+        Ok(Some(assemble(
+            topic,
+            parts,
+            value,
+            headers,
+            ctx,
+            &self.header_format,
+        )))
     }
 }
 

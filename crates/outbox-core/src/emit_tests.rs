@@ -230,3 +230,46 @@ fn dead_letter_message_record() {
         Some(&b"content"[..])
     );
 }
+
+#[test]
+fn envelope_fields_as_header_columns_topic_columns_and_cloudevents() {
+    let m = EmitMapper::new(
+        "outbox",
+        Arc::new(TopicTemplate::parse("{tenant}.{aggregate_type}").unwrap()),
+    )
+    .unwrap()
+    .with_headers(
+        vec!["idempotency_key".into(), "version".into(), "absent".into()],
+        HeaderFormat::CloudEvents {
+            source: Bytes::from_static(b"/shop"),
+        },
+    );
+    let content = r#"{"id":"e-1","aggregate_type":"Order","aggregate_id":"42","event_type":"Paid",
+        "payload":{"a":1},"idempotency_key":"pay:7","version":3,"tenant":"acme"}"#;
+    let r = m
+        .map_message(&msg("outbox", content), &ctx())
+        .unwrap()
+        .unwrap();
+    assert_eq!(&*r.topic, "acme.Order");
+    assert_eq!(
+        r.header("idempotency_key").map(|v| &v[..]),
+        Some(&b"pay:7"[..])
+    );
+    assert_eq!(r.header("version").map(|v| &v[..]), Some(&b"3"[..]));
+    assert_eq!(r.header("absent"), None);
+    assert_eq!(r.header("ce_id").map(|v| &v[..]), Some(&b"e-1"[..]));
+    assert_eq!(r.header("ce_type").map(|v| &v[..]), Some(&b"Paid"[..]));
+    assert_eq!(
+        r.header("ce_time").map(|v| &v[..]),
+        Some(&b"2000-01-01T00:00:00.000000Z"[..])
+    );
+    assert_eq!(
+        r.header("content-type").map(|v| &v[..]),
+        Some(&b"application/json"[..])
+    );
+    // Without the topic column the event cannot be routed: a bad row.
+    let content = r#"{"id":"e-2","aggregate_type":"Order","aggregate_id":"42","event_type":"Paid",
+        "payload":"text"}"#;
+    let e = m.map_message(&msg("outbox", content), &ctx()).unwrap_err();
+    assert_eq!(e.kind(), RowErrorKind::InvalidTopic);
+}

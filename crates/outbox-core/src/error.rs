@@ -88,6 +88,10 @@ pub enum ColumnRole {
     EventType,
     Payload,
     Headers,
+    /// A column sent as a header of its own (`OUTBOXD_HEADER_COLUMNS`).
+    HeaderColumn,
+    /// A column named by a topic template placeholder.
+    TopicPlaceholder,
 }
 
 impl ColumnRole {
@@ -99,13 +103,15 @@ impl ColumnRole {
             ColumnRole::EventType => "event type",
             ColumnRole::Payload => "payload",
             ColumnRole::Headers => "headers",
+            ColumnRole::HeaderColumn => "header",
+            ColumnRole::TopicPlaceholder => "topic placeholder",
         }
     }
 
     /// The column types outboxd accepts for this role, in words.
     pub fn accepted_types(self) -> &'static str {
         match self {
-            ColumnRole::Id => "any type",
+            ColumnRole::Id | ColumnRole::HeaderColumn | ColumnRole::TopicPlaceholder => "any type",
             ColumnRole::AggregateType | ColumnRole::EventType => "text, varchar, char or name",
             ColumnRole::AggregateId => {
                 "text, varchar, char, name, uuid, smallint, integer or bigint"

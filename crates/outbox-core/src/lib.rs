@@ -59,8 +59,8 @@ pub use error::{
 };
 pub use mapping::{BoundTable, OutboxColumns, TableSpec};
 pub use record::{
-    check_size, header, oversize_error, record_wire_size, CommitContext, HeaderName, OutboxRecord,
-    RECORD_MAX_OVERHEAD,
+    check_size, header, oversize_error, record_wire_size, rfc3339_utc, CommitContext, HeaderFormat,
+    HeaderName, OutboxRecord, CLOUDEVENTS_SPEC_VERSION, RECORD_MAX_OVERHEAD,
 };
 pub use topic::{validate_topic_name, EventFields, TopicField, TopicName, TopicTemplate};
 pub use value::PayloadKind;

@@ -10,8 +10,10 @@
 //! - value: the payload as stored, not re-encoded (json/jsonb/text text shared with the
 //!   replication buffer, bytea decoded to raw bytes). A NULL payload gives a record with
 //!   a null value: a tombstone for compacted topics;
-//! - headers: the row's headers object (if the table has a headers column), then `id`,
-//!   `event_type`, `aggregate_type`, `outboxd.commit_lsn`, `outboxd.commit_time`;
+//! - headers: the row's headers object (if the table has a headers column), then the
+//!   configured header columns (each named after its column, its text form; NULL leaves
+//!   it out), then `id`, `event_type`, `aggregate_type`, `outboxd.commit_lsn`,
+//!   `outboxd.commit_time`, then the CloudEvents attributes if that format is on;
 //! - timestamp: the commit time.
 //!
 //! NULL id, aggregate type or event type, a NULL or empty aggregate id, undecodable
@@ -26,7 +28,7 @@ use pgoutput::{Relation, TupleData, TupleValue};
 use crate::error::{ColumnRole, RowError, RowErrorKind, ShapeError};
 use crate::json::{self, HeadersProblem};
 use crate::pgtype::{self, qualified, quote_ident};
-use crate::record::{assemble, CommitContext, EventParts, HeaderName, OutboxRecord};
+use crate::record::{assemble, CommitContext, EventParts, HeaderFormat, HeaderName, OutboxRecord};
 use crate::topic::{EventFields, TopicTemplate};
 use crate::value::{self, PayloadKind, ValueProblem};
 
@@ -45,6 +47,9 @@ pub struct OutboxColumns {
     /// configured explicitly; with the default name, a table without the column simply
     /// has no row headers.
     pub headers_required: bool,
+    /// Columns each sent as a header named after the column, in their text form (SQL
+    /// NULL leaves the header out). Every one must exist in the table.
+    pub header_columns: Vec<String>,
 }
 
 impl Default for OutboxColumns {
@@ -57,6 +62,7 @@ impl Default for OutboxColumns {
             payload: "payload".to_owned(),
             headers: Some("headers".to_owned()),
             headers_required: false,
+            header_columns: Vec::new(),
         }
     }
 }
@@ -71,6 +77,8 @@ pub struct TableSpec {
     pub columns: OutboxColumns,
     /// Shared so re-binding keeps its render cache; default `outbox.{aggregate_type}`.
     pub topic: Arc<TopicTemplate>,
+    /// Which headers outboxd adds; default outboxd's own only.
+    pub header_format: HeaderFormat,
 }
 
 impl Default for TableSpec {
@@ -80,6 +88,7 @@ impl Default for TableSpec {
             table: "outbox".to_owned(),
             columns: OutboxColumns::default(),
             topic: Arc::new(TopicTemplate::default()),
+            header_format: HeaderFormat::default(),
         }
     }
 }
@@ -123,7 +132,12 @@ pub struct BoundTable {
     payload: Bound,
     payload_kind: PayloadKind,
     headers: Option<Bound>,
+    /// `OUTBOXD_HEADER_COLUMNS`, in the configured order.
+    header_columns: Vec<Bound>,
+    /// The topic template's column placeholders.
+    topic_columns: Vec<Bound>,
     topic: Arc<TopicTemplate>,
+    header_format: HeaderFormat,
 }
 
 impl BoundTable {
@@ -238,6 +252,17 @@ impl BoundTable {
                 Err(e) => return Err(e),
             },
         };
+        let header_columns = cols
+            .header_columns
+            .iter()
+            .map(|name| find(name, ColumnRole::HeaderColumn))
+            .collect::<Result<Vec<_>, _>>()?;
+        let topic_columns = spec
+            .topic
+            .columns()
+            .into_iter()
+            .map(|name| find(name, ColumnRole::TopicPlaceholder))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(BoundTable {
             rel_id: relation.rel_id,
             table,
@@ -250,7 +275,10 @@ impl BoundTable {
             payload,
             payload_kind,
             headers,
+            header_columns,
+            topic_columns,
             topic: Arc::clone(&spec.topic),
+            header_format: spec.header_format.clone(),
         })
     }
 
@@ -323,15 +351,33 @@ impl BoundTable {
         let event_type_bytes = self.required_text(tuple, &self.event_type, eid)?;
         let value = value::payload_of(self.value_at(tuple, &self.payload), self.payload_kind)
             .map_err(|p| self.problem(p, &self.payload, eid))?;
-        let headers = match &self.headers {
+        let mut headers = match &self.headers {
             Some(h) => self.row_headers(tuple, h, eid)?,
             None => Vec::new(),
         };
+        for col in &self.header_columns {
+            if let Some(text) = self.text(tuple, col, eid)? {
+                headers.push((HeaderName::Owned(col.name.clone()), text));
+            }
+        }
+        let mut column_bytes = Vec::with_capacity(self.topic_columns.len());
+        for col in &self.topic_columns {
+            column_bytes.push((col, self.text(tuple, col, eid)?));
+        }
+        let mut columns = Vec::with_capacity(column_bytes.len());
+        for (col, bytes) in &column_bytes {
+            let text = match bytes {
+                Some(b) => Some(self.utf8(b, col, eid)?),
+                None => None,
+            };
+            columns.push((col.name.as_str(), text));
+        }
         let fields = EventFields {
             id,
             aggregate_type: self.utf8(&aggregate_type_bytes, &self.aggregate_type, eid)?,
             aggregate_id: self.utf8(&aggregate_id, &self.aggregate_id, eid)?,
             event_type: self.utf8(&event_type_bytes, &self.event_type, eid)?,
+            columns: &columns,
         };
         let topic = self.topic.render(&fields)?;
         let event_id = id.to_owned();
@@ -341,8 +387,16 @@ impl BoundTable {
             aggregate_id,
             event_type: event_type_bytes,
             event_id,
+            content_type: self.payload_kind.content_type(),
         };
-        Ok(assemble(topic, parts, value, headers, ctx))
+        Ok(assemble(
+            topic,
+            parts,
+            value,
+            headers,
+            ctx,
+            &self.header_format,
+        ))
     }
 
     /// Column names and type OIDs of the bound Relation, in order.

@@ -34,6 +34,65 @@ pub mod header {
     /// Dead-letter records: comma-separated fields cut short or left out to fit the size
     /// limit (`error`, `key`, `id`, `value`, `headers`); cut texts end with `…`.
     pub const TRUNCATED: &str = "outboxd.truncated";
+    /// CloudEvents attributes in the Kafka protocol binding's binary content mode.
+    pub const CE_SPECVERSION: &str = "ce_specversion";
+    pub const CE_ID: &str = "ce_id";
+    pub const CE_SOURCE: &str = "ce_source";
+    pub const CE_TYPE: &str = "ce_type";
+    pub const CE_TIME: &str = "ce_time";
+    /// The binding maps `datacontenttype` to this header, not to a `ce_` one.
+    pub const CONTENT_TYPE: &str = "content-type";
+}
+
+/// Which headers outboxd adds after the row's own.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum HeaderFormat {
+    /// `id`, `event_type`, `aggregate_type`, `outboxd.commit_lsn`, `outboxd.commit_time`.
+    #[default]
+    Outboxd,
+    /// The same, then the CloudEvents attributes of the Kafka protocol binding (binary
+    /// content mode): `ce_specversion`, `ce_id`, `ce_source`, `ce_type`, `ce_time` and,
+    /// when the payload's type is known, `content-type`. The value stays the payload.
+    /// outboxd's own headers stay so that consumers deduplicating on `id` keep working
+    /// when the format is switched on.
+    CloudEvents {
+        /// The `source` attribute (a URI-reference naming the producing context).
+        source: Bytes,
+    },
+}
+
+/// The CloudEvents spec version outboxd writes.
+pub const CLOUDEVENTS_SPEC_VERSION: &str = "1.0";
+
+/// `unix_micros` as an RFC 3339 UTC timestamp with microseconds
+/// (`2026-12-01T09:41:55.123456Z`), as CloudEvents' `time` wants it.
+pub fn rfc3339_utc(unix_micros: i64) -> String {
+    let secs = unix_micros.div_euclid(1_000_000);
+    let micros = unix_micros.rem_euclid(1_000_000);
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar
+/// (Howard Hinnant's `civil_from_days`), so no date crate is needed for one format.
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days.saturating_add(719_468);
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
 }
 
 /// Where and when the source transaction committed; stamped on every record.
@@ -193,18 +252,49 @@ pub(crate) struct EventParts {
     pub aggregate_id: Bytes,
     pub event_type: Bytes,
     pub event_id: String,
+    /// The payload's media type, when its column type (or JSON type) says it.
+    pub content_type: Option<&'static str>,
 }
 
-/// Assemble a record: row headers first, then outboxd's own.
+/// Assemble a record: row headers first, then outboxd's own (and the CloudEvents
+/// attributes last, when on).
 pub(crate) fn assemble(
     topic: Arc<str>,
     parts: EventParts,
     value: Option<Bytes>,
     mut headers: Vec<(HeaderName, Bytes)>,
     ctx: &CommitContext,
+    format: &HeaderFormat,
 ) -> OutboxRecord {
     let millis = ctx.commit_time.unix_millis();
-    headers.reserve(5);
+    headers.reserve(11);
+    if let HeaderFormat::CloudEvents { source } = format {
+        // Pushed below, after outboxd's own; prepared here while `parts` is whole.
+        let ce = [
+            (
+                header::CE_SPECVERSION,
+                Bytes::from_static(CLOUDEVENTS_SPEC_VERSION.as_bytes()),
+            ),
+            (header::CE_ID, parts.id.clone()),
+            (header::CE_SOURCE, source.clone()),
+            (header::CE_TYPE, parts.event_type.clone()),
+            (
+                header::CE_TIME,
+                Bytes::from(rfc3339_utc(ctx.commit_time.unix_micros())),
+            ),
+        ];
+        let content_type = value
+            .as_ref()
+            .and(parts.content_type)
+            .map(|t| (header::CONTENT_TYPE, Bytes::from_static(t.as_bytes())));
+        let mut record = assemble(topic, parts, value, headers, ctx, &HeaderFormat::Outboxd);
+        record.headers.extend(
+            ce.into_iter()
+                .chain(content_type)
+                .map(|(k, v)| (Cow::Borrowed(k), v)),
+        );
+        return record;
+    }
     headers.push((Cow::Borrowed(header::ID), parts.id));
     headers.push((Cow::Borrowed(header::EVENT_TYPE), parts.event_type));
     headers.push((Cow::Borrowed(header::AGGREGATE_TYPE), parts.aggregate_type));
@@ -296,6 +386,26 @@ mod tests {
         ] {
             assert!(msg.contains(needle), "{needle}: {msg}");
         }
+    }
+
+    #[test]
+    fn rfc3339() {
+        assert_eq!(rfc3339_utc(0), "1970-01-01T00:00:00.000000Z");
+        // date -u -d @1796118115: 2026-12-01 09:41:55 UTC
+        assert_eq!(
+            rfc3339_utc(1_796_118_115_123_456),
+            "2026-12-01T09:41:55.123456Z"
+        );
+        assert_eq!(
+            rfc3339_utc(951_782_400_000_000),
+            "2000-02-29T00:00:00.000000Z"
+        );
+        assert_eq!(rfc3339_utc(-1), "1969-12-31T23:59:59.999999Z");
+        // PostgreSQL's epoch, the commit time of a zeroed timestamp.
+        assert_eq!(
+            rfc3339_utc(946_684_800_000_000),
+            "2000-01-01T00:00:00.000000Z"
+        );
     }
 
     #[test]

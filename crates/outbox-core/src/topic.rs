@@ -2,7 +2,9 @@
 //!
 //! A template is text with `{field}` placeholders naming a logical outbox field: `id`,
 //! `aggregate_type`, `aggregate_id` or `event_type` (e.g. the default
-//! `outbox.{aggregate_type}`); without placeholders it is one fixed topic. Literal text is
+//! `outbox.{aggregate_type}`), or any other column of the table by its name
+//! (`outbox.{tenant}.{aggregate_type}`; for an emitted message, the envelope's top-level
+//! field of that name); without placeholders it is one fixed topic. Literal text is
 //! checked when the template is parsed, the rendered name for every event (a row error if
 //! invalid: the value is the user's to fix, not the configuration).
 //!
@@ -116,12 +118,31 @@ pub struct EventFields<'a> {
     pub aggregate_type: &'a str,
     pub aggregate_id: &'a str,
     pub event_type: &'a str,
+    /// The values of the template's column placeholders ([`TopicTemplate::columns`]), by
+    /// name; `None` for SQL NULL. Empty when the template names no column.
+    pub columns: &'a [(&'a str, Option<&'a str>)],
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Segment {
     Literal(String),
     Field(TopicField),
+    Column(String),
+}
+
+/// What the render cache is keyed on: the one placeholder the template uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum CacheKey {
+    Field(TopicField),
+    Column(String),
+}
+
+fn column_value<'a>(fields: &EventFields<'a>, name: &str) -> Option<&'a str> {
+    fields
+        .columns
+        .iter()
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, v)| *v)
 }
 
 /// A parsed topic template with its render cache. Cloning gives an empty cache.
@@ -130,8 +151,8 @@ pub struct TopicTemplate {
     segments: Vec<Segment>,
     /// Set when there is no placeholder.
     fixed: Option<Arc<str>>,
-    /// Set when every placeholder names this one field: the cache key.
-    single_field: Option<TopicField>,
+    /// Set when every placeholder names this one field or column: the cache key.
+    single_field: Option<CacheKey>,
     cache: Mutex<HashMap<String, Arc<str>>>,
 }
 
@@ -155,16 +176,21 @@ impl TopicTemplate {
                         .find('}')
                         .ok_or_else(|| err("a '{' has no matching '}'".to_owned()))?;
                     let name = &rest[1..close];
-                    let field = TopicField::from_name(name).ok_or_else(|| {
-                        err(format!(
-                            "unknown placeholder {{{name}}}; placeholders can be {}",
-                            placeholder_list()
-                        ))
-                    })?;
+                    let segment = match TopicField::from_name(name) {
+                        Some(field) => Segment::Field(field),
+                        None if is_column_name(name) => Segment::Column(name.to_owned()),
+                        None => {
+                            return Err(err(format!(
+                                "placeholder {{{name}}} is neither a field ({}) nor a column \
+                                 name (1-63 bytes, no quotes, braces or spaces)",
+                                placeholder_list()
+                            )))
+                        }
+                    };
                     if !literal.is_empty() {
                         segments.push(Segment::Literal(std::mem::take(&mut literal)));
                     }
-                    segments.push(Segment::Field(field));
+                    segments.push(segment);
                     rest = &rest[close + 1..];
                 }
                 '}' => return Err(err("a '}' has no matching '{'".to_owned())),
@@ -189,10 +215,11 @@ impl TopicTemplate {
                 "its fixed text is {literal_len} characters long, the topic limit is {MAX_TOPIC_LEN}"
             )));
         }
-        let fields: Vec<TopicField> = segments
+        let fields: Vec<CacheKey> = segments
             .iter()
             .filter_map(|s| match s {
-                Segment::Field(f) => Some(*f),
+                Segment::Field(f) => Some(CacheKey::Field(*f)),
+                Segment::Column(c) => Some(CacheKey::Column(c.clone())),
                 Segment::Literal(_) => None,
             })
             .collect();
@@ -204,8 +231,8 @@ impl TopicTemplate {
         };
         let single_field = fields
             .first()
-            .copied()
-            .filter(|first| fields.iter().all(|f| f == first));
+            .filter(|first| fields.iter().all(|f| f == *first))
+            .cloned();
         Ok(TopicTemplate {
             source: template.to_owned(),
             segments,
@@ -230,16 +257,35 @@ impl TopicTemplate {
         self.segments.contains(&Segment::Field(field))
     }
 
+    /// The column names the template's placeholders name (other than the logical
+    /// fields), each once, in order of first use. Binding checks they exist.
+    pub fn columns(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for s in &self.segments {
+            if let Segment::Column(c) = s {
+                if !out.contains(&c.as_str()) {
+                    out.push(c);
+                }
+            }
+        }
+        out
+    }
+
     /// The topic for an event. A rendered name that is not a valid Kafka topic is a
     /// [`RowErrorKind::InvalidTopic`] row error.
     pub fn render(&self, fields: &EventFields<'_>) -> Result<Arc<str>, RowError> {
         if let Some(fixed) = &self.fixed {
             return Ok(Arc::clone(fixed));
         }
-        let Some(key_field) = self.single_field else {
-            return self.render_uncached(fields);
+        let key = match &self.single_field {
+            None => return self.render_uncached(fields),
+            Some(CacheKey::Field(f)) => f.get(fields),
+            Some(CacheKey::Column(c)) => match column_value(fields, c) {
+                Some(v) => v,
+                // NULL: an error, which is never cached.
+                None => return self.render_uncached(fields),
+            },
         };
-        let key = key_field.get(fields);
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(topic) = cache.get(key) {
             return Ok(Arc::clone(topic));
@@ -258,13 +304,29 @@ impl TopicTemplate {
             match segment {
                 Segment::Literal(s) => out.push_str(s),
                 Segment::Field(f) => out.push_str(f.get(fields)),
+                Segment::Column(c) => match column_value(fields, c) {
+                    Some(v) => out.push_str(v),
+                    None => {
+                        return Err(RowError::new(
+                            RowErrorKind::InvalidTopic,
+                            format!(
+                                "topic template {:?} uses column {c:?}, which is NULL (or \
+                                 missing from the envelope) for this event: insert a value, \
+                                 or change the topic template",
+                                self.source
+                            ),
+                        )
+                        .with_event_id(Some(fields.id)))
+                    }
+                },
             }
         }
         validate_topic_name(&out).map_err(|problem| {
-            let used: Vec<&str> = TopicField::ALL
+            let used: Vec<String> = TopicField::ALL
                 .into_iter()
                 .filter(|f| self.uses(*f))
-                .map(TopicField::name)
+                .map(|f| f.name().to_owned())
+                .chain(self.columns().into_iter().map(str::to_owned))
                 .collect();
             RowError::new(
                 RowErrorKind::InvalidTopic,
@@ -297,13 +359,22 @@ fn placeholder_list() -> String {
         .join(", ")
 }
 
+/// What a column placeholder may name: what the configuration accepts as an identifier.
+fn is_column_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && !name
+            .chars()
+            .any(|c| c == '"' || c == '{' || c == '}' || c.is_whitespace() || c.is_control())
+}
+
 impl Clone for TopicTemplate {
     fn clone(&self) -> Self {
         TopicTemplate {
             source: self.source.clone(),
             segments: self.segments.clone(),
             fixed: self.fixed.clone(),
-            single_field: self.single_field,
+            single_field: self.single_field.clone(),
             cache: Mutex::new(HashMap::new()),
         }
     }
@@ -333,7 +404,7 @@ impl Default for TopicTemplate {
             source: Self::DEFAULT.to_owned(),
             segments,
             fixed: None,
-            single_field: Some(TopicField::AggregateType),
+            single_field: Some(CacheKey::Field(TopicField::AggregateType)),
             cache: Mutex::new(HashMap::new()),
         }
     }
@@ -349,6 +420,7 @@ mod tests {
             aggregate_type,
             aggregate_id: "42",
             event_type,
+            columns: &[],
         }
     }
 
@@ -456,12 +528,48 @@ mod tests {
     }
 
     #[test]
+    fn column_placeholders() {
+        let t = TopicTemplate::parse("outbox.{tenant}.{aggregate_type}").unwrap();
+        assert_eq!(t.columns(), vec!["tenant"]);
+        let cols = [("tenant", Some("acme"))];
+        let f = EventFields {
+            columns: &cols,
+            ..fields("Order", "x")
+        };
+        assert_eq!(&*t.render(&f).unwrap(), "outbox.acme.Order");
+        // NULL (or absent) is a row error naming the column.
+        let null = [("tenant", None)];
+        let e = t
+            .render(&EventFields {
+                columns: &null,
+                ..fields("Order", "x")
+            })
+            .unwrap_err();
+        assert_eq!(e.kind(), RowErrorKind::InvalidTopic);
+        assert!(e.to_string().contains("\"tenant\""), "{e}");
+        assert!(t.render(&fields("Order", "x")).is_err());
+        // A single column placeholder is cached like a field.
+        let t = TopicTemplate::parse("t.{tenant}").unwrap();
+        let a = t.render(&f).unwrap();
+        let b = t.render(&f).unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        let bad = [("tenant", Some("a b"))];
+        let e = t
+            .render(&EventFields {
+                columns: &bad,
+                ..fields("Order", "x")
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains("tenant"), "{e}");
+    }
+
+    #[test]
     fn parse_errors() {
         for (tpl, needle) in [
             ("outbox.{aggregate_type", "no matching '}'"),
             ("outbox.}", "no matching '{'"),
-            ("outbox.{tenant}", "unknown placeholder {tenant}"),
-            ("outbox.{}", "unknown placeholder {}"),
+            ("outbox.{}", "placeholder {} is neither"),
+            ("outbox.{a b}", "placeholder {a b} is neither"),
             ("out box", "' '"),
             ("", "empty"),
             ("..", "reserved"),

@@ -45,6 +45,16 @@ impl PayloadKind {
             PayloadKind::Bytea => "bytea",
         }
     }
+
+    /// The media type of a payload of this kind (CloudEvents' `datacontenttype`); none
+    /// for bytea, whose bytes outboxd knows nothing about.
+    pub fn content_type(self) -> Option<&'static str> {
+        match self {
+            PayloadKind::Jsonb | PayloadKind::Json => Some("application/json"),
+            PayloadKind::Text => Some("text/plain; charset=utf-8"),
+            PayloadKind::Bytea => None,
+        }
+    }
 }
 
 /// Why a value could not be read.

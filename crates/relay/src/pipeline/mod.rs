@@ -2,6 +2,7 @@
 //! errors, ended by a permanent error or a shutdown request.
 
 mod backoff;
+mod catchup;
 mod error;
 mod inflight;
 mod observe;
@@ -102,6 +103,8 @@ struct Carry {
     progressed: bool,
     /// What the last session knew Kafka has: replays of it are skipped.
     delivered: Option<DeliveredPosition>,
+    /// The server settings' warnings were logged.
+    settings_warned: bool,
 }
 
 /// The transactions of the coming replay that Kafka already has: what the previous
@@ -222,7 +225,10 @@ async fn create_slot_if_new(
         None => {}
     }
     progress
-        .write_and_wait(identity, &ProgressRecord::before_creation(timeline, position))
+        .write_and_wait(
+            identity,
+            &ProgressRecord::before_creation(timeline, position),
+        )
         .await
         .map_err(unknown)?;
     let start = slot::create(&cfg.pg, &cfg.slot).await?;
@@ -275,7 +281,9 @@ async fn relay_loop(
                 if *shutdown.borrow() {
                     return Ok(());
                 }
-                let delay = if e.is_slot_in_use() {
+                let standby = e.is_slot_in_use();
+                obs.standby(standby);
+                let delay = if standby {
                     // Another instance holds the slot: stand by and poll quickly, so we
                     // take over within seconds of it dying.
                     tracing::info!("{e}; standing by");
@@ -304,7 +312,9 @@ async fn run_session(
     carry: &mut Carry,
 ) -> Result<SessionEnd, RelayError> {
     let sql = cfg.pg.connect_sql().await?;
-    slot::check_server(&sql, &cfg.slot, !carry.seen_slot).await?;
+    // Warnings once per process: a standby checks every second.
+    slot::check_server(&sql, &cfg.slot, !carry.settings_warned).await?;
+    carry.settings_warned = true;
     let mut conn = ReplicationConnection::connect(&cfg.pg).await?;
     check_server_version(conn.server_version_num().await?)?;
     let system = conn.identify_system().await?;

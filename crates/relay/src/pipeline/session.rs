@@ -18,6 +18,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 use tokio_postgres::Client;
 
+use super::catchup::{self, CatchUp, Report, Sample};
 use super::error::RelayError;
 use super::inflight::{InFlight, InFlightEntry, TopicNames};
 use super::observe::Observer;
@@ -104,6 +105,9 @@ pub(super) struct Session<'a> {
     known_below: Lsn,
     /// Commit time of the newest transaction read (skipped ones included).
     last_commit_unix_micros: i64,
+    catchup: CatchUp,
+    /// Events acknowledged in this session, for the catch-up rate.
+    events_acked: u64,
 }
 
 /// How a session starts beyond its connections: where it is in the server's history,
@@ -130,6 +134,9 @@ struct ProgressWriter {
 }
 
 impl<'a> Session<'a> {
+    // Each argument is a distinct piece of one session's wiring, built by its only caller;
+    // a struct for them would only be this signature spelled twice.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         cfg: &'a RelayConfig,
         obs: &'a Observer,
@@ -170,8 +177,9 @@ impl<'a> Session<'a> {
                 identity,
                 written: None,
                 last_write: Instant::now(),
-                store,
             }),
+            catchup: CatchUp::default(),
+            events_acked: 0,
         }
     }
 
@@ -681,6 +689,7 @@ impl<'a> Session<'a> {
         match d.outcome {
             Ok(_) => {
                 self.tracker.ack(entry.ticket)?;
+                self.events_acked = self.events_acked.saturating_add(1);
                 self.obs.published(entry.commit_unix_micros);
                 Ok(())
             }
@@ -708,7 +717,8 @@ impl<'a> Session<'a> {
         if let Some(fatal) = self.producer.is_fatal() {
             return Err(RelayError::Send(SendError::Fatal(fatal)));
         }
-        if ticks.is_multiple_of(self.cfg.slot_stats_every_ticks) {
+        // Also at the first tick: a session that starts behind says so at once.
+        if ticks == 1 || ticks.is_multiple_of(self.cfg.slot_stats_every_ticks) {
             if self.cfg.relay_table {
                 // ALTER PUBLICATION ... DROP TABLE stops the server sending the table's
                 // rows without any message on the stream: look.
@@ -734,6 +744,7 @@ impl<'a> Session<'a> {
                         });
                     }
                     self.obs.slot_stats(&stats);
+                    self.report_catch_up(stats.current_wal);
                 }
                 None => {
                     return Err(RelayError::SlotDropped {
@@ -743,6 +754,62 @@ impl<'a> Session<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Logs the backlog's progress (see `catchup`) against the server's WAL end.
+    fn report_catch_up(&mut self, server_wal: Lsn) {
+        // How far back in time reading is: the newest commit read (0: none yet).
+        let commit_age = (self.last_commit_unix_micros > 0).then(|| {
+            let micros = PgTimestamp::now()
+                .unix_micros()
+                .saturating_sub(self.last_commit_unix_micros);
+            Duration::from_micros(u64::try_from(micros).unwrap_or(0))
+        });
+        let sample = Sample {
+            at: self.started_at.elapsed(),
+            server_wal,
+            confirmed: self.confirmed,
+            events: self.events_acked,
+            commit_age,
+        };
+        let age = |a: Option<Duration>| a.map_or("?".to_owned(), catchup::human_duration);
+        match self.catchup.observe(sample) {
+            None => {}
+            Some(Report::Behind {
+                lag_bytes,
+                commit_age,
+            }) => tracing::info!(
+                lag_bytes,
+                behind_secs = commit_age.map_or(0, |a| a.as_secs()),
+                "catching up a backlog: {} of WAL behind, reading transactions committed {} ago",
+                catchup::human_bytes(lag_bytes),
+                age(commit_age),
+            ),
+            Some(Report::Progress {
+                lag_bytes,
+                commit_age,
+                events_per_sec,
+                bytes_per_sec,
+                eta,
+            }) => tracing::info!(
+                lag_bytes,
+                behind_secs = commit_age.map_or(0, |a| a.as_secs()),
+                events_per_sec,
+                bytes_per_sec,
+                eta_secs = eta.map(|e| e.as_secs()),
+                "catching up: {} behind ({} behind in time), {events_per_sec} events/s, {}/s, about {} to go",
+                catchup::human_bytes(lag_bytes),
+                age(commit_age),
+                catchup::human_bytes(bytes_per_sec),
+                eta.map_or("? (nothing confirmed yet)".to_owned(), catchup::human_duration),
+            ),
+            Some(Report::CaughtUp { took, events }) => tracing::info!(
+                took_secs = took.as_secs(),
+                events,
+                "caught up: {events} events in {}",
+                catchup::human_duration(took),
+            ),
+        }
     }
 
     /// A transactional logical message: a tiny transaction of our own whose Commit lets

@@ -16,6 +16,12 @@ pub struct Health {
     unacked: AtomicBool,
     last_progress_nanos: AtomicU64,
     unacked_since_nanos: AtomicU64,
+    /// Waiting because another instance holds the slot.
+    standby: AtomicBool,
+    /// Whether such a standby answers ready (`OUTBOXD_READY_STANDBY`): a Kubernetes
+    /// rollout or a PodDisruptionBudget counts only ready pods, and a standby that can
+    /// become ready only after the active one is gone would block both forever.
+    standby_is_ready: AtomicBool,
 }
 
 impl Health {
@@ -29,7 +35,19 @@ impl Health {
             unacked: AtomicBool::new(false),
             last_progress_nanos: AtomicU64::new(0),
             unacked_since_nanos: AtomicU64::new(0),
+            standby: AtomicBool::new(false),
+            standby_is_ready: AtomicBool::new(false),
         }
+    }
+
+    /// Opt in to a waiting standby answering ready (see the field).
+    pub fn set_standby_is_ready(&self, ready: bool) {
+        self.standby_is_ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// The relay waits because the slot is active in another instance.
+    pub fn set_standby(&self, standby: bool) {
+        self.standby.store(standby, Ordering::Relaxed);
     }
 
     pub fn set_replication_connected(&self, connected: bool) {
@@ -69,6 +87,15 @@ impl Health {
 
     pub fn readiness(&self, now: Instant, stall_after: Duration) -> Result<(), String> {
         if !self.replication_connected.load(Ordering::Relaxed) {
+            if self.standby.load(Ordering::Relaxed) {
+                if self.standby_is_ready.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                return Err(
+                    "standing by: the slot is active in another instance (replication stream is not connected)"
+                        .into(),
+                );
+            }
             return Err("replication stream is not connected".into());
         }
         if !self.producer_healthy.load(Ordering::Relaxed) {
@@ -121,6 +148,20 @@ mod tests {
         h.set_producer_healthy(true);
         assert_eq!(h.readiness(t0, STALL), Ok(()));
         assert_eq!(h.liveness(), Ok(()));
+    }
+
+    #[test]
+    fn standby_is_ready_only_when_opted_in() {
+        let t0 = Instant::now();
+        let h = Health::new(t0);
+        h.set_standby(true);
+        let err = h.readiness(t0, STALL).unwrap_err();
+        assert!(err.contains("standing by"), "{err}");
+        h.set_standby_is_ready(true);
+        assert_eq!(h.readiness(t0, STALL), Ok(()));
+        // Disconnected for any other reason: not ready, opted in or not.
+        h.set_standby(false);
+        assert!(h.readiness(t0, STALL).is_err());
     }
 
     #[test]

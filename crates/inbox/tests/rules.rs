@@ -1,0 +1,422 @@
+//! The inbox's rules against a real PostgreSQL: a key applies once (redelivery, racing
+//! consumers), versions at or below the last applied are skipped, a gap is held (or
+//! applied when asked), a failed change records nothing, and records are read from
+//! outboxd's headers.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use outboxd_inbox::{Apply, BoxError, GapPolicy, Inbox, InboxError, InboxEvent, Outcome};
+use pgtest::PgCluster;
+use rdkafka::message::{Header, OwnedHeaders, OwnedMessage, Timestamp};
+use tokio_postgres::{Client, Transaction};
+
+/// The consumer's own change: add the event's amount (its payload) to the balance of the
+/// account (its aggregate id).
+struct Credit {
+    fail: bool,
+}
+
+impl Apply for Credit {
+    type Output = i64;
+
+    async fn apply(&mut self, tx: &Transaction<'_>, event: &InboxEvent) -> Result<i64, BoxError> {
+        let amount: i64 = std::str::from_utf8(event.payload.as_deref().unwrap_or(b"0"))?.parse()?;
+        let account = event.aggregate_id.clone().unwrap_or_default();
+        let row = tx
+            .query_one(
+                "INSERT INTO balances (account, balance) VALUES ($1, $2) \
+                 ON CONFLICT (account) DO UPDATE SET balance = balances.balance + $2 \
+                 RETURNING balance",
+                &[&account, &amount],
+            )
+            .await?;
+        if self.fail {
+            return Err("the handler failed after writing".into());
+        }
+        Ok(row.get(0))
+    }
+}
+
+fn event(key: &str, account: &str, version: Option<i64>, amount: i64) -> InboxEvent {
+    InboxEvent {
+        key: key.to_owned(),
+        event_id: format!("id-{key}"),
+        aggregate_type: Some("account".into()),
+        aggregate_id: Some(account.to_owned()),
+        version,
+        event_type: Some("Credited".into()),
+        topic: "outbox.account".into(),
+        partition: 0,
+        offset: 0,
+        payload: Some(amount.to_string().into_bytes()),
+    }
+}
+
+async fn setup(name: &str) -> (pgtest::TestDb<'static>, Client) {
+    let db = PgCluster::shared().fresh_database(name).await;
+    let client = db.client().await;
+    Inbox::install(&client).await.unwrap();
+    client
+        .batch_execute("CREATE TABLE balances (account text PRIMARY KEY, balance bigint NOT NULL)")
+        .await
+        .unwrap();
+    (db, client)
+}
+
+async fn balance(client: &Client, account: &str) -> Option<i64> {
+    client
+        .query_opt(
+            "SELECT balance FROM balances WHERE account = $1",
+            &[&account],
+        )
+        .await
+        .unwrap()
+        .map(|r| r.get(0))
+}
+
+async fn keys(client: &Client) -> i64 {
+    client
+        .query_one("SELECT count(*) FROM inbox_processed", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_applies_once_and_versions_apply_in_order() {
+    let (_db, mut client) = setup("inbox_rules").await;
+    let inbox = Inbox::new("balances");
+    let mut credit = Credit { fail: false };
+
+    let e1 = event("k1", "acct-1", Some(1), 10);
+    assert_eq!(
+        inbox.process(&mut client, &e1, &mut credit).await.unwrap(),
+        Outcome::Applied(10)
+    );
+    // Redelivered (a relay crash, a rebalance): skipped, counted once.
+    let again = inbox.process(&mut client, &e1, &mut credit).await.unwrap();
+    assert_eq!(again, Outcome::Duplicate);
+    assert!(again.commit_offset());
+    assert_eq!(balance(&client, "acct-1").await, Some(10));
+
+    // A different key for a version already applied: stale, recorded, skipped.
+    let stale = event("k1-bis", "acct-1", Some(1), 99);
+    assert_eq!(
+        inbox
+            .process(&mut client, &stale, &mut credit)
+            .await
+            .unwrap(),
+        Outcome::Stale { known: 1, got: 1 }
+    );
+    assert_eq!(
+        inbox
+            .process(&mut client, &stale, &mut credit)
+            .await
+            .unwrap(),
+        Outcome::Duplicate
+    );
+    assert_eq!(balance(&client, "acct-1").await, Some(10));
+
+    // Version 3 before 2: a gap, held: nothing applied, nothing recorded, offset kept.
+    let e3 = event("k3", "acct-1", Some(3), 300);
+    let gap = inbox.process(&mut client, &e3, &mut credit).await.unwrap();
+    assert_eq!(gap, Outcome::Gap { known: 1, got: 3 });
+    assert!(!gap.commit_offset());
+    assert_eq!(balance(&client, "acct-1").await, Some(10));
+    assert_eq!(keys(&client).await, 2);
+    // Once 2 arrives (repaired), 3 applies.
+    let e2 = event("k2", "acct-1", Some(2), 20);
+    assert_eq!(
+        inbox.process(&mut client, &e2, &mut credit).await.unwrap(),
+        Outcome::Applied(30)
+    );
+    assert_eq!(
+        inbox.process(&mut client, &e3, &mut credit).await.unwrap(),
+        Outcome::Applied(330)
+    );
+    // Version 2 again under a new key: stale.
+    assert_eq!(
+        inbox
+            .process(
+                &mut client,
+                &event("k2-late", "acct-1", Some(2), 5),
+                &mut credit
+            )
+            .await
+            .unwrap(),
+        Outcome::Stale { known: 3, got: 2 }
+    );
+    assert_eq!(balance(&client, "acct-1").await, Some(330));
+
+    // Aggregates are independent; the first version seen applies whatever it is.
+    assert_eq!(
+        inbox
+            .process(&mut client, &event("o7", "acct-2", Some(7), 1), &mut credit)
+            .await
+            .unwrap(),
+        Outcome::Applied(1)
+    );
+    // With GapPolicy::Apply (full-state events) a gap applies.
+    let lenient = Inbox::new("balances").on_gap(GapPolicy::Apply);
+    assert_eq!(
+        lenient
+            .process(&mut client, &event("o9", "acct-2", Some(9), 1), &mut credit)
+            .await
+            .unwrap(),
+        Outcome::Applied(2)
+    );
+    // Another consumer name has its own keys and versions.
+    let other = Inbox::new("audit");
+    assert_eq!(
+        other.process(&mut client, &e1, &mut credit).await.unwrap(),
+        Outcome::Applied(340)
+    );
+    // Unversioned events: the key alone decides.
+    let plain = event("p1", "acct-3", None, 5);
+    assert_eq!(
+        inbox
+            .process(&mut client, &plain, &mut credit)
+            .await
+            .unwrap(),
+        Outcome::Applied(5)
+    );
+    assert_eq!(
+        inbox
+            .process(&mut client, &plain, &mut credit)
+            .await
+            .unwrap(),
+        Outcome::Duplicate
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_change_records_nothing() {
+    let (_db, mut client) = setup("inbox_fail").await;
+    let inbox = Inbox::new("balances");
+    let e = event("k", "acct", Some(1), 10);
+    let err = inbox
+        .process(&mut client, &e, &mut Credit { fail: true })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, InboxError::Apply(_)), "{err}");
+    assert_eq!(balance(&client, "acct").await, None, "rolled back");
+    assert_eq!(keys(&client).await, 0);
+    // The retry applies it.
+    assert_eq!(
+        inbox
+            .process(&mut client, &e, &mut Credit { fail: false })
+            .await
+            .unwrap(),
+        Outcome::Applied(10)
+    );
+}
+
+/// Two consumers get the same events at once (a rebalance): each applies exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn racing_consumers_apply_each_event_once() {
+    let (db, _client) = setup("inbox_race").await;
+    let events: Vec<InboxEvent> = (1..=50)
+        .map(|v| event(&format!("k{v}"), "acct", Some(v), 1))
+        .collect();
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let mut client = db.client().await;
+        let events = events.clone();
+        tasks.push(tokio::spawn(async move {
+            let inbox = Inbox::new("balances");
+            let mut applied = 0;
+            for e in &events {
+                if let Outcome::Applied(_) = inbox
+                    .process(&mut client, e, &mut Credit { fail: false })
+                    .await
+                    .unwrap()
+                {
+                    applied += 1;
+                }
+            }
+            applied
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    let client = db.client().await;
+    assert_eq!(total, 50, "each event applied by one of the two");
+    assert_eq!(balance(&client, "acct").await, Some(50));
+    assert_eq!(keys(&client).await, 50);
+}
+
+fn record(headers: &[(&str, &str)], key: Option<&str>) -> OwnedMessage {
+    let mut h = OwnedHeaders::new();
+    for (k, v) in headers {
+        h = h.insert(Header {
+            key: k,
+            value: Some(v.as_bytes()),
+        });
+    }
+    OwnedMessage::new(
+        Some(b"{}".to_vec()),
+        key.map(|k| k.as_bytes().to_vec()),
+        "outbox.account".into(),
+        Timestamp::NotAvailable,
+        2,
+        41,
+        Some(h),
+    )
+}
+
+#[test]
+fn events_are_read_from_outboxd_headers() {
+    let inbox = Inbox::new("c");
+    let e = inbox
+        .event(&record(
+            &[
+                ("idempotency_key", "pay:7"),
+                ("version", "3"),
+                ("id", "e-1"),
+                ("event_type", "Credited"),
+                ("aggregate_type", "account"),
+            ],
+            Some("acct-1"),
+        ))
+        .unwrap();
+    assert_eq!(e.key, "pay:7");
+    assert_eq!(e.event_id, "e-1");
+    assert_eq!(e.version, Some(3));
+    assert_eq!(e.aggregate_type.as_deref(), Some("account"));
+    assert_eq!(e.aggregate_id.as_deref(), Some("acct-1"));
+    assert_eq!((e.partition, e.offset), (2, 41));
+    // No idempotency key: the event id is the key; no version: unversioned.
+    let e = inbox.event(&record(&[("id", "e-2")], Some("a"))).unwrap();
+    assert_eq!((e.key.as_str(), e.version), ("e-2", None));
+    // The last header of a name wins (outboxd's come after the row's).
+    let e = inbox
+        .event(&record(&[("id", "row's"), ("id", "outboxd's")], None))
+        .unwrap();
+    assert_eq!(e.event_id, "outboxd's");
+    for (headers, needle) in [
+        (vec![("version", "1")], "no id header"),
+        (
+            vec![("id", "e"), ("version", "three")],
+            "not a whole number",
+        ),
+    ] {
+        let err = inbox.event(&record(&headers, None)).unwrap_err();
+        assert!(err.to_string().contains(needle), "{err}");
+    }
+}
+
+/// Through Kafka (librdkafka's mock cluster): [`Inbox::handle`] applies each record once
+/// and commits the offset past it, so a consumer of the same group that starts later
+/// reads only what is left; a record redelivered anyway (a re-sent event) is skipped.
+#[tokio::test(flavor = "multi_thread")]
+async fn handle_commits_the_offset_after_the_database() {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    use std::time::Duration;
+
+    let (_db, mut client) = setup("inbox_kafka").await;
+    let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1).unwrap();
+    cluster.create_topic("outbox.account", 1, 1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let producer: ThreadedProducer<_> = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    // Versions 1, 2, 3 and a re-send of version 2 (same id), as outboxd does after a crash.
+    for (id, version, amount) in [("e1", 1, 10), ("e2", 2, 20), ("e3", 3, 30), ("e2", 2, 20)] {
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "version",
+                value: Some(version.to_string().as_bytes()),
+            })
+            .insert(Header {
+                key: "id",
+                value: Some(id.as_bytes()),
+            });
+        let amount = amount.to_string();
+        producer
+            .send(
+                BaseRecord::to("outbox.account")
+                    .key("acct")
+                    .payload(&amount)
+                    .headers(headers),
+            )
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+
+    let consumer = |group: &str| -> BaseConsumer {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .unwrap();
+        // Assigned, not subscribed: the group's committed offset without waiting for a
+        // rebalance to hand the partition over.
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        tpl.add_partition_offset("outbox.account", 0, rdkafka::Offset::Stored)
+            .unwrap();
+        c.assign(&tpl).unwrap();
+        c
+    };
+    let inbox = Inbox::new("balances");
+    let mut credit = Credit { fail: false };
+    let first = consumer("g");
+    let mut outcomes = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    // Read the first two records only, then "crash" (drop the consumer).
+    while outcomes.len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "{outcomes:?}");
+        let Some(m) = first.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let m = m.unwrap();
+        outcomes.push(
+            inbox
+                .handle(&mut client, &first, &m, &mut credit)
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(outcomes, [Outcome::Applied(10), Outcome::Applied(30)]);
+    // The async commit is sent by the consumer's background thread: wait for it.
+    let committed_past = |c: &BaseConsumer| -> Option<i64> {
+        let tpl = c.committed(Duration::from_secs(5)).ok()?;
+        tpl.elements().first().and_then(|e| e.offset().to_raw())
+    };
+    while committed_past(&first) != Some(2) {
+        assert!(std::time::Instant::now() < deadline, "offset not committed");
+        first.poll(Duration::from_millis(100));
+    }
+    drop(first);
+
+    // The group resumes after the committed offset: e3, then the re-sent e2 (skipped).
+    let second = consumer("g");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut offsets = Vec::new();
+    while outcomes.len() < 4 {
+        assert!(std::time::Instant::now() < deadline, "{outcomes:?}");
+        let Some(m) = second.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let m = m.unwrap();
+        offsets.push(m.offset());
+        outcomes.push(
+            inbox
+                .handle(&mut client, &second, &m, &mut credit)
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(offsets, [2, 3]);
+    assert_eq!(outcomes[2..], [Outcome::Applied(60), Outcome::Duplicate]);
+    assert_eq!(balance(&client, "acct").await, Some(60));
+}
