@@ -14,6 +14,9 @@ use crate::binaries::{find_bindir, PgBinaries};
 pub enum PgTestError {
     #[error("PostgreSQL server binaries not found (PG_BINDIR, pg_config --bindir, /usr/lib/postgresql/*/bin): install them with `apt-get install -y postgresql` or set PG_BINDIR")]
     NoBinaries,
+    /// The version the run asked for is not installed.
+    #[error("{0}")]
+    Requested(String),
     #[error("{what} failed: {detail}")]
     Command { what: String, detail: String },
     #[error("io error during {what}: {source}")]
@@ -62,6 +65,8 @@ pub struct PgCluster {
     dir: TempDir,
     data_dir: PathBuf,
     port: u16,
+    /// The server's major version (14, 15, …), from `postgres --version`.
+    major: u32,
     /// `Some(user)` when we are root and the server runs as that user (initdb refuses root).
     run_as: Option<String>,
 }
@@ -81,6 +86,7 @@ impl PgCluster {
     /// A dedicated cluster, e.g. for custom pg_hba.conf, TLS or restart tests.
     pub fn start(opts: ClusterOptions) -> Result<PgCluster, PgTestError> {
         let bins = find_bindir()?;
+        let major = server_major(&bins)?;
         let dir = tempfile::Builder::new()
             .prefix("outboxd-pg-")
             .tempdir()
@@ -95,6 +101,7 @@ impl PgCluster {
             dir,
             data_dir,
             port: 0,
+            major,
             run_as,
         };
         cluster.run(
@@ -150,6 +157,17 @@ impl PgCluster {
 
     pub fn bindir(&self) -> &Path {
         &self.bins.bindir
+    }
+
+    /// A PostgreSQL program (`pg_recvlogical`, `psql`, …): the server's own, or the
+    /// system's client tool when the server's bin directory has none.
+    pub fn tool(&self, name: &str) -> PathBuf {
+        self.bins.tool(name)
+    }
+
+    /// The server's major version, e.g. 17: tests of version-specific features gate on it.
+    pub fn major_version(&self) -> u32 {
+        self.major
     }
 
     /// `host=… port=… user=postgres dbname=…` for tokio-postgres / libpq.
@@ -336,6 +354,23 @@ impl Drop for PgCluster {
     fn drop(&mut self) {
         let _ = self.pg_ctl(&["stop", "-w", "-t", "30", "-m", "immediate"]);
     }
+}
+
+/// `postgres (PostgreSQL) 17.10` → 17.
+fn server_major(bins: &PgBinaries) -> Result<u32, PgTestError> {
+    let out = Command::new(bins.tool("postgres"))
+        .arg("--version")
+        .output()
+        .map_err(io("running postgres --version"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .nth(2)
+        .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|m| m.parse().ok())
+        .ok_or_else(|| PgTestError::Command {
+            what: format!("{} --version", bins.tool("postgres").display()),
+            detail: format!("unexpected output {text:?}"),
+        })
 }
 
 fn path_str(p: &Path) -> &str {
