@@ -54,14 +54,28 @@ async fn init_inner(s: &Settings) -> anyhow::Result<()> {
         .await?;
         println!("ok  publication {} (created)", s.publication);
     }
+    let mut conn = ReplicationConnection::connect(&pg).await?;
+    let failover = wiring::failover_slot(s).wanted(conn.supports_failover_slots().await?)?;
     if preflight::slot_state(&sql, &s.slot).await?.is_some() {
-        println!("ok  slot {} (exists)", s.slot);
+        let switch = failover
+            && !preflight::slot_failover(&sql, &s.slot)
+                .await?
+                .is_some_and(|f| f.failover);
+        if switch {
+            conn.set_slot_failover(&s.slot, true).await?;
+            println!("ok  slot {} (exists; switched to a failover slot)", s.slot);
+        } else {
+            println!("ok  slot {} (exists)", s.slot);
+        }
     } else {
-        let mut conn = ReplicationConnection::connect(&pg).await?;
-        let created = conn.create_logical_slot(&s.slot, false).await?;
+        let created = conn
+            .create_logical_slot_with(&s.slot, false, failover)
+            .await?;
         println!(
-            "ok  slot {} (created at {}; events committed from here on are relayed)",
-            s.slot, created.consistent_point
+            "ok  slot {} (created at {}{}; events committed from here on are relayed)",
+            s.slot,
+            created.consistent_point,
+            if failover { ", failover" } else { "" }
         );
     }
     Ok(())

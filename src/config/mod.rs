@@ -88,6 +88,14 @@ pub enum BadRowPolicy {
     Stop,
 }
 
+/// OUTBOXD_FAILOVER_SLOT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailoverSlot {
+    Auto,
+    On,
+    Off,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
@@ -101,6 +109,7 @@ pub struct Settings {
     pub slot: String,
     pub publication: String,
     pub create_slot: bool,
+    pub failover_slot: FailoverSlot,
     pub table_schema: String,
     pub table_name: String,
     pub column_id: String,
@@ -292,6 +301,21 @@ pub fn from_vars(vars: &BTreeMap<String, String>) -> Result<Settings, ConfigErro
         }
     }
     let (table_schema, table_name) = table(&env)?;
+    let failover_slot = {
+        let v = env.required("OUTBOXD_FAILOVER_SLOT", "auto, true or false")?;
+        match v.to_ascii_lowercase().as_str() {
+            "auto" => FailoverSlot::Auto,
+            "true" | "1" | "yes" | "on" => FailoverSlot::On,
+            "false" | "0" | "no" | "off" => FailoverSlot::Off,
+            _ => {
+                return Err(ConfigError::new(
+                    "OUTBOXD_FAILOVER_SLOT",
+                    &v,
+                    "auto, true or false",
+                ))
+            }
+        }
+    };
     let bad_row_policy = match env.required("OUTBOXD_BAD_ROW_POLICY", "a policy")?.as_str() {
         "dead-letter" => BadRowPolicy::DeadLetter,
         "stop" => BadRowPolicy::Stop,
@@ -351,6 +375,7 @@ pub fn from_vars(vars: &BTreeMap<String, String>) -> Result<Settings, ConfigErro
         slot: slot_name(&env)?,
         publication: env.identifier("OUTBOXD_PUBLICATION")?,
         create_slot: env.boolean("OUTBOXD_CREATE_SLOT")?,
+        failover_slot,
         table_schema,
         table_name,
         column_id: env.identifier("OUTBOXD_COLUMN_ID")?,

@@ -50,6 +50,8 @@ pub enum RelayError {
         progress_topic: String,
         reason: String,
     },
+    #[error("OUTBOXD_FAILOVER_SLOT=true, but this server has no failover slots (PostgreSQL 17 or later); set OUTBOXD_FAILOVER_SLOT=auto or false")]
+    FailoverUnsupported,
     #[error(transparent)]
     Shape(#[from] ShapeError),
     #[error("bad outbox row{}: {error}; OUTBOXD_BAD_ROW_POLICY=stop, so outboxd stopped without acknowledging it. Fix or delete the row's transaction effect and restart, or set OUTBOXD_BAD_ROW_POLICY=dead-letter", .error.event_id().map(|id| format!(" id={}", outbox_core::short_id(id))).unwrap_or_default())]
@@ -95,6 +97,7 @@ impl RelayError {
             | E::PublicationDropped { .. }
             | E::TableNotPublished { .. }
             | E::SlotLost { .. }
+            | E::FailoverUnsupported
             | E::Shape(_)
             | E::BadRow { .. }
             | E::DeadLetterTooLarge { .. }

@@ -18,7 +18,7 @@ pub use backoff::Backoff;
 pub use error::{ErrorClass, RelayError};
 pub use observe::Observer;
 pub use session::SessionEnd;
-pub use slot::{judge_publication, SlotStart, SlotStats};
+pub use slot::{judge_publication, FailoverSlot, SlotStart, SlotStats};
 
 use crate::kafka::{
     build_producer, ProducerSettings, ProgressError, ProgressRecord, ProgressStore, SlotIdentity,
@@ -38,6 +38,8 @@ pub struct RelayConfig {
     pub slot: String,
     pub publication: String,
     pub create_slot: bool,
+    /// Whether the slot is (made) a failover slot.
+    pub failover_slot: FailoverSlot,
     pub table: TableSpec,
     /// false: only emitted logical messages are relayed, and the table need not be
     /// published. An explicit choice, never inferred from the publication.
@@ -97,7 +99,7 @@ async fn create_slot_if_new(
         .write_and_wait(identity, &ProgressRecord::now(timeline, position))
         .await
         .map_err(unknown)?;
-    slot::create(&cfg.pg, &cfg.slot).await
+    slot::create(&cfg.pg, &cfg.slot, cfg.failover_slot).await
 }
 
 /// Runs until `shutdown` turns true (Ok) or a permanent error (Err).
@@ -178,7 +180,10 @@ async fn run_session(
     )
     .await?;
     let start = match prepared {
-        Some(start) => start,
+        Some(start) => {
+            slot::ensure_failover(&sql, &mut conn, &cfg.slot, cfg.failover_slot).await?;
+            start
+        }
         None => {
             create_slot_if_new(cfg, progress, &identity, system.timeline, system.xlog_pos).await?
         }
