@@ -8,7 +8,7 @@ use pgrepl::{preflight, ReplicationConnection};
 use tokio_postgres::Client;
 
 use super::{EXIT_CHECK_FAILED, EXIT_OK};
-use crate::config::Settings;
+use crate::config::{FailoverSlot, Settings};
 use crate::wiring;
 
 struct Report {
@@ -120,6 +120,78 @@ async fn check_postgres(r: &mut Report, s: &Settings, sql: &Client) {
         Ok(None) if s.create_slot => r.ok("slot", format!("{} does not exist yet; `outboxd run` will create it (OUTBOXD_CREATE_SLOT=true)", s.slot)),
         Ok(None) => r.fail("slot", format!("{} does not exist: run `outboxd init`", s.slot)),
         Err(e) => r.fail("slot", e),
+    }
+    check_failover(r, s, sql).await;
+}
+
+/// PG17+: whether the slot would survive a promotion. Missing pieces that only matter
+/// once someone runs a standby are warnings; a setting that makes logical decoding wait
+/// for a slot that cannot confirm is a failure.
+async fn check_failover(r: &mut Report, s: &Settings, sql: &Client) {
+    let what = "failover slot";
+    let version = match preflight::server_version_num(sql).await {
+        Ok(v) => v,
+        Err(e) => return r.fail(what, e),
+    };
+    let mode = s.failover_slot;
+    if version < pgrepl::FAILOVER_SLOTS_VERSION {
+        if mode == FailoverSlot::On {
+            r.fail(what, "OUTBOXD_FAILOVER_SLOT=true, but failover slots need PostgreSQL 17 or later; set OUTBOXD_FAILOVER_SLOT=auto or false");
+        } else {
+            r.ok(what, "not available before PostgreSQL 17: the slot does not survive a failover (see the README's failover runbook)");
+        }
+        return;
+    }
+    match preflight::slot_failover(sql, &s.slot).await {
+        Ok(Some(f)) if f.failover => r.ok(what, format!("{} has failover = true", s.slot)),
+        Ok(Some(_)) if mode == FailoverSlot::Off => r.warn(
+            what,
+            format!(
+                "{} has failover = false (OUTBOXD_FAILOVER_SLOT=false): a standby's promotion loses it",
+                s.slot
+            ),
+        ),
+        Ok(Some(_)) => r.warn(
+            what,
+            format!(
+                "{} has failover = false; `outboxd init` or the next `outboxd run` switches it on (ALTER_REPLICATION_SLOT {} (FAILOVER true))",
+                s.slot, s.slot
+            ),
+        ),
+        Ok(None) if mode == FailoverSlot::Off => r.ok(what, "OUTBOXD_FAILOVER_SLOT=false: the slot will be created without failover"),
+        Ok(None) => r.ok(what, format!("{} will be created with failover = true", s.slot)),
+        Err(e) => r.fail(what, e),
+    }
+    let what = "synchronized_standby_slots";
+    let names = match preflight::synchronized_standby_slots(sql).await {
+        Ok(n) => n,
+        Err(e) => return r.fail(what, e),
+    };
+    if names.is_empty() {
+        return r.warn(
+            what,
+            "is empty: outboxd may publish changes a standby has not received, so after a promotion Kafka can hold events the new primary lacks. On the primary: ALTER SYSTEM SET synchronized_standby_slots = '<standby physical slot>'; SELECT pg_reload_conf()",
+        );
+    }
+    match preflight::standby_slots(sql, &names).await {
+        Ok(slots) => {
+            let mut problems = Vec::new();
+            for st in &slots {
+                match (st.slot_type.as_deref(), &st.invalidation_reason) {
+                    (None, _) => problems.push(format!("{} does not exist (logical decoding of failover slots waits for it): create it with pg_create_physical_replication_slot('{}') and set it as the standby's primary_slot_name, or remove it from the list", st.name, st.name)),
+                    (Some("physical"), Some(reason)) => problems.push(format!("{} is invalidated ({reason})", st.name)),
+                    (Some("physical"), None) if !st.active => problems.push(format!("{} is not in use by a standby (decoding waits until it connects)", st.name)),
+                    (Some("physical"), None) => {}
+                    (Some(other), _) => problems.push(format!("{} is a {other} slot; list the standbys' physical slots", st.name)),
+                }
+            }
+            if problems.is_empty() {
+                r.ok(what, names.join(", "));
+            } else {
+                r.fail(what, problems.join("; "));
+            }
+        }
+        Err(e) => r.fail(what, e),
     }
 }
 
