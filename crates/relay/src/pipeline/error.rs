@@ -50,6 +50,8 @@ pub enum RelayError {
         progress_topic: String,
         reason: String,
     },
+    #[error("connected to another cluster: system identifier {found}, but this process streamed from {expected} until now (a wrong host behind the address, or a restored backup); its slot and LSNs are not ours, so outboxd stopped. Point PGHOST at the right cluster and restart")]
+    OtherCluster { expected: String, found: String },
     #[error("OUTBOXD_FAILOVER_SLOT=true, but this server has no failover slots (PostgreSQL 17 or later); set OUTBOXD_FAILOVER_SLOT=auto or false")]
     FailoverUnsupported,
     #[error(transparent)]
@@ -98,6 +100,7 @@ impl RelayError {
             | E::TableNotPublished { .. }
             | E::SlotLost { .. }
             | E::FailoverUnsupported
+            | E::OtherCluster { .. }
             | E::Shape(_)
             | E::BadRow { .. }
             | E::DeadLetterTooLarge { .. }

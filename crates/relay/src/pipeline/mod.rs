@@ -102,6 +102,41 @@ async fn create_slot_if_new(
     slot::create(&cfg.pg, &cfg.slot, cfg.failover_slot).await
 }
 
+/// The cluster this process streams from, as the first connection found it.
+#[derive(Debug, Clone)]
+struct SeenSystem {
+    system_id: String,
+    timeline: u32,
+}
+
+/// Refuses a connection to another cluster (a different system identifier: a restored
+/// backup or a wrong host, whose LSNs mean nothing for our slot), and returns the earlier
+/// timeline when it changed (a promotion keeps the identifier and starts a new timeline).
+fn check_system(
+    seen: &mut Option<SeenSystem>,
+    now: &pgrepl::SystemInfo,
+) -> Result<Option<u32>, RelayError> {
+    match seen {
+        None => {
+            *seen = Some(SeenSystem {
+                system_id: now.system_id.clone(),
+                timeline: now.timeline,
+            });
+            Ok(None)
+        }
+        Some(s) if s.system_id != now.system_id => Err(RelayError::OtherCluster {
+            expected: s.system_id.clone(),
+            found: now.system_id.clone(),
+        }),
+        Some(s) if s.timeline != now.timeline => {
+            let previous = s.timeline;
+            s.timeline = now.timeline;
+            Ok(Some(previous))
+        }
+        Some(_) => Ok(None),
+    }
+}
+
 /// Runs until `shutdown` turns true (Ok) or a permanent error (Err).
 pub async fn run(
     cfg: &RelayConfig,
@@ -114,6 +149,7 @@ pub async fn run(
         None => None,
     };
     let mut seen_slot = false;
+    let mut seen_system = None;
     loop {
         let mut progressed = false;
         let result = run_session(
@@ -122,6 +158,7 @@ pub async fn run(
             progress.as_ref(),
             &mut shutdown,
             &mut seen_slot,
+            &mut seen_system,
             &mut progressed,
         )
         .await;
@@ -159,11 +196,13 @@ async fn run_session(
     progress: Option<&ProgressStore>,
     shutdown: &mut watch::Receiver<bool>,
     seen_slot: &mut bool,
+    seen_system: &mut Option<SeenSystem>,
     progressed: &mut bool,
 ) -> Result<SessionEnd, RelayError> {
     let sql = cfg.pg.connect_sql().await?;
     let mut conn = ReplicationConnection::connect(&cfg.pg).await?;
     let system = conn.identify_system().await?;
+    let previous_timeline = check_system(seen_system, &system)?;
     let identity = SlotIdentity {
         system_id: system.system_id.clone(),
         database: cfg.pg.dbname.clone(),
@@ -211,6 +250,15 @@ async fn run_session(
         .await?
         .unwrap_or(start.confirmed_flush);
     stream.flush_handle().advance(confirmed_flush);
+    if let Some(previous) = previous_timeline {
+        tracing::warn!(
+            slot = %cfg.slot,
+            previous_timeline = previous,
+            timeline = system.timeline,
+            resumed_from = %confirmed_flush,
+            "the server's timeline changed: a standby was promoted (failover); streaming from the slot's confirmed position on the new primary"
+        );
+    }
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let producer = build_producer(&cfg.producer, tx)?;
     obs.connected(true, true);
@@ -241,4 +289,32 @@ async fn run_session(
     }
     session.abandon();
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(system_id: &str, timeline: u32) -> pgrepl::SystemInfo {
+        pgrepl::SystemInfo {
+            system_id: system_id.into(),
+            timeline,
+            xlog_pos: pgoutput::Lsn::ZERO,
+            dbname: None,
+        }
+    }
+
+    #[test]
+    fn another_cluster_is_refused_and_a_new_timeline_reported_once() {
+        let mut seen = None;
+        assert_eq!(check_system(&mut seen, &info("7", 1)).ok(), Some(None));
+        assert_eq!(check_system(&mut seen, &info("7", 1)).ok(), Some(None));
+        assert_eq!(check_system(&mut seen, &info("7", 2)).ok(), Some(Some(1)));
+        assert_eq!(check_system(&mut seen, &info("7", 2)).ok(), Some(None));
+        let err = check_system(&mut seen, &info("8", 2)).err();
+        assert!(
+            matches!(&err, Some(e @ RelayError::OtherCluster { .. }) if e.exit_code() == 3 && e.class() == ErrorClass::Permanent),
+            "{err:?}"
+        );
+    }
 }
