@@ -4,6 +4,7 @@
 //! same bytes, with each protocol version the server accepts (4 with streaming =
 //! parallel on 16+). A message type a new version adds fails here by name.
 //! Set OUTBOXD_CAPTURE_FIXTURES=<dir> to also write the captures as fixture files.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
 use std::process::Command;

@@ -196,7 +196,7 @@ impl Draft<'_> {
     fn largest_shrinkable(&self) -> Option<Shrink> {
         let mut best: Option<(usize, bool, Shrink)> = None;
         let mut consider = |size: usize, favoured: bool, step: Shrink| {
-            if best.map_or(true, |(s, f, _)| (size, favoured) > (s, f)) {
+            if best.is_none_or(|(s, f, _)| (size, favoured) > (s, f)) {
                 best = Some((size, favoured, step));
             }
         };

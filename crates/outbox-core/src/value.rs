@@ -158,7 +158,7 @@ pub(crate) fn decode_bytea_text(text: &[u8]) -> Result<Vec<u8>, String> {
 }
 
 fn decode_hex(hex: &[u8]) -> Result<Vec<u8>, String> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return Err(format!(
             "bytea hex text has an odd number of digits ({})",
             hex.len()

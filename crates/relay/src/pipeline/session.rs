@@ -99,6 +99,8 @@ struct ProgressWriter {
 }
 
 impl<'a> Session<'a> {
+    // One call site hands over a session's parts; a struct for them would only rename them.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         cfg: &'a RelayConfig,
         obs: &'a Observer,
