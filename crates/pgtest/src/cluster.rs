@@ -209,6 +209,88 @@ impl PgCluster {
         self.pg_ctl(&["start", "-w", "-t", "60"])
     }
 
+    /// Promotes a standby to primary and waits until it accepts writes.
+    pub fn promote(&self) -> Result<(), PgTestError> {
+        self.pg_ctl(&["promote", "-w", "-t", "60"])
+    }
+
+    /// A streaming standby of this cluster, made as a cold copy of its data directory
+    /// (the server binaries we may run have no pg_basebackup): the primary is stopped
+    /// (fast), copied and started again. The standby streams over `primary_slot_name`
+    /// (a physical slot the caller created on the primary before), with `dbname` in
+    /// `primary_conninfo` and `hot_standby_feedback` on, which PG17 slot sync needs;
+    /// `opts.conf` adds settings (e.g. `sync_replication_slots = on`).
+    pub fn start_standby(
+        &self,
+        primary_slot_name: &str,
+        opts: ClusterOptions,
+    ) -> Result<PgCluster, PgTestError> {
+        let dir = tempfile::Builder::new()
+            .prefix("outboxd-pg-standby-")
+            .tempdir()
+            .map_err(io("creating the standby directory"))?;
+        if let Some(user) = &self.run_as {
+            chown_to(dir.path(), user)?;
+        }
+        let data_dir = dir.path().join("data");
+        self.stop(StopMode::Fast)?;
+        let copied = self.run(
+            "cp",
+            &["-a", path_str(&self.data_dir), path_str(&data_dir)],
+        );
+        self.start_again()?;
+        copied?;
+        // The primary's slots are not the standby's: a copied logical slot of the same
+        // name would block slot sync ("already exists"), and a copied physical slot
+        // would hold WAL on the standby for nobody.
+        for entry in std::fs::read_dir(data_dir.join("pg_replslot"))
+            .map_err(io("listing the copied slots"))?
+            .flatten()
+        {
+            std::fs::remove_dir_all(entry.path()).map_err(io("removing a copied slot"))?;
+        }
+        let _ = std::fs::remove_file(data_dir.join("postmaster.pid"));
+        let mut standby = PgCluster {
+            bins: self.bins.clone(),
+            dir,
+            data_dir,
+            port: 0,
+            major: self.major,
+            run_as: self.run_as.clone(),
+        };
+        let sock = path_str(standby.dir.path()).to_owned();
+        let mut conf = format!(
+            "\n# outboxd test standby\nunix_socket_directories = '{sock}'\nhot_standby = on\n\
+             hot_standby_feedback = on\nprimary_slot_name = '{primary_slot_name}'\n\
+             primary_conninfo = 'host={} port={} user={SUPERUSER} dbname=postgres application_name=standby'\n",
+            self.host(),
+            self.port
+        );
+        for line in &opts.conf {
+            conf.push_str(line);
+            conf.push('\n');
+        }
+        append(&standby.data_dir.join("postgresql.conf"), &conf)?;
+        let signal = standby.data_dir.join("standby.signal");
+        std::fs::write(&signal, "").map_err(io("writing standby.signal"))?;
+        if let Some(user) = &standby.run_as {
+            chown_to(&signal, user)?;
+        }
+        let mut last_err = None;
+        for _ in 0..5 {
+            standby.port = free_port()?;
+            standby.write_port()?;
+            match standby.pg_ctl(&["start", "-w", "-t", "60"]) {
+                Ok(()) => {
+                    standby.spawn_watchdog()?;
+                    return Ok(standby);
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or(PgTestError::NoBinaries))
+    }
+
     /// Runs one SQL string with psql as the superuser; returns unaligned tuples-only output.
     pub fn psql(&self, db: &str, sql: &str) -> Result<String, PgTestError> {
         let out = Command::new(self.bins.tool("psql"))

@@ -1,0 +1,213 @@
+//! A primary failover with a PG17+ failover slot is a non-event: a standby with slot sync,
+//! the primary killed (immediate stop) while events are inserted, the standby promoted
+//! and the address (a forwarder standing in for a VIP) moved to it. Ground truth is the
+//! new primary's outbox: every row in it reaches Kafka, in order per aggregate, and no
+//! record reaches Kafka whose row the new primary lacks (synchronized_standby_slots holds
+//! decoding back until the standby has the WAL). outboxd follows by itself.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use pgtest::{ClusterOptions, PgCluster, StopMode};
+use rand::Rng;
+use support::broker::Broker;
+use support::consume::check_delivery;
+use support::ops::{self, read_all_blocking, wait_active_pid, wait_for, LoadGen, LoadShape};
+use support::proxy::Proxy;
+use support::relay::{run_to_end, Relay};
+use support::schema::{self, Outbox};
+use tokio_postgres::Client;
+
+const STANDBY_SLOT: &str = "sb1";
+
+async fn synced_on_standby(standby: &Client, slot: &str) -> bool {
+    standby
+        .query_opt(
+            "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 \
+             AND synced AND NOT temporary AND invalidation_reason IS NULL",
+            &[&slot],
+        )
+        .await
+        .ok()
+        .flatten()
+        .is_some()
+}
+
+async fn outbox_ids(client: &Client) -> HashSet<String> {
+    client
+        .query("SELECT id::text FROM public.outbox", &[])
+        .await
+        .expect("read the outbox")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// false: this server version has no failover slots.
+async fn failover_once(round: usize) -> bool {
+    let primary = PgCluster::start(ClusterOptions {
+        conf: vec!["wal_sender_timeout = 10s".into()],
+        ..ClusterOptions::default()
+    })
+    .expect("primary");
+    if primary.major_version() < 17 {
+        return false;
+    }
+    let db = primary.fresh_database("failover").await;
+    let client = db.client().await;
+    client
+        .batch_execute(&format!(
+            "{}; CREATE PUBLICATION \"{}\" FOR TABLE public.outbox WITH (publish = 'insert'); \
+             SELECT pg_create_physical_replication_slot('{STANDBY_SLOT}')",
+            schema::OUTBOX_DDL,
+            db.publication
+        ))
+        .await
+        .expect("schema");
+    drop(client);
+    let standby = primary
+        .start_standby(
+            STANDBY_SLOT,
+            ClusterOptions {
+                conf: vec!["sync_replication_slots = on".into()],
+                ..ClusterOptions::default()
+            },
+        )
+        .expect("standby");
+    let client = db.client().await;
+    client
+        .batch_execute(&format!(
+            "ALTER SYSTEM SET synchronized_standby_slots = '{STANDBY_SLOT}'; SELECT pg_reload_conf()"
+        ))
+        .await
+        .expect("synchronized_standby_slots");
+    let outbox = Outbox {
+        table: "public.outbox".into(),
+        publication: db.publication.clone(),
+        slot: db.slot.clone(),
+        topic_prefix: db.name.replace('_', "-"),
+    };
+
+    // The relay and the load both reach "the primary" through an address that moves.
+    let relay_vip = Proxy::start(primary.port());
+    let load_vip = Proxy::start(primary.port());
+    let broker = Broker::mock();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let port = relay_vip.port().to_string();
+    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[("PGPORT", &port)]);
+    let (code, out) = run_to_end(&env, &["init"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = run_to_end(&env, &["check"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("ok    synchronized_standby_slots")),
+        "{out}"
+    );
+    let mut relay = Relay::start(env, &["run"]);
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_for(
+        "outboxd_slot_failover_ready = 1",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { (relay.metric("outboxd_slot_failover_ready") == Some(1.0)).then_some(()) },
+    )
+    .await;
+
+    let load_conn = format!(
+        "host=127.0.0.1 port={} user=postgres dbname={} connect_timeout=2",
+        load_vip.port(),
+        db.name
+    );
+    let load = LoadGen::spawn(
+        load_conn,
+        outbox.table.clone(),
+        LoadShape {
+            max_txn: 5,
+            aggregates: 20,
+            pause: Duration::from_millis(5),
+            ..LoadShape::default()
+        },
+    );
+    let standby_client = ops::connect(&standby.conn_string(&db.name)).await;
+    wait_for(
+        "the slot to be synced and persisted on the standby",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { synced_on_standby(&standby_client, &outbox.slot).await.then_some(()) },
+    )
+    .await;
+    let kill_after = rand::thread_rng().gen_range(200..2500);
+    load.wait_committed(kill_after, Duration::from_secs(60))
+        .await;
+    eprintln!("round {round}: killing the primary after {} events", load.committed());
+    primary.stop(StopMode::Immediate).expect("stop the primary");
+    standby.promote().expect("promote");
+    let promoted = Instant::now();
+    relay_vip.set_upstream(standby.port());
+    load_vip.set_upstream(standby.port());
+    relay_vip.close_all();
+    load_vip.close_all();
+
+    // outboxd streams from the new primary by itself, soon.
+    let new_primary = ops::connect(&standby.conn_string(&db.name)).await;
+    wait_active_pid(&new_primary, &outbox.slot, Duration::from_secs(10)).await;
+    let followed = promoted.elapsed();
+    load.wait_committed(load.committed() + 200, Duration::from_secs(60))
+        .await;
+    let committed = load.stop().await;
+
+    let truth = outbox_ids(&new_primary).await;
+    let expected: Vec<_> = committed
+        .into_iter()
+        .filter(|e| truth.contains(&e.id))
+        .collect();
+    assert_eq!(
+        expected.len(),
+        truth.len(),
+        "every row of the new primary was inserted by the load"
+    );
+    let received = read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &expected,
+        Duration::from_secs(60),
+    );
+    let report = check_delivery(&expected, &received);
+    let foreign: Vec<&str> = received
+        .iter()
+        .filter_map(|r| r.header("id"))
+        .filter(|id| !truth.contains(*id))
+        .collect();
+    assert!(
+        foreign.is_empty(),
+        "{} records reached Kafka whose rows the new primary lacks (first {:?})",
+        foreign.len(),
+        foreign.first()
+    );
+    assert!(relay.is_running(), "outboxd exited: {}", relay.log_text());
+    eprintln!(
+        "round {round}: {} rows on the new primary, {} duplicates, streaming again {followed:?} after the promotion",
+        truth.len(),
+        report.duplicates
+    );
+    relay.kill();
+    true
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn primary_killed_and_standby_promoted_loses_nothing() {
+    let rounds: usize = std::env::var("OUTBOXD_TEST_FAILOVER_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for round in 0..rounds {
+        if !failover_once(round).await {
+            eprintln!("skipped: failover slots need PostgreSQL 17");
+            return;
+        }
+    }
+}
