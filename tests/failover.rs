@@ -78,12 +78,31 @@ async fn failover_once(round: usize) -> bool {
         )
         .expect("standby");
     let client = db.client().await;
-    client
-        .batch_execute(&format!(
-            "ALTER SYSTEM SET synchronized_standby_slots = '{STANDBY_SLOT}'; SELECT pg_reload_conf()"
-        ))
-        .await
-        .expect("synchronized_standby_slots");
+    wait_for(
+        "the standby to stream from its slot",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            client
+                .query_opt(
+                    "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+                    &[&STANDBY_SLOT],
+                )
+                .await
+                .ok()
+                .flatten()
+        },
+    )
+    .await;
+    for sql in [
+        format!("ALTER SYSTEM SET synchronized_standby_slots = '{STANDBY_SLOT}'"),
+        "SELECT pg_reload_conf()".to_owned(),
+    ] {
+        client
+            .batch_execute(&sql)
+            .await
+            .expect("synchronized_standby_slots");
+    }
     let outbox = Outbox {
         table: "public.outbox".into(),
         publication: db.publication.clone(),

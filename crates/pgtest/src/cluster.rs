@@ -233,6 +233,11 @@ impl PgCluster {
             chown_to(dir.path(), user)?;
         }
         let data_dir = dir.path().join("data");
+        // The default lines say `all`, which does not cover physical replication.
+        append(
+            &self.data_dir.join("pg_hba.conf"),
+            "host replication all 127.0.0.1/32 trust\n",
+        )?;
         self.stop(StopMode::Fast)?;
         let copied = self.run(
             "cp",
