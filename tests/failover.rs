@@ -156,13 +156,20 @@ async fn failover_once(round: usize) -> bool {
         "the slot to be synced and persisted on the standby",
         Duration::from_secs(60),
         Duration::from_millis(200),
-        || async { synced_on_standby(&standby_client, &outbox.slot).await.then_some(()) },
+        || async {
+            synced_on_standby(&standby_client, &outbox.slot)
+                .await
+                .then_some(())
+        },
     )
     .await;
     let kill_after = rand::thread_rng().gen_range(200..2500);
     load.wait_committed(kill_after, Duration::from_secs(60))
         .await;
-    eprintln!("round {round}: killing the primary after {} events", load.committed());
+    eprintln!(
+        "round {round}: killing the primary after {} events",
+        load.committed()
+    );
     primary.stop(StopMode::Immediate).expect("stop the primary");
     standby.promote().expect("promote");
     let promoted = Instant::now();

@@ -99,7 +99,7 @@ async fn false_creates_a_plain_slot_and_true_is_refused_before_17() {
             &[("OUTBOXD_FAILOVER_SLOT", "true")],
         );
         let (code, out) = run_to_end(&env, &["init"]);
-        assert_ne!(code, 0, "{out}");
+        assert_eq!(code, 3, "{out}");
         assert!(
             slot_row(&client, &outbox.slot).await.is_none(),
             "no slot is created when its failover flag cannot be honoured: {out}"

@@ -12,6 +12,9 @@ pub async fn init(s: &Settings) -> i32 {
         Ok(()) => EXIT_OK,
         Err(e) => {
             eprintln!("outboxd init failed: {e:#}");
+            if let Some(relay) = e.downcast_ref::<outboxd_relay::pipeline::RelayError>() {
+                return relay.exit_code();
+            }
             if format!("{e:#}").contains("permission denied") {
                 3
             } else {

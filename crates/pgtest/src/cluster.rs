@@ -239,10 +239,7 @@ impl PgCluster {
             "host replication all 127.0.0.1/32 trust\n",
         )?;
         self.stop(StopMode::Fast)?;
-        let copied = self.run(
-            "cp",
-            &["-a", path_str(&self.data_dir), path_str(&data_dir)],
-        );
+        let copied = self.run("cp", &["-a", path_str(&self.data_dir), path_str(&data_dir)]);
         self.start_again()?;
         copied?;
         // The primary's slots are not the standby's: a copied logical slot of the same
