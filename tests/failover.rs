@@ -237,3 +237,60 @@ async fn primary_killed_and_standby_promoted_loses_nothing() {
         }
     }
 }
+
+/// Without slot sync (PG ≤16, or a standby that never synced or persisted the slot) the
+/// promoted standby has no slot: outboxd stops with exit 3 and does not create one, which
+/// would silently skip what was committed since its last confirmed position.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slot_the_standby_lacks_stops_the_relay_after_promotion() {
+    let primary = PgCluster::start(ClusterOptions::default()).expect("primary");
+    let db = primary.fresh_database("failover_lost").await;
+    let client = db.client().await;
+    client
+        .batch_execute(&format!(
+            "{}; CREATE PUBLICATION \"{}\" FOR TABLE public.outbox WITH (publish = 'insert'); \
+             SELECT pg_create_physical_replication_slot('{STANDBY_SLOT}')",
+            schema::OUTBOX_DDL,
+            db.publication
+        ))
+        .await
+        .expect("schema");
+    drop(client);
+    let standby = primary
+        .start_standby(STANDBY_SLOT, ClusterOptions::default())
+        .expect("standby");
+    let client = db.client().await;
+    let outbox = Outbox {
+        table: "public.outbox".into(),
+        publication: db.publication.clone(),
+        slot: db.slot.clone(),
+        topic_prefix: db.name.replace('_', "-"),
+    };
+    let vip = Proxy::start(primary.port());
+    let broker = Broker::mock();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let port = vip.port().to_string();
+    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[("PGPORT", &port)]);
+    let mut relay = Relay::start(env, &["run"]);
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let events = support::load::insert_events(&client, &outbox.table, 50, 5, 5).await;
+    let received = read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &events,
+        Duration::from_secs(60),
+    );
+    check_delivery(&events, &received);
+
+    primary.stop(StopMode::Immediate).expect("stop the primary");
+    standby.promote().expect("promote");
+    vip.set_upstream(standby.port());
+    vip.close_all();
+    let status = relay.wait_exit(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(3), "{}", relay.log_text());
+    let new_primary = ops::connect(&standby.conn_string(&db.name)).await;
+    assert!(
+        ops::slot_row(&new_primary, &outbox.slot).await.is_none(),
+        "the slot must not be recreated on the new primary"
+    );
+}
