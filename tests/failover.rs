@@ -294,3 +294,153 @@ async fn a_slot_the_standby_lacks_stops_the_relay_after_promotion() {
         "the slot must not be recreated on the new primary"
     );
 }
+
+/// `check` with a standby named in OUTBOXD_CHECK_STANDBYS: all ok when slot sync is set
+/// up, and each setting broken on its own is named.
+#[tokio::test(flavor = "multi_thread")]
+async fn check_names_each_missing_failover_setting() {
+    let primary = PgCluster::start(ClusterOptions::default()).expect("primary");
+    if primary.major_version() < 17 {
+        eprintln!("skipped: failover slots need PostgreSQL 17");
+        return;
+    }
+    let db = primary.fresh_database("failover_check").await;
+    let client = db.client().await;
+    client
+        .batch_execute(&format!(
+            "{}; CREATE PUBLICATION \"{}\" FOR TABLE public.outbox WITH (publish = 'insert'); \
+             SELECT pg_create_physical_replication_slot('{STANDBY_SLOT}')",
+            schema::OUTBOX_DDL,
+            db.publication
+        ))
+        .await
+        .expect("schema");
+    drop(client);
+    let standby = primary
+        .start_standby(
+            STANDBY_SLOT,
+            ClusterOptions {
+                conf: vec!["sync_replication_slots = on".into()],
+                ..ClusterOptions::default()
+            },
+        )
+        .expect("standby");
+    let client = db.client().await;
+    alter(
+        &client,
+        "synchronized_standby_slots",
+        &format!("'{STANDBY_SLOT}'"),
+    )
+    .await;
+    let outbox = Outbox {
+        table: "public.outbox".into(),
+        publication: db.publication.clone(),
+        slot: db.slot.clone(),
+        topic_prefix: db.name.replace('_', "-"),
+    };
+    let broker = Broker::mock();
+    let standbys = format!("127.0.0.1:{}", standby.port());
+    let env = Relay::env_for(
+        &db,
+        &outbox,
+        &broker.bootstrap(),
+        &[("OUTBOXD_CHECK_STANDBYS", &standbys)],
+    );
+    let (code, out) = run_to_end(&env, &["init"]);
+    assert_eq!(code, 0, "{out}");
+    let standby_client = ops::connect(&standby.conn_string(&db.name)).await;
+    wait_for(
+        "the slot to be synced and persisted on the standby",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            synced_on_standby(&standby_client, &outbox.slot)
+                .await
+                .then_some(())
+        },
+    )
+    .await;
+    wait_for(
+        "check to pass",
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || async {
+            let (code, out) = run_to_end(&env, &["check"]);
+            (code == 0).then_some(out)
+        },
+    )
+    .await;
+
+    let conninfo_without_dbname = format!(
+        "'host=127.0.0.1 port={} user=postgres application_name=standby'",
+        primary.port()
+    );
+    for (setting, bad) in [
+        ("sync_replication_slots", "off"),
+        ("hot_standby_feedback", "off"),
+        ("primary_slot_name", "''"),
+        ("primary_conninfo", conninfo_without_dbname.as_str()),
+    ] {
+        alter(&standby_client, setting, bad).await;
+        let (code, out) = run_to_end(&env, &["check"]);
+        assert_eq!(code, 6, "{setting} = {bad}:\n{out}");
+        let line = format!("FAIL  standby {standbys} {setting}");
+        assert!(
+            out.lines().any(|l| l.starts_with(&line)),
+            "{setting} = {bad} is named:\n{out}"
+        );
+        reset(&standby_client, setting).await;
+    }
+    // The primary's side: without synchronized_standby_slots a promoted standby may lack
+    // what outboxd published; a warning, since nothing is broken until a failover.
+    reset(&client, "synchronized_standby_slots").await;
+    let (_, out) = run_to_end(&env, &["check"]);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("warn  synchronized_standby_slots")),
+        "{out}"
+    );
+}
+
+/// ALTER SYSTEM, reload, and wait until new sessions see the value.
+async fn alter(client: &Client, setting: &str, value: &str) {
+    client
+        .batch_execute(&format!("ALTER SYSTEM SET {setting} = {value}"))
+        .await
+        .expect("alter system");
+    reload_and_wait(client, setting).await;
+}
+
+async fn reset(client: &Client, setting: &str) {
+    client
+        .batch_execute(&format!("ALTER SYSTEM RESET {setting}"))
+        .await
+        .expect("alter system reset");
+    reload_and_wait(client, setting).await;
+}
+
+async fn setting_value(client: &Client, setting: &str) -> String {
+    client
+        .query_one(
+            "SELECT setting FROM pg_settings WHERE name = $1",
+            &[&setting],
+        )
+        .await
+        .expect("pg_settings")
+        .get(0)
+}
+
+async fn reload_and_wait(client: &Client, setting: &str) {
+    let before = setting_value(client, setting).await;
+    client
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .expect("reload");
+    // The server applies a reload asynchronously: wait until this session sees it.
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if setting_value(client, setting).await != before {
+            break;
+        }
+    }
+}

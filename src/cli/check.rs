@@ -162,6 +162,9 @@ async fn check_failover(r: &mut Report, s: &Settings, sql: &Client) {
         Ok(None) => r.ok(what, format!("{} will be created with failover = true", s.slot)),
         Err(e) => r.fail(what, e),
     }
+    for (host, port) in &s.check_standbys {
+        check_standby(r, s, host, port.unwrap_or(s.pg.port)).await;
+    }
     let what = "synchronized_standby_slots";
     let names = match preflight::synchronized_standby_slots(sql).await {
         Ok(n) => n,
@@ -336,5 +339,95 @@ fn check_kafka(r: &mut Report, s: &Settings) {
             Err(e) => r.fail("kafka", format!("{e}; check OUTBOXD_KAFKA_BOOTSTRAP_SERVERS and OUTBOXD_KAFKA_SECURITY_PROTOCOL/SASL settings")),
         },
         Err(e) => r.fail("kafka producer settings", e),
+    }
+}
+
+/// One standby named in OUTBOXD_CHECK_STANDBYS: what slot sync needs there, each setting
+/// reported on its own so a misconfiguration names exactly what to change.
+async fn check_standby(r: &mut Report, s: &Settings, host: &str, port: u16) {
+    let name = format!("standby {host}:{port}");
+    let mut pg = wiring::connect_config(s);
+    pg.host = host.to_owned();
+    pg.port = port;
+    let sql = match pg.connect_sql().await {
+        Ok(sql) => sql,
+        Err(e) => return r.fail(&name, format!("{e}; OUTBOXD_CHECK_STANDBYS names it")),
+    };
+    let settings = match preflight::standby_settings(&sql, &s.slot).await {
+        Ok(v) => v,
+        Err(e) => return r.fail(&name, e),
+    };
+    if !settings.in_recovery {
+        return r.fail(
+            &name,
+            "is not in recovery (a primary, or promoted): list only standbys of this primary",
+        );
+    }
+    let on = |v: &Option<String>| v.as_deref() == Some("on");
+    let what = format!("{name} sync_replication_slots");
+    if on(&settings.sync_replication_slots) {
+        r.ok(&what, "on");
+    } else {
+        r.fail(&what, "is off: ALTER SYSTEM SET sync_replication_slots = on; SELECT pg_reload_conf() (on the standby), or its copy of the slot is not kept");
+    }
+    let what = format!("{name} hot_standby_feedback");
+    if on(&settings.hot_standby_feedback) {
+        r.ok(&what, "on");
+    } else {
+        r.fail(&what, "is off: slot sync needs it (ALTER SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf() on the standby)");
+    }
+    let what = format!("{name} primary_slot_name");
+    match settings.primary_slot_name.as_deref().filter(|v| !v.is_empty()) {
+        Some(slot) => r.ok(&what, slot),
+        None => r.fail(&what, "is empty: slot sync needs the standby to stream from a physical slot on the primary (pg_create_physical_replication_slot on the primary, then primary_slot_name on the standby; list it in the primary's synchronized_standby_slots)"),
+    }
+    let what = format!("{name} primary_conninfo");
+    match &settings.primary_conninfo {
+        Some(info) if conninfo_has_dbname(info) => r.ok(&what, "has a dbname"),
+        Some(_) => r.fail(&what, "has no dbname: slot sync connects to a database (add dbname=postgres to primary_conninfo on the standby)"),
+        None => r.fail(&what, "cannot be read: grant pg_read_all_settings to the role outboxd connects as"),
+    }
+    let what = format!("{name} slot");
+    match &settings.slot {
+        Some(f) if f.synced && !f.temporary && f.invalidation_reason.is_none() => {
+            r.ok(&what, format!("{} is synced and persistent", s.slot))
+        }
+        Some(f) if f.invalidation_reason.is_some() => r.fail(&what, format!("{}'s copy is invalidated ({}); it is not usable after a promotion", s.slot, f.invalidation_reason.as_deref().unwrap_or(""))),
+        Some(f) if !f.synced => r.fail(&what, format!("a slot named {} exists there but is not a synced copy (left from an earlier role?): drop it on the standby so slot sync can create its copy", s.slot)),
+        Some(_) => r.fail(&what, format!("{}'s copy is still temporary: the standby has not caught up with the slot, so a promotion now would lose it; wait, or advance the slot on the primary", s.slot)),
+        None => r.fail(&what, format!("{} has no copy there yet: it needs failover = true on the primary and the settings above", s.slot)),
+    }
+}
+
+/// `dbname=` in a keyword/value conninfo, or a database path in a URI.
+fn conninfo_has_dbname(info: &str) -> bool {
+    if let Some(rest) = info
+        .strip_prefix("postgresql://")
+        .or_else(|| info.strip_prefix("postgres://"))
+    {
+        let path = rest.split('?').next().unwrap_or("");
+        let has_path = path.split_once('/').is_some_and(|(_, db)| !db.is_empty());
+        return has_path || rest.contains("dbname=");
+    }
+    info.split_whitespace().any(|kv| {
+        kv.split_once('=')
+            .is_some_and(|(k, v)| k.trim() == "dbname" && !v.trim().is_empty())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::conninfo_has_dbname;
+
+    #[test]
+    fn dbname_in_conninfo() {
+        assert!(conninfo_has_dbname(
+            "host=a port=5432 user=r dbname=postgres"
+        ));
+        assert!(!conninfo_has_dbname("host=a port=5432 user=r"));
+        assert!(!conninfo_has_dbname("host=a dbname="));
+        assert!(conninfo_has_dbname("postgresql://r@a:5432/postgres"));
+        assert!(conninfo_has_dbname("postgres://a?dbname=x"));
+        assert!(!conninfo_has_dbname("postgresql://r@a:5432"));
     }
 }

@@ -88,6 +88,28 @@ pub enum BadRowPolicy {
     Stop,
 }
 
+/// OUTBOXD_CHECK_STANDBYS: `host[:port]` entries separated by commas (the port defaults
+/// to the primary's).
+fn standby_list(env: &Env<'_>) -> Result<Vec<(String, Option<u16>)>, ConfigError> {
+    const NAME: &str = "OUTBOXD_CHECK_STANDBYS";
+    const ACCEPTS: &str = "host[:port] entries separated by commas";
+    let Some(text) = env.string(NAME) else {
+        return Ok(Vec::new());
+    };
+    text.split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(|entry| match entry.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() => port
+                .parse()
+                .map(|p| (host.to_owned(), Some(p)))
+                .map_err(|_| ConfigError::new(NAME, entry, ACCEPTS)),
+            Some(_) => Err(ConfigError::new(NAME, entry, ACCEPTS)),
+            None => Ok((entry.to_owned(), None)),
+        })
+        .collect()
+}
+
 /// OUTBOXD_FAILOVER_SLOT.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailoverSlot {
@@ -110,6 +132,8 @@ pub struct Settings {
     pub publication: String,
     pub create_slot: bool,
     pub failover_slot: FailoverSlot,
+    /// Standbys `outboxd check` verifies for failover: (host, port or the primary's).
+    pub check_standbys: Vec<(String, Option<u16>)>,
     pub table_schema: String,
     pub table_name: String,
     pub column_id: String,
@@ -376,6 +400,7 @@ pub fn from_vars(vars: &BTreeMap<String, String>) -> Result<Settings, ConfigErro
         publication: env.identifier("OUTBOXD_PUBLICATION")?,
         create_slot: env.boolean("OUTBOXD_CREATE_SLOT")?,
         failover_slot,
+        check_standbys: standby_list(&env)?,
         table_schema,
         table_name,
         column_id: env.identifier("OUTBOXD_COLUMN_ID")?,

@@ -351,3 +351,38 @@ pub async fn server_version_num(client: &Client) -> Result<u32, ReplError> {
         .parse()
         .map_err(|_| ReplError::Protocol(format!("invalid server_version_num {text:?}")))
 }
+
+/// What slot sync needs on a standby (PG17+), read on the standby.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StandbySettings {
+    pub in_recovery: bool,
+    pub sync_replication_slots: Option<String>,
+    pub hot_standby_feedback: Option<String>,
+    pub primary_slot_name: Option<String>,
+    /// `None` when the role may not read it (superuser or pg_read_all_settings only).
+    pub primary_conninfo: Option<String>,
+    /// The standby's copy of `slot`, if any.
+    pub slot: Option<SlotFailover>,
+}
+
+pub async fn standby_settings(client: &Client, slot: &str) -> Result<StandbySettings, ReplError> {
+    let row = client
+        .query_one(
+            "SELECT pg_catalog.pg_is_in_recovery(), \
+                    pg_catalog.current_setting('sync_replication_slots', true), \
+                    pg_catalog.current_setting('hot_standby_feedback', true), \
+                    pg_catalog.current_setting('primary_slot_name', true), \
+                    CASE WHEN pg_catalog.pg_has_role('pg_read_all_settings', 'USAGE') \
+                         THEN pg_catalog.current_setting('primary_conninfo', true) END",
+            &[],
+        )
+        .await?;
+    Ok(StandbySettings {
+        in_recovery: row.try_get(0)?,
+        sync_replication_slots: row.try_get(1)?,
+        hot_standby_feedback: row.try_get(2)?,
+        primary_slot_name: row.try_get(3)?,
+        primary_conninfo: row.try_get(4)?,
+        slot: slot_failover(client, slot).await?,
+    })
+}
