@@ -171,11 +171,19 @@ async fn failover_once(round: usize) -> bool {
         load.committed()
     );
     primary.stop(StopMode::Immediate).expect("stop the primary");
+    // The address moves before the promotion is done: outboxd finds a standby there,
+    // whose synced slot it cannot stream from yet, and waits instead of giving up.
+    relay_vip.set_upstream(standby.port());
+    relay_vip.close_all();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        relay.is_running(),
+        "outboxd gave up on a standby: {}",
+        relay.log_text()
+    );
     standby.promote().expect("promote");
     let promoted = Instant::now();
-    relay_vip.set_upstream(standby.port());
     load_vip.set_upstream(standby.port());
-    relay_vip.close_all();
     load_vip.close_all();
 
     // outboxd streams from the new primary by itself, soon.

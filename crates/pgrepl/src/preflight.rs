@@ -386,3 +386,11 @@ pub async fn standby_settings(client: &Client, slot: &str) -> Result<StandbySett
         slot: slot_failover(client, slot).await?,
     })
 }
+
+/// `pg_is_in_recovery()`: true on a standby.
+pub async fn in_recovery(client: &Client) -> Result<bool, ReplError> {
+    Ok(client
+        .query_one("SELECT pg_catalog.pg_is_in_recovery()", &[])
+        .await?
+        .try_get(0)?)
+}

@@ -50,6 +50,8 @@ pub enum RelayError {
         progress_topic: String,
         reason: String,
     },
+    #[error("the server at {host}:{port} is a standby (in recovery); outboxd streams only from a primary and waits for this one to be promoted, or for the address to point at the primary")]
+    InRecovery { host: String, port: u16 },
     #[error("connected to another cluster: system identifier {found}, but this process streamed from {expected} until now (a wrong host behind the address, or a restored backup); its slot and LSNs are not ours, so outboxd stopped. Point PGHOST at the right cluster and restart")]
     OtherCluster { expected: String, found: String },
     #[error("OUTBOXD_FAILOVER_SLOT=true, but this server has no failover slots (PostgreSQL 17 or later); set OUTBOXD_FAILOVER_SLOT=auto or false")]
@@ -126,7 +128,11 @@ impl RelayError {
                 ErrorClass::Retryable
             }
             E::Send(_) => ErrorClass::Permanent,
-            E::StreamClosed | E::SlotHistoryUnknown { .. } => ErrorClass::Retryable,
+            // A failover in progress: the address already points at a standby that is
+            // about to be promoted.
+            E::StreamClosed | E::SlotHistoryUnknown { .. } | E::InRecovery { .. } => {
+                ErrorClass::Retryable
+            }
         }
     }
 

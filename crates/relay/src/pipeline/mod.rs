@@ -200,6 +200,14 @@ async fn run_session(
     progressed: &mut bool,
 ) -> Result<SessionEnd, RelayError> {
     let sql = cfg.pg.connect_sql().await?;
+    // On a standby a synced slot exists but cannot be streamed from, and a missing one
+    // must not be judged lost: neither is permanent while a promotion may be under way.
+    if pgrepl::preflight::in_recovery(&sql).await? {
+        return Err(RelayError::InRecovery {
+            host: cfg.pg.host.clone(),
+            port: cfg.pg.port,
+        });
+    }
     let mut conn = ReplicationConnection::connect(&cfg.pg).await?;
     let system = conn.identify_system().await?;
     let previous_timeline = check_system(seen_system, &system)?;
