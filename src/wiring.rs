@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use outbox_core::{EmitMapper, HeaderFormat, OutboxColumns, TableSpec, TopicName, TopicTemplate};
 use outboxd_relay::kafka::ProducerSettings;
-use outboxd_relay::pipeline::{BadRowPolicy, RelayConfig};
+use outboxd_relay::pipeline::{BadRowPolicy, FailoverSlot, RelayConfig};
 use pgrepl::{ConnectConfig, Password};
 
 use crate::config::{self, Settings};
@@ -77,6 +77,7 @@ pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
         slot: s.slot.clone(),
         publication: s.publication.clone(),
         create_slot: s.create_slot,
+        failover_slot: failover_slot(s),
         table,
         relay_table: s.relay_table,
         emit,
@@ -102,3 +103,11 @@ pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
 }
 
 pub const BROKER_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub fn failover_slot(s: &Settings) -> FailoverSlot {
+    match s.failover_slot {
+        config::FailoverSlot::Auto => FailoverSlot::Auto,
+        config::FailoverSlot::On => FailoverSlot::On,
+        config::FailoverSlot::Off => FailoverSlot::Off,
+    }
+}

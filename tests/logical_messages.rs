@@ -290,8 +290,13 @@ async fn emitted_messages_are_off_by_default_and_check_flags_the_public_grant() 
     );
     client
         .batch_execute(
-            "REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) FROM PUBLIC; \
-             REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC",
+            // Every overload: PostgreSQL 17 gave both a fourth argument (flush).
+            "DO $$ DECLARE f regprocedure; BEGIN \
+               FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p \
+                 WHERE p.proname = 'pg_logical_emit_message' \
+                   AND p.pronamespace = 'pg_catalog'::regnamespace LOOP \
+                 EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f); \
+               END LOOP; END $$",
         )
         .await
         .expect("revoke");

@@ -103,7 +103,7 @@ async fn idle_outbox_retains_no_more_wal_than_pg_recvlogical() {
         Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
         &["run"],
     );
-    let recvlogical = Command::new(cluster.bindir().join("pg_recvlogical"))
+    let recvlogical = Command::new(cluster.tool("pg_recvlogical"))
         .args(["-d", &db.conn_string(), "--slot", &other_slot, "--start"])
         .args(["-o", "proto_version=1", "-o"])
         .arg(format!("publication_names={}", outbox.publication))

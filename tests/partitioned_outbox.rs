@@ -3,7 +3,7 @@
 //! partitions attached while running included, and a publication that leaves the table
 //! out stops the relay instead of confirming past rows that went nowhere.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 

@@ -63,21 +63,36 @@ async fn init_inner(s: &Settings) -> Result<(), InitError> {
         create_publication(s, &sql, &table, &user).await?;
         say!("ok  publication {} (created)", s.publication);
     }
+    let mut conn = ReplicationConnection::connect(&pg).await?;
+    let failover = wiring::failover_slot(s)
+        .wanted(conn.supports_failover_slots().await?)
+        .map_err(|e| InitError::Refused(e.to_string()))?;
     match preflight::slot_state(&sql, &s.slot).await? {
         Some(state) => {
             // The same rule `run` applies: a slot of this name that run would refuse
             // (another database, another plugin, lost) is not "done".
             judge_slot(&state, &s.slot, &s.pg.dbname)
                 .map_err(|e| InitError::Refused(e.to_string()))?;
-            say!("ok  slot {} (exists)", s.slot);
+            let switch = failover
+                && !preflight::slot_failover(&sql, &s.slot)
+                    .await?
+                    .is_some_and(|f| f.failover);
+            if switch {
+                conn.set_slot_failover(&s.slot, true).await?;
+                say!("ok  slot {} (exists; switched to a failover slot)", s.slot);
+            } else {
+                say!("ok  slot {} (exists)", s.slot);
+            }
         }
         None => {
-            let mut conn = ReplicationConnection::connect(&pg).await?;
-            let created = conn.create_logical_slot(&s.slot, false).await?;
+            let created = conn
+                .create_logical_slot_with(&s.slot, false, failover)
+                .await?;
             say!(
-                "ok  slot {} (created at {}; events committed from here on are relayed)",
+                "ok  slot {} (created at {}{}; events committed from here on are relayed)",
                 s.slot,
-                created.consistent_point
+                created.consistent_point,
+                if failover { ", failover" } else { "" }
             );
         }
     }

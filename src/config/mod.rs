@@ -101,6 +101,36 @@ pub enum StatusFormat {
     Json,
 }
 
+/// OUTBOXD_CHECK_STANDBYS: `host[:port]` entries separated by commas (the port defaults
+/// to the primary's).
+fn standby_list(env: &Env<'_>) -> Result<Vec<(String, Option<u16>)>, ConfigError> {
+    const NAME: &str = "OUTBOXD_CHECK_STANDBYS";
+    const ACCEPTS: &str = "host[:port] entries separated by commas";
+    let Some(text) = env.string(NAME) else {
+        return Ok(Vec::new());
+    };
+    text.split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(|entry| match entry.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() => port
+                .parse()
+                .map(|p| (host.to_owned(), Some(p)))
+                .map_err(|_| ConfigError::new(NAME, entry, ACCEPTS)),
+            Some(_) => Err(ConfigError::new(NAME, entry, ACCEPTS)),
+            None => Ok((entry.to_owned(), None)),
+        })
+        .collect()
+}
+
+/// OUTBOXD_FAILOVER_SLOT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailoverSlot {
+    Auto,
+    On,
+    Off,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
@@ -114,6 +144,9 @@ pub struct Settings {
     pub slot: String,
     pub publication: String,
     pub create_slot: bool,
+    pub failover_slot: FailoverSlot,
+    /// Standbys `outboxd check` verifies for failover: (host, port or the primary's).
+    pub check_standbys: Vec<(String, Option<u16>)>,
     pub table_schema: String,
     pub table_name: String,
     pub column_id: String,
@@ -387,6 +420,21 @@ pub fn from_vars_for(
         }
     }
     let (table_schema, table_name) = table(&env)?;
+    let failover_slot = {
+        let v = env.required("OUTBOXD_FAILOVER_SLOT", "auto, true or false")?;
+        match v.to_ascii_lowercase().as_str() {
+            "auto" => FailoverSlot::Auto,
+            "true" | "1" | "yes" | "on" => FailoverSlot::On,
+            "false" | "0" | "no" | "off" => FailoverSlot::Off,
+            _ => {
+                return Err(ConfigError::new(
+                    "OUTBOXD_FAILOVER_SLOT",
+                    &v,
+                    "auto, true or false",
+                ))
+            }
+        }
+    };
     let bad_row_policy = match env.required("OUTBOXD_BAD_ROW_POLICY", "a policy")?.as_str() {
         "dead-letter" => BadRowPolicy::DeadLetter,
         "stop" => BadRowPolicy::Stop,
@@ -457,6 +505,8 @@ pub fn from_vars_for(
         slot: slot_name(&env)?,
         publication: env.identifier("OUTBOXD_PUBLICATION")?,
         create_slot: env.boolean("OUTBOXD_CREATE_SLOT")?,
+        failover_slot,
+        check_standbys: standby_list(&env)?,
         table_schema,
         table_name,
         column_id: env.identifier("OUTBOXD_COLUMN_ID")?,

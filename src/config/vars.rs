@@ -37,6 +37,8 @@ pub const VARS: &[VarSpec] = &[
     var("OUTBOXD_SLOT", Some("outboxd"), "logical replication slot name"),
     var("OUTBOXD_PUBLICATION", Some("outboxd"), "publication name (CREATE PUBLICATION ... FOR TABLE <table> WITH (publish = 'insert'))"),
     var("OUTBOXD_CREATE_SLOT", Some("true"), "true: create the slot at start-up when it does not exist (logged); false: a missing slot is an error. A slot that disappears while outboxd runs is always an error"),
+    var("OUTBOXD_FAILOVER_SLOT", Some("auto"), "auto: the slot is a failover slot (kept on standbys with sync_replication_slots, so it survives a promotion) when PostgreSQL is 17 or later; true: always (an error on older servers); false: never set. An existing slot is switched with ALTER_REPLICATION_SLOT at start-up and by `outboxd init`"),
+    var("OUTBOXD_CHECK_STANDBYS", None, "standbys `outboxd check` verifies for failover (PostgreSQL 17+), as host[:port] separated by commas, reached with the primary's user, password, TLS settings and database: sync_replication_slots, hot_standby_feedback, primary_slot_name, a dbname in primary_conninfo, and the slot synced and persistent"),
     var("OUTBOXD_TABLE", Some("public.outbox"), "outbox table as schema.table; a partitioned table's partitions (any depth) are its rows"),
     var("OUTBOXD_RELAY_TABLE", Some("true"), "false: relay only emitted logical messages (OUTBOXD_MESSAGE_PREFIX); otherwise the table must be in the publication, which is checked at start-up and while running"),
     var("OUTBOXD_COLUMN_ID", Some("id"), "column holding the event id (sent as header id)"),

@@ -5,7 +5,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -19,6 +19,8 @@ pub struct Proxy {
 struct State {
     blackholed: AtomicBool,
     stopped: AtomicBool,
+    /// Where new connections go (existing ones stay where they are).
+    upstream: AtomicU16,
     /// Both ends of every connection, for `close_all`.
     sockets: Mutex<Vec<TcpStream>>,
 }
@@ -29,6 +31,7 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("proxy listener");
         let port = listener.local_addr().expect("proxy addr").port();
         let state = Arc::new(State::default());
+        state.upstream.store(upstream_port, Ordering::Relaxed);
         let accept_state = Arc::clone(&state);
         thread::spawn(move || {
             for client in listener.incoming() {
@@ -36,7 +39,8 @@ impl Proxy {
                     return;
                 }
                 let Ok(client) = client else { continue };
-                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream_port)) else {
+                let upstream = accept_state.upstream.load(Ordering::Relaxed);
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
                     let _ = client.shutdown(Shutdown::Both);
                     continue;
                 };
@@ -54,6 +58,12 @@ impl Proxy {
     /// `false` again. Nothing is closed.
     pub fn set_blackholed(&self, on: bool) {
         self.state.blackholed.store(on, Ordering::Relaxed);
+    }
+
+    /// Sends new connections to `port` from now on, like a virtual IP moved to another
+    /// host; connections already made stay (use [`Proxy::close_all`]).
+    pub fn set_upstream(&self, port: u16) {
+        self.state.upstream.store(port, Ordering::Relaxed);
     }
 
     /// Closes both ends of every connection made so far.

@@ -33,7 +33,7 @@ pub use error::{chain as error_chain, class_of_sqlstate, ErrorClass, ReplError, 
 pub use options::StartOptions;
 pub use pg_tls::MakeRustlsConnect;
 pub use preflight::SlotState;
-pub use query::{SlotCreated, SystemInfo};
+pub use query::{SlotCreated, SystemInfo, FAILOVER_SLOTS_VERSION};
 pub use status_writer::FlushHandle;
 pub use stream::{ReplicationEvent, ReplicationStream, StreamFailure};
 

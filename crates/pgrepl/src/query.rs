@@ -10,6 +10,9 @@ use crate::connection::ReplicationConnection;
 use crate::error::ReplError;
 use crate::wire::Backend;
 
+/// `server_version_num` from which slots can be failover slots.
+pub const FAILOVER_SLOTS_VERSION: u32 = 170_000;
+
 /// Result of `IDENTIFY_SYSTEM`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SystemInfo {
@@ -176,15 +179,32 @@ impl ReplicationConnection {
         name: &str,
         temporary: bool,
     ) -> Result<SlotCreated, ReplError> {
+        self.create_logical_slot_with(name, temporary, false).await
+    }
+
+    /// [`Self::create_logical_slot`], optionally as a failover slot (PG17+): standbys with
+    /// `sync_replication_slots` keep a copy, so the slot survives a promotion.
+    pub async fn create_logical_slot_with(
+        &mut self,
+        name: &str,
+        temporary: bool,
+        failover: bool,
+    ) -> Result<SlotCreated, ReplError> {
         let version = self.server_version_num().await?;
         let temp = if temporary { " TEMPORARY" } else { "" };
-        let snapshot = if version >= 150_000 {
-            " (SNAPSHOT 'nothing')"
-        } else {
-            " NOEXPORT_SNAPSHOT"
+        if failover && version < FAILOVER_SLOTS_VERSION {
+            return Err(ReplError::Unsupported(format!(
+                "failover slots need PostgreSQL 17 or later (server_version_num {version})"
+            )));
+        }
+        let options = match (version >= 150_000, failover) {
+            (true, true) => " (SNAPSHOT 'nothing', FAILOVER true)",
+            (true, false) => " (SNAPSHOT 'nothing')",
+            // Unreachable with failover: checked above.
+            (false, _) => " NOEXPORT_SNAPSHOT",
         };
         let sql = format!(
-            "CREATE_REPLICATION_SLOT {}{temp} LOGICAL pgoutput{snapshot}",
+            "CREATE_REPLICATION_SLOT {}{temp} LOGICAL pgoutput{options}",
             quote_ident(name)
         );
         let rows = self.simple_query(&sql).await?;
@@ -193,6 +213,33 @@ impl ReplicationConnection {
             slot_name: rows.required(row, "slot_name")?,
             consistent_point: parse_lsn(&rows.required(row, "consistent_point")?)?,
         })
+    }
+
+    /// Whether this server has failover slots (PostgreSQL 17+).
+    pub async fn supports_failover_slots(&mut self) -> Result<bool, ReplError> {
+        Ok(self.server_version_num().await? >= FAILOVER_SLOTS_VERSION)
+    }
+
+    /// `ALTER_REPLICATION_SLOT "name" (FAILOVER …)` (PG17+). The server acquires the slot
+    /// for this, so while another walsender streams from it this fails with
+    /// [`ReplError::SlotInUse`], retryable like START_REPLICATION's.
+    pub async fn set_slot_failover(&mut self, name: &str, failover: bool) -> Result<(), ReplError> {
+        if !self.supports_failover_slots().await? {
+            return Err(ReplError::Unsupported(
+                "failover slots need PostgreSQL 17 or later".into(),
+            ));
+        }
+        match self
+            .simple_query(&format!(
+                "ALTER_REPLICATION_SLOT {} (FAILOVER {failover})",
+                quote_ident(name)
+            ))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(ReplError::Server(e)) => Err(crate::stream::stream_error(name, *e)),
+            Err(e) => Err(e),
+        }
     }
 
     /// `DROP_REPLICATION_SLOT "name" [WAIT]`.

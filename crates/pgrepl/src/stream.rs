@@ -105,7 +105,7 @@ impl ReplicationConnection {
 }
 
 /// Maps a server error on the replication stream, recognising "slot in use".
-fn stream_error(slot: &str, e: ServerError) -> ReplError {
+pub(crate) fn stream_error(slot: &str, e: ServerError) -> ReplError {
     if e.code == "55006" {
         // "replication slot \"s\" is active for PID 1234"
         if let Some(pid) = e.message.rsplit(' ').next().and_then(|p| p.parse().ok()) {

@@ -14,6 +14,9 @@ use crate::binaries::{find_bindir, PgBinaries};
 pub enum PgTestError {
     #[error("PostgreSQL server binaries not found (PG_BINDIR, pg_config --bindir, /usr/lib/postgresql/*/bin): install them with `apt-get install -y postgresql` or set PG_BINDIR")]
     NoBinaries,
+    /// The version the run asked for is not installed.
+    #[error("{0}")]
+    Requested(String),
     #[error("{what} failed: {detail}")]
     Command { what: String, detail: String },
     #[error("io error during {what}: {source}")]
@@ -62,6 +65,8 @@ pub struct PgCluster {
     dir: TempDir,
     data_dir: PathBuf,
     port: u16,
+    /// The server's major version (14, 15, …), from `postgres --version`.
+    major: u32,
     /// `Some(user)` when we are root and the server runs as that user (initdb refuses root).
     run_as: Option<String>,
 }
@@ -81,6 +86,7 @@ impl PgCluster {
     /// A dedicated cluster, e.g. for custom pg_hba.conf, TLS or restart tests.
     pub fn start(opts: ClusterOptions) -> Result<PgCluster, PgTestError> {
         let bins = find_bindir()?;
+        let major = server_major(&bins)?;
         let dir = tempfile::Builder::new()
             .prefix("outboxd-pg-")
             .tempdir()
@@ -95,6 +101,7 @@ impl PgCluster {
             dir,
             data_dir,
             port: 0,
+            major,
             run_as,
         };
         cluster.run(
@@ -152,6 +159,17 @@ impl PgCluster {
         &self.bins.bindir
     }
 
+    /// A PostgreSQL program (`pg_recvlogical`, `psql`, …): the server's own, or the
+    /// system's client tool when the server's bin directory has none.
+    pub fn tool(&self, name: &str) -> PathBuf {
+        self.bins.tool(name)
+    }
+
+    /// The server's major version, e.g. 17: tests of version-specific features gate on it.
+    pub fn major_version(&self) -> u32 {
+        self.major
+    }
+
     /// `host=… port=… user=postgres dbname=…` for tokio-postgres / libpq.
     pub fn conn_string(&self, dbname: &str) -> String {
         format!(
@@ -189,6 +207,90 @@ impl PgCluster {
 
     pub fn start_again(&self) -> Result<(), PgTestError> {
         self.pg_ctl(&["start", "-w", "-t", "60"])
+    }
+
+    /// Promotes a standby to primary and waits until it accepts writes.
+    pub fn promote(&self) -> Result<(), PgTestError> {
+        self.pg_ctl(&["promote", "-w", "-t", "60"])
+    }
+
+    /// A streaming standby of this cluster, made as a cold copy of its data directory
+    /// (the server binaries we may run have no pg_basebackup): the primary is stopped
+    /// (fast), copied and started again. The standby streams over `primary_slot_name`
+    /// (a physical slot the caller created on the primary before), with `dbname` in
+    /// `primary_conninfo` and `hot_standby_feedback` on, which PG17 slot sync needs;
+    /// `opts.conf` adds settings (e.g. `sync_replication_slots = on`).
+    pub fn start_standby(
+        &self,
+        primary_slot_name: &str,
+        opts: ClusterOptions,
+    ) -> Result<PgCluster, PgTestError> {
+        let dir = tempfile::Builder::new()
+            .prefix("outboxd-pg-standby-")
+            .tempdir()
+            .map_err(io("creating the standby directory"))?;
+        if let Some(user) = &self.run_as {
+            chown_to(dir.path(), user)?;
+        }
+        let data_dir = dir.path().join("data");
+        // The default lines say `all`, which does not cover physical replication.
+        append(
+            &self.data_dir.join("pg_hba.conf"),
+            "host replication all 127.0.0.1/32 trust\n",
+        )?;
+        self.stop(StopMode::Fast)?;
+        let copied = self.run("cp", &["-a", path_str(&self.data_dir), path_str(&data_dir)]);
+        self.start_again()?;
+        copied?;
+        // The primary's slots are not the standby's: a copied logical slot of the same
+        // name would block slot sync ("already exists"), and a copied physical slot
+        // would hold WAL on the standby for nobody.
+        for entry in std::fs::read_dir(data_dir.join("pg_replslot"))
+            .map_err(io("listing the copied slots"))?
+            .flatten()
+        {
+            std::fs::remove_dir_all(entry.path()).map_err(io("removing a copied slot"))?;
+        }
+        let _ = std::fs::remove_file(data_dir.join("postmaster.pid"));
+        let mut standby = PgCluster {
+            bins: self.bins.clone(),
+            dir,
+            data_dir,
+            port: 0,
+            major: self.major,
+            run_as: self.run_as.clone(),
+        };
+        let sock = path_str(standby.dir.path()).to_owned();
+        let mut conf = format!(
+            "\n# outboxd test standby\nunix_socket_directories = '{sock}'\nhot_standby = on\n\
+             hot_standby_feedback = on\nprimary_slot_name = '{primary_slot_name}'\n\
+             primary_conninfo = 'host={} port={} user={SUPERUSER} dbname=postgres application_name=standby'\n",
+            self.host(),
+            self.port
+        );
+        for line in &opts.conf {
+            conf.push_str(line);
+            conf.push('\n');
+        }
+        append(&standby.data_dir.join("postgresql.conf"), &conf)?;
+        let signal = standby.data_dir.join("standby.signal");
+        std::fs::write(&signal, "").map_err(io("writing standby.signal"))?;
+        if let Some(user) = &standby.run_as {
+            chown_to(&signal, user)?;
+        }
+        let mut last_err = None;
+        for _ in 0..5 {
+            standby.port = free_port()?;
+            standby.write_port()?;
+            match standby.pg_ctl(&["start", "-w", "-t", "60"]) {
+                Ok(()) => {
+                    standby.spawn_watchdog()?;
+                    return Ok(standby);
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or(PgTestError::NoBinaries))
     }
 
     /// Runs one SQL string with psql as the superuser; returns unaligned tuples-only output.
@@ -336,6 +438,23 @@ impl Drop for PgCluster {
     fn drop(&mut self) {
         let _ = self.pg_ctl(&["stop", "-w", "-t", "30", "-m", "immediate"]);
     }
+}
+
+/// `postgres (PostgreSQL) 17.10` → 17.
+fn server_major(bins: &PgBinaries) -> Result<u32, PgTestError> {
+    let out = Command::new(bins.tool("postgres"))
+        .arg("--version")
+        .output()
+        .map_err(io("running postgres --version"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .nth(2)
+        .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|m| m.parse().ok())
+        .ok_or_else(|| PgTestError::Command {
+            what: format!("{} --version", bins.tool("postgres").display()),
+            detail: format!("unexpected output {text:?}"),
+        })
 }
 
 fn path_str(p: &Path) -> &str {

@@ -10,6 +10,6 @@ mod binaries;
 mod cluster;
 mod database;
 
-pub use binaries::{find_bindir, PgBinaries};
+pub use binaries::{bindir_for_major, find_bindir, PgBinaries, DEFAULT_PG_ROOT};
 pub use cluster::{ClusterOptions, PgCluster, PgTestError, StopMode};
 pub use database::TestDb;

@@ -59,6 +59,12 @@ pub enum RelayError {
     },
     #[error("the stream carries inserts into {relation}, which has the outbox's columns but is neither {table} nor, in the current catalog, one of its partitions: probably a partition detached or dropped before outboxd relayed its rows. Ignoring them could lose events, so outboxd stopped before confirming them. Re-attach the partition until outboxd has relayed them (ALTER TABLE {table} ATTACH PARTITION {relation} ...), or, if {relation} really is another table, take it out of the publication. A dropped partition cannot be re-attached: its rows can then only be skipped, knowingly, with pg_replication_slot_advance (README, Bad rows)")]
     OutboxLikeRelation { relation: String, table: String },
+    #[error("the server at {host}:{port} is a standby (in recovery); outboxd streams only from a primary and waits for this one to be promoted, or for the address to point at the primary")]
+    InRecovery { host: String, port: u16 },
+    #[error("connected to another cluster: system identifier {found}, but this process streamed from {expected} until now (a wrong host behind the address, or a restored backup); its slot and LSNs are not ours, so outboxd stopped. Point PGHOST at the right cluster and restart")]
+    OtherCluster { expected: String, found: String },
+    #[error("OUTBOXD_FAILOVER_SLOT=true, but this server has no failover slots (PostgreSQL 17 or later); set OUTBOXD_FAILOVER_SLOT=auto or false")]
+    FailoverUnsupported,
     #[error(transparent)]
     Shape(#[from] ShapeError),
     #[error("bad outbox row{}: {error}; OUTBOXD_BAD_ROW_POLICY=stop, so outboxd stopped without acknowledging it. The insert is in the WAL and the slot will deliver it again on every start, whatever happens to the row in the table now. To get past it: run once with OUTBOXD_BAD_ROW_POLICY=dead-letter (the row goes to OUTBOXD_DEAD_LETTER_TOPIC, later events follow), then switch back; or, accepting that this transaction's events are skipped and never published, stop outboxd and advance the slot past this transaction only with SELECT pg_replication_slot_advance('{slot}', '{commit_lsn}'::pg_lsn + 1), then restart", .error.event_id().map(|id| format!(" id={}", outbox_core::short_id(id))).unwrap_or_default())]
@@ -112,6 +118,8 @@ impl RelayError {
             | E::OutboxLikeRelation { .. }
             | E::SlotLost { .. }
             | E::ServerSetting { .. }
+            | E::FailoverUnsupported
+            | E::OtherCluster { .. }
             | E::Shape(_)
             | E::BadRow { .. }
             | E::DeadLetterTooLarge { .. }
@@ -137,7 +145,11 @@ impl RelayError {
                 ErrorClass::Retryable
             }
             E::Send(_) => ErrorClass::Permanent,
-            E::StreamClosed | E::SlotHistoryUnknown { .. } => ErrorClass::Retryable,
+            // A failover in progress: the address already points at a standby that is
+            // about to be promoted.
+            E::StreamClosed | E::SlotHistoryUnknown { .. } | E::InRecovery { .. } => {
+                ErrorClass::Retryable
+            }
         }
     }
 

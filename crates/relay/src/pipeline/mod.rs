@@ -19,7 +19,9 @@ pub use backoff::Backoff;
 pub use error::{ErrorClass, RelayError};
 pub use observe::Observer;
 pub use session::SessionEnd;
-pub use slot::{judge_publication, judge_server, judge_slot, SlotStart, SlotStats, Verdict};
+pub use slot::{
+    judge_publication, judge_server, judge_slot, FailoverSlot, SlotStart, SlotStats, Verdict,
+};
 
 use outbox_core::{DeliveredPosition, SkipRange};
 
@@ -42,6 +44,8 @@ pub struct RelayConfig {
     pub slot: String,
     pub publication: String,
     pub create_slot: bool,
+    /// Whether the slot is (made) a failover slot.
+    pub failover_slot: FailoverSlot,
     pub table: TableSpec,
     /// false: only emitted logical messages are relayed, and the table need not be
     /// published. An explicit choice, never inferred from the publication.
@@ -105,6 +109,8 @@ struct Carry {
     delivered: Option<DeliveredPosition>,
     /// The server settings' warnings were logged.
     settings_warned: bool,
+    /// The cluster (system identifier, timeline) the first connection found.
+    seen_system: Option<SeenSystem>,
 }
 
 /// The transactions of the coming replay that Kafka already has: what the previous
@@ -231,7 +237,7 @@ async fn create_slot_if_new(
         )
         .await
         .map_err(unknown)?;
-    let start = slot::create(&cfg.pg, &cfg.slot).await?;
+    let start = slot::create(&cfg.pg, &cfg.slot, cfg.failover_slot).await?;
     // At once, not at the first tick: from here on a missing slot is a lost one.
     progress
         .write_and_wait(
@@ -241,6 +247,41 @@ async fn create_slot_if_new(
         .await
         .map_err(unknown)?;
     Ok(start)
+}
+
+/// The cluster this process streams from, as the first connection found it.
+#[derive(Debug, Clone)]
+struct SeenSystem {
+    system_id: String,
+    timeline: u32,
+}
+
+/// Refuses a connection to another cluster (a different system identifier: a restored
+/// backup or a wrong host, whose LSNs mean nothing for our slot), and returns the earlier
+/// timeline when it changed (a promotion keeps the identifier and starts a new timeline).
+fn check_system(
+    seen: &mut Option<SeenSystem>,
+    now: &pgrepl::SystemInfo,
+) -> Result<Option<u32>, RelayError> {
+    match seen {
+        None => {
+            *seen = Some(SeenSystem {
+                system_id: now.system_id.clone(),
+                timeline: now.timeline,
+            });
+            Ok(None)
+        }
+        Some(s) if s.system_id != now.system_id => Err(RelayError::OtherCluster {
+            expected: s.system_id.clone(),
+            found: now.system_id.clone(),
+        }),
+        Some(s) if s.timeline != now.timeline => {
+            let previous = s.timeline;
+            s.timeline = now.timeline;
+            Ok(Some(previous))
+        }
+        Some(_) => Ok(None),
+    }
 }
 
 /// Runs until `shutdown` turns true (Ok) or a permanent error (Err).
@@ -312,12 +353,21 @@ async fn run_session(
     carry: &mut Carry,
 ) -> Result<SessionEnd, RelayError> {
     let sql = cfg.pg.connect_sql().await?;
+    // On a standby a synced slot exists but cannot be streamed from, and a missing one
+    // must not be judged lost: neither is permanent while a promotion may be under way.
+    if pgrepl::preflight::in_recovery(&sql).await? {
+        return Err(RelayError::InRecovery {
+            host: cfg.pg.host.clone(),
+            port: cfg.pg.port,
+        });
+    }
     // Warnings once per process: a standby checks every second.
     slot::check_server(&sql, &cfg.slot, !carry.settings_warned).await?;
     carry.settings_warned = true;
     let mut conn = ReplicationConnection::connect(&cfg.pg).await?;
     check_server_version(conn.server_version_num().await?)?;
     let system = conn.identify_system().await?;
+    let previous_timeline = check_system(&mut carry.seen_system, &system)?;
     let identity = SlotIdentity {
         system_id: system.system_id.clone(),
         database: cfg.pg.dbname.clone(),
@@ -334,7 +384,10 @@ async fn run_session(
     )
     .await?;
     let start = match prepared {
-        Some(start) => start,
+        Some(start) => {
+            slot::ensure_failover(&sql, &mut conn, &cfg.slot, cfg.failover_slot).await?;
+            start
+        }
         None => {
             create_slot_if_new(cfg, progress, &identity, system.timeline, system.xlog_pos).await?
         }
@@ -362,6 +415,15 @@ async fn run_session(
         .await?
         .unwrap_or(start.confirmed_flush);
     stream.flush_handle().advance(confirmed_flush);
+    if let Some(previous) = previous_timeline {
+        tracing::warn!(
+            slot = %cfg.slot,
+            previous_timeline = previous,
+            timeline = system.timeline,
+            resumed_from = %confirmed_flush,
+            "the server's timeline changed: a standby was promoted (failover); streaming from the slot's confirmed position on the new primary"
+        );
+    }
     let skip = skip_range(&cfg.pg, carry, progress, &identity, system.timeline).await;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let producer = build_producer(&cfg.producer, tx)?;
@@ -407,8 +469,31 @@ async fn run_session(
 }
 
 #[cfg(test)]
-mod version_tests {
+mod tests {
     use super::*;
+
+    fn info(system_id: &str, timeline: u32) -> pgrepl::SystemInfo {
+        pgrepl::SystemInfo {
+            system_id: system_id.into(),
+            timeline,
+            xlog_pos: pgoutput::Lsn::ZERO,
+            dbname: None,
+        }
+    }
+
+    #[test]
+    fn another_cluster_is_refused_and_a_new_timeline_reported_once() {
+        let mut seen = None;
+        assert_eq!(check_system(&mut seen, &info("7", 1)).ok(), Some(None));
+        assert_eq!(check_system(&mut seen, &info("7", 1)).ok(), Some(None));
+        assert_eq!(check_system(&mut seen, &info("7", 2)).ok(), Some(Some(1)));
+        assert_eq!(check_system(&mut seen, &info("7", 2)).ok(), Some(None));
+        let err = check_system(&mut seen, &info("8", 2)).err();
+        assert!(
+            matches!(&err, Some(e @ RelayError::OtherCluster { .. }) if e.exit_code() == 3 && e.class() == ErrorClass::Permanent),
+            "{err:?}"
+        );
+    }
 
     #[test]
     fn servers_before_14_are_refused_with_exit_3() {

@@ -110,6 +110,7 @@ impl Observer {
         self.metrics
             .set_slot_wal_status(SlotWalStatus::from_pg(s.wal_status.as_deref()));
         self.metrics.set_server_wal_end_lsn(s.current_wal.0);
+        self.metrics.set_slot_failover_ready(s.failover_ready);
     }
 
     pub(super) fn connected(&self, replication: bool, producer: bool) {

@@ -134,9 +134,6 @@ struct ProgressWriter {
 }
 
 impl<'a> Session<'a> {
-    // Each argument is a distinct piece of one session's wiring, built by its only caller;
-    // a struct for them would only be this signature spelled twice.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         cfg: &'a RelayConfig,
         obs: &'a Observer,

@@ -207,18 +207,101 @@ pub fn judge_slot(
     }
 }
 
+/// Whether the slot is a failover slot (PG17+), which standbys with
+/// `sync_replication_slots` copy so that it survives a promotion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailoverSlot {
+    /// On when the server has failover slots (PostgreSQL 17+).
+    Auto,
+    /// Always; a server without failover slots is a configuration error.
+    On,
+    /// Never set by outboxd (an existing slot's flag is left as it is).
+    Off,
+}
+
+impl FailoverSlot {
+    /// Whether outboxd wants the slot to be a failover slot on a server that does or does
+    /// not support them.
+    pub fn wanted(self, supported: bool) -> Result<bool, RelayError> {
+        match (self, supported) {
+            (FailoverSlot::Auto, s) => Ok(s),
+            (FailoverSlot::On, true) => Ok(true),
+            (FailoverSlot::On, false) => Err(RelayError::FailoverUnsupported),
+            (FailoverSlot::Off, _) => Ok(false),
+        }
+    }
+}
+
 /// Creates the slot; the caller has made sure no earlier slot of this name was lost.
-pub async fn create(pg: &ConnectConfig, slot: &str) -> Result<SlotStart, RelayError> {
+pub async fn create(
+    pg: &ConnectConfig,
+    slot: &str,
+    failover: FailoverSlot,
+) -> Result<SlotStart, RelayError> {
     let mut conn = ReplicationConnection::connect(pg).await?;
-    let created = conn.create_logical_slot(slot, false).await?;
+    let failover = failover.wanted(conn.supports_failover_slots().await?)?;
+    let created = conn.create_logical_slot_with(slot, false, failover).await?;
     tracing::warn!(
         slot,
         consistent_point = %created.consistent_point,
+        failover,
         "created replication slot; events committed before this point are not relayed"
     );
     Ok(SlotStart {
         confirmed_flush: created.consistent_point,
     })
+}
+
+/// Makes an existing slot a failover slot when wanted and it is not one yet, before the
+/// session acquires it for streaming (ALTER needs the slot free).
+pub async fn ensure_failover(
+    sql: &Client,
+    conn: &mut ReplicationConnection,
+    slot: &str,
+    mode: FailoverSlot,
+) -> Result<(), RelayError> {
+    if !mode.wanted(conn.supports_failover_slots().await?)? {
+        return Ok(());
+    }
+    match preflight::slot_failover(sql, slot).await? {
+        Some(state) if !state.failover => {
+            conn.set_slot_failover(slot, true).await?;
+            tracing::warn!(
+                slot,
+                "replication slot switched to a failover slot (ALTER_REPLICATION_SLOT … (FAILOVER true)); standbys with sync_replication_slots = on now keep a copy"
+            );
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether the slot would survive a promotion: a failover slot (PG17+) on a primary whose
+/// `synchronized_standby_slots` names at least one physical slot, each connected and
+/// valid, so no consumer gets changes a promoted standby lacks.
+pub async fn failover_ready(sql: &Client, slot: &str) -> Result<bool, RelayError> {
+    if preflight::server_version_num(sql).await? < pgrepl::FAILOVER_SLOTS_VERSION {
+        return Ok(false);
+    }
+    let ours = match preflight::slot_failover(sql, slot).await? {
+        Some(s) => s.failover && !s.temporary && s.invalidation_reason.is_none(),
+        None => false,
+    };
+    if !ours {
+        return Ok(false);
+    }
+    let names = preflight::synchronized_standby_slots(sql).await?;
+    if names.is_empty() {
+        return Ok(false);
+    }
+    Ok(preflight::standby_slots(sql, &names)
+        .await?
+        .iter()
+        .all(|s| {
+            s.slot_type.as_deref() == Some("physical")
+                && s.active
+                && s.invalidation_reason.is_none()
+        }))
 }
 
 /// The slot's `confirmed_flush_lsn` now. Read once START_REPLICATION succeeded, when the
@@ -237,6 +320,7 @@ pub struct SlotStats {
     pub retained_bytes: u64,
     pub lag_bytes: u64,
     pub wal_status: Option<String>,
+    pub failover_ready: bool,
 }
 
 /// `None` when the slot no longer exists.
@@ -251,6 +335,7 @@ pub async fn stats(sql: &Client, slot: &str) -> Result<Option<SlotStats>, RelayE
         retained_bytes: behind(state.restart_lsn),
         lag_bytes: behind(state.confirmed_flush_lsn),
         wal_status: state.wal_status,
+        failover_ready: failover_ready(sql, slot).await?,
     }))
 }
 

@@ -129,6 +129,7 @@ pub struct Metrics {
     lag_bytes: AtomicU64,
     slot_retained_wal_bytes: AtomicU64,
     slot_wal_status: AtomicU8,
+    slot_failover_ready: AtomicBool,
     /// Microseconds since the Unix epoch of the oldest unacked event's commit; 0 = none.
     /// A timestamp rather than an age so the age is current at scrape time, not at the
     /// last update.
@@ -160,6 +161,7 @@ impl Default for Metrics {
             lag_bytes: AtomicU64::new(0),
             slot_retained_wal_bytes: AtomicU64::new(0),
             slot_wal_status: AtomicU8::new(SlotWalStatus::Unknown.to_u8()),
+            slot_failover_ready: AtomicBool::new(false),
             oldest_unacked_unix_micros: AtomicU64::new(0),
             replication_connected: AtomicBool::new(false),
             producer_healthy: AtomicBool::new(false),
@@ -189,6 +191,9 @@ pub struct MetricsSnapshot {
     pub lag_bytes: u64,
     pub slot_retained_wal_bytes: u64,
     pub slot_wal_status: SlotWalStatus,
+    /// The slot would survive a promotion of a standby (PG17+ failover slot, standby
+    /// slots configured on the primary and connected).
+    pub slot_failover_ready: bool,
     /// Age of the oldest unacked event at snapshot time; zero when nothing is unacked.
     pub oldest_unacked_age: Duration,
     pub replication_connected: bool,
@@ -271,6 +276,10 @@ impl Metrics {
             .store(status.to_u8(), Ordering::Relaxed);
     }
 
+    pub fn set_slot_failover_ready(&self, ready: bool) {
+        self.slot_failover_ready.store(ready, Ordering::Relaxed);
+    }
+
     /// The commit time of the oldest event not yet acked by Kafka, `None` when all are.
     pub fn set_oldest_unacked(&self, since: Option<SystemTime>) {
         let micros = since.map_or(0, |t| unix_micros(t).max(1));
@@ -334,6 +343,7 @@ impl Metrics {
             lag_bytes: load(&self.lag_bytes),
             slot_retained_wal_bytes: load(&self.slot_retained_wal_bytes),
             slot_wal_status: SlotWalStatus::from_u8(self.slot_wal_status.load(Ordering::Relaxed)),
+            slot_failover_ready: self.slot_failover_ready.load(Ordering::Relaxed),
             oldest_unacked_age,
             replication_connected: self.replication_connected.load(Ordering::Relaxed),
             producer_healthy: self.producer_healthy.load(Ordering::Relaxed),

@@ -128,6 +128,12 @@ pub fn render(s: &MetricsSnapshot) -> String {
         let v = u64::from(status == s.slot_wal_status);
         out.sample("slot_wal_status", Some(("status", status.as_str())), v);
     }
+    out.single(
+        "slot_failover_ready",
+        "gauge",
+        "1 when the slot would survive a standby's promotion: a failover slot (PostgreSQL 17+), synchronized_standby_slots set on the primary and each listed standby slot connected.",
+        u64::from(s.slot_failover_ready),
+    );
     out.header(
         "oldest_unacked_age_seconds",
         "gauge",
