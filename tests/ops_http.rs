@@ -237,3 +237,34 @@ async fn brokers_down_with_nothing_waiting_is_not_ready() {
     )
     .await;
 }
+
+/// With max_slot_wal_keep_size set, how much WAL may still be written before the slot is
+/// lost is exported (the alert an on-call engineer wants before a slot is invalidated).
+#[tokio::test(flavor = "multi_thread")]
+async fn safe_wal_size_is_exported_when_the_server_caps_slots() {
+    let cluster = pgtest::PgCluster::start(pgtest::ClusterOptions {
+        conf: vec!["max_slot_wal_keep_size = '64MB'".into()],
+        ..pgtest::ClusterOptions::default()
+    })
+    .expect("dedicated cluster");
+    let db = cluster.fresh_database("ops_http_safe_wal").await;
+    let outbox = support::schema::setup(&db).await;
+    let broker = support::broker::Broker::mock();
+    ops::create_topics(&broker, &outbox).await;
+    let relay = Relay::start(
+        Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
+        &["run"],
+    );
+    let safe = ops::wait_for(
+        "outboxd_slot_safe_wal_size_bytes",
+        Duration::from_secs(30),
+        Duration::from_millis(250),
+        || async { relay.metric("outboxd_slot_safe_wal_size_bytes") },
+    )
+    .await;
+    // The server counts from the current segment's end, so up to a few segments over.
+    assert!(
+        safe > 0.0 && safe <= 128.0 * 1024.0 * 1024.0,
+        "safe_wal_size {safe} should be near the 64MB cap"
+    );
+}

@@ -212,10 +212,12 @@ async fn standby_takes_over_within_5s_of_sigkill() {
     );
     let standby_log = standby.log_text();
     assert!(standby_log.contains("standing by"), "{standby_log}");
-    assert!(
-        !standby_log.contains("WARN") && !standby_log.contains("ERROR"),
-        "standing by is quiet:\n{standby_log}"
-    );
+    // Quiet apart from the server-settings advice every instance logs once at start.
+    let noisy = standby_log
+        .lines()
+        .filter(|l| (l.contains("WARN") || l.contains("ERROR")) && !l.contains("setting="))
+        .count();
+    assert_eq!(noisy, 0, "standing by is quiet:\n{standby_log}");
     assert_eq!(
         ops::slot_row(&client, &outbox.slot)
             .await

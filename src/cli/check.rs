@@ -90,6 +90,7 @@ pub async fn check(s: &Settings) -> i32 {
     if let Some(sql) = &sql {
         check_postgres(&mut r, s, sql, system.is_some()).await;
         check_slot(&mut r, s, sql, system.as_ref()).await;
+        check_failover(&mut r, s, sql).await;
     }
     check_kafka(&mut r, s);
     if r.failed == 0 {
@@ -251,7 +252,6 @@ async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&
         ),
         Err(e) => r.warn(what, format!("{} does not exist, and the progress record in {topic} cannot be read ({e}); `outboxd run` creates the slot only once it can", s.slot)),
     }
-    check_failover(r, s, sql).await;
 }
 
 /// PG17+: whether the slot would survive a promotion. Missing pieces that only matter

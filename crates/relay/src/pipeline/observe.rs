@@ -107,6 +107,7 @@ impl Observer {
     pub(super) fn slot_stats(&self, s: &SlotStats) {
         self.metrics.set_lag_bytes(s.lag_bytes);
         self.metrics.set_slot_retained_wal_bytes(s.retained_bytes);
+        self.metrics.set_slot_safe_wal_size(s.safe_wal_size);
         self.metrics
             .set_slot_wal_status(SlotWalStatus::from_pg(s.wal_status.as_deref()));
         self.metrics.set_server_wal_end_lsn(s.current_wal.0);

@@ -321,6 +321,9 @@ pub struct SlotStats {
     pub lag_bytes: u64,
     pub wal_status: Option<String>,
     pub failover_ready: bool,
+    /// Bytes of WAL that may still be written before the slot is lost (negative: past the
+    /// cap already); `None` without max_slot_wal_keep_size.
+    pub safe_wal_size: Option<i64>,
 }
 
 /// `None` when the slot no longer exists.
@@ -335,6 +338,7 @@ pub async fn stats(sql: &Client, slot: &str) -> Result<Option<SlotStats>, RelayE
         retained_bytes: behind(state.restart_lsn),
         lag_bytes: behind(state.confirmed_flush_lsn),
         wal_status: state.wal_status,
+        safe_wal_size: state.safe_wal_size,
         failover_ready: failover_ready(sql, slot).await?,
     }))
 }

@@ -2,7 +2,7 @@
 //! enough snapshot when scraped. One `Arc<Metrics>` is shared by every task.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -128,6 +128,8 @@ pub struct Metrics {
     server_wal_end_lsn: AtomicU64,
     lag_bytes: AtomicU64,
     slot_retained_wal_bytes: AtomicU64,
+    /// `i64::MIN`: not reported by the server (no max_slot_wal_keep_size).
+    slot_safe_wal_size: AtomicI64,
     slot_wal_status: AtomicU8,
     slot_failover_ready: AtomicBool,
     /// Microseconds since the Unix epoch of the oldest unacked event's commit; 0 = none.
@@ -160,6 +162,7 @@ impl Default for Metrics {
             server_wal_end_lsn: AtomicU64::new(0),
             lag_bytes: AtomicU64::new(0),
             slot_retained_wal_bytes: AtomicU64::new(0),
+            slot_safe_wal_size: AtomicI64::new(i64::MIN),
             slot_wal_status: AtomicU8::new(SlotWalStatus::Unknown.to_u8()),
             slot_failover_ready: AtomicBool::new(false),
             oldest_unacked_unix_micros: AtomicU64::new(0),
@@ -190,6 +193,8 @@ pub struct MetricsSnapshot {
     pub server_wal_end_lsn: u64,
     pub lag_bytes: u64,
     pub slot_retained_wal_bytes: u64,
+    /// `pg_replication_slots.safe_wal_size`; `None` when the server has no cap.
+    pub slot_safe_wal_size: Option<i64>,
     pub slot_wal_status: SlotWalStatus,
     /// The slot would survive a promotion of a standby (PG17+ failover slot, standby
     /// slots configured on the primary and connected).
@@ -267,6 +272,11 @@ impl Metrics {
         set(&self.lag_bytes, bytes);
     }
 
+    pub fn set_slot_safe_wal_size(&self, bytes: Option<i64>) {
+        self.slot_safe_wal_size
+            .store(bytes.unwrap_or(i64::MIN), Ordering::Relaxed);
+    }
+
     pub fn set_slot_retained_wal_bytes(&self, bytes: u64) {
         set(&self.slot_retained_wal_bytes, bytes);
     }
@@ -342,6 +352,8 @@ impl Metrics {
             server_wal_end_lsn: load(&self.server_wal_end_lsn),
             lag_bytes: load(&self.lag_bytes),
             slot_retained_wal_bytes: load(&self.slot_retained_wal_bytes),
+            slot_safe_wal_size: Some(self.slot_safe_wal_size.load(Ordering::Relaxed))
+                .filter(|v| *v != i64::MIN),
             slot_wal_status: SlotWalStatus::from_u8(self.slot_wal_status.load(Ordering::Relaxed)),
             slot_failover_ready: self.slot_failover_ready.load(Ordering::Relaxed),
             oldest_unacked_age,

@@ -119,6 +119,15 @@ pub fn render(s: &MetricsSnapshot) -> String {
         "WAL the replication slot keeps on the server.",
         s.slot_retained_wal_bytes,
     );
+    // Absent, rather than a made-up number, while the server sets no cap.
+    if let Some(safe) = s.slot_safe_wal_size {
+        out.header(
+            "slot_safe_wal_size_bytes",
+            "gauge",
+            "WAL that may still be written before the slot is invalidated (pg_replication_slots.safe_wal_size; only with max_slot_wal_keep_size).",
+        );
+        out.raw_sample("slot_safe_wal_size_bytes", &safe.to_string());
+    }
     out.header(
         "slot_wal_status",
         "gauge",
