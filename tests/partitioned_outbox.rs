@@ -126,10 +126,54 @@ async fn relay_partitioned(name: &str, publication_options: &str) {
     );
 }
 
-/// The setup that lost every event: partitions named by the server one by one.
+/// The setup that lost every event: partitions named by the server one by one. `check`
+/// and `run` refuse it before confirming anything; after the fix, the rows written before
+/// it (still under their partitions' names in the WAL) and after it all arrive.
 #[tokio::test(flavor = "multi_thread")]
-async fn partitions_are_relayed_without_publish_via_partition_root() {
-    relay_partitioned("part_leaf_names", "publish = 'insert'").await;
+async fn partitions_named_one_by_one_are_refused_then_relayed_after_the_fix() {
+    let db = PgCluster::shared().fresh_database("part_leaf_names").await;
+    let outbox = partitioned(&db, "publish = 'insert'").await;
+    let broker = Broker::default_for_tests();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let mut client = db.client().await;
+    let before = insert_dated(&mut client, 300, &[2025, 2026]).await;
+    let confirmed = schema::confirmed_flush_lsn(&db).await;
+
+    let (code, out) = run_to_end(&env, &["check"]);
+    assert_eq!(code, 6, "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("FAIL  publication")
+            && l.contains("SET (publish_via_partition_root = true)")),
+        "check names the fix:\n{out}"
+    );
+    let mut refused = Relay::start(env.clone(), &["run"]);
+    assert_eq!(
+        refused.wait_exit(Duration::from_secs(30)).code(),
+        Some(3),
+        "{}",
+        refused.log_text()
+    );
+    assert_eq!(
+        schema::confirmed_flush_lsn(&db).await,
+        confirmed,
+        "nothing may be confirmed past rows that went nowhere"
+    );
+
+    client
+        .batch_execute(&format!(
+            "ALTER PUBLICATION \"{}\" SET (publish_via_partition_root = true)",
+            outbox.publication
+        ))
+        .await
+        .expect("alter publication");
+    let after = insert_dated(&mut client, 100, &[2025, 2026]).await;
+    let relay = Relay::start(env, &["run"]);
+    let all = [before, after].concat();
+    let received = read_all_blocking(&broker.bootstrap(), &topics, &all, Duration::from_secs(60));
+    let report = check_delivery(&all, &received);
+    assert_eq!(report.duplicates, 0);
+    drop(relay);
 }
 
 #[tokio::test(flavor = "multi_thread")]

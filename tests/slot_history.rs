@@ -283,6 +283,19 @@ async fn a_first_progress_write_that_failed_is_retried() {
     tokio::time::sleep(Duration::from_secs(15)).await;
     relay.kill();
     assert!(!waiting.is_empty());
+    // The walsender notices the killed client a moment later; only then can it be dropped.
+    ops::wait_for(
+        "the killed relay's walsender to release the slot",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            slot_row(&client, &outbox.slot)
+                .await
+                .is_some_and(|r| r.active_pid.is_none())
+                .then_some(())
+        },
+    )
+    .await;
 
     // The slot is lost while outboxd is down.
     client
