@@ -121,7 +121,7 @@ pub fn main(args: &[String]) -> i32 {
             return EXIT_INTERNAL;
         }
     };
-    runtime.block_on(async {
+    let code = runtime.block_on(async {
         match command {
             "check" => check::check(&settings).await,
             "init" => init::init(&settings).await,
@@ -131,5 +131,10 @@ pub fn main(args: &[String]) -> i32 {
             }
             _ => run::run(&settings).await,
         }
-    })
+    });
+    // A Kafka metadata request on a blocking thread may still be waiting for a broker
+    // that is down; the work is done, so do not let it hold the exit (the shutdown
+    // deadline an orchestrator's grace period is sized from).
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    code
 }

@@ -72,6 +72,9 @@ pub struct RelayConfig {
     pub slot_stats_every_ticks: u64,
 }
 
+/// How long a session start waits for the progress record before it skips nothing.
+const SKIP_RECORD_WAIT: Duration = Duration::from_secs(3);
+
 /// How long a session whose server went away waits for in-flight acks (see
 /// `Session::settle_in_flight`).
 const SETTLE_AFTER_SERVER_LOSS: Duration = Duration::from_secs(5);
@@ -87,11 +90,23 @@ fn spawn_broker_probe(
     Ok(tokio::spawn(async move {
         let mut every = tokio::time::interval(Duration::from_secs(5));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Two misses in a row before "no broker answers": one slow answer on a loaded
+        // host is not an outage worth failing readiness for.
+        let mut misses = 0u32;
         loop {
             every.tick().await;
             let p = std::sync::Arc::clone(&probe);
-            match tokio::task::spawn_blocking(move || p.brokers_up(Duration::from_secs(3))).await {
-                Ok(n) => obs.kafka_brokers_up(n),
+            match tokio::task::spawn_blocking(move || p.brokers_up(Duration::from_secs(4))).await {
+                Ok(0) => {
+                    misses = misses.saturating_add(1);
+                    if misses >= 2 {
+                        obs.kafka_brokers_up(0);
+                    }
+                }
+                Ok(n) => {
+                    misses = 0;
+                    obs.kafka_brokers_up(n);
+                }
                 Err(_) => return,
             }
         }
@@ -127,7 +142,9 @@ async fn skip_range(
     let known = match (carry.delivered, progress) {
         (Some(d), _) => Some(d),
         (None, Some(p)) => {
-            match p.read_latest(identity).await {
+            // Bounded: the stream is already started and waits for this optimisation.
+            let read = tokio::time::timeout(SKIP_RECORD_WAIT, p.read_latest(identity)).await;
+            match read.unwrap_or(Err(ProgressError::Timeout(SKIP_RECORD_WAIT))) {
                 Ok(record) => record.map(|r| r.delivered()),
                 Err(e) => {
                     tracing::info!("no progress record to skip replayed events ({e}); they are published again");
