@@ -497,6 +497,10 @@ async fn a_publication_of_only_some_partitions_is_refused() {
 /// headers) without a word. `check` and `run` must not take either for "published".
 #[tokio::test(flavor = "multi_thread")]
 async fn a_row_filter_or_column_list_on_the_publication_is_refused() {
+    if PgCluster::shared().major_version() < 15 {
+        eprintln!("row filters and column lists exist from PostgreSQL 15 on: nothing to test");
+        return;
+    }
     for (name, filter) in [
         ("part_row_filter", " WHERE (aggregate_type = 'order')"),
         (
