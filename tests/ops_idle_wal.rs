@@ -189,9 +189,11 @@ async fn idle_outbox_retains_no_more_wal_than_pg_recvlogical() {
         restart_moves >= 2,
         "restart_lsn must move (running-xacts records every ~15 s): moved {restart_moves} times"
     );
+    // Growth beyond what the server lets any client release (restart_lsn follows the
+    // server's running-xacts records, seconds apart on a loaded machine) is ours.
     assert!(
-        ours_ret <= ours_ret_first + 16 * MB,
-        "retained WAL grows with time: {ours_ret_first} B in the first 30 s, {ours_ret} B in the last 30 s"
+        ours_ret <= ours_ret_first.max(theirs_ret) + 16 * MB,
+        "retained WAL grows with time: {ours_ret_first} B in the first 30 s, {ours_ret} B in the last 30 s (pg_recvlogical {theirs_ret} B)"
     );
     relay.kill();
 }
