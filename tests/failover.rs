@@ -103,12 +103,7 @@ async fn failover_once(round: usize) -> bool {
             .await
             .expect("synchronized_standby_slots");
     }
-    let outbox = Outbox {
-        table: "public.outbox".into(),
-        publication: db.publication.clone(),
-        slot: db.slot.clone(),
-        topic_prefix: db.name.replace('_', "-"),
-    };
+    let outbox = Outbox::for_db(&db);
 
     // The relay and the load both reach "the primary" through an address that moves.
     let relay_vip = Proxy::start(primary.port());
@@ -268,12 +263,7 @@ async fn a_slot_the_standby_lacks_stops_the_relay_after_promotion() {
         .start_standby(STANDBY_SLOT, ClusterOptions::default())
         .expect("standby");
     let client = db.client().await;
-    let outbox = Outbox {
-        table: "public.outbox".into(),
-        publication: db.publication.clone(),
-        slot: db.slot.clone(),
-        topic_prefix: db.name.replace('_', "-"),
-    };
+    let outbox = Outbox::for_db(&db);
     let vip = Proxy::start(primary.port());
     let broker = Broker::mock();
     let topics = ops::create_topics(&broker, &outbox).await;
@@ -340,12 +330,7 @@ async fn check_names_each_missing_failover_setting() {
         &format!("'{STANDBY_SLOT}'"),
     )
     .await;
-    let outbox = Outbox {
-        table: "public.outbox".into(),
-        publication: db.publication.clone(),
-        slot: db.slot.clone(),
-        topic_prefix: db.name.replace('_', "-"),
-    };
+    let outbox = Outbox::for_db(&db);
     let broker = Broker::mock();
     let standbys = format!("127.0.0.1:{}", standby.port());
     let env = Relay::env_for(

@@ -40,12 +40,7 @@ async fn without_slot(db: &pgtest::TestDb<'_>) -> Outbox {
         ))
         .await
         .expect("schema");
-    Outbox {
-        table: "public.outbox".into(),
-        publication: db.publication.clone(),
-        slot: db.slot.clone(),
-        topic_prefix: db.name.replace('_', "-"),
-    }
+    Outbox::for_db(db)
 }
 
 #[tokio::test(flavor = "multi_thread")]

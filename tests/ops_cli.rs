@@ -15,12 +15,7 @@ use support::schema::{self, Outbox};
 
 /// The names a test would use, without creating anything.
 fn names(db: &TestDb<'_>) -> Outbox {
-    Outbox {
-        table: "public.outbox".into(),
-        publication: db.publication.clone(),
-        slot: db.slot.clone(),
-        topic_prefix: db.name.replace('_', "-"),
-    }
+    Outbox::for_db(db)
 }
 
 fn fail_line<'a>(out: &'a str, what: &str) -> &'a str {

@@ -14,12 +14,7 @@ use support::relay::{run_to_end, Relay};
 use support::schema::{self, Outbox};
 
 fn names(db: &TestDb<'_>) -> Outbox {
-    Outbox {
-        table: "public.outbox".into(),
-        publication: db.publication.clone(),
-        slot: db.slot.clone(),
-        topic_prefix: db.name.replace('_', "-"),
-    }
+    Outbox::for_db(db)
 }
 
 /// `init` as `role`, without any Kafka setting (init does not talk to Kafka).

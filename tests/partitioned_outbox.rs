@@ -195,12 +195,7 @@ async fn init_publishes_via_the_partition_root() {
         .batch_execute(PARTITIONED_DDL)
         .await
         .expect("partitioned table");
-    let outbox = Outbox {
-        table: "public.outbox".into(),
-        publication: db.publication.clone(),
-        slot: db.slot.clone(),
-        topic_prefix: db.name.replace('_', "-"),
-    };
+    let outbox = Outbox::for_db(&db);
     let broker = Broker::default_for_tests();
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["init"]);
@@ -248,12 +243,7 @@ async fn a_publication_without_the_table_stops_the_relay() {
         .expect("slot");
     let before = schema::confirmed_flush_lsn(&db).await;
     support::load::insert_events(&client, "public.outbox", 20, 3, 3).await;
-    let outbox = Outbox {
-        table: "public.outbox".into(),
-        publication: db.publication.clone(),
-        slot: db.slot.clone(),
-        topic_prefix: db.name.replace('_', "-"),
-    };
+    let outbox = Outbox::for_db(&db);
     let broker = Broker::default_for_tests();
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["check"]);
@@ -322,12 +312,7 @@ async fn rows_of_other_published_tables_are_counted() {
         )
         .await
         .expect("slot");
-    let outbox = Outbox {
-        table: "public.outbox".into(),
-        publication: db.publication.clone(),
-        slot: db.slot.clone(),
-        topic_prefix: db.name.replace('_', "-"),
-    };
+    let outbox = Outbox::for_db(&db);
     let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let relay = Relay::start(
@@ -471,12 +456,7 @@ async fn a_publication_of_only_some_partitions_is_refused() {
         )
         .await
         .expect("slot");
-    let outbox = Outbox {
-        table: "public.outbox".into(),
-        publication: db.publication.clone(),
-        slot: db.slot.clone(),
-        topic_prefix: db.name.replace('_', "-"),
-    };
+    let outbox = Outbox::for_db(&db);
     let before = schema::confirmed_flush_lsn(&db).await;
     let broker = Broker::default_for_tests();
     ops::create_topics(&broker, &outbox).await;
@@ -525,12 +505,7 @@ async fn a_row_filter_or_column_list_on_the_publication_is_refused() {
             )
             .await
             .expect("slot");
-        let outbox = Outbox {
-            table: "public.outbox".into(),
-            publication: db.publication.clone(),
-            slot: db.slot.clone(),
-            topic_prefix: db.name.replace('_', "-"),
-        };
+        let outbox = Outbox::for_db(&db);
         let broker = Broker::default_for_tests();
         ops::create_topics(&broker, &outbox).await;
         let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);

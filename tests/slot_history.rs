@@ -30,12 +30,7 @@ async fn a_dropped_slot_is_not_recreated_at_start_up() {
         ))
         .await
         .expect("schema");
-    let outbox = Outbox {
-        table: "public.outbox".into(),
-        publication: db.publication.clone(),
-        slot: db.slot.clone(),
-        topic_prefix: db.name.replace('_', "-"),
-    };
+    let outbox = Outbox::for_db(&db);
     let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
@@ -112,12 +107,7 @@ async fn without_a_progress_record_only_init_creates_the_slot() {
         ))
         .await
         .expect("schema");
-    let outbox = Outbox {
-        table: "public.outbox".into(),
-        publication: db.publication.clone(),
-        slot: db.slot.clone(),
-        topic_prefix: db.name.replace('_', "-"),
-    };
+    let outbox = Outbox::for_db(&db);
     let broker = Broker::default_for_tests();
     let env = Relay::env_for(
         &db,
@@ -146,12 +136,7 @@ async fn table_and_publication(db: &pgtest::TestDb<'_>) -> Outbox {
         ))
         .await
         .expect("schema");
-    Outbox {
-        table: "public.outbox".into(),
-        publication: db.publication.clone(),
-        slot: db.slot.clone(),
-        topic_prefix: db.name.replace('_', "-"),
-    }
+    Outbox::for_db(db)
 }
 
 /// Waits until the relay exits (its code) or the slot exists (None).

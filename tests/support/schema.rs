@@ -14,6 +14,16 @@ pub struct Outbox {
 }
 
 impl Outbox {
+    /// The names a test database's relay uses for the default `public.outbox`.
+    pub fn for_db(db: &TestDb<'_>) -> Outbox {
+        Outbox {
+            table: "public.outbox".into(),
+            publication: db.publication.clone(),
+            slot: db.slot.clone(),
+            topic_prefix: db.name.replace('_', "-"),
+        }
+    }
+
     pub fn topic(&self, aggregate_type: &str) -> String {
         format!("{}.{aggregate_type}", self.topic_prefix)
     }
@@ -71,12 +81,7 @@ pub async fn setup_custom(db: &TestDb<'_>, table_ddl: &str, with: Option<&str>) 
         )
         .await
         .expect("slot");
-    Outbox {
-        table: "public.outbox".into(),
-        publication: db.publication.clone(),
-        slot: db.slot.clone(),
-        topic_prefix: db.name.replace('_', "-"),
-    }
+    Outbox::for_db(db)
 }
 
 /// The default table with publication defaults (inserts, updates, deletes, truncates).
