@@ -83,6 +83,23 @@ pub(crate) fn admin_config(settings: &ProducerSettings) -> Result<ClientConfig, 
     Ok(config)
 }
 
+/// Configuration for the relay's read-only helper consumers (`role`: progress-reader,
+/// probe): the admin settings, never a group member's commits, and no topic created by
+/// merely asking for its metadata.
+pub(crate) fn reader_config(
+    settings: &ProducerSettings,
+    role: &str,
+) -> Result<ClientConfig, KafkaSetupError> {
+    let mut config = admin_config(settings)?;
+    config.remove("enable.idempotence");
+    config
+        .set("client.id", format!("{}-{role}", settings.client_id))
+        .set("group.id", format!("outboxd-{role}"))
+        .set("enable.auto.commit", "false")
+        .set("allow.auto.create.topics", "false");
+    Ok(config)
+}
+
 fn apply_overrides(config: &mut ClientConfig, settings: &ProducerSettings) {
     for (name, value) in &settings.overrides {
         config.set(normalize(name), value);

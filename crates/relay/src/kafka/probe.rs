@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
-use super::config::admin_config;
+use super::config::reader_config;
 use super::context::LogContext;
 use super::error::KafkaSetupError;
 use super::settings::ProducerSettings;
@@ -17,13 +17,7 @@ pub struct BrokerProbe {
 
 impl BrokerProbe {
     pub fn new(settings: &ProducerSettings) -> Result<Self, KafkaSetupError> {
-        let mut config = admin_config(settings)?;
-        config.remove("enable.idempotence");
-        config
-            .set("client.id", format!("{}-probe", settings.client_id))
-            .set("group.id", "outboxd-probe")
-            .set("allow.auto.create.topics", "false");
-        let client = config
+        let client = reader_config(settings, "probe")?
             .create_with_context(LogContext)
             .map_err(|e| KafkaSetupError::Client(settings.scrub(&e.to_string())))?;
         Ok(BrokerProbe { client })

@@ -25,7 +25,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::config::{admin_config, producer_config};
+use super::config::{admin_config, producer_config, reader_config};
 use super::context::LogContext;
 use super::error::KafkaSetupError;
 use super::settings::ProducerSettings;
@@ -248,14 +248,7 @@ impl ProgressStore {
     /// topics on metadata requests, so looking never creates the topic by accident.
     fn consumer(&self) -> Result<BaseConsumer<LogContext>, KafkaSetupError> {
         let s = &self.inner.settings;
-        let mut config = admin_config(s)?;
-        config.remove("enable.idempotence");
-        config
-            .set("client.id", format!("{}-progress-reader", s.client_id))
-            .set("group.id", "outboxd-progress-reader")
-            .set("enable.auto.commit", "false")
-            .set("allow.auto.create.topics", "false");
-        config
+        reader_config(s, "progress-reader")?
             .create_with_context(LogContext)
             .map_err(|e| KafkaSetupError::Client(s.scrub(&e.to_string())))
     }

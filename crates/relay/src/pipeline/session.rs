@@ -207,22 +207,33 @@ impl<'a> Session<'a> {
     /// session's business no more: the producer is dropped anyway).
     pub(super) async fn settle_in_flight(&mut self, limit: Duration) {
         let deadline = tokio::time::Instant::now() + limit;
-        while !self.inflight.is_empty() {
-            tokio::select! {
-                d = self.deliveries.recv() => match d {
-                    Some(d) => {
-                        if self.on_delivery(d).is_err() {
-                            break;
-                        }
-                    }
-                    None => break,
-                },
-                _ = tokio::time::sleep_until(deadline) => break,
-            }
-        }
+        // A delivery error only ends the wait: what was acked before it still counts.
+        let _ = self.await_acks(deadline, false).await;
         // Only ever the acked prefix; the stream is gone, so nothing is sent with it.
         let w = self.tracker.watermark();
         self.confirmed = self.confirmed.max(w);
+    }
+
+    /// Takes delivery reports until nothing is in flight (true) or `deadline` (false);
+    /// `confirm_as_acked` passes each new watermark on to the server as it comes.
+    async fn await_acks(
+        &mut self,
+        deadline: tokio::time::Instant,
+        confirm_as_acked: bool,
+    ) -> Result<bool, RelayError> {
+        while !self.inflight.is_empty() {
+            tokio::select! {
+                d = self.deliveries.recv() => match d {
+                    Some(d) => self.on_delivery(d)?,
+                    None => return Ok(false),
+                },
+                _ = tokio::time::sleep_until(deadline) => return Ok(false),
+            }
+            if confirm_as_acked {
+                self.advance();
+            }
+        }
+        Ok(true)
     }
 
     /// What this session knows Kafka has, for the next session of the process.
@@ -830,21 +841,11 @@ impl<'a> Session<'a> {
         stream: &mut ReplicationStream,
         deadline: tokio::time::Instant,
     ) -> Result<SessionEnd, RelayError> {
-        while !self.inflight.is_empty() {
-            tokio::select! {
-                d = self.deliveries.recv() => match d {
-                    Some(d) => self.on_delivery(d)?,
-                    None => break,
-                },
-                _ = tokio::time::sleep_until(deadline) => {
-                    tracing::warn!(
-                        unacked = self.inflight.len(),
-                        "shutdown timeout: unacknowledged messages will be re-sent after restart"
-                    );
-                    break;
-                }
-            }
-            self.advance();
+        if !self.await_acks(deadline, true).await? {
+            tracing::warn!(
+                unacked = self.inflight.len(),
+                "shutdown timeout: unacknowledged messages will be re-sent after restart"
+            );
         }
         self.advance();
         tracing::info!(confirmed = %self.confirmed, "confirming the final position and closing the stream");
