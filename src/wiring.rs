@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use outbox_core::{EmitMapper, HeaderFormat, OutboxColumns, TableSpec, TopicName, TopicTemplate};
 use outboxd_relay::kafka::ProducerSettings;
-use outboxd_relay::pipeline::{BadRowPolicy, FailoverSlot, RelayConfig};
+use outboxd_relay::pipeline::{BadRowPolicy, FailoverSlot, RelayConfig, ShardSpec};
 use pgrepl::{ConnectConfig, Password};
 
 use crate::config::{self, Settings};
@@ -99,6 +99,18 @@ pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
         slot_stats_every_ticks: 5,
         progress_topic: s.progress_topic.clone(),
         progress_interval: s.progress_interval,
+        shard: shard_spec(s),
+    })
+}
+
+/// The shard these settings are a view of (`Settings::per_shard`), if any.
+pub fn shard_spec(s: &Settings) -> Option<ShardSpec> {
+    s.shard.as_ref().map(|shard| ShardSpec {
+        index: shard.index,
+        count: shard.count,
+        root_schema: shard.root_schema.clone(),
+        root_table: shard.root_table.clone(),
+        key_column: s.column_aggregate_id.clone(),
     })
 }
 

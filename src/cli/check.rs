@@ -3,7 +3,8 @@
 use outbox_core::BoundTable;
 use outboxd_relay::kafka::{build_producer, ProgressStore, SlotIdentity};
 use outboxd_relay::pipeline::{
-    judge_publication, judge_server, judge_slot, RelayError, MIN_SERVER_VERSION_NUM,
+    judge_publication, judge_server, judge_slot, verify_shard_layout, RelayError,
+    MIN_SERVER_VERSION_NUM,
 };
 use pgoutput::{Column, Relation, ReplicaIdentity};
 use pgrepl::{preflight, ReplicationConnection, SystemInfo};
@@ -89,8 +90,32 @@ pub async fn check(s: &Settings) -> i32 {
     };
     if let Some(sql) = &sql {
         check_postgres(&mut r, s, sql, system.is_some()).await;
-        check_slot(&mut r, s, sql, system.as_ref()).await;
-        check_failover(&mut r, s, sql).await;
+        let shards = s.all_shards();
+        if let Some(spec) = shards.first().and_then(wiring::shard_spec) {
+            check_table(&mut r, s, sql).await;
+            match verify_shard_layout(sql, &spec).await {
+                Ok(()) => r.ok(
+                    "shards",
+                    format!(
+                        "{} is partitioned by hash of {} into {} partitions, {}_shard_0..{}",
+                        spec.root_name(),
+                        spec.key_column,
+                        spec.count,
+                        spec.root_table,
+                        spec.count.saturating_sub(1)
+                    ),
+                ),
+                Err(e) => r.fail("shards", e),
+            }
+        }
+        // Every shard, relayed here or not: a shard nobody relays is a partition whose
+        // rows go nowhere, and the shard processes share these settings.
+        for view in &shards {
+            check_table(&mut r, view, sql).await;
+            check_publication(&mut r, view, sql).await;
+            check_slot(&mut r, view, sql, system.as_ref()).await;
+            check_failover(&mut r, view, sql).await;
+        }
     }
     check_kafka(&mut r, s);
     if r.failed == 0 {
@@ -166,8 +191,6 @@ async fn check_postgres(r: &mut Report, s: &Settings, sql: &Client, replicates: 
         ),
         Err(e) => r.warn("REPLICATION attribute", e),
     }
-    check_table(r, s, sql).await;
-    check_publication(r, s, sql).await;
     if let Some(prefix) = &s.message_prefix {
         check_emit_privilege(r, prefix, sql).await;
     }

@@ -4,12 +4,12 @@
 //! GRANT before anything is attempted.
 
 use outbox_core::pgtype::quote_ident;
-use outboxd_relay::pipeline::judge_slot;
+use outboxd_relay::pipeline::{judge_slot, verify_shard_layout};
 use pgrepl::{preflight, ReplError, ReplicationConnection};
 use tokio_postgres::Client;
 
 use super::{say, EXIT_OK, EXIT_POSTGRES};
-use crate::config::Settings;
+use crate::config::{shard_table, Settings};
 use crate::wiring;
 
 /// Why init stopped. Every failure is on the PostgreSQL side: exit 3.
@@ -57,24 +57,51 @@ async fn init_inner(s: &Settings) -> Result<(), InitError> {
         create_table(s, &sql, &table, &user).await?;
         say!("ok  table {table} (created)");
     }
-    if preflight::publication_exists(&sql, &s.publication).await? {
+    let shards = s.all_shards();
+    if let Some(shard) = shards.first().and_then(wiring::shard_spec) {
+        // The rule `run` applies: a table laid out otherwise is the operator's to change.
+        verify_shard_layout(&sql, &shard)
+            .await
+            .map_err(|e| InitError::Refused(e.to_string()))?;
+        say!(
+            "ok  table {table} is partitioned by hash of {} into {} shards",
+            quote_ident(&s.column_aggregate_id),
+            shard.count
+        );
+    }
+    for view in &shards {
+        init_shard(view, &sql).await?;
+    }
+    Ok(())
+}
+
+/// The publication and slot of one shard (unsharded: of the table).
+async fn init_shard(s: &Settings, sql: &Client) -> Result<(), InitError> {
+    let pg = wiring::connect_config(s);
+    let user = quote_ident(&s.pg.user);
+    let table = format!(
+        "{}.{}",
+        quote_ident(&s.table_schema),
+        quote_ident(&s.table_name)
+    );
+    if preflight::publication_exists(sql, &s.publication).await? {
         say!("ok  publication {} (exists)", s.publication);
     } else {
-        create_publication(s, &sql, &table, &user).await?;
+        create_publication(s, sql, &table, &user).await?;
         say!("ok  publication {} (created)", s.publication);
     }
     let mut conn = ReplicationConnection::connect(&pg).await?;
     let failover = wiring::failover_slot(s)
         .wanted(conn.supports_failover_slots().await?)
         .map_err(|e| InitError::Refused(e.to_string()))?;
-    match preflight::slot_state(&sql, &s.slot).await? {
+    match preflight::slot_state(sql, &s.slot).await? {
         Some(state) => {
             // The same rule `run` applies: a slot of this name that run would refuse
             // (another database, another plugin, lost) is not "done".
             judge_slot(&state, &s.slot, &s.pg.dbname)
                 .map_err(|e| InitError::Refused(e.to_string()))?;
             let switch = failover
-                && !preflight::slot_failover(&sql, &s.slot)
+                && !preflight::slot_failover(sql, &s.slot)
                     .await?
                     .is_some_and(|f| f.failover);
             if switch {
@@ -139,15 +166,36 @@ async fn create_table(
         .as_deref()
         .map(|h| format!(",\n    {} jsonb NULL", quote_ident(h)))
         .unwrap_or_default();
-    // IF NOT EXISTS only for a concurrent `init`: the table was looked for above.
-    let ddl = format!(
-        "CREATE TABLE IF NOT EXISTS {table} (\n    {} uuid PRIMARY KEY,\n    {} text NOT NULL,\n    {} text NOT NULL,\n    {} text NOT NULL,\n    {} jsonb NOT NULL{headers},\n    created_at timestamptz NOT NULL DEFAULT now()\n)",
+    let (id, aggregate_id) = (
         quote_ident(&s.column_id),
-        quote_ident(&s.column_aggregate_type),
         quote_ident(&s.column_aggregate_id),
+    );
+    // A partitioned table's primary key must include the partition key.
+    let (key, partitioning) = match &s.shards {
+        Some(_) => (
+            format!("{id} uuid NOT NULL"),
+            format!(
+                ",\n    PRIMARY KEY ({id}, {aggregate_id})\n) PARTITION BY HASH ({aggregate_id}"
+            ),
+        ),
+        None => (format!("{id} uuid PRIMARY KEY"), String::new()),
+    };
+    // IF NOT EXISTS only for a concurrent `init`: the table was looked for above.
+    let mut ddl = format!(
+        "CREATE TABLE IF NOT EXISTS {table} (\n    {key},\n    {} text NOT NULL,\n    {aggregate_id} text NOT NULL,\n    {} text NOT NULL,\n    {} jsonb NOT NULL{headers},\n    created_at timestamptz NOT NULL DEFAULT now(){partitioning}\n)",
+        quote_ident(&s.column_aggregate_type),
         quote_ident(&s.column_event_type),
         quote_ident(&s.column_payload),
     );
+    if let Some(shards) = &s.shards {
+        for i in 0..shards.count {
+            ddl.push_str(&format!(
+                ";\nCREATE TABLE IF NOT EXISTS {schema}.{} PARTITION OF {table} FOR VALUES WITH (MODULUS {}, REMAINDER {i})",
+                quote_ident(&shard_table(&s.table_name, i)),
+                shards.count
+            ));
+        }
+    }
     match sql.batch_execute(&ddl).await {
         Err(e) if e.code().map(|c| c.code()) == Some("42501") => Err(refused()),
         other => Ok(other?),

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use outboxd_relay::pipeline::{self, ErrorClass, Observer};
-use outboxd_relay::telemetry::{serve_http, Health, Metrics};
+use outboxd_relay::telemetry::{serve_http, Health, Metrics, Monitored, Telemetry};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
@@ -13,16 +13,35 @@ use crate::config::Settings;
 use crate::wiring;
 
 pub async fn run(settings: &Settings) -> i32 {
-    let cfg = match wiring::relay_config(settings) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!("configuration error: {e:#}");
-            return EXIT_CONFIG;
-        }
-    };
-    let metrics = Arc::new(Metrics::new());
-    let health = Arc::new(Health::new(Instant::now()));
-    health.set_standby_is_ready(settings.ready_standby);
+    // One relay per shard (one in all for an unsharded outbox), each observed apart.
+    let mut relays = Vec::new();
+    let mut monitored = Vec::new();
+    for shard in settings.per_shard() {
+        let cfg = match wiring::relay_config(&shard) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!("configuration error: {e:#}");
+                return EXIT_CONFIG;
+            }
+        };
+        let metrics = Arc::new(Metrics::new());
+        let health = Arc::new(Health::new(Instant::now()));
+        health.set_standby_is_ready(settings.ready_standby);
+        monitored.push(Monitored {
+            shard: cfg.shard.as_ref().map(|s| s.index),
+            metrics: Arc::clone(&metrics),
+            health: Arc::clone(&health),
+        });
+        relays.push((cfg, Observer::new(metrics, health)));
+    }
+    if let Some(shards) = &settings.shards {
+        tracing::info!(
+            shard_count = shards.count,
+            relayed = ?shards.relayed,
+            "sharded outbox: one slot per shard"
+        );
+    }
+    let telemetry = Arc::new(Telemetry::new(monitored));
     let (stop_tx, stop_rx) = watch::channel(false);
     if let Err(e) = spawn_signal_handler(stop_tx) {
         tracing::error!("cannot install signal handlers: {e}");
@@ -38,8 +57,7 @@ pub async fn run(settings: &Settings) -> i32 {
                 tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
                 tokio::spawn(serve_http(
                     listener,
-                    Arc::clone(&metrics),
-                    Arc::clone(&health),
+                    Arc::clone(&telemetry),
                     settings.ready_stall,
                     shutdown,
                 ));
@@ -52,8 +70,7 @@ pub async fn run(settings: &Settings) -> i32 {
             }
         }
     }
-    let obs = Observer::new(metrics, health);
-    match pipeline::run(&cfg, &obs, stop_rx).await {
+    match pipeline::run_all(relays, stop_rx).await {
         Ok(()) => {
             tracing::info!("stopped");
             EXIT_OK

@@ -27,65 +27,109 @@ pub async fn status(s: &Settings, json: bool) -> i32 {
 async fn status_inner(s: &Settings, json: bool) -> Result<i32, pgrepl::ReplError> {
     let sql = wiring::connect_config(s).connect_sql().await?;
     let current = preflight::current_wal_lsn(&sql).await?;
-    let Some(slot) = preflight::slot_state(&sql, &s.slot).await? else {
+    let mut code = EXIT_OK;
+    let mut docs = Vec::new();
+    for view in s.all_shards() {
+        let report = slot_report(&view, &sql, current).await?;
+        code = code.max(report.code);
         if json {
-            say!(
-                "{}",
-                json!({ "slot": s.slot, "exists": false, "server_wal_lsn": current.to_string() })
-            );
+            docs.push(report.doc);
         } else {
-            say!("slot {}: does not exist (run `outboxd init`)", s.slot);
+            if let Some(shard) = &view.shard {
+                say!("shard              {} of {}", shard.index, shard.count);
+            }
+            for line in &report.lines {
+                say!("{line}");
+            }
         }
-        return Ok(EXIT_POSTGRES);
+    }
+    if json {
+        if s.shards.is_some() {
+            say!("{}", json!({ "shards": docs }));
+        } else if let Some(doc) = docs.pop() {
+            say!("{doc}");
+        }
+    }
+    Ok(code)
+}
+
+struct SlotReport {
+    doc: Value,
+    lines: Vec<String>,
+    code: i32,
+}
+
+async fn slot_report(
+    s: &Settings,
+    sql: &tokio_postgres::Client,
+    current: Lsn,
+) -> Result<SlotReport, pgrepl::ReplError> {
+    let shard = s.shard.as_ref().map(|sh| sh.index);
+    let with_shard = |mut doc: Value| {
+        if let (Some(shard), Some(map)) = (shard, doc.as_object_mut()) {
+            map.insert("shard".into(), shard.into());
+        }
+        doc
+    };
+    let Some(slot) = preflight::slot_state(sql, &s.slot).await? else {
+        return Ok(SlotReport {
+            doc: with_shard(
+                json!({ "slot": s.slot, "exists": false, "server_wal_lsn": current.to_string() }),
+            ),
+            lines: vec![format!(
+                "slot {}: does not exist (run `outboxd init`)",
+                s.slot
+            )],
+            code: EXIT_POSTGRES,
+        });
     };
     let behind = |l: Option<Lsn>| l.map(|l| current.0.saturating_sub(l.0));
     let lag = behind(slot.confirmed_flush_lsn);
     let retained = behind(slot.restart_lsn);
     let lsn_text = |l: Option<Lsn>| l.map(|l| l.to_string());
-    if json {
-        let doc: Value = json!({
-            "slot": s.slot,
-            "exists": true,
-            "plugin": slot.plugin,
-            "server_wal_lsn": current.to_string(),
-            "confirmed_flush_lsn": lsn_text(slot.confirmed_flush_lsn),
-            "lag_bytes": lag,
-            "restart_lsn": lsn_text(slot.restart_lsn),
-            "retained_wal_bytes": retained,
-            "wal_status": slot.wal_status,
-            "safe_wal_size": slot.safe_wal_size,
-            "active": slot.active,
-            "active_pid": slot.active_pid,
-        });
-        say!("{doc}");
-    } else {
-        say!("slot               {}", s.slot);
-        say!("server WAL         {current}");
-        say!(
+    let doc = with_shard(json!({
+        "slot": s.slot,
+        "exists": true,
+        "plugin": slot.plugin,
+        "server_wal_lsn": current.to_string(),
+        "confirmed_flush_lsn": lsn_text(slot.confirmed_flush_lsn),
+        "lag_bytes": lag,
+        "restart_lsn": lsn_text(slot.restart_lsn),
+        "retained_wal_bytes": retained,
+        "wal_status": slot.wal_status,
+        "safe_wal_size": slot.safe_wal_size,
+        "active": slot.active,
+        "active_pid": slot.active_pid,
+    }));
+    let mut lines = vec![
+        format!("slot               {}", s.slot),
+        format!("server WAL         {current}"),
+        format!(
             "confirmed          {} (lag {} bytes)",
             lsn_text(slot.confirmed_flush_lsn).unwrap_or_default(),
             lag.unwrap_or(0)
-        );
-        say!(
+        ),
+        format!(
             "restart            {} (retained WAL {} bytes)",
             lsn_text(slot.restart_lsn).unwrap_or_default(),
             retained.unwrap_or(0)
-        );
-        say!(
+        ),
+        format!(
             "wal_status         {}",
             slot.wal_status.as_deref().unwrap_or("unknown")
-        );
-        if let Some(safe) = slot.safe_wal_size {
-            say!("safe_wal_size      {safe} bytes");
-        }
-        match slot.active_pid {
-            Some(pid) => say!("active             yes, walsender pid {pid}"),
-            None => say!("active             no (no outboxd is streaming)"),
-        }
+        ),
+    ];
+    if let Some(safe) = slot.safe_wal_size {
+        lines.push(format!("safe_wal_size      {safe} bytes"));
     }
-    Ok(if slot.wal_status.as_deref() == Some("lost") {
+    lines.push(match slot.active_pid {
+        Some(pid) => format!("active             yes, walsender pid {pid}"),
+        None => "active             no (no outboxd is streaming)".to_owned(),
+    });
+    let code = if slot.wal_status.as_deref() == Some("lost") {
         EXIT_POSTGRES
     } else {
         EXIT_OK
-    })
+    };
+    Ok(SlotReport { doc, lines, code })
 }

@@ -3,11 +3,13 @@
 //! variable and what it accepts, and the binary exits with code 2.
 
 mod database_url;
+mod shards;
 mod vars;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub use shards::{shard_table, ShardOf, Shards};
 #[cfg(test)]
 pub use vars::VARS;
 pub use vars::{help_text, spec, KAFKA_PASSTHROUGH_PREFIX};
@@ -183,6 +185,11 @@ pub struct Settings {
     pub log_filter: String,
     pub log_format: LogFormat,
     pub status_format: StatusFormat,
+    /// OUTBOXD_SHARD_COUNT / OUTBOXD_SHARDS; `None`: one outbox table, one slot.
+    pub shards: Option<Shards>,
+    /// Set on the settings of one shard (`Settings::per_shard`): slot, publication and
+    /// table are that shard's.
+    pub shard: Option<ShardOf>,
 }
 
 /// A snapshot of the environment with typed getters that fall back to the documented default.
@@ -500,7 +507,7 @@ pub fn from_vars_for(
             "true, or false together with OUTBOXD_MESSAGE_PREFIX (otherwise nothing is relayed)",
         ));
     }
-    Ok(Settings {
+    let settings = Settings {
         pg: pg_settings(&env)?,
         slot: slot_name(&env)?,
         publication: env.identifier("OUTBOXD_PUBLICATION")?,
@@ -555,14 +562,24 @@ pub fn from_vars_for(
         log_filter: env.required("OUTBOXD_LOG", "a log filter")?,
         log_format,
         status_format,
-    })
+        shards: shards::shards(&env)?,
+        shard: None,
+    };
+    shards::validate(&settings)?;
+    Ok(settings)
 }
 
 /// Reads the process environment once.
 pub fn from_process_env(needs_kafka: bool) -> Result<Settings, ConfigError> {
-    let vars: BTreeMap<String, String> = std::env::vars_os()
+    let mut vars: BTreeMap<String, String> = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
         .collect();
+    // Shells keep HOSTNAME unexported; OUTBOXD_SHARDS=ordinal reads it.
+    if !vars.contains_key("HOSTNAME") {
+        if let Ok(name) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+            vars.insert("HOSTNAME".into(), name.trim().to_owned());
+        }
+    }
     from_vars_for(&vars, needs_kafka)
 }
 

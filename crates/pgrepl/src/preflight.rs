@@ -463,3 +463,68 @@ pub async fn in_recovery(client: &Client) -> Result<bool, ReplError> {
         .await?
         .try_get(0)?)
 }
+
+/// A partitioned table's partitioning, as the catalog has it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partitioning {
+    /// `relkind` (`p` partitioned, `r` plain, ...).
+    pub kind: String,
+    /// `pg_get_partkeydef`, e.g. `HASH (aggregate_id)`; `None` unless partitioned.
+    pub key: Option<String>,
+    /// Direct partitions, by name.
+    pub partitions: Vec<PartitionBound>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionBound {
+    pub schema: String,
+    pub name: String,
+    /// `pg_get_expr(relpartbound)`, e.g. `FOR VALUES WITH (modulus 4, remainder 1)`.
+    pub bound: String,
+}
+
+/// `None` when `schema.table` does not exist.
+pub async fn partitioning(
+    client: &Client,
+    schema: &str,
+    table: &str,
+) -> Result<Option<Partitioning>, ReplError> {
+    let Some(row) = client
+        .query_opt(
+            "SELECT c.oid, c.relkind::text, \
+                    CASE WHEN c.relkind = 'p' THEN pg_catalog.pg_get_partkeydef(c.oid) END \
+               FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+              WHERE n.nspname = $1 AND c.relname = $2",
+            &[&schema, &table],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let oid: u32 = row.try_get(0)?;
+    let partitions = client
+        .query(
+            "SELECT n.nspname::text, c.relname::text, \
+                    coalesce(pg_catalog.pg_get_expr(c.relpartbound, c.oid), '') \
+               FROM pg_catalog.pg_inherits i \
+               JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid \
+               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+              WHERE i.inhparent = $1 ORDER BY 1, 2",
+            &[&oid],
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(PartitionBound {
+                schema: r.try_get(0)?,
+                name: r.try_get(1)?,
+                bound: r.try_get(2)?,
+            })
+        })
+        .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
+    Ok(Some(Partitioning {
+        kind: row.try_get(1)?,
+        key: row.try_get(2)?,
+        partitions,
+    }))
+}

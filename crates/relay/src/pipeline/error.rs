@@ -59,6 +59,8 @@ pub enum RelayError {
     },
     #[error("the stream carries inserts into {relation}, which has the outbox's columns but is neither {table} nor, in the current catalog, one of its partitions: probably a partition detached or dropped before outboxd relayed its rows. Ignoring them could lose events, so outboxd stopped before confirming them. Re-attach the partition until outboxd has relayed them (ALTER TABLE {table} ATTACH PARTITION {relation} ...), or, if {relation} really is another table, take it out of the publication. A dropped partition cannot be re-attached: its rows can then only be skipped, knowingly, with pg_replication_slot_advance (README, Bad rows)")]
     OutboxLikeRelation { relation: String, table: String },
+    #[error("the sharded outbox {table} is not laid out as OUTBOXD_SHARD_COUNT says: {problem}")]
+    ShardLayout { table: String, problem: String },
     #[error("the server at {host}:{port} is a standby (in recovery); outboxd streams only from a primary and waits for this one to be promoted, or for the address to point at the primary")]
     InRecovery { host: String, port: u16 },
     #[error("connected to another cluster: system identifier {found}, but this process streamed from {expected} until now (a wrong host behind the address, or a restored backup); its slot and LSNs are not ours, so outboxd stopped. Point PGHOST at the right cluster and restart")]
@@ -116,6 +118,7 @@ impl RelayError {
             | E::TableNotPublished { .. }
             | E::UnsupportedServer { .. }
             | E::OutboxLikeRelation { .. }
+            | E::ShardLayout { .. }
             | E::SlotLost { .. }
             | E::ServerSetting { .. }
             | E::FailoverUnsupported

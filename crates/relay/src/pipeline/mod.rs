@@ -7,6 +7,7 @@ mod error;
 mod inflight;
 mod observe;
 mod session;
+mod shard;
 mod slot;
 
 use std::time::Duration;
@@ -14,11 +15,13 @@ use std::time::Duration;
 use outbox_core::{EmitMapper, TableSpec, TopicName};
 use pgrepl::{ConnectConfig, ReplicationConnection, StartOptions};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 pub use backoff::Backoff;
 pub use error::{ErrorClass, RelayError};
 pub use observe::Observer;
 pub use session::SessionEnd;
+pub use shard::{judge_shard_layout, verify_shard_layout, ShardSpec};
 pub use slot::{
     judge_publication, judge_server, judge_slot, FailoverSlot, SlotStart, SlotStats, Verdict,
 };
@@ -70,6 +73,9 @@ pub struct RelayConfig {
     pub progress_interval: Duration,
     /// Slot statistics are polled every this many 1-second ticks.
     pub slot_stats_every_ticks: u64,
+    /// Set when `table` is one shard (hash partition) of a sharded outbox: the layout is
+    /// verified with the publication, so a partition no shard reads stops the relay.
+    pub shard: Option<ShardSpec>,
 }
 
 /// How long a session start waits for the progress record before it skips nothing.
@@ -82,11 +88,10 @@ const SETTLE_AFTER_SERVER_LOSS: Duration = Duration::from_secs(5);
 /// Asks the brokers every few seconds whether they answer, for readiness and the
 /// `kafka_brokers_up` metric.
 fn spawn_broker_probe(
-    cfg: &RelayConfig,
-    obs: &Observer,
+    producer: &ProducerSettings,
+    observers: Vec<Observer>,
 ) -> Result<tokio::task::JoinHandle<()>, RelayError> {
-    let probe = std::sync::Arc::new(BrokerProbe::new(&cfg.producer)?);
-    let obs = obs.clone();
+    let probe = std::sync::Arc::new(BrokerProbe::new(producer)?);
     Ok(tokio::spawn(async move {
         let mut every = tokio::time::interval(Duration::from_secs(5));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -100,12 +105,12 @@ fn spawn_broker_probe(
                 Ok(0) => {
                     misses = misses.saturating_add(1);
                     if misses >= 2 {
-                        obs.kafka_brokers_up(0);
+                        observers.iter().for_each(|o| o.kafka_brokers_up(0));
                     }
                 }
                 Ok(n) => {
                     misses = 0;
-                    obs.kafka_brokers_up(n);
+                    observers.iter().for_each(|o| o.kafka_brokers_up(n));
                 }
                 Err(_) => return,
             }
@@ -305,6 +310,66 @@ fn check_system(
 pub async fn run(
     cfg: &RelayConfig,
     obs: &Observer,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), RelayError> {
+    run_all(vec![(cfg.clone(), obs.clone())], shutdown).await
+}
+
+/// Runs several relays (the shards of a sharded outbox) side by side, each with its own
+/// slot, producer, ack tracking, flush position and progress record, until `shutdown`
+/// turns true. A permanent error in one drains the others and is returned: a process
+/// that relays only some of its shards would look alive while one of them is not.
+pub async fn run_all(
+    relays: Vec<(RelayConfig, Observer)>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), RelayError> {
+    let Some((first, _)) = relays.first() else {
+        return Ok(());
+    };
+    let probe = spawn_broker_probe(
+        &first.producer,
+        relays.iter().map(|(_, o)| o.clone()).collect(),
+    )?;
+    let (stop_tx, stop_rx) = watch::channel(*shutdown.borrow());
+    let stop_tx = &stop_tx;
+    let sharded = relays.iter().any(|(c, _)| c.shard.is_some());
+    let runs = relays.iter().map(|(cfg, obs)| {
+        let stop = stop_rx.clone();
+        let run = async move {
+            let result = run_one(cfg, obs, stop).await;
+            if result.is_err() {
+                let _ = stop_tx.send(true);
+            }
+            result
+        };
+        let span = match &cfg.shard {
+            Some(shard) if sharded => tracing::info_span!("shard", shard = shard.index),
+            _ => tracing::Span::none(),
+        };
+        run.instrument(span)
+    });
+    let all = futures_util::future::join_all(runs);
+    tokio::pin!(all);
+    let results = loop {
+        tokio::select! {
+            results = &mut all => break results,
+            changed = shutdown.changed() => {
+                if changed.is_err() || *shutdown.borrow() {
+                    let _ = stop_tx.send(true);
+                }
+            }
+        }
+    };
+    probe.abort();
+    results
+        .into_iter()
+        .collect::<Result<Vec<()>, _>>()
+        .map(|_| ())
+}
+
+async fn run_one(
+    cfg: &RelayConfig,
+    obs: &Observer,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
     let mut backoff = Backoff::new(Duration::from_millis(200), cfg.reconnect_max_backoff);
@@ -312,9 +377,7 @@ pub async fn run(
         Some(topic) => Some(ProgressStore::new(&cfg.producer, topic)?),
         None => None,
     };
-    let probe = spawn_broker_probe(cfg, obs)?;
     let result = relay_loop(cfg, obs, progress.as_ref(), &mut shutdown, &mut backoff).await;
-    probe.abort();
     if let Some(p) = &progress {
         p.abandon_pending();
     }
@@ -390,6 +453,9 @@ async fn run_session(
         database: cfg.pg.dbname.clone(),
         slot: cfg.slot.clone(),
     };
+    if let Some(shard) = &cfg.shard {
+        shard::verify_shard_layout(&sql, shard).await?;
+    }
     let prepared = slot::prepare(
         &sql,
         &cfg.pg,

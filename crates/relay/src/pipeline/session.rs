@@ -22,7 +22,7 @@ use super::catchup::{self, CatchUp, Report, Sample};
 use super::error::RelayError;
 use super::inflight::{InFlight, InFlightEntry, TopicNames};
 use super::observe::Observer;
-use super::slot;
+use super::{shard, slot};
 use super::{BadRowPolicy, RelayConfig};
 use crate::kafka::{
     Delivery, OutgoingRecord, ProgressRecord, ProgressStore, RelayProducer, SendError, SlotIdentity,
@@ -733,6 +733,14 @@ impl<'a> Session<'a> {
                 bounded(
                     "checking the publication",
                     slot::verify_publication(&self.sql, &self.cfg.publication, &self.cfg.table),
+                )
+                .await?;
+            }
+            if let Some(shard) = &self.cfg.shard {
+                // A partition added outside the shards is published by none of them.
+                bounded(
+                    "checking the shard layout",
+                    shard::verify_shard_layout(&self.sql, shard),
                 )
                 .await?;
             }

@@ -10,8 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
-use super::health::Health;
-use super::metrics::Metrics;
+use super::relays::Telemetry;
 use super::render::PROMETHEUS_CONTENT_TYPE;
 
 const MAX_HEAD_BYTES: usize = 8 * 1024;
@@ -24,8 +23,7 @@ const TEXT: &str = "text/plain; charset=utf-8";
 /// Serves `/metrics`, `/healthz` and `/readyz` until `shutdown` completes.
 pub async fn serve_http(
     listener: TcpListener,
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
+    telemetry: Arc<Telemetry>,
     stall_after: Duration,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -38,8 +36,7 @@ pub async fn serve_http(
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    let state = (Arc::clone(&metrics), Arc::clone(&health));
-                    connections.spawn(handle(stream, state.0, state.1, stall_after));
+                    connections.spawn(handle(stream, Arc::clone(&telemetry), stall_after));
                 }
                 Err(error) => {
                     // Typically out of file descriptors: back off instead of spinning.
@@ -78,14 +75,9 @@ enum HeadError {
     Gone,
 }
 
-async fn handle(
-    mut stream: TcpStream,
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
-    stall: Duration,
-) {
+async fn handle(mut stream: TcpStream, telemetry: Arc<Telemetry>, stall: Duration) {
     let response = match tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)).await {
-        Ok(Ok(head)) => respond(&head, &metrics, &health, stall),
+        Ok(Ok(head)) => respond(&head, &telemetry, stall),
         Ok(Err(HeadError::TooLarge)) => Response::text(
             "431 Request Header Fields Too Large",
             "request head too large",
@@ -150,7 +142,7 @@ fn request_target(head: &[u8]) -> Option<(&str, &str)> {
     Some((method, path))
 }
 
-fn respond(head: &[u8], metrics: &Metrics, health: &Health, stall: Duration) -> Response {
+fn respond(head: &[u8], telemetry: &Telemetry, stall: Duration) -> Response {
     let Some((method, path)) = request_target(head) else {
         return Response::text("400 Bad Request", "malformed request line");
     };
@@ -163,14 +155,14 @@ fn respond(head: &[u8], metrics: &Metrics, health: &Health, stall: Duration) -> 
         "/metrics" => Response {
             status: "200 OK",
             content_type: PROMETHEUS_CONTENT_TYPE,
-            body: metrics.render_prometheus(),
+            body: telemetry.render_prometheus(),
             head_only: false,
         },
-        "/healthz" => match health.liveness() {
+        "/healthz" => match telemetry.liveness() {
             Ok(()) => Response::text("200 OK", "ok"),
             Err(reason) => Response::text("503 Service Unavailable", reason),
         },
-        "/readyz" => match health.readiness(Instant::now(), stall) {
+        "/readyz" => match telemetry.readiness(Instant::now(), stall) {
             Ok(()) => Response::text("200 OK", "ready"),
             Err(reason) => Response::text("503 Service Unavailable", reason),
         },

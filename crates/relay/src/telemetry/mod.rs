@@ -4,16 +4,19 @@
 //! - `metrics` + `histogram`: atomics updated from the hot path.
 //! - `render`: the Prometheus text format.
 //! - `health`: readiness that notices a stalled ack watermark.
+//! - `relays`: every relay of the process (one per shard) behind one endpoint.
 //! - `http`: a minimal HTTP/1.1 server for `/metrics`, `/healthz`, `/readyz`.
 
 mod health;
 mod histogram;
 mod http;
 mod metrics;
+mod relays;
 mod render;
 
 pub use health::Health;
 pub use histogram::{Histogram, HistogramSnapshot};
 pub use http::serve_http;
 pub use metrics::{DeadLetterReason, Metrics, MetricsSnapshot, SlotWalStatus};
-pub use render::{render, PROMETHEUS_CONTENT_TYPE};
+pub use relays::{Monitored, Telemetry};
+pub use render::{render, render_all, PROMETHEUS_CONTENT_TYPE};

@@ -16,168 +16,206 @@ impl Metrics {
 }
 
 pub fn render(s: &MetricsSnapshot) -> String {
-    let mut out = Text(String::with_capacity(4096));
+    render_all(&[(None, s)])
+}
+
+/// Several relays' metrics (the shards of one process) in one exposition: each family
+/// once, with a `shard` label on every sample of a sharded relay.
+pub fn render_all(relays: &[(Option<u32>, &MetricsSnapshot)]) -> String {
+    let mut out = Text {
+        text: String::with_capacity(4096 * relays.len().max(1)),
+        shard: None,
+    };
     out.single(
+        relays,
         "events_published_total",
         "counter",
         "Events acknowledged by Kafka.",
-        s.events_published_total,
+        |s| s.events_published_total,
     );
     out.header(
         "events_dead_lettered_total",
         "counter",
         "Events sent to the dead-letter topic, by reason.",
     );
-    for (reason, n) in &s.events_dead_lettered_total {
-        out.sample(
-            "events_dead_lettered_total",
-            Some(("reason", reason.as_str())),
-            *n,
-        );
-    }
+    out.each(relays, |out, s| {
+        for (reason, n) in &s.events_dead_lettered_total {
+            out.sample(
+                "events_dead_lettered_total",
+                Some(("reason", reason.as_str())),
+                *n,
+            );
+        }
+    });
     out.header(
         "ignored_rows_total",
         "counter",
         "Inserts into published relations that are not the outbox table (nor one of its partitions), by relation.",
     );
-    for (relation, n) in &s.ignored_rows_total {
-        out.labelled(
-            "ignored_rows_total",
-            Some(("relation", &escape_label(relation))),
-            &n.to_string(),
-        );
-    }
+    out.each(relays, |out, s| {
+        for (relation, n) in &s.ignored_rows_total {
+            out.labelled(
+                "ignored_rows_total",
+                Some(("relation", &escape_label(relation))),
+                &n.to_string(),
+            );
+        }
+    });
     out.single(
+        relays,
         "events_skipped_total",
         "counter",
         "Events PostgreSQL sent again (after a restart) that were not published again: Kafka already had them.",
-        s.events_skipped_total,
+        |s| s.events_skipped_total,
     );
     out.single(
+        relays,
         "kafka_brokers_up",
         "gauge",
         "Brokers listed in the last metadata answer (probed every 5 s); 0 when none answered.",
-        s.kafka_brokers_up,
+        |s| s.kafka_brokers_up,
     );
     out.single(
+        relays,
         "delivery_errors_total",
         "counter",
         "Failed Kafka deliveries (each one restarts the pipeline).",
-        s.delivery_errors_total,
+        |s| s.delivery_errors_total,
     );
     out.single(
+        relays,
         "reconnects_total",
         "counter",
         "Restarts of the replication stream and producer.",
-        s.reconnects_total,
+        |s| s.reconnects_total,
     );
     out.single(
+        relays,
         "status_updates_sent_total",
         "counter",
         "Standby status updates sent to PostgreSQL.",
-        s.status_updates_sent_total,
+        |s| s.status_updates_sent_total,
     );
     out.single(
+        relays,
         "in_flight_messages",
         "gauge",
         "Messages produced and not yet acknowledged.",
-        s.in_flight_messages,
+        |s| s.in_flight_messages,
     );
     out.single(
+        relays,
         "in_flight_bytes",
         "gauge",
         "Bytes of messages produced and not yet acknowledged.",
-        s.in_flight_bytes,
+        |s| s.in_flight_bytes,
     );
     out.single(
+        relays,
         "received_lsn",
         "gauge",
         "Highest WAL position received from the server.",
-        s.received_lsn,
+        |s| s.received_lsn,
     );
     out.single(
+        relays,
         "confirmed_lsn",
         "gauge",
         "WAL position confirmed to the server (everything before it is in Kafka).",
-        s.confirmed_lsn,
+        |s| s.confirmed_lsn,
     );
     out.single(
+        relays,
         "server_wal_end_lsn",
         "gauge",
         "Server WAL end reported by the last keepalive.",
-        s.server_wal_end_lsn,
+        |s| s.server_wal_end_lsn,
     );
     out.single(
+        relays,
         "lag_bytes",
         "gauge",
         "Bytes of WAL between the server's end and the confirmed position.",
-        s.lag_bytes,
+        |s| s.lag_bytes,
     );
     out.single(
+        relays,
         "slot_retained_wal_bytes",
         "gauge",
         "WAL the replication slot keeps on the server.",
-        s.slot_retained_wal_bytes,
+        |s| s.slot_retained_wal_bytes,
     );
     // Absent, rather than a made-up number, while the server sets no cap.
-    if let Some(safe) = s.slot_safe_wal_size {
+    if relays.iter().any(|(_, s)| s.slot_safe_wal_size.is_some()) {
         out.header(
             "slot_safe_wal_size_bytes",
             "gauge",
             "WAL that may still be written before the slot is invalidated (pg_replication_slots.safe_wal_size; only with max_slot_wal_keep_size).",
         );
-        out.raw_sample("slot_safe_wal_size_bytes", &safe.to_string());
+        out.each(relays, |out, s| {
+            if let Some(safe) = s.slot_safe_wal_size {
+                out.raw_sample("slot_safe_wal_size_bytes", &safe.to_string());
+            }
+        });
     }
     out.header(
         "slot_wal_status",
         "gauge",
         "Replication slot wal_status (1 for the current one).",
     );
-    for status in SlotWalStatus::ALL {
-        let v = u64::from(status == s.slot_wal_status);
-        out.sample("slot_wal_status", Some(("status", status.as_str())), v);
-    }
+    out.each(relays, |out, s| {
+        for status in SlotWalStatus::ALL {
+            let v = u64::from(status == s.slot_wal_status);
+            out.sample("slot_wal_status", Some(("status", status.as_str())), v);
+        }
+    });
     out.single(
+        relays,
         "slot_failover_ready",
         "gauge",
         "1 when the slot would survive a standby's promotion: a failover slot (PostgreSQL 17+), synchronized_standby_slots set on the primary and each listed standby slot connected.",
-        u64::from(s.slot_failover_ready),
+        |s| u64::from(s.slot_failover_ready),
     );
     out.header(
         "oldest_unacked_age_seconds",
         "gauge",
         "Age of the oldest event not yet acknowledged by Kafka.",
     );
-    out.raw_sample("oldest_unacked_age_seconds", &seconds(s.oldest_unacked_age));
+    out.each(relays, |out, s| {
+        out.raw_sample("oldest_unacked_age_seconds", &seconds(s.oldest_unacked_age));
+    });
     out.single(
+        relays,
         "replication_connected",
         "gauge",
         "1 when the replication stream is connected.",
-        u64::from(s.replication_connected),
+        |s| u64::from(s.replication_connected),
     );
     out.single(
+        relays,
         "producer_healthy",
         "gauge",
         "1 when the Kafka producer is usable.",
-        u64::from(s.producer_healthy),
+        |s| u64::from(s.producer_healthy),
     );
 
-    let h = &s.commit_to_ack;
-    let name = "commit_to_ack_seconds";
     out.header(
-        name,
+        "commit_to_ack_seconds",
         "histogram",
         "Time from PostgreSQL commit to Kafka acknowledgement.",
     );
-    for (le, n) in &h.cumulative {
-        out.sample("commit_to_ack_seconds_bucket", Some(("le", le)), *n);
-    }
-    out.raw_sample(
-        "commit_to_ack_seconds_sum",
-        &micros_as_seconds(h.sum_micros),
-    );
-    out.sample("commit_to_ack_seconds_count", None, h.count);
-    out.0
+    out.each(relays, |out, s| {
+        let h = &s.commit_to_ack;
+        for (le, n) in &h.cumulative {
+            out.sample("commit_to_ack_seconds_bucket", Some(("le", le)), *n);
+        }
+        out.raw_sample(
+            "commit_to_ack_seconds_sum",
+            &micros_as_seconds(h.sum_micros),
+        );
+        out.sample("commit_to_ack_seconds_count", None, h.count);
+    });
+    out.text
 }
 
 /// Seconds with microsecond precision, without going through floats.
@@ -202,13 +240,30 @@ fn escape_label(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
-struct Text(String);
+struct Text {
+    text: String,
+    /// The shard whose samples are being written: a label on each of them.
+    shard: Option<u32>,
+}
 
 impl Text {
     // Writing into a String cannot fail, hence the ignored fmt::Results.
     fn header(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(self.0, "# HELP outboxd_{name} {help}");
-        let _ = writeln!(self.0, "# TYPE outboxd_{name} {kind}");
+        let _ = writeln!(self.text, "# HELP outboxd_{name} {help}");
+        let _ = writeln!(self.text, "# TYPE outboxd_{name} {kind}");
+    }
+
+    /// Writes one family's samples for every relay, labelled with its shard.
+    fn each(
+        &mut self,
+        relays: &[(Option<u32>, &MetricsSnapshot)],
+        mut samples: impl FnMut(&mut Self, &MetricsSnapshot),
+    ) {
+        for (shard, snapshot) in relays {
+            self.shard = *shard;
+            samples(self, snapshot);
+        }
+        self.shard = None;
     }
 
     fn sample(&mut self, name: &str, label: Option<(&str, &str)>, value: u64) {
@@ -222,15 +277,29 @@ impl Text {
     // Label values are fixed identifiers, except relation names, which go through
     // `escape_label` first.
     fn labelled(&mut self, name: &str, label: Option<(&str, &str)>, value: &str) {
-        let _ = match label {
-            Some((k, v)) => writeln!(self.0, "outboxd_{name}{{{k}=\"{v}\"}} {value}"),
-            None => writeln!(self.0, "outboxd_{name} {value}"),
+        let _ = match (self.shard, label) {
+            (Some(shard), Some((k, v))) => writeln!(
+                self.text,
+                "outboxd_{name}{{shard=\"{shard}\",{k}=\"{v}\"}} {value}"
+            ),
+            (Some(shard), None) => {
+                writeln!(self.text, "outboxd_{name}{{shard=\"{shard}\"}} {value}")
+            }
+            (None, Some((k, v))) => writeln!(self.text, "outboxd_{name}{{{k}=\"{v}\"}} {value}"),
+            (None, None) => writeln!(self.text, "outboxd_{name} {value}"),
         };
     }
 
-    fn single(&mut self, name: &str, kind: &str, help: &str, value: u64) {
+    fn single(
+        &mut self,
+        relays: &[(Option<u32>, &MetricsSnapshot)],
+        name: &str,
+        kind: &str,
+        help: &str,
+        value: impl Fn(&MetricsSnapshot) -> u64,
+    ) {
         self.header(name, kind, help);
-        self.sample(name, None, value);
+        self.each(relays, |out, s| out.sample(name, None, value(s)));
     }
 }
 

@@ -1,4 +1,5 @@
 use super::*;
+use crate::telemetry::{Health, Metrics};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
@@ -22,8 +23,7 @@ async fn start() -> Server {
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(serve_http(
         listener,
-        Arc::clone(&metrics),
-        Arc::clone(&health),
+        Arc::new(Telemetry::single(Arc::clone(&metrics), Arc::clone(&health))),
         STALL,
         async {
             let _ = stopped.await;

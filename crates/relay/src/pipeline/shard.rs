@@ -1,0 +1,237 @@
+//! A sharded outbox: the table partitioned by hash of the aggregate id into N partitions,
+//! each relayed through its own slot and publication. An aggregate's rows all land in one
+//! partition, so one shard's order is the aggregate's order.
+//!
+//! What must hold, because nothing else would notice: every partition is one of the N
+//! shards. A partition outside them (a modulus changed, a partition added under another
+//! name) is published by no shard's publication, and its rows would never be relayed.
+
+use pgrepl::preflight::{self, Partitioning};
+use tokio_postgres::Client;
+
+use super::RelayError;
+
+/// Shard `index` of `count`: its table is the partition `<root_table>_shard_<index>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardSpec {
+    pub index: u32,
+    pub count: u32,
+    pub root_schema: String,
+    pub root_table: String,
+    /// The aggregate-id column: the table must be hash-partitioned by it alone.
+    pub key_column: String,
+}
+
+impl ShardSpec {
+    pub fn root_name(&self) -> String {
+        format!("{}.{}", self.root_schema, self.root_table)
+    }
+
+    /// The partition holding remainder `index`.
+    pub fn partition_name(root_table: &str, index: u32) -> String {
+        format!("{root_table}_shard_{index}")
+    }
+}
+
+/// The one rule for "is this table sharded the way the settings say", shared by `run`
+/// (at start-up and on every slot-stats tick) and `check`. `Err` is the problem and its
+/// fix.
+pub fn judge_shard_layout(layout: Option<&Partitioning>, shard: &ShardSpec) -> Result<(), String> {
+    let root = shard.root_name();
+    let count = shard.count;
+    let create = "create it with `outboxd init` (or sql/shards.sql)";
+    let Some(layout) = layout else {
+        return Err(format!(
+            "the table {root} does not exist; with OUTBOXD_SHARD_COUNT={count} it is partitioned by hash of {col} into {count} partitions: {create}",
+            col = shard.key_column
+        ));
+    };
+    let wanted_key = format!("HASH ({})", shard.key_column);
+    let quoted_key = format!("HASH (\"{}\")", shard.key_column);
+    match layout.key.as_deref() {
+        Some(key) if key == wanted_key || key == quoted_key => {}
+        Some(key) => {
+            return Err(format!(
+                "{root} is partitioned by {key}, not {wanted_key}: per-aggregate order across shards needs every row of an aggregate in one partition. Partition it BY HASH ({col}) ({create})",
+                col = shard.key_column
+            ))
+        }
+        None => {
+            return Err(format!(
+                "{root} is not partitioned (relkind {}), but OUTBOXD_SHARD_COUNT={count}: partition it BY HASH ({}) into {count} partitions named {}_shard_<n> ({create}), or unset OUTBOXD_SHARD_COUNT",
+                layout.kind, shard.key_column, shard.root_table
+            ))
+        }
+    }
+    let mut seen = vec![false; usize::try_from(count).unwrap_or(0)];
+    for p in &layout.partitions {
+        let Some((modulus, remainder)) = hash_bound(&p.bound) else {
+            return Err(format!(
+                "partition {}.{} of {root} has bound {:?}, not FOR VALUES WITH (MODULUS {count}, REMAINDER n)",
+                p.schema, p.name, p.bound
+            ));
+        };
+        if modulus != count {
+            return Err(format!(
+                "partition {}.{} of {root} has modulus {modulus}, but OUTBOXD_SHARD_COUNT={count}: \
+                 its rows would be published by no shard. Set OUTBOXD_SHARD_COUNT to the table's \
+                 partition count, or repartition the table into {count} partitions",
+                p.schema, p.name
+            ));
+        }
+        let expected = ShardSpec::partition_name(&shard.root_table, remainder);
+        if p.name != expected || p.schema != shard.root_schema {
+            return Err(format!(
+                "partition {}.{} of {root} holds remainder {remainder}, which shard {remainder} reads from {}.{expected}: ALTER TABLE {}.{} RENAME TO {expected}",
+                p.schema, p.name, shard.root_schema, p.schema, p.name
+            ));
+        }
+        if let Some(slot) = usize::try_from(remainder)
+            .ok()
+            .and_then(|r| seen.get_mut(r))
+        {
+            *slot = true;
+        }
+    }
+    // Hash partitioning has no default partition: with a remainder missing, inserts of
+    // its aggregates fail, so nothing is lost, but say it before the application does.
+    let missing: Vec<String> = seen
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !**s)
+        .map(|(i, _)| i.to_string())
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "{root} has no partition for remainder {} of {count} (inserts of those aggregates fail): {create}",
+            missing.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// `FOR VALUES WITH (modulus 4, remainder 1)` → (4, 1).
+fn hash_bound(bound: &str) -> Option<(u32, u32)> {
+    let inner = bound
+        .trim()
+        .strip_prefix("FOR VALUES WITH (")?
+        .strip_suffix(')')?;
+    let mut modulus = None;
+    let mut remainder = None;
+    for part in inner.split(',') {
+        let (name, value) = part.trim().split_once(' ')?;
+        let value = value.trim().parse::<u32>().ok()?;
+        match name.to_ascii_lowercase().as_str() {
+            "modulus" => modulus = Some(value),
+            "remainder" => remainder = Some(value),
+            _ => return None,
+        }
+    }
+    Some((modulus?, remainder?))
+}
+
+/// Reads the catalog and applies [`judge_shard_layout`].
+pub async fn verify_shard_layout(sql: &Client, shard: &ShardSpec) -> Result<(), RelayError> {
+    let layout = preflight::partitioning(sql, &shard.root_schema, &shard.root_table).await?;
+    judge_shard_layout(layout.as_ref(), shard).map_err(|problem| RelayError::ShardLayout {
+        table: shard.root_name(),
+        problem,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgrepl::preflight::PartitionBound;
+
+    fn spec(count: u32) -> ShardSpec {
+        ShardSpec {
+            index: 0,
+            count,
+            root_schema: "public".into(),
+            root_table: "outbox".into(),
+            key_column: "aggregate_id".into(),
+        }
+    }
+
+    fn layout(parts: &[(&str, u32, u32)]) -> Partitioning {
+        Partitioning {
+            kind: "p".into(),
+            key: Some("HASH (aggregate_id)".into()),
+            partitions: parts
+                .iter()
+                .map(|(name, m, r)| PartitionBound {
+                    schema: "public".into(),
+                    name: (*name).into(),
+                    bound: format!("FOR VALUES WITH (modulus {m}, remainder {r})"),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_layout_init_creates_is_accepted() {
+        let l = layout(&[("outbox_shard_0", 2, 0), ("outbox_shard_1", 2, 1)]);
+        assert_eq!(judge_shard_layout(Some(&l), &spec(2)), Ok(()));
+    }
+
+    #[test]
+    fn a_partition_no_shard_reads_is_refused() {
+        // Four partitions, two shards: the rows of remainders 2 and 3 would go nowhere.
+        let l = layout(&[
+            ("outbox_shard_0", 4, 0),
+            ("outbox_shard_1", 4, 1),
+            ("outbox_shard_2", 4, 2),
+            ("outbox_shard_3", 4, 3),
+        ]);
+        let e = judge_shard_layout(Some(&l), &spec(2)).unwrap_err();
+        assert!(
+            e.contains("modulus 4") && e.contains("published by no shard"),
+            "{e}"
+        );
+        let renamed = layout(&[("outbox_p0", 2, 0), ("outbox_shard_1", 2, 1)]);
+        let e = judge_shard_layout(Some(&renamed), &spec(2)).unwrap_err();
+        assert!(e.contains("RENAME TO outbox_shard_0"), "{e}");
+    }
+
+    #[test]
+    fn wrong_keys_kinds_and_gaps_are_refused() {
+        let mut l = layout(&[("outbox_shard_0", 2, 0), ("outbox_shard_1", 2, 1)]);
+        l.key = Some("HASH (id)".into());
+        assert!(judge_shard_layout(Some(&l), &spec(2))
+            .unwrap_err()
+            .contains("not HASH (aggregate_id)"));
+        l.key = Some("RANGE (aggregate_id)".into());
+        assert!(judge_shard_layout(Some(&l), &spec(2)).is_err());
+        l.key = None;
+        l.kind = "r".into();
+        assert!(judge_shard_layout(Some(&l), &spec(2))
+            .unwrap_err()
+            .contains("not partitioned"));
+        assert!(judge_shard_layout(None, &spec(2))
+            .unwrap_err()
+            .contains("does not exist"));
+        let gap = layout(&[("outbox_shard_0", 3, 0), ("outbox_shard_2", 3, 2)]);
+        let e = judge_shard_layout(Some(&gap), &spec(3)).unwrap_err();
+        assert!(e.contains("remainder 1 of 3"), "{e}");
+        let mut list = layout(&[("outbox_shard_0", 2, 0)]);
+        list.partitions[0].bound = "FOR VALUES IN ('a')".into();
+        assert!(judge_shard_layout(Some(&list), &spec(2))
+            .unwrap_err()
+            .contains("not FOR VALUES WITH"));
+    }
+
+    #[test]
+    fn hash_bounds_parse() {
+        assert_eq!(
+            hash_bound("FOR VALUES WITH (modulus 4, remainder 1)"),
+            Some((4, 1))
+        );
+        assert_eq!(
+            hash_bound("FOR VALUES WITH (remainder 0, modulus 2)"),
+            Some((2, 0))
+        );
+        assert_eq!(hash_bound("DEFAULT"), None);
+        assert_eq!(hash_bound("FOR VALUES WITH (modulus x, remainder 1)"), None);
+    }
+}
