@@ -125,6 +125,53 @@ async fn one_process_relays_three_shards_in_order_per_aggregate() {
     }
 }
 
+/// sql/shards.sql as an owner would run it (twice), then `init` creates only the slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sql_kit_makes_a_layout_check_and_run_accept() {
+    let db = PgCluster::shared().fresh_database("shards_sql_kit").await;
+    let client = db.client().await;
+    let kit = include_str!("../sql/shards.sql");
+    client.batch_execute(kit).await.unwrap();
+    client.batch_execute(kit).await.unwrap();
+    let o = Outbox {
+        publication: "outboxd".into(),
+        ..outbox(&db)
+    };
+    let broker = Broker::mock();
+    let topics = topics(&broker, &o).await;
+    let env = env(
+        &db,
+        &o,
+        &broker.bootstrap(),
+        &[("OUTBOXD_SHARD_COUNT", "4")],
+    );
+    let (code, out) = run_to_end(&env, &["init"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out.matches("(exists)").count(),
+        5,
+        "table and 4 publications exist:\n{out}"
+    );
+    assert_eq!(
+        out.matches("(created at").count(),
+        4,
+        "4 slots created:\n{out}"
+    );
+    init_shards(&env);
+    let _relay = Relay::start(env, &["run"]);
+    for i in 0..4 {
+        wait_active_pid(&client, &shard_slot(&o, i), Duration::from_secs(30)).await;
+    }
+    let events = insert_events(&client, &o.table, 400, 4, 16).await;
+    let received = read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &events,
+        Duration::from_secs(60),
+    );
+    check_delivery(&events, &received);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_shard_processes_one_killed_mid_load_lose_nothing() {
     let db = PgCluster::shared().fresh_database("shards_kill").await;

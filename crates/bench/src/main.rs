@@ -17,6 +17,7 @@ mod pg;
 mod poll;
 mod procfs;
 mod report;
+mod shards;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -39,7 +40,7 @@ pub struct Settings {
     pub out: PathBuf,
     /// BENCH_WORKDIR: logs and scratch files.
     pub workdir: PathBuf,
-    /// BENCH_SECTIONS: catchup,poll,latency,profile
+    /// BENCH_SECTIONS: catchup,poll,latency,profile,shards
     pub sections: Vec<String>,
     /// BENCH_CASES: a,b,c
     pub cases: Vec<String>,
@@ -99,7 +100,7 @@ impl Settings {
             bins,
             out: PathBuf::from(env_or("BENCH_OUT", "docs/benchmarks.md")),
             workdir: PathBuf::from(env_or("BENCH_WORKDIR", "/tmp/outboxd-bench")),
-            sections: list("BENCH_SECTIONS", "catchup,poll,latency,profile"),
+            sections: list("BENCH_SECTIONS", "catchup,poll,latency,profile,shards"),
             cases: list("BENCH_CASES", "a,b,c"),
             latency_secs: env_or("BENCH_LATENCY_SECS", latency_default)
                 .parse()
@@ -184,6 +185,7 @@ pub struct Results {
     pub poll_events: u64,
     pub poll: Vec<PollResult>,
     pub latency: Vec<LatencyResult>,
+    pub shards: Vec<shards::ShardResult>,
     /// (broker, current RSS, peak RSS) of an idle outboxd, MiB.
     pub idle: Vec<(String, Option<f64>, Option<f64>)>,
     /// (broker, peak RSS after the latency runs), MiB.
@@ -256,6 +258,12 @@ async fn run() -> Result<()> {
     if s.section("poll") {
         if let Err(e) = polling(&s, &cluster, &mut r).await {
             r.notes.push(format!("polling comparison failed: {e:#}"));
+        }
+    }
+    if s.section("shards") {
+        match shards::suite(&s, &cluster).await {
+            Ok(results) => r.shards = results,
+            Err(e) => r.notes.push(format!("shards comparison failed: {e:#}")),
         }
     }
     if s.section("latency") {

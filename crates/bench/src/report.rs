@@ -163,6 +163,7 @@ pub fn write(s: &Settings, r: &Results, v: &Versions) -> Result<()> {
          The numbers compare tools on the same machine; they are not capacity figures for production hardware.\n"
     )?;
     catchup(w, s, r)?;
+    crate::shards::markdown(w, &r.shards);
     polling(w, r)?;
     latency(w, s, r)?;
     memory_cpu(w, r)?;
