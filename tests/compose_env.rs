@@ -322,3 +322,47 @@ fn kubernetes_manifests_parse_and_fit_together() {
         assert_eq!(labels.get(k), Some(v), "the PDB selects the pods");
     }
 }
+
+/// deploy/kubernetes/sharded: one pod per shard, the ordinal picking it.
+#[test]
+fn the_sharded_statefulset_runs_one_pod_per_shard() {
+    let text = include_str!("../deploy/kubernetes/sharded/statefulset.yaml");
+    let help = relay_help();
+    for name in outboxd_names(text) {
+        assert!(help.contains(&name), "{name} is not a variable of `outboxd --help`");
+    }
+    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(text)
+        .map(|de| serde_yaml::Value::deserialize(de).expect("valid YAML"))
+        .collect();
+    let set = docs
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("StatefulSet"))
+        .expect("a StatefulSet");
+    let service = docs
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("Service"))
+        .expect("its headless Service");
+    assert_eq!(set["spec"]["serviceName"], service["metadata"]["name"]);
+    assert_eq!(service["spec"]["clusterIP"].as_str(), Some("None"));
+    let env = set["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_sequence()
+        .expect("env");
+    let value = |name: &str| {
+        env.iter()
+            .find(|e| e["name"].as_str() == Some(name))
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_else(|| panic!("{name} set in the StatefulSet"))
+            .to_owned()
+    };
+    assert_eq!(value("OUTBOXD_SHARDS"), "ordinal");
+    let count: u64 = value("OUTBOXD_SHARD_COUNT").parse().expect("a count");
+    assert_eq!(
+        set["spec"]["replicas"].as_u64(),
+        Some(count),
+        "one pod per shard: replicas must equal OUTBOXD_SHARD_COUNT"
+    );
+    assert_eq!(
+        set["spec"]["selector"]["matchLabels"],
+        set["spec"]["template"]["metadata"]["labels"]
+    );
+}
