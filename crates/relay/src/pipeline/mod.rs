@@ -350,11 +350,14 @@ pub async fn run_all(
     });
     let all = futures_util::future::join_all(runs);
     tokio::pin!(all);
+    let mut listening = true;
     let results = loop {
         tokio::select! {
             results = &mut all => break results,
-            changed = shutdown.changed() => {
-                if changed.is_err() || *shutdown.borrow() {
+            changed = shutdown.changed(), if listening => {
+                // A dropped sender can never ask for a shutdown: stop listening.
+                listening = changed.is_ok();
+                if listening && *shutdown.borrow() {
                     let _ = stop_tx.send(true);
                 }
             }
