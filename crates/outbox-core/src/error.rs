@@ -256,7 +256,7 @@ impl fmt::Display for EventIdPrefix<'_> {
 /// must stay readable (and fit a dead-letter header) with the fix it names.
 const MAX_SHOWN_ID: usize = 128;
 
-/// `id` as error messages show it: cut after [`MAX_SHOWN_ID`] bytes, ending with `…`.
+/// `id` as error messages show it: cut after `MAX_SHOWN_ID` bytes, ending with `…`.
 pub fn short_id(id: &str) -> std::borrow::Cow<'_, str> {
     if id.len() <= MAX_SHOWN_ID {
         return std::borrow::Cow::Borrowed(id);

@@ -11,7 +11,7 @@
 //! - [`preflight`]: checks over an ordinary SQL connection ([`ConnectConfig::connect_sql`]).
 //!
 //! Upstream tokio-postgres has no replication mode, hence this hand-rolled connection over
-//! `postgres-protocol`'s frontend builders and our own backend framing ([`wire`]).
+//! `postgres-protocol`'s frontend builders and our own backend framing (`wire`).
 
 mod auth;
 mod config;
