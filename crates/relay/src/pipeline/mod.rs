@@ -16,7 +16,7 @@ use pgrepl::{ConnectConfig, ReplicationConnection, StartOptions};
 use tokio::sync::watch;
 
 pub use backoff::Backoff;
-pub use error::{ErrorClass, RelayError};
+pub use error::{DecidingCode, ErrorClass, RelayError};
 pub use observe::Observer;
 pub use session::SessionEnd;
 pub use slot::{
