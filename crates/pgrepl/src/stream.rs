@@ -147,8 +147,10 @@ impl std::fmt::Debug for ReplicationStream {
 impl ReplicationStream {
     /// The next event, or `None` once the server ended the stream.
     ///
-    /// Cancel-safe: the only await is a read into the stream's own buffer, and a frame is
-    /// consumed and decoded without awaiting, so dropping this future loses nothing.
+    /// Cancel-safe, so it can be one branch of a `select!`: each await (the pacing sleep,
+    /// the read into the stream's own buffer, the wait for a writer failure) may be
+    /// dropped without losing bytes, and a frame is split off and decoded without
+    /// awaiting, so dropping this future loses nothing.
     pub async fn next(&mut self) -> Result<Option<ReplicationEvent>, ReplError> {
         loop {
             if let Some(e) = self.shared.failure() {
