@@ -329,7 +329,10 @@ fn the_sharded_statefulset_runs_one_pod_per_shard() {
     let text = include_str!("../deploy/kubernetes/sharded/statefulset.yaml");
     let help = relay_help();
     for name in outboxd_names(text) {
-        assert!(help.contains(&name), "{name} is not a variable of `outboxd --help`");
+        assert!(
+            help.contains(&name),
+            "{name} is not a variable of `outboxd --help`"
+        );
     }
     let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(text)
         .map(|de| serde_yaml::Value::deserialize(de).expect("valid YAML"))

@@ -179,7 +179,7 @@ async fn missing_header_column_is_a_shape_error_naming_it() {
 fn parse_rfc3339(s: &str) -> i64 {
     let b = s.as_bytes();
     let num = |r: std::ops::Range<usize>| -> i64 {
-        let t = &s[r.clone()];
+        let t = &s[r];
         assert!(t.bytes().all(|c| c.is_ascii_digit()), "{s}: {t}");
         t.parse().unwrap()
     };

@@ -46,6 +46,8 @@ struct Case {
     tls_untrusted: bool,
     /// What the message must say about the cause.
     reason: &'static [&'static str],
+    /// The SQLSTATE that decided the class, named in run's last line.
+    sqlstate: Option<&'static str>,
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -103,6 +105,7 @@ async fn connection_failures_name_target_and_cause_and_are_permanent() {
             dbname: None,
             tls_untrusted: false,
             reason: &["password authentication failed", "28P01"],
+            sqlstate: Some("28P01"),
         },
         Case {
             name: "missing database",
@@ -111,6 +114,7 @@ async fn connection_failures_name_target_and_cause_and_are_permanent() {
             dbname: Some("no_such_database"),
             tls_untrusted: false,
             reason: &["no_such_database", "does not exist"],
+            sqlstate: Some("3D000"),
         },
         Case {
             name: "missing password (md5)",
@@ -119,6 +123,7 @@ async fn connection_failures_name_target_and_cause_and_are_permanent() {
             dbname: None,
             tls_untrusted: false,
             reason: &["password", "PGPASSWORD"],
+            sqlstate: None,
         },
         Case {
             name: "missing password (scram)",
@@ -127,6 +132,7 @@ async fn connection_failures_name_target_and_cause_and_are_permanent() {
             dbname: None,
             tls_untrusted: false,
             reason: &["password", "PGPASSWORD"],
+            sqlstate: None,
         },
         Case {
             name: "untrusted server certificate (verify-full)",
@@ -135,6 +141,7 @@ async fn connection_failures_name_target_and_cause_and_are_permanent() {
             dbname: None,
             tls_untrusted: true,
             reason: &["certificate", "PGSSLROOTCERT"],
+            sqlstate: None,
         },
     ];
     for case in &cases {
@@ -169,6 +176,15 @@ async fn connection_failures_name_target_and_cause_and_are_permanent() {
         let log = relay.log_text();
         assert_eq!(status.code(), Some(3), "{}: run:\n{log}", case.name);
         expect_text("run", &log);
+        let last = log
+            .lines()
+            .rev()
+            .find(|l| l.contains("outboxd stopped"))
+            .unwrap_or_else(|| panic!("{}: no final line:\n{log}", case.name));
+        if let Some(code) = case.sqlstate {
+            let field = format!("decided_by=SQLSTATE {code}");
+            assert!(last.contains(&field), "{}: {field}:\n{last}", case.name);
+        }
 
         for command in ["init", "status"] {
             let (code, out) = run_to_end(&env, &[command]);

@@ -109,8 +109,10 @@ pub fn main(args: &[String]) -> i32 {
     crate::logging::init(&settings);
     // One thread: the relay is a single task, and with the IO driver on the same thread a
     // socket read wakes it without a cross-thread hand-off (measured as the top cost of
-    // catching up a backlog of small transactions on a loaded machine). librdkafka and the
-    // status writer's deadlines do not depend on this thread being idle.
+    // catching up a backlog of small transactions on a loaded machine). librdkafka has its
+    // own threads. The status writer is a task on this thread: its timer fires while the
+    // relay awaits, so nothing here may block (side queries are bounded, and blocking
+    // Kafka calls go to spawn_blocking).
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use outboxd_relay::pipeline::{self, ErrorClass, Observer};
+use outboxd_relay::pipeline::{self, Observer};
 use outboxd_relay::telemetry::{serve_http, Health, Metrics, Monitored, Telemetry};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
@@ -76,12 +76,19 @@ pub async fn run(settings: &Settings) -> i32 {
             EXIT_OK
         }
         Err(e) => {
-            let class = match e.class() {
-                ErrorClass::Permanent => "permanent",
-                ErrorClass::Retryable => "retryable",
-            };
-            tracing::error!(class, exit_code = e.exit_code(), "outboxd stopped: {e}");
-            e.exit_code()
+            let (class, exit_code) = (e.class().as_str(), e.exit_code());
+            // The code is a field of the line, so that it can be looked up (and matched
+            // by log alerts) without parsing the message.
+            match e.deciding_code() {
+                Some(code) => tracing::error!(
+                    class,
+                    exit_code,
+                    decided_by = %code,
+                    "outboxd stopped: {e}"
+                ),
+                None => tracing::error!(class, exit_code, "outboxd stopped: {e}"),
+            }
+            exit_code
         }
     }
 }

@@ -163,7 +163,7 @@ pub struct Settings {
     /// false: emitted messages only (an explicit choice).
     pub relay_table: bool,
     pub bootstrap_servers: String,
-    /// librdkafka properties from OUTBOXD_KAFKA_<PROPERTY>; values may be secrets.
+    /// librdkafka properties from `OUTBOXD_KAFKA_<PROPERTY>`; values may be secrets.
     pub kafka_overrides: BTreeMap<String, String>,
     pub topic_template: String,
     pub bad_row_policy: BadRowPolicy,

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-/// Clock ticks per second for /proc/<pid>/stat (`getconf CLK_TCK`, 100 on Linux).
+/// Clock ticks per second for `/proc/<pid>/stat` (`getconf CLK_TCK`, 100 on Linux).
 pub fn clk_tck() -> f64 {
     std::process::Command::new("getconf")
         .arg("CLK_TCK")
@@ -19,7 +19,7 @@ pub fn clk_tck() -> f64 {
         .unwrap_or(100.0)
 }
 
-/// The fields of /proc/<pid>/stat after the command name: index 0 is field 3 (state).
+/// The fields of `/proc/<pid>/stat` after the command name: index 0 is field 3 (state).
 fn stat_fields(pid: u32) -> Option<Vec<u64>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = text.rsplit_once(')')?.1;

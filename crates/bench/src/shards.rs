@@ -116,7 +116,9 @@ fn failed(shards: u32, tool: &str, events: u64, e: &anyhow::Error) -> ShardResul
 async fn create_sharded_database(cluster: &PgCluster, db: &str, n: u32) -> Result<()> {
     pg::drop_database(cluster, db).await?;
     let admin = pg::connect(cluster, "postgres").await?;
-    admin.batch_execute(&format!("CREATE DATABASE {db}")).await?;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .await?;
     let c = pg::connect(cluster, db).await?;
     let mut ddl = String::from(
         "CREATE TABLE public.outbox (
@@ -237,7 +239,9 @@ async fn outboxd_all(
     let cpu = procfs::cluster_cpu_seconds(cluster.data_dir())? - cpu0;
     let tool_cpu = procfs::cpu_seconds(pid);
     let rss = procfs::peak_rss_mib(pid);
-    let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+    let _ = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
     if !wait_timeout(&mut child, Duration::from_secs(40))? {
         let _ = child.kill();
         let _ = child.wait();

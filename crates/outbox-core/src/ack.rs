@@ -18,7 +18,7 @@
 //!   without reordering. The relay drops the producer and restarts from the slot with a
 //!   new tracker.
 //! - Keepalives advance W only when nothing is open and nothing is unacknowledged
-//!   ([`AckTracker::on_keepalive`], replication-protocol §4.3).
+//!   ([`AckTracker::on_keepalive`], docs/replication-protocol.md §4.3).
 //!
 //! The queue is bounded by the messages in flight, not by the transactions read: one
 //! message stuck on an unreachable partition must not make every later transaction cost
@@ -197,7 +197,7 @@ impl AckTracker {
 
     /// A primary keepalive with `wal_end` was read. W moves to `max(W, wal_end)` only if
     /// no transaction is open, every transaction is fully acknowledged and no delivery
-    /// failed (replication-protocol §4.3). Returns whether W moved.
+    /// failed (docs/replication-protocol.md §4.3). Returns whether W moved.
     pub fn on_keepalive(&mut self, wal_end: Lsn) -> bool {
         if self.failed.is_some() || !self.pending.is_empty() || wal_end <= self.watermark {
             return false;

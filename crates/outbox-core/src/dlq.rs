@@ -23,6 +23,7 @@
 //! cannot fail on size.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use pgoutput::{Message, TupleData};
@@ -319,7 +320,7 @@ impl Draft<'_> {
             Value::Dropped => None,
         };
         OutboxRecord {
-            topic: topic.as_arc().clone(),
+            topic: Arc::clone(topic.as_arc()),
             key: self.key,
             value,
             headers,

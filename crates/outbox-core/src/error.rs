@@ -5,34 +5,15 @@
 //!   with the message, which names the table, the column and the fix.
 //! - [`RowError`]: one row (or emitted message) cannot become a Kafka record. Permanent for
 //!   that row: dead-letter it (see [`crate::dlq`]) or stop, per configuration.
-//! - [`AckError`]: the begin/track/commit/ack sequence was violated. Nothing was confirmed
-//!   past the watermark, so restarting from the slot is safe: retryable.
+//! - [`AckError`]: the begin/track/commit/ack sequence was violated: a bug, which replaying
+//!   the same WAL meets again. Nothing was confirmed past the watermark, so stopping loses
+//!   nothing: permanent.
+//!
+//! The class is [`pgoutput::ErrorClass`], the workspace's one.
 
 use std::fmt;
 
-/// What the caller should do with an error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorClass {
-    /// Retrying cannot help: report and exit (or dead-letter, for a row).
-    Permanent,
-    /// Restart the pipeline from the slot's confirmed position, with backoff.
-    Retryable,
-}
-
-impl ErrorClass {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorClass::Permanent => "permanent",
-            ErrorClass::Retryable => "retryable",
-        }
-    }
-}
-
-impl fmt::Display for ErrorClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use pgoutput::ErrorClass;
 
 /// Why a string is not a valid Kafka topic name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,7 +237,7 @@ impl fmt::Display for EventIdPrefix<'_> {
 /// must stay readable (and fit a dead-letter header) with the fix it names.
 const MAX_SHOWN_ID: usize = 128;
 
-/// `id` as error messages show it: cut after [`MAX_SHOWN_ID`] bytes, ending with `…`.
+/// `id` as error messages show it: cut after `MAX_SHOWN_ID` bytes, ending with `…`.
 pub fn short_id(id: &str) -> std::borrow::Cow<'_, str> {
     if id.len() <= MAX_SHOWN_ID {
         return std::borrow::Cow::Borrowed(id);
@@ -305,8 +286,9 @@ impl RowError {
 
 /// The ack sequence was violated (a relay or decoder bug, or a protocol surprise).
 ///
-/// [`ErrorClass::Retryable`]: the watermark never moved past unacknowledged work, so a
-/// restart from the slot with a fresh [`crate::AckTracker`] loses nothing.
+/// [`ErrorClass::Permanent`]: replaying the same WAL would meet the same sequence again,
+/// so the relay stops (exit 1) with this message instead of looping. The watermark never
+/// moved past unacknowledged work, so the next start loses nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AckError {
     #[error("Begin received while transaction #{open} is still open (no Commit seen)")]
@@ -329,7 +311,7 @@ pub enum AckError {
 
 impl AckError {
     pub fn class(&self) -> ErrorClass {
-        ErrorClass::Retryable
+        ErrorClass::Permanent
     }
 }
 
@@ -363,9 +345,10 @@ mod tests {
 
     #[test]
     fn classes() {
+        // The relay stops on it (exit 1): see RelayError::class.
         assert_eq!(
             AckError::UnknownTicket { ticket: 1 }.class(),
-            ErrorClass::Retryable
+            ErrorClass::Permanent
         );
         let e = ConfigError::EmitPrefix("empty".into());
         assert_eq!(e.class(), ErrorClass::Permanent);

@@ -9,7 +9,7 @@
 //!  Relation ─────────▶ BoundTable::bind (columns by name, types checked)
 //!  Begin ────────────▶ AckTracker::begin
 //!  Insert ───────────▶ BoundTable::map_insert ─▶ OutboxRecord ─┬▶ check_size ─▶ produce
-//!  Message (prefix) ─▶ EmitMapper::map_message ─▶ OutboxRecord ┘   (InFlightBudget gates
+//!  Message (prefix) ─▶ EmitMapper::map_message ─▶ OutboxRecord ┘   (in-flight caps gate
 //!                      AckTracker::track_message ─▶ Ticket (delivery opaque)   reading)
 //!  Commit ───────────▶ AckTracker::commit(end_lsn)
 //!  Keepalive ────────▶ AckTracker::on_keepalive(wal_end)
@@ -31,8 +31,10 @@
 //!   relay restarts from the slot.
 //! - **Replays** ([`delivered`]): transactions PostgreSQL sends again after a restart
 //!   are skipped when the relay knows Kafka has them, narrowly (same history only).
-//! - **Back-pressure** ([`budget`]): caps on in-flight messages and bytes, always letting
-//!   one message through.
+//! - **Back-pressure**: caps on in-flight messages and bytes, always letting one message
+//!   through. The relay enforces them on its own in-flight slab
+//!   (`crates/relay/src/pipeline/inflight.rs`, `Session::has_room`); [`budget`] states the
+//!   same rule but the relay does not use it.
 //! - Every error type has a [`ErrorClass`] (permanent or retryable) decided in one place.
 
 pub mod ack;

@@ -480,6 +480,7 @@ mod tests {
         assert!(t.render(&fields("bad type", "x")).is_err());
         assert_eq!(t.cached_len(), 1);
         // A clone starts with an empty cache but renders the same.
+        #[allow(clippy::redundant_clone)] // the clone is what is tested
         let c = t.clone();
         assert_eq!(c.cached_len(), 0);
         assert_eq!(&*c.render(&fields("Order", "x")).unwrap(), "Order.Order");

@@ -1,7 +1,7 @@
 //! CopyData frames of the streaming-replication sub-protocol.
 //!
 //! Decoding/encoding is implemented below the type definitions. All integers are
-//! big-endian; see `reference/replication-protocol.md` §2 for how the server fills them.
+//! big-endian; see `docs/replication-protocol.md` §2 for how the server fills them.
 
 use bytes::{BufMut, Bytes, BytesMut};
 

@@ -14,6 +14,7 @@
 //! bytes are an error and unknown tags are an error: a decoder that guesses would let a
 //! relay acknowledge WAL it never understood.
 
+mod class;
 pub mod error;
 pub mod frame;
 pub mod lsn;
@@ -22,6 +23,7 @@ mod reader;
 pub mod time;
 mod writer;
 
+pub use class::ErrorClass;
 pub use error::DecodeError;
 pub use frame::{Keepalive, ReplicationFrame, StandbyStatusUpdate, XLogData};
 pub use lsn::Lsn;

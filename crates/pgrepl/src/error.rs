@@ -1,20 +1,13 @@
-//! Errors of the replication client and their one classification.
-//!
-//! Callers restart on [`ErrorClass::Retryable`] (with backoff) and stop with a report on
-//! [`ErrorClass::Permanent`]: a broken password, a missing slot or an invalidated slot does
-//! not heal by reconnecting, and looping on it hides the problem (Materialize#14823).
+//! Errors of the replication client and their one classification: [`ReplError::class`],
+//! with [`class_of_sqlstate`] for server errors and [`class_of_sql`] for every
+//! `tokio_postgres` error (the relay's side queries use the same function). The class
+//! itself is [`pgoutput::ErrorClass`], shared by the whole workspace.
 
 use std::fmt;
 use std::io;
 
 use pgoutput::DecodeError;
-
-/// Whether retrying the same operation can succeed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorClass {
-    Permanent,
-    Retryable,
-}
+pub use pgoutput::ErrorClass;
 
 /// The fields of a server ErrorResponse / NoticeResponse that matter to an operator.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -177,15 +170,20 @@ impl ReplError {
             | ReplError::Unsupported(_)
             | ReplError::Protocol(_)
             | ReplError::Decode(_) => ErrorClass::Permanent,
-            ReplError::Sql(e) => match e.code() {
-                Some(code) => class_of_sqlstate(code.code()),
-                // No SQLSTATE: the connection broke or closed under the client.
-                None if e.is_closed() || std::error::Error::source(e).is_some() => {
-                    ErrorClass::Retryable
-                }
-                None => ErrorClass::Permanent,
-            },
+            ReplError::Sql(e) => class_of_sql(e),
         }
+    }
+}
+
+/// The one rule for a `tokio_postgres` error: by its SQLSTATE when the server sent one;
+/// without one, retryable when the connection broke or closed under the client (an I/O
+/// cause), permanent otherwise: an unexpected message, a missing column or a wrong row
+/// count is a bug or a catalog surprise that a replay meets again.
+pub fn class_of_sql(e: &tokio_postgres::Error) -> ErrorClass {
+    match e.code() {
+        Some(code) => class_of_sqlstate(code.code()),
+        None if e.is_closed() || std::error::Error::source(e).is_some() => ErrorClass::Retryable,
+        None => ErrorClass::Permanent,
     }
 }
 

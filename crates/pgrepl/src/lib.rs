@@ -11,7 +11,7 @@
 //! - [`preflight`]: checks over an ordinary SQL connection ([`ConnectConfig::connect_sql`]).
 //!
 //! Upstream tokio-postgres has no replication mode, hence this hand-rolled connection over
-//! `postgres-protocol`'s frontend builders and our own backend framing ([`wire`]).
+//! `postgres-protocol`'s frontend builders and our own backend framing (`wire`).
 
 mod auth;
 mod config;
@@ -29,7 +29,9 @@ mod wire;
 
 pub use config::{ConnectConfig, ParseSslModeError, Password, SslMode};
 pub use connection::ReplicationConnection;
-pub use error::{chain as error_chain, class_of_sqlstate, ErrorClass, ReplError, ServerError};
+pub use error::{
+    chain as error_chain, class_of_sql, class_of_sqlstate, ErrorClass, ReplError, ServerError,
+};
 pub use options::StartOptions;
 pub use pg_tls::MakeRustlsConnect;
 pub use preflight::SlotState;

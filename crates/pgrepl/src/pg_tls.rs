@@ -39,7 +39,7 @@ where
 
     fn make_tls_connect(&mut self, domain: &str) -> Result<RustlsConnect, ReplError> {
         Ok(RustlsConnect {
-            config: self.config.clone(),
+            config: Arc::clone(&self.config),
             name: crate::tls::server_name(domain)?,
         })
     }

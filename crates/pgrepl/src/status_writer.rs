@@ -211,7 +211,7 @@ impl Writer {
         // An update right away tells the server our flush position from the start.
         self.send_status(false).await?;
         loop {
-            let shared = self.shared.clone();
+            let shared = Arc::clone(&self.shared);
             let next_periodic = self.last_sent + self.period();
             tokio::select! {
                 // Commands first: a shutdown must not wait behind a timer tick.

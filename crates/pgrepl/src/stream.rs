@@ -88,7 +88,7 @@ impl ReplicationConnection {
         let (read, write) = tokio::io::split(self.conn.stream);
         let shared = Shared::new(opts.initial_flush);
         let (commands, rx) = mpsc::channel(4);
-        let writer = tokio::spawn(Writer::new(write, shared.clone(), interval, rx).run());
+        let writer = tokio::spawn(Writer::new(write, Arc::clone(&shared), interval, rx).run());
         Ok(ReplicationStream {
             read,
             rbuf,
@@ -147,8 +147,10 @@ impl std::fmt::Debug for ReplicationStream {
 impl ReplicationStream {
     /// The next event, or `None` once the server ended the stream.
     ///
-    /// Cancel-safe: the only await is a read into the stream's own buffer, and a frame is
-    /// consumed and decoded without awaiting, so dropping this future loses nothing.
+    /// Cancel-safe, so it can be one branch of a `select!`: each await (the pacing sleep,
+    /// the read into the stream's own buffer, the wait for a writer failure) may be
+    /// dropped without losing bytes, and a frame is split off and decoded without
+    /// awaiting, so dropping this future loses nothing.
     pub async fn next(&mut self) -> Result<Option<ReplicationEvent>, ReplError> {
         loop {
             if let Some(e) = self.shared.failure() {
@@ -169,7 +171,7 @@ impl ReplicationStream {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
             self.rbuf.reserve(64 * 1024);
-            let shared = self.shared.clone();
+            let shared = Arc::clone(&self.shared);
             tokio::select! {
                 read = self.read.read_buf(&mut self.rbuf) => {
                     let n = read.map_err(ReplError::io("reading the replication stream"))?;
@@ -241,7 +243,7 @@ impl ReplicationStream {
     /// A cloneable handle through which the caller reports its durable position.
     pub fn flush_handle(&self) -> FlushHandle {
         FlushHandle {
-            shared: self.shared.clone(),
+            shared: Arc::clone(&self.shared),
         }
     }
 
@@ -250,7 +252,7 @@ impl ReplicationStream {
     /// nothing reads the socket, and a failed write is the only sign of a dead server.
     pub fn failure(&self) -> StreamFailure {
         StreamFailure {
-            shared: self.shared.clone(),
+            shared: Arc::clone(&self.shared),
         }
     }
 

@@ -26,7 +26,7 @@ pub(crate) fn client_config(cfg: &ConnectConfig) -> Result<Arc<ClientConfig>, Re
     let provider = provider();
     let verifier: Arc<dyn ServerCertVerifier> = match cfg.ssl_mode {
         SslMode::Disable | SslMode::Prefer | SslMode::Require => {
-            Arc::new(NoVerification(provider.clone()))
+            Arc::new(NoVerification(Arc::clone(&provider)))
         }
         SslMode::VerifyCa => Arc::new(ChainOnly(webpki_verifier(cfg, &provider)?)),
         SslMode::VerifyFull => webpki_verifier(cfg, &provider)?,
@@ -78,7 +78,7 @@ fn webpki_verifier(
     cfg: &ConnectConfig,
     provider: &Arc<CryptoProvider>,
 ) -> Result<Arc<WebPkiServerVerifier>, ReplError> {
-    WebPkiServerVerifier::builder_with_provider(Arc::new(root_store(cfg)?), provider.clone())
+    WebPkiServerVerifier::builder_with_provider(Arc::new(root_store(cfg)?), Arc::clone(provider))
         .build()
         .map_err(|e| ReplError::Tls(format!("building certificate verifier: {e}")))
 }

@@ -49,7 +49,7 @@ impl Watcher {
         let stop = Arc::new(AtomicBool::new(false));
         let seen = Seen::default();
         let thread = {
-            let (stop, seen) = (stop.clone(), seen.clone());
+            let (stop, seen) = (Arc::clone(&stop), Arc::clone(&seen));
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     match consumer.poll(Duration::from_millis(100)) {

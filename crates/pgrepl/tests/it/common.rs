@@ -11,7 +11,7 @@ pub fn config(cluster: &PgCluster, dbname: &str) -> ConnectConfig {
     cfg
 }
 
-/// Creates the outbox table and its publication (publication before slot, §5).
+/// Creates the outbox table and its publication (publication before slot: docs/replication-protocol.md §5).
 pub async fn create_table_and_publication(db: &TestDb<'_>) -> tokio_postgres::Client {
     let client = db.client().await;
     client

@@ -1,6 +1,6 @@
 //! Turns [`ProducerSettings`] into a librdkafka configuration: the relay's safety
 //! settings first, then the operator's overrides, refusing those that would break the
-//! guarantees the ack watermark depends on (replication-protocol.md §5).
+//! guarantees the ack watermark depends on (docs/replication-protocol.md §5).
 //!
 //! Policy, in one place:
 //! - `enable.idempotence`, `acks`/`request.required.acks`, `message.timeout.ms`/
@@ -11,7 +11,7 @@
 //!   Java clients would; they differ only for null keys. Any other partitioner moves
 //!   aggregates to other partitions than the events already written, so a consumer would
 //!   see an aggregate's events out of order across the switch.
-//! - `transactional.id`: refused until exactly-once (§7) exists.
+//! - `transactional.id`: refused: the relay has no transactional (exactly-once) mode.
 //! - `bootstrap.servers`, `message.max.bytes`, `queue.buffering.max.messages`: come from
 //!   the relay's own settings; an override must agree with them.
 //! - `enable.gapless.guarantee`: either value is fine, every delivery error is already

@@ -2,7 +2,7 @@
 //! delivery errors are permanent.
 //!
 //! Any failed delivery stops progress: re-sending one message alone would reorder its
-//! aggregate (replication-protocol.md §5), so the pipeline tears the producer down and
+//! aggregate (docs/replication-protocol.md §5), so the pipeline tears the producer down and
 //! replays from the slot. The classification only decides whether that replay can
 //! possibly help (retryable) or an operator must act first (permanent).
 

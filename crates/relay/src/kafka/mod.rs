@@ -1,5 +1,5 @@
 //! Kafka side of the relay: one idempotent, ordered producer whose delivery reports feed
-//! the ack watermark (replication-protocol.md §5).
+//! the ack watermark (docs/replication-protocol.md §5).
 //!
 //! - `settings`: what the operator configures, env-var mapping, secret redaction.
 //! - `config`: the fixed safety settings and which overrides are refused, and why.

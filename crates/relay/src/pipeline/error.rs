@@ -1,16 +1,31 @@
-//! Why a relay session ended, classified once as permanent or retryable.
+//! Why a relay session ended, classified once as permanent or retryable
+//! ([`RelayError::class`]), with the SQLSTATE or librdkafka code that decided it.
+
+use std::fmt;
 
 use outbox_core::{AckError, RowError, ShapeError};
-use pgrepl::ReplError;
-
-use crate::kafka::{DeliveryFailure, KafkaSetupError, SendError};
-
 /// Permanent errors need an operator; retryable ones reconnect with backoff and resume
 /// from the slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorClass {
-    Permanent,
-    Retryable,
+pub use pgoutput::ErrorClass;
+use pgrepl::ReplError;
+
+use crate::kafka::{DeliveryFailure, KafkaSetupError, RDKafkaErrorCode, SendError};
+
+/// The code a class was decided by, named in the log line that reports the error, so an
+/// operator can look it up (PostgreSQL's Appendix A, librdkafka's `rdkafka.h`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecidingCode {
+    Sqlstate(String),
+    Librdkafka(RDKafkaErrorCode),
+}
+
+impl fmt::Display for DecidingCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecidingCode::Sqlstate(code) => write!(f, "SQLSTATE {code}"),
+            DecidingCode::Librdkafka(code) => write!(f, "librdkafka {code:?}"),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -93,28 +108,40 @@ pub enum RelayError {
 }
 
 impl RelayError {
-    /// The one place that decides whether retrying can help.
+    /// Whether retrying can help; decided in `RelayError::verdict`.
     pub fn class(&self) -> ErrorClass {
+        self.verdict().0
+    }
+
+    /// The SQLSTATE or librdkafka code that decided [`RelayError::class`], when one did.
+    pub fn deciding_code(&self) -> Option<DecidingCode> {
+        self.verdict().1
+    }
+
+    /// The one place that decides whether retrying can help, and by which code.
+    fn verdict(&self) -> (ErrorClass, Option<DecidingCode>) {
+        use ErrorClass::{Permanent, Retryable};
         use RelayError as E;
+        let sqlstate = |code: &str| Some(DecidingCode::Sqlstate(code.to_owned()));
+        let kafka = |code: RDKafkaErrorCode| Some(DecidingCode::Librdkafka(code));
         match self {
-            E::Postgres(e) => match e.class() {
-                pgrepl::ErrorClass::Permanent => ErrorClass::Permanent,
-                pgrepl::ErrorClass::Retryable => ErrorClass::Retryable,
-            },
-            E::Sql(e) => match e.code() {
-                Some(code) => match pgrepl::class_of_sqlstate(code.code()) {
-                    pgrepl::ErrorClass::Permanent => ErrorClass::Permanent,
-                    pgrepl::ErrorClass::Retryable => ErrorClass::Retryable,
-                },
-                // No SQLSTATE: the connection failed or closed.
-                None => ErrorClass::Retryable,
-            },
+            E::Postgres(e) => (e.class(), e.sqlstate().and_then(sqlstate)),
+            E::Sql(e) => (
+                pgrepl::class_of_sql(e),
+                e.code().and_then(|c| sqlstate(c.code())),
+            ),
+            // Recognised by its SQLSTATE on the stream (see from_stream).
+            E::PublicationDropped { .. } => (Permanent, sqlstate("42704")),
+            E::Shape(e) => (e.class(), None),
+            E::BadRow { error, .. } | E::DeadLetterTooLarge { error, .. } => (error.class(), None),
+            // A broken message sequence or ack bookkeeping is a bug, not an outage: replaying
+            // the same WAL would hit it again, so exit (code 1) with the log instead of looping.
+            E::Ack(e) => (e.class(), None),
             E::SlotMissing { .. }
             | E::SlotDropped { .. }
             | E::SlotInvalidated { .. }
             | E::SlotUnusable { .. }
             | E::PublicationMissing { .. }
-            | E::PublicationDropped { .. }
             | E::TableNotPublished { .. }
             | E::UnsupportedServer { .. }
             | E::OutboxLikeRelation { .. }
@@ -123,35 +150,32 @@ impl RelayError {
             | E::ServerSetting { .. }
             | E::FailoverUnsupported
             | E::OtherCluster { .. }
-            | E::Shape(_)
-            | E::BadRow { .. }
-            | E::DeadLetterTooLarge { .. }
-            // A broken message sequence or ack bookkeeping is a bug, not an outage: replaying
-            // the same WAL would hit it again, so exit (code 1) with the log instead of looping.
-            | E::Protocol(_)
-            | E::Ack(_) => ErrorClass::Permanent,
+            | E::Protocol(_) => (Permanent, None),
             E::KafkaSetup(
                 KafkaSetupError::RefusedOverride { .. }
                 | KafkaSetupError::InvalidSettings(_)
                 | KafkaSetupError::Client(_),
-            ) => ErrorClass::Permanent,
-            E::KafkaSetup(_) => ErrorClass::Retryable,
+            ) => (Permanent, None),
+            E::KafkaSetup(KafkaSetupError::TopicCreation { code, .. }) => (Retryable, kafka(*code)),
+            E::KafkaSetup(_) => (Retryable, None),
             E::Delivery(f) => {
-                if f.retriable {
-                    ErrorClass::Retryable
+                let class = if f.retriable { Retryable } else { Permanent };
+                (class, kafka(f.code))
+            }
+            E::Send(SendError::QueueFull | SendError::Fatal(_)) => (Retryable, None),
+            E::Send(SendError::Other { code }) => {
+                let class = if crate::kafka::is_permanent(*code) {
+                    Permanent
                 } else {
-                    ErrorClass::Permanent
-                }
+                    Retryable
+                };
+                (class, kafka(*code))
             }
-            E::Send(SendError::QueueFull | SendError::Fatal(_)) => ErrorClass::Retryable,
-            E::Send(SendError::Other { code }) if !crate::kafka::is_permanent(*code) => {
-                ErrorClass::Retryable
-            }
-            E::Send(_) => ErrorClass::Permanent,
+            E::Send(_) => (Permanent, None),
             // A failover in progress: the address already points at a standby that is
             // about to be promoted.
             E::StreamClosed | E::SlotHistoryUnknown { .. } | E::InRecovery { .. } => {
-                ErrorClass::Retryable
+                (Retryable, None)
             }
         }
     }
@@ -228,5 +252,66 @@ mod tests {
         let other = RelayError::from_stream(server("57P01", "terminating connection"), "p");
         assert!(matches!(other, RelayError::Postgres(_)));
         assert_eq!(other.class(), ErrorClass::Retryable);
+    }
+
+    #[test]
+    fn the_code_that_decided_the_class_is_named() {
+        let cases = [
+            (
+                RelayError::Postgres(server("57P01", "terminating connection")),
+                ErrorClass::Retryable,
+                Some("SQLSTATE 57P01"),
+            ),
+            (
+                RelayError::Postgres(server("42501", "permission denied")),
+                ErrorClass::Permanent,
+                Some("SQLSTATE 42501"),
+            ),
+            (
+                RelayError::from_stream(server("42704", "publication \"p\" does not exist"), "p"),
+                ErrorClass::Permanent,
+                Some("SQLSTATE 42704"),
+            ),
+            (
+                RelayError::Delivery(DeliveryFailure {
+                    code: RDKafkaErrorCode::TopicAuthorizationFailed,
+                    message: "denied".into(),
+                    retriable: false,
+                }),
+                ErrorClass::Permanent,
+                Some("librdkafka TopicAuthorizationFailed"),
+            ),
+            (
+                RelayError::Send(SendError::Other {
+                    code: RDKafkaErrorCode::RequestTimedOut,
+                }),
+                ErrorClass::Retryable,
+                Some("librdkafka RequestTimedOut"),
+            ),
+            (
+                RelayError::Ack(AckError::UnknownTicket { ticket: 1 }),
+                ErrorClass::Permanent,
+                None,
+            ),
+            (RelayError::StreamClosed, ErrorClass::Retryable, None),
+        ];
+        for (e, class, code) in cases {
+            assert_eq!(e.class(), class, "{e}");
+            assert_eq!(
+                e.deciding_code().map(|c| c.to_string()).as_deref(),
+                code,
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn pure_errors_keep_their_own_class() {
+        // The relay and outbox-core agree: an ack-sequence violation stops the relay.
+        let ack = AckError::NoOpenTransaction {
+            operation: "Commit",
+        };
+        assert_eq!(RelayError::Ack(ack.clone()).class(), ack.class());
+        assert_eq!(RelayError::Ack(ack).exit_code(), 1);
     }
 }

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 pub use backoff::Backoff;
-pub use error::{ErrorClass, RelayError};
+pub use error::{DecidingCode, ErrorClass, RelayError};
 pub use observe::Observer;
 pub use session::SessionEnd;
 pub use shard::{judge_shard_layout, verify_shard_layout, ShardSpec};

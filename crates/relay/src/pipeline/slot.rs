@@ -12,7 +12,7 @@ use super::error::RelayError;
 #[derive(Debug, Clone, Copy)]
 pub struct SlotStart {
     /// The slot's confirmed_flush_lsn when checked: only a fallback for the session's
-    /// start, which is read again once the slot is ours ([`confirmed_flush`]), because
+    /// start, which is read again once the slot is ours (`confirmed_flush`), because
     /// another instance may advance it until then.
     pub confirmed_flush: Lsn,
 }
