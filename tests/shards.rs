@@ -46,6 +46,39 @@ fn init_shards(env: &[(String, String)]) {
     assert!(out.contains("ok    shards:"), "{out}");
 }
 
+/// Starts `outboxd run` and waits until each of its `shards` streams from its slot.
+async fn start_relaying(
+    env: Vec<(String, String)>,
+    client: &tokio_postgres::Client,
+    o: &Outbox,
+    shards: u32,
+) -> Relay {
+    let relay = Relay::start(env, &["run"]);
+    for i in 0..shards {
+        wait_active_pid(client, &shard_slot(o, i), Duration::from_secs(30)).await;
+    }
+    relay
+}
+
+/// Inserts `n` events over 40 aggregates and checks that all arrive, in order per aggregate.
+async fn insert_and_deliver(
+    client: &tokio_postgres::Client,
+    broker: &Broker,
+    topics: &[String],
+    o: &Outbox,
+    n: usize,
+    max_txn: usize,
+) -> support::consume::DeliveryReport {
+    let events = insert_events(client, &o.table, n, max_txn, 40).await;
+    let received = read_all_blocking(
+        &broker.bootstrap(),
+        topics,
+        &events,
+        Duration::from_secs(90),
+    );
+    check_delivery(&events, &received)
+}
+
 async fn topics(broker: &Broker, o: &Outbox) -> Vec<String> {
     ops::create_topics(broker, o).await
 }
@@ -63,20 +96,10 @@ async fn one_process_relays_three_shards_in_order_per_aggregate() {
         &[("OUTBOXD_SHARD_COUNT", "3")],
     );
     init_shards(&env);
-    let relay = Relay::start(env.clone(), &["run"]);
     let client = db.client().await;
-    for i in 0..3 {
-        wait_active_pid(&client, &shard_slot(&o, i), Duration::from_secs(30)).await;
-    }
+    let relay = start_relaying(env.clone(), &client, &o, 3).await;
     // Multi-row transactions spanning shards: each shard publishes its own rows.
-    let events = insert_events(&client, &o.table, 3_000, 8, 40).await;
-    let received = read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(90),
-    );
-    let report = check_delivery(&events, &received);
+    let report = insert_and_deliver(&client, &broker, &topics, &o, 3_000, 8).await;
     assert_eq!(report.duplicates, 0);
 
     // Each shard relayed its own share, and says so under its label.
@@ -158,18 +181,8 @@ async fn the_sql_kit_makes_a_layout_check_and_run_accept() {
         "4 slots created:\n{out}"
     );
     init_shards(&env);
-    let _relay = Relay::start(env, &["run"]);
-    for i in 0..4 {
-        wait_active_pid(&client, &shard_slot(&o, i), Duration::from_secs(30)).await;
-    }
-    let events = insert_events(&client, &o.table, 400, 4, 16).await;
-    let received = read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(60),
-    );
-    check_delivery(&events, &received);
+    let _relay = start_relaying(env, &client, &o, 4).await;
+    insert_and_deliver(&client, &broker, &topics, &o, 400, 4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
