@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use outbox_core::{EmitMapper, HeaderFormat, OutboxColumns, TableSpec, TopicName, TopicTemplate};
 use outboxd_relay::kafka::ProducerSettings;
-use outboxd_relay::pipeline::{BadRowPolicy, FailoverSlot, RelayConfig};
+use outboxd_relay::pipeline::RelayConfig;
 use pgrepl::{ConnectConfig, Password};
 
 use crate::config::{self, Settings};
@@ -77,16 +77,13 @@ pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
         slot: s.slot.clone(),
         publication: s.publication.clone(),
         create_slot: s.create_slot,
-        failover_slot: failover_slot(s),
+        failover_slot: s.failover_slot,
         table,
         relay_table: s.relay_table,
         emit,
         dead_letter_topic: TopicName::parse(&s.dead_letter_topic)
             .with_context(|| format!("OUTBOXD_DEAD_LETTER_TOPIC={:?}", s.dead_letter_topic))?,
-        bad_row_policy: match s.bad_row_policy {
-            config::BadRowPolicy::DeadLetter => BadRowPolicy::DeadLetter,
-            config::BadRowPolicy::Stop => BadRowPolicy::Stop,
-        },
+        bad_row_policy: s.bad_row_policy,
         max_message_bytes: s.max_message_bytes,
         max_in_flight_messages: s.max_in_flight_messages,
         max_in_flight_bytes: s.max_in_flight_bytes,
@@ -103,11 +100,3 @@ pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
 }
 
 pub const BROKER_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
-
-pub fn failover_slot(s: &Settings) -> FailoverSlot {
-    match s.failover_slot {
-        config::FailoverSlot::Auto => FailoverSlot::Auto,
-        config::FailoverSlot::On => FailoverSlot::On,
-        config::FailoverSlot::Off => FailoverSlot::Off,
-    }
-}

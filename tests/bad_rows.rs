@@ -160,6 +160,11 @@ async fn poison_rows_are_dead_lettered_and_later_events_arrive() {
         (dead_lettered - 4.0).abs() < f64::EPSILON,
         "dead-lettered metric {dead_lettered}"
     );
+    // One vocabulary: the metric's reason is the record's outboxd.error_kind.
+    for (_, kind, _) in expect_kind {
+        let series = format!("outboxd_events_dead_lettered_total{{reason=\"{kind}\"}}");
+        assert_eq!(relay.metric_series(&series), Some(1.0), "{series}");
+    }
     drop(relay);
 }
 

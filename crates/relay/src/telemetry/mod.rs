@@ -15,5 +15,5 @@ mod render;
 pub use health::Health;
 pub use histogram::{Histogram, HistogramSnapshot};
 pub use http::serve_http;
-pub use metrics::{DeadLetterReason, Metrics, MetricsSnapshot, SlotWalStatus};
+pub use metrics::{Metrics, MetricsSnapshot, SlotWalStatus};
 pub use render::{render, PROMETHEUS_CONTENT_TYPE};
