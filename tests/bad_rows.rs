@@ -144,9 +144,11 @@ async fn poison_rows_are_dead_lettered_and_later_events_arrive() {
             serde_json::json!(id),
             "the row is in the record"
         );
+        // The whole record, key and headers included, as the producer counts it.
         assert!(
-            r.value.as_ref().unwrap().len() <= 2000,
-            "dead-letter record fits the limit"
+            r.wire_size() <= 2000,
+            "dead-letter record fits the limit: {} bytes",
+            r.wire_size()
         );
     }
     // The oversize row arrives without its payload, saying so.
@@ -160,6 +162,11 @@ async fn poison_rows_are_dead_lettered_and_later_events_arrive() {
         (dead_lettered - 4.0).abs() < f64::EPSILON,
         "dead-lettered metric {dead_lettered}"
     );
+    // One vocabulary: the metric's reason is the record's outboxd.error_kind.
+    for (_, kind, _) in expect_kind {
+        let series = format!("outboxd_events_dead_lettered_total{{reason=\"{kind}\"}}");
+        assert_eq!(relay.metric_series(&series), Some(1.0), "{series}");
+    }
     drop(relay);
 }
 

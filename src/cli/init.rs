@@ -91,7 +91,8 @@ async fn init_shard(s: &Settings, sql: &Client) -> Result<(), InitError> {
         say!("ok  publication {} (created)", s.publication);
     }
     let mut conn = ReplicationConnection::connect(&pg).await?;
-    let failover = wiring::failover_slot(s)
+    let failover = s
+        .failover_slot
         .wanted(conn.supports_failover_slots().await?)
         .map_err(|e| InitError::Refused(e.to_string()))?;
     match preflight::slot_state(sql, &s.slot).await? {

@@ -9,6 +9,8 @@ mod vars;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use outboxd_relay::kafka::{is_secret_property, kafka_property_from_env};
+
 pub use shards::{shard_table, ShardOf, Shards};
 #[cfg(test)]
 pub use vars::VARS;
@@ -26,8 +28,11 @@ pub struct ConfigError {
 
 impl ConfigError {
     pub fn new(var: &str, value: &str, accepts: impl Into<String>) -> Self {
-        let secret =
-            var.contains("PASSWORD") || var.contains("SECRET") || var == "OUTBOXD_DATABASE_URL";
+        // A Kafka property is a secret by the relay's one rule (it redacts the same ones).
+        let secret = var.contains("PASSWORD")
+            || var.contains("SECRET")
+            || var == "OUTBOXD_DATABASE_URL"
+            || kafka_property_from_env(var).is_some_and(|p| is_secret_property(&p));
         ConfigError {
             var: var.to_owned(),
             shown: if secret {
@@ -84,11 +89,8 @@ impl std::fmt::Debug for PgSettings {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BadRowPolicy {
-    DeadLetter,
-    Stop,
-}
+/// `OUTBOXD_BAD_ROW_POLICY`: the relay's own type, parsed here.
+pub use outboxd_relay::pipeline::BadRowPolicy;
 
 /// `OUTBOXD_HEADER_FORMAT`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,13 +127,8 @@ fn standby_list(env: &Env<'_>) -> Result<Vec<(String, Option<u16>)>, ConfigError
         .collect()
 }
 
-/// OUTBOXD_FAILOVER_SLOT.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailoverSlot {
-    Auto,
-    On,
-    Off,
-}
+/// `OUTBOXD_FAILOVER_SLOT`: the relay's own type, parsed here.
+pub use outboxd_relay::pipeline::FailoverSlot;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -484,14 +481,19 @@ pub fn from_vars_for(
     };
     let mut kafka_overrides = BTreeMap::new();
     for (name, value) in vars {
-        if let Some(rest) = name.strip_prefix(KAFKA_PASSTHROUGH_PREFIX) {
+        if name.starts_with(KAFKA_PASSTHROUGH_PREFIX) {
             if spec(name).is_some() {
                 continue;
             }
-            if rest.is_empty() {
-                return Err(ConfigError::new(name, value, "OUTBOXD_KAFKA_<PROPERTY>"));
-            }
-            kafka_overrides.insert(rest.to_ascii_lowercase().replace('_', "."), value.clone());
+            let Some(property) = kafka_property_from_env(name) else {
+                return Err(ConfigError::new(
+                    name,
+                    value,
+                    "OUTBOXD_KAFKA_<PROPERTY>, the librdkafka property in capitals with _ for . \
+                     (OUTBOXD_KAFKA_SASL_MECHANISM -> sasl.mechanism)",
+                ));
+            };
+            kafka_overrides.insert(property, value.clone());
         }
     }
     let status_interval = nonzero_millis("OUTBOXD_STATUS_INTERVAL_MS")?;

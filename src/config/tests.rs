@@ -87,6 +87,22 @@ fn kafka_passthrough_maps_names_to_librdkafka_properties() {
 }
 
 #[test]
+fn kafka_passthrough_refuses_names_that_are_no_property_and_hides_secret_values() {
+    for name in ["OUTBOXD_KAFKA_SASL__MECHANISM", "OUTBOXD_KAFKA_DEBUG_"] {
+        let e = from_vars(&vars(&[(name, "x")])).unwrap_err();
+        assert_eq!(e.var, name);
+        assert!(e.to_string().contains("sasl.mechanism"), "{e}");
+    }
+    // The relay redacts sasl.oauthbearer.config; so does a configuration error naming it.
+    let e = ConfigError::new(
+        "OUTBOXD_KAFKA_SASL_OAUTHBEARER_CONFIG",
+        "secret=s3cr3t",
+        "x",
+    );
+    assert_eq!(e.shown, "***");
+}
+
+#[test]
 fn database_url_overrides_pg_variables_and_secrets_stay_hidden() {
     let s = from_vars(&vars(&[
         ("PGHOST", "ignored"),

@@ -20,8 +20,9 @@ const fn var(name: &'static str, default: Option<&'static str>, help: &'static s
 }
 
 /// Variables with the `OUTBOXD_KAFKA_` prefix that are not listed here are passed to
-/// librdkafka as properties (OUTBOXD_KAFKA_SASL_MECHANISM -> sasl.mechanism).
-pub const KAFKA_PASSTHROUGH_PREFIX: &str = "OUTBOXD_KAFKA_";
+/// librdkafka as properties (OUTBOXD_KAFKA_SASL_MECHANISM -> sasl.mechanism), mapped by
+/// the relay's `kafka_property_from_env`.
+pub use outboxd_relay::kafka::KAFKA_ENV_PREFIX as KAFKA_PASSTHROUGH_PREFIX;
 
 pub const VARS: &[VarSpec] = &[
     // Postgres

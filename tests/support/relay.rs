@@ -222,6 +222,15 @@ impl Relay {
         found
     }
 
+    /// One labelled series, e.g. `outboxd_events_dead_lettered_total{reason="oversize"}`.
+    pub fn metric_series(&self, series: &str) -> Option<f64> {
+        let (code, body) = self.http_get("/metrics")?;
+        if code != 200 {
+            return None;
+        }
+        super::ops::metric(&body, series)
+    }
+
     /// Peak resident set size (VmHWM) of the running relay, in kB.
     pub fn peak_rss_kb(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))

@@ -7,7 +7,7 @@ use outbox_core::RowErrorKind;
 use pgoutput::{Lsn, PgTimestamp};
 
 use super::slot::SlotStats;
-use crate::telemetry::{DeadLetterReason, Health, Metrics, SlotWalStatus};
+use crate::telemetry::{Health, Metrics, SlotWalStatus};
 
 #[derive(Clone)]
 pub struct Observer {
@@ -69,19 +69,7 @@ impl Observer {
     /// A bad row's dead-letter record was queued (under `stop` nothing is counted: the
     /// row was not dead-lettered).
     pub(super) fn dead_lettered(&self, kind: RowErrorKind) {
-        let reason = match kind {
-            RowErrorKind::NullAggregateId => DeadLetterReason::NullKey,
-            RowErrorKind::EmptyAggregateId => DeadLetterReason::EmptyKey,
-            RowErrorKind::Oversize => DeadLetterReason::Oversize,
-            RowErrorKind::InvalidTopic => DeadLetterReason::BadTopic,
-            RowErrorKind::NullColumn
-            | RowErrorKind::UnreadableValue
-            | RowErrorKind::HeadersNotObject
-            | RowErrorKind::UnchangedToast
-            | RowErrorKind::InvalidEnvelope => DeadLetterReason::Unreadable,
-            _ => DeadLetterReason::Other,
-        };
-        self.metrics.inc_dead_lettered(reason);
+        self.metrics.inc_dead_lettered(kind);
     }
 
     /// `n` inserts of a relation that is not the outbox; true the first time it is seen.

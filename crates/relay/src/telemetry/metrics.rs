@@ -6,50 +6,14 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use outbox_core::RowErrorKind;
+
 use super::histogram::{Histogram, HistogramSnapshot};
 
-/// Why an event went to the dead-letter topic instead of its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DeadLetterReason {
-    NullKey,
-    EmptyKey,
-    Unreadable,
-    Oversize,
-    BadTopic,
-    Other,
-}
-
-impl DeadLetterReason {
-    pub const ALL: [Self; 6] = [
-        Self::NullKey,
-        Self::EmptyKey,
-        Self::Unreadable,
-        Self::Oversize,
-        Self::BadTopic,
-        Self::Other,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::NullKey => "null_key",
-            Self::EmptyKey => "empty_key",
-            Self::Unreadable => "unreadable",
-            Self::Oversize => "oversize",
-            Self::BadTopic => "bad_topic",
-            Self::Other => "other",
-        }
-    }
-
-    fn index(self) -> usize {
-        match self {
-            Self::NullKey => 0,
-            Self::EmptyKey => 1,
-            Self::Unreadable => 2,
-            Self::Oversize => 3,
-            Self::BadTopic => 4,
-            Self::Other => 5,
-        }
-    }
+/// The dead-letter counter's `reason` label is the row error's kind, the same word the
+/// dead-letter record carries in its `outboxd.error_kind` header.
+fn kind_index(kind: RowErrorKind) -> Option<usize> {
+    RowErrorKind::ALL.iter().position(|k| *k == kind)
 }
 
 /// `pg_replication_slots.wal_status`; `Unknown` until read (or on servers without it).
@@ -115,7 +79,7 @@ impl SlotWalStatus {
 #[derive(Debug)]
 pub struct Metrics {
     events_published: AtomicU64,
-    dead_lettered: [AtomicU64; 6],
+    dead_lettered: [AtomicU64; RowErrorKind::ALL.len()],
     delivery_errors: AtomicU64,
     kafka_brokers_up: AtomicU64,
     events_skipped: AtomicU64,
@@ -178,7 +142,7 @@ impl Default for Metrics {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MetricsSnapshot {
     pub events_published_total: u64,
-    pub events_dead_lettered_total: Vec<(DeadLetterReason, u64)>,
+    pub events_dead_lettered_total: Vec<(RowErrorKind, u64)>,
     pub delivery_errors_total: u64,
     /// Brokers in the last metadata answer of the probe; 0 when none answered.
     pub kafka_brokers_up: u64,
@@ -225,8 +189,8 @@ impl Metrics {
         add(&self.events_published, n);
     }
 
-    pub fn inc_dead_lettered(&self, reason: DeadLetterReason) {
-        if let Some(c) = self.dead_lettered.get(reason.index()) {
+    pub fn inc_dead_lettered(&self, reason: RowErrorKind) {
+        if let Some(c) = kind_index(reason).and_then(|i| self.dead_lettered.get(i)) {
             add(c, 1);
         }
     }
@@ -336,9 +300,10 @@ impl Metrics {
         };
         MetricsSnapshot {
             events_published_total: load(&self.events_published),
-            events_dead_lettered_total: DeadLetterReason::ALL
+            events_dead_lettered_total: RowErrorKind::ALL
                 .into_iter()
-                .map(|r| (r, self.dead_lettered.get(r.index()).map_or(0, load)))
+                .zip(&self.dead_lettered)
+                .map(|(kind, n)| (kind, load(n)))
                 .collect(),
             delivery_errors_total: load(&self.delivery_errors),
             kafka_brokers_up: load(&self.kafka_brokers_up),
@@ -387,8 +352,11 @@ mod tests {
             assert_eq!(SlotWalStatus::from_pg(Some(s.as_str())), s);
         }
         assert_eq!(SlotWalStatus::from_pg(None), SlotWalStatus::Unknown);
-        let indexes: Vec<usize> = DeadLetterReason::ALL.iter().map(|r| r.index()).collect();
-        assert_eq!(indexes, [0, 1, 2, 3, 4, 5]);
+        let indexes: Vec<Option<usize>> = RowErrorKind::ALL.into_iter().map(kind_index).collect();
+        assert_eq!(
+            indexes,
+            (0..RowErrorKind::ALL.len()).map(Some).collect::<Vec<_>>()
+        );
     }
 
     #[test]
@@ -416,18 +384,18 @@ mod tests {
         let m = Metrics::new();
         m.add_events_published(3);
         m.add_events_published(2);
-        m.inc_dead_lettered(DeadLetterReason::Oversize);
-        m.inc_dead_lettered(DeadLetterReason::Oversize);
+        m.inc_dead_lettered(RowErrorKind::Oversize);
+        m.inc_dead_lettered(RowErrorKind::Oversize);
         m.set_in_flight(7, 700);
         m.set_slot_wal_status(SlotWalStatus::Extended);
         let s = m.snapshot(SystemTime::now());
         assert_eq!(s.events_published_total, 5);
         assert!(s
             .events_dead_lettered_total
-            .contains(&(DeadLetterReason::Oversize, 2)));
+            .contains(&(RowErrorKind::Oversize, 2)));
         assert!(s
             .events_dead_lettered_total
-            .contains(&(DeadLetterReason::NullKey, 0)));
+            .contains(&(RowErrorKind::NullAggregateId, 0)));
         assert_eq!((s.in_flight_messages, s.in_flight_bytes), (7, 700));
         assert_eq!(s.slot_wal_status, SlotWalStatus::Extended);
         assert!(!s.replication_connected && !s.producer_healthy);

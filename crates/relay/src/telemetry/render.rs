@@ -306,7 +306,7 @@ impl Text {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::telemetry::metrics::DeadLetterReason;
+    use outbox_core::RowErrorKind;
     use std::time::UNIX_EPOCH;
 
     #[test]
@@ -322,7 +322,7 @@ mod tests {
     fn renders_every_metric_with_help_and_type() {
         let m = Metrics::new();
         m.add_events_published(42);
-        m.inc_dead_lettered(DeadLetterReason::NullKey);
+        m.inc_dead_lettered(RowErrorKind::NullAggregateId);
         m.set_confirmed_lsn(0x1_6B37_4D48);
         m.set_slot_wal_status(SlotWalStatus::Reserved);
         m.set_replication_connected(true);
@@ -337,8 +337,8 @@ mod tests {
             "# TYPE outboxd_events_published_total counter",
             "outboxd_events_published_total 42",
             "# TYPE outboxd_events_dead_lettered_total counter",
-            "outboxd_events_dead_lettered_total{reason=\"null_key\"} 1",
-            "outboxd_events_dead_lettered_total{reason=\"bad_topic\"} 0",
+            "outboxd_events_dead_lettered_total{reason=\"null_aggregate_id\"} 1",
+            "outboxd_events_dead_lettered_total{reason=\"invalid_topic\"} 0",
             "outboxd_confirmed_lsn 6093753672",
             "# TYPE outboxd_slot_wal_status gauge",
             "outboxd_slot_wal_status{status=\"reserved\"} 1",
