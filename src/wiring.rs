@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use outbox_core::{EmitMapper, HeaderFormat, OutboxColumns, TableSpec, TopicName, TopicTemplate};
-use outboxd_relay::kafka::ProducerSettings;
+use outboxd_relay::kafka::{
+    check_producer_settings, env_var_of_property, KafkaSetupError, ProducerSettings,
+};
 use outboxd_relay::pipeline::RelayConfig;
 use pgrepl::{ConnectConfig, Password};
 
@@ -62,8 +64,24 @@ pub fn producer_settings(s: &Settings) -> ProducerSettings {
     p
 }
 
+/// The producer settings as the producer will get them, refused now (before anything is
+/// connected to) if the producer would refuse them, naming the variable that was set.
+pub fn checked_producer_settings(s: &Settings) -> anyhow::Result<ProducerSettings> {
+    let p = producer_settings(s);
+    check_producer_settings(&p).map_err(|e| {
+        let var = match &e {
+            KafkaSetupError::RefusedOverride { property, .. }
+            | KafkaSetupError::InvalidProperty { property, .. } => env_var_of_property(property),
+            _ => "the Kafka producer settings".to_owned(),
+        };
+        anyhow::Error::new(e).context(var)
+    })?;
+    Ok(p)
+}
+
 pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
     let table = table_spec(s)?;
+    let producer = checked_producer_settings(s)?;
     let emit = match &s.message_prefix {
         Some(prefix) => Some(
             EmitMapper::new(prefix.clone(), Arc::clone(&table.topic))
@@ -87,7 +105,7 @@ pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
         max_message_bytes: s.max_message_bytes,
         max_in_flight_messages: s.max_in_flight_messages,
         max_in_flight_bytes: s.max_in_flight_bytes,
-        producer: producer_settings(s),
+        producer,
         status_interval: s.status_interval,
         idle_flush: s.idle_flush,
         heartbeat_interval: s.heartbeat_interval,

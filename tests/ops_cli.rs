@@ -241,6 +241,45 @@ async fn config_error_exits_2_naming_the_variable() {
     assert!(out.contains("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS"), "{out}");
 }
 
+/// Every setting is checked before anything is connected to: a producer setting the relay
+/// refuses, or one librdkafka refuses, exits 2 at once naming the variable, even with
+/// PostgreSQL unreachable (which would otherwise be retried for ever).
+#[test]
+fn producer_settings_are_refused_before_connecting() {
+    let closed = support::relay::free_port().to_string();
+    let env: Vec<(String, String)> = [
+        ("PGHOST", "127.0.0.1"),
+        ("PGPORT", closed.as_str()),
+        ("PGUSER", "postgres"),
+        ("PGDATABASE", "postgres"),
+        ("PGSSLMODE", "disable"),
+        ("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9"),
+        ("OUTBOXD_HTTP_ADDR", ""),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    for (var, value) in [
+        ("OUTBOXD_KAFKA_ACKS", "1"),
+        ("OUTBOXD_KAFKA_ENABLE_IDEMPOTENCE", "false"),
+        ("OUTBOXD_KAFKA_COMPRESSION_TYPE", "bogus"),
+        ("OUTBOXD_KAFKA_NO_SUCH_PROPERTY", "1"),
+    ] {
+        let env = [env.clone(), vec![(var.to_owned(), value.to_owned())]].concat();
+        let started = std::time::Instant::now();
+        let mut relay = Relay::start(env, &["run"]);
+        let status = relay.wait_exit(Duration::from_secs(10));
+        let log = relay.log_text();
+        assert_eq!(status.code(), Some(2), "{var}={value}:\n{log}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{var}: {:?}",
+            started.elapsed()
+        );
+        assert!(log.contains(var), "the message names {var}:\n{log}");
+    }
+}
+
 /// `<command> --help` prints the usage and exits 0 without reading any configuration.
 #[test]
 fn subcommand_help_exits_0_without_configuration() {

@@ -32,11 +32,12 @@ pub(crate) use say;
 pub const EXIT_CODES: &str = "Exit codes:
   0  stopped cleanly (SIGTERM/SIGINT), or the subcommand succeeded
   1  internal error (a bug: please report it with the log)
-  2  configuration error: the message names the variable and what it accepts
+  2  configuration error: the message names the variable and what it accepts (checked
+     before connecting to anything, Kafka producer properties included)
   3  permanent Postgres-side problem: slot missing/dropped/invalidated, publication missing,
      wrong table shape, authentication or permission failure
   4  a bad outbox row under OUTBOXD_BAD_ROW_POLICY=stop (the message names the row id)
-  5  permanent Kafka-side problem: refused producer setting, authorization, record too large
+  5  permanent Kafka-side problem: authorization, record too large
   6  `outboxd check` found a problem (each failed check says how to fix it)
   130  a second SIGTERM/SIGINT while draining: exited at once (nothing is lost: events not
      yet confirmed are sent again from the slot)

@@ -66,6 +66,24 @@ pub(crate) fn producer_config(
     Ok(config)
 }
 
+/// Everything `producer_config` and librdkafka would refuse when the producer is built,
+/// checked without creating a client, so that `run` can refuse a setting before it
+/// connects to anything: the relay's own rules, then librdkafka's for each property's
+/// name and value (one at a time, so the error names the property).
+pub fn check_producer_settings(settings: &ProducerSettings) -> Result<(), KafkaSetupError> {
+    let config = producer_config(settings)?;
+    for (name, value) in config.config_map() {
+        let mut one = ClientConfig::new();
+        one.set(name, value);
+        one.create_native_config()
+            .map_err(|e| KafkaSetupError::InvalidProperty {
+                property: (*name).to_owned(),
+                message: settings.scrub(&e.to_string()),
+            })?;
+    }
+    Ok(())
+}
+
 /// Configuration for auxiliary clients (admin): same connection and security settings,
 /// none of the producer's idempotence machinery.
 pub(crate) fn admin_config(settings: &ProducerSettings) -> Result<ClientConfig, KafkaSetupError> {

@@ -14,6 +14,9 @@ pub enum KafkaSetupError {
     },
     #[error("invalid Kafka producer settings: {0}")]
     InvalidSettings(String),
+    /// librdkafka refused a property's name or value.
+    #[error("Kafka property `{property}` is refused by librdkafka: {message}")]
+    InvalidProperty { property: String, message: String },
     /// librdkafka rejected the configuration or could not create the client.
     #[error("creating the Kafka client failed: {0}")]
     Client(String),

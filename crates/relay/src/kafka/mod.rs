@@ -20,6 +20,7 @@ mod settings;
 #[cfg(test)]
 mod mock_tests;
 
+pub use config::check_producer_settings;
 pub use delivery::{is_permanent, Delivered, Delivery, DeliveryFailure, DeliverySink};
 pub use error::KafkaSetupError;
 pub use probe::BrokerProbe;
@@ -29,6 +30,6 @@ pub use producer::{
 pub use progress::{ProgressError, ProgressRecord, ProgressStore, SlotIdentity};
 pub use rdkafka::types::RDKafkaErrorCode;
 pub use settings::{
-    is_secret_property, kafka_property_from_env, ProducerSettings, RedactedSettings,
-    KAFKA_ENV_PREFIX,
+    env_var_of_property, is_secret_property, kafka_property_from_env, ProducerSettings,
+    RedactedSettings, KAFKA_ENV_PREFIX,
 };

@@ -132,6 +132,15 @@ pub fn kafka_property_from_env(var_name: &str) -> Option<String> {
     Some(rest.to_ascii_lowercase().replace('_', "."))
 }
 
+/// The variable [`kafka_property_from_env`] maps to `property`: `sasl.mechanism` →
+/// `OUTBOXD_KAFKA_SASL_MECHANISM`, for messages that name what the operator set.
+pub fn env_var_of_property(property: &str) -> String {
+    format!(
+        "{KAFKA_ENV_PREFIX}{}",
+        property.trim().to_ascii_uppercase().replace('.', "_")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,6 +171,11 @@ mod tests {
         ];
         for (var, want) in cases {
             assert_eq!(kafka_property_from_env(var).as_deref(), *want, "{var}");
+        }
+        for (var, want) in cases {
+            if let Some(property) = want {
+                assert_eq!(env_var_of_property(property), *var);
+            }
         }
     }
 

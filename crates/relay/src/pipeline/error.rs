@@ -151,6 +151,7 @@ impl RelayError {
             E::KafkaSetup(
                 KafkaSetupError::RefusedOverride { .. }
                 | KafkaSetupError::InvalidSettings(_)
+                | KafkaSetupError::InvalidProperty { .. }
                 | KafkaSetupError::Client(_),
             ) => (Permanent, None),
             E::KafkaSetup(KafkaSetupError::TopicCreation { code, .. }) => (Retryable, kafka(*code)),
