@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use pgtest::{PgCluster, TestDb};
 use support::broker::Broker;
-use support::consume::{read_until_ids, Received};
+use support::consume::{read_until_ids, wire_size, Received};
 use support::relay::Relay;
 use support::schema::{self, Outbox};
 use tokio_postgres::Client;
@@ -24,36 +24,6 @@ const LIMIT: usize = 2000;
 const DDL: &str = "CREATE TABLE public.outbox (
     id text NOT NULL, aggregate_type text NOT NULL, aggregate_id text NOT NULL,
     event_type text NOT NULL, payload jsonb NOT NULL, headers jsonb NULL)";
-
-/// librdkafka's rule, written out here independently of outbox-core: 36 bytes of v2
-/// record framing at its largest, key, value, and per header a zig-zag varint of the
-/// name length, the name, a zig-zag varint of the value length, the value.
-fn wire_size(key: usize, value: usize, headers: &[(usize, usize)]) -> usize {
-    fn varint(n: usize) -> usize {
-        let mut v = 2 * n;
-        let mut bytes = 1;
-        while v >= 0x80 {
-            v >>= 7;
-            bytes += 1;
-        }
-        bytes
-    }
-    36 + key
-        + value
-        + headers
-            .iter()
-            .map(|&(n, v)| varint(n) + n + varint(v) + v)
-            .sum::<usize>()
-}
-
-fn received_size(r: &Received) -> usize {
-    let headers: Vec<(usize, usize)> = r.headers.iter().map(|(k, v)| (k.len(), v.len())).collect();
-    wire_size(
-        r.key.as_ref().map_or(0, Vec::len),
-        r.value.as_ref().map_or(0, Vec::len),
-        &headers,
-    )
-}
 
 /// The record outboxd makes of a row: key = aggregate id, value = the payload text,
 /// headers id, event_type, aggregate_type, outboxd.commit_lsn, outboxd.commit_time.
@@ -217,7 +187,7 @@ async fn records_up_to_the_limit_are_published_and_larger_ones_dead_lettered() {
     );
     for (row, r) in sized[..2].iter().zip(&published) {
         assert_sized_as_intended(row, r);
-        assert_eq!(received_size(r), row.size, "as it arrived");
+        assert_eq!(r.wire_size(), row.size, "as it arrived");
         assert_eq!(r.key_str(), "a-1");
         assert_eq!(r.value.as_deref(), Some(row.payload.as_bytes()));
     }
@@ -230,9 +200,9 @@ async fn records_up_to_the_limit_are_published_and_larger_ones_dead_lettered() {
             .header("outboxd.error")
             .is_some_and(|e| e.contains("OUTBOXD_MAX_MESSAGE_BYTES")));
         assert!(
-            received_size(r) <= LIMIT,
+            r.wire_size() <= LIMIT,
             "a dead-letter record fits the limit: {}",
-            received_size(r)
+            r.wire_size()
         );
     }
     let find = |pred: &dyn Fn(&str) -> bool| -> &Received {
@@ -356,7 +326,7 @@ async fn stop_case(name: &str, bad_aggregate_id: &str, bad_size: Option<usize>) 
     );
     for (row, r) in good.iter().zip(&published) {
         assert_sized_as_intended(row, r);
-        assert_eq!(received_size(r), row.size);
+        assert_eq!(r.wire_size(), row.size);
     }
     let dead: Vec<&str> = got
         .iter()

@@ -35,6 +35,41 @@ impl Received {
             .and_then(|k| std::str::from_utf8(k).ok())
             .unwrap_or("")
     }
+
+    /// The record's size as librdkafka counts it against `message.max.bytes`.
+    pub fn wire_size(&self) -> usize {
+        let headers: Vec<(usize, usize)> = self
+            .headers
+            .iter()
+            .map(|(k, v)| (k.len(), v.len()))
+            .collect();
+        wire_size(
+            self.key.as_ref().map_or(0, Vec::len),
+            self.value.as_ref().map_or(0, Vec::len),
+            &headers,
+        )
+    }
+}
+
+/// librdkafka's rule, written out here independently of outbox-core: 36 bytes of v2
+/// record framing at its largest, key, value, and per header a zig-zag varint of the
+/// name length, the name, a zig-zag varint of the value length, the value.
+pub fn wire_size(key: usize, value: usize, headers: &[(usize, usize)]) -> usize {
+    fn varint(n: usize) -> usize {
+        let mut v = 2 * n;
+        let mut bytes = 1;
+        while v >= 0x80 {
+            v >>= 7;
+            bytes += 1;
+        }
+        bytes
+    }
+    36 + key
+        + value
+        + headers
+            .iter()
+            .map(|&(n, v)| varint(n) + n + varint(v) + v)
+            .sum::<usize>()
 }
 
 /// Reads every partition of `topics` from the beginning until `want` records arrived, or

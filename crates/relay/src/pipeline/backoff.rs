@@ -92,6 +92,21 @@ mod tests {
     }
 
     #[test]
+    fn each_delay_is_at_least_the_previous_one_until_the_cap() {
+        // Equal jitter: attempt n draws from [c/2, c] and attempt n+1 from [c, 2c], so the
+        // random halves never make a later delay shorter. Checked over many draws.
+        for _ in 0..1000 {
+            let mut b = Backoff::new(ms(100), Duration::from_secs(30));
+            let delays: Vec<Duration> = (0..12).map(|_| b.next_delay()).collect();
+            // Up to attempt 8 (ceiling 25.6 s); from attempt 9 the cap (30 s) bounds it.
+            for pair in delays[..=8].windows(2) {
+                assert!(pair[1] >= pair[0], "shrank: {delays:?}");
+            }
+            assert!(delays[11] >= Duration::from_secs(15), "{delays:?}");
+        }
+    }
+
+    #[test]
     fn only_progress_resets() {
         let mut b = Backoff::new(ms(100), Duration::from_secs(30));
         // Sessions that fail without progress: the delays keep growing.
