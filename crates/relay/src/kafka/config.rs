@@ -66,7 +66,7 @@ pub(crate) fn producer_config(
     Ok(config)
 }
 
-/// Everything [`producer_config`] and librdkafka would refuse when the producer is built,
+/// Everything `producer_config` and librdkafka would refuse when the producer is built,
 /// checked without creating a client, so that `run` can refuse a setting before it
 /// connects to anything: the relay's own rules, then librdkafka's for each property's
 /// name and value (one at a time, so the error names the property).
