@@ -17,6 +17,7 @@ mod pg;
 mod poll;
 mod procfs;
 mod report;
+mod steady;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -39,7 +40,7 @@ pub struct Settings {
     pub out: PathBuf,
     /// BENCH_WORKDIR: logs and scratch files.
     pub workdir: PathBuf,
-    /// BENCH_SECTIONS: catchup,poll,latency,profile
+    /// BENCH_SECTIONS: catchup,poll,latency,profile,steady
     pub sections: Vec<String>,
     /// BENCH_CASES: a,b,c
     pub cases: Vec<String>,
@@ -99,7 +100,7 @@ impl Settings {
             bins,
             out: PathBuf::from(env_or("BENCH_OUT", "docs/benchmarks.md")),
             workdir: PathBuf::from(env_or("BENCH_WORKDIR", "/tmp/outboxd-bench")),
-            sections: list("BENCH_SECTIONS", "catchup,poll,latency,profile"),
+            sections: list("BENCH_SECTIONS", "catchup,poll,latency,profile,steady"),
             cases: list("BENCH_CASES", "a,b,c"),
             latency_secs: env_or("BENCH_LATENCY_SECS", latency_default)
                 .parse()
@@ -188,6 +189,7 @@ pub struct Results {
     pub idle: Vec<(String, Option<f64>, Option<f64>)>,
     /// (broker, peak RSS after the latency runs), MiB.
     pub latency_hwm: Vec<(String, Option<f64>)>,
+    pub steady: Vec<steady::SteadyRun>,
     pub notes: Vec<String>,
     pub load_before: String,
     pub load_after: String,
@@ -267,6 +269,12 @@ async fn run() -> Result<()> {
                 r.notes
                     .push(format!("latency suite on {} failed: {e:#}", kind.name()));
             }
+        }
+    }
+    if s.section("steady") {
+        match steady::run(&s, &cluster, &s.tansu_path()).await {
+            Ok(runs) => r.steady = runs,
+            Err(e) => r.notes.push(format!("steady-load comparison failed: {e:#}")),
         }
     }
     r.load_after = shell("uptime");
