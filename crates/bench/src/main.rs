@@ -274,7 +274,9 @@ async fn run() -> Result<()> {
     if s.section("steady") {
         match steady::run(&s, &cluster, &s.tansu_path()).await {
             Ok(runs) => r.steady = runs,
-            Err(e) => r.notes.push(format!("steady-load comparison failed: {e:#}")),
+            Err(e) => r
+                .notes
+                .push(format!("steady-load comparison failed: {e:#}")),
         }
     }
     r.load_after = shell("uptime");

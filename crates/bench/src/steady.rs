@@ -150,8 +150,10 @@ pub async fn run(s: &Settings, cluster: &PgCluster, tansu: &Path) -> Result<Vec<
             for tool in &tools {
                 n += 1;
                 let slot = format!("s_steady_{n}");
-                let r = one(s, cluster, &sql, &broker, &stamper, tool, load, secs, &slot, next_i)
-                    .await;
+                let r = one(
+                    s, cluster, &sql, &broker, &stamper, tool, load, secs, &slot, next_i,
+                )
+                .await;
                 next_i += i64::try_from(load.rate).unwrap_or(0) * (secs as i64 + 1) + 100;
                 let _ = sql
                     .execute(
@@ -183,7 +185,8 @@ pub async fn run(s: &Settings, cluster: &PgCluster, tansu: &Path) -> Result<Vec<
                 }
                 // Keep the table small: the load of one run should not depend on the rows
                 // left by earlier ones.
-                sql.batch_execute("TRUNCATE public.outbox; CHECKPOINT").await?;
+                sql.batch_execute("TRUNCATE public.outbox; CHECKPOINT")
+                    .await?;
             }
         }
     }
@@ -235,7 +238,14 @@ async fn one(
         Tool::RecvLogical => Running::RecvLogical(
             Command::new(cluster.bindir().join("pg_recvlogical"))
                 .args(["-h", cluster.host(), "-p", &cluster.port().to_string()])
-                .args(["-U", cluster.superuser(), "-d", "bench_steady", "--slot", slot])
+                .args([
+                    "-U",
+                    cluster.superuser(),
+                    "-d",
+                    "bench_steady",
+                    "--slot",
+                    slot,
+                ])
                 .args(["--start", "--no-loop", "-f", "/dev/null"])
                 .args(["-o", "proto_version=1", "-o"])
                 .arg(format!("publication_names={}", pg::PUBLICATION))
@@ -258,7 +268,10 @@ async fn one(
             )?)
         }
     };
-    let result = measure(cluster, sql, stamper, tool, &running, load, secs, slot, start_i).await;
+    let result = measure(
+        cluster, sql, stamper, tool, &running, load, secs, slot, start_i,
+    )
+    .await;
     match running {
         Running::None => {}
         Running::RecvLogical(mut c) => {
