@@ -92,6 +92,30 @@ pub struct BrokerAddress {
 /// at once; only the stop flag is looked at less often.
 const POLL_PERIOD: Duration = Duration::from_secs(1);
 
+/// Polls `producer` on a detached thread every [`POLL_PERIOD`] (events end each wait at
+/// once) until the returned flag is set; the thread then drops its handle, and with the
+/// last one librdkafka's teardown runs there, not in whoever dropped the producer.
+pub(crate) fn spawn_poller<C>(
+    producer: &Arc<BaseProducer<C>>,
+) -> Result<Arc<AtomicBool>, KafkaSetupError>
+where
+    C: rdkafka::producer::ProducerContext + 'static,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let (polled, stopped) = (Arc::clone(producer), Arc::clone(&stop));
+    std::thread::Builder::new()
+        .name("kafka-poll".into())
+        .spawn(move || {
+            while !stopped.load(Ordering::Acquire) {
+                polled.poll(POLL_PERIOD);
+            }
+        })
+        .map_err(|e| {
+            KafkaSetupError::Client(format!("starting the producer's polling thread: {e}"))
+        })?;
+    Ok(stop)
+}
+
 /// The relay's producer. Deliveries go to the sink given to [`build_producer`].
 pub struct RelayProducer {
     inner: Arc<BaseProducer<RelayContext>>,
@@ -124,19 +148,7 @@ pub fn build_producer(
             .create_with_context(RelayContext::new(deliveries))
             .map_err(|e| KafkaSetupError::Client(settings.scrub(&e.to_string())))?,
     );
-    let stop = Arc::new(AtomicBool::new(false));
-    let (polled, stopped) = (Arc::clone(&inner), Arc::clone(&stop));
-    // Detached: dropping the producer does not wait for the current poll to end.
-    std::thread::Builder::new()
-        .name("kafka-poll".into())
-        .spawn(move || {
-            while !stopped.load(Ordering::Acquire) {
-                polled.poll(POLL_PERIOD);
-            }
-        })
-        .map_err(|e| {
-            KafkaSetupError::Client(format!("starting the producer's polling thread: {e}"))
-        })?;
+    let stop = spawn_poller(&inner)?;
     tracing::info!(settings = %settings.redacted(), "Kafka producer created");
     Ok(RelayProducer {
         inner,
