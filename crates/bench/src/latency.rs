@@ -106,31 +106,56 @@ pub async fn load(
     secs: f64,
     start_i: i64,
 ) -> Result<(u64, f64)> {
+    load_txns(cluster, db, rate, 1, secs, start_i).await
+}
+
+/// Inserts `rate` events per second in transactions of `rows` rows (one statement each)
+/// for `secs`, over 4 pipelining connections. Returns (events inserted, seconds).
+pub async fn load_txns(
+    cluster: &PgCluster,
+    db: &str,
+    rate: u64,
+    rows: u64,
+    secs: f64,
+    start_i: i64,
+) -> Result<(u64, f64)> {
     let conns = 4usize;
-    let total = (rate as f64 * secs) as u64;
+    let rows = rows.max(1);
+    // Transactions per second and in total; event i of the run is row i of the sequence.
+    let txn_rate = rate as f64 / rows as f64;
+    let total = (txn_rate * secs) as u64;
+    let sql = if rows == 1 {
+        format!(
+            "INSERT INTO public.outbox ({}) VALUES ({})",
+            pg::COLUMNS,
+            pg::row_values("$1::bigint")
+        )
+    } else {
+        format!(
+            "INSERT INTO public.outbox ({}) SELECT {} FROM generate_series($1::bigint, $1::bigint + {}) AS g(i)",
+            pg::COLUMNS,
+            pg::row_values("i"),
+            rows - 1
+        )
+    };
     let started = Instant::now();
     let mut tasks = Vec::new();
     for j in 0..conns {
         let client = pg::connect(cluster, db).await?;
+        let sql = sql.clone();
         tasks.push(tokio::spawn(async move {
-            let stmt = client
-                .prepare(&format!(
-                    "INSERT INTO public.outbox ({}) VALUES ({})",
-                    pg::COLUMNS,
-                    pg::row_values("$1::bigint")
-                ))
-                .await?;
+            let stmt = client.prepare(&sql).await?;
             let mut next = j as u64;
             let mut inflight = FuturesUnordered::new();
             let mut done = 0u64;
             loop {
                 // Issue every event that is due, up to a pipeline depth of 256.
                 while next < total && inflight.len() < 256 {
-                    let due = started + Duration::from_secs_f64(next as f64 / rate as f64);
+                    let due = started + Duration::from_secs_f64(next as f64 / txn_rate);
                     if due > Instant::now() {
                         break;
                     }
-                    let i = start_i + next as i64;
+                    let i = start_i + (next * rows) as i64;
                     let c = &client;
                     let s = &stmt;
                     inflight.push(async move { c.execute(s, &[&i]).await });
@@ -140,13 +165,13 @@ pub async fn load(
                     return Ok::<u64, anyhow::Error>(done);
                 }
                 let wait_until = if next < total {
-                    started + Duration::from_secs_f64(next as f64 / rate as f64)
+                    started + Duration::from_secs_f64(next as f64 / txn_rate)
                 } else {
                     Instant::now() + Duration::from_secs(3600)
                 };
                 tokio::select! {
                     r = inflight.next(), if !inflight.is_empty() => {
-                        if let Some(r) = r { r?; done += 1; }
+                        if let Some(r) = r { r?; done += rows; }
                     }
                     _ = tokio::time::sleep_until(wait_until.into()) => {}
                 }

@@ -18,6 +18,7 @@ mod poll;
 mod procfs;
 mod report;
 mod shards;
+mod steady;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -40,7 +41,7 @@ pub struct Settings {
     pub out: PathBuf,
     /// BENCH_WORKDIR: logs and scratch files.
     pub workdir: PathBuf,
-    /// BENCH_SECTIONS: catchup,poll,latency,profile,shards
+    /// BENCH_SECTIONS: catchup,poll,latency,profile,steady,shards
     pub sections: Vec<String>,
     /// BENCH_CASES: a,b,c
     pub cases: Vec<String>,
@@ -100,7 +101,10 @@ impl Settings {
             bins,
             out: PathBuf::from(env_or("BENCH_OUT", "docs/benchmarks.md")),
             workdir: PathBuf::from(env_or("BENCH_WORKDIR", "/tmp/outboxd-bench")),
-            sections: list("BENCH_SECTIONS", "catchup,poll,latency,profile,shards"),
+            sections: list(
+                "BENCH_SECTIONS",
+                "catchup,poll,latency,profile,steady,shards",
+            ),
             cases: list("BENCH_CASES", "a,b,c"),
             latency_secs: env_or("BENCH_LATENCY_SECS", latency_default)
                 .parse()
@@ -190,6 +194,7 @@ pub struct Results {
     pub idle: Vec<(String, Option<f64>, Option<f64>)>,
     /// (broker, peak RSS after the latency runs), MiB.
     pub latency_hwm: Vec<(String, Option<f64>)>,
+    pub steady: Vec<steady::SteadyRun>,
     pub notes: Vec<String>,
     pub load_before: String,
     pub load_after: String,
@@ -275,6 +280,14 @@ async fn run() -> Result<()> {
                 r.notes
                     .push(format!("latency suite on {} failed: {e:#}", kind.name()));
             }
+        }
+    }
+    if s.section("steady") {
+        match steady::run(&s, &cluster, &s.tansu_path()).await {
+            Ok(runs) => r.steady = runs,
+            Err(e) => r
+                .notes
+                .push(format!("steady-load comparison failed: {e:#}")),
         }
     }
     r.load_after = shell("uptime");

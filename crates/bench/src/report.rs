@@ -167,6 +167,7 @@ pub fn write(s: &Settings, r: &Results, v: &Versions) -> Result<()> {
     polling(w, r)?;
     latency(w, s, r)?;
     memory_cpu(w, r)?;
+    steady(w, r)?;
     profile(w, r)?;
     method(w, s)?;
     if !r.notes.is_empty() {
@@ -423,9 +424,111 @@ fn memory_cpu(w: &mut String, r: &Results) -> Result<()> {
     writeln!(
         w,
         "\nCPU = utime+stime from /proc/<pid>/stat at the end of the drain, start-up included, divided by \
-         the events. Peak RSS is bounded by OUTBOXD_MAX_IN_FLIGHT_MESSAGES (100000) / _BYTES (256 MiB) plus \
+         the events. Peak RSS is bounded by OUTBOXD_MAX_IN_FLIGHT_MESSAGES (50000) / _BYTES (256 MiB) plus \
          librdkafka's buffers, not by transaction size: case (c) is one transaction of all events.\n"
     )?;
+    Ok(())
+}
+
+fn joined(values: impl Iterator<Item = Option<f64>>, digits: usize) -> String {
+    values
+        .map(|v| opt(v, digits))
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
+fn steady(w: &mut String, r: &Results) -> Result<()> {
+    if r.steady.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        w,
+        "## 6. Steady load: the client's cost to the primary and to itself
+"
+    )?;
+    writeln!(
+        w,
+        "A paced insert load (4 pipelining connections) for the seconds given, read by nothing (*load only*), by pg_recvlogical (pgoutput, the same publication, output to /dev/null) or by outboxd (to the mock broker), each run on a fresh slot; the runs of one load alternate between the clients and repeat, values are listed per run. *PG CPU*: utime+stime of all PostgreSQL processes during the load and a 2 s tail (/proc); *extra*: minus the mean of the load-only runs, per 100k events. *walsender*: the slot's walsender alone; *side*: the client's other backends (outboxd's SQL connection). *client*: the client process's CPU per event. Latency: commit → consumer arrival.\n"
+    )?;
+    writeln!(
+        w,
+        "| load | client | events / run | PG CPU s | extra PG CPU s / 100k events | walsender s / 100k events | side s / 100k events | client µs / event | status updates / s | p50 / p99 ms | peak RSS MiB |\n|---|---|---:|---|---|---|---|---|---|---|---|"
+    )?;
+    let mut loads: Vec<crate::steady::Load> = Vec::new();
+    for run in &r.steady {
+        if !loads.contains(&run.load) {
+            loads.push(run.load);
+        }
+    }
+    for load in loads {
+        let runs: Vec<&crate::steady::SteadyRun> =
+            r.steady.iter().filter(|x| x.load == load).collect();
+        let base: Vec<f64> = runs
+            .iter()
+            .filter(|x| x.tool == "load only")
+            .map(|x| x.pg_cpu / x.events.max(1) as f64)
+            .collect();
+        let base_per_event =
+            (!base.is_empty()).then(|| base.iter().sum::<f64>() / base.len() as f64);
+        let mut tools: Vec<String> = Vec::new();
+        for run in &runs {
+            if !tools.contains(&run.tool) {
+                tools.push(run.tool.clone());
+            }
+        }
+        for tool in tools {
+            let mine: Vec<&&crate::steady::SteadyRun> =
+                runs.iter().filter(|x| x.tool == tool).collect();
+            let per100k = |cpu: f64, events: u64| cpu / events.max(1) as f64 * 1e5;
+            writeln!(
+                w,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                load.label(),
+                tool,
+                mine.iter()
+                    .map(|x| x.events.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" / "),
+                joined(mine.iter().map(|x| Some(x.pg_cpu)), 2),
+                if tool == "load only" {
+                    "–".to_owned()
+                } else {
+                    joined(
+                        mine.iter().map(|x| {
+                            base_per_event.map(|b| (x.pg_cpu / x.events.max(1) as f64 - b) * 1e5)
+                        }),
+                        2,
+                    )
+                },
+                joined(
+                    mine.iter()
+                        .map(|x| x.walsender_cpu.map(|c| per100k(c, x.events))),
+                    3
+                ),
+                joined(
+                    mine.iter()
+                        .map(|x| x.side_cpu.map(|c| per100k(c, x.events))),
+                    3
+                ),
+                joined(
+                    mine.iter()
+                        .map(|x| x.tool_cpu.map(|c| c / x.events.max(1) as f64 * 1e6)),
+                    1
+                ),
+                joined(
+                    mine.iter()
+                        .map(|x| x.status_updates.map(|u| u / x.seconds.max(1e-9))),
+                    1
+                ),
+                mine.iter()
+                    .map(|x| format!("{}/{}", opt(x.p50, 0), opt(x.p99, 0)))
+                    .collect::<Vec<_>>()
+                    .join(" · "),
+                joined(mine.iter().map(|x| x.peak_rss), 1),
+            )?;
+        }
+    }
+    writeln!(w)?;
     Ok(())
 }
 

@@ -91,6 +91,42 @@ impl ClientContext for LogContext {
     }
 }
 
+/// Context of the progress store's producer: log routing, and each delivery answered on
+/// the oneshot channel its record was sent with.
+pub(crate) struct AckContext;
+
+/// Where a progress write learns its outcome.
+pub(crate) type AckSender = tokio::sync::oneshot::Sender<Result<(), KafkaError>>;
+
+impl ClientContext for AckContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        route_log(level, fac, message);
+    }
+
+    fn stats_raw(&self, statistics: &[u8]) {
+        log_stats(statistics);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if let Some(suppressed) = NOISE.admit(&format!("error:{error}")) {
+            tracing::warn!(target: "librdkafka", %error, reason, suppressed, "Kafka client error");
+        }
+    }
+}
+
+impl ProducerContext for AckContext {
+    type DeliveryOpaque = Box<AckSender>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, done: Box<AckSender>) {
+        let outcome = match result {
+            Ok(_) => Ok(()),
+            Err((error, _)) => Err(error.clone()),
+        };
+        // The writer may have given up waiting (its own timeout): nothing to tell.
+        let _ = done.send(outcome);
+    }
+}
+
 /// An outage makes librdkafka repeat the same complaint for every broker every second or
 /// so; one line per kind every [`NOISE_WINDOW`], with how many were left out, says the
 /// same without burying everything else.

@@ -21,13 +21,14 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, PurgeConfig};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::config::{admin_config, producer_config, reader_config};
-use super::context::LogContext;
+use super::context::{AckContext, LogContext};
 use super::error::KafkaSetupError;
+use super::producer::spawn_poller;
 use super::settings::ProducerSettings;
 
 impl ConsumerContext for LogContext {}
@@ -193,7 +194,9 @@ pub struct ProgressStore {
 struct Inner {
     topic: String,
     settings: ProducerSettings,
-    producer: FutureProducer<LogContext>,
+    producer: Arc<BaseProducer<AckContext>>,
+    /// Ends the producer's polling thread (see `producer::spawn_poller`).
+    stop_polling: Arc<AtomicBool>,
     /// A periodic write is skipped while the previous one is unanswered, so a broker
     /// outage cannot queue records without bound.
     write_in_flight: AtomicBool,
@@ -201,6 +204,12 @@ struct Inner {
     write_errors: AtomicU64,
     /// Writes the broker acknowledged.
     writes_acked: AtomicU64,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop_polling.store(true, Ordering::Release);
+    }
 }
 
 const OPERATION_TIMEOUT: Duration = Duration::from_secs(15);
@@ -214,14 +223,20 @@ impl ProgressStore {
         // Durable like the events (acks=all, idempotent), but bounded: a record that
         // cannot be written is simply written again later.
         config.set("message.timeout.ms", "30000");
-        let producer: FutureProducer<LogContext> = config
-            .create_with_context(LogContext)
-            .map_err(|e| KafkaSetupError::Client(settings.scrub(&e.to_string())))?;
+        // Not rdkafka's FutureProducer: its 100 ms polling thread spins ~1 ms per poll
+        // (see `producer::POLL_PERIOD`).
+        let producer: Arc<BaseProducer<AckContext>> = Arc::new(
+            config
+                .create_with_context(AckContext)
+                .map_err(|e| KafkaSetupError::Client(settings.scrub(&e.to_string())))?,
+        );
+        let stop_polling = spawn_poller(&producer)?;
         Ok(ProgressStore {
             inner: Arc::new(Inner {
                 topic: topic.to_owned(),
                 settings: settings.clone(),
                 producer,
+                stop_polling,
                 write_in_flight: AtomicBool::new(false),
                 topic_ready: AtomicBool::new(false),
                 write_errors: AtomicU64::new(0),
@@ -424,21 +439,27 @@ impl ProgressStore {
         self.ensure_topic().await?;
         let key = id.key();
         let value = record.to_json(id);
-        let send = self.inner.producer.send(
-            FutureRecord::to(&self.inner.topic)
-                .partition(0)
-                .key(&key)
-                .payload(&value),
-            OPERATION_TIMEOUT,
-        );
-        match tokio::time::timeout(OPERATION_TIMEOUT * 2, send).await {
-            Ok(Ok(_)) => {
+        let (done, acked) = tokio::sync::oneshot::channel();
+        let record = BaseRecord::with_opaque_to(&self.inner.topic, Box::new(done))
+            .partition(0)
+            .key(&key)
+            .payload(&value);
+        if let Err((e, _)) = self.inner.producer.send(record) {
+            return Err(ProgressError::Kafka(
+                self.inner.settings.scrub(&e.to_string()),
+            ));
+        }
+        match tokio::time::timeout(OPERATION_TIMEOUT * 2, acked).await {
+            Ok(Ok(Ok(()))) => {
                 self.inner.writes_acked.fetch_add(1, Ordering::AcqRel);
                 Ok(())
             }
-            Ok(Err((e, _))) => Err(ProgressError::Kafka(
+            Ok(Ok(Err(e))) => Err(ProgressError::Kafka(
                 self.inner.settings.scrub(&e.to_string()),
             )),
+            // librdkafka reports every message exactly once; a dropped sender means the
+            // producer is being torn down.
+            Ok(Err(_)) => Err(ProgressError::Kafka("the producer was closed".into())),
             Err(_) => Err(ProgressError::Timeout(OPERATION_TIMEOUT * 2)),
         }
     }

@@ -1,0 +1,453 @@
+//! Steady load: what a streaming client costs the primary and itself while the outbox
+//! receives a paced insert load, against the same load with no client at all and with
+//! pg_recvlogical reading the same publication.
+//!
+//! Every run gets a fresh slot, and the runs of one load alternate between the tools
+//! (load only, pg_recvlogical, outboxd, and optionally a second outboxd build), repeated,
+//! so the noise of a shared machine falls on all of them alike.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use pgtest::PgCluster;
+use tokio_postgres::Client;
+
+use crate::broker::{Broker, BrokerKind};
+use crate::drain::{self, Outboxd};
+use crate::latency::{self, Stamper};
+use crate::pg;
+use crate::procfs;
+use crate::Settings;
+
+/// One paced load: `rate` events/s in transactions of `rows` rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Load {
+    pub rate: u64,
+    pub rows: u64,
+}
+
+impl Load {
+    /// "2000x10": 2000 events/s in transactions of 10 rows.
+    pub fn parse(s: &str) -> Result<Load> {
+        let (rate, rows) = s.split_once('x').unwrap_or((s, "1"));
+        Ok(Load {
+            rate: rate.trim().parse().context("BENCH_STEADY_LOADS rate")?,
+            rows: rows.trim().parse().context("BENCH_STEADY_LOADS rows")?,
+        })
+    }
+
+    pub fn label(self) -> String {
+        if self.rows == 1 {
+            format!("{}/s, single-row transactions", self.rate)
+        } else {
+            format!("{}/s in transactions of {} rows", self.rate, self.rows)
+        }
+    }
+}
+
+/// What reads the slot during a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tool {
+    LoadOnly,
+    RecvLogical,
+    /// An outboxd build: a label and the directory holding its binary.
+    Outboxd(String, PathBuf),
+}
+
+impl Tool {
+    pub fn name(&self) -> String {
+        match self {
+            Tool::LoadOnly => "load only".into(),
+            Tool::RecvLogical => "pg_recvlogical".into(),
+            Tool::Outboxd(label, _) => label.clone(),
+        }
+    }
+}
+
+/// One measured run.
+#[derive(Debug, Clone)]
+pub struct SteadyRun {
+    pub load: Load,
+    pub tool: String,
+    pub events: u64,
+    pub seconds: f64,
+    /// CPU of every PostgreSQL process during the load (incl. its tail).
+    pub pg_cpu: f64,
+    /// CPU of the slot's walsender.
+    pub walsender_cpu: Option<f64>,
+    /// CPU of the client's other backends (outboxd's side SQL connection).
+    pub side_cpu: Option<f64>,
+    /// CPU of the client process (outboxd or pg_recvlogical).
+    pub tool_cpu: Option<f64>,
+    /// outboxd: standby status updates sent during the run.
+    pub status_updates: Option<f64>,
+    /// outboxd: commit→consume p50 and p99 (ms) of the run's events.
+    pub p50: Option<f64>,
+    pub p99: Option<f64>,
+    /// outboxd: peak RSS (MiB).
+    pub peak_rss: Option<f64>,
+}
+
+/// BENCH_STEADY_LOADS (default 2000x10,1000x1,5000x1), BENCH_STEADY_SECS (default 60,
+/// 20 when scale < 1), BENCH_STEADY_REPEATS (default 2), BENCH_STEADY_COMPARE: a directory
+/// with another outboxd binary run alternately with this one (e.g. the build before a
+/// change).
+pub async fn run(s: &Settings, cluster: &PgCluster, tansu: &Path) -> Result<Vec<SteadyRun>> {
+    let loads: Vec<Load> = crate::list("BENCH_STEADY_LOADS", "2000x10,1000x1,5000x1")
+        .iter()
+        .map(|l| Load::parse(l))
+        .collect::<Result<_>>()?;
+    let default_secs = if s.scale < 1.0 { "20" } else { "60" };
+    let secs: f64 = crate::env_or("BENCH_STEADY_SECS", default_secs)
+        .parse()
+        .context("BENCH_STEADY_SECS")?;
+    let repeats: u32 = crate::env_or("BENCH_STEADY_REPEATS", "2")
+        .parse()
+        .context("BENCH_STEADY_REPEATS")?;
+    let mut tools = vec![
+        Tool::LoadOnly,
+        Tool::RecvLogical,
+        Tool::Outboxd("outboxd".into(), s.bins.clone()),
+    ];
+    // BENCH_STEADY_COMPARE: DIR or LABEL=DIR, comma-separated.
+    for (n, c) in crate::list("BENCH_STEADY_COMPARE", "").iter().enumerate() {
+        let (label, dir) = match c.split_once('=') {
+            Some((l, d)) => (l.to_owned(), d.to_owned()),
+            None => (format!("outboxd (compare {})", n + 1), c.clone()),
+        };
+        tools.push(Tool::Outboxd(label, PathBuf::from(dir)));
+    }
+    // BENCH_STEADY_TOOLS: a subset by name (load,recvlogical,outboxd,compare).
+    let only = crate::list("BENCH_STEADY_TOOLS", "load,recvlogical,outboxd,compare");
+    let mut k = 0;
+    tools.retain(|t| {
+        let key = match t {
+            Tool::LoadOnly => "load",
+            Tool::RecvLogical => "recvlogical",
+            Tool::Outboxd(..) => {
+                k += 1;
+                if k == 1 {
+                    "outboxd"
+                } else {
+                    "compare"
+                }
+            }
+        };
+        only.iter().any(|o| o == key)
+    });
+    let db = "bench_steady";
+    pg::create_database(cluster, db, false).await?;
+    let sql = pg::connect(cluster, db).await?;
+    let broker = Broker::start(BrokerKind::Mock, &s.bins, tansu, &[pg::TOPIC]).await?;
+    let stamper = Stamper::start(&broker.bootstrap, pg::TOPIC)?;
+    let mut out = Vec::new();
+    let mut next_i: i64 = 0;
+    let mut n = 0u32;
+    for load in loads {
+        for rep in 0..repeats {
+            for tool in &tools {
+                n += 1;
+                let slot = format!("s_steady_{n}");
+                let r = one(
+                    s, cluster, &sql, &broker, &stamper, tool, load, secs, &slot, next_i,
+                )
+                .await;
+                next_i += i64::try_from(load.rate).unwrap_or(0) * (secs as i64 + 1) + 100;
+                let _ = sql
+                    .execute(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",
+                        &[&slot],
+                    )
+                    .await;
+                match r {
+                    Ok(run) => {
+                        eprintln!(
+                            "outboxd-bench:   steady {} rep {rep} {:<22} pg cpu {:.2} s, walsender {}, side {}, client {} s, status updates {}, p50/p99 {}/{} ms",
+                            load.label(),
+                            run.tool,
+                            run.pg_cpu,
+                            fmt(run.walsender_cpu),
+                            fmt(run.side_cpu),
+                            fmt(run.tool_cpu),
+                            fmt(run.status_updates),
+                            fmt(run.p50),
+                            fmt(run.p99),
+                        );
+                        out.push(run);
+                    }
+                    Err(e) => eprintln!(
+                        "outboxd-bench:   steady {} {} FAILED: {e:#}",
+                        load.label(),
+                        tool.name()
+                    ),
+                }
+                // Keep the table small: the load of one run should not depend on the rows
+                // left by earlier ones.
+                sql.batch_execute("TRUNCATE public.outbox; CHECKPOINT")
+                    .await?;
+            }
+        }
+    }
+    drop(stamper);
+    drop(broker);
+    drop(sql);
+    pg::drop_database(cluster, db).await?;
+    Ok(out)
+}
+
+fn fmt(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.2}"))
+}
+
+enum Running {
+    None,
+    RecvLogical(Child),
+    Outboxd(Outboxd),
+}
+
+impl Running {
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Running::None => None,
+            Running::RecvLogical(c) => Some(c.id()),
+            Running::Outboxd(o) => Some(o.pid()),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn one(
+    s: &Settings,
+    cluster: &PgCluster,
+    sql: &Client,
+    broker: &Broker,
+    stamper: &Stamper,
+    tool: &Tool,
+    load: Load,
+    secs: f64,
+    slot: &str,
+    start_i: i64,
+) -> Result<SteadyRun> {
+    if *tool != Tool::LoadOnly {
+        pg::create_slots(sql, &[slot.to_owned()]).await?;
+    }
+    let running = match tool {
+        Tool::LoadOnly => Running::None,
+        Tool::RecvLogical => Running::RecvLogical(
+            Command::new(cluster.bindir().join("pg_recvlogical"))
+                .args(["-h", cluster.host(), "-p", &cluster.port().to_string()])
+                .args([
+                    "-U",
+                    cluster.superuser(),
+                    "-d",
+                    "bench_steady",
+                    "--slot",
+                    slot,
+                ])
+                .args(["--start", "--no-loop", "-f", "/dev/null"])
+                .args(["-o", "proto_version=1", "-o"])
+                .arg(format!("publication_names={}", pg::PUBLICATION))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting pg_recvlogical")?,
+        ),
+        Tool::Outboxd(_, bins) => {
+            let log = s.workdir.join(format!("outboxd-steady-{slot}.log"));
+            Running::Outboxd(Outboxd::spawn(
+                bins,
+                cluster,
+                "bench_steady",
+                slot,
+                &broker.bootstrap,
+                &log,
+                None,
+            )?)
+        }
+    };
+    let result = measure(
+        cluster, sql, stamper, tool, &running, load, secs, slot, start_i,
+    )
+    .await;
+    match running {
+        Running::None => {}
+        Running::RecvLogical(mut c) => {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            if !drain::wait_timeout(&mut c, Duration::from_secs(10))? {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        Running::Outboxd(o) => o.stop()?,
+    }
+    // The walsender must be gone before its slot is dropped.
+    for _ in 0..250 {
+        if active_pid(sql, slot).await?.is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    result
+}
+
+async fn active_pid(sql: &Client, slot: &str) -> Result<Option<i32>> {
+    Ok(sql
+        .query_opt(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?
+        .and_then(|r| r.get::<_, Option<i32>>(0)))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    cluster: &PgCluster,
+    sql: &Client,
+    stamper: &Stamper,
+    tool: &Tool,
+    running: &Running,
+    load: Load,
+    secs: f64,
+    slot: &str,
+    start_i: i64,
+) -> Result<SteadyRun> {
+    // Streaming first: the slot active, and for outboxd one event through end to end.
+    let mut walsender = None;
+    if *tool != Tool::LoadOnly {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while walsender.is_none() {
+            if Instant::now() > deadline {
+                bail!("the client did not start streaming from {slot} within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            walsender = active_pid(sql, slot).await?;
+        }
+    }
+    if let Running::Outboxd(o) = running {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let up = o
+                .metrics()
+                .ok()
+                .and_then(|m| drain::metric(&m, "outboxd_status_updates_sent_total"));
+            if up.is_some() {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("outboxd served no metrics within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // Let start-up work (first slot checks, first progress record) settle.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let ws_pid = walsender.and_then(|p| u32::try_from(p).ok());
+    // outboxd's side connection (slot statistics, publication checks, heartbeats).
+    let side: Vec<u32> = if matches!(running, Running::Outboxd(_)) {
+        sql.query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'outboxd' AND backend_type = 'client backend'",
+            &[],
+        )
+        .await?
+        .iter()
+        .filter_map(|r| u32::try_from(r.get::<_, i32>(0)).ok())
+        .collect()
+    } else {
+        Vec::new()
+    };
+    let side_cpu_now = || -> Option<f64> {
+        if side.is_empty() {
+            return None;
+        }
+        side.iter().map(|p| procfs::cpu_seconds(*p)).sum()
+    };
+    let side0 = side_cpu_now();
+    let updates = |r: &Running| match r {
+        Running::Outboxd(o) => o
+            .metrics()
+            .ok()
+            .and_then(|m| drain::metric(&m, "outboxd_status_updates_sent_total")),
+        _ => None,
+    };
+    let diag = std::env::var("BENCH_DIAG").is_ok();
+    let threads0 = match (diag, running.pid()) {
+        (true, Some(pid)) => procfs::threads(pid),
+        _ => Vec::new(),
+    };
+    let pg0 = procfs::cluster_cpu_seconds(cluster.data_dir())?;
+    let ws0 = ws_pid.and_then(procfs::cpu_seconds);
+    let tool0 = running.pid().and_then(procfs::cpu_seconds);
+    let up0 = updates(running);
+    let from = drain::unix_ms();
+    let (events, seconds) =
+        latency::load_txns(cluster, "bench_steady", load.rate, load.rows, secs, start_i).await?;
+    let to = drain::unix_ms();
+    // The tail: what the client still has to read and acknowledge.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pg_cpu = procfs::cluster_cpu_seconds(cluster.data_dir())? - pg0;
+    let walsender_cpu = ws_pid
+        .and_then(procfs::cpu_seconds)
+        .zip(ws0)
+        .map(|(a, b)| a - b);
+    let tool_cpu = running
+        .pid()
+        .and_then(procfs::cpu_seconds)
+        .zip(tool0)
+        .map(|(a, b)| a - b);
+    let status_updates = updates(running).zip(up0).map(|(a, b)| a - b);
+    if let (true, Some(pid)) = (diag, running.pid()) {
+        for (name, cpu, vol, invol) in procfs::threads(pid) {
+            let before = threads0.iter().find(|t| t.0 == name);
+            let (c0, v0, i0) = before.map_or((0.0, 0, 0), |t| (t.1, t.2, t.3));
+            eprintln!(
+                "outboxd-bench:     {} thread {name:<16} cpu {:.2} s  ctxt vol {} invol {}",
+                tool.name(),
+                cpu - c0,
+                vol.saturating_sub(v0),
+                invol.saturating_sub(i0)
+            );
+        }
+    }
+    let side_cpu = side_cpu_now().zip(side0).map(|(a, b)| a - b);
+    let peak_rss = match running {
+        Running::Outboxd(o) => procfs::peak_rss_mib(o.pid()),
+        _ => None,
+    };
+    let (p50, p99) = if matches!(running, Running::Outboxd(_)) {
+        let mut lat = stamper.window(from, to + 1);
+        lat.sort_unstable();
+        if (lat.len() as u64) < events {
+            eprintln!(
+                "outboxd-bench:   steady {}: only {} of {events} events arrived",
+                tool.name(),
+                lat.len()
+            );
+        }
+        (
+            latency::percentile(&lat, 0.5),
+            latency::percentile(&lat, 0.99),
+        )
+    } else {
+        (None, None)
+    };
+    Ok(SteadyRun {
+        load,
+        tool: tool.name(),
+        events,
+        seconds,
+        pg_cpu,
+        walsender_cpu,
+        side_cpu,
+        tool_cpu,
+        status_updates,
+        p50,
+        p99,
+        peak_rss,
+    })
+}
