@@ -40,8 +40,7 @@ fn quoted(name: &str) -> String {
 }
 
 async fn init_inner(s: &Settings) -> Result<(), InitError> {
-    let pg = wiring::connect_config(s);
-    let sql = pg.connect_sql().await?;
+    let (pg, sql) = wiring::connect_config(s).connect_sql_target().await?;
     let user = quote_ident(&s.pg.user);
     let table = format!(
         "{}.{}",

@@ -215,6 +215,7 @@ fn check_server_version(version_num: u32) -> Result<(), RelayError> {
 /// exist without a record, or its loss could go unnoticed.
 async fn create_slot_if_new(
     cfg: &RelayConfig,
+    pg: &ConnectConfig,
     progress: Option<&ProgressStore>,
     identity: &SlotIdentity,
     timeline: u32,
@@ -254,7 +255,7 @@ async fn create_slot_if_new(
         )
         .await
         .map_err(unknown)?;
-    let start = slot::create(&cfg.pg, &cfg.slot, cfg.failover_slot).await?;
+    let start = slot::create(pg, &cfg.slot, cfg.failover_slot).await?;
     // At once, not at the first tick: from here on a missing slot is a lost one.
     progress
         .write_and_wait(
@@ -369,30 +370,35 @@ async fn run_session(
     shutdown: &mut watch::Receiver<bool>,
     carry: &mut Carry,
 ) -> Result<SessionEnd, RelayError> {
-    let sql = cfg.pg.connect_sql().await?;
+    // With several hosts, the first that is a primary; the session keeps to it.
+    let (pg, sql) = cfg.pg.connect_sql_target().await?;
+    if !cfg.pg.other_hosts.is_empty() {
+        tracing::info!(host = %pg.host, port = pg.port, "connected to the primary among the configured hosts");
+    }
+    let pg = &pg;
     // On a standby a synced slot exists but cannot be streamed from, and a missing one
     // must not be judged lost: neither is permanent while a promotion may be under way.
     if pgrepl::preflight::in_recovery(&sql).await? {
         return Err(RelayError::InRecovery {
-            host: cfg.pg.host.clone(),
-            port: cfg.pg.port,
+            host: pg.host.clone(),
+            port: pg.port,
         });
     }
     // Warnings once per process: a standby checks every second.
     slot::check_server(&sql, &cfg.slot, !carry.settings_warned).await?;
     carry.settings_warned = true;
-    let mut conn = ReplicationConnection::connect(&cfg.pg).await?;
+    let mut conn = ReplicationConnection::connect(pg).await?;
     check_server_version(conn.server_version_num().await?)?;
     let system = conn.identify_system().await?;
     let previous_timeline = check_system(&mut carry.seen_system, &system)?;
     let identity = SlotIdentity {
         system_id: system.system_id.clone(),
-        database: cfg.pg.dbname.clone(),
+        database: pg.dbname.clone(),
         slot: cfg.slot.clone(),
     };
     let prepared = slot::prepare(
         &sql,
-        &cfg.pg,
+        pg,
         &cfg.slot,
         &cfg.publication,
         cfg.create_slot,
@@ -406,7 +412,15 @@ async fn run_session(
             start
         }
         None => {
-            create_slot_if_new(cfg, progress, &identity, system.timeline, system.xlog_pos).await?
+            create_slot_if_new(
+                cfg,
+                pg,
+                progress,
+                &identity,
+                system.timeline,
+                system.xlog_pos,
+            )
+            .await?
         }
     };
     let options = StartOptions {
@@ -441,7 +455,7 @@ async fn run_session(
             "the server's timeline changed: a standby was promoted (failover); streaming from the slot's confirmed position on the new primary"
         );
     }
-    let skip = skip_range(&cfg.pg, carry, progress, &identity, system.timeline).await;
+    let skip = skip_range(pg, carry, progress, &identity, system.timeline).await;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let producer = build_producer(&cfg.producer, tx)?;
     obs.connected(true, true);
