@@ -19,7 +19,10 @@ use support::relay::run_to_end;
 use support::schema;
 
 fn openssl(args: &[&str]) {
-    let out = Command::new("openssl").args(args).output().expect("openssl");
+    let out = Command::new("openssl")
+        .args(args)
+        .output()
+        .expect("openssl");
     assert!(
         out.status.success(),
         "openssl {args:?}: {}",
@@ -33,26 +36,69 @@ fn openssl(args: &[&str]) {
 fn pki(dir: &Path, client_cn: &str) {
     let p = |n: &str| dir.join(n).display().to_string();
     openssl(&[
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-        "-nodes", "-days", "2", "-subj", "/CN=outboxd test CA",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        "-keyout", &p("ca.key"), "-out", &p("ca.crt"),
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=outboxd test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        "-keyout",
+        &p("ca.key"),
+        "-out",
+        &p("ca.crt"),
     ]);
     for (name, subj, ext) in [
-        ("server", "/CN=localhost".to_owned(), "subjectAltName=DNS:localhost,IP:127.0.0.1"),
-        ("client", format!("/CN={client_cn}"), "extendedKeyUsage=clientAuth"),
+        (
+            "server",
+            "/CN=localhost".to_owned(),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ),
+        (
+            "client",
+            format!("/CN={client_cn}"),
+            "extendedKeyUsage=clientAuth",
+        ),
     ] {
         openssl(&[
-            "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-subj", &subj, "-keyout", &p(&format!("{name}.key")),
-            "-out", &p(&format!("{name}.csr")),
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-subj",
+            &subj,
+            "-keyout",
+            &p(&format!("{name}.key")),
+            "-out",
+            &p(&format!("{name}.csr")),
         ]);
         std::fs::write(dir.join(format!("{name}.ext")), format!("{ext}\n")).unwrap();
         openssl(&[
-            "x509", "-req", "-in", &p(&format!("{name}.csr")), "-CA", &p("ca.crt"),
-            "-CAkey", &p("ca.key"), "-CAcreateserial", "-days", "2",
-            "-extfile", &p(&format!("{name}.ext")), "-out", &p(&format!("{name}.crt")),
+            "x509",
+            "-req",
+            "-in",
+            &p(&format!("{name}.csr")),
+            "-CA",
+            &p("ca.crt"),
+            "-CAkey",
+            &p("ca.key"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &p(&format!("{name}.ext")),
+            "-out",
+            &p(&format!("{name}.crt")),
         ]);
     }
 }
@@ -121,7 +167,10 @@ async fn pgpass_client_certificates_root_cert_system_store_and_service() {
     let svc_file = base.join("services.conf");
     std::fs::write(
         &svc_file,
-        format!("[shop]\nhost=127.0.0.1\nport={port}\nuser=libpq_pass\ndbname={}\n", db.name),
+        format!(
+            "[shop]\nhost=127.0.0.1\nport={port}\nuser=libpq_pass\ndbname={}\n",
+            db.name
+        ),
     )
     .unwrap();
     let ca = read("ca.crt");
@@ -142,7 +191,10 @@ async fn pgpass_client_certificates_root_cert_system_store_and_service() {
             name: "PGPASSFILE",
             env: vec![
                 ("PGUSER", "libpq_pass".into()),
-                ("PGPASSFILE", base.join("explicit.pgpass").display().to_string()),
+                (
+                    "PGPASSFILE",
+                    base.join("explicit.pgpass").display().to_string(),
+                ),
             ],
             home_files: vec![],
             exit: 0,
@@ -166,22 +218,37 @@ async fn pgpass_client_certificates_root_cert_system_store_and_service() {
             env: vec![
                 ("PGUSER", "libpq_cert".into()),
                 ("PGSSLMODE", "verify-ca".into()),
-                ("PGSSLCERT", pki_dir.join("client.crt").display().to_string()),
-                ("PGSSLKEY", base.join("client-0600.key").display().to_string()),
-                ("PGSSLROOTCERT", pki_dir.join("ca.crt").display().to_string()),
+                (
+                    "PGSSLCERT",
+                    pki_dir.join("client.crt").display().to_string(),
+                ),
+                (
+                    "PGSSLKEY",
+                    base.join("client-0600.key").display().to_string(),
+                ),
+                (
+                    "PGSSLROOTCERT",
+                    pki_dir.join("ca.crt").display().to_string(),
+                ),
             ],
             home_files: vec![],
             exit: 0,
         },
         Case {
             name: "no client certificate: pg_hba cert refuses",
-            env: vec![("PGUSER", "libpq_cert".into()), ("PGSSLMODE", "require".into())],
+            env: vec![
+                ("PGUSER", "libpq_cert".into()),
+                ("PGSSLMODE", "require".into()),
+            ],
             home_files: vec![],
             exit: 3,
         },
         Case {
             name: "a private key readable by others is refused",
-            env: vec![("PGUSER", "libpq_cert".into()), ("PGSSLMODE", "require".into())],
+            env: vec![
+                ("PGUSER", "libpq_cert".into()),
+                ("PGSSLMODE", "require".into()),
+            ],
             home_files: vec![
                 (".postgresql/postgresql.crt", read("client.crt"), 0o644),
                 (".postgresql/postgresql.key", read("client.key"), 0o644),
@@ -195,7 +262,10 @@ async fn pgpass_client_certificates_root_cert_system_store_and_service() {
                 ("PGPASSWORD", "pa:ss\\word".into()),
                 ("PGHOST", "localhost".into()),
                 ("PGSSLMODE", "verify-full".into()),
-                ("SSL_CERT_FILE", pki_dir.join("ca.crt").display().to_string()),
+                (
+                    "SSL_CERT_FILE",
+                    pki_dir.join("ca.crt").display().to_string(),
+                ),
             ],
             home_files: vec![],
             exit: 0,
