@@ -156,6 +156,12 @@ pub fn render(s: &MetricsSnapshot) -> String {
         u64::from(s.replication_connected),
     );
     out.single(
+        "standby",
+        "gauge",
+        "1 while this instance stands by: another instance holds the slot, and this one takes over when it is released.",
+        u64::from(s.standby),
+    );
+    out.single(
         "producer_healthy",
         "gauge",
         "1 when the Kafka producer is usable.",
