@@ -80,3 +80,37 @@ async fn ten_thousand_events_mock_cluster() {
 async fn ten_thousand_events_tansu() {
     ten_thousand_events_arrive_once_in_order(Broker::tansu()).await;
 }
+
+/// zstd is compiled into librdkafka: a producer configured for it starts and delivers.
+#[tokio::test(flavor = "multi_thread")]
+async fn zstd_compression_relays() {
+    let broker = Broker::mock();
+    let db = PgCluster::shared().fresh_database("e2e_zstd").await;
+    let outbox = schema::setup(&db).await;
+    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
+    broker
+        .create_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 3)
+        .await;
+    let mut relay = Relay::start(
+        Relay::env_for(
+            &db,
+            &outbox,
+            &broker.bootstrap(),
+            &[("OUTBOXD_KAFKA_COMPRESSION_TYPE", "zstd")],
+        ),
+        &["run"],
+    );
+    let client = db.client().await;
+    let events = insert_events(&client, &outbox.table, 500, 50, 20).await;
+    let received = read_topics(
+        &broker.bootstrap(),
+        &topics,
+        events.len(),
+        Duration::from_secs(10),
+        Duration::from_secs(60),
+    );
+    let report = check_delivery(&events, &received);
+    assert_eq!(report.duplicates, 0);
+    assert!(relay.is_running(), "{}", relay.log_text());
+    relay.kill();
+}
