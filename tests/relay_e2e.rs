@@ -114,3 +114,39 @@ async fn zstd_compression_relays() {
     assert!(relay.is_running(), "{}", relay.log_text());
     relay.kill();
 }
+
+/// SASL GSSAPI is compiled into librdkafka: a producer configured for Kerberos is created
+/// (the broker here speaks no SASL, so only the settings are checked, not a login).
+#[tokio::test(flavor = "multi_thread")]
+async fn gssapi_producer_settings_are_accepted() {
+    let db = PgCluster::shared().fresh_database("e2e_gssapi").await;
+    let outbox = schema::setup(&db).await;
+    let env = Relay::env_for(
+        &db,
+        &outbox,
+        "127.0.0.1:9",
+        &[
+            ("OUTBOXD_KAFKA_SECURITY_PROTOCOL", "sasl_plaintext"),
+            ("OUTBOXD_KAFKA_SASL_MECHANISM", "GSSAPI"),
+            (
+                "OUTBOXD_KAFKA_SASL_KERBEROS_PRINCIPAL",
+                "outboxd@EXAMPLE.COM",
+            ),
+            (
+                "OUTBOXD_KAFKA_SASL_KERBEROS_KEYTAB",
+                "/nonexistent/outboxd.keytab",
+            ),
+            ("OUTBOXD_KAFKA_SASL_KERBEROS_KINIT_CMD", "true"),
+        ],
+    );
+    let (code, out) = support::relay::run_to_end(&env, &["check"]);
+    assert_eq!(code, 6, "no broker answers: {out}");
+    assert!(
+        !out.contains("FAIL  kafka producer settings"),
+        "GSSAPI refused by librdkafka: {out}"
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with("FAIL  kafka: ")),
+        "the producer was built and tried the broker: {out}"
+    );
+}

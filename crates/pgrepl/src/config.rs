@@ -483,6 +483,82 @@ mod tests {
     }
 
     #[test]
+    fn target_session_attrs_parse_and_judge() {
+        let primary = ServerState {
+            in_recovery: false,
+            read_only: false,
+        };
+        let standby = ServerState {
+            in_recovery: true,
+            read_only: true,
+        };
+        for (text, on_primary, on_standby) in [
+            ("any", true, true),
+            ("read-write", true, false),
+            ("read-only", false, true),
+            ("primary", true, false),
+            ("standby", false, true),
+            ("PREFER-STANDBY", false, true),
+        ] {
+            let attrs: TargetSessionAttrs = text.parse().unwrap();
+            assert_eq!(attrs.accepts(primary), on_primary, "{text}");
+            assert_eq!(attrs.accepts(standby), on_standby, "{text}");
+            assert_eq!(attrs.as_str().parse::<TargetSessionAttrs>(), Ok(attrs));
+        }
+        assert!("master".parse::<TargetSessionAttrs>().is_err());
+    }
+
+    /// Hosts a..c: a refuses connections, b is a standby, c a primary.
+    async fn fake(one: ConnectConfig) -> Result<(String, ServerState), ReplError> {
+        match one.host.as_str() {
+            "a" => Err(one.connect_error(ReplError::Timeout("connecting to the server"))),
+            h => Ok((
+                h.to_owned(),
+                ServerState {
+                    in_recovery: h == "b",
+                    read_only: h == "b",
+                },
+            )),
+        }
+    }
+
+    #[tokio::test]
+    async fn each_host_is_tried_and_every_failure_named() {
+        let mut cfg = ConnectConfig::new("a", 1, "u", "db");
+        cfg.other_hosts = vec![("b".into(), 2), ("c".into(), 3)];
+        cfg.target_session_attrs = TargetSessionAttrs::Primary;
+        let (chosen, value) = cfg.connect_each(fake).await.unwrap();
+        assert_eq!(
+            (chosen.host.as_str(), chosen.port, value.as_str()),
+            ("c", 3, "c")
+        );
+        assert!(chosen.other_hosts.is_empty());
+        cfg.target_session_attrs = TargetSessionAttrs::PreferStandby;
+        assert_eq!(cfg.connect_each(fake).await.unwrap().1, "b");
+
+        cfg.other_hosts.truncate(1);
+        cfg.target_session_attrs = TargetSessionAttrs::Primary;
+        let e = cfg.connect_each(fake).await.unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("u@a:1/db") && text.contains("u@b:2/db"),
+            "{text}"
+        );
+        assert!(text.contains("standby"), "{text}");
+        assert_eq!(e.class(), crate::ErrorClass::Retryable);
+        cfg.other_hosts.clear();
+        cfg.host = "b".into();
+        cfg.target_session_attrs = TargetSessionAttrs::PreferStandby;
+        assert_eq!(cfg.connect_each(fake).await.unwrap().1, "b");
+        cfg.host = "c".into();
+        assert_eq!(
+            cfg.connect_each(fake).await.unwrap().1,
+            "c",
+            "no standby: any host"
+        );
+    }
+
+    #[test]
     fn password_is_redacted() {
         let mut cfg = ConnectConfig::new("localhost", 5432, "u", "db");
         cfg.password = Some(Password::new("hunter2"));
