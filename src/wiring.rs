@@ -9,15 +9,58 @@ use outboxd_relay::kafka::{
     check_producer_settings, env_var_of_property, KafkaSetupError, ProducerSettings,
 };
 use outboxd_relay::pipeline::{RelayConfig, ShardSpec};
-use pgrepl::{ConnectConfig, Password};
+use pgrepl::{ConnectConfig, Password, TargetSessionAttrs};
 
 use crate::config::{self, Settings};
 
+/// `run`, `init` and `check` work on the primary: they settle on the host that is not in
+/// recovery. `read-write` asks the same of libpq and `any` is taken as `primary`; the
+/// standby-seeking values cannot work for them and are refused.
+pub fn needs_primary(s: &Settings) -> Result<(), config::ConfigError> {
+    match s.pg.target_session_attrs {
+        None
+        | Some(TargetSessionAttrs::Any | TargetSessionAttrs::Primary | TargetSessionAttrs::ReadWrite) => {
+            Ok(())
+        }
+        Some(other) => Err(config::ConfigError::new(
+            "PGTARGETSESSIONATTRS",
+            other.as_str(),
+            "primary, read-write or any for run, init and check (they stream from and write to the primary); other values only for status",
+        )),
+    }
+}
+
+/// The connection for `run`, `init` and `check`: the primary among the hosts.
 pub fn connect_config(s: &Settings) -> ConnectConfig {
+    let mut c = base_connect_config(s);
+    c.target_session_attrs = match s.pg.target_session_attrs {
+        Some(TargetSessionAttrs::ReadWrite) => TargetSessionAttrs::ReadWrite,
+        _ => TargetSessionAttrs::Primary,
+    };
+    c
+}
+
+/// The connection for `status`: PGTARGETSESSIONATTRS as given, else the primary.
+pub fn status_connect_config(s: &Settings) -> ConnectConfig {
+    let mut c = base_connect_config(s);
+    c.target_session_attrs =
+        s.pg.target_session_attrs
+            .unwrap_or(TargetSessionAttrs::Primary);
+    c
+}
+
+fn base_connect_config(s: &Settings) -> ConnectConfig {
     let mut c = ConnectConfig::new(&s.pg.host, s.pg.port, &s.pg.user, &s.pg.dbname);
+    c.other_hosts = s.pg.other_hosts.clone();
     c.password = s.pg.password.as_deref().map(Password::new);
+    c.passfile = s.pg.passfile.as_ref().map(Into::into);
     c.ssl_mode = s.pg.ssl_mode;
     c.ssl_root_cert = s.pg.ssl_root_cert.as_ref().map(Into::into);
+    c.ssl_client_cert =
+        s.pg.ssl_client_cert
+            .as_ref()
+            .map(|(cert, key)| (cert.into(), key.into()));
+    c.connect_timeout = s.pg.connect_timeout;
     c.application_name = s.pg.application_name.clone();
     c
 }

@@ -46,8 +46,9 @@ async fn outbox_ids(client: &Client) -> HashSet<String> {
         .collect()
 }
 
-/// false: this server version has no failover slots.
-async fn failover_once(round: usize) -> bool {
+/// false: this server version has no failover slots. `both_hosts`: outboxd is given
+/// PGHOST/PGPORT lists naming the primary and the standby instead of a moving address.
+async fn failover_once(round: usize, both_hosts: bool) -> bool {
     let primary = PgCluster::start(ClusterOptions {
         conf: vec!["wal_sender_timeout = 10s".into()],
         ..ClusterOptions::default()
@@ -105,13 +106,25 @@ async fn failover_once(round: usize) -> bool {
     }
     let outbox = Outbox::for_db(&db);
 
-    // The relay and the load both reach "the primary" through an address that moves.
-    let relay_vip = Proxy::start(primary.port());
+    // The load reaches "the primary" through an address that moves; so does the relay,
+    // unless it is given both hosts and has to find the primary itself.
+    let relay_vip = (!both_hosts).then(|| Proxy::start(primary.port()));
     let load_vip = Proxy::start(primary.port());
     let broker = Broker::mock();
     let topics = ops::create_topics(&broker, &outbox).await;
-    let port = relay_vip.port().to_string();
-    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[("PGPORT", &port)]);
+    let (hosts, ports) = match &relay_vip {
+        Some(vip) => ("127.0.0.1".to_owned(), vip.port().to_string()),
+        None => (
+            "127.0.0.1,127.0.0.1".to_owned(),
+            format!("{},{}", primary.port(), standby.port()),
+        ),
+    };
+    let env = Relay::env_for(
+        &db,
+        &outbox,
+        &broker.bootstrap(),
+        &[("PGHOST", &hosts), ("PGPORT", &ports)],
+    );
     let (code, out) = run_to_end(&env, &["init"]);
     assert_eq!(code, 0, "{out}");
     let (code, out) = run_to_end(&env, &["check"]);
@@ -168,8 +181,10 @@ async fn failover_once(round: usize) -> bool {
     primary.stop(StopMode::Immediate).expect("stop the primary");
     // The address moves before the promotion is done: outboxd finds a standby there,
     // whose synced slot it cannot stream from yet, and waits instead of giving up.
-    relay_vip.set_upstream(standby.port());
-    relay_vip.close_all();
+    if let Some(vip) = &relay_vip {
+        vip.set_upstream(standby.port());
+        vip.close_all();
+    }
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         relay.is_running(),
@@ -234,11 +249,113 @@ async fn primary_killed_and_standby_promoted_loses_nothing() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
     for round in 0..rounds {
-        if !failover_once(round).await {
+        if !failover_once(round, false).await {
             eprintln!("skipped: failover slots need PostgreSQL 17");
             return;
         }
     }
+}
+
+/// The same failover without any moving address: PGHOST/PGPORT list both servers and
+/// outboxd settles on whichever is the primary, before and after the promotion.
+#[tokio::test(flavor = "multi_thread")]
+async fn failover_followed_through_a_host_list_without_a_vip() {
+    let rounds: usize = std::env::var("OUTBOXD_TEST_FAILOVER_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    for round in 0..rounds {
+        if !failover_once(round, true).await {
+            eprintln!("skipped: failover slots need PostgreSQL 17");
+            return;
+        }
+    }
+}
+
+/// With the standby listed first, `run` streams from the primary (the second host), and
+/// a command that finds no primary names every host it tried and why.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_primary_is_chosen_among_listed_hosts() {
+    let primary = PgCluster::start(ClusterOptions::default()).expect("primary");
+    let db = primary.fresh_database("multi_host").await;
+    let client = db.client().await;
+    client
+        .batch_execute(&format!(
+            "{}; CREATE PUBLICATION \"{}\" FOR TABLE public.outbox WITH (publish = 'insert'); \
+             SELECT pg_create_physical_replication_slot('{STANDBY_SLOT}')",
+            schema::OUTBOX_DDL,
+            db.publication
+        ))
+        .await
+        .expect("schema");
+    drop(client);
+    let standby = primary
+        .start_standby(STANDBY_SLOT, ClusterOptions::default())
+        .expect("standby");
+    let client = db.client().await;
+    let outbox = Outbox::for_db(&db);
+    let broker = Broker::mock();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let dead = support::relay::free_port();
+
+    // No primary among them: each host is named with its reason.
+    let ports = format!("{dead},{}", standby.port());
+    let env = Relay::env_for(
+        &db,
+        &outbox,
+        &broker.bootstrap(),
+        &[("PGHOST", "127.0.0.1,127.0.0.1"), ("PGPORT", &ports)],
+    );
+    for command in ["init", "status"] {
+        let (code, out) = run_to_end(&env, &[command]);
+        assert_eq!(code, 3, "{command}: {out}");
+        for port in [dead, standby.port()] {
+            assert!(
+                out.contains(&format!("@127.0.0.1:{port}/{}", db.name)),
+                "{command} names the host on port {port}: {out}"
+            );
+        }
+        assert!(out.contains("standby"), "{command}: {out}");
+    }
+    // status may be pointed at a standby on purpose.
+    let env_standby = Relay::env_for(
+        &db,
+        &outbox,
+        &broker.bootstrap(),
+        &[
+            ("PGHOST", "127.0.0.1,127.0.0.1"),
+            ("PGPORT", &ports),
+            ("PGTARGETSESSIONATTRS", "standby"),
+        ],
+    );
+    let (code, out) = run_to_end(&env_standby, &["run"]);
+    assert_eq!(code, 2, "run refuses target_session_attrs=standby: {out}");
+
+    let ports = format!("{dead},{},{}", standby.port(), primary.port());
+    let env = Relay::env_for(
+        &db,
+        &outbox,
+        &broker.bootstrap(),
+        &[
+            ("PGHOST", "127.0.0.1,127.0.0.1,127.0.0.1"),
+            ("PGPORT", &ports),
+        ],
+    );
+    let (code, out) = run_to_end(&env, &["init"]);
+    assert_eq!(code, 0, "{out}");
+    let mut relay = Relay::start(env, &["run"]);
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let events = support::load::insert_events(&client, &outbox.table, 50, 5, 5).await;
+    let received = read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &events,
+        Duration::from_secs(60),
+    );
+    let report = check_delivery(&events, &received);
+    assert_eq!(report.duplicates, 0);
+    assert!(relay.is_running(), "{}", relay.log_text());
+    relay.kill();
 }
 
 /// Without slot sync (PG ≤16, or a standby that never synced or persisted the slot) the

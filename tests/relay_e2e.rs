@@ -80,3 +80,73 @@ async fn ten_thousand_events_mock_cluster() {
 async fn ten_thousand_events_tansu() {
     ten_thousand_events_arrive_once_in_order(Broker::tansu()).await;
 }
+
+/// zstd is compiled into librdkafka: a producer configured for it starts and delivers.
+#[tokio::test(flavor = "multi_thread")]
+async fn zstd_compression_relays() {
+    let broker = Broker::mock();
+    let db = PgCluster::shared().fresh_database("e2e_zstd").await;
+    let outbox = schema::setup(&db).await;
+    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
+    broker
+        .create_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 3)
+        .await;
+    let mut relay = Relay::start(
+        Relay::env_for(
+            &db,
+            &outbox,
+            &broker.bootstrap(),
+            &[("OUTBOXD_KAFKA_COMPRESSION_TYPE", "zstd")],
+        ),
+        &["run"],
+    );
+    let client = db.client().await;
+    let events = insert_events(&client, &outbox.table, 500, 50, 20).await;
+    let received = read_topics(
+        &broker.bootstrap(),
+        &topics,
+        events.len(),
+        Duration::from_secs(10),
+        Duration::from_secs(60),
+    );
+    let report = check_delivery(&events, &received);
+    assert_eq!(report.duplicates, 0);
+    assert!(relay.is_running(), "{}", relay.log_text());
+    relay.kill();
+}
+
+/// SASL GSSAPI is compiled into librdkafka: a producer configured for Kerberos is created
+/// (the broker here speaks no SASL, so only the settings are checked, not a login).
+#[tokio::test(flavor = "multi_thread")]
+async fn gssapi_producer_settings_are_accepted() {
+    let db = PgCluster::shared().fresh_database("e2e_gssapi").await;
+    let outbox = schema::setup(&db).await;
+    let env = Relay::env_for(
+        &db,
+        &outbox,
+        "127.0.0.1:9",
+        &[
+            ("OUTBOXD_KAFKA_SECURITY_PROTOCOL", "sasl_plaintext"),
+            ("OUTBOXD_KAFKA_SASL_MECHANISM", "GSSAPI"),
+            (
+                "OUTBOXD_KAFKA_SASL_KERBEROS_PRINCIPAL",
+                "outboxd@EXAMPLE.COM",
+            ),
+            (
+                "OUTBOXD_KAFKA_SASL_KERBEROS_KEYTAB",
+                "/nonexistent/outboxd.keytab",
+            ),
+            ("OUTBOXD_KAFKA_SASL_KERBEROS_KINIT_CMD", "true"),
+        ],
+    );
+    let (code, out) = support::relay::run_to_end(&env, &["check"]);
+    assert_eq!(code, 6, "no broker answers: {out}");
+    assert!(
+        !out.contains("FAIL  kafka producer settings"),
+        "GSSAPI refused by librdkafka: {out}"
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with("FAIL  kafka: ")),
+        "the producer was built and tried the broker: {out}"
+    );
+}

@@ -36,15 +36,15 @@ impl Report {
 
 pub async fn check(s: &Settings) -> i32 {
     let mut r = Report { failed: 0 };
-    let pg = wiring::connect_config(s);
-    let sql = match pg.connect_sql().await {
-        Ok(sql) => {
+    let all = wiring::connect_config(s);
+    let (pg, sql) = match all.connect_sql_target().await {
+        Ok((pg, sql)) => {
             r.ok("postgres connection", pg.target());
-            Some(sql)
+            (pg, Some(sql))
         }
         Err(e) => {
             r.fail("postgres connection", e);
-            None
+            (all, None)
         }
     };
     // What decides whether the role may replicate is whether the server lets it: the
@@ -502,6 +502,8 @@ async fn check_standby(r: &mut Report, s: &Settings, host: &str, port: u16) {
     let mut pg = wiring::connect_config(s);
     pg.host = host.to_owned();
     pg.port = port;
+    pg.other_hosts.clear();
+    pg.target_session_attrs = pgrepl::TargetSessionAttrs::Any;
     let sql = match pg.connect_sql().await {
         Ok(sql) => sql,
         Err(e) => return r.fail(&name, format!("{e}; OUTBOXD_CHECK_STANDBYS names it")),

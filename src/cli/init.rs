@@ -5,7 +5,7 @@
 
 use outbox_core::pgtype::quote_ident;
 use outboxd_relay::pipeline::{judge_slot, verify_shard_layout};
-use pgrepl::{preflight, ReplError, ReplicationConnection};
+use pgrepl::{preflight, ConnectConfig, ReplError, ReplicationConnection};
 use tokio_postgres::Client;
 
 use super::{say, EXIT_OK, EXIT_POSTGRES};
@@ -40,8 +40,7 @@ fn quoted(name: &str) -> String {
 }
 
 async fn init_inner(s: &Settings) -> Result<(), InitError> {
-    let pg = wiring::connect_config(s);
-    let sql = pg.connect_sql().await?;
+    let (pg, sql) = wiring::connect_config(s).connect_sql_target().await?;
     let user = quote_ident(&s.pg.user);
     let table = format!(
         "{}.{}",
@@ -70,14 +69,14 @@ async fn init_inner(s: &Settings) -> Result<(), InitError> {
         );
     }
     for view in &shards {
-        init_shard(view, &sql).await?;
+        init_shard(view, &sql, &pg).await?;
     }
     Ok(())
 }
 
 /// The publication and slot of one shard (unsharded: of the table).
-async fn init_shard(s: &Settings, sql: &Client) -> Result<(), InitError> {
-    let pg = wiring::connect_config(s);
+/// `pg`: the server the SQL connection reached (the primary of a host list).
+async fn init_shard(s: &Settings, sql: &Client, pg: &ConnectConfig) -> Result<(), InitError> {
     let user = quote_ident(&s.pg.user);
     let table = format!(
         "{}.{}",
@@ -90,7 +89,7 @@ async fn init_shard(s: &Settings, sql: &Client) -> Result<(), InitError> {
         create_publication(s, sql, &table, &user).await?;
         say!("ok  publication {} (created)", s.publication);
     }
-    let mut conn = ReplicationConnection::connect(&pg).await?;
+    let mut conn = ReplicationConnection::connect(pg).await?;
     let failover = s
         .failover_slot
         .wanted(conn.supports_failover_slots().await?)

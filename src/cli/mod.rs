@@ -107,6 +107,12 @@ pub fn main(args: &[String]) -> i32 {
             return EXIT_CONFIG;
         }
     };
+    if command != "status" {
+        if let Err(e) = crate::wiring::needs_primary(&settings) {
+            eprintln!("outboxd: configuration error: {e}");
+            return EXIT_CONFIG;
+        }
+    }
     crate::logging::init(&settings);
     // One thread: the relay is a single task, and with the IO driver on the same thread a
     // socket read wakes it without a cross-thread hand-off (measured as the top cost of

@@ -25,7 +25,9 @@ pub async fn status(s: &Settings, json: bool) -> i32 {
 }
 
 async fn status_inner(s: &Settings, json: bool) -> Result<i32, pgrepl::ReplError> {
-    let sql = wiring::connect_config(s).connect_sql().await?;
+    let (_, sql) = wiring::status_connect_config(s)
+        .connect_sql_target()
+        .await?;
     let current = preflight::current_wal_lsn(&sql).await?;
     let mut code = EXIT_OK;
     let mut docs = Vec::new();

@@ -1,21 +1,24 @@
 //! `OUTBOXD_DATABASE_URL`: a libpq-style URI, postgres://user:password@host:port/db?sslmode=...
 
-use super::{parse_ssl_mode, ConfigError, PgSettings};
+use super::ConfigError;
 
 const VAR: &str = "OUTBOXD_DATABASE_URL";
 const ACCEPTS: &str = "postgres://user:password@host:port/dbname?sslmode=...&sslrootcert=...";
 
-pub fn apply(url: &str, pg: &mut PgSettings) -> Result<(), ConfigError> {
+/// The URL's settings as libpq keywords (host and port as comma lists for several hosts).
+pub fn parse(url: &str) -> Result<Vec<(String, String)>, ConfigError> {
     let bad = || ConfigError::new(VAR, url, ACCEPTS);
     let rest = url
         .strip_prefix("postgres://")
         .or_else(|| url.strip_prefix("postgresql://"))
         .ok_or_else(bad)?;
-    let (authority, path_query) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i + 1..]),
+    let (authority, path_query) = match rest.find(['/', '?']) {
+        Some(i) if rest.as_bytes().get(i) == Some(&b'/') => (&rest[..i], &rest[i + 1..]),
+        Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, ""),
     };
-    let (userinfo, hostport) = match authority.rfind('@') {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let (userinfo, hostlist) = match authority.rfind('@') {
         Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
         None => (None, authority),
     };
@@ -25,19 +28,25 @@ pub fn apply(url: &str, pg: &mut PgSettings) -> Result<(), ConfigError> {
             None => (userinfo, None),
         };
         if !user.is_empty() {
-            pg.user = percent_decode(user).ok_or_else(bad)?;
+            out.push(("user".into(), percent_decode(user).ok_or_else(bad)?));
         }
         if let Some(p) = password {
-            pg.password = Some(percent_decode(p).ok_or_else(bad)?);
+            out.push(("password".into(), percent_decode(p).ok_or_else(bad)?));
         }
     }
-    if !hostport.is_empty() {
-        let (host, port) = split_host_port(hostport).ok_or_else(bad)?;
-        if !host.is_empty() {
-            pg.host = percent_decode(host).ok_or_else(bad)?;
+    if !hostlist.is_empty() {
+        let mut hosts = Vec::new();
+        let mut ports = Vec::new();
+        for hostport in hostlist.split(',') {
+            let (host, port) = split_host_port(hostport).ok_or_else(bad)?;
+            hosts.push(percent_decode(host).ok_or_else(bad)?);
+            ports.push(port.unwrap_or("").to_owned());
         }
-        if let Some(port) = port {
-            pg.port = port.parse().map_err(|_| bad())?;
+        if hosts.iter().any(|h| !h.is_empty()) {
+            out.push(("host".into(), hosts.join(",")));
+        }
+        if ports.iter().any(|p| !p.is_empty()) {
+            out.push(("port".into(), ports.join(",")));
         }
     }
     let (path, query) = match path_query.split_once('?') {
@@ -45,30 +54,24 @@ pub fn apply(url: &str, pg: &mut PgSettings) -> Result<(), ConfigError> {
         None => (path_query, ""),
     };
     if !path.is_empty() {
-        pg.dbname = percent_decode(path).ok_or_else(bad)?;
+        out.push(("dbname".into(), percent_decode(path).ok_or_else(bad)?));
     }
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').ok_or_else(bad)?;
         let v = percent_decode(v).ok_or_else(bad)?;
-        match k {
-            "sslmode" => pg.ssl_mode = parse_ssl_mode(VAR, &v)?,
-            "sslrootcert" => pg.ssl_root_cert = Some(v),
-            "application_name" => pg.application_name = v,
-            "host" => pg.host = v,
-            "port" => pg.port = v.parse().map_err(|_| bad())?,
-            "user" => pg.user = v,
-            "password" => pg.password = Some(v),
-            "dbname" => pg.dbname = v,
-            _ => {
-                return Err(ConfigError::new(
-                    VAR,
-                    url,
-                    format!("{ACCEPTS} (unsupported parameter {k:?})"),
-                ))
-            }
+        if !super::libpq::KEYWORDS.contains(&k) {
+            return Err(ConfigError::new(
+                VAR,
+                url,
+                format!(
+                    "{ACCEPTS} (unsupported parameter {k:?}; outboxd reads {})",
+                    super::libpq::KEYWORDS.join(", ")
+                ),
+            ));
         }
+        out.push((k.to_owned(), v));
     }
-    Ok(())
+    Ok(out)
 }
 
 fn split_host_port(s: &str) -> Option<(&str, Option<&str>)> {

@@ -3,6 +3,7 @@
 //! variable and what it accepts, and the binary exits with code 2.
 
 mod database_url;
+pub mod libpq;
 mod shards;
 mod vars;
 
@@ -64,13 +65,24 @@ pub fn parse_ssl_mode(var: &str, s: &str) -> Result<SslMode, ConfigError> {
 /// Where and how to reach Postgres. `Debug` never shows the password.
 #[derive(Clone, PartialEq, Eq)]
 pub struct PgSettings {
+    /// The first host; a Unix-socket directory when it starts with `/`.
     pub host: String,
     pub port: u16,
+    /// Further hosts of a `PGHOST=a,b,c` list, tried in order.
+    pub other_hosts: Vec<(String, u16)>,
     pub user: String,
     pub password: Option<String>,
+    /// The password file to read when no password is given (PGPASSFILE or ~/.pgpass).
+    pub passfile: Option<String>,
     pub dbname: String,
     pub ssl_mode: SslMode,
+    /// The CA file for verify-ca / verify-full; `None`: the system's trust store.
     pub ssl_root_cert: Option<String>,
+    /// Client certificate and key files.
+    pub ssl_client_cert: Option<(String, String)>,
+    /// As given; each subcommand decides what it needs (see `wiring::connect_config`).
+    pub target_session_attrs: Option<pgrepl::TargetSessionAttrs>,
+    pub connect_timeout: Duration,
     pub application_name: String,
 }
 
@@ -79,11 +91,16 @@ impl std::fmt::Debug for PgSettings {
         f.debug_struct("PgSettings")
             .field("host", &self.host)
             .field("port", &self.port)
+            .field("other_hosts", &self.other_hosts)
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("dbname", &self.dbname)
             .field("ssl_mode", &self.ssl_mode)
+            .field("passfile", &self.passfile)
             .field("ssl_root_cert", &self.ssl_root_cert)
+            .field("ssl_client_cert", &self.ssl_client_cert)
+            .field("target_session_attrs", &self.target_session_attrs)
+            .field("connect_timeout", &self.connect_timeout)
             .field("application_name", &self.application_name)
             .finish()
     }
@@ -365,37 +382,7 @@ fn table(env: &Env<'_>) -> Result<(String, String), ConfigError> {
 }
 
 fn pg_settings(env: &Env<'_>) -> Result<PgSettings, ConfigError> {
-    let mut pg = PgSettings {
-        host: env.required("PGHOST", "a host")?,
-        port: env.number::<u16>("PGPORT", 1)?,
-        user: env.required("PGUSER", "a role name")?,
-        password: env
-            .raw("PGPASSWORD")
-            .filter(|p| !p.is_empty())
-            .map(str::to_owned),
-        dbname: env.required("PGDATABASE", "a database name")?,
-        ssl_mode: parse_ssl_mode("PGSSLMODE", &env.required("PGSSLMODE", "an ssl mode")?)?,
-        ssl_root_cert: env
-            .raw("PGSSLROOTCERT")
-            .filter(|p| !p.is_empty())
-            .map(str::to_owned),
-        application_name: env.required("PGAPPNAME", "a name")?,
-    };
-    if let Some(url) = env.raw("OUTBOXD_DATABASE_URL").filter(|u| !u.is_empty()) {
-        database_url::apply(url, &mut pg)?;
-    }
-    if pg.ssl_mode == SslMode::VerifyCa || pg.ssl_mode == SslMode::VerifyFull {
-        if let Some(path) = &pg.ssl_root_cert {
-            if !std::path::Path::new(path).is_file() {
-                return Err(ConfigError::new(
-                    "PGSSLROOTCERT",
-                    path,
-                    "a readable PEM file with the CA that signed the server certificate",
-                ));
-            }
-        }
-    }
-    Ok(pg)
+    libpq::resolve(env.vars, &libpq::Home::of_process(env.vars))
 }
 
 /// Parses a snapshot of the environment for a command that talks to Kafka.

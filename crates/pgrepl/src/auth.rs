@@ -116,10 +116,9 @@ pub(crate) async fn authenticate(
     }
 }
 
-fn password<'a>(cfg: &'a ConnectConfig, method: &'static str) -> Result<&'a str, ReplError> {
-    cfg.password
-        .as_ref()
-        .map(|p| p.expose())
+fn password(cfg: &ConnectConfig, method: &'static str) -> Result<String, ReplError> {
+    cfg.effective_password()
+        .map(|p| p.expose().to_owned())
         .ok_or_else(|| ReplError::AuthClient {
             user: cfg.user.clone(),
             method,

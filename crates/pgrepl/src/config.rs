@@ -94,18 +94,113 @@ impl FromStr for SslMode {
     }
 }
 
+/// libpq's `target_session_attrs`: which of several hosts a connection settles on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TargetSessionAttrs {
+    #[default]
+    Any,
+    /// `transaction_read_only` is off.
+    ReadWrite,
+    /// `transaction_read_only` is on.
+    ReadOnly,
+    /// Not in recovery.
+    Primary,
+    /// In recovery (a hot standby).
+    Standby,
+    /// A standby if any host is one, else any host.
+    PreferStandby,
+}
+
+impl TargetSessionAttrs {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TargetSessionAttrs::Any => "any",
+            TargetSessionAttrs::ReadWrite => "read-write",
+            TargetSessionAttrs::ReadOnly => "read-only",
+            TargetSessionAttrs::Primary => "primary",
+            TargetSessionAttrs::Standby => "standby",
+            TargetSessionAttrs::PreferStandby => "prefer-standby",
+        }
+    }
+
+    /// Whether a server in this state is acceptable (prefer-standby: a standby; the
+    /// fallback to any server is the caller's).
+    pub fn accepts(self, state: ServerState) -> bool {
+        match self {
+            TargetSessionAttrs::Any => true,
+            TargetSessionAttrs::ReadWrite => !state.read_only,
+            TargetSessionAttrs::ReadOnly => state.read_only,
+            TargetSessionAttrs::Primary => !state.in_recovery,
+            TargetSessionAttrs::Standby | TargetSessionAttrs::PreferStandby => state.in_recovery,
+        }
+    }
+}
+
+impl fmt::Display for TargetSessionAttrs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Error for an unknown `target_session_attrs` string.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid target_session_attrs {0:?}: expected any, read-write, read-only, primary, standby or prefer-standby")]
+pub struct ParseTargetSessionAttrsError(pub String);
+
+impl FromStr for TargetSessionAttrs {
+    type Err = ParseTargetSessionAttrsError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "any" => Ok(TargetSessionAttrs::Any),
+            "read-write" => Ok(TargetSessionAttrs::ReadWrite),
+            "read-only" => Ok(TargetSessionAttrs::ReadOnly),
+            "primary" => Ok(TargetSessionAttrs::Primary),
+            "standby" => Ok(TargetSessionAttrs::Standby),
+            "prefer-standby" => Ok(TargetSessionAttrs::PreferStandby),
+            _ => Err(ParseTargetSessionAttrsError(s.to_owned())),
+        }
+    }
+}
+
+/// What a connected server said about itself, for [`TargetSessionAttrs`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerState {
+    pub in_recovery: bool,
+    pub read_only: bool,
+}
+
+impl ServerState {
+    fn describe(self) -> &'static str {
+        match (self.in_recovery, self.read_only) {
+            (true, _) => "a standby (in recovery)",
+            (false, true) => "a primary with default_transaction_read_only on",
+            (false, false) => "a read-write primary",
+        }
+    }
+}
+
 /// Where and how to connect. Not `Serialize`: it holds a password.
 #[derive(Debug, Clone)]
 pub struct ConnectConfig {
     /// Host name, IP address, or a Unix-socket directory (starts with `/`).
     pub host: String,
     pub port: u16,
+    /// Further hosts tried in order after `host` (libpq's `host=a,b,c`).
+    pub other_hosts: Vec<(String, u16)>,
+    /// Which host a connection settles on when there are several.
+    pub target_session_attrs: TargetSessionAttrs,
     pub user: String,
     pub password: Option<Password>,
+    /// libpq's password file, read for each host when `password` is `None`.
+    pub passfile: Option<PathBuf>,
     pub dbname: String,
     pub ssl_mode: SslMode,
-    /// PEM bundle of trusted roots for verify-ca / verify-full; system roots when absent.
+    /// PEM bundle of trusted roots for verify-ca / verify-full; the system's trust store
+    /// when absent.
     pub ssl_root_cert: Option<PathBuf>,
+    /// Client certificate (PEM, may carry intermediates) and its private key.
+    pub ssl_client_cert: Option<(PathBuf, PathBuf)>,
     pub application_name: String,
     pub connect_timeout: Duration,
 }
@@ -121,11 +216,15 @@ impl ConnectConfig {
         ConnectConfig {
             host: host.into(),
             port,
+            other_hosts: Vec::new(),
+            target_session_attrs: TargetSessionAttrs::Any,
             user: user.into(),
             password: None,
+            passfile: None,
             dbname: dbname.into(),
             ssl_mode: SslMode::Prefer,
             ssl_root_cert: None,
+            ssl_client_cert: None,
             application_name: "outboxd".into(),
             connect_timeout: Duration::from_secs(10),
         }
@@ -146,6 +245,97 @@ impl ConnectConfig {
 
     pub fn is_unix_socket(&self) -> bool {
         self.host.starts_with('/')
+    }
+
+    /// One single-host config per host, in the order libpq tries them.
+    pub fn candidates(&self) -> Vec<ConnectConfig> {
+        std::iter::once((self.host.clone(), self.port))
+            .chain(self.other_hosts.iter().cloned())
+            .map(|(host, port)| ConnectConfig {
+                host,
+                port,
+                other_hosts: Vec::new(),
+                ..self.clone()
+            })
+            .collect()
+    }
+
+    /// `PGPASSWORD`, else the password file's entry for this host, port, database and user.
+    pub fn effective_password(&self) -> Option<Password> {
+        if let Some(pw) = &self.password {
+            return Some(pw.clone());
+        }
+        let file = self.passfile.as_deref()?;
+        crate::pgpass::lookup(file, &self.host, self.port, &self.dbname, &self.user)
+            .map(Password::new)
+    }
+
+    /// Tries each host in turn (libpq's order), keeping the first that accepts a
+    /// connection and matches `target_session_attrs`: the chosen single-host config and
+    /// what `connect_one` made of it. Failures name every host tried; with one host, its
+    /// own error is returned as is.
+    pub async fn connect_each<T, F, Fut>(
+        &self,
+        mut connect_one: F,
+    ) -> Result<(ConnectConfig, T), ReplError>
+    where
+        F: FnMut(ConnectConfig) -> Fut,
+        Fut: std::future::Future<Output = Result<(T, ServerState), ReplError>>,
+    {
+        let candidates = self.candidates();
+        let wanted = self.target_session_attrs;
+        let mut tried: Vec<ReplError> = Vec::new();
+        // prefer-standby settles on the first server that answered when none is a standby.
+        let mut fallback: Option<(ConnectConfig, T)> = None;
+        for candidate in &candidates {
+            match connect_one(candidate.clone()).await {
+                Ok((value, state)) if wanted.accepts(state) => {
+                    return Ok((candidate.clone(), value));
+                }
+                Ok((value, state)) => {
+                    if wanted == TargetSessionAttrs::PreferStandby && fallback.is_none() {
+                        fallback = Some((candidate.clone(), value));
+                    }
+                    tried.push(ReplError::WrongSession {
+                        target: candidate.target(),
+                        wanted,
+                        found: state.describe(),
+                    });
+                }
+                Err(e) => tried.push(e),
+            }
+        }
+        if let Some(found) = fallback {
+            return Ok(found);
+        }
+        if candidates.len() == 1 {
+            if let Some(e) = tried.pop() {
+                return Err(e);
+            }
+        }
+        Err(ReplError::NoHost { wanted, tried })
+    }
+
+    /// An SQL connection to the first host that matches `target_session_attrs`.
+    pub async fn connect_sql_target(
+        &self,
+    ) -> Result<(ConnectConfig, tokio_postgres::Client), ReplError> {
+        let check = self.target_session_attrs != TargetSessionAttrs::Any;
+        self.connect_each(|one| async move {
+            let client = one.connect_sql().await?;
+            let state = if check {
+                sql_server_state(&client)
+                    .await
+                    .map_err(|e| one.connect_error(e))?
+            } else {
+                ServerState {
+                    in_recovery: false,
+                    read_only: false,
+                }
+            };
+            Ok((client, state))
+        })
+        .await
     }
 
     /// The equivalent `tokio_postgres` config for the ordinary SQL connection.
@@ -173,7 +363,7 @@ impl ConnectConfig {
                 (SslMode::Prefer, false) => tokio_postgres::config::SslMode::Prefer,
                 (_, false) => tokio_postgres::config::SslMode::Require,
             });
-        if let Some(pw) = &self.password {
+        if let Some(pw) = self.effective_password() {
             cfg.password(pw.expose());
         }
         cfg
@@ -243,6 +433,20 @@ impl ConnectConfig {
     }
 }
 
+/// Recovery state and `transaction_read_only`, as libpq asks for them.
+async fn sql_server_state(client: &tokio_postgres::Client) -> Result<ServerState, ReplError> {
+    let row = client
+        .query_one(
+            "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'",
+            &[],
+        )
+        .await?;
+    Ok(ServerState {
+        in_recovery: row.try_get(0)?,
+        read_only: row.try_get(1)?,
+    })
+}
+
 fn spawn_connection<S, T>(conn: tokio_postgres::Connection<S, T>)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -276,6 +480,82 @@ mod tests {
         );
         assert!("allow".parse::<SslMode>().is_err());
         assert!("".parse::<SslMode>().is_err());
+    }
+
+    #[test]
+    fn target_session_attrs_parse_and_judge() {
+        let primary = ServerState {
+            in_recovery: false,
+            read_only: false,
+        };
+        let standby = ServerState {
+            in_recovery: true,
+            read_only: true,
+        };
+        for (text, on_primary, on_standby) in [
+            ("any", true, true),
+            ("read-write", true, false),
+            ("read-only", false, true),
+            ("primary", true, false),
+            ("standby", false, true),
+            ("PREFER-STANDBY", false, true),
+        ] {
+            let attrs: TargetSessionAttrs = text.parse().unwrap();
+            assert_eq!(attrs.accepts(primary), on_primary, "{text}");
+            assert_eq!(attrs.accepts(standby), on_standby, "{text}");
+            assert_eq!(attrs.as_str().parse::<TargetSessionAttrs>(), Ok(attrs));
+        }
+        assert!("master".parse::<TargetSessionAttrs>().is_err());
+    }
+
+    /// Hosts a..c: a refuses connections, b is a standby, c a primary.
+    async fn fake(one: ConnectConfig) -> Result<(String, ServerState), ReplError> {
+        match one.host.as_str() {
+            "a" => Err(one.connect_error(ReplError::Timeout("connecting to the server"))),
+            h => Ok((
+                h.to_owned(),
+                ServerState {
+                    in_recovery: h == "b",
+                    read_only: h == "b",
+                },
+            )),
+        }
+    }
+
+    #[tokio::test]
+    async fn each_host_is_tried_and_every_failure_named() {
+        let mut cfg = ConnectConfig::new("a", 1, "u", "db");
+        cfg.other_hosts = vec![("b".into(), 2), ("c".into(), 3)];
+        cfg.target_session_attrs = TargetSessionAttrs::Primary;
+        let (chosen, value) = cfg.connect_each(fake).await.unwrap();
+        assert_eq!(
+            (chosen.host.as_str(), chosen.port, value.as_str()),
+            ("c", 3, "c")
+        );
+        assert!(chosen.other_hosts.is_empty());
+        cfg.target_session_attrs = TargetSessionAttrs::PreferStandby;
+        assert_eq!(cfg.connect_each(fake).await.unwrap().1, "b");
+
+        cfg.other_hosts.truncate(1);
+        cfg.target_session_attrs = TargetSessionAttrs::Primary;
+        let e = cfg.connect_each(fake).await.unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("u@a:1/db") && text.contains("u@b:2/db"),
+            "{text}"
+        );
+        assert!(text.contains("standby"), "{text}");
+        assert_eq!(e.class(), crate::ErrorClass::Retryable);
+        cfg.other_hosts.clear();
+        cfg.host = "b".into();
+        cfg.target_session_attrs = TargetSessionAttrs::PreferStandby;
+        assert_eq!(cfg.connect_each(fake).await.unwrap().1, "b");
+        cfg.host = "c".into();
+        assert_eq!(
+            cfg.connect_each(fake).await.unwrap().1,
+            "c",
+            "no standby: any host"
+        );
     }
 
     #[test]

@@ -83,13 +83,29 @@ impl std::fmt::Debug for ReplicationConnection {
 
 impl ReplicationConnection {
     /// Connects, negotiates TLS, authenticates and waits for ReadyForQuery, all within
-    /// `cfg.connect_timeout`.
+    /// `cfg.connect_timeout` per host; with several hosts, to the first that matches
+    /// `cfg.target_session_attrs` (judged from the `in_hot_standby` and
+    /// `default_transaction_read_only` the server reports at startup, PostgreSQL 14+).
     pub async fn connect(cfg: &ConnectConfig) -> Result<Self, ReplError> {
-        tokio::time::timeout(cfg.connect_timeout, Self::connect_inner(cfg))
-            .await
-            .map_err(|_| ReplError::Timeout("connecting to the server"))
-            .and_then(|r| r)
-            .map_err(|e| cfg.connect_error(e))
+        Self::connect_target(cfg).await.map(|(_, conn)| conn)
+    }
+
+    /// [`ReplicationConnection::connect`], and the single-host config it settled on.
+    pub async fn connect_target(cfg: &ConnectConfig) -> Result<(ConnectConfig, Self), ReplError> {
+        cfg.connect_each(|one| async move {
+            let conn = tokio::time::timeout(one.connect_timeout, Self::connect_inner(&one))
+                .await
+                .map_err(|_| ReplError::Timeout("connecting to the server"))
+                .and_then(|r| r)
+                .map_err(|e| one.connect_error(e))?;
+            let state = crate::config::ServerState {
+                in_recovery: conn.parameter("in_hot_standby") == Some("on"),
+                read_only: conn.parameter("default_transaction_read_only") == Some("on")
+                    || conn.parameter("in_hot_standby") == Some("on"),
+            };
+            Ok((conn, state))
+        })
+        .await
     }
 
     async fn connect_inner(cfg: &ConnectConfig) -> Result<Self, ReplError> {

@@ -77,6 +77,19 @@ pub enum ReplError {
     /// Any failure to establish a connection, with where it was going: the cause alone
     /// ("connection refused", "password authentication failed") does not say which
     /// server, role or database was meant.
+    /// The server answered but is not what `target_session_attrs` asks for.
+    #[error("{target} is {found}, not what target_session_attrs={wanted} asks for")]
+    WrongSession {
+        target: String,
+        wanted: crate::config::TargetSessionAttrs,
+        found: &'static str,
+    },
+    /// Several hosts were configured and none would do: each one's reason, in order.
+    #[error("no host matched target_session_attrs={wanted}; tried {}", tried_list(.tried))]
+    NoHost {
+        wanted: crate::config::TargetSessionAttrs,
+        tried: Vec<ReplError>,
+    },
     #[error("cannot connect to {target}: {cause}{}", connect_hint(cause))]
     Connect {
         /// `user@host:port/database`
@@ -103,17 +116,28 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     text
 }
 
+fn tried_list(tried: &[ReplError]) -> String {
+    tried
+        .iter()
+        .enumerate()
+        .map(|(i, e)| format!("({}) {e}", i + 1))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// What to look at for each kind of connection failure.
 fn connect_hint(cause: &ReplError) -> &'static str {
     match cause {
         ReplError::Tls(_) => {
-            "; the server's certificate was not accepted: PGSSLROOTCERT must name a PEM file \
+            "; the server's certificate was not accepted: PGSSLROOTCERT (default \
+             ~/.postgresql/root.crt, else the system's trust store) must name a PEM file \
              with the CA that signed it (verify-ca / verify-full), and for verify-full PGHOST \
              must be a name in the certificate"
         }
         ReplError::AuthClient { .. } => {
-            "; set PGPASSWORD (or the password in OUTBOXD_DATABASE_URL), or allow the role \
-             another method in pg_hba.conf"
+            "; set PGPASSWORD (or the password in OUTBOXD_DATABASE_URL, or a line in the \
+             password file, ~/.pgpass or PGPASSFILE, mode 0600), or allow the role another \
+             method in pg_hba.conf"
         }
         ReplError::Auth { server, .. } if server.code == "28P01" => {
             "; check PGUSER and PGPASSWORD (or OUTBOXD_DATABASE_URL)"
@@ -161,7 +185,17 @@ impl ReplError {
             ReplError::Io { .. }
             | ReplError::Timeout(_)
             | ReplError::Closed(_)
-            | ReplError::SlotInUse { .. } => ErrorClass::Retryable,
+            | ReplError::SlotInUse { .. }
+            // A standby may be promoted, a primary come back.
+            | ReplError::WrongSession { .. } => ErrorClass::Retryable,
+            // Permanent only when every host failed for a reason that does not heal.
+            ReplError::NoHost { tried, .. } => {
+                if !tried.is_empty() && tried.iter().all(|e| e.class() == ErrorClass::Permanent) {
+                    ErrorClass::Permanent
+                } else {
+                    ErrorClass::Retryable
+                }
+            }
             ReplError::Server(e) => class_of_sqlstate(&e.code),
             ReplError::Auth { .. }
             | ReplError::AuthClient { .. }

@@ -19,6 +19,7 @@ mod connection;
 mod error;
 mod options;
 mod pg_tls;
+mod pgpass;
 pub mod preflight;
 mod query;
 mod socket;
@@ -27,7 +28,10 @@ mod stream;
 mod tls;
 mod wire;
 
-pub use config::{ConnectConfig, ParseSslModeError, Password, SslMode};
+pub use config::{
+    ConnectConfig, ParseSslModeError, ParseTargetSessionAttrsError, Password, ServerState, SslMode,
+    TargetSessionAttrs,
+};
 pub use connection::ReplicationConnection;
 pub use error::{
     chain as error_chain, class_of_sql, class_of_sqlstate, ErrorClass, ReplError, ServerError,

@@ -2,13 +2,14 @@
 //! `tls-server-end-point` channel-binding hash (RFC 5929) for SCRAM-SHA-256-PLUS.
 
 use std::io;
+use std::path::Path;
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
@@ -31,12 +32,20 @@ pub(crate) fn client_config(cfg: &ConnectConfig) -> Result<Arc<ClientConfig>, Re
         SslMode::VerifyCa => Arc::new(ChainOnly(webpki_verifier(cfg, &provider)?)),
         SslMode::VerifyFull => webpki_verifier(cfg, &provider)?,
     };
-    let config = ClientConfig::builder_with_provider(provider)
+    let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| ReplError::Tls(format!("building TLS config: {e}")))?
         .dangerous()
-        .with_custom_certificate_verifier(verifier)
-        .with_no_client_auth();
+        .with_custom_certificate_verifier(verifier);
+    let config = match &cfg.ssl_client_cert {
+        Some((cert, key)) => {
+            let (chain, key) = client_identity(cert, key)?;
+            builder.with_client_auth_cert(chain, key).map_err(|e| {
+                ReplError::Config(format!("client certificate {}: {e}", cert.display()))
+            })?
+        }
+        None => builder.with_no_client_auth(),
+    };
     Ok(Arc::new(config))
 }
 
@@ -45,6 +54,45 @@ pub(crate) fn server_name(host: &str) -> Result<ServerName<'static>, ReplError> 
     ServerName::try_from(host.to_owned()).map_err(|e| {
         ReplError::Config(format!("host {host:?} is not a valid TLS server name: {e}"))
     })
+}
+
+/// The client certificate chain and its key, refusing a key file that the group or others
+/// may read, as libpq does (a key readable by others is no secret).
+fn client_identity(
+    cert: &Path,
+    key: &Path,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), ReplError> {
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| ReplError::Config(format!("reading sslcert {}: {e}", cert.display())))?;
+    if chain.is_empty() {
+        return Err(ReplError::Config(format!(
+            "sslcert {} holds no certificate",
+            cert.display()
+        )));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let meta = std::fs::metadata(key)
+            .map_err(|e| ReplError::Config(format!("sslkey {}: {e}", key.display())))?;
+        let mode = meta.permissions().mode();
+        // libpq's rule: 0600 or less when the user owns it, 0640 or less when root does.
+        let too_open = if meta.uid() == 0 {
+            mode & 0o037 != 0
+        } else {
+            mode & 0o077 != 0
+        };
+        if too_open {
+            return Err(ReplError::Config(format!(
+                "private key file {} has group or world access; permissions should be u=rw (0600) or less if owned by the current user, or u=rw,g=r (0640) or less if owned by root",
+                key.display()
+            )));
+        }
+    }
+    let key_der = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| ReplError::Config(format!("reading sslkey {}: {e}", key.display())))?;
+    Ok((chain, key_der))
 }
 
 fn root_store(cfg: &ConnectConfig) -> Result<RootCertStore, ReplError> {
@@ -69,7 +117,21 @@ fn root_store(cfg: &ConnectConfig) -> Result<RootCertStore, ReplError> {
                 )));
             }
         }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+        None => {
+            // The platform's trust store (on Linux the distribution's bundle, or
+            // SSL_CERT_FILE / SSL_CERT_DIR), as `sslrootcert=system` in libpq 16+.
+            let found = rustls_native_certs::load_native_certs();
+            let (added, _ignored) = roots.add_parsable_certificates(found.certs);
+            if added == 0 {
+                let why = found
+                    .errors
+                    .first()
+                    .map_or_else(|| "none found".to_owned(), ToString::to_string);
+                return Err(ReplError::Config(format!(
+                    "no system root certificate could be loaded ({why}); set PGSSLROOTCERT to the CA that signed the server certificate"
+                )));
+            }
+        }
     }
     Ok(roots)
 }

@@ -131,6 +131,8 @@ struct Carry {
     settings_warned: bool,
     /// The cluster (system identifier, timeline) the first connection found.
     seen_system: Option<SeenSystem>,
+    /// Standing by for a slot that another instance holds (logged on entry and takeover).
+    standing_by: bool,
 }
 
 /// The transactions of the coming replay that Kafka already has: what the previous
@@ -220,6 +222,7 @@ fn check_server_version(version_num: u32) -> Result<(), RelayError> {
 /// exist without a record, or its loss could go unnoticed.
 async fn create_slot_if_new(
     cfg: &RelayConfig,
+    pg: &ConnectConfig,
     progress: Option<&ProgressStore>,
     identity: &SlotIdentity,
     timeline: u32,
@@ -259,7 +262,7 @@ async fn create_slot_if_new(
         )
         .await
         .map_err(unknown)?;
-    let start = slot::create(&cfg.pg, &cfg.slot, cfg.failover_slot).await?;
+    let start = slot::create(pg, &cfg.slot, cfg.failover_slot).await?;
     // At once, not at the first tick: from here on a missing slot is a lost one.
     progress
         .write_and_wait(
@@ -395,6 +398,8 @@ async fn relay_loop(
     backoff: &mut Backoff,
 ) -> Result<(), RelayError> {
     let mut carry = Carry::default();
+    // A standby's one connection for watching the slot, kept across attempts.
+    let mut watcher: Option<tokio_postgres::Client> = None;
     loop {
         carry.progressed = false;
         let result = run_session(cfg, obs, progress, shutdown, &mut carry).await;
@@ -405,25 +410,80 @@ async fn relay_loop(
                 if *shutdown.borrow() {
                     return Ok(());
                 }
-                let standby = e.is_slot_in_use();
-                obs.standby(standby);
-                let delay = if standby {
-                    // Another instance holds the slot: stand by and poll quickly, so we
-                    // take over within seconds of it dying.
-                    tracing::info!("{e}; standing by");
-                    Duration::from_secs(1)
-                } else {
-                    let d = backoff.after_session(carry.progressed);
-                    tracing::warn!(retry_in_ms = d.as_millis(), "{e}");
-                    obs.reconnect();
-                    d
-                };
+                if e.is_slot_in_use() {
+                    if !carry.standing_by {
+                        // Once: a standby may wait for days.
+                        tracing::info!("{e}; standing by until the slot is released (watching it over one connection)");
+                        carry.standing_by = true;
+                    }
+                    obs.standby(true);
+                    if wait_for_slot_release(cfg, &mut watcher, shutdown).await {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                watcher = None;
+                obs.standby(false);
+                let d = backoff.after_session(carry.progressed);
+                tracing::warn!(retry_in_ms = d.as_millis(), "{e}");
+                obs.reconnect();
                 tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
+                    _ = tokio::time::sleep(d) => {}
                     _ = shutdown.changed() => return Ok(()),
                 }
             }
             Err(e) => return Err(e),
+        }
+    }
+}
+
+/// How often a standby looks at the slot it waits for.
+const STANDBY_POLL: Duration = Duration::from_secs(1);
+
+/// A standby waits here, over one SQL connection kept in `watcher`, until the slot it
+/// waits for is no longer active (or the connection fails, or the slot is gone: the next
+/// session attempt then reports what it finds). Returns true on shutdown.
+async fn wait_for_slot_release(
+    cfg: &RelayConfig,
+    watcher: &mut Option<tokio_postgres::Client>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> bool {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(STANDBY_POLL) => {}
+            _ = shutdown.changed() => return true,
+        }
+        if watcher
+            .as_ref()
+            .is_none_or(tokio_postgres::Client::is_closed)
+        {
+            match cfg.pg.connect_sql_target().await {
+                Ok((_, client)) => *watcher = Some(client),
+                Err(e) => {
+                    tracing::debug!("standby: cannot watch the slot: {e}");
+                    *watcher = None;
+                    return false;
+                }
+            }
+        }
+        let Some(client) = watcher.as_ref() else {
+            return false;
+        };
+        let active = tokio::time::timeout(
+            Duration::from_secs(10),
+            client.query_opt(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+                &[&cfg.slot],
+            ),
+        )
+        .await;
+        match active {
+            Ok(Ok(Some(row))) if row.try_get::<_, bool>(0).unwrap_or(false) => continue,
+            Ok(Ok(_)) => return false,
+            Ok(Err(_)) | Err(_) => {
+                *watcher = None;
+                return false;
+            }
         }
     }
 }
@@ -435,25 +495,30 @@ async fn run_session(
     shutdown: &mut watch::Receiver<bool>,
     carry: &mut Carry,
 ) -> Result<SessionEnd, RelayError> {
-    let sql = cfg.pg.connect_sql().await?;
+    // With several hosts, the first that is a primary; the session keeps to it.
+    let (pg, sql) = cfg.pg.connect_sql_target().await?;
+    if !cfg.pg.other_hosts.is_empty() {
+        tracing::info!(host = %pg.host, port = pg.port, "connected to the primary among the configured hosts");
+    }
+    let pg = &pg;
     // On a standby a synced slot exists but cannot be streamed from, and a missing one
     // must not be judged lost: neither is permanent while a promotion may be under way.
     if pgrepl::preflight::in_recovery(&sql).await? {
         return Err(RelayError::InRecovery {
-            host: cfg.pg.host.clone(),
-            port: cfg.pg.port,
+            host: pg.host.clone(),
+            port: pg.port,
         });
     }
     // Warnings once per process: a standby checks every second.
     slot::check_server(&sql, &cfg.slot, !carry.settings_warned).await?;
     carry.settings_warned = true;
-    let mut conn = ReplicationConnection::connect(&cfg.pg).await?;
+    let mut conn = ReplicationConnection::connect(pg).await?;
     check_server_version(conn.server_version_num().await?)?;
     let system = conn.identify_system().await?;
     let previous_timeline = check_system(&mut carry.seen_system, &system)?;
     let identity = SlotIdentity {
         system_id: system.system_id.clone(),
-        database: cfg.pg.dbname.clone(),
+        database: pg.dbname.clone(),
         slot: cfg.slot.clone(),
     };
     if let Some(shard) = &cfg.shard {
@@ -461,7 +526,7 @@ async fn run_session(
     }
     let prepared = slot::prepare(
         &sql,
-        &cfg.pg,
+        pg,
         &cfg.slot,
         &cfg.publication,
         cfg.create_slot,
@@ -475,7 +540,15 @@ async fn run_session(
             start
         }
         None => {
-            create_slot_if_new(cfg, progress, &identity, system.timeline, system.xlog_pos).await?
+            create_slot_if_new(
+                cfg,
+                pg,
+                progress,
+                &identity,
+                system.timeline,
+                system.xlog_pos,
+            )
+            .await?
         }
     };
     let options = StartOptions {
@@ -510,10 +583,13 @@ async fn run_session(
             "the server's timeline changed: a standby was promoted (failover); streaming from the slot's confirmed position on the new primary"
         );
     }
-    let skip = skip_range(&cfg.pg, carry, progress, &identity, system.timeline).await;
+    let skip = skip_range(pg, carry, progress, &identity, system.timeline).await;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let producer = build_producer(&cfg.producer, tx)?;
     obs.connected(true, true);
+    if std::mem::take(&mut carry.standing_by) {
+        tracing::info!(slot = %cfg.slot, "took over the slot: this instance is the active one now");
+    }
     tracing::info!(
         slot = %cfg.slot,
         confirmed_flush = %confirmed_flush,

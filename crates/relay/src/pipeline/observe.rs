@@ -105,6 +105,7 @@ impl Observer {
     pub(super) fn connected(&self, replication: bool, producer: bool) {
         if replication {
             self.health.set_standby(false);
+            self.metrics.set_standby(false);
         }
         self.metrics.set_replication_connected(replication);
         self.metrics.set_producer_healthy(producer);
@@ -115,6 +116,7 @@ impl Observer {
     /// Waiting for the slot held by another instance (`true`), or not (`false`).
     pub(super) fn standby(&self, standby: bool) {
         self.health.set_standby(standby);
+        self.metrics.set_standby(standby);
     }
 
     pub(super) fn reconnect(&self) {

@@ -101,6 +101,7 @@ pub struct Metrics {
     /// last update.
     oldest_unacked_unix_micros: AtomicU64,
     replication_connected: AtomicBool,
+    standby: AtomicBool,
     producer_healthy: AtomicBool,
     commit_to_ack: Histogram,
     /// Inserts into published relations that are not the outbox table, by relation:
@@ -131,6 +132,7 @@ impl Default for Metrics {
             slot_failover_ready: AtomicBool::new(false),
             oldest_unacked_unix_micros: AtomicU64::new(0),
             replication_connected: AtomicBool::new(false),
+            standby: AtomicBool::new(false),
             producer_healthy: AtomicBool::new(false),
             commit_to_ack: Histogram::default(),
             ignored_rows: Mutex::new(BTreeMap::new()),
@@ -166,6 +168,8 @@ pub struct MetricsSnapshot {
     /// Age of the oldest unacked event at snapshot time; zero when nothing is unacked.
     pub oldest_unacked_age: Duration,
     pub replication_connected: bool,
+    /// Waiting for the slot that another instance holds.
+    pub standby: bool,
     pub producer_healthy: bool,
     pub commit_to_ack: HistogramSnapshot,
     /// `(schema.relation, inserts)` for published relations that are not the outbox.
@@ -265,6 +269,10 @@ impl Metrics {
             .store(connected, Ordering::Relaxed);
     }
 
+    pub fn set_standby(&self, standby: bool) {
+        self.standby.store(standby, Ordering::Relaxed);
+    }
+
     pub fn set_producer_healthy(&self, healthy: bool) {
         self.producer_healthy.store(healthy, Ordering::Relaxed);
     }
@@ -323,6 +331,7 @@ impl Metrics {
             slot_failover_ready: self.slot_failover_ready.load(Ordering::Relaxed),
             oldest_unacked_age,
             replication_connected: self.replication_connected.load(Ordering::Relaxed),
+            standby: self.standby.load(Ordering::Relaxed),
             producer_healthy: self.producer_healthy.load(Ordering::Relaxed),
             commit_to_ack: self.commit_to_ack.snapshot(),
             ignored_rows_total: self

@@ -193,6 +193,13 @@ pub fn render_all(relays: &[(Option<u32>, &MetricsSnapshot)]) -> String {
     );
     out.single(
         relays,
+        "standby",
+        "gauge",
+        "1 while this instance stands by: another instance holds the slot, and this one takes over when it is released.",
+        |s| u64::from(s.standby),
+    );
+    out.single(
+        relays,
         "producer_healthy",
         "gauge",
         "1 when the Kafka producer is usable.",

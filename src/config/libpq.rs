@@ -1,0 +1,533 @@
+//! The PostgreSQL connection settings as libpq resolves them: a connection string
+//! (`OUTBOXD_DATABASE_URL`) wins over a service file entry (`PGSERVICE`), which wins over
+//! the `PG*` variables, which win over the defaults (the Unix-socket directory, the OS
+//! user, a database named after the user, `~/.pgpass`, `~/.postgresql/…`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pgrepl::TargetSessionAttrs;
+
+use super::{database_url, parse_ssl_mode, ConfigError, PgSettings, SslMode};
+
+/// libpq keyword ↔ environment variable.
+const ENV_KEYWORDS: &[(&str, &str)] = &[
+    ("host", "PGHOST"),
+    ("port", "PGPORT"),
+    ("user", "PGUSER"),
+    ("password", "PGPASSWORD"),
+    ("passfile", "PGPASSFILE"),
+    ("dbname", "PGDATABASE"),
+    ("sslmode", "PGSSLMODE"),
+    ("sslrootcert", "PGSSLROOTCERT"),
+    ("sslcert", "PGSSLCERT"),
+    ("sslkey", "PGSSLKEY"),
+    ("application_name", "PGAPPNAME"),
+    ("target_session_attrs", "PGTARGETSESSIONATTRS"),
+    ("connect_timeout", "PGCONNECT_TIMEOUT"),
+    ("service", "PGSERVICE"),
+];
+
+/// The keywords outboxd accepts in a connection string or a service file.
+pub const KEYWORDS: &[&str] = &[
+    "host",
+    "port",
+    "user",
+    "password",
+    "passfile",
+    "dbname",
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "application_name",
+    "target_session_attrs",
+    "connect_timeout",
+    "service",
+];
+
+/// A keyword's value and where it came from (named in errors).
+#[derive(Debug, Clone)]
+struct Value {
+    text: String,
+    origin: String,
+}
+
+/// What the process knows about its user and files, so the rules stay testable.
+#[derive(Debug, Clone, Default)]
+pub struct Home {
+    /// The OS user name (libpq: the effective uid's passwd entry).
+    pub os_user: Option<String>,
+    /// `$HOME`, else the passwd entry's home directory.
+    pub dir: Option<PathBuf>,
+}
+
+impl Home {
+    /// From the process: `$HOME`/`$USER` first, then `/etc/passwd` for the uid that owns
+    /// `/proc/self` (no libc call needed).
+    pub fn of_process(vars: &BTreeMap<String, String>) -> Home {
+        let passwd = passwd_entry();
+        Home {
+            os_user: passwd
+                .as_ref()
+                .map(|(u, _)| u.clone())
+                .or_else(|| vars.get("USER").cloned())
+                .or_else(|| vars.get("LOGNAME").cloned()),
+            dir: vars
+                .get("HOME")
+                .filter(|h| !h.is_empty())
+                .map(PathBuf::from)
+                .or_else(|| passwd.map(|(_, home)| PathBuf::from(home))),
+        }
+    }
+
+    fn file(&self, rel: &str) -> Option<PathBuf> {
+        self.dir.as_ref().map(|d| d.join(rel))
+    }
+}
+
+#[cfg(unix)]
+fn passwd_entry() -> Option<(String, String)> {
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self").ok()?.uid().to_string();
+    let text = std::fs::read_to_string("/etc/passwd").ok()?;
+    text.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        (f.len() >= 6 && f[2] == uid).then(|| (f[0].to_owned(), f[5].to_owned()))
+    })
+}
+
+#[cfg(not(unix))]
+fn passwd_entry() -> Option<(String, String)> {
+    None
+}
+
+/// libpq's compiled-in socket directory: Debian's and Ubuntu's where it exists, else
+/// upstream's.
+fn default_socket_dir() -> &'static str {
+    if Path::new("/var/run/postgresql").is_dir() {
+        "/var/run/postgresql"
+    } else {
+        "/tmp"
+    }
+}
+
+/// Reads `[service]` from a pg_service.conf text: `key=value` lines, `#` comments.
+fn service_entries(text: &str, service: &str) -> Option<Vec<(String, String)>> {
+    let mut in_section = false;
+    let mut found = false;
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            in_section = name.trim() == service;
+            found |= in_section;
+            continue;
+        }
+        if in_section {
+            if let Some((k, v)) = line.split_once('=') {
+                out.push((k.trim().to_owned(), v.trim().to_owned()));
+            }
+        }
+    }
+    found.then_some(out)
+}
+
+/// libpq's service file search: PGSERVICEFILE or ~/.pg_service.conf, then
+/// PGSYSCONFDIR/pg_service.conf (default /etc/postgresql-common, Debian's).
+fn service_lookup(
+    vars: &BTreeMap<String, String>,
+    home: &Home,
+    service: &str,
+    origin: &str,
+) -> Result<Vec<(String, String, String)>, ConfigError> {
+    let user_file = match vars.get("PGSERVICEFILE").filter(|v| !v.is_empty()) {
+        Some(f) => Some(PathBuf::from(f)),
+        None => home.file(".pg_service.conf"),
+    };
+    let sysconf = vars
+        .get("PGSYSCONFDIR")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from("/etc/postgresql-common"), PathBuf::from)
+        .join("pg_service.conf");
+    let mut looked = Vec::new();
+    for file in user_file.into_iter().chain(std::iter::once(sysconf)) {
+        looked.push(file.display().to_string());
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        if let Some(entries) = service_entries(&text, service) {
+            let from = format!("service {service:?} in {}", file.display());
+            return Ok(entries
+                .into_iter()
+                .map(|(k, v)| (k, v, from.clone()))
+                .collect());
+        }
+    }
+    Err(ConfigError::new(
+        origin,
+        service,
+        format!(
+            "a service defined in a service file; looked in {}",
+            looked.join(" and ")
+        ),
+    ))
+}
+
+fn is_secret(keyword: &str) -> bool {
+    keyword == "password"
+}
+
+/// Resolves the settings from a snapshot of the environment and the process's home.
+pub fn resolve(vars: &BTreeMap<String, String>, home: &Home) -> Result<PgSettings, ConfigError> {
+    let mut values: BTreeMap<&'static str, Value> = BTreeMap::new();
+    for (keyword, var) in ENV_KEYWORDS {
+        if let Some(v) = vars.get(*var).filter(|v| !v.is_empty()) {
+            values.insert(
+                keyword,
+                Value {
+                    text: v.clone(),
+                    origin: (*var).to_owned(),
+                },
+            );
+        }
+    }
+    let url = vars
+        .get("OUTBOXD_DATABASE_URL")
+        .filter(|u| !u.is_empty())
+        .map(|u| database_url::parse(u))
+        .transpose()?
+        .unwrap_or_default();
+    let url_service = url.iter().find(|(k, _)| k == "service").map(|(_, v)| v);
+    let service = url_service
+        .map(|s| (s.clone(), "OUTBOXD_DATABASE_URL".to_owned()))
+        .or_else(|| {
+            values
+                .get("service")
+                .map(|v| (v.text.clone(), v.origin.clone()))
+        });
+    if let Some((service, origin)) = service {
+        for (k, v, from) in service_lookup(vars, home, &service, &origin)? {
+            let Some(keyword) = KEYWORDS.iter().find(|kw| **kw == k) else {
+                return Err(ConfigError::new(
+                    &from,
+                    &k,
+                    format!("one of the keywords outboxd reads: {}", KEYWORDS.join(", ")),
+                ));
+            };
+            values.insert(
+                keyword,
+                Value {
+                    text: v,
+                    origin: from.clone(),
+                },
+            );
+        }
+    }
+    for (k, v) in url {
+        if let Some(keyword) = KEYWORDS.iter().find(|kw| **kw == k) {
+            values.insert(
+                keyword,
+                Value {
+                    text: v,
+                    origin: "OUTBOXD_DATABASE_URL".to_owned(),
+                },
+            );
+        }
+    }
+    build(&values, home)
+}
+
+fn bad(v: &Value, keyword: &str, accepts: impl Into<String>) -> ConfigError {
+    let shown = if is_secret(keyword) { "***" } else { &v.text };
+    ConfigError::new(&v.origin, shown, accepts)
+}
+
+fn build(values: &BTreeMap<&'static str, Value>, home: &Home) -> Result<PgSettings, ConfigError> {
+    let get = |k: &str| values.get(k).filter(|v| !v.text.is_empty());
+    let hosts: Vec<String> = match get("host") {
+        Some(v) => v.text.split(',').map(|h| h.trim().to_owned()).collect(),
+        None => vec![default_socket_dir().to_owned()],
+    };
+    let ports: Vec<u16> = match get("port") {
+        Some(v) => v
+            .text
+            .split(',')
+            .map(|p| match p.trim() {
+                "" => Ok(5432),
+                p => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+                    bad(
+                        v,
+                        "port",
+                        "a port 1-65535, or one per host separated by commas",
+                    )
+                }),
+            })
+            .collect::<Result<_, _>>()?,
+        None => vec![5432],
+    };
+    if ports.len() != 1 && ports.len() != hosts.len() {
+        let v = get("port").map_or_else(
+            || Value {
+                text: String::new(),
+                origin: "PGPORT".into(),
+            },
+            Clone::clone,
+        );
+        return Err(bad(
+            &v,
+            "port",
+            format!(
+                "one port for every host, or a single port for all ({} hosts given)",
+                hosts.len()
+            ),
+        ));
+    }
+    let mut pairs = hosts.iter().enumerate().map(|(i, h)| {
+        let host = if h.is_empty() {
+            default_socket_dir().to_owned()
+        } else {
+            h.clone()
+        };
+        (host, ports.get(i).copied().unwrap_or(ports[0]))
+    });
+    let Some((host, port)) = pairs.next() else {
+        return Err(ConfigError::new("PGHOST", "", "a host"));
+    };
+    let other_hosts: Vec<(String, u16)> = pairs.collect();
+    let user = match get("user") {
+        Some(v) => v.text.clone(),
+        None => home.os_user.clone().ok_or_else(|| {
+            ConfigError::new(
+                "PGUSER",
+                "",
+                "required: the OS user name could not be found",
+            )
+        })?,
+    };
+    let dbname = get("dbname").map_or_else(|| user.clone(), |v| v.text.clone());
+    let ssl_mode = match get("sslmode") {
+        Some(v) => parse_ssl_mode(&v.origin, &v.text)?,
+        None => SslMode::Prefer,
+    };
+    let verify = matches!(ssl_mode, SslMode::VerifyCa | SslMode::VerifyFull);
+    // libpq: PGSSLROOTCERT, else ~/.postgresql/root.crt; outboxd: else the system's store
+    // (libpq fails there unless sslrootcert=system).
+    let ssl_root_cert = match get("sslrootcert") {
+        Some(v) if v.text == "system" => None,
+        Some(v) => {
+            if verify && !Path::new(&v.text).is_file() {
+                return Err(bad(
+                    v,
+                    "sslrootcert",
+                    "a readable PEM file with the CA that signed the server certificate, or `system` for the system's trust store",
+                ));
+            }
+            Some(v.text.clone())
+        }
+        None => home
+            .file(".postgresql/root.crt")
+            .filter(|p| p.is_file())
+            .map(|p| p.display().to_string()),
+    };
+    let ssl_cert = match get("sslcert") {
+        Some(v) if !Path::new(&v.text).is_file() => {
+            return Err(bad(
+                v,
+                "sslcert",
+                "a readable PEM file with the client certificate",
+            ));
+        }
+        Some(v) => Some(PathBuf::from(&v.text)),
+        None => home
+            .file(".postgresql/postgresql.crt")
+            .filter(|p| p.is_file()),
+    };
+    let ssl_client_cert = match ssl_cert {
+        None => None,
+        Some(cert) => {
+            let key = match get("sslkey") {
+                Some(v) => PathBuf::from(&v.text),
+                None => home
+                    .file(".postgresql/postgresql.key")
+                    .unwrap_or_else(|| PathBuf::from("postgresql.key")),
+            };
+            if !key.is_file() {
+                return Err(ConfigError::new(
+                    get("sslkey").map_or("PGSSLKEY", |v| v.origin.as_str()),
+                    &key.display().to_string(),
+                    format!(
+                        "the private key of the client certificate {} (a PEM file, mode 0600)",
+                        cert.display()
+                    ),
+                ));
+            }
+            Some((cert.display().to_string(), key.display().to_string()))
+        }
+    };
+    let target_session_attrs = match get("target_session_attrs") {
+        Some(v) => Some(v.text.parse::<TargetSessionAttrs>().map_err(|_| {
+            bad(
+                v,
+                "target_session_attrs",
+                "any, read-write, read-only, primary, standby or prefer-standby",
+            )
+        })?),
+        None => None,
+    };
+    let connect_timeout = match get("connect_timeout") {
+        // libpq: 0 or negative waits forever, and less than 2 s is raised to 2 s.
+        Some(v) => match v.text.trim().parse::<i64>() {
+            Ok(n) if n <= 0 => Duration::from_secs(u64::from(u32::MAX)),
+            Ok(n) => Duration::from_secs(n.max(2).unsigned_abs()),
+            Err(_) => return Err(bad(v, "connect_timeout", "whole seconds")),
+        },
+        // outboxd's own default: libpq waits forever.
+        None => Duration::from_secs(10),
+    };
+    Ok(PgSettings {
+        host,
+        port,
+        other_hosts,
+        user,
+        password: get("password").map(|v| v.text.clone()),
+        passfile: match get("passfile") {
+            Some(v) => Some(v.text.clone()),
+            None => home.file(".pgpass").map(|p| p.display().to_string()),
+        },
+        dbname,
+        ssl_mode,
+        ssl_root_cert,
+        ssl_client_cert,
+        target_session_attrs,
+        connect_timeout,
+        application_name: get("application_name")
+            .map_or_else(|| "outboxd".to_owned(), |v| v.text.clone()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn home() -> Home {
+        Home {
+            os_user: Some("alice".into()),
+            dir: Some(PathBuf::from("/nonexistent-home")),
+        }
+    }
+
+    fn vars(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_are_libpqs() {
+        let pg = resolve(&vars(&[]), &home()).unwrap();
+        assert!(pg.host.starts_with('/'), "{}", pg.host);
+        assert_eq!(pg.port, 5432);
+        assert_eq!(pg.user, "alice");
+        assert_eq!(pg.dbname, "alice");
+        assert_eq!(pg.passfile.as_deref(), Some("/nonexistent-home/.pgpass"));
+        assert_eq!(pg.ssl_mode, SslMode::Prefer);
+        assert!(pg.ssl_root_cert.is_none() && pg.ssl_client_cert.is_none());
+        assert!(pg.target_session_attrs.is_none());
+    }
+
+    #[test]
+    fn host_and_port_lists() {
+        let pg = resolve(&vars(&[("PGHOST", "a,b,c"), ("PGPORT", "1,,3")]), &home()).unwrap();
+        assert_eq!((pg.host.as_str(), pg.port), ("a", 1));
+        assert_eq!(pg.other_hosts, vec![("b".into(), 5432), ("c".into(), 3)]);
+        let pg = resolve(&vars(&[("PGHOST", "a,b"), ("PGPORT", "7")]), &home()).unwrap();
+        assert_eq!(pg.other_hosts, vec![("b".into(), 7)]);
+        let e = resolve(&vars(&[("PGHOST", "a,b,c"), ("PGPORT", "1,2")]), &home()).unwrap_err();
+        assert_eq!(e.var, "PGPORT");
+        let pg = resolve(
+            &vars(&[
+                ("PGHOST", "ignored"),
+                (
+                    "OUTBOXD_DATABASE_URL",
+                    "postgres://u@h1:11,h2:12/db?target_session_attrs=read-write",
+                ),
+            ]),
+            &home(),
+        )
+        .unwrap();
+        assert_eq!((pg.host.as_str(), pg.port), ("h1", 11));
+        assert_eq!(pg.other_hosts, vec![("h2".into(), 12)]);
+        assert_eq!(pg.target_session_attrs, Some(TargetSessionAttrs::ReadWrite));
+        let e = resolve(&vars(&[("PGTARGETSESSIONATTRS", "master")]), &home()).unwrap_err();
+        assert_eq!(e.var, "PGTARGETSESSIONATTRS");
+    }
+
+    #[test]
+    fn service_file_beats_variables_and_url_beats_service() {
+        let dir = std::env::temp_dir().join(format!("outboxd-svc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("services.conf");
+        std::fs::write(
+            &file,
+            "# test\n[other]\nhost=wrong\n[shop]\nhost=svc.example\nport=6000\ndbname=shop\n",
+        )
+        .unwrap();
+        let f = file.display().to_string();
+        let pg = resolve(
+            &vars(&[
+                ("PGSERVICE", "shop"),
+                ("PGSERVICEFILE", &f),
+                ("PGHOST", "env.example"),
+                ("PGUSER", "bob"),
+            ]),
+            &home(),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                pg.host.as_str(),
+                pg.port,
+                pg.dbname.as_str(),
+                pg.user.as_str()
+            ),
+            ("svc.example", 6000, "shop", "bob")
+        );
+        let pg = resolve(
+            &vars(&[
+                ("PGSERVICEFILE", &f),
+                (
+                    "OUTBOXD_DATABASE_URL",
+                    "postgresql://url.example/x?service=shop",
+                ),
+            ]),
+            &home(),
+        )
+        .unwrap();
+        assert_eq!((pg.host.as_str(), pg.dbname.as_str()), ("url.example", "x"));
+        let e = resolve(
+            &vars(&[("PGSERVICE", "nope"), ("PGSERVICEFILE", &f)]),
+            &home(),
+        )
+        .unwrap_err();
+        assert_eq!(e.var, "PGSERVICE");
+        assert!(e.to_string().contains("services.conf"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn explicit_client_certificate_must_exist() {
+        let e = resolve(&vars(&[("PGSSLCERT", "/no/such.crt")]), &home()).unwrap_err();
+        assert_eq!(e.var, "PGSSLCERT");
+        let pg = resolve(
+            &vars(&[("PGSSLROOTCERT", "system"), ("PGSSLMODE", "verify-full")]),
+            &home(),
+        )
+        .unwrap();
+        assert!(pg.ssl_root_cert.is_none());
+    }
+}
