@@ -35,7 +35,19 @@ async fn a_dropped_slot_is_not_recreated_at_start_up() {
     let topics = ops::create_topics(&broker, &outbox).await;
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
 
+    // A transaction with an xid open while the relay creates the slot, as on a busy
+    // cluster: the slot is active before it is consistent, and events committed in
+    // between are before its start (the wait below must not return then).
+    let other = db.client().await;
+    other
+        .batch_execute("BEGIN; SELECT txid_current();")
+        .await
+        .expect("open transaction");
     let mut relay = Relay::start(env.clone(), &["run"]);
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        other.batch_execute("COMMIT").await.expect("commit");
+    });
     wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
     let first = insert_events(&client, &outbox.table, 20, 3, 3).await;
     let received = read_all_blocking(
