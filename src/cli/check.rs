@@ -239,7 +239,22 @@ async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&
         Ok(store) => store,
         Err(e) => return r.fail(what, format!("cannot read the progress record: {e}")),
     };
-    match store.read_latest(&identity).await {
+    let records = store.read_slot(&identity).await;
+    if let Some((recorded, record)) = records.as_ref().ok().and_then(|r| r.only_other_cluster()) {
+        return r.fail(
+            what,
+            RelayError::RecordOfOtherCluster {
+                slot: s.slot.clone(),
+                database: s.pg.dbname.clone(),
+                progress_topic: topic.clone(),
+                found: system.system_id.clone(),
+                recorded: recorded.clone(),
+                last_confirmed: record.confirmed_lsn,
+                recorded_at: record.recorded_at_text(),
+            },
+        );
+    }
+    match records.map(|r| r.ours) {
         Ok(None) => r.ok(what, format!("{} does not exist yet; `outboxd run` will create it (OUTBOXD_CREATE_SLOT=true, no earlier slot recorded in {topic})", s.slot)),
         Ok(Some(record)) => r.fail(
             what,

@@ -63,6 +63,16 @@ pub enum RelayError {
     InRecovery { host: String, port: u16 },
     #[error("connected to another cluster: system identifier {found}, but this process streamed from {expected} until now (a wrong host behind the address, or a restored backup); its slot and LSNs are not ours, so outboxd stopped. Point PGHOST at the right cluster and restart")]
     OtherCluster { expected: String, found: String },
+    #[error("the progress record of slot {slot:?} of database {database:?} in Kafka topic {progress_topic:?} was written on another cluster (system identifier {recorded}, last confirmed position {last_confirmed}, recorded {recorded_at}), and there is none for this server's cluster (system identifier {found}): outboxd is pointed at a different cluster than before (a wrong PGHOST, or the database moved by dump/restore or pg_upgrade). Positions of one cluster mean nothing on another, and events the old cluster still holds would be left behind silently, so outboxd stopped. A wrong host: fix PGHOST. This cluster is the new home on purpose: relay what is left on the old one, then run `outboxd init` (it records this cluster, and creates the slot if missing) and start again. Two clusters meant to share the topic with the same database and slot names: run `outboxd init` once here, or give each its own OUTBOXD_PROGRESS_TOPIC")]
+    RecordOfOtherCluster {
+        slot: String,
+        database: String,
+        progress_topic: String,
+        found: String,
+        recorded: String,
+        last_confirmed: pgoutput::Lsn,
+        recorded_at: String,
+    },
     #[error("OUTBOXD_FAILOVER_SLOT=true, but this server has no failover slots (PostgreSQL 17 or later); set OUTBOXD_FAILOVER_SLOT=auto or false")]
     FailoverUnsupported,
     #[error(transparent)]
@@ -120,6 +130,7 @@ impl RelayError {
             | E::ServerSetting { .. }
             | E::FailoverUnsupported
             | E::OtherCluster { .. }
+            | E::RecordOfOtherCluster { .. }
             | E::Shape(_)
             | E::BadRow { .. }
             | E::DeadLetterTooLarge { .. }
