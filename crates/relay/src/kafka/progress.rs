@@ -62,6 +62,8 @@ pub struct ProgressRecord {
     /// process died while CREATE_REPLICATION_SLOT waited), so a missing slot is then no
     /// proof of a lost one. Set by every later write.
     pub slot_created: bool,
+    /// A transaction at or past `confirmed_lsn` whose leading rows are acked.
+    pub partial: Option<outbox_core::PartialTxn>,
 }
 
 impl ProgressRecord {
@@ -74,6 +76,7 @@ impl ProgressRecord {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             slot_created: true,
+            partial: None,
         }
     }
 
@@ -96,6 +99,8 @@ impl ProgressRecord {
             "recorded_at_unix_ms": self.recorded_at_unix_ms,
             "last_commit_unix_micros": self.last_commit_unix_micros,
             "slot_created": self.slot_created,
+            "partial_commit_lsn": self.partial.map(|p| p.commit_lsn.to_string()),
+            "partial_rows_acked": self.partial.map(|p| p.rows),
         })
         .to_string()
     }
@@ -126,12 +131,26 @@ impl ProgressRecord {
             .get("slot_created")
             .and_then(serde_json::Value::as_bool)
             .unwrap_or(true);
+        // Absent in older records, null when no transaction was partly acked; a field
+        // that does not read as a position and a count skips nothing.
+        let partial_lsn = v
+            .get("partial_commit_lsn")
+            .and_then(serde_json::Value::as_str)
+            .and_then(|t| t.parse::<Lsn>().ok());
+        let partial_rows = v
+            .get("partial_rows_acked")
+            .and_then(serde_json::Value::as_u64);
+        let partial = match (partial_lsn, partial_rows) {
+            (Some(commit_lsn), Some(rows)) => Some(outbox_core::PartialTxn { commit_lsn, rows }),
+            _ => None,
+        };
         Ok(ProgressRecord {
             timeline,
             confirmed_lsn,
             recorded_at_unix_ms,
             last_commit_unix_micros,
             slot_created,
+            partial,
         })
     }
 
@@ -154,6 +173,7 @@ impl ProgressRecord {
             timeline: self.timeline,
             lsn: self.confirmed_lsn,
             last_commit_unix_micros: self.last_commit_unix_micros,
+            partial: self.partial,
         }
     }
 
@@ -564,9 +584,21 @@ mod tests {
             recorded_at_unix_ms: 1_764_590_400_000,
             last_commit_unix_micros: 1_764_590_399_000_000,
             slot_created: true,
+            partial: Some(outbox_core::PartialTxn {
+                commit_lsn: Lsn(0x1_0000_0100),
+                rows: 12,
+            }),
         };
         let json = r.to_json(&id);
         assert_eq!(ProgressRecord::from_json(json.as_bytes()), Ok(r.clone()));
+        let whole = ProgressRecord {
+            partial: None,
+            ..r.clone()
+        };
+        assert_eq!(
+            ProgressRecord::from_json(whole.to_json(&id).as_bytes()),
+            Ok(whole)
+        );
         assert_eq!(id.key(), "7312/shop/outboxd");
         assert_eq!(r.recorded_at_text(), "2025-12-01T12:00:00Z");
         assert!(ProgressRecord::from_json(b"{}").is_err());
