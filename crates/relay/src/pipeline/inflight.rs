@@ -129,6 +129,7 @@ mod tests {
             bytes,
             commit_unix_micros: t,
             topic: 0,
+            row: None,
         }
     }
 
