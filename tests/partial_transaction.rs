@@ -153,11 +153,10 @@ fn read_record(bootstrap: &str, key: &str) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
         match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                if m.key() == Some(key.as_bytes()) {
-                    latest = m.payload().map(<[u8]>::to_vec);
-                }
+            Some(Ok(m)) if m.key() == Some(key.as_bytes()) => {
+                latest = m.payload().map(<[u8]>::to_vec);
             }
+            Some(Ok(_)) => {}
             Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => break,
             Some(Err(e)) => panic!("progress topic: {e}"),
             None => {}

@@ -3,7 +3,8 @@
 use outbox_core::BoundTable;
 use outboxd_relay::kafka::{build_producer, ProgressStore, SlotIdentity};
 use outboxd_relay::pipeline::{
-    judge_publication, judge_server, judge_slot, RelayError, MIN_SERVER_VERSION_NUM,
+    judge_publication, judge_server, judge_slot, OtherClusterRecord, RelayError,
+    MIN_SERVER_VERSION_NUM,
 };
 use pgoutput::{Column, Relation, ReplicaIdentity};
 use pgrepl::{preflight, ReplicationConnection, SystemInfo};
@@ -243,7 +244,7 @@ async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&
     if let Some((recorded, record)) = records.as_ref().ok().and_then(|r| r.only_other_cluster()) {
         return r.fail(
             what,
-            RelayError::RecordOfOtherCluster {
+            RelayError::RecordOfOtherCluster(Box::new(OtherClusterRecord {
                 slot: s.slot.clone(),
                 database: s.pg.dbname.clone(),
                 progress_topic: topic.clone(),
@@ -251,7 +252,7 @@ async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&
                 recorded: recorded.clone(),
                 last_confirmed: record.confirmed_lsn,
                 recorded_at: record.recorded_at_text(),
-            },
+            })),
         );
     }
     match records.map(|r| r.ours) {

@@ -16,7 +16,7 @@ use pgrepl::{ConnectConfig, ReplicationConnection, StartOptions};
 use tokio::sync::watch;
 
 pub use backoff::Backoff;
-pub use error::{ErrorClass, RelayError};
+pub use error::{ErrorClass, OtherClusterRecord, RelayError};
 pub use observe::Observer;
 pub use session::SessionEnd;
 pub use slot::{
@@ -212,15 +212,17 @@ fn refuse_other_cluster(
 ) -> Result<(), RelayError> {
     match records.only_other_cluster() {
         None => Ok(()),
-        Some((recorded, record)) => Err(RelayError::RecordOfOtherCluster {
-            slot: identity.slot.clone(),
-            database: identity.database.clone(),
-            progress_topic: progress.topic().to_owned(),
-            found: identity.system_id.clone(),
-            recorded: recorded.clone(),
-            last_confirmed: record.confirmed_lsn,
-            recorded_at: record.recorded_at_text(),
-        }),
+        Some((recorded, record)) => Err(RelayError::RecordOfOtherCluster(Box::new(
+            OtherClusterRecord {
+                slot: identity.slot.clone(),
+                database: identity.database.clone(),
+                progress_topic: progress.topic().to_owned(),
+                found: identity.system_id.clone(),
+                recorded: recorded.clone(),
+                last_confirmed: record.confirmed_lsn,
+                recorded_at: record.recorded_at_text(),
+            },
+        ))),
     }
 }
 
