@@ -135,6 +135,7 @@ struct ProgressWriter {
     /// first tick writes one even without progress (a slot from before records existed).
     written: Option<Lsn>,
     written_partial: Option<PartialTxn>,
+    /// When the record was last written or found unchanged.
     last_write: Instant,
     /// The store's acknowledged writes when the session started: until one more is
     /// acknowledged, the record may not exist at all (a slot made by `outboxd init`, with
@@ -221,21 +222,20 @@ impl<'a> Session<'a> {
         if p.written.is_some() && p.last_write.elapsed() < interval {
             return;
         }
+        // Building the record scans the ledger: once per interval at most, also when
+        // nothing changed (a stuck partition holds everything still for a long time).
         let record = self.progress_record();
         if let Some(p) = self.progress.as_mut() {
             let unacked = p.store.writes_acked() == p.acked_at_start;
             let due = match p.written {
                 None => true,
-                Some(w) => {
-                    (confirmed > w || record.partial != p.written_partial || unacked)
-                        && p.last_write.elapsed() >= interval
-                }
+                Some(w) => confirmed > w || record.partial != p.written_partial || unacked,
             };
+            p.last_write = Instant::now();
             if due {
                 p.written_partial = record.partial;
                 p.store.write_in_background(&p.identity, record);
                 p.written = Some(confirmed);
-                p.last_write = Instant::now();
             }
         }
     }
