@@ -35,7 +35,19 @@ async fn a_dropped_slot_is_not_recreated_at_start_up() {
     let topics = ops::create_topics(&broker, &outbox).await;
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
 
+    // A transaction with an xid open while the relay creates the slot, as on a busy
+    // cluster: the slot is active before it is consistent, and events committed in
+    // between are before its start (the wait below must not return then).
+    let other = db.client().await;
+    other
+        .batch_execute("BEGIN; SELECT txid_current();")
+        .await
+        .expect("open transaction");
     let mut relay = Relay::start(env.clone(), &["run"]);
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        other.batch_execute("COMMIT").await.expect("commit");
+    });
     wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
     let first = insert_events(&client, &outbox.table, 20, 3, 3).await;
     let received = read_all_blocking(
@@ -379,4 +391,104 @@ async fn shutdown_with_kafka_down_keeps_its_deadline() {
         "shutdown took {took:?} with a 2 s shutdown timeout: {}",
         relay.log_text()
     );
+}
+
+/// A record of this database and slot written on another cluster (another system
+/// identifier), and none for this one: outboxd is pointed at a different cluster than
+/// before. Neither a missing slot nor an existing one is streamed from until
+/// `outboxd init` records this cluster; then events flow.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_record_of_another_cluster_is_refused_until_init() {
+    let db = PgCluster::shared()
+        .fresh_database("slot_other_cluster")
+        .await;
+    let client = db.client().await;
+    let outbox = table_and_publication(&db).await;
+    let broker = Broker::default_for_tests();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let ours: String = client
+        .query_one(
+            "SELECT system_identifier::text FROM pg_control_system()",
+            &[],
+        )
+        .await
+        .expect("system identifier")
+        .get(0);
+    let other = "7000000000000000001";
+    assert_ne!(ours, other);
+    write_foreign_record(&broker.bootstrap(), other, &db.name, &outbox.slot);
+    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+
+    // No slot here: it would be created at the current position, leaving behind what the
+    // old cluster still had.
+    let mut relay = Relay::start(env.clone(), &["run"]);
+    let exited = exit_or_slot(&mut relay, &client, &outbox.slot).await;
+    assert_eq!(exited, Some(3), "{}", relay.log_text());
+    let log = relay.log_text();
+    assert!(log.contains(other) && log.contains(&ours), "{log}");
+    assert!(log.contains("outboxd init"), "{log}");
+
+    // A slot made by hand (or carried over by pg_upgrade): refused the same way.
+    client
+        .query_one(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&outbox.slot],
+        )
+        .await
+        .expect("slot");
+    let mut relay = Relay::start(env.clone(), &["run"]);
+    let status = relay.wait_exit(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(3), "{}", relay.log_text());
+    assert!(relay.log_text().contains(other), "{}", relay.log_text());
+
+    // The explicit way through: init records this cluster.
+    let (code, out) = run_to_end(&env, &["init"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!("written for system identifier {ours}")),
+        "{out}"
+    );
+    let relay = Relay::start(env, &["run"]);
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let events = insert_events(&client, &outbox.table, 10, 3, 3).await;
+    let received = read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &events,
+        Duration::from_secs(60),
+    );
+    drop(relay);
+    check_delivery(&events, &received);
+}
+
+/// A progress record as another cluster's relay writes it.
+fn write_foreign_record(bootstrap: &str, system_id: &str, database: &str, slot: &str) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("producer");
+    let key = format!("{system_id}/{database}/{slot}");
+    let value = serde_json::json!({
+        "version": 1,
+        "system_id": system_id,
+        "database": database,
+        "slot": slot,
+        "timeline": 1,
+        "confirmed_lsn": "0/3000000",
+        "recorded_at_unix_ms": 1_764_590_400_000u64,
+        "last_commit_unix_micros": 0,
+        "slot_created": true,
+    })
+    .to_string();
+    producer
+        .send(
+            BaseRecord::to("outboxd.progress")
+                .partition(0)
+                .key(&key)
+                .payload(&value),
+        )
+        .map_err(|(e, _)| e)
+        .expect("send");
+    producer.flush(Duration::from_secs(10)).expect("flush");
 }

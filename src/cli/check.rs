@@ -3,8 +3,8 @@
 use outbox_core::BoundTable;
 use outboxd_relay::kafka::{build_producer, ProgressStore, SlotIdentity};
 use outboxd_relay::pipeline::{
-    judge_publication, judge_server, judge_slot, verify_shard_layout, RelayError,
-    MIN_SERVER_VERSION_NUM,
+    judge_publication, judge_server, judge_slot, verify_shard_layout, OtherClusterRecord,
+    RelayError, MIN_SERVER_VERSION_NUM,
 };
 use pgoutput::{Column, Relation, ReplicaIdentity};
 use pgrepl::{preflight, ReplicationConnection, SystemInfo};
@@ -262,7 +262,22 @@ async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&
         Ok(store) => store,
         Err(e) => return r.fail(what, format!("cannot read the progress record: {e}")),
     };
-    match store.read_latest(&identity).await {
+    let records = store.read_slot(&identity).await;
+    if let Some((recorded, record)) = records.as_ref().ok().and_then(|r| r.only_other_cluster()) {
+        return r.fail(
+            what,
+            RelayError::RecordOfOtherCluster(Box::new(OtherClusterRecord {
+                slot: s.slot.clone(),
+                database: s.pg.dbname.clone(),
+                progress_topic: topic.clone(),
+                found: system.system_id.clone(),
+                recorded: recorded.clone(),
+                last_confirmed: record.confirmed_lsn,
+                recorded_at: record.recorded_at_text(),
+            })),
+        );
+    }
+    match records.map(|r| r.ours) {
         Ok(None) => r.ok(what, format!("{} does not exist yet; `outboxd run` will create it (OUTBOXD_CREATE_SLOT=true, no earlier slot recorded in {topic})", s.slot)),
         Ok(Some(record)) => r.fail(
             what,

@@ -4,7 +4,9 @@
 //! GRANT before anything is attempted.
 
 use outbox_core::pgtype::quote_ident;
+use outboxd_relay::kafka::{ProgressRecord, ProgressStore, SlotIdentity};
 use outboxd_relay::pipeline::{judge_slot, verify_shard_layout};
+use pgoutput::Lsn;
 use pgrepl::{preflight, ConnectConfig, ReplError, ReplicationConnection};
 use tokio_postgres::Client;
 
@@ -94,7 +96,7 @@ async fn init_shard(s: &Settings, sql: &Client, pg: &ConnectConfig) -> Result<()
         .failover_slot
         .wanted(conn.supports_failover_slots().await?)
         .map_err(|e| InitError::Refused(e.to_string()))?;
-    match preflight::slot_state(sql, &s.slot).await? {
+    let position = match preflight::slot_state(sql, &s.slot).await? {
         Some(state) => {
             // The same rule `run` applies: a slot of this name that run would refuse
             // (another database, another plugin, lost) is not "done".
@@ -110,6 +112,7 @@ async fn init_shard(s: &Settings, sql: &Client, pg: &ConnectConfig) -> Result<()
             } else {
                 say!("ok  slot {} (exists)", s.slot);
             }
+            slot_confirmed_flush(sql, &s.slot).await?
         }
         None => {
             let created = conn
@@ -121,8 +124,112 @@ async fn init_shard(s: &Settings, sql: &Client, pg: &ConnectConfig) -> Result<()
                 created.consistent_point,
                 if failover { ", failover" } else { "" }
             );
+            Some(created.consistent_point)
+        }
+    };
+    record_cluster(s, &mut conn, position).await?;
+    Ok(())
+}
+
+async fn slot_confirmed_flush(sql: &Client, slot: &str) -> Result<Option<Lsn>, InitError> {
+    let row = sql
+        .query_opt(
+            "SELECT confirmed_flush_lsn::text FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    let text: Option<String> = match row {
+        Some(row) => row.try_get(0)?,
+        None => None,
+    };
+    Ok(text.and_then(|t| t.parse().ok()))
+}
+
+/// Writes this cluster's progress record when the topic has none: the explicit step that
+/// lets `run` stream from a cluster whose slot name another cluster's record also names
+/// (a migration, or clusters sharing the topic). Kafka is optional for `init`: without
+/// it, or unreachable, this is a warning and `run` writes the record once it streams.
+/// How long `init` waits for Kafka, per step.
+const KAFKA_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+async fn record_cluster(
+    s: &Settings,
+    conn: &mut ReplicationConnection,
+    position: Option<Lsn>,
+) -> Result<(), InitError> {
+    let Some(topic) = &s.progress_topic else {
+        return Ok(());
+    };
+    if s.bootstrap_servers.trim().is_empty() {
+        say!("skip progress record (OUTBOXD_KAFKA_BOOTSTRAP_SERVERS is not set; `outboxd run` writes it)");
+        return Ok(());
+    }
+    let system = conn.identify_system().await?;
+    let identity = SlotIdentity {
+        system_id: system.system_id.clone(),
+        database: s.pg.dbname.clone(),
+        slot: s.slot.clone(),
+    };
+    let warn = |e: &dyn std::fmt::Display| {
+        say!("warn progress record in {topic}: {e}; run `outboxd init` again once Kafka answers if `outboxd run` refuses a record of another cluster");
+    };
+    let store = match ProgressStore::new(&wiring::producer_settings(s), topic) {
+        Ok(store) => store,
+        Err(e) => {
+            warn(&e);
+            return Ok(());
+        }
+    };
+    // Bounded: init must not hang on an unreachable Kafka it does not strictly need.
+    let records = match tokio::time::timeout(KAFKA_WAIT, store.read_slot(&identity)).await {
+        Ok(Ok(records)) => records,
+        Ok(Err(e)) => {
+            warn(&e);
+            return Ok(());
+        }
+        Err(_) => {
+            warn(&format!("Kafka did not answer within {KAFKA_WAIT:?}"));
+            return Ok(());
+        }
+    };
+    if records.ours.is_some() {
+        say!(
+            "ok  progress record in {topic} (exists for system identifier {})",
+            system.system_id
+        );
+        return Ok(());
+    }
+    // Only the slot's own position: the record never claims more than the slot has
+    // confirmed (a slot created here starts where nothing before it is relayed anyway).
+    let record = ProgressRecord::now(system.timeline, position.unwrap_or(Lsn::ZERO), 0);
+    match tokio::time::timeout(KAFKA_WAIT, store.write_and_wait(&identity, &record)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            warn(&e);
+            return Ok(());
+        }
+        Err(_) => {
+            warn(&format!("Kafka did not acknowledge within {KAFKA_WAIT:?}"));
+            return Ok(());
         }
     }
+    let others: Vec<&str> = records
+        .other_clusters
+        .iter()
+        .map(|(id, _)| id.as_str())
+        .collect();
+    say!(
+        "ok  progress record in {topic} (written for system identifier {}{})",
+        system.system_id,
+        if others.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; the topic also records this slot on system identifier {}",
+                others.join(", ")
+            )
+        }
+    );
     Ok(())
 }
 

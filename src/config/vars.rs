@@ -77,7 +77,7 @@ pub const VARS: &[VarSpec] = &[
     var("OUTBOXD_HEARTBEAT_INTERVAL_MS", Some("0"), "if > 0, emit a transactional logical message this often so the slot advances even without keepalives"),
     var("OUTBOXD_SHUTDOWN_TIMEOUT_MS", Some("30000"), "on SIGTERM/SIGINT, how long to wait for in-flight acks"),
     var("OUTBOXD_PROGRESS_TOPIC", Some("outboxd.progress"), "compacted topic holding one progress record per slot (created if missing, one partition); it is how outboxd knows a missing slot existed before and refuses to recreate it. Empty disables it, and then only `outboxd init` creates a missing slot"),
-    var("OUTBOXD_PROGRESS_INTERVAL_MS", Some("5000"), "how often the progress record is brought up to the confirmed position"),
+    var("OUTBOXD_PROGRESS_INTERVAL_MS", Some("1000"), "how often the progress record is brought up to what is acked (the confirmed position, and the acked leading rows of a transaction in flight); after a crash, what was acked since the last record is sent again"),
     var("OUTBOXD_RECONNECT_MAX_BACKOFF_MS", Some("30000"), "cap of the exponential reconnect backoff"),
     // Operations
     var("OUTBOXD_HTTP_ADDR", Some("127.0.0.1:9187"), "address for /metrics, /healthz, /readyz; empty disables"),

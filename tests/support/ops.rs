@@ -113,13 +113,24 @@ pub async fn current_wal(client: &Client) -> u64 {
     to_u64(Some(row.get(0))).unwrap_or(0)
 }
 
-/// The walsender pid streaming `slot`, once it is active.
+/// The walsender pid streaming `slot`, once it is active and past its creation.
+///
+/// A slot the relay is still creating is active too (its walsender holds it), but until
+/// the snapshot is consistent (every transaction running at creation has ended, in any
+/// database of the cluster) its `confirmed_flush_lsn` is NULL and what commits meanwhile
+/// is before the slot's start: events inserted then are never decoded. Under a loaded
+/// shared cluster that wait is seconds long.
 pub async fn wait_active_pid(client: &Client, slot: &str, limit: Duration) -> i32 {
     wait_for(
         &format!("slot {slot} to become active"),
         limit,
         Duration::from_millis(50),
-        || async { slot_row(client, slot).await.and_then(|r| r.active_pid) },
+        || async {
+            slot_row(client, slot)
+                .await
+                .filter(|r| r.confirmed_flush.is_some())
+                .and_then(|r| r.active_pid)
+        },
     )
     .await
 }

@@ -148,6 +148,21 @@ impl Outboxd {
         log: &Path,
         perf_data: Option<&Path>,
     ) -> Result<Outboxd> {
+        Self::spawn_with(bins, cluster, db, slot, bootstrap, log, perf_data, &[])
+    }
+
+    /// [`Outboxd::spawn`] with extra environment (e.g. OUTBOXD_PROGRESS_TOPIC).
+    #[allow(clippy::too_many_arguments)]
+    pub fn spawn_with(
+        bins: &Path,
+        cluster: &PgCluster,
+        db: &str,
+        slot: &str,
+        bootstrap: &str,
+        log: &Path,
+        perf_data: Option<&Path>,
+        extra: &[(&str, &str)],
+    ) -> Result<Outboxd> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -180,6 +195,7 @@ impl Outboxd {
             .env("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS", bootstrap)
             .env("OUTBOXD_HTTP_ADDR", &http)
             .env("OUTBOXD_LOG", "warn")
+            .envs(extra.iter().copied())
             .stdin(Stdio::null())
             .stdout(logfile.try_clone()?)
             .stderr(logfile);
@@ -234,10 +250,22 @@ pub async fn outboxd(
     log: &Path,
     perf_data: Option<&Path>,
 ) -> Result<DrainResult> {
+    outboxd_with(t, bins, broker, log, perf_data, &[]).await
+}
+
+/// [`outboxd`] with extra environment for the relay.
+pub async fn outboxd_with(
+    t: &Target<'_>,
+    bins: &Path,
+    broker: &crate::broker::Broker,
+    log: &Path,
+    perf_data: Option<&Path>,
+    extra: &[(&str, &str)],
+) -> Result<DrainResult> {
     let sql = pg::connect(t.cluster, t.db).await?;
     let cpu0 = procfs::cluster_cpu_seconds(t.cluster.data_dir())?;
     let started = Instant::now();
-    let relay = Outboxd::spawn(
+    let relay = Outboxd::spawn_with(
         bins,
         t.cluster,
         t.db,
@@ -245,6 +273,7 @@ pub async fn outboxd(
         &broker.bootstrap,
         log,
         perf_data,
+        extra,
     )?;
     let pid = relay.pid();
     let mut reached = false;

@@ -41,7 +41,7 @@ pub struct Settings {
     pub out: PathBuf,
     /// BENCH_WORKDIR: logs and scratch files.
     pub workdir: PathBuf,
-    /// BENCH_SECTIONS: catchup,poll,latency,profile,steady,shards
+    /// BENCH_SECTIONS: catchup,progress,poll,latency,profile,steady,shards
     pub sections: Vec<String>,
     /// BENCH_CASES: a,b,c
     pub cases: Vec<String>,
@@ -103,7 +103,7 @@ impl Settings {
             workdir: PathBuf::from(env_or("BENCH_WORKDIR", "/tmp/outboxd-bench")),
             sections: list(
                 "BENCH_SECTIONS",
-                "catchup,poll,latency,profile,steady,shards",
+                "catchup,progress,poll,latency,profile,steady,shards",
             ),
             cases: list("BENCH_CASES", "a,b,c"),
             latency_secs: env_or("BENCH_LATENCY_SECS", latency_default)
@@ -195,6 +195,9 @@ pub struct Results {
     /// (broker, peak RSS after the latency runs), MiB.
     pub latency_hwm: Vec<(String, Option<f64>)>,
     pub steady: Vec<steady::SteadyRun>,
+    /// (label, records on, drain) of the progress-record cost comparison.
+    pub progress: Vec<(String, bool, DrainResult)>,
+    pub progress_label: String,
     pub notes: Vec<String>,
     pub load_before: String,
     pub load_after: String,
@@ -258,6 +261,12 @@ async fn run() -> Result<()> {
                 Ok(c) => r.cases.push(c),
                 Err(e) => r.notes.push(format!("case ({case}) failed: {e:#}")),
             }
+        }
+    }
+    if s.section("progress") {
+        if let Err(e) = progress_cost(&s, &cluster, &mut r).await {
+            r.notes
+                .push(format!("progress-record comparison failed: {e:#}"));
         }
     }
     if s.section("poll") {
@@ -325,6 +334,53 @@ fn case_shape(s: &Settings, case: &str) -> Result<(Shape, String)> {
         }
         other => anyhow::bail!("unknown case {other:?} (expected a, b or c)"),
     })
+}
+
+/// Runs of the progress comparison: records on and off alternate, so a change in the
+/// machine's load (others build here) hits both alike.
+const PROGRESS_RUNS: usize = 3;
+
+/// The cost of the progress record: the same backlog (case b's shape) drained by outboxd
+/// with the record written every OUTBOXD_PROGRESS_INTERVAL_MS (the default) and with it
+/// disabled (OUTBOXD_PROGRESS_TOPIC empty), alternating, on the mock cluster.
+async fn progress_cost(s: &Settings, cluster: &pgtest::PgCluster, r: &mut Results) -> Result<()> {
+    let (shape, label) = case_shape(s, "b")?;
+    let db = "bench_progress";
+    eprintln!("outboxd-bench: progress records on vs off, {label}");
+    pg::create_database(cluster, db, false).await?;
+    let sql = pg::connect(cluster, db).await?;
+    let slots: Vec<String> = (0..PROGRESS_RUNS)
+        .flat_map(|i| [format!("s_progress_on_{i}"), format!("s_progress_off_{i}")])
+        .collect();
+    pg::create_slots(&sql, &slots).await?;
+    pg::generate(cluster, db, shape).await?;
+    let end = pg::current_lsn(&sql).await?;
+    sql.batch_execute("CHECKPOINT").await?;
+    let events = shape.events();
+    r.progress_label = label;
+    for (i, slot) in slots.iter().enumerate() {
+        let on = i % 2 == 0;
+        let t = Target {
+            cluster,
+            db,
+            slot,
+            end_lsn: &end,
+            events,
+            timeout: drain_timeout(events, 2000),
+        };
+        let log = s.workdir.join(format!("outboxd-progress-{slot}.log"));
+        let extra: &[(&str, &str)] = if on {
+            &[("OUTBOXD_PROGRESS_TOPIC", "outboxd.progress")]
+        } else {
+            &[("OUTBOXD_PROGRESS_TOPIC", "")]
+        };
+        // outboxd-dev's mock broker makes the progress topic itself.
+        let broker =
+            Broker::start(BrokerKind::Mock, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+        let d = report_drain(drain::outboxd_with(&t, &s.bins, &broker, &log, None, extra).await?);
+        r.progress.push((format!("run {}", i / 2 + 1), on, d));
+    }
+    Ok(())
 }
 
 fn drain_timeout(events: u64, per_sec: u64) -> Duration {

@@ -163,6 +163,7 @@ pub fn write(s: &Settings, r: &Results, v: &Versions) -> Result<()> {
          The numbers compare tools on the same machine; they are not capacity figures for production hardware.\n"
     )?;
     catchup(w, s, r)?;
+    progress(w, r)?;
     crate::shards::markdown(w, &r.shards);
     polling(w, r)?;
     latency(w, s, r)?;
@@ -306,6 +307,55 @@ fn catchup(w: &mut String, _s: &Settings, r: &Results) -> Result<()> {
         w.push_str(&ratios);
         writeln!(w)?;
     }
+    Ok(())
+}
+
+fn progress(w: &mut String, r: &Results) -> Result<()> {
+    if r.progress.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        w,
+        "## Cost of the progress record
+"
+    )?;
+    writeln!(
+        w,
+        "{}, drained by outboxd on the mock cluster with the progress record on (OUTBOXD_PROGRESS_INTERVAL_MS default) and off (OUTBOXD_PROGRESS_TOPIC empty), alternating, in one run.\n",
+        r.progress_label
+    )?;
+    writeln!(
+        w,
+        "| run | progress record | s | events/s | outboxd CPU s |"
+    )?;
+    writeln!(w, "|---|---|---:|---:|---:|")?;
+    for (run, on, d) in &r.progress {
+        writeln!(
+            w,
+            "| {run} | {} | {:.2} | {} | {} |",
+            if *on { "on" } else { "off" },
+            d.seconds,
+            f0(d.events_per_sec()),
+            opt(d.tool_cpu_seconds, 2)
+        )?;
+    }
+    let mean = |want: bool| {
+        let v: Vec<f64> = r
+            .progress
+            .iter()
+            .filter(|(_, on, _)| *on == want)
+            .map(|(_, _, d)| d.events_per_sec())
+            .collect();
+        v.iter().sum::<f64>() / v.len().max(1) as f64
+    };
+    let (on, off) = (mean(true), mean(false));
+    writeln!(
+        w,
+        "\nMean: on {} events/s, off {} events/s: {:+.1} % with the record.\n",
+        f0(on),
+        f0(off),
+        (on / off - 1.0) * 100.0
+    )?;
     Ok(())
 }
 

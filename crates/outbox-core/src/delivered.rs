@@ -17,7 +17,14 @@
 //!   than the newest delivered commit (plus a second of slack for concurrent commits)
 //!   cannot have been delivered — the server's WAL was rewound, e.g. a disk snapshot was
 //!   restored — and ends skipping for good.
-//! - Whole transactions only: a partly acked transaction is sent again from its start.
+//! - Inside a transaction, only the rows acked in order from its start ([`PartialTxn`],
+//!   tracked by [`RowLedger`]), and only in the transaction with that very commit LSN on
+//!   the same timeline: pgoutput replays a transaction with the same changes in the same
+//!   order. Rows are counted over every Insert and transactional Message of the
+//!   transaction, whatever the relay does with them, so the count does not depend on
+//!   the relay's configuration.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use pgoutput::{Lsn, PgTimestamp};
 
@@ -31,6 +38,112 @@ pub struct DeliveredPosition {
     /// Commit time of the newest transaction read when `lsn` was confirmed: no delivered
     /// transaction committed later.
     pub last_commit_unix_micros: i64,
+    /// A transaction at or past `lsn` whose leading rows are acked.
+    pub partial: Option<PartialTxn>,
+}
+
+/// The leading rows of one transaction that the broker acked, in order from its start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartialTxn {
+    pub commit_lsn: Lsn,
+    pub rows: u64,
+}
+
+/// One change of a transaction: its commit LSN and its index among the transaction's
+/// Inserts and transactional Messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowId {
+    pub commit_lsn: Lsn,
+    pub index: u64,
+}
+
+#[derive(Debug, Default)]
+struct TxnRows {
+    /// Rows read so far.
+    read: u64,
+    /// Rows 0..done are all done (acked, or nothing to publish).
+    done: u64,
+    /// Done rows past the first not done one.
+    ahead: BTreeSet<u64>,
+    committed: bool,
+}
+
+/// Which leading rows of each transaction with rows in flight are done. An entry leaves
+/// as soon as its transaction is committed and all its rows are done (then the
+/// watermark, not this ledger, covers it), so it holds no more entries than there are
+/// transactions with messages in flight, plus the open one.
+#[derive(Debug, Default)]
+pub struct RowLedger {
+    txns: BTreeMap<Lsn, TxnRows>,
+    open: Option<Lsn>,
+}
+
+impl RowLedger {
+    /// A transaction's Begin.
+    pub fn begin(&mut self, commit_lsn: Lsn) {
+        self.txns.entry(commit_lsn).or_default();
+        self.open = Some(commit_lsn);
+    }
+
+    /// The next row of the open transaction (`None` outside one).
+    pub fn next_row(&mut self) -> Option<RowId> {
+        let commit_lsn = self.open?;
+        let t = self.txns.get_mut(&commit_lsn)?;
+        let index = t.read;
+        t.read += 1;
+        Some(RowId { commit_lsn, index })
+    }
+
+    /// The row is acked, or there was nothing to publish for it.
+    pub fn done(&mut self, row: RowId) {
+        let Some(t) = self.txns.get_mut(&row.commit_lsn) else {
+            return;
+        };
+        if row.index == t.done {
+            t.done += 1;
+            while t.ahead.remove(&t.done) {
+                t.done += 1;
+            }
+        } else if row.index > t.done {
+            t.ahead.insert(row.index);
+        }
+        if t.committed && t.done == t.read {
+            self.txns.remove(&row.commit_lsn);
+        }
+    }
+
+    /// The open transaction's Commit.
+    pub fn commit(&mut self) {
+        if let Some(lsn) = self.open.take() {
+            if let Some(t) = self.txns.get_mut(&lsn) {
+                t.committed = true;
+                if t.done == t.read {
+                    self.txns.remove(&lsn);
+                }
+            }
+        }
+    }
+
+    /// The transaction at or past `confirmed` with the most leading rows done (the one
+    /// worth resuming inside), if any has some.
+    pub fn partial(&self, confirmed: Lsn) -> Option<PartialTxn> {
+        self.txns
+            .range(confirmed..)
+            .filter(|(_, t)| t.done > 0)
+            .max_by_key(|(_, t)| t.done)
+            .map(|(lsn, t)| PartialTxn {
+                commit_lsn: *lsn,
+                rows: t.done,
+            })
+    }
+
+    pub fn len(&self) -> usize {
+        self.txns.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.txns.is_empty()
+    }
 }
 
 /// Commits this much later than the newest delivered one may still be replays: commit
@@ -47,6 +160,8 @@ pub enum Replay {
     Publish,
     /// Publish it, and this transaction showed the history changed: skipping ended.
     HistoryChanged,
+    /// Its first `n` rows are already in Kafka: read them, publish the rest.
+    SkipRows(u64),
 }
 
 /// The replayed range of one session.
@@ -55,6 +170,8 @@ pub struct SkipRange {
     below: Lsn,
     last_commit_unix_micros: i64,
     active: bool,
+    /// Only on the recorded timeline: another one may have reused the position.
+    partial: Option<PartialTxn>,
 }
 
 impl SkipRange {
@@ -67,10 +184,15 @@ impl SkipRange {
         } else {
             fork.map(|f| f.min(known.lsn))
         };
+        let below = below.unwrap_or(Lsn::ZERO);
+        let partial = known
+            .partial
+            .filter(|p| known.timeline == timeline && p.commit_lsn >= below && p.rows > 0);
         SkipRange {
-            below: below.unwrap_or(Lsn::ZERO),
+            below,
             last_commit_unix_micros: known.last_commit_unix_micros,
-            active: below.is_some_and(|b| b > Lsn::ZERO),
+            active: below > Lsn::ZERO || partial.is_some(),
+            partial,
         }
     }
 
@@ -80,12 +202,18 @@ impl SkipRange {
             below: Lsn::ZERO,
             last_commit_unix_micros: 0,
             active: false,
+            partial: None,
         }
     }
 
     /// The exclusive upper bound of commit LSNs that may be skipped.
     pub fn below(&self) -> Option<Lsn> {
-        self.active.then_some(self.below)
+        (self.active && self.below > Lsn::ZERO).then_some(self.below)
+    }
+
+    /// The transaction whose leading rows may be skipped.
+    pub fn partial(&self) -> Option<PartialTxn> {
+        self.partial
     }
 
     /// The newest delivered commit time the range was built from (0 for [`none`]).
@@ -100,14 +228,22 @@ impl SkipRange {
         if !self.active {
             return Replay::Publish;
         }
-        if commit_lsn >= self.below {
-            // Past the replayed range: nothing more can be skipped in this session.
-            self.active = false;
-            return Replay::Publish;
-        }
         let newest_possible = self
             .last_commit_unix_micros
             .saturating_add(COMMIT_TIME_SLACK_MICROS);
+        if commit_lsn >= self.below {
+            let partial = self.partial.filter(|p| p.commit_lsn == commit_lsn);
+            let past = self.partial.is_none_or(|p| commit_lsn >= p.commit_lsn);
+            if past {
+                // Past the replayed range: nothing more can be skipped in this session.
+                self.active = false;
+            }
+            return match partial {
+                Some(_) if commit_time.unix_micros() > newest_possible => Replay::HistoryChanged,
+                Some(p) => Replay::SkipRows(p.rows),
+                None => Replay::Publish,
+            };
+        }
         if commit_time.unix_micros() > newest_possible {
             self.active = false;
             return Replay::HistoryChanged;
@@ -162,6 +298,7 @@ mod tests {
             timeline: tli,
             lsn: Lsn(lsn),
             last_commit_unix_micros: last,
+            partial: None,
         }
     }
 
@@ -199,6 +336,71 @@ mod tests {
         let mut none = SkipRange::new(known(3, 1000, i64::MAX / 2), 2, None);
         assert_eq!(none.below(), None);
         assert_eq!(none.on_begin(Lsn(1), at(0)), Replay::Publish);
+    }
+
+    #[test]
+    fn the_recorded_partial_transaction_skips_its_leading_rows_only() {
+        let partial = Some(PartialTxn {
+            commit_lsn: Lsn(2000),
+            rows: 7,
+        });
+        let with = |_: u32| DeliveredPosition {
+            partial,
+            ..known(1, 1000, 5_000_000)
+        };
+        let mut r = SkipRange::new(with(1), 1, None);
+        assert_eq!(r.on_begin(Lsn(900), at(1)), Replay::Skip);
+        assert_eq!(
+            r.on_begin(Lsn(1500), at(1)),
+            Replay::Publish,
+            "not that one"
+        );
+        assert_eq!(r.on_begin(Lsn(2000), at(1)), Replay::SkipRows(7));
+        assert_eq!(r.on_begin(Lsn(2000), at(1)), Replay::Publish, "once");
+        // Another timeline may have put another transaction at that position.
+        let mut other = SkipRange::new(with(1), 2, Some(Lsn(5000)));
+        assert_eq!(other.partial(), None);
+        assert_eq!(other.on_begin(Lsn(2000), at(1)), Replay::Publish);
+        // A commit after the newest delivered one is not the recorded transaction.
+        let mut later = SkipRange::new(with(1), 1, None);
+        assert_eq!(
+            later.on_begin(Lsn(2000), at(60_000_000)),
+            Replay::HistoryChanged
+        );
+        // Without a whole-transaction range, the partial one alone.
+        let only = DeliveredPosition {
+            lsn: Lsn::ZERO,
+            ..with(1)
+        };
+        let mut r = SkipRange::new(only, 1, None);
+        assert_eq!(r.below(), None);
+        assert_eq!(r.on_begin(Lsn(2000), at(1)), Replay::SkipRows(7));
+    }
+
+    #[test]
+    fn the_ledger_counts_only_the_leading_done_rows() {
+        let mut l = RowLedger::default();
+        l.begin(Lsn(100));
+        let rows: Vec<RowId> = (0..5).map(|_| l.next_row().unwrap()).collect();
+        assert_eq!(l.partial(Lsn(0)), None);
+        l.done(rows[1]);
+        l.done(rows[2]);
+        assert_eq!(l.partial(Lsn(0)), None, "row 0 is not acked yet");
+        l.done(rows[0]);
+        assert_eq!(
+            l.partial(Lsn(0)),
+            Some(PartialTxn {
+                commit_lsn: Lsn(100),
+                rows: 3
+            })
+        );
+        assert_eq!(l.partial(Lsn(101)), None, "covered by the watermark");
+        l.commit();
+        l.done(rows[4]);
+        assert_eq!(l.partial(Lsn(0)).map(|p| p.rows), Some(3));
+        l.done(rows[3]);
+        assert!(l.is_empty(), "a finished transaction leaves the ledger");
+        assert_eq!(l.next_row(), None, "outside a transaction");
     }
 
     #[test]

@@ -52,7 +52,7 @@ mod value;
 
 pub use ack::{AckTracker, Ticket};
 pub use budget::{InFlightBudget, InFlightUsage};
-pub use delivered::{DeliveredPosition, Replay, SkipRange};
+pub use delivered::{DeliveredPosition, PartialTxn, Replay, RowId, RowLedger, SkipRange};
 pub use dlq::{dead_letter_message, dead_letter_record};
 pub use emit::EmitMapper;
 pub use error::{

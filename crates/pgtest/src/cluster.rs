@@ -225,41 +225,7 @@ impl PgCluster {
         primary_slot_name: &str,
         opts: ClusterOptions,
     ) -> Result<PgCluster, PgTestError> {
-        let dir = tempfile::Builder::new()
-            .prefix("outboxd-pg-standby-")
-            .tempdir()
-            .map_err(io("creating the standby directory"))?;
-        if let Some(user) = &self.run_as {
-            chown_to(dir.path(), user)?;
-        }
-        let data_dir = dir.path().join("data");
-        // The default lines say `all`, which does not cover physical replication.
-        append(
-            &self.data_dir.join("pg_hba.conf"),
-            "host replication all 127.0.0.1/32 trust\n",
-        )?;
-        self.stop(StopMode::Fast)?;
-        let copied = self.run("cp", &["-a", path_str(&self.data_dir), path_str(&data_dir)]);
-        self.start_again()?;
-        copied?;
-        // The primary's slots are not the standby's: a copied logical slot of the same
-        // name would block slot sync ("already exists"), and a copied physical slot
-        // would hold WAL on the standby for nobody.
-        for entry in std::fs::read_dir(data_dir.join("pg_replslot"))
-            .map_err(io("listing the copied slots"))?
-            .flatten()
-        {
-            std::fs::remove_dir_all(entry.path()).map_err(io("removing a copied slot"))?;
-        }
-        let _ = std::fs::remove_file(data_dir.join("postmaster.pid"));
-        let mut standby = PgCluster {
-            bins: self.bins.clone(),
-            dir,
-            data_dir,
-            port: 0,
-            major: self.major,
-            run_as: self.run_as.clone(),
-        };
+        let mut standby = self.cold_copy("outboxd-pg-standby-", false)?;
         let sock = path_str(standby.dir.path()).to_owned();
         let mut conf = format!(
             "\n# outboxd test standby\nunix_socket_directories = '{sock}'\nhot_standby = on\n\
@@ -286,6 +252,80 @@ impl PgCluster {
                 Ok(()) => {
                     standby.spawn_watchdog()?;
                     return Ok(standby);
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or(PgTestError::NoBinaries))
+    }
+
+    /// A copy of this cluster's data directory, not started: the primary is stopped
+    /// (fast), copied and started again. `keep_slots` false removes the copied slots.
+    fn cold_copy(&self, prefix: &str, keep_slots: bool) -> Result<PgCluster, PgTestError> {
+        let dir = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir()
+            .map_err(io("creating the copy's directory"))?;
+        if let Some(user) = &self.run_as {
+            chown_to(dir.path(), user)?;
+        }
+        let data_dir = dir.path().join("data");
+        // The default lines say `all`, which does not cover physical replication.
+        append(
+            &self.data_dir.join("pg_hba.conf"),
+            "host replication all 127.0.0.1/32 trust\n",
+        )?;
+        self.stop(StopMode::Fast)?;
+        let copied = self.run("cp", &["-a", path_str(&self.data_dir), path_str(&data_dir)]);
+        self.start_again()?;
+        copied?;
+        if !keep_slots {
+            // The primary's slots are not the standby's: a copied logical slot of the same
+            // name would block slot sync ("already exists"), and a copied physical slot
+            // would hold WAL on the standby for nobody.
+            for entry in std::fs::read_dir(data_dir.join("pg_replslot"))
+                .map_err(io("listing the copied slots"))?
+                .flatten()
+            {
+                std::fs::remove_dir_all(entry.path()).map_err(io("removing a copied slot"))?;
+            }
+        }
+        let _ = std::fs::remove_file(data_dir.join("postmaster.pid"));
+        Ok(PgCluster {
+            bins: self.bins.clone(),
+            dir,
+            data_dir,
+            port: 0,
+            major: self.major,
+            run_as: self.run_as.clone(),
+        })
+    }
+
+    /// A point-in-time restore of this cluster as it is now, slots included, running as
+    /// a primary of its own: a cold copy started with `recovery.signal` and no archive,
+    /// so recovery ends at the end of the copied WAL and the copy continues on a new
+    /// timeline that forks there (same system identifier). This cluster keeps running
+    /// on its old timeline; what it writes from now on is not in the copy's history.
+    pub fn restore_copy(&self) -> Result<PgCluster, PgTestError> {
+        let mut copy = self.cold_copy("outboxd-pg-restore-", true)?;
+        let sock = path_str(copy.dir.path()).to_owned();
+        let conf = format!(
+            "\n# outboxd test restore\nunix_socket_directories = '{sock}'\nrestore_command = 'false'\n"
+        );
+        append(&copy.data_dir.join("postgresql.conf"), &conf)?;
+        let signal = copy.data_dir.join("recovery.signal");
+        std::fs::write(&signal, "").map_err(io("writing recovery.signal"))?;
+        if let Some(user) = &copy.run_as {
+            chown_to(&signal, user)?;
+        }
+        let mut last_err = None;
+        for _ in 0..5 {
+            copy.port = free_port()?;
+            copy.write_port()?;
+            match copy.pg_ctl(&["start", "-w", "-t", "60"]) {
+                Ok(()) => {
+                    copy.spawn_watchdog()?;
+                    return Ok(copy);
                 }
                 Err(e) => last_err = Some(e),
             }

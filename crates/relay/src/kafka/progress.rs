@@ -12,6 +12,7 @@
 //! (another system identifier) or another slot name never matches it. It is only ever
 //! written with positions already confirmed to PostgreSQL, never ahead of them.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -62,6 +63,8 @@ pub struct ProgressRecord {
     /// process died while CREATE_REPLICATION_SLOT waited), so a missing slot is then no
     /// proof of a lost one. Set by every later write.
     pub slot_created: bool,
+    /// A transaction at or past `confirmed_lsn` whose leading rows are acked.
+    pub partial: Option<outbox_core::PartialTxn>,
 }
 
 impl ProgressRecord {
@@ -74,6 +77,7 @@ impl ProgressRecord {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             slot_created: true,
+            partial: None,
         }
     }
 
@@ -96,6 +100,8 @@ impl ProgressRecord {
             "recorded_at_unix_ms": self.recorded_at_unix_ms,
             "last_commit_unix_micros": self.last_commit_unix_micros,
             "slot_created": self.slot_created,
+            "partial_commit_lsn": self.partial.map(|p| p.commit_lsn.to_string()),
+            "partial_rows_acked": self.partial.map(|p| p.rows),
         })
         .to_string()
     }
@@ -126,13 +132,40 @@ impl ProgressRecord {
             .get("slot_created")
             .and_then(serde_json::Value::as_bool)
             .unwrap_or(true);
+        // Absent in older records, null when no transaction was partly acked; a field
+        // that does not read as a position and a count skips nothing.
+        let partial_lsn = v
+            .get("partial_commit_lsn")
+            .and_then(serde_json::Value::as_str)
+            .and_then(|t| t.parse::<Lsn>().ok());
+        let partial_rows = v
+            .get("partial_rows_acked")
+            .and_then(serde_json::Value::as_u64);
+        let partial = match (partial_lsn, partial_rows) {
+            (Some(commit_lsn), Some(rows)) => Some(outbox_core::PartialTxn { commit_lsn, rows }),
+            _ => None,
+        };
         Ok(ProgressRecord {
             timeline,
             confirmed_lsn,
             recorded_at_unix_ms,
             last_commit_unix_micros,
             slot_created,
+            partial,
         })
+    }
+
+    /// Whose record this is (from the fields inside it), and what it says; `None` for a
+    /// value that is not a readable record.
+    fn owner_from_json(bytes: &[u8]) -> Option<(SlotIdentity, Self)> {
+        let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+        let text = |name: &str| v.get(name)?.as_str().map(str::to_owned);
+        let owner = SlotIdentity {
+            system_id: text("system_id")?,
+            database: text("database")?,
+            slot: text("slot")?,
+        };
+        Some((owner, ProgressRecord::from_json(bytes).ok()?))
     }
 
     /// What the record says Kafka has, for skipping replays.
@@ -141,6 +174,7 @@ impl ProgressRecord {
             timeline: self.timeline,
             lsn: self.confirmed_lsn,
             last_commit_unix_micros: self.last_commit_unix_micros,
+            partial: self.partial,
         }
     }
 
@@ -171,6 +205,32 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + u64::from(m <= 2);
     (y, m, d)
+}
+
+/// What the progress topic holds for one database and slot name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlotRecords {
+    /// The record of this cluster's slot.
+    pub ours: Option<ProgressRecord>,
+    /// Records of a slot with the same database and name on other clusters (system
+    /// identifier, record): the relay streamed from another cluster before, or another
+    /// cluster's relay shares the topic.
+    pub other_clusters: Vec<(String, ProgressRecord)>,
+}
+
+impl SlotRecords {
+    /// Another cluster's record of a slot that existed there, and none of ours: the relay
+    /// is pointed at a new cluster (a wrong host, or a migration) until an operator says
+    /// it is meant to be (`outboxd init` writes our record).
+    pub fn only_other_cluster(&self) -> Option<&(String, ProgressRecord)> {
+        if self.ours.is_some() {
+            return None;
+        }
+        self.other_clusters
+            .iter()
+            .filter(|(_, r)| r.slot_created)
+            .max_by_key(|(_, r)| r.recorded_at_unix_ms)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -365,32 +425,41 @@ impl ProgressStore {
         &self,
         id: &SlotIdentity,
     ) -> Result<Option<ProgressRecord>, ProgressError> {
+        self.read_slot(id).await.map(|r| r.ours)
+    }
+
+    /// The newest record for `id`, and those for the same database and slot written on
+    /// other clusters (other system identifiers), in one read of the topic.
+    pub async fn read_slot(&self, id: &SlotIdentity) -> Result<SlotRecords, ProgressError> {
         self.ensure_topic().await?;
         let this = self.clone();
-        let key = id.key();
-        tokio::task::spawn_blocking(move || this.read_blocking(&key, OPERATION_TIMEOUT))
+        let id = id.clone();
+        tokio::task::spawn_blocking(move || this.read_blocking(&id, OPERATION_TIMEOUT))
             .await
             .map_err(|e| ProgressError::Kafka(format!("reader task failed: {e}")))?
     }
 
     fn read_blocking(
         &self,
-        key: &str,
+        id: &SlotIdentity,
         timeout: Duration,
-    ) -> Result<Option<ProgressRecord>, ProgressError> {
+    ) -> Result<SlotRecords, ProgressError> {
         let s = &self.inner.settings;
         let topic = self.inner.topic.as_str();
+        let key = id.key();
+        // Keys end with the database and slot: a cheap filter before parsing the value.
+        let same_slot_suffix = format!("/{}/{}", id.database, id.slot);
         let consumer = self.consumer()?;
         if !self.topic_exists(&consumer)? {
             // No topic, no record: nothing was ever recorded on this cluster.
-            return Ok(None);
+            return Ok(SlotRecords::default());
         }
         let deadline = Instant::now() + timeout;
         let (low, high) = consumer
             .fetch_watermarks(topic, 0, timeout)
             .map_err(|e| ProgressError::Kafka(s.scrub(&e.to_string())))?;
         if high <= low {
-            return Ok(None);
+            return Ok(SlotRecords::default());
         }
         let mut assignment = TopicPartitionList::new();
         assignment
@@ -400,6 +469,8 @@ impl ProgressStore {
             .assign(&assignment)
             .map_err(|e| ProgressError::Kafka(s.scrub(&e.to_string())))?;
         let mut latest: Option<Option<Vec<u8>>> = None;
+        // Newest value per key of another cluster's record of this slot (None: deleted).
+        let mut others: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
@@ -410,8 +481,14 @@ impl ProgressStore {
                 Some(Err(KafkaError::PartitionEOF(_))) => continue,
                 Some(Err(e)) => return Err(ProgressError::Kafka(s.scrub(&e.to_string()))),
                 Some(Ok(m)) => {
-                    if m.key() == Some(key.as_bytes()) {
-                        latest = Some(m.payload().map(<[u8]>::to_vec));
+                    match m.key() {
+                        Some(k) if k == key.as_bytes() => {
+                            latest = Some(m.payload().map(<[u8]>::to_vec));
+                        }
+                        Some(k) if k.ends_with(same_slot_suffix.as_bytes()) => {
+                            others.insert(k.to_vec(), m.payload().map(<[u8]>::to_vec));
+                        }
+                        _ => {}
                     }
                     if m.offset() >= high - 1 {
                         break;
@@ -419,12 +496,29 @@ impl ProgressStore {
                 }
             }
         }
-        match latest.flatten() {
-            None => Ok(None),
-            Some(bytes) => ProgressRecord::from_json(&bytes)
-                .map(Some)
-                .map_err(ProgressError::Unreadable),
-        }
+        let ours = match latest.flatten() {
+            None => None,
+            Some(bytes) => {
+                Some(ProgressRecord::from_json(&bytes).map_err(ProgressError::Unreadable)?)
+            }
+        };
+        // Another cluster's records only count when they say so themselves; an
+        // unreadable one is not ours to judge.
+        let other_clusters = others
+            .into_values()
+            .flatten()
+            .filter_map(|bytes| {
+                let (owner, record) = ProgressRecord::owner_from_json(&bytes)?;
+                (owner.database == id.database
+                    && owner.slot == id.slot
+                    && owner.system_id != id.system_id)
+                    .then_some((owner.system_id, record))
+            })
+            .collect();
+        Ok(SlotRecords {
+            ours,
+            other_clusters,
+        })
     }
 
     /// Writes a record and waits for the broker's ack. Always to partition 0, the only one
@@ -511,9 +605,21 @@ mod tests {
             recorded_at_unix_ms: 1_764_590_400_000,
             last_commit_unix_micros: 1_764_590_399_000_000,
             slot_created: true,
+            partial: Some(outbox_core::PartialTxn {
+                commit_lsn: Lsn(0x1_0000_0100),
+                rows: 12,
+            }),
         };
         let json = r.to_json(&id);
         assert_eq!(ProgressRecord::from_json(json.as_bytes()), Ok(r.clone()));
+        let whole = ProgressRecord {
+            partial: None,
+            ..r
+        };
+        assert_eq!(
+            ProgressRecord::from_json(whole.to_json(&id).as_bytes()),
+            Ok(whole)
+        );
         assert_eq!(id.key(), "7312/shop/outboxd");
         assert_eq!(r.recorded_at_text(), "2025-12-01T12:00:00Z");
         assert!(ProgressRecord::from_json(b"{}").is_err());

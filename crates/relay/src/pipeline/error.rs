@@ -80,6 +80,9 @@ pub enum RelayError {
     InRecovery { host: String, port: u16 },
     #[error("connected to another cluster: system identifier {found}, but this process streamed from {expected} until now (a wrong host behind the address, or a restored backup); its slot and LSNs are not ours, so outboxd stopped. Point PGHOST at the right cluster and restart")]
     OtherCluster { expected: String, found: String },
+    /// A record of this database and slot from another cluster, none from this one.
+    #[error("{0}")]
+    RecordOfOtherCluster(Box<OtherClusterRecord>),
     #[error("OUTBOXD_FAILOVER_SLOT=true, but this server has no failover slots (PostgreSQL 17 or later); set OUTBOXD_FAILOVER_SLOT=auto or false")]
     FailoverUnsupported,
     #[error(transparent)]
@@ -150,6 +153,7 @@ impl RelayError {
             | E::ServerSetting { .. }
             | E::FailoverUnsupported
             | E::OtherCluster { .. }
+            | E::RecordOfOtherCluster(_)
             | E::Protocol(_) => (Permanent, None),
             E::KafkaSetup(
                 KafkaSetupError::RefusedOverride { .. }
@@ -314,5 +318,34 @@ mod tests {
         };
         assert_eq!(RelayError::Ack(ack.clone()).class(), ack.class());
         assert_eq!(RelayError::Ack(ack).exit_code(), 1);
+    }
+}
+
+/// What [`RelayError::RecordOfOtherCluster`] reports.
+#[derive(Debug)]
+pub struct OtherClusterRecord {
+    pub slot: String,
+    pub database: String,
+    pub progress_topic: String,
+    /// This server's system identifier.
+    pub found: String,
+    /// The record's.
+    pub recorded: String,
+    pub last_confirmed: pgoutput::Lsn,
+    pub recorded_at: String,
+}
+
+impl std::fmt::Display for OtherClusterRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let OtherClusterRecord {
+            slot,
+            database,
+            progress_topic,
+            found,
+            recorded,
+            last_confirmed,
+            recorded_at,
+        } = self;
+        write!(f, "the progress record of slot {slot:?} of database {database:?} in Kafka topic {progress_topic:?} was written on another cluster (system identifier {recorded}, last confirmed position {last_confirmed}, recorded {recorded_at}), and there is none for this server's cluster (system identifier {found}): outboxd is pointed at a different cluster than before (a wrong PGHOST, or the database moved by dump/restore or pg_upgrade). Positions of one cluster mean nothing on another, and events the old cluster still holds would be left behind silently, so outboxd stopped. A wrong host: fix PGHOST. This cluster is the new home on purpose: relay what is left on the old one, then run `outboxd init` (it records this cluster, and creates the slot if missing) and start again. Two clusters meant to share the topic with the same database and slot names: run `outboxd init` once here, or give each its own OUTBOXD_PROGRESS_TOPIC")
     }
 }

@@ -15,6 +15,9 @@ pub struct InFlightEntry {
     /// Index of the record's topic in the session's [`TopicNames`], so a stuck event can
     /// be reported with its topic without a string per message.
     pub topic: u32,
+    /// The change it was made from, for resuming inside a partly acked transaction
+    /// (`None`: a non-transactional message).
+    pub row: Option<outbox_core::RowId>,
 }
 
 /// Topic names of the session's messages, each stored once. Bounded: a topic template
@@ -126,6 +129,7 @@ mod tests {
             bytes,
             commit_unix_micros: t,
             topic: 0,
+            row: None,
         }
     }
 

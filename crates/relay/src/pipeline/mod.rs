@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 pub use backoff::Backoff;
-pub use error::{DecidingCode, ErrorClass, RelayError};
+pub use error::{DecidingCode, ErrorClass, OtherClusterRecord, RelayError};
 pub use observe::Observer;
 pub use session::SessionEnd;
 pub use shard::{judge_shard_layout, verify_shard_layout, ShardSpec};
@@ -30,7 +30,7 @@ use outbox_core::{DeliveredPosition, SkipRange};
 
 use crate::kafka::{
     build_producer, BrokerProbe, ProducerSettings, ProgressError, ProgressRecord, ProgressStore,
-    SlotIdentity,
+    SlotIdentity, SlotRecords,
 };
 use session::{Session, SessionStart};
 
@@ -145,14 +145,19 @@ async fn skip_range(
     progress: Option<&ProgressStore>,
     identity: &SlotIdentity,
     timeline: u32,
-) -> SkipRange {
+) -> Result<SkipRange, RelayError> {
     let known = match (carry.delivered, progress) {
         (Some(d), _) => Some(d),
         (None, Some(p)) => {
-            // Bounded: the stream is already started and waits for this optimisation.
-            let read = tokio::time::timeout(SKIP_RECORD_WAIT, p.read_latest(identity)).await;
+            // Bounded: the stream is already started and waits for this optimisation (and
+            // the identity check it brings is then skipped: it may only ever stop a
+            // relay, never be why one cannot start).
+            let read = tokio::time::timeout(SKIP_RECORD_WAIT, p.read_slot(identity)).await;
             match read.unwrap_or(Err(ProgressError::Timeout(SKIP_RECORD_WAIT))) {
-                Ok(record) => record.map(|r| r.delivered()),
+                Ok(records) => {
+                    refuse_other_cluster(&records, p, identity)?;
+                    records.ours.map(|r| r.delivered())
+                }
                 Err(e) => {
                     tracing::info!("no progress record to skip replayed events ({e}); they are published again");
                     None
@@ -162,7 +167,7 @@ async fn skip_range(
         (None, None) => None,
     };
     let Some(known) = known else {
-        return SkipRange::none();
+        return Ok(SkipRange::none());
     };
     let fork = if known.timeline == timeline {
         None
@@ -202,7 +207,30 @@ async fn skip_range(
             "the server is on another timeline than the last delivered position (failover or restore): only transactions before the fork are skipped"
         );
     }
-    range
+    Ok(range)
+}
+
+/// Stops a relay whose slot has a record only from another cluster (see
+/// [`RelayError::RecordOfOtherCluster`]).
+fn refuse_other_cluster(
+    records: &SlotRecords,
+    progress: &ProgressStore,
+    identity: &SlotIdentity,
+) -> Result<(), RelayError> {
+    match records.only_other_cluster() {
+        None => Ok(()),
+        Some((recorded, record)) => Err(RelayError::RecordOfOtherCluster(Box::new(
+            OtherClusterRecord {
+                slot: identity.slot.clone(),
+                database: identity.database.clone(),
+                progress_topic: progress.topic().to_owned(),
+                found: identity.system_id.clone(),
+                recorded: recorded.clone(),
+                last_confirmed: record.confirmed_lsn,
+                recorded_at: record.recorded_at_text(),
+            },
+        ))),
+    }
 }
 
 /// The oldest PostgreSQL outboxd supports: pgoutput's `messages` option, the
@@ -239,7 +267,9 @@ async fn create_slot_if_new(
         progress_topic: progress.topic().to_owned(),
         reason: e.to_string(),
     };
-    match progress.read_latest(identity).await.map_err(unknown)? {
+    let records = progress.read_slot(identity).await.map_err(unknown)?;
+    refuse_other_cluster(&records, progress, identity)?;
+    match records.ours {
         Some(record) if record.slot_created => {
             return Err(RelayError::SlotLost {
                 slot: cfg.slot.clone(),
@@ -583,7 +613,7 @@ async fn run_session(
             "the server's timeline changed: a standby was promoted (failover); streaming from the slot's confirmed position on the new primary"
         );
     }
-    let skip = skip_range(pg, carry, progress, &identity, system.timeline).await;
+    let skip = skip_range(pg, carry, progress, &identity, system.timeline).await?;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let producer = build_producer(&cfg.producer, tx)?;
     obs.connected(true, true);

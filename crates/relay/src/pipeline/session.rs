@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use outbox_core::{
     check_size, dead_letter_message, dead_letter_record, oversize_error, AckTracker, BoundTable,
-    CommitContext, DeliveredPosition, OutboxRecord, Replay, RowError, SkipRange,
+    CommitContext, DeliveredPosition, OutboxRecord, PartialTxn, Replay, RowError, RowId, RowLedger,
+    SkipRange,
 };
 use pgoutput::{Insert, LogicalMessage, Lsn, Message, PgTimestamp, Relation};
 use pgrepl::{preflight, FlushHandle, ReplicationEvent, ReplicationStream};
@@ -105,6 +106,13 @@ pub(super) struct Session<'a> {
     known_below: Lsn,
     /// Commit time of the newest transaction read (skipped ones included).
     last_commit_unix_micros: i64,
+    /// Which leading rows of the transactions in flight are acked.
+    rows: RowLedger,
+    /// Leading rows of the open transaction still to be skipped (already in Kafka).
+    skip_rows: u64,
+    /// The partly acked transaction the session started with: still true until the
+    /// ledger knows better (it is read again).
+    start_partial: Option<PartialTxn>,
     catchup: CatchUp,
     /// Events acknowledged in this session, for the catch-up rate.
     events_acked: u64,
@@ -126,6 +134,8 @@ struct ProgressWriter {
     /// Position of the last record written by this session; `None`: none yet, so the
     /// first tick writes one even without progress (a slot from before records existed).
     written: Option<Lsn>,
+    written_partial: Option<PartialTxn>,
+    /// When the record was last written or found unchanged.
     last_write: Instant,
     /// The store's acknowledged writes when the session started: until one more is
     /// acknowledged, the record may not exist at all (a slot made by `outboxd init`, with
@@ -168,11 +178,15 @@ impl<'a> Session<'a> {
             skipping: false,
             known_below: begin.skip.below().unwrap_or(Lsn::ZERO),
             last_commit_unix_micros: begin.last_commit_unix_micros,
+            rows: RowLedger::default(),
+            skip_rows: 0,
+            start_partial: begin.skip.partial(),
             progress: begin.progress.map(|(store, identity)| ProgressWriter {
                 acked_at_start: store.writes_acked(),
                 store,
                 identity,
                 written: None,
+                written_partial: None,
                 last_write: Instant::now(),
             }),
             catchup: CatchUp::default(),
@@ -180,23 +194,48 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// The partly acked transaction worth recording at `confirmed`: the ledger's, or the
+    /// one the session started with while it has not been read again.
+    fn partial_at(&self, confirmed: Lsn) -> Option<PartialTxn> {
+        self.rows
+            .partial(confirmed)
+            .or(self.start_partial.filter(|p| p.commit_lsn >= confirmed))
+    }
+
+    /// The record of what is acked now.
+    fn progress_record(&self) -> ProgressRecord {
+        ProgressRecord {
+            partial: self.partial_at(self.confirmed),
+            ..ProgressRecord::now(self.timeline, self.confirmed, self.last_commit_unix_micros)
+        }
+    }
+
     /// Brings the progress record up to the confirmed position, at most every interval.
+    /// Called on every turn of the loop: the clock is looked at first, so between writes
+    /// this costs one `Instant` comparison.
     fn update_progress(&mut self) {
         let confirmed = self.confirmed;
         let interval = self.cfg.progress_interval;
+        let Some(p) = self.progress.as_ref() else {
+            return;
+        };
+        if p.written.is_some() && p.last_write.elapsed() < interval {
+            return;
+        }
+        // Building the record scans the ledger: once per interval at most, also when
+        // nothing changed (a stuck partition holds everything still for a long time).
+        let record = self.progress_record();
         if let Some(p) = self.progress.as_mut() {
             let unacked = p.store.writes_acked() == p.acked_at_start;
             let due = match p.written {
                 None => true,
-                Some(w) => (confirmed > w || unacked) && p.last_write.elapsed() >= interval,
+                Some(w) => confirmed > w || record.partial != p.written_partial || unacked,
             };
+            p.last_write = Instant::now();
             if due {
-                p.store.write_in_background(
-                    &p.identity,
-                    ProgressRecord::now(self.timeline, confirmed, self.last_commit_unix_micros),
-                );
+                p.written_partial = record.partial;
+                p.store.write_in_background(&p.identity, record);
                 p.written = Some(confirmed);
-                p.last_write = Instant::now();
             }
         }
     }
@@ -238,10 +277,12 @@ impl<'a> Session<'a> {
 
     /// What this session knows Kafka has, for the next session of the process.
     pub(super) fn delivered(&self) -> DeliveredPosition {
+        let lsn = self.confirmed.max(self.known_below);
         DeliveredPosition {
             timeline: self.timeline,
-            lsn: self.confirmed.max(self.known_below),
+            lsn,
             last_commit_unix_micros: self.last_commit_unix_micros,
+            partial: self.partial_at(lsn),
         }
     }
 
@@ -330,6 +371,7 @@ impl<'a> Session<'a> {
                 }
             }
             self.advance();
+            self.update_progress();
         }
     }
 
@@ -371,12 +413,23 @@ impl<'a> Session<'a> {
             LogicalMessage::Begin(b) => {
                 self.tracker.begin(now_unix_micros())?;
                 self.txn = Some(CommitContext::new(b.final_lsn, b.commit_time));
+                self.rows.begin(b.final_lsn);
+                self.skip_rows = 0;
                 self.last_commit_unix_micros = self
                     .last_commit_unix_micros
                     .max(b.commit_time.unix_micros());
                 self.skipping = match self.skip.on_begin(b.final_lsn, b.commit_time) {
                     Replay::Skip => true,
                     Replay::Publish => false,
+                    Replay::SkipRows(n) => {
+                        tracing::info!(
+                            commit_lsn = %b.final_lsn,
+                            rows = n,
+                            "resuming inside a partly delivered transaction: its first {n} rows are already in Kafka"
+                        );
+                        self.skip_rows = n;
+                        false
+                    }
                     Replay::HistoryChanged => {
                         tracing::warn!(
                             commit_lsn = %b.final_lsn,
@@ -389,8 +442,10 @@ impl<'a> Session<'a> {
             }
             LogicalMessage::Commit(c) => {
                 self.tracker.commit(c.end_lsn)?;
+                self.rows.commit();
                 self.txn = None;
                 self.skipping = false;
+                self.skip_rows = 0;
                 self.last_end_lsn = self.last_end_lsn.max(c.end_lsn);
             }
             LogicalMessage::Relation(r) => self.on_relation(&r).await?,
@@ -509,11 +564,33 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// A row of the open transaction that is already in Kafka (whole transaction or
+    /// leading rows skipped), or has nothing to publish: done at once. `false`: publish it.
+    /// Called once per row with `nothing_to_publish`, or once more for a mapping that
+    /// turned out empty.
+    fn row_needs_nothing(&mut self, row: Option<RowId>, nothing_to_publish: bool) -> bool {
+        let delivered = self.skipping || self.skip_rows > 0;
+        // Rows are counted by position, relayed or not, as they were counted when acked.
+        self.skip_rows = self.skip_rows.saturating_sub(1);
+        if delivered && !nothing_to_publish {
+            self.obs.skipped_as_delivered();
+        }
+        if delivered || nothing_to_publish {
+            if let Some(row) = row {
+                self.rows.done(row);
+            }
+            return true;
+        }
+        false
+    }
+
     async fn on_insert(&mut self, ins: &Insert) -> Result<(), RelayError> {
+        let row = self.rows.next_row();
         let table = match self.relations.get_mut(&ins.rel_id) {
             Some(RelationRole::Outbox(t)) => Arc::clone(t),
             Some(RelationRole::Ignored { unreported, .. }) => {
                 *unreported = unreported.saturating_add(1);
+                self.row_needs_nothing(row, true);
                 return Ok(());
             }
             None => {
@@ -526,8 +603,7 @@ impl<'a> Session<'a> {
         let ctx = self
             .txn
             .ok_or_else(|| RelayError::Protocol("insert outside a transaction".into()))?;
-        if self.skipping {
-            self.obs.skipped_as_delivered();
+        if self.row_needs_nothing(row, false) {
             return Ok(());
         }
         let max = self.cfg.max_message_bytes;
@@ -535,7 +611,7 @@ impl<'a> Session<'a> {
             .map_insert(&ins.new_tuple, &ctx)
             .and_then(|r| check_size(&r, max).map(|()| r));
         let error = match mapped {
-            Ok(record) => match self.produce(&record, ctx).await? {
+            Ok(record) => match self.produce(&record, ctx, row).await? {
                 Produced::Queued => return Ok(()),
                 // Only if librdkafka's measure ever differs from check_size's.
                 Produced::TooLarge { size } => oversize_error(&record, size, max),
@@ -550,18 +626,25 @@ impl<'a> Session<'a> {
             &self.cfg.dead_letter_topic,
             max,
         );
-        self.bad_row(error, dlq, ctx).await
+        self.bad_row(error, dlq, ctx, row).await
     }
 
     async fn on_emitted(&mut self, m: &Message) -> Result<(), RelayError> {
+        // Transactional messages are rows of their transaction, relayed or not.
+        let row = if self.txn.is_some() {
+            self.rows.next_row()
+        } else {
+            None
+        };
         let Some(mapper) = self.cfg.emit.as_ref() else {
+            self.row_needs_nothing(row, true);
             return Ok(());
         };
         if m.prefix != mapper.prefix() {
+            self.row_needs_nothing(row, true);
             return Ok(());
         }
-        if self.skipping {
-            self.obs.skipped_as_delivered();
+        if self.row_needs_nothing(row, false) {
             return Ok(());
         }
         // A non-transactional message arrives outside Begin/Commit; it gets a transaction
@@ -580,8 +663,11 @@ impl<'a> Session<'a> {
             .map_message(m, &ctx)
             .and_then(|r| r.map(|r| check_size(&r, max).map(|()| r)).transpose());
         let error = match mapped {
-            Ok(None) => None,
-            Ok(Some(record)) => match self.produce(&record, ctx).await {
+            Ok(None) => {
+                self.row_needs_nothing(row, true);
+                None
+            }
+            Ok(Some(record)) => match self.produce(&record, ctx, row).await {
                 Ok(Produced::Queued) => None,
                 Ok(Produced::TooLarge { size }) => Some(Ok(oversize_error(&record, size, max))),
                 Err(e) => Some(Err(e)),
@@ -593,7 +679,7 @@ impl<'a> Session<'a> {
             Some(Err(e)) => Err(e),
             Some(Ok(error)) => {
                 let dlq = dead_letter_message(m, &error, &ctx, &self.cfg.dead_letter_topic, max);
-                self.bad_row(error, dlq, ctx).await
+                self.bad_row(error, dlq, ctx, row).await
             }
         };
         if own_txn {
@@ -607,6 +693,7 @@ impl<'a> Session<'a> {
         error: RowError,
         dead_letter: OutboxRecord,
         ctx: CommitContext,
+        row: Option<RowId>,
     ) -> Result<(), RelayError> {
         match self.cfg.bad_row_policy {
             // Not counted as dead-lettered: it was not, and the slot stays before it.
@@ -622,7 +709,7 @@ impl<'a> Session<'a> {
                     topic = %self.cfg.dead_letter_topic.as_str(),
                     "dead-lettering a row: {error}"
                 );
-                match self.produce(&dead_letter, ctx).await? {
+                match self.produce(&dead_letter, ctx, row).await? {
                     Produced::Queued => {
                         self.obs.dead_lettered(error.kind());
                         Ok(())
@@ -641,6 +728,7 @@ impl<'a> Session<'a> {
         &mut self,
         rec: &OutboxRecord,
         ctx: CommitContext,
+        row: Option<RowId>,
     ) -> Result<Produced, RelayError> {
         let ticket = self.tracker.track_message()?;
         let topic = self.topics.intern(&rec.topic);
@@ -649,6 +737,7 @@ impl<'a> Session<'a> {
             bytes: rec.approx_size(),
             commit_unix_micros: ctx.commit_time.unix_micros(),
             topic,
+            row,
         });
         let headers: Vec<(&str, &[u8])> = rec
             .headers
@@ -697,6 +786,9 @@ impl<'a> Session<'a> {
         match d.outcome {
             Ok(_) => {
                 self.tracker.ack(entry.ticket)?;
+                if let Some(row) = entry.row {
+                    self.rows.done(row);
+                }
                 self.events_acked = self.events_acked.saturating_add(1);
                 self.obs.published(entry.commit_unix_micros);
                 Ok(())
@@ -862,8 +954,7 @@ impl<'a> Session<'a> {
         // moment): with Kafka down the write would otherwise hold the shutdown for its own
         // 30 s timeout. A record left older only records that the slot exists.
         if let Some(p) = &self.progress {
-            let record =
-                ProgressRecord::now(self.timeline, self.confirmed, self.last_commit_unix_micros);
+            let record = self.progress_record();
             let left = deadline
                 .saturating_duration_since(tokio::time::Instant::now())
                 .max(FINAL_PROGRESS_WRITE_MIN);
