@@ -612,10 +612,7 @@ mod tests {
         };
         let json = r.to_json(&id);
         assert_eq!(ProgressRecord::from_json(json.as_bytes()), Ok(r.clone()));
-        let whole = ProgressRecord {
-            partial: None,
-            ..r
-        };
+        let whole = ProgressRecord { partial: None, ..r };
         assert_eq!(
             ProgressRecord::from_json(whole.to_json(&id).as_bytes()),
             Ok(whole)
