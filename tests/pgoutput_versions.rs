@@ -153,10 +153,27 @@ fn every_message_this_version_sends_decodes_and_reencodes() {
     // PostgreSQL 18 checks whether a transaction over logical_decoding_work_mem has
     // already aborted and discards it instead of streaming it, so the rolled-back one is
     // never started and needs no Stream Abort.
-    if major < 18 {
+    if (15..18).contains(&major) {
         expected.insert('A');
     }
-    assert_eq!(tags, expected, "message types seen on PostgreSQL {major}");
+    // PostgreSQL 14 streamed the aborted transaction in every run but one, under a loaded
+    // machine's full matrix: whether it is streamed before its abort is decoded is not
+    // certain there, so its Stream Abort may be missing (never anything else).
+    let optional: BTreeSet<char> = if major == 14 {
+        BTreeSet::from(['A'])
+    } else {
+        BTreeSet::new()
+    };
+    let unexpected: BTreeSet<char> = tags
+        .difference(&expected)
+        .filter(|t| !optional.contains(t))
+        .copied()
+        .collect();
+    let missing: BTreeSet<char> = expected.difference(&tags).copied().collect();
+    assert!(
+        unexpected.is_empty() && missing.is_empty(),
+        "message types seen on PostgreSQL {major}: {tags:?}; unexpected {unexpected:?}, missing {missing:?}"
+    );
     assert_eq!(
         stream_abort_with_lsn,
         (16..18).contains(&major),
