@@ -31,10 +31,9 @@
 //!   relay restarts from the slot.
 //! - **Replays** ([`delivered`]): transactions PostgreSQL sends again after a restart
 //!   are skipped when the relay knows Kafka has them, narrowly (same history only).
-//! - **Back-pressure**: caps on in-flight messages and bytes, always letting one message
-//!   through. The relay enforces them on its own in-flight slab
-//!   (`crates/relay/src/pipeline/inflight.rs`, `Session::has_room`); [`budget`] states the
-//!   same rule but the relay does not use it.
+//! - **Back-pressure** ([`budget`]): caps on in-flight messages and bytes, always letting
+//!   one message through; the relay applies [`InFlightCaps::has_room`] to the counts of its
+//!   in-flight slab (`crates/relay/src/pipeline/inflight.rs`).
 //! - Every error type has a [`ErrorClass`] (permanent or retryable) decided in one place.
 
 pub mod ack;
@@ -51,7 +50,7 @@ pub mod topic;
 mod value;
 
 pub use ack::{AckTracker, Ticket};
-pub use budget::{InFlightBudget, InFlightUsage};
+pub use budget::InFlightCaps;
 pub use delivered::{DeliveredPosition, PartialTxn, Replay, RowId, RowLedger, SkipRange};
 pub use dlq::{dead_letter_message, dead_letter_record};
 pub use emit::EmitMapper;

@@ -376,9 +376,11 @@ impl<'a> Session<'a> {
     }
 
     fn has_room(&self) -> bool {
-        self.inflight.is_empty()
-            || (self.inflight.len() < self.cfg.max_in_flight_messages
-                && self.inflight.bytes() < self.cfg.max_in_flight_bytes)
+        outbox_core::InFlightCaps {
+            max_messages: self.cfg.max_in_flight_messages,
+            max_bytes: self.cfg.max_in_flight_bytes,
+        }
+        .has_room(self.inflight.len(), self.inflight.bytes())
     }
 
     fn advance(&mut self) {
