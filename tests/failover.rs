@@ -11,7 +11,7 @@ mod support;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use pgtest::{ClusterOptions, PgCluster, StopMode};
+use pgtest::{ClusterOptions, PgCluster, StopMode, TestDb};
 use rand::Rng;
 use support::broker::Broker;
 use support::consume::check_delivery;
@@ -272,12 +272,9 @@ async fn failover_followed_through_a_host_list_without_a_vip() {
     }
 }
 
-/// With the standby listed first, `run` streams from the primary (the second host), and
-/// a command that finds no primary names every host it tried and why.
-#[tokio::test(flavor = "multi_thread")]
-async fn the_primary_is_chosen_among_listed_hosts() {
-    let primary = PgCluster::start(ClusterOptions::default()).expect("primary");
-    let db = primary.fresh_database("multi_host").await;
+/// The outbox table and its publication in `db`, then a standby of `primary` streaming
+/// through a physical slot (made by a cold copy, so it has the table).
+async fn outbox_and_standby(primary: &PgCluster, db: &TestDb<'_>) -> PgCluster {
     let client = db.client().await;
     client
         .batch_execute(&format!(
@@ -289,9 +286,18 @@ async fn the_primary_is_chosen_among_listed_hosts() {
         .await
         .expect("schema");
     drop(client);
-    let standby = primary
+    primary
         .start_standby(STANDBY_SLOT, ClusterOptions::default())
-        .expect("standby");
+        .expect("standby")
+}
+
+/// With the standby listed first, `run` streams from the primary (the second host), and
+/// a command that finds no primary names every host it tried and why.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_primary_is_chosen_among_listed_hosts() {
+    let primary = PgCluster::start(ClusterOptions::default()).expect("primary");
+    let db = primary.fresh_database("multi_host").await;
+    let standby = outbox_and_standby(&primary, &db).await;
     let client = db.client().await;
     let outbox = Outbox::for_db(&db);
     let broker = Broker::mock();
@@ -365,20 +371,7 @@ async fn the_primary_is_chosen_among_listed_hosts() {
 async fn a_slot_the_standby_lacks_stops_the_relay_after_promotion() {
     let primary = PgCluster::start(ClusterOptions::default()).expect("primary");
     let db = primary.fresh_database("failover_lost").await;
-    let client = db.client().await;
-    client
-        .batch_execute(&format!(
-            "{}; CREATE PUBLICATION \"{}\" FOR TABLE public.outbox WITH (publish = 'insert'); \
-             SELECT pg_create_physical_replication_slot('{STANDBY_SLOT}')",
-            schema::OUTBOX_DDL,
-            db.publication
-        ))
-        .await
-        .expect("schema");
-    drop(client);
-    let standby = primary
-        .start_standby(STANDBY_SLOT, ClusterOptions::default())
-        .expect("standby");
+    let standby = outbox_and_standby(&primary, &db).await;
     let client = db.client().await;
     let outbox = Outbox::for_db(&db);
     let vip = Proxy::start(primary.port());
