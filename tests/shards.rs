@@ -9,7 +9,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use pgtest::{PgCluster, TestDb};
+use pgtest::PgCluster;
 use rand::Rng;
 use support::broker::Broker;
 use support::consume::check_delivery;
@@ -17,20 +17,6 @@ use support::load::{insert_events, Event};
 use support::ops::{self, read_all_blocking, wait_active_pid};
 use support::relay::{run_to_end, Relay};
 use support::schema::Outbox;
-
-/// The outbox names of a test database; the table is created by `outboxd init`.
-fn outbox(db: &TestDb<'_>) -> Outbox {
-    Outbox::for_db(db)
-}
-
-fn env(
-    db: &TestDb<'_>,
-    o: &Outbox,
-    bootstrap: &str,
-    extra: &[(&str, &str)],
-) -> Vec<(String, String)> {
-    Relay::env_for(db, o, bootstrap, extra)
-}
 
 fn shard_slot(o: &Outbox, i: u32) -> String {
     format!("{}_{i}", o.slot)
@@ -79,17 +65,13 @@ async fn insert_and_deliver(
     check_delivery(&events, &received)
 }
 
-async fn topics(broker: &Broker, o: &Outbox) -> Vec<String> {
-    ops::create_topics(broker, o).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_process_relays_three_shards_in_order_per_aggregate() {
     let db = PgCluster::shared().fresh_database("shards_three").await;
-    let o = outbox(&db);
+    let o = Outbox::for_db(&db);
     let broker = Broker::mock();
-    let topics = topics(&broker, &o).await;
-    let env = env(
+    let topics = ops::create_topics(&broker, &o).await;
+    let env = Relay::env_for(
         &db,
         &o,
         &broker.bootstrap(),
@@ -158,11 +140,11 @@ async fn the_sql_kit_makes_a_layout_check_and_run_accept() {
     client.batch_execute(kit).await.unwrap();
     let o = Outbox {
         publication: "outboxd".into(),
-        ..outbox(&db)
+        ..Outbox::for_db(&db)
     };
     let broker = Broker::mock();
-    let topics = topics(&broker, &o).await;
-    let env = env(
+    let topics = ops::create_topics(&broker, &o).await;
+    let env = Relay::env_for(
         &db,
         &o,
         &broker.bootstrap(),
@@ -188,15 +170,15 @@ async fn the_sql_kit_makes_a_layout_check_and_run_accept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_shard_processes_one_killed_mid_load_lose_nothing() {
     let db = PgCluster::shared().fresh_database("shards_kill").await;
-    let o = outbox(&db);
+    let o = Outbox::for_db(&db);
     let broker = Broker::mock();
-    let topics = topics(&broker, &o).await;
+    let topics = ops::create_topics(&broker, &o).await;
     let bootstrap = broker.bootstrap();
     let base = [("OUTBOXD_SHARD_COUNT", "2")];
-    init_shards(&env(&db, &o, &bootstrap, &base));
+    init_shards(&Relay::env_for(&db, &o, &bootstrap, &base));
     // Two processes, as two pods of a StatefulSet would run: one shard each.
     let _steady = Relay::start(
-        env(
+        Relay::env_for(
             &db,
             &o,
             &bootstrap,
@@ -205,7 +187,7 @@ async fn two_shard_processes_one_killed_mid_load_lose_nothing() {
         &["run"],
     );
     let mut killed = Relay::start(
-        env(
+        Relay::env_for(
             &db,
             &o,
             &bootstrap,
@@ -271,11 +253,11 @@ CREATE TABLE public.outbox_shard_3 PARTITION OF public.outbox FOR VALUES WITH (M
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_no_shard_reads_is_refused_by_check_init_and_run() {
     let db = PgCluster::shared().fresh_database("shards_refused").await;
-    let o = outbox(&db);
+    let o = Outbox::for_db(&db);
     let client = db.client().await;
     client.batch_execute(FOUR_PARTITIONS).await.unwrap();
     let broker = Broker::mock();
-    let env = env(
+    let env = Relay::env_for(
         &db,
         &o,
         &broker.bootstrap(),
@@ -305,10 +287,10 @@ async fn repartitioning_while_running_stops_the_relay() {
     let db = PgCluster::shared()
         .fresh_database("shards_repartition")
         .await;
-    let o = outbox(&db);
+    let o = Outbox::for_db(&db);
     let broker = Broker::mock();
-    let topics = topics(&broker, &o).await;
-    let env = env(
+    let topics = ops::create_topics(&broker, &o).await;
+    let env = Relay::env_for(
         &db,
         &o,
         &broker.bootstrap(),

@@ -28,9 +28,10 @@ pub fn shard_name(base: &str, index: u32) -> String {
     format!("{base}_{index}")
 }
 
-/// The partition holding shard `index`'s rows.
+/// The partition holding shard `index`'s rows: the relay's naming rule, which its layout
+/// check enforces.
 pub fn shard_table(table: &str, index: u32) -> String {
-    format!("{table}_shard_{index}")
+    outboxd_relay::pipeline::ShardSpec::partition_name(table, index)
 }
 
 const SHARDS_ACCEPTS: &str = "all, comma-separated shard numbers (0-based, below OUTBOXD_SHARD_COUNT), or ordinal (the number at the end of HOSTNAME, as in a Kubernetes StatefulSet's pod outboxd-2)";
