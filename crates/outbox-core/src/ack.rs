@@ -35,28 +35,29 @@ use pgoutput::Lsn;
 
 use crate::error::AckError;
 
-/// Identifies the transaction a produced message belongs to. Small and `Copy` so it can
-/// travel as the Kafka delivery opaque; round-trip it with [`Ticket::to_u64`] /
-/// [`Ticket::from_u64`].
+/// Identifies the transaction a produced message belongs to: its position in the
+/// session's stream of transactions. Not the Kafka delivery opaque (that is the
+/// [`crate::Ticket`] of [`crate::InFlightLedger`], whose slab entry keeps this).
+/// [`TxnSeq::to_u64`] / [`TxnSeq::from_u64`] expose the number for errors and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Ticket(u64);
+pub struct TxnSeq(u64);
 
-impl Ticket {
+impl TxnSeq {
     pub fn to_u64(self) -> u64 {
         self.0
     }
 
-    /// Rebuild a ticket from its opaque form. Unknown values are rejected by
+    /// Rebuild one from its number. Unknown values are rejected by
     /// [`AckTracker::ack`], so this cannot corrupt the tracker.
     pub fn from_u64(v: u64) -> Self {
-        Ticket(v)
+        TxnSeq(v)
     }
 }
 
 #[derive(Debug, Clone)]
 struct PendingTxn {
-    /// Also the ticket of this transaction's messages. Strictly increasing along the
-    /// queue, so a ticket is found by binary search even after merges removed entries.
+    /// Also the [`TxnSeq`] of this transaction's messages. Strictly increasing along the
+    /// queue, so one is found by binary search even after merges removed entries.
     seq: u64,
     /// `None` until the Commit is read. After merges: the `end_lsn` of the newest
     /// transaction merged into this entry.
@@ -77,7 +78,7 @@ pub struct AckTracker {
     pending: VecDeque<PendingTxn>,
     next_seq: u64,
     in_flight: u64,
-    failed: Option<Ticket>,
+    failed: Option<TxnSeq>,
     last_end_lsn: Option<Lsn>,
 }
 
@@ -108,7 +109,7 @@ impl AckTracker {
         }
         let seq = self.next_seq;
         // 2^64 transactions cannot be read in a session; saturating keeps the queue sorted
-        // by seq (which the ticket lookup relies on) even in theory.
+        // by seq (which the lookup by seq relies on) even in theory.
         self.next_seq = self.next_seq.saturating_add(1);
         self.pending.push_back(PendingTxn {
             seq,
@@ -120,8 +121,8 @@ impl AckTracker {
     }
 
     /// A message of the open transaction was handed to the producer. Pass the returned
-    /// ticket back to [`AckTracker::ack`] or [`AckTracker::fail`] with its delivery report.
-    pub fn track_message(&mut self) -> Result<Ticket, AckError> {
+    /// [`TxnSeq`] back to [`AckTracker::ack`] or [`AckTracker::fail`] with its delivery report.
+    pub fn track_message(&mut self) -> Result<TxnSeq, AckError> {
         let txn = self
             .pending
             .back_mut()
@@ -131,7 +132,7 @@ impl AckTracker {
             })?;
         txn.outstanding = txn.outstanding.saturating_add(1);
         self.in_flight = self.in_flight.saturating_add(1);
-        Ok(Ticket(txn.seq))
+        Ok(TxnSeq(txn.seq))
     }
 
     /// The Commit of the open transaction was read. A transaction without messages (or
@@ -162,8 +163,8 @@ impl AckTracker {
     }
 
     /// A successful delivery report. May arrive in any order, and before the Commit.
-    pub fn ack(&mut self, ticket: Ticket) -> Result<(), AckError> {
-        self.settle(ticket)?;
+    pub fn ack(&mut self, seq: TxnSeq) -> Result<(), AckError> {
+        self.settle(seq)?;
         self.advance();
         self.compact_if_over();
         Ok(())
@@ -172,20 +173,20 @@ impl AckTracker {
     /// A tracked message the producer refused before taking it, so no delivery report
     /// will come: it stops holding its transaction back. The caller must track whatever
     /// replaces it (a dead-letter record) before the transaction's Commit, or stop.
-    pub fn untrack(&mut self, ticket: Ticket) -> Result<(), AckError> {
-        self.settle(ticket)?;
+    pub fn untrack(&mut self, seq: TxnSeq) -> Result<(), AckError> {
+        self.settle(seq)?;
         self.advance();
         Ok(())
     }
 
-    /// A failed delivery report. Freezes the watermark permanently (even if the ticket is
+    /// A failed delivery report. Freezes the watermark permanently (even if the seq is
     /// unknown, which is reported as an error as well): the relay must drop the producer
     /// and restart from the slot. Later reports are still counted so the relay can drain.
-    pub fn fail(&mut self, ticket: Ticket) -> Result<(), AckError> {
+    pub fn fail(&mut self, seq: TxnSeq) -> Result<(), AckError> {
         if self.failed.is_none() {
-            self.failed = Some(ticket);
+            self.failed = Some(seq);
         }
-        self.settle(ticket)?;
+        self.settle(seq)?;
         self.compact_if_over();
         Ok(())
     }
@@ -211,8 +212,8 @@ impl AckTracker {
         self.failed.is_some()
     }
 
-    /// The first failed delivery's ticket.
-    pub fn failed_ticket(&self) -> Option<Ticket> {
+    /// The transaction of the first failed delivery.
+    pub fn failed_txn(&self) -> Option<TxnSeq> {
         self.failed
     }
 
@@ -285,15 +286,15 @@ impl AckTracker {
         self.pending.truncate(kept);
     }
 
-    fn settle(&mut self, ticket: Ticket) -> Result<(), AckError> {
-        let unknown = || AckError::UnknownTicket { ticket: ticket.0 };
+    fn settle(&mut self, seq: TxnSeq) -> Result<(), AckError> {
+        let unknown = || AckError::UnknownTxn { seq: seq.0 };
         let index = self
             .pending
-            .binary_search_by_key(&ticket.0, |t| t.seq)
+            .binary_search_by_key(&seq.0, |t| t.seq)
             .map_err(|_| unknown())?;
         let txn = self.pending.get_mut(index).ok_or_else(unknown)?;
         if txn.outstanding == 0 {
-            return Err(AckError::TooManyReports { ticket: ticket.0 });
+            return Err(AckError::TooManyReports { seq: seq.0 });
         }
         txn.outstanding -= 1;
         self.in_flight = self.in_flight.saturating_sub(1);
@@ -424,7 +425,7 @@ mod tests {
         t.commit(lsn(10)).unwrap();
         t.fail(a).unwrap();
         assert!(t.is_failed());
-        assert_eq!(t.failed_ticket(), Some(a));
+        assert_eq!(t.failed_txn(), Some(a));
         t.ack(b).unwrap();
         assert_eq!(t.watermark(), lsn(0));
         assert_eq!(t.in_flight_messages(), 0);
@@ -435,9 +436,9 @@ mod tests {
     }
 
     #[test]
-    fn failure_with_unknown_ticket_still_freezes() {
+    fn failure_with_unknown_txn_still_freezes() {
         let mut t = AckTracker::new(lsn(0));
-        assert!(t.fail(Ticket::from_u64(7)).is_err());
+        assert!(t.fail(TxnSeq::from_u64(7)).is_err());
         assert!(t.is_failed());
         assert!(!t.on_keepalive(lsn(5)));
     }
@@ -460,17 +461,14 @@ mod tests {
         ));
         let m = t.track_message().unwrap();
         t.ack(m).unwrap();
+        assert!(matches!(t.ack(m), Err(AckError::TooManyReports { seq: 0 })));
         assert!(matches!(
-            t.ack(m),
-            Err(AckError::TooManyReports { ticket: 0 })
-        ));
-        assert!(matches!(
-            t.ack(Ticket::from_u64(9)),
-            Err(AckError::UnknownTicket { ticket: 9 })
+            t.ack(TxnSeq::from_u64(9)),
+            Err(AckError::UnknownTxn { seq: 9 })
         ));
         t.commit(lsn(50)).unwrap();
-        // The transaction completed: its ticket is no longer known.
-        assert!(matches!(t.ack(m), Err(AckError::UnknownTicket { .. })));
+        // The transaction completed: its seq is no longer known.
+        assert!(matches!(t.ack(m), Err(AckError::UnknownTxn { .. })));
         t.begin(0).unwrap();
         assert!(matches!(
             t.commit(lsn(49)),
@@ -483,14 +481,14 @@ mod tests {
     }
 
     #[test]
-    fn ticket_round_trips() {
+    fn txn_seq_round_trips() {
         let mut t = AckTracker::new(lsn(0));
         t.begin(0).unwrap();
         t.commit(lsn(1)).unwrap();
         t.begin(0).unwrap();
         let m = t.track_message().unwrap();
-        assert_eq!(Ticket::from_u64(m.to_u64()), m);
-        t.ack(Ticket::from_u64(m.to_u64())).unwrap();
+        assert_eq!(TxnSeq::from_u64(m.to_u64()), m);
+        t.ack(TxnSeq::from_u64(m.to_u64())).unwrap();
         t.commit(lsn(2)).unwrap();
         assert!(t.is_idle());
     }
@@ -520,8 +518,8 @@ mod tests {
         t.begin(0).unwrap();
         t.commit(lsn(60)).unwrap();
         assert!(t.open_transactions() <= 2);
-        // A merged transaction's ticket is no longer known.
-        assert!(matches!(t.ack(a), Err(AckError::UnknownTicket { .. })));
+        // A merged transaction's seq is no longer known.
+        assert!(matches!(t.ack(a), Err(AckError::UnknownTxn { .. })));
         assert_eq!(t.watermark(), lsn(10));
         assert_eq!(t.oldest_unacked(), Some(7), "the stuck transaction holds W");
         t.ack(stuck).unwrap();
@@ -538,7 +536,7 @@ mod tests {
         let mut end = 2;
         // A window of unacked messages acked out of order, interleaved with empty
         // transactions, all behind the stuck one.
-        let mut window: VecDeque<Ticket> = VecDeque::new();
+        let mut window: VecDeque<TxnSeq> = VecDeque::new();
         let mut max_len = 0;
         for i in 0..200_000u64 {
             t.begin(0).unwrap();
@@ -675,8 +673,8 @@ mod tests {
             let evs = events(&txns, start);
             let mut ev_i = 0;
             let mut txn_i = 0; // index of the next transaction to Begin
-            // Outstanding tickets with their transaction index.
-            let mut outstanding: Vec<(Ticket, usize)> = Vec::new();
+            // Outstanding messages' seqs with their transaction index.
+            let mut outstanding: Vec<(TxnSeq, usize)> = Vec::new();
             // Unacked message count per transaction; committed flags.
             let mut unacked = vec![0usize; txns.len()];
             let mut committed = vec![false; txns.len()];
@@ -707,7 +705,7 @@ mod tests {
             };
 
             let feed = |t: &mut AckTracker, ev_i: &mut usize, txn_i: &mut usize,
-                            outstanding: &mut Vec<(Ticket, usize)>, unacked: &mut [usize],
+                            outstanding: &mut Vec<(TxnSeq, usize)>, unacked: &mut [usize],
                             committed: &mut [bool]| {
                 let Some(ev) = evs.get(*ev_i).copied() else { return false };
                 *ev_i += 1;
@@ -776,32 +774,32 @@ mod tests {
             order in prop::collection::vec(any::<usize>(), 40),
         ) {
             let mut t = AckTracker::new(Lsn(0));
-            let mut tickets = Vec::new();
+            let mut seqs = Vec::new();
             for (i, n) in sizes.iter().enumerate() {
                 t.begin(0).unwrap();
                 for _ in 0..*n {
-                    tickets.push(t.track_message().unwrap());
+                    seqs.push(t.track_message().unwrap());
                 }
                 t.commit(Lsn(10 * (u64::try_from(i).unwrap() + 1))).unwrap();
             }
-            let failed = tickets.swap_remove(fail_at % tickets.len());
+            let failed = seqs.swap_remove(fail_at % seqs.len());
             // Deliver some first, then the failure, then the rest.
             let mut r = order.iter().cycle();
-            let split = fail_at % (tickets.len() + 1);
+            let split = fail_at % (seqs.len() + 1);
             for _ in 0..split {
-                let k = r.next().copied().unwrap_or(0) % tickets.len();
-                t.ack(tickets.swap_remove(k)).unwrap();
+                let k = r.next().copied().unwrap_or(0) % seqs.len();
+                t.ack(seqs.swap_remove(k)).unwrap();
             }
             t.fail(failed).unwrap();
             let frozen = t.watermark();
-            while !tickets.is_empty() {
-                let k = r.next().copied().unwrap_or(0) % tickets.len();
-                t.ack(tickets.swap_remove(k)).unwrap();
+            while !seqs.is_empty() {
+                let k = r.next().copied().unwrap_or(0) % seqs.len();
+                t.ack(seqs.swap_remove(k)).unwrap();
                 prop_assert_eq!(t.watermark(), frozen);
             }
             prop_assert!(!t.on_keepalive(Lsn(u64::MAX)));
             prop_assert_eq!(t.watermark(), frozen);
-            // W stops below the failed message's transaction (ticket = transaction index).
+            // W stops below the failed message's transaction (seq = transaction index).
             prop_assert!(frozen.0 < 10 * (failed.to_u64() + 1));
             prop_assert_eq!(t.in_flight_messages(), 0);
         }
@@ -816,7 +814,7 @@ mod tests {
             let mut t = AckTracker::new(Lsn(100));
             // (commit_lsn, end_lsn, unacked) per transaction in stream order.
             let mut model: Vec<(u64, Option<u64>, usize)> = Vec::new();
-            let mut outstanding: Vec<(Ticket, usize)> = Vec::new();
+            let mut outstanding: Vec<(TxnSeq, usize)> = Vec::new();
             let mut pos = 100u64;
             let mut open = false;
             let mut frozen: Option<Lsn> = None;

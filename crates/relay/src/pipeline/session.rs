@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::{
-    check_size, dead_letter_message, dead_letter_record, oversize_error, AckTracker, BoundTable,
-    CommitContext, DeliveredPosition, OutboxRecord, PartialTxn, Replay, RowError, RowId, RowLedger,
-    SkipRange,
+    check_size, dead_letter_message, dead_letter_record, oversize_error, BoundTable, CommitContext,
+    DeliveredPosition, InFlightCaps, InFlightLedger, OutboxRecord, Outcome, Outgoing, PartialTxn,
+    Replay, RowError, RowId, RowLedger, SkipRange, Ticket,
 };
 use pgoutput::{Insert, LogicalMessage, Lsn, Message, PgTimestamp, Relation};
 use pgrepl::{preflight, FlushHandle, ReplicationEvent, ReplicationStream};
@@ -21,7 +21,6 @@ use tokio_postgres::Client;
 
 use super::catchup::{self, CatchUp, Report, Sample};
 use super::error::RelayError;
-use super::inflight::{InFlight, InFlightEntry, TopicNames};
 use super::observe::Observer;
 use super::{shard, slot};
 use super::{BadRowPolicy, RelayConfig};
@@ -80,8 +79,8 @@ pub(super) struct Session<'a> {
     sql: Client,
     producer: RelayProducer,
     deliveries: UnboundedReceiver<Delivery>,
-    tracker: AckTracker,
-    inflight: InFlight,
+    /// What is in flight: per message and per transaction, and the watermark.
+    ledger: InFlightLedger,
     relations: HashMap<u32, RelationRole>,
     txn: Option<CommitContext>,
     /// End of the last transaction received, for emitted non-transactional messages.
@@ -93,7 +92,6 @@ pub(super) struct Session<'a> {
     /// Status updates of this stream already added to the metrics.
     status_updates_reported: u64,
     progress: Option<ProgressWriter>,
-    topics: TopicNames,
     /// When a stuck event was last reported.
     last_stuck_report: Option<Instant>,
     timeline: u32,
@@ -161,8 +159,13 @@ impl<'a> Session<'a> {
             sql,
             producer,
             deliveries,
-            tracker: AckTracker::new(start),
-            inflight: InFlight::default(),
+            ledger: InFlightLedger::new(
+                start,
+                InFlightCaps {
+                    max_messages: cfg.max_in_flight_messages,
+                    max_bytes: cfg.max_in_flight_bytes,
+                },
+            ),
             relations: HashMap::new(),
             txn: None,
             last_end_lsn: start,
@@ -171,7 +174,6 @@ impl<'a> Session<'a> {
             start,
             started_at: Instant::now(),
             status_updates_reported: 0,
-            topics: TopicNames::default(),
             last_stuck_report: None,
             timeline: begin.timeline,
             skip: begin.skip,
@@ -249,7 +251,7 @@ impl<'a> Session<'a> {
         // A delivery error only ends the wait: what was acked before it still counts.
         let _ = self.await_acks(deadline, false).await;
         // Only ever the acked prefix; the stream is gone, so nothing is sent with it.
-        let w = self.tracker.watermark();
+        let w = self.ledger.watermark();
         self.confirmed = self.confirmed.max(w);
     }
 
@@ -260,7 +262,7 @@ impl<'a> Session<'a> {
         deadline: tokio::time::Instant,
         confirm_as_acked: bool,
     ) -> Result<bool, RelayError> {
-        while !self.inflight.is_empty() {
+        while !self.ledger.is_empty() {
             tokio::select! {
                 d = self.deliveries.recv() => match d {
                     Some(d) => self.on_delivery(d)?,
@@ -327,11 +329,11 @@ impl<'a> Session<'a> {
             // messages are confirmed and not re-sent after the restart.
             let stopping = deadline.is_some();
             if let Some(at) = deadline {
-                if !self.tracker.in_transaction() || tokio::time::Instant::now() >= at {
+                if !self.ledger.in_transaction() || tokio::time::Instant::now() >= at {
                     return self.drain(stream, at).await;
                 }
             }
-            let room = self.has_room();
+            let room = self.ledger.has_room();
             stream.set_reading_paused(!room);
             tokio::select! {
                 biased;
@@ -375,16 +377,8 @@ impl<'a> Session<'a> {
         }
     }
 
-    fn has_room(&self) -> bool {
-        outbox_core::InFlightCaps {
-            max_messages: self.cfg.max_in_flight_messages,
-            max_bytes: self.cfg.max_in_flight_bytes,
-        }
-        .has_room(self.inflight.len(), self.inflight.bytes())
-    }
-
     fn advance(&mut self) {
-        let w = self.tracker.watermark();
+        let w = self.ledger.watermark();
         if w > self.confirmed {
             self.flush.advance(w);
             self.confirmed = w;
@@ -397,7 +391,7 @@ impl<'a> Session<'a> {
             ReplicationEvent::Keepalive { wal_end, .. } => {
                 self.obs.server_wal_end(wal_end);
                 if self.cfg.idle_flush && self.txn.is_none() {
-                    self.tracker.on_keepalive(wal_end);
+                    self.ledger.on_keepalive(wal_end);
                 }
                 Ok(())
             }
@@ -413,7 +407,7 @@ impl<'a> Session<'a> {
     async fn on_message(&mut self, message: LogicalMessage) -> Result<(), RelayError> {
         match message {
             LogicalMessage::Begin(b) => {
-                self.tracker.begin(now_unix_micros())?;
+                self.ledger.begin(now_unix_micros())?;
                 self.txn = Some(CommitContext::new(b.final_lsn, b.commit_time));
                 self.rows.begin(b.final_lsn);
                 self.skip_rows = 0;
@@ -443,7 +437,7 @@ impl<'a> Session<'a> {
                 };
             }
             LogicalMessage::Commit(c) => {
-                self.tracker.commit(c.end_lsn)?;
+                self.ledger.commit(c.end_lsn)?;
                 self.rows.commit();
                 self.txn = None;
                 self.skipping = false;
@@ -522,7 +516,7 @@ impl<'a> Session<'a> {
     /// leader, a broker refusing writes) holds the slot back without any error: say which
     /// topic, every so often, so the on-call engineer does not have to guess.
     fn report_stuck_event(&mut self) {
-        let Some(oldest) = self.inflight.oldest() else {
+        let Some(oldest) = self.ledger.oldest() else {
             self.last_stuck_report = None;
             return;
         };
@@ -536,11 +530,11 @@ impl<'a> Session<'a> {
         if age >= STUCK_REPORT_EVERY && due {
             self.last_stuck_report = Some(Instant::now());
             tracing::warn!(
-                topic = self.topics.name(oldest.topic),
-                unacked = self.inflight.len(),
+                topic = self.ledger.topic_name(oldest),
+                unacked = self.ledger.len(),
                 age_s = age.as_secs(),
                 "an event to topic {} has waited {} s for Kafka's ack, holding the slot back; check that the topic exists (or that brokers create topics) and that its partitions have a leader",
-                self.topics.name(oldest.topic),
+                self.ledger.topic_name(oldest),
                 age.as_secs()
             );
         }
@@ -650,13 +644,13 @@ impl<'a> Session<'a> {
             return Ok(());
         }
         // A non-transactional message arrives outside Begin/Commit; it gets a transaction
-        // of its own in the tracker that completes at the last commit end, so it holds
+        // of its own in the ledger that completes at the last commit end, so it holds
         // the watermark until acked but never moves it past anything unseen.
         let own_txn = self.txn.is_none();
         let ctx = match self.txn {
             Some(ctx) => ctx,
             None => {
-                self.tracker.begin(now_unix_micros())?;
+                self.ledger.begin(now_unix_micros())?;
                 CommitContext::non_transactional(m, PgTimestamp::now())
             }
         };
@@ -685,7 +679,7 @@ impl<'a> Session<'a> {
             }
         };
         if own_txn {
-            self.tracker.commit(self.last_end_lsn)?;
+            self.ledger.commit(self.last_end_lsn)?;
         }
         result
     }
@@ -732,15 +726,12 @@ impl<'a> Session<'a> {
         ctx: CommitContext,
         row: Option<RowId>,
     ) -> Result<Produced, RelayError> {
-        let ticket = self.tracker.track_message()?;
-        let topic = self.topics.intern(&rec.topic);
-        let index = self.inflight.insert(InFlightEntry {
-            ticket,
+        let ticket = self.ledger.produced(Outgoing {
+            topic: &rec.topic,
             bytes: rec.approx_size(),
             commit_unix_micros: ctx.commit_time.unix_micros(),
-            topic,
             row,
-        });
+        })?;
         let headers: Vec<(&str, &[u8])> = rec
             .headers
             .iter()
@@ -754,15 +745,13 @@ impl<'a> Session<'a> {
             timestamp_millis: Some(rec.timestamp_millis),
         };
         loop {
-            match self.producer.send(&out, index) {
+            match self.producer.send(&out, ticket.index()) {
                 Ok(()) => {
-                    self.obs
-                        .in_flight(self.inflight.len(), self.inflight.bytes());
+                    self.obs.in_flight(self.ledger.len(), self.ledger.bytes());
                     return Ok(Produced::Queued);
                 }
                 Err(SendError::MessageTooLarge { size }) => {
-                    self.inflight.cancel(index);
-                    self.tracker.untrack(ticket)?;
+                    self.ledger.refused(ticket)?;
                     return Ok(Produced::TooLarge { size });
                 }
                 Err(SendError::QueueFull) => {
@@ -774,7 +763,9 @@ impl<'a> Session<'a> {
                     self.on_delivery(d)?;
                 }
                 Err(e) => {
-                    self.inflight.cancel(index);
+                    // No report will come, and the session ends with this error: settle it
+                    // as a failed delivery, which also keeps the watermark where it is.
+                    self.ledger.delivered(ticket, Outcome::Failed)?;
                     return Err(e.into());
                 }
             }
@@ -782,12 +773,10 @@ impl<'a> Session<'a> {
     }
 
     fn on_delivery(&mut self, d: Delivery) -> Result<(), RelayError> {
-        let entry = self.inflight.remove(d.ticket).ok_or_else(|| {
-            RelayError::Protocol(format!("delivery report for unknown message {}", d.ticket))
-        })?;
+        let ticket = Ticket::from_index(d.ticket);
         match d.outcome {
             Ok(_) => {
-                self.tracker.ack(entry.ticket)?;
+                let entry = self.ledger.delivered(ticket, Outcome::Acked)?;
                 if let Some(row) = entry.row {
                     self.rows.done(row);
                 }
@@ -796,7 +785,7 @@ impl<'a> Session<'a> {
                 Ok(())
             }
             Err(failure) => {
-                self.tracker.fail(entry.ticket)?;
+                self.ledger.delivered(ticket, Outcome::Failed)?;
                 self.obs.delivery_error();
                 Err(RelayError::Delivery(failure))
             }
@@ -811,10 +800,9 @@ impl<'a> Session<'a> {
         self.obs
             .status_updates_sent(sent.saturating_sub(self.status_updates_reported));
         self.status_updates_reported = sent;
+        self.obs.in_flight(self.ledger.len(), self.ledger.bytes());
         self.obs
-            .in_flight(self.inflight.len(), self.inflight.bytes());
-        self.obs
-            .oldest_unacked(self.inflight.oldest_commit_unix_micros());
+            .oldest_unacked(self.ledger.oldest_commit_unix_micros());
         self.report_stuck_event();
         if let Some(fatal) = self.producer.is_fatal() {
             return Err(RelayError::Send(SendError::Fatal(fatal)));
@@ -945,7 +933,7 @@ impl<'a> Session<'a> {
     ) -> Result<SessionEnd, RelayError> {
         if !self.await_acks(deadline, true).await? {
             tracing::warn!(
-                unacked = self.inflight.len(),
+                unacked = self.ledger.len(),
                 "shutdown timeout: unacknowledged messages will be re-sent after restart"
             );
         }
