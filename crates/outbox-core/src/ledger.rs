@@ -199,6 +199,7 @@ impl InFlightLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     const CAPS: InFlightCaps = InFlightCaps {
         max_messages: 4,
@@ -342,5 +343,78 @@ mod tests {
         assert_eq!(l.oldest_commit_unix_micros(), Some(5));
         l.delivered(first, Outcome::Acked).unwrap();
         assert_eq!(l.oldest_commit_unix_micros(), Some(9));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Produce, refuse, ack and fail in any order against a plain model: the slab and
+        /// the per-transaction counts always agree, the caps see exact counts, and W never
+        /// passes an undone transaction's commit nor moves after a failure.
+        #[test]
+        fn the_two_halves_agree_with_a_model(
+            ops in prop::collection::vec((0u8..7, 0usize..1000), 0..400),
+        ) {
+            let mut l = InFlightLedger::new(Lsn(100), CAPS);
+            // Per transaction: (commit_lsn, end_lsn once committed, unacked messages).
+            let mut model: Vec<(u64, Option<u64>, usize)> = Vec::new();
+            let mut flying: Vec<(Ticket, usize, usize)> = Vec::new(); // ticket, txn, bytes
+            let (mut pos, mut open, mut frozen, mut last_w) = (100u64, false, None, l.watermark());
+            for (op, k) in ops {
+                match op {
+                    0 if !open => {
+                        l.begin(0).unwrap();
+                        model.push((pos + 1, None, 0));
+                        open = true;
+                    }
+                    1 | 2 if open => {
+                        let i = model.len() - 1;
+                        let t = l.produced(msg(k)).unwrap();
+                        if op == 2 {
+                            // Refused; its dead letter takes its place.
+                            prop_assert_eq!(l.refused(t).unwrap().bytes, k);
+                            flying.push((l.produced(msg(1)).unwrap(), i, 1));
+                        } else {
+                            flying.push((t, i, k));
+                        }
+                        model[i].2 += 1;
+                    }
+                    3 if open => {
+                        let i = model.len() - 1;
+                        model[i].0 = pos + 2;
+                        pos += 3 + u64::try_from(k % 5).unwrap();
+                        model[i].1 = Some(pos);
+                        l.commit(Lsn(pos)).unwrap();
+                        open = false;
+                    }
+                    4 | 5 if !flying.is_empty() => {
+                        let (t, i, bytes) = flying.swap_remove(k % flying.len());
+                        let outcome = if op == 5 && k % 7 == 0 { Outcome::Failed } else { Outcome::Acked };
+                        prop_assert_eq!(l.delivered(t, outcome).unwrap().bytes, bytes);
+                        if outcome == Outcome::Failed {
+                            frozen.get_or_insert(l.watermark());
+                        }
+                        model[i].2 -= 1;
+                    }
+                    6 if !open => {
+                        l.on_keepalive(Lsn(pos));
+                    }
+                    _ => {}
+                }
+                let bytes: usize = flying.iter().map(|f| f.2).sum();
+                prop_assert_eq!((l.len(), l.bytes()), (flying.len(), bytes));
+                prop_assert_eq!(u64::try_from(l.len()).unwrap(), l.acks().in_flight_messages());
+                prop_assert_eq!(l.has_room(), CAPS.has_room(flying.len(), bytes));
+                let w = l.watermark();
+                prop_assert!(w >= last_w);
+                last_w = w;
+                if let Some(f) = frozen {
+                    prop_assert_eq!(w, f, "W moved after a failure");
+                }
+                if let Some(&(commit, _, _)) = model.iter().find(|m| m.1.is_none() || m.2 > 0) {
+                    prop_assert!(w.0 < commit, "W {} passed an undone commit {}", w.0, commit);
+                }
+            }
+        }
     }
 }
