@@ -295,10 +295,13 @@ pub enum AckError {
     TransactionAlreadyOpen { open: u64 },
     #[error("{operation} outside a transaction (no Begin seen)")]
     NoOpenTransaction { operation: &'static str },
-    #[error("delivery report for unknown ticket #{ticket} (already complete or never issued)")]
-    UnknownTicket { ticket: u64 },
-    #[error("more delivery reports than messages for transaction #{ticket}")]
-    TooManyReports { ticket: u64 },
+    #[error("delivery report for unknown transaction #{seq} (already complete or never issued)")]
+    UnknownTxn { seq: u64 },
+    #[error("more delivery reports than messages for transaction #{seq}")]
+    TooManyReports { seq: u64 },
+    /// A delivery report whose ticket is not in flight: a duplicate or stale report.
+    #[error("delivery report for unknown message {ticket}")]
+    UnknownDelivery { ticket: usize },
     #[error(
         "Commit end_lsn {end_lsn} is below the previous transaction's end_lsn {previous}; \
          commits must arrive in WAL order"
@@ -347,7 +350,7 @@ mod tests {
     fn classes() {
         // The relay stops on it (exit 1): see RelayError::class.
         assert_eq!(
-            AckError::UnknownTicket { ticket: 1 }.class(),
+            AckError::UnknownTxn { seq: 1 }.class(),
             ErrorClass::Permanent
         );
         let e = ConfigError::EmitPrefix("empty".into());

@@ -7,15 +7,21 @@
 //!  pgoutput stream                    this crate                          relay (IO)
 //!  ───────────────                    ──────────                          ──────────
 //!  Relation ─────────▶ BoundTable::bind (columns by name, types checked)
-//!  Begin ────────────▶ AckTracker::begin
-//!  Insert ───────────▶ BoundTable::map_insert ─▶ OutboxRecord ─┬▶ check_size ─▶ produce
-//!  Message (prefix) ─▶ EmitMapper::map_message ─▶ OutboxRecord ┘   (in-flight caps gate
-//!                      AckTracker::track_message ─▶ Ticket (delivery opaque)   reading)
-//!  Commit ───────────▶ AckTracker::commit(end_lsn)
-//!  Keepalive ────────▶ AckTracker::on_keepalive(wal_end)
-//!                      AckTracker::ack / fail ◀──────────────────────── delivery report
-//!                      AckTracker::watermark ────────────────────────▶ status update (flush)
+//!  Begin ────────────▶ InFlightLedger::begin
+//!  Insert ───────────▶ BoundTable::map_insert ─▶ OutboxRecord ─┬▶ check_size
+//!  Message (prefix) ─▶ EmitMapper::map_message ─▶ OutboxRecord ┘
+//!                      InFlightLedger::produced ─▶ Ticket ───────────▶ produce (opaque)
+//!                      InFlightLedger::has_room ─────────────────────▶ pause reading
+//!  Commit ───────────▶ InFlightLedger::commit(end_lsn)
+//!  Keepalive ────────▶ InFlightLedger::on_keepalive(wal_end)
+//!                      InFlightLedger::delivered(Ticket, Outcome) ◀──── delivery report
+//!                      InFlightLedger::watermark ────────────────────▶ status update (flush)
+//!                      Backoff::after_session ───────────────────────▶ reconnect delay
 //! ```
+//!
+//! [`InFlightLedger`] is the one record of what is in flight: a slab entry per message
+//! ([`inflight`], indexed by the [`Ticket`]) and the [`AckTracker`]'s count per
+//! transaction ([`TxnSeq`]), kept together so a message is registered and settled once.
 //!
 //! - **Mapping** ([`mapping`], [`emit`], [`topic`]): an outbox row (or an emitted
 //!   message's JSON envelope) becomes one record: key = aggregate id (so an aggregate's
@@ -25,31 +31,37 @@
 //! - **Bad rows** are [`RowError`]s with a [`RowErrorKind`] label and a message saying what
 //!   to fix; [`dlq`] builds a dead-letter record for them. A table that does not match the
 //!   configuration is a [`ShapeError`] naming the column and the `ALTER TABLE` to run.
-//! - **Progress** ([`ack`]): the flush position is the `end_lsn` of the newest transaction
-//!   whose messages, and all earlier ones', the broker acknowledged; keepalives advance it
-//!   only when nothing is open or unacknowledged; a failed delivery freezes it until the
-//!   relay restarts from the slot.
+//! - **Progress** ([`ledger`], [`ack`]): the flush position is the `end_lsn` of the
+//!   newest transaction whose messages, and all earlier ones', the broker acknowledged;
+//!   keepalives advance it only when nothing is open or unacknowledged; a failed delivery
+//!   freezes it until the relay restarts from the slot.
 //! - **Replays** ([`delivered`]): transactions PostgreSQL sends again after a restart
 //!   are skipped when the relay knows Kafka has them, narrowly (same history only).
 //! - **Back-pressure** ([`budget`]): caps on in-flight messages and bytes, always letting
-//!   one message through; the relay applies [`InFlightCaps::has_room`] to the counts of its
-//!   in-flight slab (`crates/relay/src/pipeline/inflight.rs`).
+//!   one message through; [`InFlightLedger::has_room`] applies [`InFlightCaps::has_room`]
+//!   to the exact counts of its slab.
+//! - **Reconnects** ([`backoff`]): capped exponential backoff with equal jitter, the random
+//!   source passed in by the relay.
 //! - Every error type has a [`ErrorClass`] (permanent or retryable) decided in one place.
 
 pub mod ack;
+pub mod backoff;
 pub mod budget;
 pub mod delivered;
 pub mod dlq;
 pub mod emit;
 pub mod error;
+pub mod inflight;
 mod json;
+pub mod ledger;
 pub mod mapping;
 pub mod pgtype;
 pub mod record;
 pub mod topic;
 mod value;
 
-pub use ack::{AckTracker, Ticket};
+pub use ack::{AckTracker, TxnSeq};
+pub use backoff::Backoff;
 pub use budget::InFlightCaps;
 pub use delivered::{DeliveredPosition, PartialTxn, Replay, RowId, RowLedger, SkipRange};
 pub use dlq::{dead_letter_message, dead_letter_record};
@@ -58,6 +70,8 @@ pub use error::{
     short_id, AckError, ColumnRole, ConfigError, ErrorClass, RowError, RowErrorKind, ShapeError,
     TopicNameProblem,
 };
+pub use inflight::InFlightEntry;
+pub use ledger::{InFlightLedger, Outcome, Outgoing, Ticket};
 pub use mapping::{BoundTable, OutboxColumns, TableSpec};
 pub use record::{
     check_size, header, oversize_error, record_wire_size, rfc3339_utc, CommitContext, HeaderFormat,

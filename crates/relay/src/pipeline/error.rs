@@ -294,7 +294,7 @@ mod tests {
                 Some("librdkafka RequestTimedOut"),
             ),
             (
-                RelayError::Ack(AckError::UnknownTicket { ticket: 1 }),
+                RelayError::Ack(AckError::UnknownTxn { seq: 1 }),
                 ErrorClass::Permanent,
                 None,
             ),

@@ -1,10 +1,8 @@
 //! The relay loop: sessions of replication → Kafka, reconnected with backoff on retryable
 //! errors, ended by a permanent error or a shutdown request.
 
-mod backoff;
 mod catchup;
 mod error;
-mod inflight;
 mod observe;
 mod session;
 mod shard;
@@ -12,12 +10,11 @@ mod slot;
 
 use std::time::Duration;
 
-use outbox_core::{EmitMapper, TableSpec, TopicName};
+use outbox_core::{Backoff, EmitMapper, TableSpec, TopicName};
 use pgrepl::{ConnectConfig, ReplicationConnection, StartOptions};
 use tokio::sync::watch;
 use tracing::Instrument;
 
-pub use backoff::Backoff;
 pub use error::{DecidingCode, ErrorClass, OtherClusterRecord, RelayError};
 pub use observe::Observer;
 pub use session::SessionEnd;
@@ -454,7 +451,7 @@ async fn relay_loop(
                 }
                 watcher = None;
                 obs.standby(false);
-                let d = backoff.after_session(carry.progressed);
+                let d = backoff.after_session(carry.progressed, &mut rand::thread_rng());
                 tracing::warn!(retry_in_ms = d.as_millis(), "{e}");
                 obs.reconnect();
                 tokio::select! {

@@ -3,31 +3,43 @@
 //! A single task reads the stream, maps outbox inserts to records, hands them to the
 //! producer, and turns delivery reports into the flush position. Reading stops at the
 //! in-flight cap; the status writer inside `pgrepl` keeps talking to the server meanwhile.
+//! What is in flight, and the watermark, is `outbox_core::InFlightLedger`'s bookkeeping.
+//!
+//! This file is the stream loop: events in, records produced, delivery reports settled.
+//! Beside it: `relations` (what each relation is to the relay), `skip` (replayed
+//! transactions Kafka already has), `progress` (the progress record and what is known
+//! delivered) and `tick` (periodic checks, metrics and reports).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::{
-    check_size, dead_letter_message, dead_letter_record, oversize_error, AckTracker, BoundTable,
-    CommitContext, DeliveredPosition, OutboxRecord, PartialTxn, Replay, RowError, RowId, RowLedger,
-    SkipRange,
+    check_size, dead_letter_message, dead_letter_record, oversize_error, CommitContext,
+    InFlightCaps, InFlightLedger, OutboxRecord, Outcome, Outgoing, PartialTxn, RowError, RowId,
+    RowLedger, SkipRange, Ticket,
 };
-use pgoutput::{Insert, LogicalMessage, Lsn, Message, PgTimestamp, Relation};
-use pgrepl::{preflight, FlushHandle, ReplicationEvent, ReplicationStream};
+use pgoutput::{Insert, LogicalMessage, Lsn, Message, PgTimestamp};
+use pgrepl::{FlushHandle, ReplicationEvent, ReplicationStream};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 use tokio_postgres::Client;
 
-use super::catchup::{self, CatchUp, Report, Sample};
+use super::catchup::CatchUp;
 use super::error::RelayError;
-use super::inflight::{InFlight, InFlightEntry, TopicNames};
 use super::observe::Observer;
-use super::{shard, slot};
 use super::{BadRowPolicy, RelayConfig};
 use crate::kafka::{
-    Delivery, OutgoingRecord, ProgressRecord, ProgressStore, RelayProducer, SendError, SlotIdentity,
+    Delivery, OutgoingRecord, ProgressStore, RelayProducer, SendError, SlotIdentity,
 };
+
+mod progress;
+mod relations;
+mod skip;
+mod tick;
+
+use progress::ProgressWriter;
+use relations::RelationRole;
 
 /// The final progress record gets at least this long, even past the shutdown deadline.
 const FINAL_PROGRESS_WRITE_MIN: Duration = Duration::from_secs(1);
@@ -35,9 +47,6 @@ const FINAL_PROGRESS_WRITE_MIN: Duration = Duration::from_secs(1);
 /// Longest wait for a query on the side SQL connection (a few rows, normally
 /// milliseconds).
 const SQL_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long an unacked event waits before it is reported, and how often after that.
-const STUCK_REPORT_EVERY: Duration = Duration::from_secs(30);
 
 /// What became of a record handed to [`Session::produce`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,28 +59,10 @@ enum Produced {
     },
 }
 
-/// A session that streamed this long without failing counts as progress for the reconnect
-/// backoff even if it confirmed nothing (an idle slot): the outage that ends it is a new
-/// one, not the same one retried.
-const STREAMED_LONG_ENOUGH: Duration = Duration::from_secs(60);
-
 /// How a session that did not fail ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionEnd {
     Shutdown,
-}
-
-/// What the rows of a relation of the stream are to the relay.
-enum RelationRole {
-    /// The outbox table, or a partition of it (pgoutput names partitions by their own
-    /// name unless the publication sets publish_via_partition_root).
-    Outbox(Arc<BoundTable>),
-    /// Any other published relation: its inserts are counted, not published.
-    Ignored {
-        name: String,
-        /// Inserts not yet added to the metrics.
-        unreported: u64,
-    },
 }
 
 pub(super) struct Session<'a> {
@@ -80,8 +71,8 @@ pub(super) struct Session<'a> {
     sql: Client,
     producer: RelayProducer,
     deliveries: UnboundedReceiver<Delivery>,
-    tracker: AckTracker,
-    inflight: InFlight,
+    /// What is in flight: per message and per transaction, and the watermark.
+    ledger: InFlightLedger,
     relations: HashMap<u32, RelationRole>,
     txn: Option<CommitContext>,
     /// End of the last transaction received, for emitted non-transactional messages.
@@ -93,7 +84,6 @@ pub(super) struct Session<'a> {
     /// Status updates of this stream already added to the metrics.
     status_updates_reported: u64,
     progress: Option<ProgressWriter>,
-    topics: TopicNames,
     /// When a stuck event was last reported.
     last_stuck_report: Option<Instant>,
     timeline: u32,
@@ -127,22 +117,6 @@ pub(super) struct SessionStart {
     pub progress: Option<(ProgressStore, SlotIdentity)>,
 }
 
-/// Keeps the slot's progress record current (see `kafka::progress`).
-struct ProgressWriter {
-    store: ProgressStore,
-    identity: SlotIdentity,
-    /// Position of the last record written by this session; `None`: none yet, so the
-    /// first tick writes one even without progress (a slot from before records existed).
-    written: Option<Lsn>,
-    written_partial: Option<PartialTxn>,
-    /// When the record was last written or found unchanged.
-    last_write: Instant,
-    /// The store's acknowledged writes when the session started: until one more is
-    /// acknowledged, the record may not exist at all (a slot made by `outboxd init`, with
-    /// Kafka down at the first tick), so the write is retried even without progress.
-    acked_at_start: u64,
-}
-
 impl<'a> Session<'a> {
     pub(super) fn new(
         cfg: &'a RelayConfig,
@@ -161,8 +135,13 @@ impl<'a> Session<'a> {
             sql,
             producer,
             deliveries,
-            tracker: AckTracker::new(start),
-            inflight: InFlight::default(),
+            ledger: InFlightLedger::new(
+                start,
+                InFlightCaps {
+                    max_messages: cfg.max_in_flight_messages,
+                    max_bytes: cfg.max_in_flight_bytes,
+                },
+            ),
             relations: HashMap::new(),
             txn: None,
             last_end_lsn: start,
@@ -171,7 +150,6 @@ impl<'a> Session<'a> {
             start,
             started_at: Instant::now(),
             status_updates_reported: 0,
-            topics: TopicNames::default(),
             last_stuck_report: None,
             timeline: begin.timeline,
             skip: begin.skip,
@@ -181,62 +159,11 @@ impl<'a> Session<'a> {
             rows: RowLedger::default(),
             skip_rows: 0,
             start_partial: begin.skip.partial(),
-            progress: begin.progress.map(|(store, identity)| ProgressWriter {
-                acked_at_start: store.writes_acked(),
-                store,
-                identity,
-                written: None,
-                written_partial: None,
-                last_write: Instant::now(),
-            }),
+            progress: begin
+                .progress
+                .map(|(store, identity)| ProgressWriter::new(store, identity)),
             catchup: CatchUp::default(),
             events_acked: 0,
-        }
-    }
-
-    /// The partly acked transaction worth recording at `confirmed`: the ledger's, or the
-    /// one the session started with while it has not been read again.
-    fn partial_at(&self, confirmed: Lsn) -> Option<PartialTxn> {
-        self.rows
-            .partial(confirmed)
-            .or(self.start_partial.filter(|p| p.commit_lsn >= confirmed))
-    }
-
-    /// The record of what is acked now.
-    fn progress_record(&self) -> ProgressRecord {
-        ProgressRecord {
-            partial: self.partial_at(self.confirmed),
-            ..ProgressRecord::now(self.timeline, self.confirmed, self.last_commit_unix_micros)
-        }
-    }
-
-    /// Brings the progress record up to the confirmed position, at most every interval.
-    /// Called on every turn of the loop: the clock is looked at first, so between writes
-    /// this costs one `Instant` comparison.
-    fn update_progress(&mut self) {
-        let confirmed = self.confirmed;
-        let interval = self.cfg.progress_interval;
-        let Some(p) = self.progress.as_ref() else {
-            return;
-        };
-        if p.written.is_some() && p.last_write.elapsed() < interval {
-            return;
-        }
-        // Building the record scans the ledger: once per interval at most, also when
-        // nothing changed (a stuck partition holds everything still for a long time).
-        let record = self.progress_record();
-        if let Some(p) = self.progress.as_mut() {
-            let unacked = p.store.writes_acked() == p.acked_at_start;
-            let due = match p.written {
-                None => true,
-                Some(w) => confirmed > w || record.partial != p.written_partial || unacked,
-            };
-            p.last_write = Instant::now();
-            if due {
-                p.written_partial = record.partial;
-                p.store.write_in_background(&p.identity, record);
-                p.written = Some(confirmed);
-            }
         }
     }
 
@@ -249,7 +176,7 @@ impl<'a> Session<'a> {
         // A delivery error only ends the wait: what was acked before it still counts.
         let _ = self.await_acks(deadline, false).await;
         // Only ever the acked prefix; the stream is gone, so nothing is sent with it.
-        let w = self.tracker.watermark();
+        let w = self.ledger.watermark();
         self.confirmed = self.confirmed.max(w);
     }
 
@@ -260,7 +187,7 @@ impl<'a> Session<'a> {
         deadline: tokio::time::Instant,
         confirm_as_acked: bool,
     ) -> Result<bool, RelayError> {
-        while !self.inflight.is_empty() {
+        while !self.ledger.is_empty() {
             tokio::select! {
                 d = self.deliveries.recv() => match d {
                     Some(d) => self.on_delivery(d)?,
@@ -273,23 +200,6 @@ impl<'a> Session<'a> {
             }
         }
         Ok(true)
-    }
-
-    /// What this session knows Kafka has, for the next session of the process.
-    pub(super) fn delivered(&self) -> DeliveredPosition {
-        let lsn = self.confirmed.max(self.known_below);
-        DeliveredPosition {
-            timeline: self.timeline,
-            lsn,
-            last_commit_unix_micros: self.last_commit_unix_micros,
-            partial: self.partial_at(lsn),
-        }
-    }
-
-    /// Whether this session moved the confirmed position, or streamed for a good while:
-    /// what allows the reconnect backoff to start over.
-    pub(super) fn made_progress(&self) -> bool {
-        self.confirmed > self.start || self.started_at.elapsed() >= STREAMED_LONG_ENOUGH
     }
 
     /// Drops the producer without sending what it still holds: after an error the
@@ -327,11 +237,11 @@ impl<'a> Session<'a> {
             // messages are confirmed and not re-sent after the restart.
             let stopping = deadline.is_some();
             if let Some(at) = deadline {
-                if !self.tracker.in_transaction() || tokio::time::Instant::now() >= at {
+                if !self.ledger.in_transaction() || tokio::time::Instant::now() >= at {
                     return self.drain(stream, at).await;
                 }
             }
-            let room = self.has_room();
+            let room = self.ledger.has_room();
             stream.set_reading_paused(!room);
             tokio::select! {
                 biased;
@@ -375,16 +285,8 @@ impl<'a> Session<'a> {
         }
     }
 
-    fn has_room(&self) -> bool {
-        outbox_core::InFlightCaps {
-            max_messages: self.cfg.max_in_flight_messages,
-            max_bytes: self.cfg.max_in_flight_bytes,
-        }
-        .has_room(self.inflight.len(), self.inflight.bytes())
-    }
-
     fn advance(&mut self) {
-        let w = self.tracker.watermark();
+        let w = self.ledger.watermark();
         if w > self.confirmed {
             self.flush.advance(w);
             self.confirmed = w;
@@ -397,7 +299,7 @@ impl<'a> Session<'a> {
             ReplicationEvent::Keepalive { wal_end, .. } => {
                 self.obs.server_wal_end(wal_end);
                 if self.cfg.idle_flush && self.txn.is_none() {
-                    self.tracker.on_keepalive(wal_end);
+                    self.ledger.on_keepalive(wal_end);
                 }
                 Ok(())
             }
@@ -413,37 +315,17 @@ impl<'a> Session<'a> {
     async fn on_message(&mut self, message: LogicalMessage) -> Result<(), RelayError> {
         match message {
             LogicalMessage::Begin(b) => {
-                self.tracker.begin(now_unix_micros())?;
+                self.ledger.begin(now_unix_micros())?;
                 self.txn = Some(CommitContext::new(b.final_lsn, b.commit_time));
                 self.rows.begin(b.final_lsn);
                 self.skip_rows = 0;
                 self.last_commit_unix_micros = self
                     .last_commit_unix_micros
                     .max(b.commit_time.unix_micros());
-                self.skipping = match self.skip.on_begin(b.final_lsn, b.commit_time) {
-                    Replay::Skip => true,
-                    Replay::Publish => false,
-                    Replay::SkipRows(n) => {
-                        tracing::info!(
-                            commit_lsn = %b.final_lsn,
-                            rows = n,
-                            "resuming inside a partly delivered transaction: its first {n} rows are already in Kafka"
-                        );
-                        self.skip_rows = n;
-                        false
-                    }
-                    Replay::HistoryChanged => {
-                        tracing::warn!(
-                            commit_lsn = %b.final_lsn,
-                            "a transaction inside the range already delivered committed after the newest delivered one: the server's history changed (restored from a snapshot?); publishing everything from here"
-                        );
-                        self.known_below = Lsn::ZERO;
-                        false
-                    }
-                };
+                self.skipping = self.replay(b.final_lsn, b.commit_time);
             }
             LogicalMessage::Commit(c) => {
-                self.tracker.commit(c.end_lsn)?;
+                self.ledger.commit(c.end_lsn)?;
                 self.rows.commit();
                 self.txn = None;
                 self.skipping = false;
@@ -467,123 +349,6 @@ impl<'a> Session<'a> {
             }
         }
         Ok(())
-    }
-
-    async fn on_relation(&mut self, r: &Relation) -> Result<(), RelayError> {
-        let table = &self.cfg.table;
-        let role = if !self.cfg.relay_table {
-            None
-        } else if table.matches(r) {
-            Some(BoundTable::bind(r, table)?)
-        } else if bounded("looking up a relation's partition parent", async {
-            Ok(
-                preflight::is_partition_of(&self.sql, r.rel_id, &table.schema, &table.table)
-                    .await?,
-            )
-        })
-        .await?
-        {
-            // Any depth: bound by column names, since a partition's column order may
-            // differ from its parent's.
-            Some(BoundTable::bind_partition(r, table)?)
-        } else if BoundTable::bind_partition(r, table).is_ok() {
-            // Shaped like the outbox but, in today's catalog, neither the table nor a
-            // partition of it: most likely a partition detached or dropped since its rows
-            // were written (possible only for rows from before publish_via_partition_root
-            // was set). Ignoring it could drop events: stop, and say how to get past it.
-            return Err(RelayError::OutboxLikeRelation {
-                relation: qualified_relation_name(r),
-                table: table.qualified_name(),
-            });
-        } else {
-            None
-        };
-        let role = match role {
-            Some(bound) => RelationRole::Outbox(Arc::new(bound)),
-            None => RelationRole::Ignored {
-                name: qualified_relation_name(r),
-                unreported: 0,
-            },
-        };
-        // A re-sent Relation (after a schema change) keeps the count not yet reported.
-        let unreported = match self.relations.get(&r.rel_id) {
-            Some(RelationRole::Ignored { unreported, .. }) => *unreported,
-            _ => 0,
-        };
-        let role = match role {
-            RelationRole::Ignored { name, .. } => RelationRole::Ignored { name, unreported },
-            outbox => outbox,
-        };
-        self.relations.insert(r.rel_id, role);
-        Ok(())
-    }
-
-    /// A message unacked for long (a topic that does not exist, a partition without a
-    /// leader, a broker refusing writes) holds the slot back without any error: say which
-    /// topic, every so often, so the on-call engineer does not have to guess.
-    fn report_stuck_event(&mut self) {
-        let Some(oldest) = self.inflight.oldest() else {
-            self.last_stuck_report = None;
-            return;
-        };
-        let now_micros = PgTimestamp::now().unix_micros();
-        let age = Duration::from_micros(
-            u64::try_from(now_micros.saturating_sub(oldest.commit_unix_micros)).unwrap_or(0),
-        );
-        let due = self
-            .last_stuck_report
-            .is_none_or(|at| at.elapsed() >= STUCK_REPORT_EVERY);
-        if age >= STUCK_REPORT_EVERY && due {
-            self.last_stuck_report = Some(Instant::now());
-            tracing::warn!(
-                topic = self.topics.name(oldest.topic),
-                unacked = self.inflight.len(),
-                age_s = age.as_secs(),
-                "an event to topic {} has waited {} s for Kafka's ack, holding the slot back; check that the topic exists (or that brokers create topics) and that its partitions have a leader",
-                self.topics.name(oldest.topic),
-                age.as_secs()
-            );
-        }
-    }
-
-    /// Adds the ignored inserts counted since the last tick to the metrics, logging each
-    /// relation the first time this process sees rows of it.
-    fn report_ignored_rows(&mut self) {
-        for role in self.relations.values_mut() {
-            if let RelationRole::Ignored { name, unreported } = role {
-                if *unreported == 0 {
-                    continue;
-                }
-                if self.obs.ignored_rows(name, *unreported) {
-                    tracing::warn!(
-                        relation = %name,
-                        outbox = %self.cfg.table.qualified_name(),
-                        "the publication sends inserts of {name}, which is neither the outbox table nor one of its partitions: they are counted in outboxd_ignored_rows_total and not published"
-                    );
-                }
-                *unreported = 0;
-            }
-        }
-    }
-
-    /// A row of the open transaction that is already in Kafka (whole transaction or
-    /// leading rows skipped), or has nothing to publish: done at once. `false`: publish it.
-    /// Called once per row with `nothing_to_publish`, or once more for a mapping that
-    /// turned out empty.
-    fn row_needs_nothing(&mut self, row: Option<RowId>, nothing_to_publish: bool) -> bool {
-        let delivered = self.skipping || self.skip_rows > 0;
-        // Rows are counted by position, relayed or not, as they were counted when acked.
-        self.skip_rows = self.skip_rows.saturating_sub(1);
-        if delivered && !nothing_to_publish {
-            self.obs.skipped_as_delivered();
-        }
-        if delivered || nothing_to_publish {
-            if let Some(row) = row {
-                self.rows.done(row);
-            }
-            return true;
-        }
-        false
     }
 
     async fn on_insert(&mut self, ins: &Insert) -> Result<(), RelayError> {
@@ -650,13 +415,13 @@ impl<'a> Session<'a> {
             return Ok(());
         }
         // A non-transactional message arrives outside Begin/Commit; it gets a transaction
-        // of its own in the tracker that completes at the last commit end, so it holds
+        // of its own in the ledger that completes at the last commit end, so it holds
         // the watermark until acked but never moves it past anything unseen.
         let own_txn = self.txn.is_none();
         let ctx = match self.txn {
             Some(ctx) => ctx,
             None => {
-                self.tracker.begin(now_unix_micros())?;
+                self.ledger.begin(now_unix_micros())?;
                 CommitContext::non_transactional(m, PgTimestamp::now())
             }
         };
@@ -685,7 +450,7 @@ impl<'a> Session<'a> {
             }
         };
         if own_txn {
-            self.tracker.commit(self.last_end_lsn)?;
+            self.ledger.commit(self.last_end_lsn)?;
         }
         result
     }
@@ -732,15 +497,12 @@ impl<'a> Session<'a> {
         ctx: CommitContext,
         row: Option<RowId>,
     ) -> Result<Produced, RelayError> {
-        let ticket = self.tracker.track_message()?;
-        let topic = self.topics.intern(&rec.topic);
-        let index = self.inflight.insert(InFlightEntry {
-            ticket,
+        let ticket = self.ledger.produced(Outgoing {
+            topic: &rec.topic,
             bytes: rec.approx_size(),
             commit_unix_micros: ctx.commit_time.unix_micros(),
-            topic,
             row,
-        });
+        })?;
         let headers: Vec<(&str, &[u8])> = rec
             .headers
             .iter()
@@ -754,15 +516,13 @@ impl<'a> Session<'a> {
             timestamp_millis: Some(rec.timestamp_millis),
         };
         loop {
-            match self.producer.send(&out, index) {
+            match self.producer.send(&out, ticket.index()) {
                 Ok(()) => {
-                    self.obs
-                        .in_flight(self.inflight.len(), self.inflight.bytes());
+                    self.obs.in_flight(self.ledger.len(), self.ledger.bytes());
                     return Ok(Produced::Queued);
                 }
                 Err(SendError::MessageTooLarge { size }) => {
-                    self.inflight.cancel(index);
-                    self.tracker.untrack(ticket)?;
+                    self.ledger.refused(ticket)?;
                     return Ok(Produced::TooLarge { size });
                 }
                 Err(SendError::QueueFull) => {
@@ -774,7 +534,9 @@ impl<'a> Session<'a> {
                     self.on_delivery(d)?;
                 }
                 Err(e) => {
-                    self.inflight.cancel(index);
+                    // No report will come, and the session ends with this error: settle it
+                    // as a failed delivery, which also keeps the watermark where it is.
+                    self.ledger.delivered(ticket, Outcome::Failed)?;
                     return Err(e.into());
                 }
             }
@@ -782,12 +544,10 @@ impl<'a> Session<'a> {
     }
 
     fn on_delivery(&mut self, d: Delivery) -> Result<(), RelayError> {
-        let entry = self.inflight.remove(d.ticket).ok_or_else(|| {
-            RelayError::Protocol(format!("delivery report for unknown message {}", d.ticket))
-        })?;
+        let ticket = Ticket::from_index(d.ticket);
         match d.outcome {
             Ok(_) => {
-                self.tracker.ack(entry.ticket)?;
+                let entry = self.ledger.delivered(ticket, Outcome::Acked)?;
                 if let Some(row) = entry.row {
                     self.rows.done(row);
                 }
@@ -796,145 +556,11 @@ impl<'a> Session<'a> {
                 Ok(())
             }
             Err(failure) => {
-                self.tracker.fail(entry.ticket)?;
+                self.ledger.delivered(ticket, Outcome::Failed)?;
                 self.obs.delivery_error();
                 Err(RelayError::Delivery(failure))
             }
         }
-    }
-
-    async fn on_tick(&mut self, stream: &ReplicationStream, ticks: u64) -> Result<(), RelayError> {
-        self.report_ignored_rows();
-        self.update_progress();
-        self.obs.server_wal_end(stream.server_wal_end());
-        let sent = stream.status_updates_sent();
-        self.obs
-            .status_updates_sent(sent.saturating_sub(self.status_updates_reported));
-        self.status_updates_reported = sent;
-        self.obs
-            .in_flight(self.inflight.len(), self.inflight.bytes());
-        self.obs
-            .oldest_unacked(self.inflight.oldest_commit_unix_micros());
-        self.report_stuck_event();
-        if let Some(fatal) = self.producer.is_fatal() {
-            return Err(RelayError::Send(SendError::Fatal(fatal)));
-        }
-        // Also at the first tick: a session that starts behind says so at once.
-        if ticks == 1 || ticks.is_multiple_of(self.cfg.slot_stats_every_ticks) {
-            if self.cfg.relay_table {
-                // ALTER PUBLICATION ... DROP TABLE stops the server sending the table's
-                // rows without any message on the stream: look.
-                bounded(
-                    "checking the publication",
-                    slot::verify_publication(&self.sql, &self.cfg.publication, &self.cfg.table),
-                )
-                .await?;
-            }
-            if let Some(shard) = &self.cfg.shard {
-                // A partition added outside the shards is published by none of them.
-                bounded(
-                    "checking the shard layout",
-                    shard::verify_shard_layout(&self.sql, shard),
-                )
-                .await?;
-            }
-            // Bounded: a query on a dead connection would block this loop, and with it
-            // the reaction to a failed replication connection, until TCP gives up.
-            let stats = bounded(
-                "reading the slot's statistics",
-                slot::stats(&self.sql, &self.cfg.slot),
-            )
-            .await?;
-            match stats {
-                Some(stats) => {
-                    if stats.wal_status.as_deref() == Some("lost") {
-                        return Err(RelayError::SlotInvalidated {
-                            slot: self.cfg.slot.clone(),
-                            reason: "wal_status = lost".into(),
-                        });
-                    }
-                    self.obs.slot_stats(&stats);
-                    self.report_catch_up(stats.current_wal);
-                }
-                None => {
-                    return Err(RelayError::SlotDropped {
-                        slot: self.cfg.slot.clone(),
-                    })
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Logs the backlog's progress (see `catchup`) against the server's WAL end.
-    fn report_catch_up(&mut self, server_wal: Lsn) {
-        // How far back in time reading is: the newest commit read (0: none yet).
-        let commit_age = (self.last_commit_unix_micros > 0).then(|| {
-            let micros = PgTimestamp::now()
-                .unix_micros()
-                .saturating_sub(self.last_commit_unix_micros);
-            Duration::from_micros(u64::try_from(micros).unwrap_or(0))
-        });
-        let sample = Sample {
-            at: self.started_at.elapsed(),
-            server_wal,
-            confirmed: self.confirmed,
-            events: self.events_acked,
-            commit_age,
-        };
-        let age = |a: Option<Duration>| a.map_or("?".to_owned(), catchup::human_duration);
-        match self.catchup.observe(sample) {
-            None => {}
-            Some(Report::Behind {
-                lag_bytes,
-                commit_age,
-            }) => tracing::info!(
-                lag_bytes,
-                behind_secs = commit_age.map_or(0, |a| a.as_secs()),
-                "catching up a backlog: {} of WAL behind, reading transactions committed {} ago",
-                catchup::human_bytes(lag_bytes),
-                age(commit_age),
-            ),
-            Some(Report::Progress {
-                lag_bytes,
-                commit_age,
-                events_per_sec,
-                bytes_per_sec,
-                eta,
-            }) => tracing::info!(
-                lag_bytes,
-                behind_secs = commit_age.map_or(0, |a| a.as_secs()),
-                events_per_sec,
-                bytes_per_sec,
-                eta_secs = eta.map(|e| e.as_secs()),
-                "catching up: {} behind ({} behind in time), {events_per_sec} events/s, {}/s, about {} to go",
-                catchup::human_bytes(lag_bytes),
-                age(commit_age),
-                catchup::human_bytes(bytes_per_sec),
-                eta.map_or("? (nothing confirmed yet)".to_owned(), catchup::human_duration),
-            ),
-            Some(Report::CaughtUp { took, events }) => tracing::info!(
-                took_secs = took.as_secs(),
-                events,
-                "caught up: {events} events in {}",
-                catchup::human_duration(took),
-            ),
-        }
-    }
-
-    /// A transactional logical message: a tiny transaction of our own whose Commit lets
-    /// the slot advance even when keepalives alone would not (e.g. idle flush disabled).
-    async fn emit_heartbeat(&mut self) -> Result<(), RelayError> {
-        let emit = self.sql.execute(
-            "SELECT pg_logical_emit_message(true, 'outboxd.heartbeat', '')",
-            &[],
-        );
-        tokio::time::timeout(SQL_TIMEOUT, emit)
-            .await
-            .map_err(|_| {
-                RelayError::Postgres(pgrepl::ReplError::Timeout("emitting a heartbeat"))
-            })??;
-        Ok(())
     }
 
     /// Stop reading, wait (bounded) for in-flight acks, confirm, and end the stream.
@@ -945,7 +571,7 @@ impl<'a> Session<'a> {
     ) -> Result<SessionEnd, RelayError> {
         if !self.await_acks(deadline, true).await? {
             tracing::warn!(
-                unacked = self.inflight.len(),
+                unacked = self.ledger.len(),
                 "shutdown timeout: unacknowledged messages will be re-sent after restart"
             );
         }
@@ -980,15 +606,6 @@ async fn bounded<T>(
     tokio::time::timeout(SQL_TIMEOUT, query)
         .await
         .map_err(|_| RelayError::Postgres(pgrepl::ReplError::Timeout(what)))?
-}
-
-fn qualified_relation_name(r: &Relation) -> String {
-    let namespace = if r.namespace.is_empty() {
-        "pg_catalog"
-    } else {
-        r.namespace.as_str()
-    };
-    format!("{namespace}.{}", r.name)
 }
 
 fn now_unix_micros() -> u64 {

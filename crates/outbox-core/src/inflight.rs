@@ -1,30 +1,34 @@
-//! Messages handed to the producer and not yet acknowledged.
+//! Messages handed to the producer and not yet acknowledged: the per-message half of
+//! [`crate::InFlightLedger`].
 //!
-//! The Kafka delivery opaque is an index into this slab, so a delivery report finds its
-//! transaction ticket, byte size and commit time without a per-message allocation, and the
-//! in-flight caps are exact.
+//! The Kafka delivery opaque (the ledger's [`crate::Ticket`]) is an index into this slab,
+//! so a delivery report finds its transaction, byte size and commit time without a
+//! per-message allocation, and the in-flight caps are exact.
 
-use outbox_core::Ticket;
+use crate::ack::TxnSeq;
+use crate::delivered::RowId;
 
+/// What the ledger keeps of one in-flight message.
 #[derive(Debug, Clone, Copy)]
 pub struct InFlightEntry {
-    pub ticket: Ticket,
+    /// The transaction whose watermark waits for this message.
+    pub(crate) txn: TxnSeq,
     pub bytes: usize,
     /// Commit timestamp (unix micros) of the source transaction, for commit→ack latency.
     pub commit_unix_micros: i64,
-    /// Index of the record's topic in the session's [`TopicNames`], so a stuck event can
+    /// Index of the record's topic in the ledger's [`TopicNames`], so a stuck event can
     /// be reported with its topic without a string per message.
-    pub topic: u32,
+    pub(crate) topic: u32,
     /// The change it was made from, for resuming inside a partly acked transaction
     /// (`None`: a non-transactional message).
-    pub row: Option<outbox_core::RowId>,
+    pub row: Option<RowId>,
 }
 
 /// Topic names of the session's messages, each stored once. Bounded: a topic template
 /// over the aggregate id could name millions of topics, and past the bound a stuck event
 /// is reported without its topic rather than memory growing.
 #[derive(Debug, Default)]
-pub struct TopicNames {
+pub(crate) struct TopicNames {
     names: Vec<String>,
     index: std::collections::HashMap<String, u32>,
 }
@@ -53,8 +57,9 @@ impl TopicNames {
 
 const MAX_TOPIC_NAMES: usize = 1024;
 
+/// The slab. Indexes are reused, so one is valid from `insert` until `remove`.
 #[derive(Debug, Default)]
-pub struct InFlight {
+pub(crate) struct InFlight {
     slots: Vec<Option<InFlightEntry>>,
     free: Vec<usize>,
     len: usize,
@@ -85,11 +90,6 @@ impl InFlight {
         self.len -= 1;
         self.bytes -= entry.bytes;
         Some(entry)
-    }
-
-    /// Gives back the index of an entry whose send failed before librdkafka took it.
-    pub fn cancel(&mut self, index: usize) {
-        let _ = self.remove(index);
     }
 
     pub fn len(&self) -> usize {
@@ -125,7 +125,7 @@ mod tests {
 
     fn entry(bytes: usize, t: i64) -> InFlightEntry {
         InFlightEntry {
-            ticket: Ticket::default(),
+            txn: TxnSeq::default(),
             bytes,
             commit_unix_micros: t,
             topic: 0,

@@ -1,0 +1,183 @@
+//! The once-a-second tick: metrics, the publication, shard layout and slot checks, stuck
+//! events and catch-up reports; and the heartbeat.
+
+use std::time::{Duration, Instant};
+
+use pgoutput::{Lsn, PgTimestamp};
+use pgrepl::ReplicationStream;
+
+use super::{bounded, Session, SQL_TIMEOUT};
+use crate::kafka::SendError;
+use crate::pipeline::catchup::{self, Report, Sample};
+use crate::pipeline::error::RelayError;
+use crate::pipeline::{shard, slot};
+
+/// How long an unacked event waits before it is reported, and how often after that.
+const STUCK_REPORT_EVERY: Duration = Duration::from_secs(30);
+
+impl Session<'_> {
+    pub(super) async fn on_tick(
+        &mut self,
+        stream: &ReplicationStream,
+        ticks: u64,
+    ) -> Result<(), RelayError> {
+        self.report_ignored_rows();
+        self.update_progress();
+        self.obs.server_wal_end(stream.server_wal_end());
+        let sent = stream.status_updates_sent();
+        self.obs
+            .status_updates_sent(sent.saturating_sub(self.status_updates_reported));
+        self.status_updates_reported = sent;
+        self.obs.in_flight(self.ledger.len(), self.ledger.bytes());
+        self.obs
+            .oldest_unacked(self.ledger.oldest_commit_unix_micros());
+        self.report_stuck_event();
+        if let Some(fatal) = self.producer.is_fatal() {
+            return Err(RelayError::Send(SendError::Fatal(fatal)));
+        }
+        // Also at the first tick: a session that starts behind says so at once.
+        if ticks == 1 || ticks.is_multiple_of(self.cfg.slot_stats_every_ticks) {
+            if self.cfg.relay_table {
+                // ALTER PUBLICATION ... DROP TABLE stops the server sending the table's
+                // rows without any message on the stream: look.
+                bounded(
+                    "checking the publication",
+                    slot::verify_publication(&self.sql, &self.cfg.publication, &self.cfg.table),
+                )
+                .await?;
+            }
+            if let Some(shard) = &self.cfg.shard {
+                // A partition added outside the shards is published by none of them.
+                bounded(
+                    "checking the shard layout",
+                    shard::verify_shard_layout(&self.sql, shard),
+                )
+                .await?;
+            }
+            // Bounded: a query on a dead connection would block this loop, and with it
+            // the reaction to a failed replication connection, until TCP gives up.
+            let stats = bounded(
+                "reading the slot's statistics",
+                slot::stats(&self.sql, &self.cfg.slot),
+            )
+            .await?;
+            match stats {
+                Some(stats) => {
+                    if stats.wal_status.as_deref() == Some("lost") {
+                        return Err(RelayError::SlotInvalidated {
+                            slot: self.cfg.slot.clone(),
+                            reason: "wal_status = lost".into(),
+                        });
+                    }
+                    self.obs.slot_stats(&stats);
+                    self.report_catch_up(stats.current_wal);
+                }
+                None => {
+                    return Err(RelayError::SlotDropped {
+                        slot: self.cfg.slot.clone(),
+                    })
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Logs the backlog's progress (see `catchup`) against the server's WAL end.
+    fn report_catch_up(&mut self, server_wal: Lsn) {
+        // How far back in time reading is: the newest commit read (0: none yet).
+        let commit_age = (self.last_commit_unix_micros > 0).then(|| {
+            let micros = PgTimestamp::now()
+                .unix_micros()
+                .saturating_sub(self.last_commit_unix_micros);
+            Duration::from_micros(u64::try_from(micros).unwrap_or(0))
+        });
+        let sample = Sample {
+            at: self.started_at.elapsed(),
+            server_wal,
+            confirmed: self.confirmed,
+            events: self.events_acked,
+            commit_age,
+        };
+        let age = |a: Option<Duration>| a.map_or("?".to_owned(), catchup::human_duration);
+        match self.catchup.observe(sample) {
+            None => {}
+            Some(Report::Behind {
+                lag_bytes,
+                commit_age,
+            }) => tracing::info!(
+                lag_bytes,
+                behind_secs = commit_age.map_or(0, |a| a.as_secs()),
+                "catching up a backlog: {} of WAL behind, reading transactions committed {} ago",
+                catchup::human_bytes(lag_bytes),
+                age(commit_age),
+            ),
+            Some(Report::Progress {
+                lag_bytes,
+                commit_age,
+                events_per_sec,
+                bytes_per_sec,
+                eta,
+            }) => tracing::info!(
+                lag_bytes,
+                behind_secs = commit_age.map_or(0, |a| a.as_secs()),
+                events_per_sec,
+                bytes_per_sec,
+                eta_secs = eta.map(|e| e.as_secs()),
+                "catching up: {} behind ({} behind in time), {events_per_sec} events/s, {}/s, about {} to go",
+                catchup::human_bytes(lag_bytes),
+                age(commit_age),
+                catchup::human_bytes(bytes_per_sec),
+                eta.map_or("? (nothing confirmed yet)".to_owned(), catchup::human_duration),
+            ),
+            Some(Report::CaughtUp { took, events }) => tracing::info!(
+                took_secs = took.as_secs(),
+                events,
+                "caught up: {events} events in {}",
+                catchup::human_duration(took),
+            ),
+        }
+    }
+
+    /// A message unacked for long (a topic that does not exist, a partition without a
+    /// leader, a broker refusing writes) holds the slot back without any error: say which
+    /// topic, every so often, so the on-call engineer does not have to guess.
+    fn report_stuck_event(&mut self) {
+        let Some(oldest) = self.ledger.oldest() else {
+            self.last_stuck_report = None;
+            return;
+        };
+        let now_micros = PgTimestamp::now().unix_micros();
+        let age = Duration::from_micros(
+            u64::try_from(now_micros.saturating_sub(oldest.commit_unix_micros)).unwrap_or(0),
+        );
+        let due = self
+            .last_stuck_report
+            .is_none_or(|at| at.elapsed() >= STUCK_REPORT_EVERY);
+        if age >= STUCK_REPORT_EVERY && due {
+            self.last_stuck_report = Some(Instant::now());
+            tracing::warn!(
+                topic = self.ledger.topic_name(oldest),
+                unacked = self.ledger.len(),
+                age_s = age.as_secs(),
+                "an event to topic {} has waited {} s for Kafka's ack, holding the slot back; check that the topic exists (or that brokers create topics) and that its partitions have a leader",
+                self.ledger.topic_name(oldest),
+                age.as_secs()
+            );
+        }
+    }
+
+    /// A transactional logical message: a tiny transaction of our own whose Commit lets
+    /// the slot advance even when keepalives alone would not (e.g. idle flush disabled).
+    pub(super) async fn emit_heartbeat(&mut self) -> Result<(), RelayError> {
+        let emit = self.sql.execute(
+            "SELECT pg_logical_emit_message(true, 'outboxd.heartbeat', '')",
+            &[],
+        );
+        tokio::time::timeout(SQL_TIMEOUT, emit)
+            .await
+            .map_err(|_| {
+                RelayError::Postgres(pgrepl::ReplError::Timeout("emitting a heartbeat"))
+            })??;
+        Ok(())
+    }
+}
