@@ -74,8 +74,9 @@ pub use inflight::InFlightEntry;
 pub use ledger::{InFlightLedger, Outcome, Outgoing, Ticket};
 pub use mapping::{BoundTable, OutboxColumns, TableSpec};
 pub use record::{
-    check_size, header, oversize_error, record_wire_size, rfc3339_utc, CommitContext, HeaderFormat,
-    HeaderName, OutboxRecord, CLOUDEVENTS_SPEC_VERSION, RECORD_MAX_OVERHEAD,
+    check_size, header, oversize_error, record_wire_size, rfc3339_utc, rfc3339_utc_seconds,
+    CommitContext, HeaderFormat, HeaderName, OutboxRecord, CLOUDEVENTS_SPEC_VERSION,
+    RECORD_MAX_OVERHEAD,
 };
 pub use topic::{validate_topic_name, EventFields, TopicField, TopicName, TopicTemplate};
 pub use value::PayloadKind;

@@ -67,13 +67,25 @@ pub const CLOUDEVENTS_SPEC_VERSION: &str = "1.0";
 /// `unix_micros` as an RFC 3339 UTC timestamp with microseconds
 /// (`2026-12-01T09:41:55.123456Z`), as CloudEvents' `time` wants it.
 pub fn rfc3339_utc(unix_micros: i64) -> String {
-    let secs = unix_micros.div_euclid(1_000_000);
     let micros = unix_micros.rem_euclid(1_000_000);
-    let days = secs.div_euclid(86_400);
-    let sod = secs.rem_euclid(86_400);
+    format!(
+        "{}.{micros:06}Z",
+        date_and_time(unix_micros.div_euclid(1_000_000))
+    )
+}
+
+/// `unix_secs` as an RFC 3339 UTC timestamp to the second (`2026-12-01T09:41:55Z`), for
+/// messages that name a moment.
+pub fn rfc3339_utc_seconds(unix_secs: i64) -> String {
+    format!("{}Z", date_and_time(unix_secs))
+}
+
+fn date_and_time(unix_secs: i64) -> String {
+    let days = unix_secs.div_euclid(86_400);
+    let sod = unix_secs.rem_euclid(86_400);
     let (y, m, d) = civil_from_days(days);
     format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}",
         sod / 3600,
         sod % 3600 / 60,
         sod % 60
@@ -401,6 +413,8 @@ mod tests {
             "2000-02-29T00:00:00.000000Z"
         );
         assert_eq!(rfc3339_utc(-1), "1969-12-31T23:59:59.999999Z");
+        assert_eq!(rfc3339_utc_seconds(1_796_118_115), "2026-12-01T09:41:55Z");
+        assert_eq!(rfc3339_utc_seconds(5_097_600), "1970-03-01T00:00:00Z");
         // PostgreSQL's epoch, the commit time of a zeroed timestamp.
         assert_eq!(
             rfc3339_utc(946_684_800_000_000),

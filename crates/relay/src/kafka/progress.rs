@@ -178,33 +178,11 @@ impl ProgressRecord {
         }
     }
 
-    /// `recorded_at` as RFC 3339-ish UTC text for error messages.
+    /// `recorded_at` as RFC 3339 UTC text for error messages.
     pub fn recorded_at_text(&self) -> String {
-        let secs = self.recorded_at_unix_ms / 1000;
-        let (days, rem) = (secs / 86_400, secs % 86_400);
-        let (y, m, d) = civil_from_days(days);
-        format!(
-            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-            rem / 3600,
-            rem % 3600 / 60,
-            rem % 60
-        )
+        let secs = i64::try_from(self.recorded_at_unix_ms / 1000).unwrap_or(i64::MAX);
+        outbox_core::rfc3339_utc_seconds(secs)
     }
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (Howard Hinnant's
-/// well-known algorithm, restated).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
 }
 
 /// What the progress topic holds for one database and slot name.
@@ -620,7 +598,5 @@ mod tests {
         assert_eq!(id.key(), "7312/shop/outboxd");
         assert_eq!(r.recorded_at_text(), "2025-12-01T12:00:00Z");
         assert!(ProgressRecord::from_json(b"{}").is_err());
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(59), (1970, 3, 1));
     }
 }
