@@ -104,6 +104,13 @@ impl InFlight {
         self.bytes
     }
 
+    /// Slots allocated, live or free: what the slab's memory follows.
+    #[cfg(test)]
+    pub(crate) fn slot_count(&self) -> usize {
+        debug_assert_eq!(self.free.len() + self.len, self.slots.len());
+        self.slots.len()
+    }
+
     /// Commit time of the oldest in-flight message, by scanning; called on the metrics
     /// tick only, never per message.
     pub fn oldest_commit_unix_micros(&self) -> Option<i64> {

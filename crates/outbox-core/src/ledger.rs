@@ -197,6 +197,8 @@ impl InFlightLedger {
 }
 
 #[cfg(test)]
+mod edge_tests;
+#[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
