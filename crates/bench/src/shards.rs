@@ -207,7 +207,7 @@ async fn outboxd_all(
         .env("OUTBOXD_SLOT", "ob")
         .env("OUTBOXD_PUBLICATION", pg::PUBLICATION)
         .env("OUTBOXD_SHARD_COUNT", n.to_string())
-        .env("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS", &broker.bootstrap())
+        .env("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap())
         .env("OUTBOXD_PROGRESS_TOPIC", "")
         .env("OUTBOXD_HTTP_ADDR", format!("127.0.0.1:{port}"))
         .env("OUTBOXD_LOG", "warn")

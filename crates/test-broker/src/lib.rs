@@ -117,7 +117,7 @@ impl Broker {
         if let Some(stdout) = child.stdout.take() {
             BufReader::new(stdout)
                 .read_line(&mut line)
-                .map_err(io(what.clone()))?;
+                .map_err(io(what))?;
         }
         let Some(bootstrap) = line.trim().strip_prefix("bootstrap.servers=") else {
             let _ = child.kill();
