@@ -168,10 +168,13 @@ impl ConsumerProcess {
             .append(true)
             .open(&self.log)
             .unwrap();
+        // The harness names a test by its path below the crate: this module's, then the fn.
+        let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+        let test = format!("{module}::example_consumer_process");
         let child = Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "example_consumer_process",
+                &test,
                 "--ignored",
                 "--nocapture",
                 "--test-threads",

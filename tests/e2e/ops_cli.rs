@@ -338,6 +338,7 @@ async fn status_into_a_closed_pipe_exits_0() {
 #[tokio::test(flavor = "multi_thread")]
 async fn second_signal_exits_130() {
     let ops::Streaming {
+        db: _db,
         outbox,
         broker,
         mut relay,

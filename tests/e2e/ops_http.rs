@@ -22,6 +22,7 @@ fn get(relay: &Relay, path: &str) -> (u16, String) {
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_health_and_readiness() {
     let ops::Streaming {
+        db: _db,
         outbox,
         broker,
         topics,
@@ -199,7 +200,12 @@ async fn metrics_health_and_readiness() {
 /// 0 within seconds (no event has to be stuck first); both recover with the brokers.
 #[tokio::test(flavor = "multi_thread")]
 async fn brokers_down_with_nothing_waiting_is_not_ready() {
-    let ops::Streaming { broker, relay, .. } = ops::streaming_relay("ops_http_brokers", &[]).await;
+    let ops::Streaming {
+        db: _db,
+        broker,
+        relay,
+        ..
+    } = ops::streaming_relay("ops_http_brokers", &[]).await;
     ops::wait_for(
         "/readyz 200 and brokers up",
         Duration::from_secs(20),
