@@ -286,3 +286,61 @@ pub fn find_tansu() -> Option<PathBuf> {
         .is_ok_and(|s| s.success());
     on_path.then(|| PathBuf::from("tansu"))
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+
+    fn partitions(broker: &Broker, topic: &str) -> usize {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", broker.bootstrap())
+            .create()
+            .unwrap();
+        let md = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .unwrap();
+        md.topics()[0].partitions().len()
+    }
+
+    #[tokio::test]
+    async fn mock_cluster_has_the_progress_topic_and_creates_topics() {
+        let broker = Broker::mock(3).unwrap();
+        broker.wait_reachable(Duration::from_secs(10)).unwrap();
+        broker.create_topics(&["t_mock"], 4).await.unwrap();
+        assert_eq!(partitions(&broker, "t_mock"), 4);
+        assert_eq!(partitions(&broker, PROGRESS_TOPIC), 1);
+        broker.set_all_down(true).unwrap();
+        broker.set_all_down(false).unwrap();
+        assert_eq!(broker.name(), "mock");
+    }
+
+    #[tokio::test]
+    async fn tansu_starts_on_a_free_port_and_creates_topics() {
+        let Some(bin) = find_tansu() else {
+            eprintln!("tansu not installed: skipped");
+            return;
+        };
+        let broker = Broker::tansu(&bin).unwrap();
+        broker.create_topics(&["t_tansu"], 2).await.unwrap();
+        // A second creation of the same topic is not an error.
+        broker.create_topics(&["t_tansu"], 2).await.unwrap();
+        assert_eq!(partitions(&broker, "t_tansu"), 2);
+        assert!(matches!(
+            broker.set_all_down(true),
+            Err(Error::NotMock("tansu"))
+        ));
+    }
+
+    #[test]
+    fn an_unreachable_broker_is_an_error() {
+        let port = free_port().unwrap();
+        let broker = Broker::External(format!("127.0.0.1:{port}"));
+        assert!(matches!(
+            broker.wait_reachable(Duration::from_secs(1)),
+            Err(Error::Unreachable(_))
+        ));
+    }
+}
