@@ -379,13 +379,15 @@ pub fn must_metric(body: &str, series: &str) -> f64 {
 }
 
 /// A relay streaming from a fresh database of the shared cluster to a fresh mock cluster.
+/// Fields drop in order: the relay stops before its database goes (a destructuring `let`
+/// must bind `db`, e.g. `db: _db`, or the database goes at once).
 pub struct Streaming {
-    pub db: pgtest::TestDb<'static>,
+    pub relay: super::relay::Relay,
+    pub client: Client,
     pub outbox: Outbox,
     pub broker: Broker,
     pub topics: Vec<String>,
-    pub relay: super::relay::Relay,
-    pub client: Client,
+    pub db: pgtest::TestDb<'static>,
 }
 
 /// Starts the relay with `extra` env and waits until its walsender holds the slot.

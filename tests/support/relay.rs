@@ -1,6 +1,5 @@
 //! The real `outboxd` binary as a child process.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -17,10 +16,7 @@ pub struct Relay {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
+    super::broker::free_port().expect("free port")
 }
 
 impl Relay {

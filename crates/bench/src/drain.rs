@@ -163,9 +163,7 @@ impl Outboxd {
         perf_data: Option<&Path>,
         extra: &[(&str, &str)],
     ) -> Result<Outboxd> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
+        let port = crate::broker::free_port()?;
         let http = format!("127.0.0.1:{port}");
         let outboxd = bins.join("outboxd");
         let mut cmd = match perf_data {
@@ -270,7 +268,7 @@ pub async fn outboxd_with(
         t.cluster,
         t.db,
         t.slot,
-        &broker.bootstrap,
+        &broker.bootstrap(),
         log,
         perf_data,
         extra,
@@ -314,7 +312,7 @@ pub async fn outboxd_with(
     }
     Ok(DrainResult {
         tool: "outboxd".into(),
-        broker: broker.kind.name().into(),
+        broker: broker.name().into(),
         events: t.events,
         seconds,
         pg_cpu_seconds: cpu,
@@ -376,7 +374,7 @@ pub async fn debezium(
         .arg(format!("db={}", t.db))
         .arg(format!("slot={}", t.slot))
         .arg(format!("publication={}", pg::PUBLICATION))
-        .arg(format!("bootstrap={}", broker.bootstrap))
+        .arg(format!("bootstrap={}", broker.bootstrap()))
         .arg(format!("expected={}", t.events))
         .arg(format!("offsets_file={}", offsets.display()))
         .args(tuning.map_or_else(Vec::new, |t| {
@@ -459,7 +457,7 @@ pub async fn debezium(
             ),
             None => "Debezium (defaults)".into(),
         },
-        broker: broker.kind.name().into(),
+        broker: broker.name().into(),
         events: t.events,
         seconds: if secs_total > 0.0 {
             secs_total

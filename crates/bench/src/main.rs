@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use broker::{Broker, BrokerKind};
+use broker::BrokerKind;
 use drain::{DrainResult, Target};
 use pg::Shape;
 
@@ -376,7 +376,7 @@ async fn progress_cost(s: &Settings, cluster: &pgtest::PgCluster, r: &mut Result
         };
         // outboxd-dev's mock broker makes the progress topic itself.
         let broker =
-            Broker::start(BrokerKind::Mock, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+            broker::start(BrokerKind::Mock, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
         let d = report_drain(drain::outboxd_with(&t, &s.bins, &broker, &log, None, extra).await?);
         r.progress.push((format!("run {}", i / 2 + 1), on, d));
     }
@@ -448,7 +448,7 @@ async fn catchup_case(s: &Settings, cluster: &pgtest::PgCluster, case: &str) -> 
         };
         let log = s.workdir.join(format!("outboxd-{case}-{}.log", b.name()));
         let result = async {
-            let broker = Broker::start(*b, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+            let broker = broker::start(*b, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
             drain::outboxd(&t(slot, 2000), &s.bins, &broker, &log, None).await
         }
         .await;
@@ -460,7 +460,7 @@ async fn catchup_case(s: &Settings, cluster: &pgtest::PgCluster, case: &str) -> 
     if let (true, Some(dbz)) = (with_dbz, s.debezium.as_ref()) {
         let result = async {
             let broker =
-                Broker::start(BrokerKind::Tansu, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+                broker::start(BrokerKind::Tansu, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
             drain::debezium(
                 &t("s_debezium_tansu", 500),
                 dbz,
@@ -478,7 +478,7 @@ async fn catchup_case(s: &Settings, cluster: &pgtest::PgCluster, case: &str) -> 
         if case == "b" {
             let result = async {
                 let broker =
-                    Broker::start(BrokerKind::Tansu, &s.bins, &s.tansu_path(), &[pg::TOPIC])
+                    broker::start(BrokerKind::Tansu, &s.bins, &s.tansu_path(), &[pg::TOPIC])
                         .await?;
                 drain::debezium(
                     &t("s_debezium_defaults", 200),
@@ -511,7 +511,7 @@ async fn catchup_case(s: &Settings, cluster: &pgtest::PgCluster, case: &str) -> 
         let log = s.workdir.join(format!("outboxd-{case}-perf.log"));
         let result = async {
             let broker =
-                Broker::start(BrokerKind::Mock, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+                broker::start(BrokerKind::Mock, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
             drain::outboxd(&t("s_profile", 1000), &s.bins, &broker, &log, Some(&data)).await
         }
         .await;
@@ -588,7 +588,7 @@ async fn polling(s: &Settings, cluster: &pgtest::PgCluster, r: &mut Results) -> 
     sql.batch_execute("CHECKPOINT").await?;
     for (b, slot) in kinds.iter().zip(&slots) {
         let log = s.workdir.join(format!("outboxd-poll-cdc-{}.log", b.name()));
-        let broker = Broker::start(*b, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+        let broker = broker::start(*b, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
         let t = Target {
             cluster,
             db,
@@ -613,9 +613,9 @@ async fn polling(s: &Settings, cluster: &pgtest::PgCluster, r: &mut Results) -> 
     for b in &kinds {
         for workers in [1usize, 4] {
             poll::reset(cluster, db).await?;
-            let broker = Broker::start(*b, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+            let broker = broker::start(*b, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
             let cpu0 = procfs::cluster_cpu_seconds(cluster.data_dir())?;
-            let out = poll::run(cluster, db, &broker.bootstrap, workers).await?;
+            let out = poll::run(cluster, db, &broker.bootstrap(), workers).await?;
             let cpu = procfs::cluster_cpu_seconds(cluster.data_dir())? - cpu0;
             let left: i64 = sql
                 .query_one(
@@ -663,15 +663,15 @@ async fn latency_suite(
     let db = "bench_lat";
     eprintln!("outboxd-bench: latency on {}", kind.name());
     pg::create_database(cluster, db, false).await?;
-    let broker = Broker::start(kind, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
-    let stamper = latency::Stamper::start(&broker.bootstrap, pg::TOPIC)?;
+    let broker = broker::start(kind, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+    let stamper = latency::Stamper::start(&broker.bootstrap(), pg::TOPIC)?;
     let log = s.workdir.join("outboxd-latency.log");
     let relay = drain::Outboxd::spawn(
         &s.bins,
         cluster,
         db,
         "s_latency",
-        &broker.bootstrap,
+        &broker.bootstrap(),
         &log,
         None,
     )?;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use pgtest::PgCluster;
 
-use crate::broker::{Broker, BrokerKind};
+use crate::broker::{self, BrokerKind};
 use crate::drain::{self, wait_timeout};
 use crate::{pg, procfs, Settings};
 
@@ -190,7 +190,7 @@ async fn outboxd_all(
     timeout: Duration,
     log: &std::path::Path,
 ) -> Result<ShardResult> {
-    let broker = Broker::start(BrokerKind::Mock, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+    let broker = broker::start(BrokerKind::Mock, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -207,7 +207,7 @@ async fn outboxd_all(
         .env("OUTBOXD_SLOT", "ob")
         .env("OUTBOXD_PUBLICATION", pg::PUBLICATION)
         .env("OUTBOXD_SHARD_COUNT", n.to_string())
-        .env("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS", &broker.bootstrap)
+        .env("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap())
         .env("OUTBOXD_PROGRESS_TOPIC", "")
         .env("OUTBOXD_HTTP_ADDR", format!("127.0.0.1:{port}"))
         .env("OUTBOXD_LOG", "warn")

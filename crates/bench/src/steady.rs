@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use pgtest::PgCluster;
 use tokio_postgres::Client;
 
-use crate::broker::{Broker, BrokerKind};
+use crate::broker::{self, Broker, BrokerKind};
 use crate::drain::{self, Outboxd};
 use crate::latency::{self, Stamper};
 use crate::pg;
@@ -140,8 +140,8 @@ pub async fn run(s: &Settings, cluster: &PgCluster, tansu: &Path) -> Result<Vec<
     let db = "bench_steady";
     pg::create_database(cluster, db, false).await?;
     let sql = pg::connect(cluster, db).await?;
-    let broker = Broker::start(BrokerKind::Mock, &s.bins, tansu, &[pg::TOPIC]).await?;
-    let stamper = Stamper::start(&broker.bootstrap, pg::TOPIC)?;
+    let broker = broker::start(BrokerKind::Mock, &s.bins, tansu, &[pg::TOPIC]).await?;
+    let stamper = Stamper::start(&broker.bootstrap(), pg::TOPIC)?;
     let mut out = Vec::new();
     let mut next_i: i64 = 0;
     let mut n = 0u32;
@@ -262,7 +262,7 @@ async fn one(
                 cluster,
                 "bench_steady",
                 slot,
-                &broker.bootstrap,
+                &broker.bootstrap(),
                 &log,
                 None,
             )?)

@@ -359,7 +359,7 @@ impl PgCluster {
         let sock = path_str(self.dir.path());
         let mut conf = format!(
             "\n# outboxd test cluster\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{sock}'\n\
-             wal_level = logical\nmax_replication_slots = 64\nmax_wal_senders = 64\nmax_connections = 300\n\
+             wal_level = logical\nmax_replication_slots = 256\nmax_wal_senders = 64\nmax_connections = 300\n\
              fsync = off\nfull_page_writes = off\nshared_buffers = 128MB\n\
              log_min_messages = warning\nlog_connections = off\n"
         );

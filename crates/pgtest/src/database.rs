@@ -71,3 +71,34 @@ impl<'c> TestDb<'c> {
         ]
     }
 }
+
+/// Best effort: the database and its slots go when the test ends. A test binary shares one
+/// cluster among all its tests, and a slot left behind would count against
+/// `max_replication_slots`, pin WAL and hold back catalog vacuum for the rest of the run.
+impl Drop for TestDb<'_> {
+    fn drop(&mut self) {
+        let name = self.name.replace('\'', "''");
+        // A walsender still stopping (a relay just killed) holds its slot: end it first.
+        let _ = self.cluster.psql(
+            "postgres",
+            &format!(
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity \
+                 WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+            ),
+        );
+        let _ = self.cluster.psql(
+            "postgres",
+            &format!(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE database = '{name}' AND NOT active"
+            ),
+        );
+        let _ = self.cluster.psql(
+            "postgres",
+            &format!(
+                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                self.name.replace('"', "\"\"")
+            ),
+        );
+    }
+}

@@ -1,0 +1,346 @@
+//! Kafka-protocol brokers for outboxd's end-to-end tests and its benchmark suite, so both
+//! start, reach and fill brokers the same way:
+//!
+//! - librdkafka's mock cluster, in this process (fault injection: brokers up and down) or
+//!   as an `outboxd-dev broker` child process (the benchmarks keep its CPU out of theirs);
+//! - a tansu broker process on a free port with in-memory storage;
+//! - an external broker named by `OUTBOXD_TEST_BOOTSTRAP_SERVERS` (e.g. Redpanda from
+//!   docker/).
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
+use rdkafka::types::RDKafkaErrorCode;
+
+/// The variable naming an external broker for the tests.
+pub const BOOTSTRAP_ENV: &str = "OUTBOXD_TEST_BOOTSTRAP_SERVERS";
+
+/// outboxd's progress topic; made up front on the mock cluster, which has no CreateTopics.
+pub const PROGRESS_TOPIC: &str = "outboxd.progress";
+
+/// How long a freshly started broker process may take to answer a metadata request.
+const START_LIMIT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kafka client: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("broker at {0} not reachable")]
+    Unreachable(String),
+    #[error("creating topic {topic}: {code:?}")]
+    CreateTopic {
+        topic: String,
+        code: RDKafkaErrorCode,
+    },
+    #[error("{0} printed no bootstrap.servers line")]
+    NoBootstrap(String),
+    #[error("fault injection needs librdkafka's in-process mock cluster, not {0}")]
+    NotMock(&'static str),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Io { what, source }
+}
+
+pub enum Broker {
+    /// librdkafka's mock cluster in this process, with its number of brokers (ids 1..=n).
+    Mock {
+        cluster: MockCluster<'static, DefaultProducerContext>,
+        brokers: i32,
+    },
+    /// A broker child process (tansu, `outboxd-dev broker`), killed on drop.
+    Process {
+        name: &'static str,
+        child: Child,
+        bootstrap: String,
+    },
+    External(String),
+}
+
+impl Broker {
+    /// The external broker of `OUTBOXD_TEST_BOOTSTRAP_SERVERS`, if that is set and not empty.
+    pub fn from_env() -> Option<Broker> {
+        match std::env::var(BOOTSTRAP_ENV) {
+            Ok(s) if !s.is_empty() => Some(Broker::External(s)),
+            _ => None,
+        }
+    }
+
+    /// A fresh in-process mock cluster of `brokers` brokers, with the progress topic made
+    /// as an operator would on a cluster without topic auto-creation.
+    pub fn mock(brokers: i32) -> Result<Broker> {
+        let cluster = MockCluster::new(brokers)?;
+        cluster.create_topic(PROGRESS_TOPIC, 1, 1)?;
+        Ok(Broker::Mock { cluster, brokers })
+    }
+
+    /// The mock cluster as an `outboxd-dev broker` child process (`outboxd_dev` is that
+    /// binary), with `topics` of `partitions` partitions; it makes the progress topic itself.
+    pub fn mock_process(
+        outboxd_dev: &Path,
+        brokers: u32,
+        topics: &[&str],
+        partitions: i32,
+    ) -> Result<Broker> {
+        let mut cmd = Command::new(outboxd_dev);
+        cmd.args(["broker", "--brokers", &brokers.to_string()]);
+        for t in topics {
+            cmd.args(["--topic", &format!("{t}:{partitions}")]);
+        }
+        let what = format!("starting {}", outboxd_dev.display());
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(io(what.clone()))?;
+        let mut line = String::new();
+        if let Some(stdout) = child.stdout.take() {
+            BufReader::new(stdout)
+                .read_line(&mut line)
+                .map_err(io(what))?;
+        }
+        let Some(bootstrap) = line.trim().strip_prefix("bootstrap.servers=") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(Error::NoBootstrap(outboxd_dev.display().to_string()));
+        };
+        Ok(Broker::Process {
+            name: "mock",
+            bootstrap: bootstrap.to_owned(),
+            child,
+        })
+    }
+
+    /// A tansu broker process (`tansu` is its binary, see [`find_tansu`]) on a free port
+    /// with in-memory storage, once it answers metadata requests.
+    pub fn tansu(tansu: &Path) -> Result<Broker> {
+        let port = free_port()?;
+        let url = format!("tcp://127.0.0.1:{port}");
+        let child = Command::new(tansu)
+            .args(["broker", "--storage-engine", "memory://tansu/"])
+            .args(["--listener-url", &url, "--advertised-listener-url", &url])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(io(format!("starting {}", tansu.display())))?;
+        // Built before the wait so that a broker that never comes up is still killed.
+        let broker = Broker::Process {
+            name: "tansu",
+            child,
+            bootstrap: format!("127.0.0.1:{port}"),
+        };
+        broker.wait_reachable(START_LIMIT)?;
+        Ok(broker)
+    }
+
+    pub fn bootstrap(&self) -> String {
+        match self {
+            Broker::Mock { cluster, .. } => cluster.bootstrap_servers(),
+            Broker::Process { bootstrap, .. } => bootstrap.clone(),
+            Broker::External(s) => s.clone(),
+        }
+    }
+
+    /// "mock", "tansu" or "external", for reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Broker::Mock { .. } => "mock",
+            Broker::Process { name, .. } => name,
+            Broker::External(_) => "external",
+        }
+    }
+
+    pub fn mock_cluster(&self) -> Result<&MockCluster<'static, DefaultProducerContext>> {
+        match self {
+            Broker::Mock { cluster, .. } => Ok(cluster),
+            other => Err(Error::NotMock(other.name())),
+        }
+    }
+
+    /// Takes every broker of the in-process mock cluster down, or brings them all back.
+    pub fn set_all_down(&self, down: bool) -> Result<()> {
+        let Broker::Mock { cluster, brokers } = self else {
+            return Err(Error::NotMock(self.name()));
+        };
+        for id in 1..=*brokers {
+            if down {
+                cluster.broker_down(id)?;
+            } else {
+                cluster.broker_up(id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until the broker answers a metadata request, for at most `limit`.
+    pub fn wait_reachable(&self, limit: Duration) -> Result<()> {
+        let bootstrap = self.bootstrap();
+        let deadline = Instant::now() + limit;
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .create()?;
+        loop {
+            if consumer
+                .fetch_metadata(None, Duration::from_secs(2))
+                .is_ok()
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Unreachable(bootstrap));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Creates `topics` of `partitions` partitions, replication 1; one that exists already
+    /// is fine. Needed because not every Kafka-protocol broker auto-creates on produce, and
+    /// the mock cluster has no CreateTopics API at all (it is told directly).
+    pub async fn create_topics(&self, topics: &[&str], partitions: i32) -> Result<()> {
+        if let Broker::Mock { cluster, .. } = self {
+            for t in topics {
+                cluster.create_topic(t, partitions, 1)?;
+            }
+            return Ok(());
+        }
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create()?;
+        let new: Vec<NewTopic<'_>> = topics
+            .iter()
+            .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
+            .collect();
+        let results = admin
+            .create_topics(
+                &new,
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(20))),
+            )
+            .await?;
+        for r in results {
+            if let Err((topic, code)) = r {
+                if code != RDKafkaErrorCode::TopicAlreadyExists {
+                    return Err(Error::CreateTopic { topic, code });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Broker::Process { child, .. } = self {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (the OS picked it for a listener that
+/// is closed again); another process may take it before the caller binds it.
+pub fn free_port() -> Result<u16> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(io("binding 127.0.0.1:0"))
+}
+
+/// The tansu binary: `TANSU_BIN`, else `~/.cargo/bin/tansu`, else `tansu` on PATH, if any.
+pub fn find_tansu() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("TANSU_BIN") {
+        if !p.is_empty() {
+            return Some(PathBuf::from(p));
+        }
+    }
+    let home = std::env::var("HOME").unwrap_or_default();
+    let cargo_bin = PathBuf::from(format!("{home}/.cargo/bin/tansu"));
+    if cargo_bin.is_file() {
+        return Some(cargo_bin);
+    }
+    let on_path = Command::new("tansu")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    on_path.then(|| PathBuf::from("tansu"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+
+    fn partitions(broker: &Broker, topic: &str) -> usize {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", broker.bootstrap())
+            .create()
+            .unwrap();
+        let md = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .unwrap();
+        md.topics()[0].partitions().len()
+    }
+
+    #[tokio::test]
+    async fn mock_cluster_has_the_progress_topic_and_creates_topics() {
+        let broker = Broker::mock(3).unwrap();
+        broker.wait_reachable(Duration::from_secs(10)).unwrap();
+        broker.create_topics(&["t_mock"], 4).await.unwrap();
+        assert_eq!(partitions(&broker, "t_mock"), 4);
+        assert_eq!(partitions(&broker, PROGRESS_TOPIC), 1);
+        broker.set_all_down(true).unwrap();
+        broker.set_all_down(false).unwrap();
+        assert_eq!(broker.name(), "mock");
+    }
+
+    #[tokio::test]
+    async fn tansu_starts_on_a_free_port_and_creates_topics() {
+        let Some(bin) = find_tansu() else {
+            eprintln!("tansu not installed: skipped");
+            return;
+        };
+        let broker = Broker::tansu(&bin).unwrap();
+        broker.create_topics(&["t_tansu"], 2).await.unwrap();
+        // A second creation of the same topic is not an error.
+        broker.create_topics(&["t_tansu"], 2).await.unwrap();
+        assert_eq!(partitions(&broker, "t_tansu"), 2);
+        assert!(matches!(
+            broker.set_all_down(true),
+            Err(Error::NotMock("tansu"))
+        ));
+    }
+
+    #[test]
+    fn an_unreachable_broker_is_an_error() {
+        let port = free_port().unwrap();
+        let broker = Broker::External(format!("127.0.0.1:{port}"));
+        assert!(matches!(
+            broker.wait_reachable(Duration::from_secs(1)),
+            Err(Error::Unreachable(_))
+        ));
+    }
+}

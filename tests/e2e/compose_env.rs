@@ -1,0 +1,371 @@
+//! docker/compose.yaml, docker/Dockerfile and the deploy/kubernetes manifests only set
+//! OUTBOXD_* variables the relay knows (every one of them appears in `outboxd --help`),
+//! the image runs as a non-root user, and the Kubernetes manifests parse and fit
+//! together: active + standby replicas, probes on /readyz and /healthz, the password from
+//! the Secret, a PodDisruptionBudget selecting the pods, resource requests.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use serde::Deserialize as _;
+
+const COMPOSE: &str = include_str!("../../docker/compose.yaml");
+const DOCKERFILE: &str = include_str!("../../docker/Dockerfile");
+
+/// deploy/kubernetes, every file kustomization.yaml lists, and the kustomization itself.
+const KUBERNETES: &[(&str, &str)] = &[
+    (
+        "kustomization.yaml",
+        include_str!("../../deploy/kubernetes/kustomization.yaml"),
+    ),
+    (
+        "configmap.yaml",
+        include_str!("../../deploy/kubernetes/configmap.yaml"),
+    ),
+    (
+        "secret.yaml",
+        include_str!("../../deploy/kubernetes/secret.yaml"),
+    ),
+    (
+        "deployment.yaml",
+        include_str!("../../deploy/kubernetes/deployment.yaml"),
+    ),
+    ("pdb.yaml", include_str!("../../deploy/kubernetes/pdb.yaml")),
+];
+
+/// Every `OUTBOXD_[A-Z0-9_]+` in `text`.
+fn outboxd_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("OUTBOXD_") {
+        let tail = &rest[at..];
+        let len = tail
+            .find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        names.insert(tail[..len].to_owned());
+        rest = &tail[len..];
+    }
+    names
+}
+
+fn relay_help() -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .arg("--help")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run outboxd --help: {e}"));
+    assert!(
+        out.status.success(),
+        "outboxd --help failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn extracts_names() {
+    let names = outboxd_names("A: OUTBOXD_TOPIC\n B=OUTBOXD_KAFKA_LINGER_MS; x OUTBOXD_X1}");
+    let want: BTreeSet<String> = ["OUTBOXD_KAFKA_LINGER_MS", "OUTBOXD_TOPIC", "OUTBOXD_X1"]
+        .map(String::from)
+        .into();
+    assert_eq!(names, want);
+}
+
+#[test]
+fn compose_and_dockerfile_use_only_known_variables() {
+    let compose = outboxd_names(COMPOSE);
+    assert!(
+        compose.contains("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS"),
+        "compose.yaml must set OUTBOXD_KAFKA_BOOTSTRAP_SERVERS, found {compose:?}"
+    );
+    let dockerfile = outboxd_names(DOCKERFILE);
+    let help = relay_help();
+    let unknown: Vec<&String> = compose
+        .iter()
+        .chain(&dockerfile)
+        .filter(|name| !help.contains(name.as_str()))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "docker/ sets variables that `outboxd --help` does not list: {unknown:?}\n--help:\n{help}"
+    );
+}
+
+#[test]
+fn dockerfile_runtime_stage_runs_as_non_root() {
+    let runtime_stage = DOCKERFILE
+        .rsplit_once("\nFROM ")
+        .map(|(_, stage)| stage)
+        .expect("a multi-stage Dockerfile");
+    let user = runtime_stage
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("USER "))
+        .expect("the runtime stage sets USER");
+    let user = user.trim();
+    let name = user.split(':').next().unwrap_or(user);
+    assert!(
+        !name.is_empty() && name != "root" && name != "0",
+        "the runtime stage must run as a non-root user, found USER {user}"
+    );
+}
+
+/// Every YAML document of every manifest, with its file name.
+fn kubernetes_documents() -> Vec<(&'static str, serde_yaml::Value)> {
+    let mut docs = Vec::new();
+    for (file, text) in KUBERNETES {
+        for de in serde_yaml::Deserializer::from_str(text) {
+            let doc = serde_yaml::Value::deserialize(de)
+                .unwrap_or_else(|e| panic!("deploy/kubernetes/{file} is not valid YAML: {e}"));
+            if !doc.is_null() {
+                docs.push((*file, doc));
+            }
+        }
+    }
+    docs
+}
+
+fn kind<'a>(docs: &'a [(&str, serde_yaml::Value)], kind: &str) -> &'a serde_yaml::Value {
+    let found: Vec<&serde_yaml::Value> = docs
+        .iter()
+        .map(|(_, d)| d)
+        .filter(|d| d["kind"].as_str() == Some(kind))
+        .collect();
+    assert_eq!(found.len(), 1, "one {kind} in deploy/kubernetes");
+    found[0]
+}
+
+fn str_of<'a>(v: &'a serde_yaml::Value, what: &str) -> &'a str {
+    v.as_str()
+        .unwrap_or_else(|| panic!("{what}: expected a string, found {v:?}"))
+}
+
+#[test]
+fn kubernetes_manifests_use_only_known_variables() {
+    let help = relay_help();
+    let mut names = BTreeSet::new();
+    for (_, text) in KUBERNETES {
+        names.extend(outboxd_names(text));
+    }
+    assert!(
+        names.contains("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS"),
+        "{names:?}"
+    );
+    // OUTBOXD_KAFKA_<PROPERTY> is accepted for any librdkafka property (--help says so);
+    // librdkafka itself refuses an unknown one when the producer is built.
+    let unknown: Vec<&String> = names
+        .iter()
+        .filter(|name| !help.contains(name.as_str()))
+        .filter(|name| {
+            name.strip_prefix("OUTBOXD_KAFKA_")
+                .is_none_or(str::is_empty)
+        })
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "deploy/kubernetes sets variables that `outboxd --help` does not list: {unknown:?}"
+    );
+    // The ConfigMap is the environment: every key is a variable outboxd reads (PG* too).
+    let docs = kubernetes_documents();
+    let data = kind(&docs, "ConfigMap")["data"]
+        .as_mapping()
+        .expect("ConfigMap data");
+    for (k, v) in data {
+        let k = str_of(k, "ConfigMap key");
+        assert!(
+            help.contains(&format!("  {k} ")),
+            "ConfigMap key {k} is not a variable of `outboxd --help`"
+        );
+        assert!(v.is_string(), "{k}: quote values so YAML keeps them text");
+    }
+    // Probes and Prometheus reach the pod IP, not the loopback default.
+    let addr = str_of(
+        &data[&serde_yaml::Value::from("OUTBOXD_HTTP_ADDR")],
+        "OUTBOXD_HTTP_ADDR",
+    );
+    assert!(addr.starts_with("0.0.0.0:"), "{addr}");
+    assert_eq!(
+        data[&serde_yaml::Value::from("OUTBOXD_READY_STANDBY")].as_str(),
+        Some("true"),
+        "the standby must count as ready, or rollouts and the PDB block"
+    );
+}
+
+#[test]
+fn kubernetes_manifests_parse_and_fit_together() {
+    let docs = kubernetes_documents();
+    for (file, d) in &docs {
+        if file == &"kustomization.yaml" {
+            let listed: Vec<&str> = d["resources"]
+                .as_sequence()
+                .expect("resources")
+                .iter()
+                .map(|r| str_of(r, "resource"))
+                .collect();
+            let files: Vec<&str> = KUBERNETES.iter().skip(1).map(|(f, _)| *f).collect();
+            assert_eq!(listed, files, "kustomization.yaml lists every manifest");
+            continue;
+        }
+        assert!(d["apiVersion"].is_string(), "{file}: apiVersion");
+        assert!(d["metadata"]["name"].is_string(), "{file}: metadata.name");
+    }
+    let deployment = kind(&docs, "Deployment");
+    assert_eq!(
+        deployment["spec"]["replicas"].as_u64(),
+        Some(2),
+        "active + standby"
+    );
+    let pod = &deployment["spec"]["template"];
+    let labels = pod["metadata"]["labels"].as_mapping().expect("pod labels");
+    let selector = deployment["spec"]["selector"]["matchLabels"]
+        .as_mapping()
+        .expect("selector");
+    for (k, v) in selector {
+        assert_eq!(
+            labels.get(k),
+            Some(v),
+            "the selector matches the pod labels"
+        );
+    }
+    let containers = pod["spec"]["containers"].as_sequence().expect("containers");
+    assert_eq!(containers.len(), 1);
+    let c = &containers[0];
+    let port = c["ports"][0]["containerPort"]
+        .as_u64()
+        .expect("containerPort");
+    let config = kind(&docs, "ConfigMap");
+    let addr = str_of(&config["data"]["OUTBOXD_HTTP_ADDR"], "OUTBOXD_HTTP_ADDR");
+    assert!(addr.ends_with(&format!(":{port}")), "{addr} vs port {port}");
+    let probe_port = |probe: &str| -> u64 {
+        match &c[probe]["httpGet"]["port"] {
+            serde_yaml::Value::Number(n) => n.as_u64().expect("port"),
+            name => {
+                assert_eq!(name, &c["ports"][0]["name"], "{probe} names the http port");
+                port
+            }
+        }
+    };
+    assert_eq!(
+        str_of(&c["readinessProbe"]["httpGet"]["path"], "readiness"),
+        "/readyz"
+    );
+    assert_eq!(
+        str_of(&c["livenessProbe"]["httpGet"]["path"], "liveness"),
+        "/healthz"
+    );
+    assert_eq!(probe_port("readinessProbe"), port);
+    assert_eq!(probe_port("livenessProbe"), port);
+    // Configuration from the ConfigMap, the password from the Secret, never inline.
+    assert_eq!(
+        c["envFrom"][0]["configMapRef"]["name"],
+        config["metadata"]["name"]
+    );
+    let secret = kind(&docs, "Secret");
+    let password = c["env"]
+        .as_sequence()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"].as_str() == Some("PGPASSWORD"))
+        .expect("PGPASSWORD in env");
+    assert!(
+        password.get("value").is_none(),
+        "PGPASSWORD must not be inline"
+    );
+    let key_ref = &password["valueFrom"]["secretKeyRef"];
+    assert_eq!(key_ref["name"], secret["metadata"]["name"]);
+    let key = str_of(&key_ref["key"], "secret key");
+    assert!(
+        secret["stringData"][key].is_string(),
+        "the Secret has {key}"
+    );
+    assert!(
+        config["data"].get("PGPASSWORD").is_none(),
+        "no password in the ConfigMap"
+    );
+    // Requests sized (docs/benchmarks.md), and a memory limit above the request.
+    let requests = &c["resources"]["requests"];
+    assert!(
+        requests["cpu"].is_string() && requests["memory"].is_string(),
+        "{requests:?}"
+    );
+    assert!(c["resources"]["limits"]["memory"].is_string());
+    // The image's non-root user, and a grace period longer than the shutdown drain.
+    assert_eq!(
+        pod["spec"]["securityContext"]["runAsNonRoot"].as_bool(),
+        Some(true)
+    );
+    let grace = pod["spec"]["terminationGracePeriodSeconds"]
+        .as_u64()
+        .expect("grace");
+    let drain_ms: u64 = str_of(
+        &config["data"]["OUTBOXD_SHUTDOWN_TIMEOUT_MS"],
+        "OUTBOXD_SHUTDOWN_TIMEOUT_MS",
+    )
+    .parse()
+    .expect("a number");
+    assert!(
+        grace * 1000 > drain_ms,
+        "grace {grace}s vs drain {drain_ms} ms"
+    );
+    // The PodDisruptionBudget selects these pods and leaves one running.
+    let pdb = kind(&docs, "PodDisruptionBudget");
+    assert_eq!(pdb["apiVersion"].as_str(), Some("policy/v1"));
+    assert_eq!(pdb["spec"]["minAvailable"].as_u64(), Some(1));
+    for (k, v) in pdb["spec"]["selector"]["matchLabels"]
+        .as_mapping()
+        .expect("pdb selector")
+    {
+        assert_eq!(labels.get(k), Some(v), "the PDB selects the pods");
+    }
+}
+
+/// deploy/kubernetes/sharded: one pod per shard, the ordinal picking it.
+#[test]
+fn the_sharded_statefulset_runs_one_pod_per_shard() {
+    let text = include_str!("../../deploy/kubernetes/sharded/statefulset.yaml");
+    let help = relay_help();
+    for name in outboxd_names(text) {
+        assert!(
+            help.contains(&name),
+            "{name} is not a variable of `outboxd --help`"
+        );
+    }
+    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(text)
+        .map(|de| serde_yaml::Value::deserialize(de).expect("valid YAML"))
+        .collect();
+    let set = docs
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("StatefulSet"))
+        .expect("a StatefulSet");
+    let service = docs
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("Service"))
+        .expect("its headless Service");
+    assert_eq!(set["spec"]["serviceName"], service["metadata"]["name"]);
+    assert_eq!(service["spec"]["clusterIP"].as_str(), Some("None"));
+    let env = set["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_sequence()
+        .expect("env");
+    let value = |name: &str| {
+        env.iter()
+            .find(|e| e["name"].as_str() == Some(name))
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_else(|| panic!("{name} set in the StatefulSet"))
+            .to_owned()
+    };
+    assert_eq!(value("OUTBOXD_SHARDS"), "ordinal");
+    let count: u64 = value("OUTBOXD_SHARD_COUNT").parse().expect("a count");
+    assert_eq!(
+        set["spec"]["replicas"].as_u64(),
+        Some(count),
+        "one pod per shard: replicas must equal OUTBOXD_SHARD_COUNT"
+    );
+    assert_eq!(
+        set["spec"]["selector"]["matchLabels"],
+        set["spec"]["template"]["metadata"]["labels"]
+    );
+}

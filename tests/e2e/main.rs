@@ -1,0 +1,46 @@
+//! outboxd's end-to-end tests, one binary: the real `outboxd` against real PostgreSQL
+//! (pgtest) and a Kafka-protocol broker (outboxd-test-broker). One binary links once per
+//! edit instead of once per file, and its tests share one throwaway cluster,
+//! `PgCluster::shared()`; a test that stops, restarts or reconfigures PostgreSQL starts its
+//! own. Each module is a former `tests/<name>.rs`, so `crash::` or `--skip tansu` still pick
+//! them out: `cargo test --release --locked --test e2e -- crash:: ops_`.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod ack_gating;
+mod bad_rows;
+mod big_transaction;
+mod bounded_memory;
+mod catch_up;
+mod compose_env;
+mod crash;
+mod dead_connection;
+mod exactly_once_effect;
+mod failover;
+mod failover_slot;
+mod filters;
+mod header_formats;
+mod libpq_parity;
+mod logical_messages;
+mod monitoring_kit;
+mod ops_check_parity;
+mod ops_cli;
+mod ops_conn_errors;
+mod ops_errors;
+mod ops_http;
+mod ops_idle_wal;
+mod ops_init;
+mod ops_lifecycle;
+mod ops_reconnect;
+mod partial_transaction;
+mod partitioned_outbox;
+mod pgoutput_versions;
+mod record_size;
+mod relay_e2e;
+mod replay_skip;
+mod republish;
+mod shards;
+mod slot_history;
+mod standby_ready;
+mod timeline_fork;

@@ -1,0 +1,227 @@
+//! The monitoring kit matches the relay: every metric that deploy/grafana/outboxd.json and
+//! deploy/prometheus/alerts.yaml name is exported by a running relay's /metrics, the
+//! dashboard and the rules are well-formed, and, when `promtool` is installed (Debian
+//! package `prometheus`, or OUTBOXD_TEST_PROMTOOL=/path/to/promtool), the rules pass
+//! `promtool check rules`, their unit tests pass `promtool test rules`, and the scraped
+//! exposition passes `promtool check metrics`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::support;
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use support::ops;
+
+const DASHBOARD: &str = include_str!("../../deploy/grafana/outboxd.json");
+const ALERTS: &str = include_str!("../../deploy/prometheus/alerts.yaml");
+
+/// Every `outboxd_[a-z0-9_]+` token: the metric names an expression uses.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("outboxd_") {
+        let before = rest[..at].chars().next_back();
+        let tail = &rest[at..];
+        let len = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        // Part of a longer identifier (e.g. `x_outboxd_`) is not a metric name.
+        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            names.insert(tail[..len].to_owned());
+        }
+        rest = &tail[len..];
+    }
+    names
+}
+
+/// Metric names in a Prometheus exposition: the families (`# TYPE`) and the series.
+fn exported(body: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for line in body.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            if let Some(name) = rest.split_whitespace().next() {
+                names.insert(name.to_owned());
+            }
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let series = line.split([' ', '{']).next().unwrap_or("");
+            names.insert(series.to_owned());
+        }
+    }
+    names
+}
+
+fn alert_rules() -> Vec<serde_yaml::Value> {
+    let doc: serde_yaml::Value = serde_yaml::from_str(ALERTS).expect("alerts.yaml is YAML");
+    let groups = doc["groups"].as_sequence().expect("groups");
+    assert!(!groups.is_empty());
+    groups
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().expect("rules").clone())
+        .collect()
+}
+
+fn dashboard_exprs() -> Vec<String> {
+    let doc: serde_json::Value = serde_json::from_str(DASHBOARD).expect("dashboard is JSON");
+    assert!(doc["title"].is_string() && doc["uid"].is_string());
+    let mut exprs = Vec::new();
+    for panel in doc["panels"].as_array().expect("panels") {
+        if panel["type"] == "row" {
+            continue;
+        }
+        assert!(panel["title"].is_string(), "{panel}");
+        assert_eq!(
+            panel["datasource"]["uid"], "${datasource}",
+            "panels use the dashboard's datasource variable: {}",
+            panel["title"]
+        );
+        let targets = panel["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{}", panel["title"]);
+        for t in targets {
+            exprs.push(t["expr"].as_str().expect("expr").to_owned());
+        }
+    }
+    exprs
+}
+
+/// What the seed asks an on-call engineer to watch, each covered by the dashboard and
+/// by at least one alert.
+const WATCHED: &[&str] = &[
+    "outboxd_lag_bytes",
+    "outboxd_slot_retained_wal_bytes",
+    "outboxd_slot_wal_status",
+    "outboxd_oldest_unacked_age_seconds",
+    "outboxd_delivery_errors_total",
+    "outboxd_reconnects_total",
+    "outboxd_events_dead_lettered_total",
+    "outboxd_replication_connected",
+    "outboxd_producer_healthy",
+];
+
+#[test]
+fn dashboard_and_rules_cover_what_on_call_watches() {
+    let dashboard = metric_names(&dashboard_exprs().join("\n"));
+    let rules = alert_rules();
+    let mut in_rules = BTreeSet::new();
+    for rule in &rules {
+        let name = rule["alert"].as_str().expect("alert name");
+        let expr = rule["expr"].as_str().expect("expr");
+        assert!(
+            matches!(rule["labels"]["severity"].as_str(), Some("page" | "ticket")),
+            "{name}: severity page or ticket"
+        );
+        assert!(rule["annotations"]["summary"].is_string(), "{name}");
+        assert!(rule["annotations"]["description"].is_string(), "{name}");
+        in_rules.extend(metric_names(expr));
+    }
+    for m in WATCHED {
+        assert!(dashboard.contains(*m), "the dashboard does not show {m}");
+        assert!(in_rules.contains(*m), "no alert rule uses {m}");
+    }
+    // Seed 004: dead letters page a human.
+    let dead = rules
+        .iter()
+        .find(|r| {
+            r["expr"]
+                .as_str()
+                .is_some_and(|e| e.contains("outboxd_events_dead_lettered_total"))
+        })
+        .expect("a dead-letter rule");
+    assert_eq!(dead["labels"]["severity"].as_str(), Some("page"));
+}
+
+#[test]
+fn extracts_metric_names() {
+    let names =
+        metric_names("rate(outboxd_a_total[5m]) / x_outboxd_b + outboxd_c{job=\"outboxd\"}");
+    let want: BTreeSet<String> = ["outboxd_a_total", "outboxd_c"].map(String::from).into();
+    assert_eq!(names, want);
+}
+
+fn promtool() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("OUTBOXD_TEST_PROMTOOL").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("promtool"))
+            .find(|p| p.is_file())
+    })
+}
+
+fn run_promtool(promtool: &Path, args: &[&str], stdin: Option<&str>) {
+    let mut child = Command::new(promtool)
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    let mut input = child.stdin.take().expect("stdin");
+    input
+        .write_all(stdin.unwrap_or("").as_bytes())
+        .expect("promtool stdin");
+    drop(input);
+    let out = child.wait_with_output().expect("promtool output");
+    assert!(
+        out.status.success(),
+        "promtool {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_referenced_metric_is_exported_by_a_running_relay() {
+    let s = ops::streaming_relay("monitoring_kit", &[]).await;
+    // Some events, so counters and the histogram have samples, and a tick or more so the
+    // slot statistics are read.
+    s.relay_events(20).await;
+    let relay = &s.relay;
+    let body = ops::wait_for(
+        "slot statistics in /metrics",
+        std::time::Duration::from_secs(30),
+        std::time::Duration::from_millis(500),
+        move || async move {
+            let (code, body) = relay.http_get("/metrics")?;
+            (code == 200 && body.contains("outboxd_slot_wal_status{status=\"reserved\"} 1"))
+                .then_some(body)
+        },
+    )
+    .await;
+    let exported = exported(&body);
+    let mut referenced = metric_names(&dashboard_exprs().join("\n"));
+    referenced.extend(metric_names(ALERTS));
+    let missing: Vec<&String> = referenced
+        .iter()
+        .filter(|m| !exported.contains(*m))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the monitoring kit names metrics /metrics does not export: {missing:?}\n/metrics:\n{body}"
+    );
+
+    match promtool() {
+        Some(p) => {
+            run_promtool(
+                &p,
+                &["check", "rules", "deploy/prometheus/alerts.yaml"],
+                None,
+            );
+            run_promtool(
+                &p,
+                &["test", "rules", "deploy/prometheus/alerts_test.yaml"],
+                None,
+            );
+            run_promtool(&p, &["check", "metrics"], Some(&body));
+        }
+        None => eprintln!(
+            "promtool is not installed: skipping `promtool check rules` / `test rules` / \
+             `check metrics` (apt-get install prometheus, or set OUTBOXD_TEST_PROMTOOL)"
+        ),
+    }
+}

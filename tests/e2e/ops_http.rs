@@ -1,0 +1,276 @@
+//! Operations: the HTTP endpoint. /metrics in the Prometheus text format with counters
+//! that match what was relayed, LSN gauges that move and slot statistics from the 5 s
+//! poll; /healthz; /readyz ready while streaming and not ready when Kafka is down with
+//! work unacknowledged for longer than OUTBOXD_READY_STALL_MS.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::support;
+
+use std::time::{Duration, Instant};
+
+use support::consume::check_delivery;
+use support::ops;
+use support::relay::Relay;
+
+fn get(relay: &Relay, path: &str) -> (u16, String) {
+    relay
+        .http_get(path)
+        .unwrap_or_else(|| panic!("GET {path} failed; log:\n{}", relay.log_text()))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_health_and_readiness() {
+    let ops::Streaming {
+        db: _db,
+        outbox,
+        broker,
+        topics,
+        relay,
+        client,
+        ..
+    } = ops::streaming_relay("ops_http", &[("OUTBOXD_READY_STALL_MS", "3000")]).await;
+    let (code, _) = get(&relay, "/healthz");
+    assert_eq!(code, 200);
+    ops::wait_for(
+        "/readyz 200 while streaming",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async { (get(&relay, "/readyz").0 == 200).then_some(()) },
+    )
+    .await;
+    let (_, before) = get(&relay, "/metrics");
+    let confirmed_before = ops::must_metric(&before, "outboxd_confirmed_lsn");
+
+    // 500 events in 50 transactions.
+    let events = support::load::insert_events(&client, &outbox.table, 500, 20, 10).await;
+    let wal_after = ops::current_wal(&client).await;
+    let received = ops::read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &events,
+        Duration::from_secs(60),
+    );
+    check_delivery(&events, &received);
+    let body = ops::wait_for(
+        "outboxd_events_published_total = 500",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async {
+            let (_, body) = relay.http_get("/metrics")?;
+            (ops::metric(&body, "outboxd_events_published_total")? == 500.0).then_some(body)
+        },
+    )
+    .await;
+    // Text format: every sample has HELP and TYPE lines for its family.
+    for family in [
+        "outboxd_events_published_total",
+        "outboxd_confirmed_lsn",
+        "outboxd_received_lsn",
+        "outboxd_lag_bytes",
+        "outboxd_slot_retained_wal_bytes",
+        "outboxd_commit_to_ack_seconds",
+    ] {
+        assert!(
+            body.contains(&format!("# HELP {family} ")),
+            "HELP {family}:\n{body}"
+        );
+        assert!(
+            body.contains(&format!("# TYPE {family} ")),
+            "TYPE {family}:\n{body}"
+        );
+    }
+    assert_eq!(
+        ops::must_metric(&body, "outboxd_commit_to_ack_seconds_count"),
+        500.0,
+        "one latency observation per published event"
+    );
+    assert_eq!(
+        ops::must_metric(&body, "outboxd_commit_to_ack_seconds_bucket{le=\"+Inf\"}"),
+        500.0
+    );
+    assert!(ops::must_metric(&body, "outboxd_commit_to_ack_seconds_sum") > 0.0);
+    assert_eq!(
+        ops::must_metric(&body, "outboxd_delivery_errors_total"),
+        0.0
+    );
+    assert!(
+        ops::must_metric(&body, "outboxd_status_updates_sent_total") > 0.0,
+        "status updates are counted"
+    );
+    assert_eq!(
+        ops::must_metric(&body, "outboxd_replication_connected"),
+        1.0
+    );
+    assert_eq!(ops::must_metric(&body, "outboxd_in_flight_messages"), 0.0);
+    // The LSN gauges moved to the end of the inserts.
+    let received_lsn = ops::must_metric(&body, "outboxd_received_lsn");
+    assert!(
+        received_lsn > confirmed_before,
+        "received_lsn {received_lsn} did not move past {confirmed_before}"
+    );
+    let confirmed = ops::wait_for(
+        "outboxd_confirmed_lsn to reach the end of the inserts",
+        Duration::from_secs(15),
+        Duration::from_millis(100),
+        || async {
+            let (_, body) = relay.http_get("/metrics")?;
+            let c = ops::metric(&body, "outboxd_confirmed_lsn")?;
+            (c >= wal_after as f64).then_some(c)
+        },
+    )
+    .await;
+    // The slot statistics come from the 5 s poll.
+    let body = ops::wait_for(
+        "slot statistics from the 5 s poll",
+        Duration::from_secs(12),
+        Duration::from_millis(200),
+        || async {
+            let (_, body) = relay.http_get("/metrics")?;
+            (ops::metric(&body, "outboxd_slot_wal_status{status=\"reserved\"}")? == 1.0
+                && ops::metric(&body, "outboxd_slot_retained_wal_bytes")? > 0.0)
+                .then_some(body)
+        },
+    )
+    .await;
+    let retained = ops::must_metric(&body, "outboxd_slot_retained_wal_bytes");
+    let lag = ops::must_metric(&body, "outboxd_lag_bytes");
+    let slot = ops::slot_row(&client, &outbox.slot).await.expect("slot");
+    assert!(
+        retained <= (slot.retained() + 16 * 1024 * 1024) as f64,
+        "retained gauge {retained} vs slot {}",
+        slot.retained()
+    );
+    assert!(lag < 16.0 * 1024.0 * 1024.0, "lag {lag} after catching up");
+    eprintln!("metrics after 500 events: confirmed {confirmed}, received {received_lsn}, lag {lag} B, retained {retained} B");
+
+    // Kafka down with events waiting: not ready once the stall passes 3 s.
+    broker.set_all_down(true);
+    let down_events = support::load::insert_events(&client, &outbox.table, 10, 5, 5).await;
+    let inserted = Instant::now();
+    let (code, body) = get(&relay, "/readyz");
+    assert_eq!(code, 200, "not stalled yet: {body}");
+    let body = ops::wait_for(
+        "/readyz 503 with Kafka down",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || async {
+            let (code, body) = relay.http_get("/readyz")?;
+            (code == 503).then_some(body)
+        },
+    )
+    .await;
+    let not_ready_after = inserted.elapsed();
+    assert!(
+        not_ready_after >= Duration::from_millis(2900),
+        "503 only after the 3 s stall window, got it after {not_ready_after:?}"
+    );
+    assert!(body.contains("Kafka"), "the reason is given: {body}");
+    assert_eq!(get(&relay, "/healthz").0, 200, "liveness is unaffected");
+    let (_, metrics) = get(&relay, "/metrics");
+    assert!(ops::must_metric(&metrics, "outboxd_in_flight_messages") > 0.0);
+    assert!(ops::must_metric(&metrics, "outboxd_oldest_unacked_age_seconds") > 0.0);
+
+    broker.set_all_down(false);
+    ops::wait_for(
+        "/readyz 200 after Kafka is back",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { (relay.http_get("/readyz")?.0 == 200).then_some(()) },
+    )
+    .await;
+    let mut all = events;
+    all.extend(down_events);
+    let received =
+        ops::read_all_blocking(&broker.bootstrap(), &topics, &all, Duration::from_secs(60));
+    check_delivery(&all, &received);
+    let (_, metrics) = get(&relay, "/metrics");
+    assert_eq!(
+        ops::must_metric(&metrics, "outboxd_events_published_total"),
+        510.0
+    );
+    assert_eq!(
+        ops::must_metric(&metrics, "outboxd_commit_to_ack_seconds_count"),
+        510.0
+    );
+    eprintln!("readyz: 503 {not_ready_after:?} after events got stuck (stall limit 3 s)");
+}
+
+/// All brokers down with nothing waiting: /readyz turns 503 and outboxd_kafka_brokers_up
+/// 0 within seconds (no event has to be stuck first); both recover with the brokers.
+#[tokio::test(flavor = "multi_thread")]
+async fn brokers_down_with_nothing_waiting_is_not_ready() {
+    let ops::Streaming {
+        db: _db,
+        broker,
+        relay,
+        ..
+    } = ops::streaming_relay("ops_http_brokers", &[]).await;
+    ops::wait_for(
+        "/readyz 200 and brokers up",
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async {
+            let up = relay.metric("outboxd_kafka_brokers_up")?;
+            (get(&relay, "/readyz").0 == 200 && up > 0.0).then_some(())
+        },
+    )
+    .await;
+    broker.set_all_down(true);
+    let started = Instant::now();
+    let body = ops::wait_for(
+        "/readyz 503 naming Kafka",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let (code, body) = get(&relay, "/readyz");
+            (code == 503).then_some(body)
+        },
+    )
+    .await;
+    assert!(body.contains("Kafka"), "{body}");
+    assert_eq!(relay.metric("outboxd_kafka_brokers_up"), Some(0.0));
+    assert!(started.elapsed() < Duration::from_secs(30));
+    broker.set_all_down(false);
+    ops::wait_for(
+        "/readyz 200 again",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let up = relay.metric("outboxd_kafka_brokers_up")?;
+            (get(&relay, "/readyz").0 == 200 && up > 0.0).then_some(())
+        },
+    )
+    .await;
+}
+
+/// With max_slot_wal_keep_size set, how much WAL may still be written before the slot is
+/// lost is exported (the alert an on-call engineer wants before a slot is invalidated).
+#[tokio::test(flavor = "multi_thread")]
+async fn safe_wal_size_is_exported_when_the_server_caps_slots() {
+    let cluster = pgtest::PgCluster::start(pgtest::ClusterOptions {
+        conf: vec!["max_slot_wal_keep_size = '64MB'".into()],
+        ..pgtest::ClusterOptions::default()
+    })
+    .expect("dedicated cluster");
+    let db = cluster.fresh_database("ops_http_safe_wal").await;
+    let outbox = support::schema::setup(&db).await;
+    let broker = support::broker::Broker::mock();
+    ops::create_topics(&broker, &outbox).await;
+    let relay = Relay::start(
+        Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
+        &["run"],
+    );
+    let safe = ops::wait_for(
+        "outboxd_slot_safe_wal_size_bytes",
+        Duration::from_secs(30),
+        Duration::from_millis(250),
+        || async { relay.metric("outboxd_slot_safe_wal_size_bytes") },
+    )
+    .await;
+    // The server counts from the current segment's end, so up to a few segments over.
+    assert!(
+        safe > 0.0 && safe <= 128.0 * 1024.0 * 1024.0,
+        "safe_wal_size {safe} should be near the 64MB cap"
+    );
+}

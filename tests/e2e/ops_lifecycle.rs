@@ -1,0 +1,335 @@
+//! Operations: stopping and replacing relays. SIGTERM/SIGINT under load drains and
+//! confirms, so a restart neither loses nor repeats anything (also when the signal lands
+//! inside a big transaction); a standby on the same slot takes over within seconds of
+//! the active relay being killed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::support;
+
+use std::time::{Duration, Instant};
+
+use pgtest::PgCluster;
+use support::broker::Broker;
+use support::consume::check_delivery;
+use support::load::Event;
+use support::ops::{self, LoadGen, LoadShape};
+use support::relay::{free_port, Relay};
+use support::schema;
+
+fn assert_each_once(events: &[Event], received: &[support::consume::Received]) {
+    let counts = ops::id_counts(received);
+    let repeated: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "{} events arrived more than once after a graceful stop (e.g. {:?})",
+        repeated.len(),
+        repeated.first()
+    );
+    let report = check_delivery(events, received);
+    assert_eq!(report.duplicates, 0);
+    assert_eq!(
+        received.len(),
+        events.len(),
+        "nothing but the committed events"
+    );
+}
+
+async fn graceful_stop_under_load(signal: &str) {
+    let started = Instant::now();
+    let db = PgCluster::shared()
+        .fresh_database(&format!("ops_stop_{signal}"))
+        .await;
+    let outbox = schema::setup(&db).await;
+    let broker = Broker::mock();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let mut relay = Relay::start(
+        Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
+        &["run"],
+    );
+    let client = db.client().await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    // Small transactions with a 1500-event one every 10th.
+    let load = LoadGen::spawn(
+        db.conn_string(),
+        outbox.table.clone(),
+        LoadShape {
+            pause: Duration::from_millis(5),
+            big_every: 10,
+            big_size: 1500,
+            ..LoadShape::default()
+        },
+    );
+    load.wait_committed(5000, Duration::from_secs(60)).await;
+    let signalled = Instant::now();
+    relay.signal(signal);
+    let status = relay.wait_exit(Duration::from_secs(60));
+    let stop_time = signalled.elapsed();
+    let log = relay.log_text();
+    assert_eq!(status.code(), Some(0), "graceful stop exits 0; log:\n{log}");
+    assert!(log.contains("draining"), "{log}");
+    assert!(log.contains("confirming the final position"), "{log}");
+    let row = ops::slot_row(&client, &outbox.slot).await.expect("slot");
+    assert!(
+        row.active_pid.is_none(),
+        "the walsender is gone after the relay exited"
+    );
+    // Events keep coming while no relay runs; the restarted relay picks them up.
+    let at_stop = load.committed();
+    load.wait_committed(at_stop + 3000, Duration::from_secs(60))
+        .await;
+    relay.restart();
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let at_restart = load.committed();
+    load.wait_committed(at_restart + 3000, Duration::from_secs(60))
+        .await;
+    let events = load.stop().await;
+    let received = ops::read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &events,
+        Duration::from_secs(120),
+    );
+    assert_each_once(&events, &received);
+    eprintln!(
+        "SIG{signal} under load: exited 0 in {stop_time:?}; {} events ({at_stop} before the stop), each exactly once; {:?}",
+        events.len(),
+        started.elapsed()
+    );
+    relay.kill();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_under_load_restart_loses_and_repeats_nothing() {
+    graceful_stop_under_load("TERM").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigint_under_load_restart_loses_and_repeats_nothing() {
+    graceful_stop_under_load("INT").await;
+}
+
+fn make_events(n: usize, aggregates: usize) -> Vec<Event> {
+    (0..n)
+        .map(|i| {
+            let a = i % aggregates;
+            Event {
+                id: uuid::Uuid::new_v4().to_string(),
+                aggregate_type: if a.is_multiple_of(2) {
+                    "order"
+                } else {
+                    "customer"
+                }
+                .into(),
+                aggregate_id: format!("agg-{a}"),
+                event_type: "Changed".into(),
+                payload: format!("{{\"agg\": {a}, \"seq\": {i}}}"),
+            }
+        })
+        .collect()
+}
+
+/// SIGTERM while the relay is in the middle of one 50 000-event transaction: it reads
+/// the transaction to its Commit, waits for the acks and confirms it, so the restarted
+/// relay re-sends none of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_inside_a_big_transaction_finishes_it_first() {
+    let mut s =
+        ops::streaming_relay("ops_stop_big", &[("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "500")]).await;
+    let (client, outbox, broker, topics, relay) =
+        (&s.client, &s.outbox, &s.broker, &s.topics, &mut s.relay);
+    let big = make_events(50_000, 100);
+    support::load::try_insert(client, &outbox.table, &big)
+        .await
+        .expect("big transaction");
+    let published_at_signal = ops::wait_for(
+        "the relay to start publishing the big transaction",
+        Duration::from_secs(60),
+        Duration::from_millis(5),
+        || async {
+            let (_, body) = relay.http_get("/metrics")?;
+            let n = ops::metric(&body, "outboxd_events_published_total")?;
+            (n >= 1.0).then_some(n)
+        },
+    )
+    .await;
+    relay.signal("TERM");
+    let status = relay.wait_exit(Duration::from_secs(60));
+    let log = relay.log_text();
+    assert_eq!(status.code(), Some(0), "log:\n{log}");
+    assert!(
+        published_at_signal < 50_000.0,
+        "the signal was meant to land inside the transaction, but {published_at_signal} events were already acked"
+    );
+    assert!(log.contains("finishing the open transaction"), "{log}");
+    let after = make_events(10, 5);
+    support::load::try_insert(client, &outbox.table, &after)
+        .await
+        .expect("insert");
+    relay.restart();
+    let mut events = big;
+    events.extend(after);
+    let received = ops::read_all_blocking(
+        &broker.bootstrap(),
+        topics,
+        &events,
+        Duration::from_secs(120),
+    );
+    assert_each_once(&events, &received);
+    eprintln!(
+        "SIGTERM after {published_at_signal} of 50000 events of one transaction were acked: exited 0, restart re-sent nothing"
+    );
+    relay.kill();
+}
+
+/// Two relays with the same settings on one slot: the second stands by quietly; when the
+/// active one is SIGKILLed under load, the standby streams within 5 s and nothing is lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn standby_takes_over_within_5s_of_sigkill() {
+    let db = PgCluster::shared().fresh_database("ops_takeover").await;
+    let outbox = schema::setup(&db).await;
+    let broker = Broker::mock();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let env_a = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    // Same settings; only the HTTP port differs because both run on this host.
+    let mut env_b = env_a.clone();
+    for (k, v) in &mut env_b {
+        if k == "OUTBOXD_HTTP_ADDR" {
+            *v = format!("127.0.0.1:{}", free_port());
+        }
+    }
+    let mut active = Relay::start(env_a, &["run"]);
+    let client = db.client().await;
+    let first_pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let mut standby = Relay::start(env_b, &["run"]);
+    let load = LoadGen::spawn(db.conn_string(), outbox.table.clone(), LoadShape::default());
+    load.wait_committed(500, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        standby.is_running(),
+        "the standby must wait, not exit:\n{}",
+        standby.log_text()
+    );
+    let standby_log = standby.log_text();
+    assert!(standby_log.contains("standing by"), "{standby_log}");
+    // Quiet apart from the server-settings advice every instance logs once at start.
+    let noisy = standby_log
+        .lines()
+        .filter(|l| (l.contains("WARN") || l.contains("ERROR")) && !l.contains("setting="))
+        .count();
+    assert_eq!(noisy, 0, "standing by is quiet:\n{standby_log}");
+    assert_eq!(
+        ops::slot_row(&client, &outbox.slot)
+            .await
+            .expect("slot")
+            .active_pid,
+        Some(first_pid)
+    );
+    let (_, body) = standby.http_get("/metrics").expect("standby metrics");
+    assert_eq!(
+        ops::must_metric(&body, "outboxd_events_published_total"),
+        0.0
+    );
+
+    let killed_at = Instant::now();
+    active.kill();
+    let new_pid = ops::wait_for(
+        "the standby's walsender to hold the slot",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || async {
+            ops::slot_row(&client, &outbox.slot)
+                .await
+                .and_then(|r| r.active_pid)
+                .filter(|p| *p != first_pid)
+        },
+    )
+    .await;
+    let slot_taken = killed_at.elapsed();
+    ops::wait_for(
+        "the standby to publish",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || async {
+            let (_, body) = standby.http_get("/metrics")?;
+            (ops::metric(&body, "outboxd_events_published_total")? > 0.0).then_some(())
+        },
+    )
+    .await;
+    let first_record = killed_at.elapsed();
+    eprintln!(
+        "takeover: slot held by the standby's walsender (pid {new_pid}) {slot_taken:?} after SIGKILL; first record acked after {first_record:?}"
+    );
+    assert!(
+        slot_taken <= Duration::from_secs(5),
+        "takeover took {slot_taken:?}; standby log:\n{}",
+        standby.log_text()
+    );
+    let at = load.committed();
+    load.wait_committed(at + 500, Duration::from_secs(30)).await;
+    let events = load.stop().await;
+    let received = ops::read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &events,
+        Duration::from_secs(120),
+    );
+    let report = check_delivery(&events, &received);
+    eprintln!(
+        "takeover: {} events, {} duplicates (replayed from the slot after the kill)",
+        events.len(),
+        report.duplicates
+    );
+    assert!(standby.is_running());
+    standby.kill();
+}
+
+/// One deadline for the whole shutdown: with Kafka down and a transaction that cannot be
+/// finished (reading stopped at the in-flight cap inside it), SIGTERM exits 0 within
+/// OUTBOXD_SHUTDOWN_TIMEOUT_MS, not after one timeout to finish the transaction plus
+/// another to drain acks; nothing unacked was confirmed, so a restart relays it all.
+#[tokio::test(flavor = "multi_thread")]
+async fn shutdown_takes_at_most_the_shutdown_timeout() {
+    let s = ops::streaming_relay(
+        "ops_shutdown_deadline",
+        &[
+            ("OUTBOXD_SHUTDOWN_TIMEOUT_MS", "3000"),
+            ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "10"),
+        ],
+    )
+    .await;
+    let mut relay = s.relay;
+    s.broker.set_all_down(true);
+    let events = support::load::insert_events(&s.client, &s.outbox.table, 200, 200, 4).await;
+    ops::wait_for(
+        "the relay to reach the in-flight cap inside the transaction",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            relay
+                .metric("outboxd_in_flight_messages")
+                .filter(|n| *n >= 10.0)
+        },
+    )
+    .await;
+    let signalled = Instant::now();
+    relay.signal("TERM");
+    let status = relay.wait_exit(Duration::from_secs(30));
+    let took = signalled.elapsed();
+    eprintln!("shutdown with an unfinishable transaction took {took:?}");
+    assert_eq!(status.code(), Some(0), "{}", relay.log_text());
+    assert!(
+        took < Duration::from_millis(4500),
+        "shutdown took {took:?}, more than OUTBOXD_SHUTDOWN_TIMEOUT_MS (3 s) plus 1.5 s"
+    );
+    // Nothing unacked was confirmed: a new relay with Kafka back relays all of it.
+    s.broker.set_all_down(false);
+    relay.restart();
+    let received = ops::read_all_blocking(
+        &s.broker.bootstrap(),
+        &s.topics,
+        &events,
+        Duration::from_secs(60),
+    );
+    check_delivery(&events, &received);
+}

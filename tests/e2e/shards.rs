@@ -1,0 +1,331 @@
+//! A sharded outbox: the table partitioned by hash of aggregate_id, one slot and
+//! publication per partition. One process relaying every shard, shards spread over
+//! processes with one of them killed mid-load, and layouts that would leave a partition
+//! unread refused by `check`, at start-up and while running.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use crate::support;
+
+use std::time::{Duration, Instant};
+
+use pgtest::PgCluster;
+use rand::Rng;
+use support::broker::Broker;
+use support::consume::check_delivery;
+use support::load::{insert_events, Event};
+use support::ops::{self, read_all_blocking, wait_active_pid};
+use support::relay::{run_to_end, Relay};
+use support::schema::Outbox;
+
+fn shard_slot(o: &Outbox, i: u32) -> String {
+    format!("{}_{i}", o.slot)
+}
+
+/// `outboxd init` with OUTBOXD_SHARD_COUNT: the partitioned table, and each shard's
+/// publication and slot; then `check` passes.
+fn init_shards(env: &[(String, String)]) {
+    let (code, out) = run_to_end(env, &["init"]);
+    assert_eq!(code, 0, "init failed:\n{out}");
+    let (code, out) = run_to_end(env, &["check"]);
+    assert_eq!(code, 0, "check failed after init:\n{out}");
+    assert!(out.contains("ok    shards:"), "{out}");
+}
+
+/// Starts `outboxd run` and waits until each of its `shards` streams from its slot.
+async fn start_relaying(
+    env: Vec<(String, String)>,
+    client: &tokio_postgres::Client,
+    o: &Outbox,
+    shards: u32,
+) -> Relay {
+    let relay = Relay::start(env, &["run"]);
+    for i in 0..shards {
+        wait_active_pid(client, &shard_slot(o, i), Duration::from_secs(30)).await;
+    }
+    relay
+}
+
+/// Inserts `n` events over 40 aggregates and checks that all arrive, in order per aggregate.
+async fn insert_and_deliver(
+    client: &tokio_postgres::Client,
+    broker: &Broker,
+    topics: &[String],
+    o: &Outbox,
+    n: usize,
+    max_txn: usize,
+) -> support::consume::DeliveryReport {
+    let events = insert_events(client, &o.table, n, max_txn, 40).await;
+    let received = read_all_blocking(
+        &broker.bootstrap(),
+        topics,
+        &events,
+        Duration::from_secs(90),
+    );
+    check_delivery(&events, &received)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_process_relays_three_shards_in_order_per_aggregate() {
+    let db = PgCluster::shared().fresh_database("shards_three").await;
+    let o = Outbox::for_db(&db);
+    let broker = Broker::mock();
+    let topics = ops::create_topics(&broker, &o).await;
+    let env = Relay::env_for(
+        &db,
+        &o,
+        &broker.bootstrap(),
+        &[("OUTBOXD_SHARD_COUNT", "3")],
+    );
+    init_shards(&env);
+    let client = db.client().await;
+    let relay = start_relaying(env.clone(), &client, &o, 3).await;
+    // Multi-row transactions spanning shards: each shard publishes its own rows.
+    let report = insert_and_deliver(&client, &broker, &topics, &o, 3_000, 8).await;
+    assert_eq!(report.duplicates, 0);
+
+    // Each shard relayed its own share, and says so under its label.
+    let (_, body) = relay.http_get("/metrics").expect("metrics");
+    let mut total = 0.0;
+    for i in 0..3 {
+        let n = ops::must_metric(
+            &body,
+            &format!("outboxd_events_published_total{{shard=\"{i}\"}}"),
+        );
+        assert!(n > 0.0, "shard {i} published nothing:\n{body}");
+        total += n;
+    }
+    assert_eq!(total, 3_000.0);
+    let (code, ready) = relay.http_get("/readyz").expect("readyz");
+    assert_eq!(code, 200, "{ready}");
+
+    // Every shard's slot is confirmed past its rows.
+    let wal = support::schema::current_wal_lsn(&db).await;
+    ops::wait_for(
+        "every shard's slot confirmed past the load",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let mut all = true;
+            for i in 0..3 {
+                let row = ops::slot_row(&client, &shard_slot(&o, i))
+                    .await
+                    .expect("slot");
+                all &= row.confirmed_flush.unwrap_or(0) >= wal;
+            }
+            all.then_some(())
+        },
+    )
+    .await;
+
+    let (code, out) = run_to_end(&env, &["status", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let doc: serde_json::Value = serde_json::from_str(out.trim()).expect("status json");
+    let shards = doc["shards"].as_array().expect("shards array");
+    assert_eq!(shards.len(), 3);
+    for (i, s) in shards.iter().enumerate() {
+        assert_eq!(s["shard"], i);
+        assert_eq!(s["slot"], shard_slot(&o, u32::try_from(i).unwrap()));
+        assert_eq!(s["active"], true);
+    }
+}
+
+/// sql/shards.sql as an owner would run it (twice), then `init` creates only the slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sql_kit_makes_a_layout_check_and_run_accept() {
+    let db = PgCluster::shared().fresh_database("shards_sql_kit").await;
+    let client = db.client().await;
+    let kit = include_str!("../../sql/shards.sql");
+    client.batch_execute(kit).await.unwrap();
+    client.batch_execute(kit).await.unwrap();
+    let o = Outbox {
+        publication: "outboxd".into(),
+        ..Outbox::for_db(&db)
+    };
+    let broker = Broker::mock();
+    let topics = ops::create_topics(&broker, &o).await;
+    let env = Relay::env_for(
+        &db,
+        &o,
+        &broker.bootstrap(),
+        &[("OUTBOXD_SHARD_COUNT", "4")],
+    );
+    let (code, out) = run_to_end(&env, &["init"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out.matches("(exists)").count(),
+        5,
+        "table and 4 publications exist:\n{out}"
+    );
+    assert_eq!(
+        out.matches("(created at").count(),
+        4,
+        "4 slots created:\n{out}"
+    );
+    init_shards(&env);
+    let _relay = start_relaying(env, &client, &o, 4).await;
+    insert_and_deliver(&client, &broker, &topics, &o, 400, 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_shard_processes_one_killed_mid_load_lose_nothing() {
+    let db = PgCluster::shared().fresh_database("shards_kill").await;
+    let o = Outbox::for_db(&db);
+    let broker = Broker::mock();
+    let topics = ops::create_topics(&broker, &o).await;
+    let bootstrap = broker.bootstrap();
+    let base = [("OUTBOXD_SHARD_COUNT", "2")];
+    init_shards(&Relay::env_for(&db, &o, &bootstrap, &base));
+    // Two processes, as two pods of a StatefulSet would run: one shard each.
+    let _steady = Relay::start(
+        Relay::env_for(
+            &db,
+            &o,
+            &bootstrap,
+            &[("OUTBOXD_SHARD_COUNT", "2"), ("OUTBOXD_SHARDS", "0")],
+        ),
+        &["run"],
+    );
+    let mut killed = Relay::start(
+        Relay::env_for(
+            &db,
+            &o,
+            &bootstrap,
+            &[
+                ("OUTBOXD_SHARD_COUNT", "2"),
+                ("OUTBOXD_SHARDS", "ordinal"),
+                ("HOSTNAME", "outboxd-1"),
+            ],
+        ),
+        &["run"],
+    );
+    let client = db.client().await;
+    for i in 0..2 {
+        wait_active_pid(&client, &shard_slot(&o, i), Duration::from_secs(30)).await;
+    }
+    let load_client = db.client().await;
+    let table = o.table.clone();
+    let load = tokio::spawn(async move {
+        let mut events: Vec<Event> = Vec::new();
+        while events.len() < 20_000 {
+            events.extend(insert_events(&load_client, &table, 1_000, 20, 60).await);
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        events
+    });
+    let mut kills = 0;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while kills < 5 || !load.is_finished() {
+        let pause = rand::thread_rng().gen_range(300..=1200);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        killed.restart();
+        kills += 1;
+        assert!(
+            Instant::now() < deadline,
+            "load did not finish in 5 minutes"
+        );
+    }
+    let events = load.await.expect("load");
+    let received = read_all_blocking(&bootstrap, &topics, &events, Duration::from_secs(180));
+    let report = check_delivery(&events, &received);
+    assert_eq!(report.unique, events.len());
+    eprintln!(
+        "{} events, {kills} kills of shard 1's process: {} duplicates",
+        events.len(),
+        report.duplicates
+    );
+}
+
+/// A table with four hash partitions, relayed as two shards: the rows of two partitions
+/// would be published by no shard's publication.
+const FOUR_PARTITIONS: &str = "
+CREATE TABLE public.outbox (
+    id uuid NOT NULL, aggregate_type text NOT NULL, aggregate_id text NOT NULL,
+    event_type text NOT NULL, payload jsonb NOT NULL, headers jsonb NULL,
+    created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (id, aggregate_id)
+) PARTITION BY HASH (aggregate_id);
+CREATE TABLE public.outbox_shard_0 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 4, REMAINDER 0);
+CREATE TABLE public.outbox_shard_1 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 4, REMAINDER 1);
+CREATE TABLE public.outbox_shard_2 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 4, REMAINDER 2);
+CREATE TABLE public.outbox_shard_3 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 4, REMAINDER 3);
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_no_shard_reads_is_refused_by_check_init_and_run() {
+    let db = PgCluster::shared().fresh_database("shards_refused").await;
+    let o = Outbox::for_db(&db);
+    let client = db.client().await;
+    client.batch_execute(FOUR_PARTITIONS).await.unwrap();
+    let broker = Broker::mock();
+    let env = Relay::env_for(
+        &db,
+        &o,
+        &broker.bootstrap(),
+        &[("OUTBOXD_SHARD_COUNT", "2")],
+    );
+
+    let (code, out) = run_to_end(&env, &["check"]);
+    assert_eq!(code, 6, "{out}");
+    assert!(
+        out.contains("FAIL  shards:") && out.contains("modulus 4"),
+        "{out}"
+    );
+    let (code, out) = run_to_end(&env, &["init"]);
+    assert_eq!(code, 3, "{out}");
+    // Nothing was created for a layout that would lose rows.
+    assert!(
+        ops::slot_row(&client, &shard_slot(&o, 0)).await.is_none(),
+        "{out}"
+    );
+    let (code, out) = run_to_end(&env, &["run"]);
+    assert_eq!(code, 3, "{out}");
+    assert!(out.contains("published by no shard"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repartitioning_while_running_stops_the_relay() {
+    let db = PgCluster::shared()
+        .fresh_database("shards_repartition")
+        .await;
+    let o = Outbox::for_db(&db);
+    let broker = Broker::mock();
+    let topics = ops::create_topics(&broker, &o).await;
+    let env = Relay::env_for(
+        &db,
+        &o,
+        &broker.bootstrap(),
+        &[("OUTBOXD_SHARD_COUNT", "2"), ("OUTBOXD_SHARDS", "0")],
+    );
+    init_shards(&env);
+    let mut relay = Relay::start(env, &["run"]);
+    let client = db.client().await;
+    wait_active_pid(&client, &shard_slot(&o, 0), Duration::from_secs(30)).await;
+    let events = insert_events(&client, &o.table, 200, 4, 20).await;
+    let shard0: Vec<Event> = {
+        let rows = client
+            .query("SELECT id::text FROM public.outbox_shard_0", &[])
+            .await
+            .unwrap();
+        let ids: std::collections::HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
+        events.into_iter().filter(|e| ids.contains(&e.id)).collect()
+    };
+    let received = read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &shard0,
+        Duration::from_secs(60),
+    );
+    check_delivery(&shard0, &received);
+    // Remainder 1 split into two partitions of modulus 4: named outside the shards, so
+    // no shard's publication carries their rows.
+    client
+        .batch_execute(
+            "ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1;
+             CREATE TABLE public.outbox_m4_1 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 4, REMAINDER 1);
+             CREATE TABLE public.outbox_m4_3 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 4, REMAINDER 3);",
+        )
+        .await
+        .unwrap();
+    let status = relay.wait_exit(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(3), "{}", relay.log_text());
+}

@@ -1,0 +1,184 @@
+//! With OUTBOXD_READY_STANDBY=true a standby waiting for the slot answers /readyz with
+//! 200 (what the Kubernetes manifests rely on); by default it answers 503 saying it stands
+//! by. The active replica is ready either way, and the standby takes over when it dies.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::support;
+
+use std::time::Duration;
+
+use pgtest::PgCluster;
+use support::broker::Broker;
+use support::ops;
+use support::relay::{free_port, Relay};
+use support::schema;
+
+fn with_port(env: &[(String, String)], extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = env
+        .iter()
+        .filter(|(k, _)| k != "OUTBOXD_HTTP_ADDR")
+        .cloned()
+        .collect();
+    env.push((
+        "OUTBOXD_HTTP_ADDR".into(),
+        format!("127.0.0.1:{}", free_port()),
+    ));
+    env.extend(
+        extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    env
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn standby_answers_ready_only_when_opted_in() {
+    let db = PgCluster::shared().fresh_database("standby_ready").await;
+    let outbox = schema::setup(&db).await;
+    let broker = Broker::mock();
+    ops::create_topics(&broker, &outbox).await;
+    let base = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let mut active = Relay::start(
+        with_port(&base, &[("OUTBOXD_READY_STANDBY", "true")]),
+        &["run"],
+    );
+    let client = db.client().await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let ready_standby = Relay::start(
+        with_port(&base, &[("OUTBOXD_READY_STANDBY", "true")]),
+        &["run"],
+    );
+    let plain_standby = Relay::start(with_port(&base, &[]), &["run"]);
+    let readyz = |r: &Relay| r.http_get("/readyz");
+    ops::wait_for(
+        "both standbys to stand by",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            (ready_standby.log_text().contains("standing by")
+                && plain_standby.log_text().contains("standing by"))
+            .then_some(())
+        },
+    )
+    .await;
+    // The slot is active from START_REPLICATION on; the active one is ready a moment
+    // later (producer created, first broker probe answered).
+    ops::wait_for(
+        "the active instance to be ready",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async { (readyz(&active).map(|r| r.0) == Some(200)).then_some(()) },
+    )
+    .await;
+    let (code, body) = readyz(&ready_standby).expect("readyz");
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = readyz(&plain_standby).expect("readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("standing by"), "{body}");
+    // Both standbys report not streaming, which is what the alert rules count.
+    for r in [&ready_standby, &plain_standby] {
+        assert_eq!(r.metric("outboxd_replication_connected"), Some(0.0));
+    }
+
+    // The active one dies: a standby takes the slot and is ready as the active one.
+    active.kill();
+    ops::wait_for(
+        "a standby to take over and answer ready as streaming",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            [&ready_standby, &plain_standby]
+                .into_iter()
+                .any(|r| r.metric("outboxd_replication_connected") == Some(1.0))
+                .then_some(())
+        },
+    )
+    .await;
+    let streaming = [&ready_standby, &plain_standby]
+        .into_iter()
+        .find(|r| r.metric("outboxd_replication_connected") == Some(1.0))
+        .unwrap();
+    assert_eq!(readyz(streaming).map(|r| r.0), Some(200));
+}
+
+/// A standby watches the slot over one connection instead of opening new backends on the
+/// primary every second, says so in `outboxd_standby`, and takes over when the active
+/// instance dies.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_standby_waits_over_one_connection_and_says_so() {
+    let db = PgCluster::shared().fresh_database("standby_conn").await;
+    let outbox = schema::setup(&db).await;
+    let broker = Broker::mock();
+    ops::create_topics(&broker, &outbox).await;
+    let base = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let mut active = Relay::start(with_port(&base, &[]), &["run"]);
+    let client = db.client().await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let standby = Relay::start(
+        with_port(&base, &[("PGAPPNAME", "outboxd-standby")]),
+        &["run"],
+    );
+    ops::wait_for(
+        "outboxd_standby = 1",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async { (standby.metric("outboxd_standby") == Some(1.0)).then_some(()) },
+    )
+    .await;
+    assert_eq!(active.metric("outboxd_standby"), Some(0.0));
+    assert_eq!(standby.metric("outboxd_replication_connected"), Some(0.0));
+
+    // Over 10 s: the sessions the database counts, and the standby's backends seen.
+    let before = sessions(&client, &db.name).await;
+    let mut pids = std::collections::BTreeSet::new();
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < until {
+        for row in client
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'outboxd-standby'",
+                &[],
+            )
+            .await
+            .unwrap()
+        {
+            pids.insert(row.get::<_, i32>(0));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Session counts reach the shared statistics within a second or so.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let opened = sessions(&client, &db.name).await - before;
+    eprintln!(
+        "standby over 10 s: {} backends seen, {opened} sessions opened on the database",
+        pids.len()
+    );
+    assert!(pids.len() <= 2, "the standby's backends: {pids:?}");
+    assert!(
+        opened <= 2,
+        "{opened} sessions opened in 10 s while standing by"
+    );
+
+    active.kill();
+    ops::wait_for(
+        "the standby to take over",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async { (standby.metric("outboxd_replication_connected") == Some(1.0)).then_some(()) },
+    )
+    .await;
+    assert_eq!(standby.metric("outboxd_standby"), Some(0.0));
+}
+
+async fn sessions(c: &tokio_postgres::Client, db: &str) -> i64 {
+    c.batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    c.query_one(
+        "SELECT sessions FROM pg_stat_database WHERE datname = $1",
+        &[&db],
+    )
+    .await
+    .unwrap()
+    .get::<_, i64>(0)
+}
