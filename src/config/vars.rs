@@ -70,7 +70,7 @@ pub const VARS: &[VarSpec] = &[
     var("OUTBOXD_MAX_MESSAGE_BYTES", Some("1000000"), "largest record outboxd produces; keep <= the broker's message.max.bytes"),
     var("OUTBOXD_KAFKA_LINGER_MS", Some("5"), "producer linger.ms"),
     // Flow control and progress
-    var("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", Some("50000"), "cap on produced-but-unacked messages; at the cap outboxd stops reading WAL (status updates continue)"),
+    var("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", Some("30000"), "cap on produced-but-unacked messages; at the cap outboxd stops reading WAL (status updates continue)"),
     var("OUTBOXD_MAX_IN_FLIGHT_BYTES", Some("268435456"), "cap on produced-but-unacked bytes"),
     var("OUTBOXD_STATUS_INTERVAL_MS", None, "status update interval; default min(10 s, wal_sender_timeout / 2)"),
     var("OUTBOXD_IDLE_FLUSH", Some("true"), "advance the slot from keepalives while nothing is open or unacked, so idle outboxes do not retain WAL"),

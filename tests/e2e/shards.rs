@@ -329,3 +329,146 @@ async fn repartitioning_while_running_stops_the_relay() {
     let status = relay.wait_exit(Duration::from_secs(30));
     assert_eq!(status.code(), Some(3), "{}", relay.log_text());
 }
+
+/// Inserts `n` rows dated `at` in one transaction, returning them in insertion order.
+async fn insert_dated(
+    client: &tokio_postgres::Client,
+    table: &str,
+    n: i32,
+    at: &str,
+) -> Vec<Event> {
+    let sql = format!(
+        "INSERT INTO {table} (id, aggregate_type, aggregate_id, event_type, payload, created_at) \
+         SELECT gen_random_uuid(), CASE WHEN g % 2 = 0 THEN 'order' ELSE 'customer' END, \
+                'agg-' || (g % 40), 'Changed', jsonb_build_object('g', g), $1::text::timestamptz \
+         FROM generate_series(1, $2::int) g \
+         RETURNING id::text, aggregate_type, aggregate_id, event_type, payload::text"
+    );
+    client
+        .query(&sql, &[&at, &n])
+        .await
+        .expect("dated insert")
+        .iter()
+        .map(|r| Event {
+            id: r.get(0),
+            aggregate_type: r.get(1),
+            aggregate_id: r.get(2),
+            event_type: r.get(3),
+            payload: r.get(4),
+        })
+        .collect()
+}
+
+/// Shards partitioned further by day, for retention (sql/shards.sql says this works):
+/// `check` and `run` accept the layout, rows of every daily partition (and of the default
+/// one, and of a day attached while running) are published under their shard, once each,
+/// in order per aggregate. Through tansu, so sharding also meets a broker process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_partitioned_by_day_publish_every_day_tansu() {
+    let db = PgCluster::shared().fresh_database("shards_by_day").await;
+    let o = Outbox::for_db(&db);
+    let broker = Broker::tansu();
+    let topics = ops::create_topics(&broker, &o).await;
+    let client = db.client().await;
+    let today: String = client
+        .query_one("SELECT current_date::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let day = |offset: i32| format!("('{today}'::date + {offset})");
+    let mut ddl = format!(
+        "CREATE TABLE {t} (id uuid NOT NULL, aggregate_type text NOT NULL, \
+         aggregate_id text NOT NULL, event_type text NOT NULL, payload jsonb NOT NULL, \
+         headers jsonb, created_at timestamptz NOT NULL DEFAULT now(), \
+         PRIMARY KEY (id, aggregate_id, created_at)) PARTITION BY HASH (aggregate_id);",
+        t = o.table
+    );
+    for i in 0..2 {
+        let shard = format!("{}_shard_{i}", o.table);
+        ddl += &format!(
+            "CREATE TABLE {shard} PARTITION OF {t} FOR VALUES WITH (MODULUS 2, REMAINDER {i}) \
+             PARTITION BY RANGE (created_at);\
+             CREATE TABLE {shard}_default PARTITION OF {shard} DEFAULT;\
+             CREATE PUBLICATION {p}_{i} FOR TABLE {shard} \
+             WITH (publish = 'insert', publish_via_partition_root = true);",
+            t = o.table,
+            p = o.publication
+        );
+        for d in -1..=1 {
+            ddl += &format!(
+                "CREATE TABLE {shard}_d{n} PARTITION OF {shard} FOR VALUES FROM ({from}) TO ({to});",
+                n = d + 1,
+                from = day(d),
+                to = day(d + 1)
+            );
+        }
+    }
+    client.batch_execute(&ddl).await.expect("layout");
+    let env = Relay::env_for(
+        &db,
+        &o,
+        &broker.bootstrap(),
+        &[("OUTBOXD_SHARD_COUNT", "2")],
+    );
+    init_shards(&env);
+    let mut relay = start_relaying(env, &client, &o, 2).await;
+
+    let mut events = insert_events(&client, &o.table, 600, 8, 40).await;
+    // Near midnight UTC: yesterday's or today's partition, whatever the server's time zone.
+    events.extend(insert_dated(&client, &o.table, 100, &format!("{today} 00:00:01+00")).await);
+    // Older than every day: the default partition.
+    events.extend(insert_dated(&client, &o.table, 100, "2001-01-01 12:00:00+00").await);
+    // The nightly job: tomorrow+1 attached while the relay runs, then written to.
+    for i in 0..2 {
+        let shard = format!("{}_shard_{i}", o.table);
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE {shard}_d3 PARTITION OF {shard} FOR VALUES FROM ({from}) TO ({to})",
+                from = day(2),
+                to = day(3)
+            ))
+            .await
+            .expect("attach a day");
+    }
+    let after_tomorrow: String = client
+        .query_one(
+            &format!("SELECT ({} + interval '12 hours')::text", day(2)),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    events.extend(insert_dated(&client, &o.table, 100, &after_tomorrow).await);
+    events.extend(insert_events(&client, &o.table, 300, 8, 40).await);
+
+    // Every daily partition, the default one and the attached one got rows.
+    let per_leaf: Vec<(String, i64)> = client
+        .query(
+            &format!(
+                "SELECT tableoid::regclass::text, count(*) FROM {} GROUP BY 1 ORDER BY 1",
+                o.table
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert!(
+        per_leaf.iter().any(|(t, _)| t.ends_with("_default"))
+            && per_leaf.iter().any(|(t, _)| t.ends_with("_d3")),
+        "{per_leaf:?}"
+    );
+
+    let received = read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &events,
+        Duration::from_secs(90),
+    );
+    let report = check_delivery(&events, &received);
+    assert_eq!(report.duplicates, 0);
+    assert_eq!(report.unique, 1_200);
+    assert!(relay.is_running(), "the relay still runs after the attach");
+}

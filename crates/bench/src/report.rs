@@ -474,7 +474,7 @@ fn memory_cpu(w: &mut String, r: &Results) -> Result<()> {
     writeln!(
         w,
         "\nCPU = utime+stime from /proc/<pid>/stat at the end of the drain, start-up included, divided by \
-         the events. Peak RSS is bounded by OUTBOXD_MAX_IN_FLIGHT_MESSAGES (50000) / _BYTES (256 MiB) plus \
+         the events. Peak RSS is bounded by OUTBOXD_MAX_IN_FLIGHT_MESSAGES (30000) / _BYTES (256 MiB) plus \
          librdkafka's buffers, not by transaction size: case (c) is one transaction of all events.\n"
     )?;
     Ok(())
