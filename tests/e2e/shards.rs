@@ -472,3 +472,83 @@ async fn shards_partitioned_by_day_publish_every_day_tansu() {
     assert_eq!(report.unique, 1_200);
     assert!(relay.is_running(), "the relay still runs after the attach");
 }
+
+/// Whether every one of `shards` reports `outboxd_standby` = `value` on `relay`.
+fn standby_on_every_shard(relay: &Relay, shards: u32, value: f64) -> bool {
+    relay.http_get("/metrics").is_some_and(|(_, body)| {
+        (0..shards).all(|i| {
+            ops::metric(&body, &format!("outboxd_standby{{shard=\"{i}\"}}")) == Some(value)
+        })
+    })
+}
+
+/// An active process and a standby, both relaying every shard (the default
+/// `OUTBOXD_SHARDS=all`): the standby waits on both slots, takes both over when the
+/// active one is killed mid-load, and every event arrives, in order per aggregate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_every_shard_when_the_active_process_dies() {
+    let db = PgCluster::shared().fresh_database("shards_standby").await;
+    let o = Outbox::for_db(&db);
+    let broker = Broker::mock();
+    let topics = ops::create_topics(&broker, &o).await;
+    let bootstrap = broker.bootstrap();
+    // Each process its own HTTP port.
+    let env = || Relay::env_for(&db, &o, &bootstrap, &[("OUTBOXD_SHARD_COUNT", "2")]);
+    init_shards(&env());
+    let client = db.client().await;
+    let mut active = start_relaying(env(), &client, &o, 2).await;
+    let mut standby = Relay::start(env(), &["run"]);
+    ops::wait_for(
+        "the second process standing by on both shards",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async { standby_on_every_shard(&standby, 2, 1.0).then_some(()) },
+    )
+    .await;
+
+    let load_client = db.client().await;
+    let table = o.table.clone();
+    let load = tokio::spawn(async move {
+        let mut events: Vec<Event> = Vec::new();
+        // Paced (~5 s in all) so the kill lands in the middle.
+        while events.len() < 20_000 {
+            events.extend(insert_events(&load_client, &table, 500, 20, 60).await);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        events
+    });
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(!load.is_finished(), "the kill must come during the load");
+    active.kill();
+    let events = load.await.expect("load");
+    let received = read_all_blocking(&bootstrap, &topics, &events, Duration::from_secs(180));
+    let report = check_delivery(&events, &received);
+    assert_eq!(report.unique, events.len());
+    assert!(
+        standby_on_every_shard(&standby, 2, 0.0),
+        "the standby took over both shards"
+    );
+    assert!(standby.is_running());
+    let wal = support::schema::current_wal_lsn(&db).await;
+    ops::wait_for(
+        "both shards' slots confirmed past the load by the new active process",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let mut all = true;
+            for i in 0..2 {
+                let row = ops::slot_row(&client, &shard_slot(&o, i))
+                    .await
+                    .expect("slot");
+                all &= row.confirmed_flush.unwrap_or(0) >= wal;
+            }
+            all.then_some(())
+        },
+    )
+    .await;
+    eprintln!(
+        "{} events, the active process killed mid-load, the standby took over: {} duplicates",
+        events.len(),
+        report.duplicates
+    );
+}
