@@ -14,7 +14,7 @@ use rand::Rng;
 use support::broker::Broker;
 use support::consume::check_delivery;
 use support::load::{insert_events, Event};
-use support::ops::{self, read_all_blocking, wait_active_pid};
+use support::ops::{self, read_all_blocking, wait_active_pid, LoadGen, LoadShape};
 use support::relay::{run_to_end, Relay};
 use support::schema::Outbox;
 
@@ -44,6 +44,26 @@ async fn start_relaying(
         wait_active_pid(client, &shard_slot(o, i), Duration::from_secs(30)).await;
     }
     relay
+}
+
+/// Waits until the slot of each of `shards` is confirmed at or past `wal`.
+async fn wait_shards_confirmed(client: &tokio_postgres::Client, o: &Outbox, shards: u32, wal: u64) {
+    ops::wait_for(
+        "every shard's slot confirmed past the load",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let mut all = true;
+            for i in 0..shards {
+                let row = ops::slot_row(client, &shard_slot(o, i))
+                    .await
+                    .expect("slot");
+                all &= row.confirmed_flush.unwrap_or(0) >= wal;
+            }
+            all.then_some(())
+        },
+    )
+    .await;
 }
 
 /// Inserts `n` events over 40 aggregates and checks that all arrive, in order per aggregate.
@@ -101,22 +121,7 @@ async fn one_process_relays_three_shards_in_order_per_aggregate() {
 
     // Every shard's slot is confirmed past its rows.
     let wal = support::schema::current_wal_lsn(&db).await;
-    ops::wait_for(
-        "every shard's slot confirmed past the load",
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async {
-            let mut all = true;
-            for i in 0..3 {
-                let row = ops::slot_row(&client, &shard_slot(&o, i))
-                    .await
-                    .expect("slot");
-                all &= row.confirmed_flush.unwrap_or(0) >= wal;
-            }
-            all.then_some(())
-        },
-    )
-    .await;
+    wait_shards_confirmed(&client, &o, 3, wal).await;
 
     let (code, out) = run_to_end(&env, &["status", "--json"]);
     assert_eq!(code, 0, "{out}");
@@ -506,21 +511,14 @@ async fn a_standby_takes_over_every_shard_when_the_active_process_dies() {
     )
     .await;
 
-    let load_client = db.client().await;
-    let table = o.table.clone();
-    let load = tokio::spawn(async move {
-        let mut events: Vec<Event> = Vec::new();
-        // Paced (~5 s in all) so the kill lands in the middle.
-        while events.len() < 20_000 {
-            events.extend(insert_events(&load_client, &table, 500, 20, 60).await);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        events
-    });
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    assert!(!load.is_finished(), "the kill must come during the load");
+    // Kill mid-load: the load runs on before and after the kill, through the takeover.
+    let load = LoadGen::spawn(db.conn_string(), o.table.clone(), LoadShape::default());
+    load.wait_committed(3_000, Duration::from_secs(30)).await;
     active.kill();
-    let events = load.await.expect("load");
+    let at_kill = load.committed();
+    load.wait_committed(at_kill + 3_000, Duration::from_secs(60))
+        .await;
+    let events = load.stop().await;
     let received = read_all_blocking(&bootstrap, &topics, &events, Duration::from_secs(180));
     let report = check_delivery(&events, &received);
     assert_eq!(report.unique, events.len());
@@ -530,22 +528,7 @@ async fn a_standby_takes_over_every_shard_when_the_active_process_dies() {
     );
     assert!(standby.is_running());
     let wal = support::schema::current_wal_lsn(&db).await;
-    ops::wait_for(
-        "both shards' slots confirmed past the load by the new active process",
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async {
-            let mut all = true;
-            for i in 0..2 {
-                let row = ops::slot_row(&client, &shard_slot(&o, i))
-                    .await
-                    .expect("slot");
-                all &= row.confirmed_flush.unwrap_or(0) >= wal;
-            }
-            all.then_some(())
-        },
-    )
-    .await;
+    wait_shards_confirmed(&client, &o, 2, wal).await;
     eprintln!(
         "{} events, the active process killed mid-load, the standby took over: {} duplicates",
         events.len(),
