@@ -3,7 +3,7 @@
 use outbox_core::BoundTable;
 use outboxd_relay::kafka::{build_producer, ProgressStore, SlotIdentity};
 use outboxd_relay::pipeline::{
-    judge_publication, judge_server, judge_slot, verify_shard_layout, OtherClusterRecord,
+    judge_publication, judge_server, judge_slot, refuse_other_cluster, verify_shard_layout,
     RelayError, MIN_SERVER_VERSION_NUM,
 };
 use pgoutput::{Column, Relation, ReplicaIdentity};
@@ -263,19 +263,10 @@ async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&
         Err(e) => return r.fail(what, format!("cannot read the progress record: {e}")),
     };
     let records = store.read_slot(&identity).await;
-    if let Some((recorded, record)) = records.as_ref().ok().and_then(|r| r.only_other_cluster()) {
-        return r.fail(
-            what,
-            RelayError::RecordOfOtherCluster(Box::new(OtherClusterRecord {
-                slot: s.slot.clone(),
-                database: s.pg.dbname.clone(),
-                progress_topic: topic.clone(),
-                found: system.system_id.clone(),
-                recorded: recorded.clone(),
-                last_confirmed: record.confirmed_lsn,
-                recorded_at: record.recorded_at_text(),
-            })),
-        );
+    if let Ok(found) = &records {
+        if let Err(e) = refuse_other_cluster(found, &store, &identity) {
+            return r.fail(what, e);
+        }
     }
     match records.map(|r| r.ours) {
         Ok(None) => r.ok(what, format!("{} does not exist yet; `outboxd run` will create it (OUTBOXD_CREATE_SLOT=true, no earlier slot recorded in {topic})", s.slot)),
@@ -517,8 +508,6 @@ async fn check_standby(r: &mut Report, s: &Settings, host: &str, port: u16) {
     let mut pg = wiring::connect_config(s);
     pg.host = host.to_owned();
     pg.port = port;
-    pg.other_hosts.clear();
-    pg.target_session_attrs = pgrepl::TargetSessionAttrs::Any;
     let sql = match pg.connect_sql().await {
         Ok(sql) => sql,
         Err(e) => return r.fail(&name, format!("{e}; OUTBOXD_CHECK_STANDBYS names it")),

@@ -112,7 +112,7 @@ async fn init_shard(s: &Settings, sql: &Client, pg: &ConnectConfig) -> Result<()
             } else {
                 say!("ok  slot {} (exists)", s.slot);
             }
-            slot_confirmed_flush(sql, &s.slot).await?
+            state.confirmed_flush_lsn
         }
         None => {
             let created = conn
@@ -129,20 +129,6 @@ async fn init_shard(s: &Settings, sql: &Client, pg: &ConnectConfig) -> Result<()
     };
     record_cluster(s, &mut conn, position).await?;
     Ok(())
-}
-
-async fn slot_confirmed_flush(sql: &Client, slot: &str) -> Result<Option<Lsn>, InitError> {
-    let row = sql
-        .query_opt(
-            "SELECT confirmed_flush_lsn::text FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await?;
-    let text: Option<String> = match row {
-        Some(row) => row.try_get(0)?,
-        None => None,
-    };
-    Ok(text.and_then(|t| t.parse().ok()))
 }
 
 /// Writes this cluster's progress record when the topic has none: the explicit step that

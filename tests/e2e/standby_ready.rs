@@ -11,26 +11,8 @@ use std::time::Duration;
 use pgtest::PgCluster;
 use support::broker::Broker;
 use support::ops;
-use support::relay::{free_port, Relay};
+use support::relay::Relay;
 use support::schema;
-
-fn with_port(env: &[(String, String)], extra: &[(&str, &str)]) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = env
-        .iter()
-        .filter(|(k, _)| k != "OUTBOXD_HTTP_ADDR")
-        .cloned()
-        .collect();
-    env.push((
-        "OUTBOXD_HTTP_ADDR".into(),
-        format!("127.0.0.1:{}", free_port()),
-    ));
-    env.extend(
-        extra
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
-    );
-    env
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn standby_answers_ready_only_when_opted_in() {
@@ -38,18 +20,13 @@ async fn standby_answers_ready_only_when_opted_in() {
     let outbox = schema::setup(&db).await;
     let broker = Broker::mock();
     ops::create_topics(&broker, &outbox).await;
-    let base = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
-    let mut active = Relay::start(
-        with_port(&base, &[("OUTBOXD_READY_STANDBY", "true")]),
-        &["run"],
-    );
+    // Each process its own HTTP port (env_for picks a free one per call).
+    let env = |extra: &[(&str, &str)]| Relay::env_for(&db, &outbox, &broker.bootstrap(), extra);
+    let mut active = Relay::start(env(&[("OUTBOXD_READY_STANDBY", "true")]), &["run"]);
     let client = db.client().await;
     ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
-    let ready_standby = Relay::start(
-        with_port(&base, &[("OUTBOXD_READY_STANDBY", "true")]),
-        &["run"],
-    );
-    let plain_standby = Relay::start(with_port(&base, &[]), &["run"]);
+    let ready_standby = Relay::start(env(&[("OUTBOXD_READY_STANDBY", "true")]), &["run"]);
+    let plain_standby = Relay::start(env(&[]), &["run"]);
     let readyz = |r: &Relay| r.http_get("/readyz");
     ops::wait_for(
         "both standbys to stand by",
@@ -111,14 +88,12 @@ async fn a_standby_waits_over_one_connection_and_says_so() {
     let outbox = schema::setup(&db).await;
     let broker = Broker::mock();
     ops::create_topics(&broker, &outbox).await;
-    let base = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
-    let mut active = Relay::start(with_port(&base, &[]), &["run"]);
+    // Each process its own HTTP port (env_for picks a free one per call).
+    let env = |extra: &[(&str, &str)]| Relay::env_for(&db, &outbox, &broker.bootstrap(), extra);
+    let mut active = Relay::start(env(&[]), &["run"]);
     let client = db.client().await;
     ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
-    let standby = Relay::start(
-        with_port(&base, &[("PGAPPNAME", "outboxd-standby")]),
-        &["run"],
-    );
+    let standby = Relay::start(env(&[("PGAPPNAME", "outboxd-standby")]), &["run"]);
     ops::wait_for(
         "outboxd_standby = 1",
         Duration::from_secs(30),

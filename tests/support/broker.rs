@@ -1,8 +1,6 @@
 //! The tests' face of `outboxd-test-broker`: a failure to start or reach a broker fails the
 //! test where it happens, so test bodies stay free of error plumbing.
 
-use std::time::Duration;
-
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 
@@ -44,10 +42,6 @@ impl Broker {
 
     pub fn set_all_down(&self, down: bool) {
         self.0.set_all_down(down).expect("mock brokers down/up");
-    }
-
-    pub fn wait_reachable(&self, limit: Duration) {
-        self.0.wait_reachable(limit).expect("broker reachable");
     }
 
     /// Creates topics (the Java-compatible brokers do not all auto-create on produce).

@@ -228,7 +228,6 @@ pub fn ids(events: &[Event]) -> HashSet<String> {
 pub struct DeliveryReport {
     pub unique: usize,
     pub duplicates: usize,
-    pub missing: Vec<String>,
 }
 
 /// Asserts every committed event arrived, and per aggregate, the order of first arrivals
@@ -282,6 +281,5 @@ pub fn check_delivery(committed: &[Event], received: &[Received]) -> DeliveryRep
     DeliveryReport {
         unique: seen.len(),
         duplicates,
-        missing,
     }
 }

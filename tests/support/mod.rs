@@ -1,6 +1,5 @@
 //! Shared pieces of the end-to-end tests: brokers, the outbox schema, the real `outboxd`
 //! binary as a child process, a load generator and a consumer that checks what arrived.
-#![allow(dead_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod broker;

@@ -176,7 +176,6 @@ impl Default for LoadShape {
 pub struct LoadGen {
     stop: Arc<AtomicBool>,
     committed: Arc<AtomicUsize>,
-    failures: Arc<AtomicUsize>,
     handle: JoinHandle<Vec<Event>>,
 }
 
@@ -184,19 +183,16 @@ impl LoadGen {
     pub fn spawn(conn: String, table: String, shape: LoadShape) -> LoadGen {
         let stop = Arc::new(AtomicBool::new(false));
         let committed = Arc::new(AtomicUsize::new(0));
-        let failures = Arc::new(AtomicUsize::new(0));
         let handle = tokio::spawn(run_load(
             conn,
             table,
             shape,
             Arc::clone(&stop),
             Arc::clone(&committed),
-            Arc::clone(&failures),
         ));
         LoadGen {
             stop,
             committed,
-            failures,
             handle,
         }
     }
@@ -204,11 +200,6 @@ impl LoadGen {
     /// Events committed so far.
     pub fn committed(&self) -> usize {
         self.committed.load(Ordering::Relaxed)
-    }
-
-    /// Transactions that failed (server restarting); each was resolved afterwards.
-    pub fn failures(&self) -> usize {
-        self.failures.load(Ordering::Relaxed)
     }
 
     /// Waits until at least `n` events are committed.
@@ -235,7 +226,6 @@ async fn run_load(
     shape: LoadShape,
     stop: Arc<AtomicBool>,
     committed: Arc<AtomicUsize>,
-    failures: Arc<AtomicUsize>,
 ) -> Vec<Event> {
     let mut rng = StdRng::from_entropy();
     let mut seq = vec![0u64; shape.aggregates];
@@ -270,7 +260,6 @@ async fn run_load(
         match super::load::try_insert(&client, &table, &batch).await {
             Ok(()) => {}
             Err(_) => {
-                failures.fetch_add(1, Ordering::Relaxed);
                 client = connect(&conn).await;
                 // Did the broken transaction commit after all?
                 let ids: Vec<&str> = batch.iter().map(|e| e.id.as_str()).collect();

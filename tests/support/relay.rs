@@ -238,11 +238,6 @@ impl Relay {
             .expect("VmHWM in /proc status")
     }
 
-    /// The environment the relay runs with (to derive a variant).
-    pub fn env(&self) -> &[(String, String)] {
-        &self.env
-    }
-
     /// Replaces environment entries for the next (re)start.
     pub fn set_env(&mut self, key: &str, value: &str) {
         self.env.retain(|(k, _)| k != key);

@@ -98,10 +98,11 @@ impl ReplicationConnection {
                 .map_err(|_| ReplError::Timeout("connecting to the server"))
                 .and_then(|r| r)
                 .map_err(|e| one.connect_error(e))?;
+            let in_recovery = conn.parameter("in_hot_standby") == Some("on");
             let state = crate::config::ServerState {
-                in_recovery: conn.parameter("in_hot_standby") == Some("on"),
-                read_only: conn.parameter("default_transaction_read_only") == Some("on")
-                    || conn.parameter("in_hot_standby") == Some("on"),
+                in_recovery,
+                read_only: in_recovery
+                    || conn.parameter("default_transaction_read_only") == Some("on"),
             };
             Ok((conn, state))
         })

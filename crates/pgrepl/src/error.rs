@@ -74,9 +74,6 @@ pub enum ReplError {
     Decode(#[from] DecodeError),
     #[error("SQL error: {}", chain(.0))]
     Sql(#[from] tokio_postgres::Error),
-    /// Any failure to establish a connection, with where it was going: the cause alone
-    /// ("connection refused", "password authentication failed") does not say which
-    /// server, role or database was meant.
     /// The server answered but is not what `target_session_attrs` asks for.
     #[error("{target} is {found}, not what target_session_attrs={wanted} asks for")]
     WrongSession {
@@ -90,6 +87,9 @@ pub enum ReplError {
         wanted: crate::config::TargetSessionAttrs,
         tried: Vec<ReplError>,
     },
+    /// Any failure to establish a connection, with where it was going: the cause alone
+    /// ("connection refused", "password authentication failed") does not say which
+    /// server, role or database was meant.
     #[error("cannot connect to {target}: {cause}{}", connect_hint(cause))]
     Connect {
         /// `user@host:port/database`

@@ -397,15 +397,6 @@ impl ProgressStore {
         ))
     }
 
-    /// The newest record for `id`, reading the whole (compacted) topic. `None` when there
-    /// is none, or it was deleted with a tombstone.
-    pub async fn read_latest(
-        &self,
-        id: &SlotIdentity,
-    ) -> Result<Option<ProgressRecord>, ProgressError> {
-        self.read_slot(id).await.map(|r| r.ours)
-    }
-
     /// The newest record for `id`, and those for the same database and slot written on
     /// other clusters (other system identifiers), in one read of the topic.
     pub async fn read_slot(&self, id: &SlotIdentity) -> Result<SlotRecords, ProgressError> {
@@ -500,7 +491,7 @@ impl ProgressStore {
     }
 
     /// Writes a record and waits for the broker's ack. Always to partition 0, the only one
-    /// [`ProgressStore::read_latest`] reads: a topic with more partitions (made with a
+    /// [`ProgressStore::read_slot`] reads: a topic with more partitions (made with a
     /// cluster's default count, or auto-created on the first write) would otherwise
     /// scatter records by key where no reader looks.
     pub async fn write_and_wait(

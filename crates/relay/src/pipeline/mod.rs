@@ -208,8 +208,8 @@ async fn skip_range(
 }
 
 /// Stops a relay whose slot has a record only from another cluster (see
-/// [`RelayError::RecordOfOtherCluster`]).
-fn refuse_other_cluster(
+/// [`RelayError::RecordOfOtherCluster`]); `check` reports the same error.
+pub fn refuse_other_cluster(
     records: &SlotRecords,
     progress: &ProgressStore,
     identity: &SlotIdentity,
@@ -336,15 +336,6 @@ fn check_system(
     }
 }
 
-/// Runs until `shutdown` turns true (Ok) or a permanent error (Err).
-pub async fn run(
-    cfg: &RelayConfig,
-    obs: &Observer,
-    shutdown: watch::Receiver<bool>,
-) -> Result<(), RelayError> {
-    run_all(vec![(cfg.clone(), obs.clone())], shutdown).await
-}
-
 /// Runs several relays (the shards of a sharded outbox) side by side, each with its own
 /// slot, producer, ack tracking, flush position and progress record, until `shutdown`
 /// turns true. A permanent error in one drains the others and is returned: a process
@@ -362,7 +353,6 @@ pub async fn run_all(
     )?;
     let (stop_tx, stop_rx) = watch::channel(*shutdown.borrow());
     let stop_tx = &stop_tx;
-    let sharded = relays.iter().any(|(c, _)| c.shard.is_some());
     let runs = relays.iter().map(|(cfg, obs)| {
         let stop = stop_rx.clone();
         let run = async move {
@@ -373,8 +363,8 @@ pub async fn run_all(
             result
         };
         let span = match &cfg.shard {
-            Some(shard) if sharded => tracing::info_span!("shard", shard = shard.index),
-            _ => tracing::Span::none(),
+            Some(shard) => tracing::info_span!("shard", shard = shard.index),
+            None => tracing::Span::none(),
         };
         run.instrument(span)
     });

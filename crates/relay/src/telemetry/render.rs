@@ -1,19 +1,12 @@
 //! Prometheus text exposition format (version 0.0.4) for a [`MetricsSnapshot`].
 
 use std::fmt::Write as _;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use super::metrics::{Metrics, MetricsSnapshot, SlotWalStatus};
+use super::metrics::{MetricsSnapshot, SlotWalStatus};
 
-/// `Content-Type` of [`Metrics::render_prometheus`]'s output.
+/// `Content-Type` of [`super::Telemetry::render_prometheus`]'s output.
 pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-impl Metrics {
-    /// The current metrics in the Prometheus text format.
-    pub fn render_prometheus(&self) -> String {
-        render(&self.snapshot(SystemTime::now()))
-    }
-}
 
 pub fn render(s: &MetricsSnapshot) -> String {
     render_all(&[(None, s)])
@@ -312,6 +305,7 @@ impl Text {
 
 #[cfg(test)]
 mod tests {
+    use super::super::metrics::Metrics;
     use super::*;
     use outbox_core::RowErrorKind;
     use std::time::UNIX_EPOCH;

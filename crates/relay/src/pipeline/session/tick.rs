@@ -22,7 +22,7 @@ impl Session<'_> {
         ticks: u64,
     ) -> Result<(), RelayError> {
         self.report_ignored_rows();
-        self.update_progress();
+        // The progress record is kept current by the loop after every turn, this one too.
         self.obs.server_wal_end(stream.server_wal_end());
         let sent = stream.status_updates_sent();
         self.obs
