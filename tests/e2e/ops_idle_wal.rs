@@ -245,10 +245,18 @@ async fn heartbeat_advances_the_slot_without_idle_flush() {
         "the slot must advance through heartbeats: advanced {advances} times in 12 s; log:\n{}",
         relay.log_text()
     );
-    let last_lag = *lags.last().expect("samples");
+    // The cluster is shared with other tests, whose bursts of WAL the walsender decodes
+    // too: one sample may be far behind for a moment, but a slot moved by heartbeats
+    // must come close to the server within a few of them, and pass where it was.
+    let closest = lags.iter().rev().take(6).min().copied().unwrap_or(u64::MAX);
     assert!(
-        last_lag < 8 * MB,
-        "confirmed_flush_lsn stays close to the server: {last_lag} B behind"
+        closest < 8 * MB,
+        "confirmed_flush_lsn stays close to the server: at best {closest} B behind in the last 6 s"
+    );
+    assert!(
+        last.is_some_and(|c| c >= first.current_wal),
+        "confirmed_flush_lsn {last:?} passes the server's position at the start, {}",
+        first.current_wal
     );
     relay.kill();
 }

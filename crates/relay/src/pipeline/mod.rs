@@ -138,6 +138,7 @@ struct Carry {
 /// saves duplicates, it must never cost an event.
 async fn skip_range(
     pg: &ConnectConfig,
+    obs: &Observer,
     carry: &Carry,
     progress: Option<&ProgressStore>,
     identity: &SlotIdentity,
@@ -156,6 +157,7 @@ async fn skip_range(
                     records.ours.map(|r| r.delivered())
                 }
                 Err(e) => {
+                    obs.progress_record_unread();
                     tracing::info!("no progress record to skip replayed events ({e}); they are published again");
                     None
                 }
@@ -600,7 +602,7 @@ async fn run_session(
             "the server's timeline changed: a standby was promoted (failover); streaming from the slot's confirmed position on the new primary"
         );
     }
-    let skip = skip_range(pg, carry, progress, &identity, system.timeline).await?;
+    let skip = skip_range(pg, obs, carry, progress, &identity, system.timeline).await?;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let producer = build_producer(&cfg.producer, tx)?;
     obs.connected(true, true);

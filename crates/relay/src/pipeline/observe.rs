@@ -77,6 +77,11 @@ impl Observer {
         self.metrics.add_ignored_rows(relation, n)
     }
 
+    /// The progress record could not be read at a stream start: replays are published again.
+    pub(super) fn progress_record_unread(&self) {
+        self.metrics.inc_progress_record_unread();
+    }
+
     /// A replayed event Kafka already had was not published again.
     pub(super) fn skipped_as_delivered(&self) {
         self.metrics.inc_events_skipped();

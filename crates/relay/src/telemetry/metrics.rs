@@ -83,6 +83,7 @@ pub struct Metrics {
     delivery_errors: AtomicU64,
     kafka_brokers_up: AtomicU64,
     events_skipped: AtomicU64,
+    progress_record_unread: AtomicU64,
     reconnects: AtomicU64,
     status_updates_sent: AtomicU64,
     in_flight_messages: AtomicU64,
@@ -118,6 +119,7 @@ impl Default for Metrics {
             delivery_errors: AtomicU64::new(0),
             kafka_brokers_up: AtomicU64::new(0),
             events_skipped: AtomicU64::new(0),
+            progress_record_unread: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             status_updates_sent: AtomicU64::new(0),
             in_flight_messages: AtomicU64::new(0),
@@ -150,6 +152,7 @@ pub struct MetricsSnapshot {
     pub kafka_brokers_up: u64,
     /// Replayed events not published again because Kafka already had them.
     pub events_skipped_total: u64,
+    pub progress_record_unread_total: u64,
     pub reconnects_total: u64,
     pub status_updates_sent_total: u64,
     pub in_flight_messages: u64,
@@ -201,6 +204,10 @@ impl Metrics {
 
     pub fn inc_events_skipped(&self) {
         add(&self.events_skipped, 1);
+    }
+
+    pub fn inc_progress_record_unread(&self) {
+        add(&self.progress_record_unread, 1);
     }
 
     pub fn set_kafka_brokers_up(&self, n: u64) {
@@ -316,6 +323,7 @@ impl Metrics {
             delivery_errors_total: load(&self.delivery_errors),
             kafka_brokers_up: load(&self.kafka_brokers_up),
             events_skipped_total: load(&self.events_skipped),
+            progress_record_unread_total: load(&self.progress_record_unread),
             reconnects_total: load(&self.reconnects),
             status_updates_sent_total: load(&self.status_updates_sent),
             in_flight_messages: load(&self.in_flight_messages),

@@ -63,6 +63,13 @@ pub fn render_all(relays: &[(Option<u32>, &MetricsSnapshot)]) -> String {
     );
     out.single(
         relays,
+        "progress_record_unread_total",
+        "counter",
+        "Stream starts that could not read the progress record in time (3 s) or at all: what PostgreSQL sent again was published again.",
+        |s| s.progress_record_unread_total,
+    );
+    out.single(
+        relays,
         "kafka_brokers_up",
         "gauge",
         "Brokers listed in the last metadata answer (probed every 5 s); 0 when none answered.",
