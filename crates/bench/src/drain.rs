@@ -66,24 +66,19 @@ pub async fn recvlogical(t: &Target<'_>) -> Result<DrainResult> {
     } else {
         Command::new(t.cluster.bindir().join("pg_recvlogical"))
     };
-    let mut child = cmd
-        .args(["-h", t.cluster.host(), "-p", &t.cluster.port().to_string()])
-        .args(["-U", t.cluster.superuser(), "-d", t.db, "--slot", t.slot])
-        .args([
-            "--start",
-            "--no-loop",
-            "--endpos",
-            t.end_lsn,
-            "-f",
-            "/dev/null",
-        ])
-        .args(["-o", "proto_version=1", "-o"])
-        .arg(format!("publication_names={}", pg::PUBLICATION))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting pg_recvlogical")?;
+    let mut child = recvlogical_args(
+        &mut cmd,
+        t.cluster,
+        t.db,
+        t.slot,
+        pg::PUBLICATION,
+        Some(t.end_lsn),
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .context("starting pg_recvlogical")?;
     let status = wait_timeout(&mut child, t.timeout)?;
     let seconds = started.elapsed().as_secs_f64();
     // The walsender exits after pg_recvlogical; its CPU time is counted once it is reaped.
@@ -130,6 +125,27 @@ pub async fn recvlogical(t: &Target<'_>) -> Result<DrainResult> {
         peak_rss_mib: rss,
         ..DrainResult::default()
     })
+}
+
+/// pg_recvlogical's arguments for streaming `slot` of `db` through `publication` to
+/// /dev/null, until `end_lsn` when given (otherwise until it is stopped).
+pub fn recvlogical_args<'c>(
+    cmd: &'c mut Command,
+    cluster: &PgCluster,
+    db: &str,
+    slot: &str,
+    publication: &str,
+    end_lsn: Option<&str>,
+) -> &'c mut Command {
+    cmd.args(["-h", cluster.host(), "-p", &cluster.port().to_string()])
+        .args(["-U", cluster.superuser(), "-d", db, "--slot", slot])
+        .args(["--start", "--no-loop"]);
+    if let Some(end) = end_lsn {
+        cmd.args(["--endpos", end]);
+    }
+    cmd.args(["-f", "/dev/null"])
+        .args(["-o", "proto_version=1", "-o"])
+        .arg(format!("publication_names={publication}"))
 }
 
 /// A running `outboxd run`.

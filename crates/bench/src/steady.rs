@@ -236,24 +236,19 @@ async fn one(
     let running = match tool {
         Tool::LoadOnly => Running::None,
         Tool::RecvLogical => Running::RecvLogical(
-            Command::new(cluster.bindir().join("pg_recvlogical"))
-                .args(["-h", cluster.host(), "-p", &cluster.port().to_string()])
-                .args([
-                    "-U",
-                    cluster.superuser(),
-                    "-d",
-                    "bench_steady",
-                    "--slot",
-                    slot,
-                ])
-                .args(["--start", "--no-loop", "-f", "/dev/null"])
-                .args(["-o", "proto_version=1", "-o"])
-                .arg(format!("publication_names={}", pg::PUBLICATION))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting pg_recvlogical")?,
+            drain::recvlogical_args(
+                &mut Command::new(cluster.bindir().join("pg_recvlogical")),
+                cluster,
+                "bench_steady",
+                slot,
+                pg::PUBLICATION,
+                None,
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting pg_recvlogical")?,
         ),
         Tool::Outboxd(_, bins) => {
             let log = s.workdir.join(format!("outboxd-steady-{slot}.log"));
