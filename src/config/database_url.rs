@@ -59,13 +59,13 @@ pub fn parse(url: &str) -> Result<Vec<(String, String)>, ConfigError> {
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').ok_or_else(bad)?;
         let v = percent_decode(v).ok_or_else(bad)?;
-        if !super::libpq::KEYWORDS.contains(&k) {
+        if !super::libpq::accepts(k) {
             return Err(ConfigError::new(
                 VAR,
                 url,
                 format!(
                     "{ACCEPTS} (unsupported parameter {k:?}; outboxd reads {})",
-                    super::libpq::KEYWORDS.join(", ")
+                    super::libpq::keyword_list()
                 ),
             ));
         }

@@ -29,23 +29,16 @@ const ENV_KEYWORDS: &[(&str, &str)] = &[
     ("service", "PGSERVICE"),
 ];
 
-/// The keywords outboxd accepts in a connection string or a service file.
-pub const KEYWORDS: &[&str] = &[
-    "host",
-    "port",
-    "user",
-    "password",
-    "passfile",
-    "dbname",
-    "sslmode",
-    "sslrootcert",
-    "sslcert",
-    "sslkey",
-    "application_name",
-    "target_session_attrs",
-    "connect_timeout",
-    "service",
-];
+/// `k` if outboxd reads it in a connection string or a service file.
+pub fn accepts(k: &str) -> bool {
+    ENV_KEYWORDS.iter().any(|(kw, _)| *kw == k)
+}
+
+/// The keywords outboxd reads, for errors.
+pub fn keyword_list() -> String {
+    let keywords: Vec<&str> = ENV_KEYWORDS.iter().map(|(kw, _)| *kw).collect();
+    keywords.join(", ")
+}
 
 /// A keyword's value and where it came from (named in errors).
 #[derive(Debug, Clone)]
@@ -177,17 +170,13 @@ fn service_lookup(
     ))
 }
 
-fn is_secret(keyword: &str) -> bool {
-    keyword == "password"
-}
-
 /// Resolves the settings from a snapshot of the environment and the process's home.
 pub fn resolve(vars: &BTreeMap<String, String>, home: &Home) -> Result<PgSettings, ConfigError> {
-    let mut values: BTreeMap<&'static str, Value> = BTreeMap::new();
+    let mut values: BTreeMap<String, Value> = BTreeMap::new();
     for (keyword, var) in ENV_KEYWORDS {
         if let Some(v) = vars.get(*var).filter(|v| !v.is_empty()) {
             values.insert(
-                keyword,
+                (*keyword).to_owned(),
                 Value {
                     text: v.clone(),
                     origin: (*var).to_owned(),
@@ -211,15 +200,15 @@ pub fn resolve(vars: &BTreeMap<String, String>, home: &Home) -> Result<PgSetting
         });
     if let Some((service, origin)) = service {
         for (k, v, from) in service_lookup(vars, home, &service, &origin)? {
-            let Some(keyword) = KEYWORDS.iter().find(|kw| **kw == k) else {
+            if !accepts(&k) {
                 return Err(ConfigError::new(
                     &from,
                     &k,
-                    format!("one of the keywords outboxd reads: {}", KEYWORDS.join(", ")),
+                    format!("one of the keywords outboxd reads: {}", keyword_list()),
                 ));
-            };
+            }
             values.insert(
-                keyword,
+                k,
                 Value {
                     text: v,
                     origin: from.clone(),
@@ -227,65 +216,54 @@ pub fn resolve(vars: &BTreeMap<String, String>, home: &Home) -> Result<PgSetting
             );
         }
     }
+    // database_url::parse refused every keyword outboxd does not read.
     for (k, v) in url {
-        if let Some(keyword) = KEYWORDS.iter().find(|kw| **kw == k) {
-            values.insert(
-                keyword,
-                Value {
-                    text: v,
-                    origin: "OUTBOXD_DATABASE_URL".to_owned(),
-                },
-            );
-        }
+        values.insert(
+            k,
+            Value {
+                text: v,
+                origin: "OUTBOXD_DATABASE_URL".to_owned(),
+            },
+        );
     }
     build(&values, home)
 }
 
-fn bad(v: &Value, keyword: &str, accepts: impl Into<String>) -> ConfigError {
-    let shown = if is_secret(keyword) { "***" } else { &v.text };
-    ConfigError::new(&v.origin, shown, accepts)
+fn bad(v: &Value, accepts: impl Into<String>) -> ConfigError {
+    ConfigError::new(&v.origin, &v.text, accepts)
 }
 
-fn build(values: &BTreeMap<&'static str, Value>, home: &Home) -> Result<PgSettings, ConfigError> {
+fn build(values: &BTreeMap<String, Value>, home: &Home) -> Result<PgSettings, ConfigError> {
     let get = |k: &str| values.get(k).filter(|v| !v.text.is_empty());
     let hosts: Vec<String> = match get("host") {
         Some(v) => v.text.split(',').map(|h| h.trim().to_owned()).collect(),
         None => vec![default_socket_dir().to_owned()],
     };
     let ports: Vec<u16> = match get("port") {
-        Some(v) => v
-            .text
-            .split(',')
-            .map(|p| match p.trim() {
-                "" => Ok(5432),
-                p => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
-                    bad(
-                        v,
-                        "port",
-                        "a port 1-65535, or one per host separated by commas",
-                    )
-                }),
-            })
-            .collect::<Result<_, _>>()?,
+        Some(v) => {
+            let ports: Vec<u16> = v
+                .text
+                .split(',')
+                .map(|p| match p.trim() {
+                    "" => Ok(5432),
+                    p => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+                        bad(v, "a port 1-65535, or one per host separated by commas")
+                    }),
+                })
+                .collect::<Result<_, _>>()?;
+            if ports.len() != 1 && ports.len() != hosts.len() {
+                return Err(bad(
+                    v,
+                    format!(
+                        "one port for every host, or a single port for all ({} hosts given)",
+                        hosts.len()
+                    ),
+                ));
+            }
+            ports
+        }
         None => vec![5432],
     };
-    if ports.len() != 1 && ports.len() != hosts.len() {
-        let v = get("port").map_or_else(
-            || Value {
-                text: String::new(),
-                origin: "PGPORT".into(),
-            },
-            Clone::clone,
-        );
-        return Err(bad(
-            &v,
-            "port",
-            format!(
-                "one port for every host, or a single port for all ({} hosts given)",
-                hosts.len()
-            ),
-        ));
-    }
     let mut pairs = hosts.iter().enumerate().map(|(i, h)| {
         let host = if h.is_empty() {
             default_socket_dir().to_owned()
@@ -322,7 +300,6 @@ fn build(values: &BTreeMap<&'static str, Value>, home: &Home) -> Result<PgSettin
             if verify && !Path::new(&v.text).is_file() {
                 return Err(bad(
                     v,
-                    "sslrootcert",
                     "a readable PEM file with the CA that signed the server certificate, or `system` for the system's trust store",
                 ));
             }
@@ -335,11 +312,7 @@ fn build(values: &BTreeMap<&'static str, Value>, home: &Home) -> Result<PgSettin
     };
     let ssl_cert = match get("sslcert") {
         Some(v) if !Path::new(&v.text).is_file() => {
-            return Err(bad(
-                v,
-                "sslcert",
-                "a readable PEM file with the client certificate",
-            ));
+            return Err(bad(v, "a readable PEM file with the client certificate"));
         }
         Some(v) => Some(PathBuf::from(&v.text)),
         None => home
@@ -372,7 +345,6 @@ fn build(values: &BTreeMap<&'static str, Value>, home: &Home) -> Result<PgSettin
         Some(v) => Some(v.text.parse::<TargetSessionAttrs>().map_err(|_| {
             bad(
                 v,
-                "target_session_attrs",
                 "any, read-write, read-only, primary, standby or prefer-standby",
             )
         })?),
@@ -383,7 +355,7 @@ fn build(values: &BTreeMap<&'static str, Value>, home: &Home) -> Result<PgSettin
         Some(v) => match v.text.trim().parse::<i64>() {
             Ok(n) if n <= 0 => Duration::from_secs(u64::from(u32::MAX)),
             Ok(n) => Duration::from_secs(n.max(2).unsigned_abs()),
-            Err(_) => return Err(bad(v, "connect_timeout", "whole seconds")),
+            Err(_) => return Err(bad(v, "whole seconds")),
         },
         // outboxd's own default: libpq waits forever.
         None => Duration::from_secs(10),
