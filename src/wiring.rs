@@ -8,7 +8,7 @@ use outbox_core::{EmitMapper, HeaderFormat, OutboxColumns, TableSpec, TopicName,
 use outboxd_relay::kafka::{
     check_producer_settings, env_var_of_property, KafkaSetupError, ProducerSettings,
 };
-use outboxd_relay::pipeline::{RelayConfig, ShardSpec};
+use outboxd_relay::pipeline::RelayConfig;
 use pgrepl::{ConnectConfig, Password, TargetSessionAttrs};
 
 use crate::config::{self, Settings};
@@ -157,18 +157,7 @@ pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
         slot_stats_every_ticks: 5,
         progress_topic: s.progress_topic.clone(),
         progress_interval: s.progress_interval,
-        shard: shard_spec(s),
-    })
-}
-
-/// The shard these settings are a view of (`Settings::per_shard`), if any.
-pub fn shard_spec(s: &Settings) -> Option<ShardSpec> {
-    s.shard.as_ref().map(|shard| ShardSpec {
-        index: shard.index,
-        count: shard.count,
-        root_schema: shard.root_schema.clone(),
-        root_table: shard.root_table.clone(),
-        key_column: s.column_aggregate_id.clone(),
+        shard: s.shard.clone(),
     })
 }
 

@@ -91,9 +91,9 @@ pub async fn check(s: &Settings) -> i32 {
     if let Some(sql) = &sql {
         check_postgres(&mut r, s, sql, system.is_some()).await;
         let shards = s.all_shards();
-        if let Some(spec) = shards.first().and_then(wiring::shard_spec) {
+        if let Some(spec) = shards.first().and_then(|view| view.shard.as_ref()) {
             check_table(&mut r, s, sql).await;
-            match verify_shard_layout(sql, &spec).await {
+            match verify_shard_layout(sql, spec).await {
                 Ok(()) => r.ok(
                     "shards",
                     format!(

@@ -59,9 +59,9 @@ async fn init_inner(s: &Settings) -> Result<(), InitError> {
         say!("ok  table {table} (created)");
     }
     let shards = s.all_shards();
-    if let Some(shard) = shards.first().and_then(wiring::shard_spec) {
+    if let Some(shard) = shards.first().and_then(|view| view.shard.as_ref()) {
         // The rule `run` applies: a table laid out otherwise is the operator's to change.
-        verify_shard_layout(&sql, &shard)
+        verify_shard_layout(&sql, shard)
             .await
             .map_err(|e| InitError::Refused(e.to_string()))?;
         say!(

@@ -11,8 +11,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use outboxd_relay::kafka::{is_secret_property, kafka_property_from_env};
+use outboxd_relay::pipeline::ShardSpec;
 
-pub use shards::{shard_table, ShardOf, Shards};
+pub use shards::{shard_table, Shards};
 #[cfg(test)]
 pub use vars::VARS;
 pub use vars::{help_text, spec, KAFKA_PASSTHROUGH_PREFIX};
@@ -203,7 +204,7 @@ pub struct Settings {
     pub shards: Option<Shards>,
     /// Set on the settings of one shard (`Settings::per_shard`): slot, publication and
     /// table are that shard's.
-    pub shard: Option<ShardOf>,
+    pub shard: Option<ShardSpec>,
 }
 
 /// A snapshot of the environment with typed getters that fall back to the documented default.

@@ -1,6 +1,8 @@
 //! OUTBOXD_SHARD_COUNT and OUTBOXD_SHARDS: an outbox hash-partitioned by aggregate id,
 //! one slot and publication per partition, relayed by one process or spread over several.
 
+use outboxd_relay::pipeline::ShardSpec;
+
 use super::{ConfigError, Env, Settings};
 
 /// Which shards of a sharded outbox this process relays.
@@ -12,16 +14,6 @@ pub struct Shards {
     pub relayed: Vec<u32>,
 }
 
-/// One shard, as the settings of a relay of its own.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardOf {
-    pub index: u32,
-    pub count: u32,
-    /// The partitioned outbox table whose partition this shard is.
-    pub root_schema: String,
-    pub root_table: String,
-}
-
 /// The name of shard `index`'s object derived from `base`: the slot, the publication and
 /// the partition all follow it, so nothing else has to be configured per shard.
 pub fn shard_name(base: &str, index: u32) -> String {
@@ -31,7 +23,7 @@ pub fn shard_name(base: &str, index: u32) -> String {
 /// The partition holding shard `index`'s rows: the relay's naming rule, which its layout
 /// check enforces.
 pub fn shard_table(table: &str, index: u32) -> String {
-    outboxd_relay::pipeline::ShardSpec::partition_name(table, index)
+    ShardSpec::partition_name(table, index)
 }
 
 const SHARDS_ACCEPTS: &str = "all, comma-separated shard numbers (0-based, below OUTBOXD_SHARD_COUNT), or ordinal (the number at the end of HOSTNAME, as in a Kubernetes StatefulSet's pod outboxd-2)";
@@ -160,11 +152,12 @@ impl Settings {
         s.slot = shard_name(&self.slot, index);
         s.publication = shard_name(&self.publication, index);
         s.table_name = shard_table(&self.table_name, index);
-        s.shard = Some(ShardOf {
+        s.shard = Some(ShardSpec {
             index,
             count,
             root_schema: self.table_schema.clone(),
             root_table: self.table_name.clone(),
+            key_column: self.column_aggregate_id.clone(),
         });
         s.shards = None;
         s
