@@ -78,16 +78,13 @@ pub async fn run(settings: &Settings) -> i32 {
         Err(e) => {
             let (class, exit_code) = (e.class().as_str(), e.exit_code());
             // The code is a field of the line, so that it can be looked up (and matched
-            // by log alerts) without parsing the message.
-            match e.deciding_code() {
-                Some(code) => tracing::error!(
-                    class,
-                    exit_code,
-                    decided_by = %code,
-                    "outboxd stopped: {e}"
-                ),
-                None => tracing::error!(class, exit_code, "outboxd stopped: {e}"),
-            }
+            // by log alerts) without parsing the message; a `None` field is left out.
+            tracing::error!(
+                class,
+                exit_code,
+                decided_by = e.deciding_code().map(tracing::field::display),
+                "outboxd stopped: {e}"
+            );
             exit_code
         }
     }
