@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use outbox_core::{
     check_size, dead_letter_message, dead_letter_record, oversize_error, CommitContext,
-    InFlightCaps, InFlightLedger, OutboxRecord, Outcome, Outgoing, PartialTxn, RowError, RowId,
-    RowLedger, SkipRange, Ticket,
+    InFlightCaps, InFlightLedger, OutboxRecord, Outcome, Outgoing, RowError, RowId, RowLedger,
+    SkipRange, Ticket,
 };
 use pgoutput::{Insert, LogicalMessage, Lsn, Message, PgTimestamp};
 use pgrepl::{FlushHandle, ReplicationEvent, ReplicationStream};
@@ -100,9 +100,6 @@ pub(super) struct Session<'a> {
     rows: RowLedger,
     /// Leading rows of the open transaction still to be skipped (already in Kafka).
     skip_rows: u64,
-    /// The partly acked transaction the session started with: still true until the
-    /// ledger knows better (it is read again).
-    start_partial: Option<PartialTxn>,
     catchup: CatchUp,
     /// Events acknowledged in this session, for the catch-up rate.
     events_acked: u64,
@@ -158,7 +155,6 @@ impl<'a> Session<'a> {
             last_commit_unix_micros: begin.last_commit_unix_micros,
             rows: RowLedger::default(),
             skip_rows: 0,
-            start_partial: begin.skip.partial(),
             progress: begin
                 .progress
                 .map(|(store, identity)| ProgressWriter::new(store, identity)),

@@ -45,11 +45,12 @@ impl ProgressWriter {
 
 impl Session<'_> {
     /// The partly acked transaction worth recording at `confirmed`: the ledger's, or the
-    /// one the session started with while it has not been read again.
+    /// one the session started with (the skip range's, which never changes) while it has
+    /// not been read again.
     fn partial_at(&self, confirmed: Lsn) -> Option<PartialTxn> {
         self.rows
             .partial(confirmed)
-            .or(self.start_partial.filter(|p| p.commit_lsn >= confirmed))
+            .or(self.skip.partial().filter(|p| p.commit_lsn >= confirmed))
     }
 
     /// The record of what is acked now.
