@@ -488,16 +488,13 @@ async fn wait_for_slot_release(
         let Some(client) = watcher.as_ref() else {
             return false;
         };
-        let active = tokio::time::timeout(
+        let state = tokio::time::timeout(
             Duration::from_secs(10),
-            client.query_opt(
-                "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
-                &[&cfg.slot],
-            ),
+            pgrepl::preflight::slot_state(client, &cfg.slot),
         )
         .await;
-        match active {
-            Ok(Ok(Some(row))) if row.try_get::<_, bool>(0).unwrap_or(false) => continue,
+        match state {
+            Ok(Ok(Some(state))) if state.active => continue,
             Ok(Ok(_)) => return false,
             Ok(Err(_)) | Err(_) => {
                 *watcher = None;
