@@ -96,7 +96,7 @@ impl PgCluster {
             chown_to(dir.path(), user)?;
         }
         let data_dir = dir.path().join("data");
-        let mut cluster = PgCluster {
+        let cluster = PgCluster {
             bins,
             dir,
             data_dir,
@@ -119,20 +119,7 @@ impl PgCluster {
             ],
         )?;
         cluster.write_config(&opts)?;
-        // The port is probed then released; a rare collision is retried with a new one.
-        let mut last_err = None;
-        for _ in 0..5 {
-            cluster.port = free_port()?;
-            cluster.write_port()?;
-            match cluster.pg_ctl(&["start", "-w", "-t", "60"]) {
-                Ok(()) => {
-                    cluster.spawn_watchdog()?;
-                    return Ok(cluster);
-                }
-                Err(e) => last_err = Some(e),
-            }
-        }
-        Err(last_err.unwrap_or(PgTestError::NoBinaries))
+        cluster.start_on_free_port()
     }
 
     pub fn port(&self) -> u16 {
@@ -225,7 +212,7 @@ impl PgCluster {
         primary_slot_name: &str,
         opts: ClusterOptions,
     ) -> Result<PgCluster, PgTestError> {
-        let mut standby = self.cold_copy("outboxd-pg-standby-", false)?;
+        let standby = self.cold_copy("outboxd-pg-standby-", false)?;
         let sock = path_str(standby.dir.path()).to_owned();
         let mut conf = format!(
             "\n# outboxd test standby\nunix_socket_directories = '{sock}'\nhot_standby = on\n\
@@ -244,19 +231,7 @@ impl PgCluster {
         if let Some(user) = &standby.run_as {
             chown_to(&signal, user)?;
         }
-        let mut last_err = None;
-        for _ in 0..5 {
-            standby.port = free_port()?;
-            standby.write_port()?;
-            match standby.pg_ctl(&["start", "-w", "-t", "60"]) {
-                Ok(()) => {
-                    standby.spawn_watchdog()?;
-                    return Ok(standby);
-                }
-                Err(e) => last_err = Some(e),
-            }
-        }
-        Err(last_err.unwrap_or(PgTestError::NoBinaries))
+        standby.start_on_free_port()
     }
 
     /// A copy of this cluster's data directory, not started: the primary is stopped
@@ -307,7 +282,7 @@ impl PgCluster {
     /// timeline that forks there (same system identifier). This cluster keeps running
     /// on its old timeline; what it writes from now on is not in the copy's history.
     pub fn restore_copy(&self) -> Result<PgCluster, PgTestError> {
-        let mut copy = self.cold_copy("outboxd-pg-restore-", true)?;
+        let copy = self.cold_copy("outboxd-pg-restore-", true)?;
         let sock = path_str(copy.dir.path()).to_owned();
         let conf = format!(
             "\n# outboxd test restore\nunix_socket_directories = '{sock}'\nrestore_command = 'false'\n"
@@ -318,19 +293,7 @@ impl PgCluster {
         if let Some(user) = &copy.run_as {
             chown_to(&signal, user)?;
         }
-        let mut last_err = None;
-        for _ in 0..5 {
-            copy.port = free_port()?;
-            copy.write_port()?;
-            match copy.pg_ctl(&["start", "-w", "-t", "60"]) {
-                Ok(()) => {
-                    copy.spawn_watchdog()?;
-                    return Ok(copy);
-                }
-                Err(e) => last_err = Some(e),
-            }
-        }
-        Err(last_err.unwrap_or(PgTestError::NoBinaries))
+        copy.start_on_free_port()
     }
 
     /// Runs one SQL string with psql as the superuser; returns unaligned tuples-only output.
@@ -387,6 +350,24 @@ impl PgCluster {
             }
         }
         Ok(())
+    }
+
+    /// Starts the server on a free loopback port and watches it. The port is probed then
+    /// released; a rare collision is retried with a new one.
+    fn start_on_free_port(mut self) -> Result<PgCluster, PgTestError> {
+        let mut last_err = None;
+        for _ in 0..5 {
+            self.port = free_port()?;
+            self.write_port()?;
+            match self.pg_ctl(&["start", "-w", "-t", "60"]) {
+                Ok(()) => {
+                    self.spawn_watchdog()?;
+                    return Ok(self);
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or(PgTestError::NoBinaries))
     }
 
     fn write_port(&self) -> Result<(), PgTestError> {
