@@ -37,18 +37,18 @@ mod proptests;
 /// Identifies the transaction a produced message belongs to: its position in the
 /// session's stream of transactions. Not the Kafka delivery opaque (that is the
 /// [`crate::Ticket`] of [`crate::InFlightLedger`], whose slab entry keeps this).
-/// [`TxnSeq::to_u64`] / [`TxnSeq::from_u64`] expose the number for errors and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TxnSeq(u64);
 
+#[cfg(test)]
 impl TxnSeq {
-    pub fn to_u64(self) -> u64 {
+    pub(crate) fn to_u64(self) -> u64 {
         self.0
     }
 
     /// Rebuild one from its number. Unknown values are rejected by
     /// [`AckTracker::ack`], so this cannot corrupt the tracker.
-    pub fn from_u64(v: u64) -> Self {
+    pub(crate) fn from_u64(v: u64) -> Self {
         TxnSeq(v)
     }
 }
@@ -63,7 +63,8 @@ struct PendingTxn {
     end_lsn: Option<Lsn>,
     /// Messages handed to the producer without a delivery report yet.
     outstanding: u64,
-    /// Caller-supplied clock reading at Begin (opaque to the tracker).
+    /// The tests' clock reading at Begin ([`AckTracker::begin_at`]).
+    #[cfg(test)]
     begun_at: u64,
 }
 
@@ -95,10 +96,8 @@ impl AckTracker {
         }
     }
 
-    /// A Begin was read. `now` is any clock reading the caller wants back from
-    /// [`AckTracker::oldest_unacked`] (e.g. monotonic microseconds); the tracker never
-    /// interprets it.
-    pub fn begin(&mut self, now: u64) -> Result<(), AckError> {
+    /// A Begin was read.
+    pub fn begin(&mut self) -> Result<(), AckError> {
         if let Some(open) = self.open_txn() {
             return Err(AckError::TransactionAlreadyOpen { open: open.seq });
         }
@@ -114,8 +113,20 @@ impl AckTracker {
             seq,
             end_lsn: None,
             outstanding: 0,
-            begun_at: now,
+            #[cfg(test)]
+            begun_at: 0,
         });
+        Ok(())
+    }
+
+    /// [`AckTracker::begin`] with a clock reading that [`AckTracker::oldest_unacked`]
+    /// gives back, so tests can tell which transaction holds the watermark.
+    #[cfg(test)]
+    pub(crate) fn begin_at(&mut self, now: u64) -> Result<(), AckError> {
+        self.begin()?;
+        if let Some(txn) = self.pending.back_mut() {
+            txn.begun_at = now;
+        }
         Ok(())
     }
 
@@ -236,9 +247,10 @@ impl AckTracker {
         self.pending.len()
     }
 
-    /// The `now` passed to [`AckTracker::begin`] of the oldest transaction the watermark
-    /// has not reached: what holds progress back. `None` when idle.
-    pub fn oldest_unacked(&self) -> Option<u64> {
+    /// The `now` passed to [`AckTracker::begin_at`] of the oldest transaction the
+    /// watermark has not reached: what holds progress back. `None` when idle.
+    #[cfg(test)]
+    pub(crate) fn oldest_unacked(&self) -> Option<u64> {
         self.pending.front().map(|t| t.begun_at)
     }
 
@@ -288,7 +300,7 @@ mod tests {
     #[test]
     fn empty_transaction_completes_at_commit() {
         let mut t = AckTracker::new(lsn(100));
-        t.begin(1).unwrap();
+        t.begin_at(1).unwrap();
         assert!(!t.is_idle());
         assert!(t.in_transaction());
         assert_eq!(t.oldest_unacked(), Some(1));
@@ -301,11 +313,11 @@ mod tests {
     #[test]
     fn watermark_is_end_lsn_of_contiguous_acked_prefix() {
         let mut t = AckTracker::new(lsn(10));
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         let a1 = t.track_message().unwrap();
         let a2 = t.track_message().unwrap();
         t.commit(lsn(20)).unwrap();
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         let b1 = t.track_message().unwrap();
         t.commit(lsn(30)).unwrap();
         assert_eq!(t.in_flight_messages(), 3);
@@ -326,7 +338,7 @@ mod tests {
     #[test]
     fn acks_before_commit_wait_for_commit() {
         let mut t = AckTracker::new(lsn(0));
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         let m = t.track_message().unwrap();
         t.ack(m).unwrap();
         assert_eq!(t.watermark(), lsn(0));
@@ -338,7 +350,7 @@ mod tests {
     #[test]
     fn keepalive_does_not_move_while_unacked() {
         let mut t = AckTracker::new(lsn(10));
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         let m = t.track_message().unwrap();
         t.commit(lsn(20)).unwrap();
         // Keepalive beyond the unacked transaction: must not move (loss after a crash).
@@ -353,7 +365,7 @@ mod tests {
     #[test]
     fn keepalive_does_not_move_inside_transaction() {
         let mut t = AckTracker::new(lsn(10));
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         assert!(!t.on_keepalive(lsn(50)));
         assert_eq!(t.watermark(), lsn(10));
     }
@@ -370,7 +382,7 @@ mod tests {
     #[test]
     fn commit_below_start_does_not_lower_watermark() {
         let mut t = AckTracker::new(lsn(100));
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         t.commit(lsn(90)).unwrap();
         assert_eq!(t.watermark(), lsn(100));
     }
@@ -378,7 +390,7 @@ mod tests {
     #[test]
     fn failure_freezes_watermark() {
         let mut t = AckTracker::new(lsn(0));
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         let a = t.track_message().unwrap();
         let b = t.track_message().unwrap();
         t.commit(lsn(10)).unwrap();
@@ -388,7 +400,7 @@ mod tests {
         t.ack(b).unwrap();
         assert_eq!(t.watermark(), lsn(0));
         assert_eq!(t.in_flight_messages(), 0);
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         t.commit(lsn(20)).unwrap();
         assert!(!t.on_keepalive(lsn(30)));
         assert_eq!(t.watermark(), lsn(0));
@@ -413,9 +425,9 @@ mod tests {
             t.commit(lsn(5)),
             Err(AckError::NoOpenTransaction { .. })
         ));
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         assert!(matches!(
-            t.begin(0),
+            t.begin(),
             Err(AckError::TransactionAlreadyOpen { open: 0 })
         ));
         let m = t.track_message().unwrap();
@@ -428,7 +440,7 @@ mod tests {
         t.commit(lsn(50)).unwrap();
         // The transaction completed: its seq is no longer known.
         assert!(matches!(t.ack(m), Err(AckError::UnknownTxn { .. })));
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         assert!(matches!(
             t.commit(lsn(49)),
             Err(AckError::EndLsnRegressed { .. })
@@ -442,9 +454,9 @@ mod tests {
     #[test]
     fn txn_seq_round_trips() {
         let mut t = AckTracker::new(lsn(0));
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         t.commit(lsn(1)).unwrap();
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         let m = t.track_message().unwrap();
         assert_eq!(TxnSeq::from_u64(m.to_u64()), m);
         t.ack(TxnSeq::from_u64(m.to_u64())).unwrap();

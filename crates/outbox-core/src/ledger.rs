@@ -75,10 +75,9 @@ impl InFlightLedger {
         }
     }
 
-    /// A Begin was read (or a non-transactional message gets a transaction of its own);
-    /// `now` is any clock reading, see [`AckTracker::begin`].
-    pub fn begin(&mut self, now: u64) -> Result<(), AckError> {
-        self.acks.begin(now)
+    /// A Begin was read (or a non-transactional message gets a transaction of its own).
+    pub fn begin(&mut self) -> Result<(), AckError> {
+        self.acks.begin()
     }
 
     /// The Commit of the open transaction was read.
@@ -184,8 +183,9 @@ impl InFlightLedger {
         self.topics.name(entry.topic)
     }
 
-    /// The per-transaction half, for inspection.
-    pub fn acks(&self) -> &AckTracker {
+    /// The per-transaction half, for the tests' inspection.
+    #[cfg(test)]
+    pub(crate) fn acks(&self) -> &AckTracker {
         &self.acks
     }
 
@@ -219,14 +219,14 @@ mod tests {
 
     /// Three transactions of 2, 1 and 1 messages; returns their tickets.
     fn three_transactions(l: &mut InFlightLedger) -> [Ticket; 4] {
-        l.begin(0).unwrap();
+        l.begin().unwrap();
         let a1 = l.produced(msg(10)).unwrap();
         let a2 = l.produced(msg(10)).unwrap();
         l.commit(Lsn(200)).unwrap();
-        l.begin(0).unwrap();
+        l.begin().unwrap();
         let b1 = l.produced(msg(10)).unwrap();
         l.commit(Lsn(300)).unwrap();
-        l.begin(0).unwrap();
+        l.begin().unwrap();
         let c1 = l.produced(msg(10)).unwrap();
         l.commit(Lsn(400)).unwrap();
         [a1, a2, b1, c1]
@@ -276,7 +276,7 @@ mod tests {
         l.delivered(c1, Outcome::Acked).unwrap();
         assert!(l.is_empty());
         assert_eq!(l.watermark(), Lsn(200));
-        l.begin(0).unwrap();
+        l.begin().unwrap();
         l.commit(Lsn(500)).unwrap();
         assert!(!l.on_keepalive(Lsn(600)));
         assert_eq!(l.watermark(), Lsn(200));
@@ -285,7 +285,7 @@ mod tests {
     #[test]
     fn a_refused_message_stops_holding_its_transaction_back() {
         let mut l = InFlightLedger::new(Lsn(100), CAPS);
-        l.begin(0).unwrap();
+        l.begin().unwrap();
         let too_big = l.produced(msg(900)).unwrap();
         assert_eq!(l.refused(too_big).unwrap().bytes, 900);
         assert_eq!((l.len(), l.bytes()), (0, 0));
@@ -301,7 +301,7 @@ mod tests {
     fn caps_follow_the_messages_in_flight() {
         let mut l = InFlightLedger::new(Lsn(0), CAPS);
         assert!(l.has_room());
-        l.begin(0).unwrap();
+        l.begin().unwrap();
         let mut tickets = Vec::new();
         for _ in 0..3 {
             tickets.push(l.produced(msg(10)).unwrap());
@@ -327,7 +327,7 @@ mod tests {
     #[test]
     fn the_oldest_message_is_reported_with_its_topic() {
         let mut l = InFlightLedger::new(Lsn(0), CAPS);
-        l.begin(0).unwrap();
+        l.begin().unwrap();
         let first = l
             .produced(Outgoing {
                 topic: "payments",
@@ -365,7 +365,7 @@ mod tests {
             for (op, k) in ops {
                 match op {
                     0 if !open => {
-                        l.begin(0).unwrap();
+                        l.begin().unwrap();
                         model.push((pos + 1, None, 0));
                         open = true;
                     }

@@ -45,8 +45,8 @@ impl AckTracker {
     }
 
     /// Merges every committed entry that needs no more reports into its predecessor; the
-    /// front stays (it is what W waits for, and its `begun_at` is what
-    /// [`AckTracker::oldest_unacked`] reports).
+    /// front stays (it is what W waits for, and its `begun_at` is what the tests'
+    /// `oldest_unacked` reports).
     pub(super) fn compact(&mut self) {
         let mut kept = 0;
         for i in 0..self.pending.len() {
@@ -79,26 +79,26 @@ mod tests {
     #[test]
     fn completed_transactions_behind_a_stuck_message_are_merged() {
         let mut t = AckTracker::new(lsn(10));
-        t.begin(7).unwrap();
+        t.begin_at(7).unwrap();
         let stuck = t.track_message().unwrap();
         t.commit(lsn(20)).unwrap();
         // Empty transactions complete at Commit: merged into the stuck one at once.
         for i in 0..5u64 {
-            t.begin(0).unwrap();
+            t.begin().unwrap();
             t.commit(lsn(30 + i)).unwrap();
         }
         assert_eq!(t.open_transactions(), 1);
         // One acked before its Commit, one after: both end up merged too.
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         let a = t.track_message().unwrap();
         t.ack(a).unwrap();
         t.commit(lsn(40)).unwrap();
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         let b = t.track_message().unwrap();
         t.commit(lsn(50)).unwrap();
         assert_eq!(t.open_transactions(), 2);
         t.ack(b).unwrap();
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         t.commit(lsn(60)).unwrap();
         assert!(t.open_transactions() <= 2);
         // A merged transaction's seq is no longer known.
@@ -113,7 +113,7 @@ mod tests {
     #[test]
     fn queue_stays_bounded_behind_one_stuck_message() {
         let mut t = AckTracker::new(lsn(1));
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         let stuck = t.track_message().unwrap();
         t.commit(lsn(2)).unwrap();
         let mut end = 2;
@@ -122,7 +122,7 @@ mod tests {
         let mut window: VecDeque<TxnSeq> = VecDeque::new();
         let mut max_len = 0;
         for i in 0..200_000u64 {
-            t.begin(0).unwrap();
+            t.begin().unwrap();
             if i % 3 != 0 {
                 window.push_back(t.track_message().unwrap());
             }
@@ -162,15 +162,15 @@ mod tests {
     fn merging_does_not_delay_the_watermark() {
         // A completes after B and C completed behind it: W jumps straight to C's end.
         let mut t = AckTracker::new(lsn(0));
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         let a = t.track_message().unwrap();
         t.commit(lsn(10)).unwrap();
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         let b = t.track_message().unwrap();
         t.commit(lsn(20)).unwrap();
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         t.commit(lsn(30)).unwrap();
-        t.begin(0).unwrap();
+        t.begin().unwrap();
         let d = t.track_message().unwrap();
         t.ack(b).unwrap();
         t.ack(a).unwrap();

@@ -116,7 +116,7 @@ proptest! {
             let Some(ev) = evs.get(*ev_i).copied() else { return false };
             *ev_i += 1;
             match ev {
-                Event::Begin => t.begin(0).unwrap(),
+                Event::Begin => t.begin().unwrap(),
                 Event::Message => {
                     let tk = t.track_message().unwrap();
                     outstanding.push((tk, *txn_i));
@@ -182,7 +182,7 @@ proptest! {
         let mut t = AckTracker::new(Lsn(0));
         let mut seqs = Vec::new();
         for (i, n) in sizes.iter().enumerate() {
-            t.begin(0).unwrap();
+            t.begin().unwrap();
             for _ in 0..*n {
                 seqs.push(t.track_message().unwrap());
             }
@@ -228,7 +228,7 @@ proptest! {
         for (op, k) in ops {
             match op {
                 0 if !open => {
-                    t.begin(0).unwrap();
+                    t.begin().unwrap();
                     model.push((pos + 1, None, 0));
                     open = true;
                 }

@@ -27,11 +27,11 @@ fn msg(bytes: usize) -> Outgoing<'static> {
 #[test]
 fn a_reused_slot_settles_the_transaction_of_its_new_message() {
     let mut l = InFlightLedger::new(Lsn(100), CAPS);
-    l.begin(0).unwrap();
+    l.begin().unwrap();
     let a1 = l.produced(msg(1)).unwrap();
     let a2 = l.produced(msg(1)).unwrap();
     l.commit(Lsn(200)).unwrap();
-    l.begin(0).unwrap();
+    l.begin().unwrap();
     l.delivered(a1, Outcome::Acked).unwrap();
     // The freed slot goes to the next message, of another transaction.
     let b1 = l.produced(msg(1)).unwrap();
@@ -50,10 +50,10 @@ fn a_reused_slot_settles_the_transaction_of_its_new_message() {
 #[test]
 fn a_dead_letter_in_a_refused_slot_holds_its_transaction_behind_earlier_ones() {
     let mut l = InFlightLedger::new(Lsn(100), CAPS);
-    l.begin(0).unwrap();
+    l.begin().unwrap();
     let a1 = l.produced(msg(1)).unwrap();
     l.commit(Lsn(200)).unwrap();
-    l.begin(0).unwrap();
+    l.begin().unwrap();
     let row = Some(RowId {
         commit_lsn: Lsn(250),
         index: 0,
@@ -83,7 +83,7 @@ fn a_refused_message_without_its_dead_letter_never_completes_an_open_transaction
     // BadRowPolicy::Stop: the refused row is not replaced and the session stops. Until
     // then nothing of the open transaction may be confirmed, keepalives included.
     let mut l = InFlightLedger::new(Lsn(100), CAPS);
-    l.begin(0).unwrap();
+    l.begin().unwrap();
     let t = l.produced(msg(900)).unwrap();
     l.refused(t).unwrap();
     assert!(l.is_empty());
@@ -97,7 +97,7 @@ fn a_send_error_before_the_commit_freezes_the_watermark() {
     // A send error other than too-large or queue-full is settled as a failed delivery
     // while its transaction is still open.
     let mut l = InFlightLedger::new(Lsn(100), CAPS);
-    l.begin(0).unwrap();
+    l.begin().unwrap();
     let a1 = l.produced(msg(1)).unwrap();
     let a2 = l.produced(msg(1)).unwrap();
     l.delivered(a2, Outcome::Failed).unwrap();
@@ -107,7 +107,7 @@ fn a_send_error_before_the_commit_freezes_the_watermark() {
     assert!(l.is_empty());
     assert_eq!(l.watermark(), Lsn(100));
     for end in [300, 400] {
-        l.begin(0).unwrap();
+        l.begin().unwrap();
         l.commit(Lsn(end)).unwrap();
     }
     assert!(!l.on_keepalive(Lsn(500)));
@@ -117,11 +117,11 @@ fn a_send_error_before_the_commit_freezes_the_watermark() {
 #[test]
 fn a_non_transactional_message_holds_keepalives_until_acked() {
     let mut l = InFlightLedger::new(Lsn(100), CAPS);
-    l.begin(0).unwrap();
+    l.begin().unwrap();
     l.commit(Lsn(200)).unwrap();
     assert_eq!(l.watermark(), Lsn(200));
     // As the session does: a transaction of its own, committed at the last end_lsn.
-    l.begin(0).unwrap();
+    l.begin().unwrap();
     let m = l.produced(msg(1)).unwrap();
     l.commit(Lsn(200)).unwrap();
     assert!(!l.in_transaction());
@@ -136,7 +136,7 @@ fn a_non_transactional_message_holds_keepalives_until_acked() {
 #[test]
 fn reports_not_in_flight_change_nothing() {
     let mut l = InFlightLedger::new(Lsn(100), CAPS);
-    l.begin(0).unwrap();
+    l.begin().unwrap();
     let a1 = l.produced(msg(7)).unwrap();
     l.commit(Lsn(200)).unwrap();
     for outcome in [Outcome::Acked, Outcome::Failed] {
@@ -178,7 +178,7 @@ fn the_slab_stays_within_the_caps_however_many_messages_pass() {
         let r = next();
         if l.has_room() && r % 3 != 0 {
             if !open {
-                l.begin(0).unwrap();
+                l.begin().unwrap();
                 open = true;
             }
             let bytes = usize::try_from(r % 700).unwrap();

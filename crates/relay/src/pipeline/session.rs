@@ -311,7 +311,7 @@ impl<'a> Session<'a> {
     async fn on_message(&mut self, message: LogicalMessage) -> Result<(), RelayError> {
         match message {
             LogicalMessage::Begin(b) => {
-                self.ledger.begin(now_unix_micros())?;
+                self.ledger.begin()?;
                 self.txn = Some(CommitContext::new(b.final_lsn, b.commit_time));
                 self.rows.begin(b.final_lsn);
                 self.skip_rows = 0;
@@ -417,7 +417,7 @@ impl<'a> Session<'a> {
         let ctx = match self.txn {
             Some(ctx) => ctx,
             None => {
-                self.ledger.begin(now_unix_micros())?;
+                self.ledger.begin()?;
                 CommitContext::non_transactional(m, PgTimestamp::now())
             }
         };
@@ -602,8 +602,4 @@ async fn bounded<T>(
     tokio::time::timeout(SQL_TIMEOUT, query)
         .await
         .map_err(|_| RelayError::Postgres(pgrepl::ReplError::Timeout(what)))?
-}
-
-fn now_unix_micros() -> u64 {
-    u64::try_from(PgTimestamp::now().unix_micros()).unwrap_or(0)
 }
