@@ -4,7 +4,9 @@
 //! GRANT before anything is attempted.
 
 use outbox_core::pgtype::quote_ident;
-use outboxd_relay::kafka::{ProgressRecord, ProgressStore, SlotIdentity};
+use std::collections::BTreeMap;
+
+use outboxd_relay::kafka::{ProgressRecord, ProgressStore, SlotIdentity, SlotRecords};
 use outboxd_relay::pipeline::{judge_slot, verify_shard_layout};
 use pgoutput::Lsn;
 use pgrepl::{preflight, ConnectConfig, ReplError, ReplicationConnection};
@@ -70,15 +72,103 @@ async fn init_inner(s: &Settings) -> Result<(), InitError> {
             shard.count
         );
     }
+    let mut shared = Shared {
+        pg: &pg,
+        all: &shards,
+        replication: None,
+        records: None,
+    };
     for view in &shards {
-        init_shard(view, &sql, &pg).await?;
+        init_shard(view, &sql, &mut shared).await?;
     }
     Ok(())
 }
 
+/// What the shards' steps share, opened where the first shard needs it (so a failure
+/// stops init at the same step as with one shard): one replication connection, and one
+/// progress store with one read of the topic for every shard's slot.
+struct Shared<'a> {
+    /// The server the SQL connection reached (the primary of a host list).
+    pg: &'a ConnectConfig,
+    /// Every shard (unsharded: the one table).
+    all: &'a [Settings],
+    replication: Option<Replication>,
+    records: Option<Records>,
+}
+
+struct Replication {
+    conn: ReplicationConnection,
+    /// Whether slots are created (or switched to) failover slots.
+    failover: bool,
+}
+
+/// This cluster's identity and what the progress topic holds for each shard's slot.
+struct Records {
+    system: pgrepl::SystemInfo,
+    read: TopicRead,
+}
+
+/// The store and each shard's records by slot name, or why Kafka could not tell.
+type TopicRead = Result<(ProgressStore, BTreeMap<String, Result<SlotRecords, String>>), String>;
+
+impl Shared<'_> {
+    async fn replication(&mut self, s: &Settings) -> Result<&mut Replication, InitError> {
+        let replication = match self.replication.take() {
+            Some(r) => r,
+            None => {
+                let mut conn = ReplicationConnection::connect(self.pg).await?;
+                let failover = s
+                    .failover_slot
+                    .wanted(conn.supports_failover_slots().await?)
+                    .map_err(|e| InitError::Refused(e.to_string()))?;
+                Replication { conn, failover }
+            }
+        };
+        Ok(self.replication.insert(replication))
+    }
+
+    async fn records(&mut self, s: &Settings, topic: &str) -> Result<&mut Records, InitError> {
+        let records = match self.records.take() {
+            Some(r) => r,
+            None => {
+                let system = self.replication(s).await?.conn.identify_system().await?;
+                let read = read_records(s, self.all, &system.system_id, topic).await;
+                Records { system, read }
+            }
+        };
+        Ok(self.records.insert(records))
+    }
+}
+
+fn identity(s: &Settings, system_id: &str) -> SlotIdentity {
+    SlotIdentity {
+        system_id: system_id.to_owned(),
+        database: s.pg.dbname.clone(),
+        slot: s.slot.clone(),
+    }
+}
+
+/// Every shard's records, in one read of the topic.
+async fn read_records(s: &Settings, all: &[Settings], system_id: &str, topic: &str) -> TopicRead {
+    let store =
+        ProgressStore::new(&wiring::producer_settings(s), topic).map_err(|e| e.to_string())?;
+    let ids: Vec<SlotIdentity> = all.iter().map(|v| identity(v, system_id)).collect();
+    // Bounded: init must not hang on an unreachable Kafka it does not strictly need.
+    let found = match tokio::time::timeout(KAFKA_WAIT, store.read_slots(&ids)).await {
+        Ok(Ok(found)) => found,
+        Ok(Err(e)) => return Err(e.to_string()),
+        Err(_) => return Err(format!("Kafka did not answer within {KAFKA_WAIT:?}")),
+    };
+    let found = ids
+        .into_iter()
+        .zip(found)
+        .map(|(id, r)| (id.slot, r.map_err(|e| e.to_string())))
+        .collect();
+    Ok((store, found))
+}
+
 /// The publication and slot of one shard (unsharded: of the table).
-/// `pg`: the server the SQL connection reached (the primary of a host list).
-async fn init_shard(s: &Settings, sql: &Client, pg: &ConnectConfig) -> Result<(), InitError> {
+async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Result<(), InitError> {
     let user = quote_ident(&s.pg.user);
     let table = format!(
         "{}.{}",
@@ -91,11 +181,8 @@ async fn init_shard(s: &Settings, sql: &Client, pg: &ConnectConfig) -> Result<()
         create_publication(s, sql, &table, &user).await?;
         say!("ok  publication {} (created)", s.publication);
     }
-    let mut conn = ReplicationConnection::connect(pg).await?;
-    let failover = s
-        .failover_slot
-        .wanted(conn.supports_failover_slots().await?)
-        .map_err(|e| InitError::Refused(e.to_string()))?;
+    let Replication { conn, failover } = shared.replication(s).await?;
+    let failover = *failover;
     let position = match preflight::slot_state(sql, &s.slot).await? {
         Some(state) => {
             // The same rule `run` applies: a slot of this name that run would refuse
@@ -127,7 +214,7 @@ async fn init_shard(s: &Settings, sql: &Client, pg: &ConnectConfig) -> Result<()
             Some(created.consistent_point)
         }
     };
-    record_cluster(s, &mut conn, position).await?;
+    record_cluster(s, shared, position).await?;
     Ok(())
 }
 
@@ -140,7 +227,7 @@ const KAFKA_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 async fn record_cluster(
     s: &Settings,
-    conn: &mut ReplicationConnection,
+    shared: &mut Shared<'_>,
     position: Option<Lsn>,
 ) -> Result<(), InitError> {
     let Some(topic) = &s.progress_topic else {
@@ -150,31 +237,27 @@ async fn record_cluster(
         say!("skip progress record (OUTBOXD_KAFKA_BOOTSTRAP_SERVERS is not set; `outboxd run` writes it)");
         return Ok(());
     }
-    let system = conn.identify_system().await?;
-    let identity = SlotIdentity {
-        system_id: system.system_id.clone(),
-        database: s.pg.dbname.clone(),
-        slot: s.slot.clone(),
-    };
+    let Records { system, read } = shared.records(s, topic).await?;
+    let identity = identity(s, &system.system_id);
     let warn = |e: &dyn std::fmt::Display| {
         say!("warn progress record in {topic}: {e}; run `outboxd init` again once Kafka answers if `outboxd run` refuses a record of another cluster");
     };
-    let store = match ProgressStore::new(&wiring::producer_settings(s), topic) {
-        Ok(store) => store,
+    let (store, found) = match read {
+        Ok(read) => read,
         Err(e) => {
-            warn(&e);
+            warn(e);
             return Ok(());
         }
     };
-    // Bounded: init must not hang on an unreachable Kafka it does not strictly need.
-    let records = match tokio::time::timeout(KAFKA_WAIT, store.read_slot(&identity)).await {
-        Ok(Ok(records)) => records,
-        Ok(Err(e)) => {
+    // Every shard's slot was in the read; a missing one is said, not assumed recordless.
+    let records = match found.remove(&s.slot) {
+        Some(Ok(records)) => records,
+        Some(Err(e)) => {
             warn(&e);
             return Ok(());
         }
-        Err(_) => {
-            warn(&format!("Kafka did not answer within {KAFKA_WAIT:?}"));
+        None => {
+            warn(&"the slot was not in the read of the topic");
             return Ok(());
         }
     };

@@ -223,6 +223,63 @@ pub enum ProgressError {
     Unreadable(String),
 }
 
+/// What one read of the topic found for one slot.
+struct SlotScan {
+    key: String,
+    /// Keys end with the database and slot: a cheap filter before parsing the value.
+    same_slot_suffix: String,
+    latest: Option<Option<Vec<u8>>>,
+    /// Newest value per key of another cluster's record of this slot (None: deleted).
+    others: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl SlotScan {
+    fn new(id: &SlotIdentity) -> Self {
+        SlotScan {
+            key: id.key(),
+            same_slot_suffix: format!("/{}/{}", id.database, id.slot),
+            latest: None,
+            others: BTreeMap::new(),
+        }
+    }
+
+    fn see(&mut self, key: &[u8], payload: Option<&[u8]>) {
+        if key == self.key.as_bytes() {
+            self.latest = Some(payload.map(<[u8]>::to_vec));
+        } else if key.ends_with(self.same_slot_suffix.as_bytes()) {
+            self.others
+                .insert(key.to_vec(), payload.map(<[u8]>::to_vec));
+        }
+    }
+
+    fn records(self, id: &SlotIdentity) -> Result<SlotRecords, ProgressError> {
+        let ours = match self.latest.flatten() {
+            None => None,
+            Some(bytes) => {
+                Some(ProgressRecord::from_json(&bytes).map_err(ProgressError::Unreadable)?)
+            }
+        };
+        // Another cluster's records only count when they say so themselves; an
+        // unreadable one is not ours to judge.
+        let other_clusters = self
+            .others
+            .into_values()
+            .flatten()
+            .filter_map(|bytes| {
+                let (owner, record) = ProgressRecord::owner_from_json(&bytes)?;
+                (owner.database == id.database
+                    && owner.slot == id.slot
+                    && owner.system_id != id.system_id)
+                    .then_some((owner.system_id, record))
+            })
+            .collect();
+        Ok(SlotRecords {
+            ours,
+            other_clusters,
+        })
+    }
+}
+
 /// Reads and writes progress records. Cheap to clone.
 #[derive(Clone)]
 pub struct ProgressStore {
@@ -400,35 +457,44 @@ impl ProgressStore {
     /// The newest record for `id`, and those for the same database and slot written on
     /// other clusters (other system identifiers), in one read of the topic.
     pub async fn read_slot(&self, id: &SlotIdentity) -> Result<SlotRecords, ProgressError> {
+        let mut read = self.read_slots(std::slice::from_ref(id)).await?;
+        read.pop().unwrap_or_else(|| Ok(SlotRecords::default()))
+    }
+
+    /// [`ProgressStore::read_slot`] for several slots (the shards `init` sets up) in one
+    /// read of the topic: one result per slot, in the order of `ids` (a slot whose own
+    /// record is unreadable fails alone).
+    pub async fn read_slots(
+        &self,
+        ids: &[SlotIdentity],
+    ) -> Result<Vec<Result<SlotRecords, ProgressError>>, ProgressError> {
         self.ensure_topic().await?;
         let this = self.clone();
-        let id = id.clone();
-        tokio::task::spawn_blocking(move || this.read_blocking(&id, OPERATION_TIMEOUT))
+        let ids = ids.to_vec();
+        tokio::task::spawn_blocking(move || this.read_blocking(&ids, OPERATION_TIMEOUT))
             .await
             .map_err(|e| ProgressError::Kafka(format!("reader task failed: {e}")))?
     }
 
     fn read_blocking(
         &self,
-        id: &SlotIdentity,
+        ids: &[SlotIdentity],
         timeout: Duration,
-    ) -> Result<SlotRecords, ProgressError> {
+    ) -> Result<Vec<Result<SlotRecords, ProgressError>>, ProgressError> {
         let s = &self.inner.settings;
         let topic = self.inner.topic.as_str();
-        let key = id.key();
-        // Keys end with the database and slot: a cheap filter before parsing the value.
-        let same_slot_suffix = format!("/{}/{}", id.database, id.slot);
+        let nothing = || ids.iter().map(|_| Ok(SlotRecords::default())).collect();
         let consumer = self.consumer()?;
         if !self.topic_exists(&consumer)? {
             // No topic, no record: nothing was ever recorded on this cluster.
-            return Ok(SlotRecords::default());
+            return Ok(nothing());
         }
         let deadline = Instant::now() + timeout;
         let (low, high) = consumer
             .fetch_watermarks(topic, 0, timeout)
             .map_err(|e| ProgressError::Kafka(s.scrub(&e.to_string())))?;
         if high <= low {
-            return Ok(SlotRecords::default());
+            return Ok(nothing());
         }
         let mut assignment = TopicPartitionList::new();
         assignment
@@ -437,9 +503,7 @@ impl ProgressStore {
         consumer
             .assign(&assignment)
             .map_err(|e| ProgressError::Kafka(s.scrub(&e.to_string())))?;
-        let mut latest: Option<Option<Vec<u8>>> = None;
-        // Newest value per key of another cluster's record of this slot (None: deleted).
-        let mut others: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
+        let mut found: Vec<SlotScan> = ids.iter().map(SlotScan::new).collect();
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
@@ -450,14 +514,10 @@ impl ProgressStore {
                 Some(Err(KafkaError::PartitionEOF(_))) => continue,
                 Some(Err(e)) => return Err(ProgressError::Kafka(s.scrub(&e.to_string()))),
                 Some(Ok(m)) => {
-                    match m.key() {
-                        Some(k) if k == key.as_bytes() => {
-                            latest = Some(m.payload().map(<[u8]>::to_vec));
+                    if let Some(k) = m.key() {
+                        for scan in &mut found {
+                            scan.see(k, m.payload());
                         }
-                        Some(k) if k.ends_with(same_slot_suffix.as_bytes()) => {
-                            others.insert(k.to_vec(), m.payload().map(<[u8]>::to_vec));
-                        }
-                        _ => {}
                     }
                     if m.offset() >= high - 1 {
                         break;
@@ -465,29 +525,11 @@ impl ProgressStore {
                 }
             }
         }
-        let ours = match latest.flatten() {
-            None => None,
-            Some(bytes) => {
-                Some(ProgressRecord::from_json(&bytes).map_err(ProgressError::Unreadable)?)
-            }
-        };
-        // Another cluster's records only count when they say so themselves; an
-        // unreadable one is not ours to judge.
-        let other_clusters = others
-            .into_values()
-            .flatten()
-            .filter_map(|bytes| {
-                let (owner, record) = ProgressRecord::owner_from_json(&bytes)?;
-                (owner.database == id.database
-                    && owner.slot == id.slot
-                    && owner.system_id != id.system_id)
-                    .then_some((owner.system_id, record))
-            })
-            .collect();
-        Ok(SlotRecords {
-            ours,
-            other_clusters,
-        })
+        Ok(ids
+            .iter()
+            .zip(found)
+            .map(|(id, scan)| scan.records(id))
+            .collect())
     }
 
     /// Writes a record and waits for the broker's ack. Always to partition 0, the only one
