@@ -386,8 +386,10 @@ async fn shutdown_with_kafka_down_keeps_its_deadline() {
     let status = relay.wait_exit(Duration::from_secs(90));
     let took = t0.elapsed();
     assert_eq!(status.code(), Some(0), "{}", relay.log_text());
+    // The bug took the 2 s timeout plus ~30 s; 20 s leaves a loaded machine room for the
+    // exit itself and still tells the two apart.
     assert!(
-        took < Duration::from_secs(10),
+        took < Duration::from_secs(20),
         "shutdown took {took:?} with a 2 s shutdown timeout: {}",
         relay.log_text()
     );
