@@ -97,7 +97,7 @@ async fn the_progress_record_never_runs_ahead_of_the_acks() {
         Duration::from_secs(60),
     );
     let acked = schema::current_wal_lsn(&db).await;
-    schema::wait_confirmed_at_least(&db, acked, Duration::from_secs(30)).await;
+    schema::wait_confirmed_at_least(&db, acked, Duration::from_secs(60)).await;
     let recorded = ops::wait_for(
         "a progress record at the acked position",
         Duration::from_secs(30),
