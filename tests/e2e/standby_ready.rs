@@ -105,6 +105,11 @@ async fn a_standby_waits_over_one_connection_and_says_so() {
     assert_eq!(standby.metric("outboxd_replication_connected"), Some(0.0));
 
     // Over 10 s: the sessions the database counts, and the standby's backends seen.
+    // Session counts reach the shared statistics within a second or so, on a loaded
+    // server later: the standby's start-up sessions (just before it reported standing
+    // by) are let in before the first count too, or they would be taken for sessions
+    // opened while standing by.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let before = sessions(&client, &db.name).await;
     let mut pids = std::collections::BTreeSet::new();
     let until = std::time::Instant::now() + Duration::from_secs(10);
