@@ -231,8 +231,10 @@ async fn heartbeat_advances_the_slot_without_idle_flush() {
     let writer = spawn_writer(db.conn_string(), 100, Arc::clone(&stop));
     // Without idle flush nothing but the heartbeats can move the slot while the outbox
     // is idle. Rounds: read where the server is now, then wait until the slot is
-    // confirmed past it; each round needs a heartbeat written after its target (a relay
-    // that stops emitting them, or emits one and no more, stalls in the next round).
+    // confirmed past it, and past where the slot itself was (on an idle server the two
+    // are one position: without that, a round passed with nothing moving at all); so
+    // each round needs a heartbeat written after its target (a relay that stops emitting
+    // them, or emits one and no more, stalls in the next round).
     // Positions are the server's own at the round's start, so WAL that other tests of
     // the shared cluster write meanwhile cannot make a round fail (it only lengthens the
     // walk: CI failed on the former form, "lag < 8 MB at 1 s samples", with 11.6 MB
@@ -244,7 +246,10 @@ async fn heartbeat_advances_the_slot_without_idle_flush() {
     let mut last = first.confirmed_flush;
     for round in 0..ROUNDS {
         let started = Instant::now();
-        let target = ops::current_wal(&client).await;
+        let now = ops::slot_row(&client, &outbox.slot).await.expect("slot");
+        let target = now
+            .current_wal
+            .max(now.confirmed_flush.map_or(0, |c| c + 1));
         loop {
             let row = ops::slot_row(&client, &outbox.slot).await.expect("slot");
             last = row.confirmed_flush;
@@ -264,7 +269,7 @@ async fn heartbeat_advances_the_slot_without_idle_flush() {
     writer.await.expect("writer");
     eprintln!("heartbeat: {ROUNDS} rounds of 'slot passes the server's position' took {took:?}");
     assert!(
-        last.is_some_and(|c| c > first.current_wal),
+        last.is_some_and(|c| c >= first.current_wal),
         "confirmed_flush_lsn {last:?} passes the server's position at the start, {}",
         first.current_wal
     );
