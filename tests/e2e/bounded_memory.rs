@@ -130,7 +130,7 @@ async fn rss_stays_flat_while_one_partition_is_stuck() {
     let bootstrap = broker.bootstrap();
     let relay = Relay::start(Relay::env_for(&db, &outbox, &bootstrap, &[]), &["run"]);
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let topics = vec![busy.clone(), quiet.clone()];
 
     // The relay delivers to both topics before the outage (metadata and connections up).

@@ -89,7 +89,7 @@ async fn status_json_matches_pg_replication_slots() {
 
     // While a relay streams: its walsender's pid, as pg_replication_slots says.
     let relay = Relay::start(env.clone(), &["run"]);
-    let pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     // The format can also come from the environment.
     let env_json = [
         env.clone(),

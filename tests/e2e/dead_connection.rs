@@ -78,7 +78,7 @@ async fn a_partition_is_noticed_at_the_in_flight_cap_and_every_event_arrives_aft
         &["run"],
     );
     let client = db.client().await;
-    let first_pid = wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let first_pid = wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let events = back_pressure(&relay, &broker, &client, &outbox.table).await;
     assert_eq!(metric(&relay, "outboxd_replication_connected"), 1.0);
     let reconnects = metric(&relay, "outboxd_reconnects_total");
@@ -121,7 +121,7 @@ async fn a_partition_is_noticed_at_the_in_flight_cap_and_every_event_arrives_aft
         Duration::from_secs(120),
     );
     check_delivery(&events, &received);
-    let pid = wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let pid = wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     assert_ne!(pid, first_pid, "a new walsender streams the slot");
     let deadline = Instant::now() + Duration::from_secs(60);
     while relay.http_get("/readyz").map(|r| r.0) != Some(200) {
@@ -149,7 +149,7 @@ async fn a_terminated_walsender_is_noticed_at_the_in_flight_cap() {
         &["run"],
     );
     let client = db.client().await;
-    let first_pid = wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let first_pid = wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let events = back_pressure(&relay, &broker, &client, &outbox.table).await;
     let reconnects = metric(&relay, "outboxd_reconnects_total");
 

@@ -135,7 +135,7 @@ async fn failover_once(round: usize, both_hosts: bool) -> bool {
         "{out}"
     );
     let mut relay = Relay::start(env, &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     wait_for(
         "outboxd_slot_failover_ready = 1",
         Duration::from_secs(60),
@@ -353,7 +353,7 @@ async fn the_primary_is_chosen_among_listed_hosts() {
     let (code, out) = run_to_end(&env, &["init"]);
     assert_eq!(code, 0, "{out}");
     let mut relay = Relay::start(env, &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let events = support::load::insert_events(&client, &outbox.table, 50, 5, 5).await;
     let received = read_all_blocking(
         &broker.bootstrap(),
@@ -383,7 +383,7 @@ async fn a_slot_the_standby_lacks_stops_the_relay_after_promotion() {
     let port = vip.port().to_string();
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[("PGPORT", &port)]);
     let mut relay = Relay::start(env, &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let events = support::load::insert_events(&client, &outbox.table, 50, 5, 5).await;
     let received = read_all_blocking(
         &broker.bootstrap(),

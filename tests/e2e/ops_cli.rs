@@ -198,7 +198,7 @@ async fn status_shows_lag_retained_wal_and_active_pid() {
 
     let mut relay = Relay::start(env.clone(), &["run"]);
     let client = db.client().await;
-    let pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let (code, out) = run_to_end(&env, &["status"]);
     assert_eq!(code, 0, "{out}");
     assert!(

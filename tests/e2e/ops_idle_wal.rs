@@ -114,8 +114,8 @@ async fn idle_outbox_retains_no_more_wal_than_pg_recvlogical() {
         .spawn()
         .expect("pg_recvlogical");
     let _recvlogical = Killed(recvlogical);
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
-    ops::wait_active_pid(&client, &other_slot, Duration::from_secs(30)).await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    ops::wait_active_pid(&client, &other_slot, Duration::from_secs(120)).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let wal_start = ops::current_wal(&client).await;
@@ -225,7 +225,7 @@ async fn heartbeat_advances_the_slot_without_idle_flush() {
         &["run"],
     );
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let first = ops::slot_row(&client, &outbox.slot).await.expect("slot");
     let stop = Arc::new(AtomicBool::new(false));
     let writer = spawn_writer(db.conn_string(), 100, Arc::clone(&stop));

@@ -48,7 +48,7 @@ async fn graceful_stop_under_load(signal: &str) {
         &["run"],
     );
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     // Small transactions with a 1500-event one every 10th.
     let load = LoadGen::spawn(
         db.conn_string(),
@@ -87,7 +87,7 @@ async fn graceful_stop_under_load(signal: &str) {
     load.wait_committed(at_stop + 3000, Duration::from_secs(60))
         .await;
     relay.restart();
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let at_restart = load.committed();
     load.wait_committed(at_restart + 3000, Duration::from_secs(60))
         .await;
@@ -209,7 +209,7 @@ async fn standby_takes_over_within_5s_of_sigkill() {
     let starting = Instant::now();
     let mut active = Relay::start(env_a, &["run"]);
     let client = db.client().await;
-    let first_pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let first_pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     // What starting to stream takes on this machine right now (process start, connect,
     // checks, START_REPLICATION): a takeover does the same after the slot is released.
     let start_up = starting.elapsed();

@@ -92,7 +92,7 @@ async fn relay_partitioned(name: &str, publication_options: &str) {
     );
     let relay = Relay::start(env, &["run"]);
     let mut client = db.client().await;
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
 
     let mut events = insert_dated(&mut client, 300, &[2025, 2026]).await;
     // A partition attached while running, its columns in another order than the parent's.
@@ -319,7 +319,7 @@ async fn rows_of_other_published_tables_are_counted() {
         Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
         &["run"],
     );
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     client
         .batch_execute("INSERT INTO public.audit SELECT generate_series(1, 7)")
         .await

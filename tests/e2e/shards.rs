@@ -41,7 +41,7 @@ async fn start_relaying(
 ) -> Relay {
     let relay = Relay::start(env, &["run"]);
     for i in 0..shards {
-        wait_active_pid(client, &shard_slot(o, i), Duration::from_secs(30)).await;
+        wait_active_pid(client, &shard_slot(o, i), Duration::from_secs(120)).await;
     }
     relay
 }
@@ -225,7 +225,7 @@ async fn two_shard_processes_one_killed_mid_load_lose_nothing() {
     );
     let client = db.client().await;
     for i in 0..2 {
-        wait_active_pid(&client, &shard_slot(&o, i), Duration::from_secs(30)).await;
+        wait_active_pid(&client, &shard_slot(&o, i), Duration::from_secs(120)).await;
     }
     let load_client = db.client().await;
     let table = o.table.clone();
@@ -323,7 +323,7 @@ async fn repartitioning_while_running_stops_the_relay() {
     init_shards(&env);
     let mut relay = Relay::start(env, &["run"]);
     let client = db.client().await;
-    wait_active_pid(&client, &shard_slot(&o, 0), Duration::from_secs(30)).await;
+    wait_active_pid(&client, &shard_slot(&o, 0), Duration::from_secs(120)).await;
     let events = insert_events(&client, &o.table, 200, 4, 20).await;
     let shard0: Vec<Event> = {
         let rows = client

@@ -24,7 +24,7 @@ async fn standby_answers_ready_only_when_opted_in() {
     let env = |extra: &[(&str, &str)]| Relay::env_for(&db, &outbox, &broker.bootstrap(), extra);
     let mut active = Relay::start(env(&[("OUTBOXD_READY_STANDBY", "true")]), &["run"]);
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let ready_standby = Relay::start(env(&[("OUTBOXD_READY_STANDBY", "true")]), &["run"]);
     let plain_standby = Relay::start(env(&[]), &["run"]);
     let readyz = |r: &Relay| r.http_get("/readyz");
@@ -92,7 +92,7 @@ async fn a_standby_waits_over_one_connection_and_says_so() {
     let env = |extra: &[(&str, &str)]| Relay::env_for(&db, &outbox, &broker.bootstrap(), extra);
     let mut active = Relay::start(env(&[]), &["run"]);
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let standby = Relay::start(env(&[("PGAPPNAME", "outboxd-standby")]), &["run"]);
     ops::wait_for(
         "outboxd_standby = 1",
