@@ -130,7 +130,7 @@ async fn rss_stays_flat_while_one_partition_is_stuck() {
     let bootstrap = broker.bootstrap();
     let relay = Relay::start(Relay::env_for(&db, &outbox, &bootstrap, &[]), &["run"]);
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let topics = vec![busy.clone(), quiet.clone()];
 
     // The relay delivers to both topics before the outage (metadata and connections up).
@@ -185,7 +185,6 @@ async fn rss_stays_flat_while_one_partition_is_stuck() {
         events.extend(l.await.expect("loader"));
     }
     let wal_after = schema::current_wal_lsn(&db).await;
-    let confirmed_during = schema::confirmed_flush_lsn(&db).await;
 
     let mut report = String::new();
     for (secs, rss, n, published) in &curve {
@@ -204,16 +203,36 @@ async fn rss_stays_flat_while_one_partition_is_stuck() {
     let base = curve[warm_idx].1;
     let peak = curve[warm_idx..].iter().map(|c| c.1).max().unwrap_or(base);
     let total_txns = txns.load(Ordering::Relaxed);
-    let published_busy = curve.last().map_or(0.0, |c| c.3);
+    // The busy topic keeps acking behind the stuck event: with the stuck partition still
+    // down, every busy event committed is published (the warm-up pair and the stuck
+    // event aside). Counted against what the loaders committed rather than a fixed
+    // number per 50 s, which a loaded machine (slower loaders, a slower relay) missed
+    // while the relay was doing everything right.
+    let busy_committed = events.len() - 3;
+    let published_busy = ops::wait_for(
+        "every busy event published while the quiet partition is stuck",
+        Duration::from_secs(180),
+        Duration::from_millis(200),
+        || async {
+            let n = relay.metric("outboxd_events_published_total")?;
+            // + 2: the warm-up events, one per topic.
+            (n >= (busy_committed + 2) as f64).then_some(n)
+        },
+    )
+    .await;
     assert!(
-        published_busy > 20_000.0,
-        "the busy topic should keep acking during the test ({published_busy} published, {total_txns} transactions)"
+        busy_committed >= 2_000,
+        "the load is too small to say anything about memory ({busy_committed} busy events, {total_txns} transactions)"
+    );
+    println!(
+        "{published_busy} published with {quiet} stuck ({busy_committed} busy events committed)"
     );
     assert!(
         peak.saturating_sub(base) <= MAX_GROWTH_KB,
         "relay RSS grew {} kB after warm-up (from {base} kB to {peak} kB) over {total_txns} transactions:\n{report}",
         peak - base
     );
+    let confirmed_during = schema::confirmed_flush_lsn(&db).await;
     assert!(
         confirmed_during < stuck_end,
         "confirmed_flush_lsn {confirmed_during:#x} passed the unacknowledged event's transaction (ends {stuck_end:#x})"

@@ -89,7 +89,7 @@ async fn status_json_matches_pg_replication_slots() {
 
     // While a relay streams: its walsender's pid, as pg_replication_slots says.
     let relay = Relay::start(env.clone(), &["run"]);
-    let pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     // The format can also come from the environment.
     let env_json = [
         env.clone(),
@@ -146,7 +146,11 @@ async fn a_backlog_logs_progress_then_caught_up() {
         Duration::from_secs(180),
     );
     assert!(received.len() >= events.len());
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // "Caught up" needs the lag under 256 kB of the server's end. The cluster is shared:
+    // while another test writes WAL quickly (a 1M-row transaction, a load), the idle
+    // relay's confirmed position trails the server's end by more than that until the
+    // burst ends, so the line may come only then (a minute on a loaded machine).
+    let deadline = Instant::now() + Duration::from_secs(180);
     while !relay.log_text().contains("caught up:") {
         assert!(
             Instant::now() < deadline,

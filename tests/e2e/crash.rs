@@ -10,6 +10,8 @@
 use crate::support;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pgtest::PgCluster;
@@ -76,14 +78,29 @@ async fn killed_at_random_moments_loses_nothing(broker: Broker, name: &str) {
     // The load: chunks one after another, so the concatenation is commit order.
     let client = db.client().await;
     let table = outbox.table.clone();
-    let inserter = tokio::spawn(async move {
-        let mut events: Vec<Event> = Vec::with_capacity(TOTAL);
-        while events.len() < TOTAL {
-            events.extend(insert_events(&client, &table, CHUNK, 50, 200).await);
-            // Paced so the load outlasts at least MIN_KILLS kills (~1 s apart).
-            tokio::time::sleep(Duration::from_millis(450)).await;
+    // Kills so far, published after `kills_during_load` counted them. The load waits for
+    // its share of kills before each chunk, so it outlasts MIN_KILLS of them whatever the
+    // relative speed of inserting and killing (a kill includes reading watermarks from
+    // the broker, slow with tansu on a loaded machine; a fixed pace could let the load
+    // finish first and fail "only N kills during the load").
+    let kills_seen = Arc::new(AtomicUsize::new(0));
+    let chunks = TOTAL / CHUNK;
+    let inserter = tokio::spawn({
+        let kills_seen = Arc::clone(&kills_seen);
+        async move {
+            let mut events: Vec<Event> = Vec::with_capacity(TOTAL);
+            let mut chunk = 0;
+            while events.len() < TOTAL {
+                chunk += 1;
+                while kills_seen.load(Ordering::Relaxed) * chunks < chunk * MIN_KILLS {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                events.extend(insert_events(&client, &table, CHUNK, 50, 200).await);
+                // Paced so the load also spreads over the kills (~1 s apart).
+                tokio::time::sleep(Duration::from_millis(450)).await;
+            }
+            events
         }
-        events
     });
 
     let mut kills = 0;
@@ -135,6 +152,7 @@ async fn killed_at_random_moments_loses_nothing(broker: Broker, name: &str) {
         if !inserter.is_finished() {
             kills_during_load += 1;
         }
+        kills_seen.store(kills, Ordering::Relaxed);
         assert!(
             Instant::now() < kill_deadline,
             "the load did not finish within 10 minutes ({kills} kills)"

@@ -78,7 +78,7 @@ async fn a_partition_is_noticed_at_the_in_flight_cap_and_every_event_arrives_aft
         &["run"],
     );
     let client = db.client().await;
-    let first_pid = wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let first_pid = wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let events = back_pressure(&relay, &broker, &client, &outbox.table).await;
     assert_eq!(metric(&relay, "outboxd_replication_connected"), 1.0);
     let reconnects = metric(&relay, "outboxd_reconnects_total");
@@ -121,9 +121,9 @@ async fn a_partition_is_noticed_at_the_in_flight_cap_and_every_event_arrives_aft
         Duration::from_secs(120),
     );
     check_delivery(&events, &received);
-    let pid = wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let pid = wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     assert_ne!(pid, first_pid, "a new walsender streams the slot");
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while relay.http_get("/readyz").map(|r| r.0) != Some(200) {
         assert!(Instant::now() < deadline, "/readyz never recovered");
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -149,7 +149,7 @@ async fn a_terminated_walsender_is_noticed_at_the_in_flight_cap() {
         &["run"],
     );
     let client = db.client().await;
-    let first_pid = wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let first_pid = wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let events = back_pressure(&relay, &broker, &client, &outbox.table).await;
     let reconnects = metric(&relay, "outboxd_reconnects_total");
 
@@ -165,9 +165,12 @@ async fn a_terminated_walsender_is_noticed_at_the_in_flight_cap() {
         if row.active_pid.is_some_and(|p| p != first_pid) {
             break killed.elapsed();
         }
+        // A few seconds when quiet (the EOF is seen at once, the backoff is 2 s); 60 s so
+        // that a loaded machine's slow reconnect (fork, auth, START_REPLICATION) passes
+        // while a relay that never notices, stuck at its cap, still fails.
         assert!(
-            killed.elapsed() < Duration::from_secs(20),
-            "no new walsender 20 s after the old one was terminated (brokers down, at the cap); log:\n{}",
+            killed.elapsed() < Duration::from_secs(60),
+            "no new walsender 60 s after the old one was terminated (brokers down, at the cap); log:\n{}",
             relay.log_text()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -135,7 +135,7 @@ async fn failover_once(round: usize, both_hosts: bool) -> bool {
         "{out}"
     );
     let mut relay = Relay::start(env, &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     wait_for(
         "outboxd_slot_failover_ready = 1",
         Duration::from_secs(60),
@@ -196,9 +196,12 @@ async fn failover_once(round: usize, both_hosts: bool) -> bool {
     load_vip.set_upstream(standby.port());
     load_vip.close_all();
 
-    // outboxd streams from the new primary by itself, soon.
+    // outboxd streams from the new primary by itself. Typically in a few seconds (its
+    // reconnect backoff is 2 s here); the deadline is for a loaded machine (the matrix
+    // runs this on PostgreSQL 17 and 18 at once, five rounds each, next to other tests),
+    // while a relay that gave up or waits for something that never comes still fails.
     let new_primary = ops::connect(&standby.conn_string(&db.name)).await;
-    wait_active_pid(&new_primary, &outbox.slot, Duration::from_secs(10)).await;
+    wait_active_pid(&new_primary, &outbox.slot, Duration::from_secs(60)).await;
     let followed = promoted.elapsed();
     load.wait_committed(load.committed() + 200, Duration::from_secs(60))
         .await;
@@ -218,7 +221,7 @@ async fn failover_once(round: usize, both_hosts: bool) -> bool {
         &broker.bootstrap(),
         &topics,
         &expected,
-        Duration::from_secs(60),
+        Duration::from_secs(180),
     );
     let report = check_delivery(&expected, &received);
     let foreign: Vec<&str> = received
@@ -350,7 +353,7 @@ async fn the_primary_is_chosen_among_listed_hosts() {
     let (code, out) = run_to_end(&env, &["init"]);
     assert_eq!(code, 0, "{out}");
     let mut relay = Relay::start(env, &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let events = support::load::insert_events(&client, &outbox.table, 50, 5, 5).await;
     let received = read_all_blocking(
         &broker.bootstrap(),
@@ -380,7 +383,7 @@ async fn a_slot_the_standby_lacks_stops_the_relay_after_promotion() {
     let port = vip.port().to_string();
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[("PGPORT", &port)]);
     let mut relay = Relay::start(env, &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let events = support::load::insert_events(&client, &outbox.table, 50, 5, 5).await;
     let received = read_all_blocking(
         &broker.bootstrap(),
@@ -465,7 +468,7 @@ async fn check_names_each_missing_failover_setting() {
     .await;
     wait_for(
         "check to pass",
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         Duration::from_millis(500),
         || async {
             let (code, out) = run_to_end(&env, &["check"]);
@@ -539,11 +542,15 @@ async fn reload_and_wait(client: &Client, setting: &str) {
         .batch_execute("SELECT pg_reload_conf()")
         .await
         .expect("reload");
-    // The server applies a reload asynchronously: wait until this session sees it.
-    for _ in 0..50 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if setting_value(client, setting).await != before {
-            break;
-        }
-    }
+    // The server applies a reload asynchronously: wait until this session sees it. Every
+    // caller changes the value; a reload that is not seen in time fails here, where it
+    // is clear, rather than as a wrong `check` result afterwards (the former 5 s loop
+    // then went on silently).
+    wait_for(
+        &format!("{setting} to change after a reload"),
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { (setting_value(client, setting).await != before).then_some(()) },
+    )
+    .await;
 }

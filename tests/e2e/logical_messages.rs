@@ -233,7 +233,7 @@ async fn emitted_messages_are_off_by_default_and_check_flags_the_public_grant() 
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let relay = Relay::start(env.clone(), &["run"]);
     let client = db.client().await;
-    support::ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    support::ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
 
     // A role with no privilege on the outbox table forges a refund.
     client

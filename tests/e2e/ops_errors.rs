@@ -40,7 +40,7 @@ async fn postgres_restart_fast_and_immediate_loses_nothing() {
         &["run"],
     );
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     drop(client);
 
     let load = LoadGen::spawn(db.conn_string(), outbox.table.clone(), LoadShape::default());
@@ -53,7 +53,7 @@ async fn postgres_restart_fast_and_immediate_loses_nothing() {
         load.wait_committed(before + 300, Duration::from_secs(60))
             .await;
         let client = ops::connect(&db.conn_string()).await;
-        ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+        ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     }
     let events = load.stop().await;
     assert!(relay.is_running(), "the relay must survive restarts");
@@ -103,7 +103,7 @@ async fn broker_down_60s_keeps_walsender_and_loses_nothing() {
         &["run"],
     );
     let client = db.client().await;
-    let pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    let pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let load = LoadGen::spawn(
         db.conn_string(),
         outbox.table.clone(),
@@ -257,7 +257,7 @@ async fn invalidated_slot_exits_3() {
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let mut relay = Relay::start(env.clone(), &["run"]);
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let events = support::load::insert_events(&client, &outbox.table, 20, 5, 5).await;
     let received = ops::read_all_blocking(
         &broker.bootstrap(),

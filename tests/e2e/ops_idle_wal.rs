@@ -114,8 +114,8 @@ async fn idle_outbox_retains_no_more_wal_than_pg_recvlogical() {
         .spawn()
         .expect("pg_recvlogical");
     let _recvlogical = Killed(recvlogical);
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
-    ops::wait_active_pid(&client, &other_slot, Duration::from_secs(30)).await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    ops::wait_active_pid(&client, &other_slot, Duration::from_secs(120)).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let wal_start = ops::current_wal(&client).await;
@@ -173,13 +173,17 @@ async fn idle_outbox_retains_no_more_wal_than_pg_recvlogical() {
         ours_ret_first as f64 / MB as f64,
         started.elapsed()
     );
+    // The writer aims at ~4.5 MB/s; on a loaded machine (the matrix runs this on four
+    // servers at once, on two cores) it may manage far less. 1 MB/s is still 60 MB over
+    // the run, well above the slack of the bounds below.
+    assert!(rate > MB, "the load must generate WAL quickly: {rate} B/s");
+    // The lag is bounded by ~5 s of WAL beyond pg_recvlogical's at its worst: a server
+    // too busy to decode the WAL promptly delays both clients alike (CPU starvation is
+    // not the relay's doing), while a relay that does not confirm keepalives falls a
+    // whole minute of WAL behind.
     assert!(
-        rate > 2 * MB,
-        "the load must generate WAL quickly: {rate} B/s"
-    );
-    assert!(
-        ours_lag <= 5 * rate + 8 * MB,
-        "confirmed_flush_lsn fell {ours_lag} B behind (more than ~5 s of WAL at {rate} B/s)"
+        ours_lag <= 5 * rate + 8 * MB + theirs_lag,
+        "confirmed_flush_lsn fell {ours_lag} B behind (more than ~5 s of WAL at {rate} B/s beyond pg_recvlogical's {theirs_lag} B)"
     );
     assert!(
         ours_ret <= 2 * theirs_ret + 16 * MB,
@@ -221,38 +225,49 @@ async fn heartbeat_advances_the_slot_without_idle_flush() {
         &["run"],
     );
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let first = ops::slot_row(&client, &outbox.slot).await.expect("slot");
     let stop = Arc::new(AtomicBool::new(false));
     let writer = spawn_writer(db.conn_string(), 100, Arc::clone(&stop));
-    let mut advances = 0u32;
+    // Without idle flush nothing but the heartbeats can move the slot while the outbox
+    // is idle. Rounds: read where the server is now, then wait until the slot is
+    // confirmed past it, and past where the slot itself was (on an idle server the two
+    // are one position: without that, a round passed with nothing moving at all); so
+    // each round needs a heartbeat written after its target (a relay that stops emitting
+    // them, or emits one and no more, stalls in the next round).
+    // Positions are the server's own at the round's start, so WAL that other tests of
+    // the shared cluster write meanwhile cannot make a round fail (it only lengthens the
+    // walk: CI failed on the former form, "lag < 8 MB at 1 s samples", with 11.6 MB
+    // from a neighbour's burst). The deadline is for the whole run; quiet, a round takes
+    // about one 1 s heartbeat interval.
+    const ROUNDS: usize = 6;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut took = Vec::with_capacity(ROUNDS);
     let mut last = first.confirmed_flush;
-    let mut lags = Vec::new();
-    for _ in 0..12 {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let row = ops::slot_row(&client, &outbox.slot).await.expect("slot");
-        if row.confirmed_flush > last {
-            advances += 1;
+    for round in 0..ROUNDS {
+        let started = Instant::now();
+        let now = ops::slot_row(&client, &outbox.slot).await.expect("slot");
+        let target = now
+            .current_wal
+            .max(now.confirmed_flush.map_or(0, |c| c + 1));
+        loop {
+            let row = ops::slot_row(&client, &outbox.slot).await.expect("slot");
+            last = row.confirmed_flush;
+            if row.confirmed_flush.is_some_and(|c| c >= target) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: confirmed_flush_lsn {last:?} never passed the server's position {target} (rounds so far took {took:?}); log:\n{}",
+                relay.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        last = row.confirmed_flush;
-        lags.push(row.lag());
+        took.push(started.elapsed());
     }
     stop.store(true, Ordering::Relaxed);
     writer.await.expect("writer");
-    eprintln!("heartbeat: confirmed_flush_lsn advanced in {advances} of 12 seconds; lags {lags:?}");
-    assert!(
-        advances >= 5,
-        "the slot must advance through heartbeats: advanced {advances} times in 12 s; log:\n{}",
-        relay.log_text()
-    );
-    // The cluster is shared with other tests, whose bursts of WAL the walsender decodes
-    // too: one sample may be far behind for a moment, but a slot moved by heartbeats
-    // must come close to the server within a few of them, and pass where it was.
-    let closest = lags.iter().rev().take(6).min().copied().unwrap_or(u64::MAX);
-    assert!(
-        closest < 8 * MB,
-        "confirmed_flush_lsn stays close to the server: at best {closest} B behind in the last 6 s"
-    );
+    eprintln!("heartbeat: {ROUNDS} rounds of 'slot passes the server's position' took {took:?}");
     assert!(
         last.is_some_and(|c| c >= first.current_wal),
         "confirmed_flush_lsn {last:?} passes the server's position at the start, {}",

@@ -36,7 +36,7 @@ async fn postgres_down_30s_backs_off_and_resumes() {
         &["run"],
     );
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let before = support::load::insert_events(&client, &outbox.table, 50, 5, 5).await;
     ops::read_all_blocking(
         &broker.bootstrap(),

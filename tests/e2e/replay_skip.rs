@@ -31,7 +31,7 @@ async fn postgres_down_30s_then_back_sends_nothing_twice() {
         &["run"],
     );
     let client = db.client().await;
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let first = insert_events(&client, &outbox.table, 2000, 10, 20).await;
     read_all_blocking(
         &broker.bootstrap(),
@@ -88,7 +88,7 @@ async fn the_progress_record_never_runs_ahead_of_the_acks() {
         &["run"],
     );
     let client = db.client().await;
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let first = insert_events(&client, &outbox.table, 50, 5, 5).await;
     read_all_blocking(
         &broker.bootstrap(),
@@ -97,7 +97,7 @@ async fn the_progress_record_never_runs_ahead_of_the_acks() {
         Duration::from_secs(60),
     );
     let acked = schema::current_wal_lsn(&db).await;
-    schema::wait_confirmed_at_least(&db, acked, Duration::from_secs(30)).await;
+    schema::wait_confirmed_at_least(&db, acked, Duration::from_secs(60)).await;
     let recorded = ops::wait_for(
         "a progress record at the acked position",
         Duration::from_secs(30),

@@ -25,7 +25,7 @@ async fn rows_committed_while_the_slot_was_lost_can_be_republished() {
     let client = db.client().await;
 
     let mut relay = Relay::start(env.clone(), &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let before = insert_events(&client, &outbox.table, 30, 3, 4).await;
     read_all_blocking(
         &broker.bootstrap(),
@@ -55,7 +55,7 @@ async fn rows_committed_while_the_slot_was_lost_can_be_republished() {
     assert_eq!(code, 0, "{out}");
     assert!(slot_row(&client, &outbox.slot).await.is_some());
     let relay = Relay::start(env, &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let moved = client
         .execute(
             "WITH moved AS (DELETE FROM public.outbox WHERE created_at >= $1::text::timestamptz RETURNING *) \

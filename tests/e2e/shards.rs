@@ -41,7 +41,7 @@ async fn start_relaying(
 ) -> Relay {
     let relay = Relay::start(env, &["run"]);
     for i in 0..shards {
-        wait_active_pid(client, &shard_slot(o, i), Duration::from_secs(30)).await;
+        wait_active_pid(client, &shard_slot(o, i), Duration::from_secs(120)).await;
     }
     relay
 }
@@ -104,8 +104,27 @@ async fn one_process_relays_three_shards_in_order_per_aggregate() {
     let report = insert_and_deliver(&client, &broker, &topics, &o, 3_000, 8).await;
     assert_eq!(report.duplicates, 0);
 
-    // Each shard relayed its own share, and says so under its label.
-    let (_, body) = relay.http_get("/metrics").expect("metrics");
+    // Each shard relayed its own share, and says so under its label. The counters move
+    // when the relay has processed the acks, which may be just after a consumer can
+    // read the records: waited for, then checked exactly.
+    let body = ops::wait_for(
+        "the shards' published counters to reach 3000",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            let (_, body) = relay.http_get("/metrics")?;
+            let total: f64 = (0..3)
+                .filter_map(|i| {
+                    ops::metric(
+                        &body,
+                        &format!("outboxd_events_published_total{{shard=\"{i}\"}}"),
+                    )
+                })
+                .sum();
+            (total >= 3_000.0).then_some(body)
+        },
+    )
+    .await;
     let mut total = 0.0;
     for i in 0..3 {
         let n = ops::must_metric(
@@ -206,7 +225,7 @@ async fn two_shard_processes_one_killed_mid_load_lose_nothing() {
     );
     let client = db.client().await;
     for i in 0..2 {
-        wait_active_pid(&client, &shard_slot(&o, i), Duration::from_secs(30)).await;
+        wait_active_pid(&client, &shard_slot(&o, i), Duration::from_secs(120)).await;
     }
     let load_client = db.client().await;
     let table = o.table.clone();
@@ -304,7 +323,7 @@ async fn repartitioning_while_running_stops_the_relay() {
     init_shards(&env);
     let mut relay = Relay::start(env, &["run"]);
     let client = db.client().await;
-    wait_active_pid(&client, &shard_slot(&o, 0), Duration::from_secs(30)).await;
+    wait_active_pid(&client, &shard_slot(&o, 0), Duration::from_secs(120)).await;
     let events = insert_events(&client, &o.table, 200, 4, 20).await;
     let shard0: Vec<Event> = {
         let rows = client
@@ -505,7 +524,7 @@ async fn a_standby_takes_over_every_shard_when_the_active_process_dies() {
     let mut standby = Relay::start(env(), &["run"]);
     ops::wait_for(
         "the second process standing by on both shards",
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         Duration::from_millis(200),
         || async { standby_on_every_shard(&standby, 2, 1.0).then_some(()) },
     )

@@ -48,7 +48,7 @@ async fn a_dropped_slot_is_not_recreated_at_start_up() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         other.batch_execute("COMMIT").await.expect("commit");
     });
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let first = insert_events(&client, &outbox.table, 20, 3, 3).await;
     let received = read_all_blocking(
         &broker.bootstrap(),
@@ -88,7 +88,7 @@ async fn a_dropped_slot_is_not_recreated_at_start_up() {
     assert_eq!(code, 0, "{out}");
     assert!(slot_row(&client, &outbox.slot).await.is_some(), "{out}");
     let relay = Relay::start(env, &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let after = insert_events(&client, &outbox.table, 10, 3, 3).await;
     let received = read_all_blocking(
         &broker.bootstrap(),
@@ -196,7 +196,7 @@ async fn a_progress_topic_with_several_partitions_still_guards_the_slot() {
         &[("OUTBOXD_PROGRESS_TOPIC", &progress_topic)],
     );
     let mut relay = Relay::start(env.clone(), &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let first = insert_events(&client, &outbox.table, 5, 3, 3).await;
     let received = read_all_blocking(
         &broker.bootstrap(),
@@ -259,7 +259,7 @@ async fn a_first_progress_write_that_failed_is_retried() {
     broker.set_all_down(true);
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let mut relay = Relay::start(env.clone(), &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let waiting = insert_events(&client, &outbox.table, 10, 3, 3).await;
     ops::wait_for(
         "the failed progress write",
@@ -386,8 +386,10 @@ async fn shutdown_with_kafka_down_keeps_its_deadline() {
     let status = relay.wait_exit(Duration::from_secs(90));
     let took = t0.elapsed();
     assert_eq!(status.code(), Some(0), "{}", relay.log_text());
+    // The bug took the 2 s timeout plus ~30 s; 20 s leaves a loaded machine room for the
+    // exit itself and still tells the two apart.
     assert!(
-        took < Duration::from_secs(10),
+        took < Duration::from_secs(20),
         "shutdown took {took:?} with a 2 s shutdown timeout: {}",
         relay.log_text()
     );
@@ -449,7 +451,7 @@ async fn a_record_of_another_cluster_is_refused_until_init() {
         "{out}"
     );
     let relay = Relay::start(env, &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let events = insert_events(&client, &outbox.table, 10, 3, 3).await;
     let received = read_all_blocking(
         &broker.bootstrap(),

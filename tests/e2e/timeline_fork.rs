@@ -40,7 +40,7 @@ async fn a_record_past_the_fork_point_skips_nothing_after_the_fork() {
     );
     let mut relay = Relay::start(env.clone(), &["run"]);
     let client = db.client().await;
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let before = insert_events(&client, &outbox.table, 100, 5, 5).await;
     read_all_blocking(
         &broker.bootstrap(),
@@ -139,7 +139,7 @@ async fn a_record_past_the_fork_point_skips_nothing_after_the_fork() {
         "the new timeline's events ({fork}..{end}) reuse positions below the record ({recorded})"
     );
     let relay = Relay::start(env, &["run"]);
-    wait_active_pid(&restored_client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&restored_client, &outbox.slot, Duration::from_secs(120)).await;
     let committed = [before, after.clone()].concat();
     let received = read_all_blocking(
         &broker.bootstrap(),

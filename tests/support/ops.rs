@@ -119,7 +119,8 @@ pub async fn current_wal(client: &Client) -> u64 {
 /// the snapshot is consistent (every transaction running at creation has ended, in any
 /// database of the cluster) its `confirmed_flush_lsn` is NULL and what commits meanwhile
 /// is before the slot's start: events inserted then are never decoded. Under a loaded
-/// shared cluster that wait is seconds long.
+/// shared cluster that wait is seconds long, and as long as another test's transaction
+/// runs (the 1M-row insert takes 10-30 s): callers give it 120 s, not 30 s.
 pub async fn wait_active_pid(client: &Client, slot: &str, limit: Duration) -> i32 {
     wait_for(
         &format!("slot {slot} to become active"),
@@ -390,7 +391,7 @@ pub async fn streaming_relay(name: &str, extra: &[(&str, &str)]) -> Streaming {
         &["run"],
     );
     let client = db.client().await;
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(30)).await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     Streaming {
         db,
         outbox,

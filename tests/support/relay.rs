@@ -1,7 +1,10 @@
 //! The real `outboxd` binary as a child process.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use pgtest::TestDb;
@@ -15,9 +18,25 @@ pub struct Relay {
     env: Vec<(String, String)>,
 }
 
+/// A port that was free a moment ago and that no earlier call of this process returned.
+/// The OS picks a random free port for each probe, and one freed is soon picked again
+/// (300 probes here gave 4 repeats): two relays of this process whose ports were
+/// probed before either bound its own would otherwise get the same one, and the second
+/// could not listen.
 pub fn free_port() -> u16 {
-    super::broker::free_port().expect("free port")
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..1000 {
+        let port = super::broker::free_port().expect("free port");
+        if handed_out.insert(port) {
+            return port;
+        }
+    }
+    panic!("no free port that was not handed out before");
 }
+
+/// Numbers each relay's log file within this process.
+static RELAY_LOGS: AtomicU64 = AtomicU64::new(0);
 
 impl Relay {
     /// The environment a test relay runs with; `extra` entries override.
@@ -61,11 +80,16 @@ impl Relay {
             .find(|(k, _)| k == "OUTBOXD_HTTP_ADDR")
             .and_then(|(_, v)| v.rsplit(':').next()?.parse().ok())
             .unwrap_or(0);
+        // One file per relay: the name was a probed port before, and ports repeat, so two
+        // relays of one run could share a file (appended, never truncated), and a test
+        // reading its relay's log (for a line that must appear once, or must not appear)
+        // read another's too. A file left by an earlier run with this pid goes first.
         let log = std::env::temp_dir().join(format!(
             "outboxd-test-{}-{}.log",
             std::process::id(),
-            free_port()
+            RELAY_LOGS.fetch_add(1, Ordering::Relaxed)
         ));
+        let _ = std::fs::remove_file(&log);
         let mut relay = Relay {
             child: None,
             log,
