@@ -48,7 +48,9 @@ async fn outbox_ids(client: &Client) -> HashSet<String> {
 
 /// false: this server version has no failover slots. `both_hosts`: outboxd is given
 /// PGHOST/PGPORT lists naming the primary and the standby instead of a moving address.
-async fn failover_once(round: usize, both_hosts: bool) -> bool {
+/// `shards` > 0: the outbox is sharded (`outboxd init` lays it out), one failover slot per
+/// shard, each of which must be synced, followed and relayed without loss.
+async fn failover_once(round: usize, both_hosts: bool, shards: u32) -> bool {
     let primary = PgCluster::start(ClusterOptions {
         conf: vec!["wal_sender_timeout = 10s".into()],
         ..ClusterOptions::default()
@@ -59,12 +61,20 @@ async fn failover_once(round: usize, both_hosts: bool) -> bool {
     }
     let db = primary.fresh_database("failover").await;
     let client = db.client().await;
-    client
-        .batch_execute(&format!(
-            "{}; CREATE PUBLICATION \"{}\" FOR TABLE public.outbox WITH (publish = 'insert'); \
-             SELECT pg_create_physical_replication_slot('{STANDBY_SLOT}')",
+    // Sharded: the table, publications and slots are init's (below, through the same
+    // addresses the relay uses); the standby gets the table by replication.
+    let schema_sql = if shards == 0 {
+        format!(
+            "{}; CREATE PUBLICATION \"{}\" FOR TABLE public.outbox WITH (publish = 'insert');",
             schema::OUTBOX_DDL,
             db.publication
+        )
+    } else {
+        String::new()
+    };
+    client
+        .batch_execute(&format!(
+            "{schema_sql} SELECT pg_create_physical_replication_slot('{STANDBY_SLOT}')"
         ))
         .await
         .expect("schema");
@@ -105,6 +115,14 @@ async fn failover_once(round: usize, both_hosts: bool) -> bool {
             .expect("synchronized_standby_slots");
     }
     let outbox = Outbox::for_db(&db);
+    let slots: Vec<String> = if shards == 0 {
+        vec![outbox.slot.clone()]
+    } else {
+        (0..shards)
+            .map(|i| format!("{}_{i}", outbox.slot))
+            .collect()
+    };
+    let shard_count = shards.to_string();
 
     // The load reaches "the primary" through an address that moves; so does the relay,
     // unless it is given both hosts and has to find the primary itself.
@@ -119,12 +137,11 @@ async fn failover_once(round: usize, both_hosts: bool) -> bool {
             format!("{},{}", primary.port(), standby.port()),
         ),
     };
-    let env = Relay::env_for(
-        &db,
-        &outbox,
-        &broker.bootstrap(),
-        &[("PGHOST", &hosts), ("PGPORT", &ports)],
-    );
+    let mut extra = vec![("PGHOST", hosts.as_str()), ("PGPORT", ports.as_str())];
+    if shards > 0 {
+        extra.push(("OUTBOXD_SHARD_COUNT", &shard_count));
+    }
+    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &extra);
     let (code, out) = run_to_end(&env, &["init"]);
     assert_eq!(code, 0, "{out}");
     let (code, out) = run_to_end(&env, &["check"]);
@@ -135,12 +152,16 @@ async fn failover_once(round: usize, both_hosts: bool) -> bool {
         "{out}"
     );
     let mut relay = Relay::start(env, &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    for slot in &slots {
+        wait_active_pid(&client, slot, Duration::from_secs(120)).await;
+    }
+    // Summed over the shards: every slot is failover-ready.
+    let ready = f64::from(u32::try_from(slots.len()).expect("slots"));
     wait_for(
-        "outboxd_slot_failover_ready = 1",
+        "outboxd_slot_failover_ready = 1 for every slot",
         Duration::from_secs(60),
         Duration::from_millis(200),
-        || async { (relay.metric("outboxd_slot_failover_ready") == Some(1.0)).then_some(()) },
+        || async { (relay.metric("outboxd_slot_failover_ready") == Some(ready)).then_some(()) },
     )
     .await;
 
@@ -160,17 +181,15 @@ async fn failover_once(round: usize, both_hosts: bool) -> bool {
         },
     );
     let standby_client = ops::connect(&standby.conn_string(&db.name)).await;
-    wait_for(
-        "the slot to be synced and persisted on the standby",
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async {
-            synced_on_standby(&standby_client, &outbox.slot)
-                .await
-                .then_some(())
-        },
-    )
-    .await;
+    for slot in &slots {
+        wait_for(
+            "the slot to be synced and persisted on the standby",
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || async { synced_on_standby(&standby_client, slot).await.then_some(()) },
+        )
+        .await;
+    }
     let kill_after = rand::thread_rng().gen_range(200..2500);
     load.wait_committed(kill_after, Duration::from_secs(60))
         .await;
@@ -201,7 +220,9 @@ async fn failover_once(round: usize, both_hosts: bool) -> bool {
     // runs this on PostgreSQL 17 and 18 at once, five rounds each, next to other tests),
     // while a relay that gave up or waits for something that never comes still fails.
     let new_primary = ops::connect(&standby.conn_string(&db.name)).await;
-    wait_active_pid(&new_primary, &outbox.slot, Duration::from_secs(60)).await;
+    for slot in &slots {
+        wait_active_pid(&new_primary, slot, Duration::from_secs(60)).await;
+    }
     let followed = promoted.elapsed();
     load.wait_committed(load.committed() + 200, Duration::from_secs(60))
         .await;
@@ -237,7 +258,8 @@ async fn failover_once(round: usize, both_hosts: bool) -> bool {
     );
     assert!(relay.is_running(), "outboxd exited: {}", relay.log_text());
     eprintln!(
-        "round {round}: {} rows on the new primary, {} duplicates, streaming again {followed:?} after the promotion",
+        "round {round} ({} slots): {} rows on the new primary, {} duplicates, streaming again {followed:?} after the promotion",
+        slots.len(),
         truth.len(),
         report.duplicates
     );
@@ -252,10 +274,20 @@ async fn primary_killed_and_standby_promoted_loses_nothing() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
     for round in 0..rounds {
-        if !failover_once(round, false).await {
+        if !failover_once(round, false, 0).await {
             eprintln!("skipped: failover slots need PostgreSQL 17");
             return;
         }
+    }
+}
+
+/// A sharded outbox through a host list: each shard's slot is a failover slot, synced to
+/// the standby, and each shard's session finds the primary again by itself after the
+/// promotion (one round: the unsharded tests above take the repeated rounds).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sharded_relay_follows_a_failover_through_a_host_list() {
+    if !failover_once(0, true, 2).await {
+        eprintln!("skipped: failover slots need PostgreSQL 17");
     }
 }
 
@@ -268,7 +300,7 @@ async fn failover_followed_through_a_host_list_without_a_vip() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
     for round in 0..rounds {
-        if !failover_once(round, true).await {
+        if !failover_once(round, true, 0).await {
             eprintln!("skipped: failover slots need PostgreSQL 17");
             return;
         }
