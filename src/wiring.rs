@@ -157,6 +157,7 @@ pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
         slot_stats_every_ticks: 5,
         progress_topic: s.progress_topic.clone(),
         progress_interval: s.progress_interval,
+        progress_read_wait: s.progress_read_wait,
         shard: s.shard.clone(),
     })
 }

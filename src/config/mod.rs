@@ -194,6 +194,7 @@ pub struct Settings {
     pub reconnect_max_backoff: Duration,
     pub progress_topic: Option<String>,
     pub progress_interval: Duration,
+    pub progress_read_wait: Duration,
     pub http_addr: Option<String>,
     pub ready_stall: Duration,
     pub ready_standby: bool,
@@ -544,6 +545,7 @@ pub fn from_vars_for(
             .string("OUTBOXD_PROGRESS_TOPIC")
             .filter(|t| !t.trim().is_empty()),
         progress_interval: env.millis("OUTBOXD_PROGRESS_INTERVAL_MS", 100)?,
+        progress_read_wait: env.millis("OUTBOXD_PROGRESS_READ_WAIT_MS", 0)?,
         http_addr: env
             .string("OUTBOXD_HTTP_ADDR")
             .filter(|a| !a.trim().is_empty()),

@@ -296,7 +296,6 @@ struct Inner {
     /// outage cannot queue records without bound.
     write_in_flight: AtomicBool,
     topic_ready: AtomicBool,
-    write_errors: AtomicU64,
     /// Writes the broker acknowledged.
     writes_acked: AtomicU64,
 }
@@ -334,7 +333,6 @@ impl ProgressStore {
                 stop_polling,
                 write_in_flight: AtomicBool::new(false),
                 topic_ready: AtomicBool::new(false),
-                write_errors: AtomicU64::new(0),
                 writes_acked: AtomicU64::new(0),
             }),
         })
@@ -342,11 +340,6 @@ impl ProgressStore {
 
     pub fn topic(&self) -> &str {
         &self.inner.topic
-    }
-
-    /// Failed writes so far (each only means a staler record).
-    pub fn write_errors(&self) -> u64 {
-        self.inner.write_errors.load(Ordering::Relaxed)
     }
 
     /// Writes the broker acknowledged so far.
@@ -578,8 +571,15 @@ impl ProgressStore {
     }
 
     /// Writes a record in the background; skipped while an earlier one is unanswered.
-    /// A failure is logged and counted: it only leaves an older record in place.
-    pub fn write_in_background(&self, id: &SlotIdentity, record: ProgressRecord) {
+    /// `answered` hears the outcome before the next write can start, so what it reports
+    /// (the recorded position) is never overtaken by a later record. A failure is also
+    /// logged: it only leaves an older record in place.
+    pub fn write_in_background(
+        &self,
+        id: &SlotIdentity,
+        record: ProgressRecord,
+        answered: impl FnOnce(Result<Lsn, &ProgressError>) + Send + 'static,
+    ) {
         if self.inner.write_in_flight.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -587,9 +587,9 @@ impl ProgressStore {
         let id = id.clone();
         tokio::spawn(async move {
             let result = this.write_and_wait(&id, &record).await;
+            answered(result.as_ref().map(|()| record.confirmed_lsn));
             this.inner.write_in_flight.store(false, Ordering::Release);
             if let Err(e) = result {
-                this.inner.write_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
                     topic = %this.inner.topic,
                     "writing the progress record failed: {e}; it stays at an older position (harmless: it only records that the slot exists)"

@@ -68,15 +68,14 @@ pub struct RelayConfig {
     pub progress_topic: Option<String>,
     /// How often the progress record is brought up to date while streaming.
     pub progress_interval: Duration,
+    /// How long a stream start waits for the progress record before it skips nothing.
+    pub progress_read_wait: Duration,
     /// Slot statistics are polled every this many 1-second ticks.
     pub slot_stats_every_ticks: u64,
     /// Set when `table` is one shard (hash partition) of a sharded outbox: the layout is
     /// verified with the publication, so a partition no shard reads stops the relay.
     pub shard: Option<ShardSpec>,
 }
-
-/// How long a session start waits for the progress record before it skips nothing.
-const SKIP_RECORD_WAIT: Duration = Duration::from_secs(3);
 
 /// How long a session whose server went away waits for in-flight acks (see
 /// `Session::settle_in_flight`).
@@ -137,6 +136,7 @@ struct Carry {
 /// an unreadable one, a timeline history that cannot be read) skips nothing: skipping
 /// saves duplicates, it must never cost an event.
 async fn skip_range(
+    cfg: &RelayConfig,
     pg: &ConnectConfig,
     obs: &Observer,
     carry: &Carry,
@@ -150,8 +150,9 @@ async fn skip_range(
             // Bounded: the stream is already started and waits for this optimisation (and
             // the identity check it brings is then skipped: it may only ever stop a
             // relay, never be why one cannot start).
-            let read = tokio::time::timeout(SKIP_RECORD_WAIT, p.read_slot(identity)).await;
-            match read.unwrap_or(Err(ProgressError::Timeout(SKIP_RECORD_WAIT))) {
+            let wait = cfg.progress_read_wait;
+            let read = tokio::time::timeout(wait, p.read_slot(identity)).await;
+            match read.unwrap_or(Err(ProgressError::Timeout(wait))) {
                 Ok(records) => {
                     refuse_other_cluster(&records, p, identity)?;
                     records.ours.map(|r| r.delivered())
@@ -599,7 +600,7 @@ async fn run_session(
             "the server's timeline changed: a standby was promoted (failover); streaming from the slot's confirmed position on the new primary"
         );
     }
-    let skip = skip_range(pg, obs, carry, progress, &identity, system.timeline).await?;
+    let skip = skip_range(cfg, pg, obs, carry, progress, &identity, system.timeline).await?;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let producer = build_producer(&cfg.producer, tx)?;
     obs.connected(true, true);

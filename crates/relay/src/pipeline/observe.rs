@@ -77,6 +77,16 @@ impl Observer {
         self.metrics.add_ignored_rows(relation, n)
     }
 
+    /// The broker acknowledged a progress record holding `lsn`.
+    pub(super) fn progress_recorded(&self, lsn: Lsn) {
+        self.metrics.set_progress_recorded_lsn(lsn.0);
+    }
+
+    /// A progress record write failed: the record stays older (more replays, no loss).
+    pub(super) fn progress_write_failed(&self) {
+        self.metrics.inc_progress_write_errors();
+    }
+
     /// The progress record could not be read at a stream start: replays are published again.
     pub(super) fn progress_record_unread(&self) {
         self.metrics.inc_progress_record_unread();

@@ -84,6 +84,8 @@ pub struct Metrics {
     kafka_brokers_up: AtomicU64,
     events_skipped: AtomicU64,
     progress_record_unread: AtomicU64,
+    progress_write_errors: AtomicU64,
+    progress_recorded_lsn: AtomicU64,
     reconnects: AtomicU64,
     status_updates_sent: AtomicU64,
     in_flight_messages: AtomicU64,
@@ -120,6 +122,8 @@ impl Default for Metrics {
             kafka_brokers_up: AtomicU64::new(0),
             events_skipped: AtomicU64::new(0),
             progress_record_unread: AtomicU64::new(0),
+            progress_write_errors: AtomicU64::new(0),
+            progress_recorded_lsn: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             status_updates_sent: AtomicU64::new(0),
             in_flight_messages: AtomicU64::new(0),
@@ -153,6 +157,8 @@ pub struct MetricsSnapshot {
     /// Replayed events not published again because Kafka already had them.
     pub events_skipped_total: u64,
     pub progress_record_unread_total: u64,
+    pub progress_write_errors_total: u64,
+    pub progress_recorded_lsn: u64,
     pub reconnects_total: u64,
     pub status_updates_sent_total: u64,
     pub in_flight_messages: u64,
@@ -208,6 +214,14 @@ impl Metrics {
 
     pub fn inc_progress_record_unread(&self) {
         add(&self.progress_record_unread, 1);
+    }
+
+    pub fn inc_progress_write_errors(&self) {
+        add(&self.progress_write_errors, 1);
+    }
+
+    pub fn set_progress_recorded_lsn(&self, lsn: u64) {
+        set(&self.progress_recorded_lsn, lsn);
     }
 
     pub fn set_kafka_brokers_up(&self, n: u64) {
@@ -324,6 +338,8 @@ impl Metrics {
             kafka_brokers_up: load(&self.kafka_brokers_up),
             events_skipped_total: load(&self.events_skipped),
             progress_record_unread_total: load(&self.progress_record_unread),
+            progress_write_errors_total: load(&self.progress_write_errors),
+            progress_recorded_lsn: load(&self.progress_recorded_lsn),
             reconnects_total: load(&self.reconnects),
             status_updates_sent_total: load(&self.status_updates_sent),
             in_flight_messages: load(&self.in_flight_messages),

@@ -70,6 +70,20 @@ pub fn render_all(relays: &[(Option<u32>, &MetricsSnapshot)]) -> String {
     );
     out.single(
         relays,
+        "progress_recorded_lsn",
+        "gauge",
+        "The confirmed position the slot's progress record holds, as last acknowledged by the broker (0: this process has written none yet).",
+        |s| s.progress_recorded_lsn,
+    );
+    out.single(
+        relays,
+        "progress_write_errors_total",
+        "counter",
+        "Progress record writes that failed (each leaves an older record: more replays after a restart, never a lost event).",
+        |s| s.progress_write_errors_total,
+    );
+    out.single(
+        relays,
         "kafka_brokers_up",
         "gauge",
         "Brokers listed in the last metadata answer (probed every 5 s); 0 when none answered.",

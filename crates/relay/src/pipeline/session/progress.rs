@@ -53,11 +53,20 @@ impl Session<'_> {
             .or(self.skip.partial().filter(|p| p.commit_lsn >= confirmed))
     }
 
-    /// The record of what is acked now.
+    /// The record of what Kafka has now: what is acked, or the position the session
+    /// started knowing delivered while it has not confirmed past it yet. Not the confirmed
+    /// position alone: a session starts at the slot's, often behind the record it read,
+    /// and writing that would move the record back over events Kafka has (a relay
+    /// killed then would make the next one publish them all again).
     pub(super) fn progress_record(&self) -> ProgressRecord {
+        let delivered = self.delivered();
         ProgressRecord {
-            partial: self.partial_at(self.confirmed),
-            ..ProgressRecord::now(self.timeline, self.confirmed, self.last_commit_unix_micros)
+            partial: delivered.partial,
+            ..ProgressRecord::now(
+                delivered.timeline,
+                delivered.lsn,
+                delivered.last_commit_unix_micros,
+            )
         }
     }
 
@@ -65,7 +74,6 @@ impl Session<'_> {
     /// Called on every turn of the loop: the clock is looked at first, so between writes
     /// this costs one `Instant` comparison.
     pub(super) fn update_progress(&mut self) {
-        let confirmed = self.confirmed;
         let interval = self.cfg.progress_interval;
         let Some(p) = self.progress.as_ref() else {
             return;
@@ -76,17 +84,23 @@ impl Session<'_> {
         // Building the record scans the ledger: once per interval at most, also when
         // nothing changed (a stuck partition holds everything still for a long time).
         let record = self.progress_record();
+        let position = record.confirmed_lsn;
         if let Some(p) = self.progress.as_mut() {
             let unacked = p.store.writes_acked() == p.acked_at_start;
             let due = match p.written {
                 None => true,
-                Some(w) => confirmed > w || record.partial != p.written_partial || unacked,
+                Some(w) => position > w || record.partial != p.written_partial || unacked,
             };
             p.last_write = Instant::now();
             if due {
                 p.written_partial = record.partial;
-                p.store.write_in_background(&p.identity, record);
-                p.written = Some(confirmed);
+                let obs = self.obs.clone();
+                p.store
+                    .write_in_background(&p.identity, record, move |answer| match answer {
+                        Ok(lsn) => obs.progress_recorded(lsn),
+                        Err(_) => obs.progress_write_failed(),
+                    });
+                p.written = Some(position);
             }
         }
     }
