@@ -220,8 +220,10 @@ async fn rss_stays_flat_while_one_partition_is_stuck() {
         },
     )
     .await;
+    // What the relay worked through after the sampling counts too: its RSS now.
+    let peak = peak.max(rss_kb(relay.pid()));
     assert!(
-        busy_committed >= 2_000,
+        busy_committed >= 20_000,
         "the load is too small to say anything about memory ({busy_committed} busy events, {total_txns} transactions)"
     );
     println!(
