@@ -118,9 +118,11 @@ pub async fn current_wal(client: &Client) -> u64 {
 /// A slot the relay is still creating is active too (its walsender holds it), but until
 /// the snapshot is consistent (every transaction running at creation has ended, in any
 /// database of the cluster) its `confirmed_flush_lsn` is NULL and what commits meanwhile
-/// is before the slot's start: events inserted then are never decoded. Under a loaded
-/// shared cluster that wait is seconds long, and as long as another test's transaction
-/// runs (the 1M-row insert takes 10-30 s): callers give it 120 s, not 30 s.
+/// is before the slot's start: events inserted then are never decoded. When the relay
+/// creates the slot, that wait lasts as long as another test's transaction runs (the
+/// 1M-row insert takes 10-30 s); a slot made beforehand (`schema::setup`) is consistent
+/// already, and then the wait is the relay's start on a loaded machine. Callers give it
+/// 120 s: only a failing test waits that long.
 pub async fn wait_active_pid(client: &Client, slot: &str, limit: Duration) -> i32 {
     wait_for(
         &format!("slot {slot} to become active"),
