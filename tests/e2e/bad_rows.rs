@@ -157,17 +157,9 @@ async fn poison_rows_are_dead_lettered_and_later_events_arrive() {
     assert_eq!(r.key_str(), "b");
     // Counted when the relay has processed the acks, which may be just after a consumer
     // can read the records: waited for, then checked exactly.
-    let dead_lettered = support::ops::wait_for(
-        "outboxd_events_dead_lettered_total to reach 4",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async {
-            relay
-                .metric("outboxd_events_dead_lettered_total")
-                .filter(|n| *n >= 4.0)
-        },
-    )
-    .await;
+    let dead_lettered = relay
+        .wait_metric_at_least("outboxd_events_dead_lettered_total", 4.0)
+        .await;
     assert!(
         (dead_lettered - 4.0).abs() < f64::EPSILON,
         "dead-lettered metric {dead_lettered}"

@@ -54,19 +54,14 @@ async fn metrics_health_and_readiness() {
         Duration::from_secs(120),
     );
     check_delivery(&events, &received);
-    let body = ops::wait_for(
-        "outboxd_events_published_total = 500",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async {
-            let (_, body) = relay.http_get("/metrics")?;
+    let body = relay
+        .wait_metrics("outboxd_events_published_total = 500", |body| {
             // Both counters move with the ack, one after the other.
-            (ops::metric(&body, "outboxd_events_published_total")? >= 500.0
-                && ops::metric(&body, "outboxd_commit_to_ack_seconds_count")? >= 500.0)
-                .then_some(body)
-        },
-    )
-    .await;
+            (ops::metric(body, "outboxd_events_published_total")? >= 500.0
+                && ops::metric(body, "outboxd_commit_to_ack_seconds_count")? >= 500.0)
+                .then(|| body.to_owned())
+        })
+        .await;
     // Text format: every sample has HELP and TYPE lines for its family.
     for family in [
         "outboxd_events_published_total",
@@ -229,18 +224,13 @@ async fn metrics_health_and_readiness() {
     check_delivery(&all, &received);
     // A consumer can read a record before the relay has processed the broker's ack for
     // it: the counters are waited for (they must reach exactly 510, and not pass it).
-    let metrics = ops::wait_for(
-        "outboxd_events_published_total = 510",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async {
-            let (_, body) = relay.http_get("/metrics")?;
-            (ops::metric(&body, "outboxd_events_published_total")? >= 510.0
-                && ops::metric(&body, "outboxd_commit_to_ack_seconds_count")? >= 510.0)
-                .then_some(body)
-        },
-    )
-    .await;
+    let metrics = relay
+        .wait_metrics("outboxd_events_published_total = 510", |body| {
+            (ops::metric(body, "outboxd_events_published_total")? >= 510.0
+                && ops::metric(body, "outboxd_commit_to_ack_seconds_count")? >= 510.0)
+                .then(|| body.to_owned())
+        })
+        .await;
     assert_eq!(
         ops::must_metric(&metrics, "outboxd_events_published_total"),
         510.0

@@ -240,17 +240,16 @@ async fn records_up_to_the_limit_are_published_and_larger_ones_dead_lettered() {
 
     // Counted when the relay has processed the acks, which may be just after a consumer
     // can read the records: waited for, then checked exactly.
-    let (dead_lettered, published) = support::ops::wait_for(
-        "the dead-lettered and published counters to reach 3 and 6",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async {
-            let d = relay.metric("outboxd_events_dead_lettered_total")?;
-            let p = relay.metric("outboxd_events_published_total")?;
-            (d >= 3.0 && p >= 6.0).then_some((d, p))
-        },
-    )
-    .await;
+    let (dead_lettered, published) = relay
+        .wait_metrics(
+            "the dead-lettered and published counters to reach 3 and 6",
+            |body| {
+                let d = support::ops::metric_sum(body, "outboxd_events_dead_lettered_total")?;
+                let p = support::ops::metric_sum(body, "outboxd_events_published_total")?;
+                (d >= 3.0 && p >= 6.0).then_some((d, p))
+            },
+        )
+        .await;
     assert!(
         (dead_lettered - 3.0).abs() < f64::EPSILON,
         "dead-lettered metric {dead_lettered}"

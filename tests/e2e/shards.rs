@@ -107,24 +107,19 @@ async fn one_process_relays_three_shards_in_order_per_aggregate() {
     // Each shard relayed its own share, and says so under its label. The counters move
     // when the relay has processed the acks, which may be just after a consumer can
     // read the records: waited for, then checked exactly.
-    let body = ops::wait_for(
-        "the shards' published counters to reach 3000",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async {
-            let (_, body) = relay.http_get("/metrics")?;
+    let body = relay
+        .wait_metrics("the shards' published counters to reach 3000", |body| {
             let total: f64 = (0..3)
                 .filter_map(|i| {
                     ops::metric(
-                        &body,
+                        body,
                         &format!("outboxd_events_published_total{{shard=\"{i}\"}}"),
                     )
                 })
                 .sum();
-            (total >= 3_000.0).then_some(body)
-        },
-    )
-    .await;
+            (total >= 3_000.0).then(|| body.to_owned())
+        })
+        .await;
     let mut total = 0.0;
     for i in 0..3 {
         let n = ops::must_metric(

@@ -365,6 +365,21 @@ pub fn metric(body: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// A metric summed over its labels (or its one unlabelled sample) in a /metrics text.
+pub fn metric_sum(body: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for line in body.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        if series.split('{').next().unwrap_or(series) == name {
+            let v: f64 = value.parse().ok()?;
+            found = Some(found.unwrap_or(0.0) + v);
+        }
+    }
+    found
+}
+
 /// A sample that must exist.
 pub fn must_metric(body: &str, series: &str) -> f64 {
     metric(body, series).unwrap_or_else(|| panic!("metric {series} missing from:\n{body}"))

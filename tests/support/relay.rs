@@ -222,24 +222,40 @@ pub fn run_to_end(env: &[(String, String)], args: &[&str]) -> (i32, String) {
 }
 
 impl Relay {
+    /// Polls /metrics until `pick` finds what it waits for in the text (60 s at most).
+    /// Counters move when the relay has processed an ack, which may be just after a
+    /// consumer could read the record: tests wait for them, then check them exactly.
+    pub async fn wait_metrics<T>(&self, what: &str, pick: impl Fn(&str) -> Option<T>) -> T {
+        super::ops::wait_for(
+            what,
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || async {
+                let (code, body) = self.http_get("/metrics")?;
+                if code != 200 {
+                    return None;
+                }
+                pick(&body)
+            },
+        )
+        .await
+    }
+
+    /// Waits until `name` (summed over its labels) reaches `at_least`; its value then.
+    pub async fn wait_metric_at_least(&self, name: &str, at_least: f64) -> f64 {
+        self.wait_metrics(&format!("{name} to reach {at_least}"), |body| {
+            super::ops::metric_sum(body, name).filter(|n| *n >= at_least)
+        })
+        .await
+    }
+
     /// The value of an unlabelled metric (or the sum over its labels) from /metrics.
     pub fn metric(&self, name: &str) -> Option<f64> {
         let (code, body) = self.http_get("/metrics")?;
         if code != 200 {
             return None;
         }
-        let mut found = None;
-        for line in body.lines().filter(|l| !l.starts_with('#')) {
-            let Some((series, value)) = line.rsplit_once(' ') else {
-                continue;
-            };
-            let metric = series.split('{').next().unwrap_or(series);
-            if metric == name {
-                let v: f64 = value.parse().ok()?;
-                found = Some(found.unwrap_or(0.0) + v);
-            }
-        }
-        found
+        super::ops::metric_sum(&body, name)
     }
 
     /// One labelled series, e.g. `outboxd_events_dead_lettered_total{reason="oversize"}`.
