@@ -19,6 +19,18 @@ fn get(relay: &Relay, path: &str) -> (u16, String) {
         .unwrap_or_else(|| panic!("GET {path} failed; log:\n{}", relay.log_text()))
 }
 
+/// The /metrics text once `n` events are counted as published and timed (both counters
+/// move with the ack, one after the other).
+async fn wait_acked(relay: &Relay, n: f64) -> String {
+    relay
+        .wait_metrics(&format!("outboxd_events_published_total = {n}"), |body| {
+            (ops::metric(body, "outboxd_events_published_total")? >= n
+                && ops::metric(body, "outboxd_commit_to_ack_seconds_count")? >= n)
+                .then(|| body.to_owned())
+        })
+        .await
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_health_and_readiness() {
     let ops::Streaming {
@@ -54,14 +66,7 @@ async fn metrics_health_and_readiness() {
         Duration::from_secs(120),
     );
     check_delivery(&events, &received);
-    let body = relay
-        .wait_metrics("outboxd_events_published_total = 500", |body| {
-            // Both counters move with the ack, one after the other.
-            (ops::metric(body, "outboxd_events_published_total")? >= 500.0
-                && ops::metric(body, "outboxd_commit_to_ack_seconds_count")? >= 500.0)
-                .then(|| body.to_owned())
-        })
-        .await;
+    let body = wait_acked(&relay, 500.0).await;
     // Text format: every sample has HELP and TYPE lines for its family.
     for family in [
         "outboxd_events_published_total",
@@ -224,13 +229,7 @@ async fn metrics_health_and_readiness() {
     check_delivery(&all, &received);
     // A consumer can read a record before the relay has processed the broker's ack for
     // it: the counters are waited for (they must reach exactly 510, and not pass it).
-    let metrics = relay
-        .wait_metrics("outboxd_events_published_total = 510", |body| {
-            (ops::metric(body, "outboxd_events_published_total")? >= 510.0
-                && ops::metric(body, "outboxd_commit_to_ack_seconds_count")? >= 510.0)
-                .then(|| body.to_owned())
-        })
-        .await;
+    let metrics = wait_acked(&relay, 510.0).await;
     assert_eq!(
         ops::must_metric(&metrics, "outboxd_events_published_total"),
         510.0
