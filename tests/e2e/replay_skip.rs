@@ -145,3 +145,72 @@ fn latest_record_lsn(bootstrap: &str, slot: &str) -> Option<u64> {
     }
     latest
 }
+
+/// A relay that starts behind the progress record (PostgreSQL restarted immediately, so
+/// the slot's confirmed position fell back to what was last saved) records what Kafka
+/// has, never its slot's older position: a record moved back would make the next
+/// restart publish everything between the two again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_starting_behind_the_record_never_moves_it_back() {
+    // No checkpoint during the test: the slot keeps its older saved position.
+    let cluster = PgCluster::start(ClusterOptions {
+        conf: vec!["checkpoint_timeout = '1h'".into()],
+        ..ClusterOptions::default()
+    })
+    .expect("dedicated cluster");
+    let db = cluster.fresh_database("replay_behind").await;
+    let outbox = schema::setup(&db).await;
+    let broker = Broker::mock();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let mut first_relay = Relay::start(env.clone(), &["run"]);
+    let client = db.client().await;
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let events = insert_events(&client, &outbox.table, 2000, 10, 20).await;
+    let wal_after = schema::current_wal_lsn(&db).await;
+    read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &events,
+        Duration::from_secs(60),
+    );
+    schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(60)).await;
+    let confirmed = schema::confirmed_flush_lsn(&db).await;
+    let recorded = first_relay
+        .wait_metric_at_least("outboxd_progress_recorded_lsn", confirmed as f64)
+        .await;
+    first_relay.kill();
+    drop(client);
+
+    tokio::task::block_in_place(|| cluster.stop(StopMode::Immediate)).expect("stop");
+    tokio::task::block_in_place(|| cluster.start_again()).expect("start");
+    let fallen_back = schema::confirmed_flush_lsn(&db).await;
+
+    // One record only (the first, written at once), so the one it writes is the one seen.
+    let mut env_once = env;
+    env_once.push(("OUTBOXD_PROGRESS_INTERVAL_MS".into(), "600000".into()));
+    let second_relay = Relay::start(env_once, &["run"]);
+    let rewritten = second_relay
+        .wait_metric_at_least("outboxd_progress_recorded_lsn", 1.0)
+        .await;
+    eprintln!(
+        "record at {recorded}, slot fell back from {confirmed} to {fallen_back}; the restarted relay recorded {rewritten}"
+    );
+    if (fallen_back as f64) < recorded {
+        assert!(
+            rewritten >= recorded,
+            "the progress record moved back from {recorded} to {rewritten} (the slot's position after the restart was {fallen_back})"
+        );
+    } else {
+        eprintln!("the slot's position was saved past the record before the restart: nothing to tell apart in this run");
+    }
+    let received = read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &events,
+        Duration::from_secs(60),
+    );
+    let report = check_delivery(&events, &received);
+    assert_eq!(report.duplicates, 0, "the replay was skipped");
+    drop(second_relay);
+}
