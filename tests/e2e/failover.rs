@@ -387,13 +387,7 @@ async fn the_primary_is_chosen_among_listed_hosts() {
     let mut relay = Relay::start(env, &["run"]);
     wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let events = support::load::insert_events(&client, &outbox.table, 50, 5, 5).await;
-    let received = read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(60),
-    );
-    let report = check_delivery(&events, &received);
+    let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(60));
     assert_eq!(report.duplicates, 0);
     assert!(relay.is_running(), "{}", relay.log_text());
     relay.kill();

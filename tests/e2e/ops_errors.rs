@@ -57,13 +57,7 @@ async fn postgres_restart_fast_and_immediate_loses_nothing() {
     }
     let events = load.stop().await;
     assert!(relay.is_running(), "the relay must survive restarts");
-    let received = ops::read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(120),
-    );
-    let report = check_delivery(&events, &received);
+    let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(120));
     let log = relay.log_text();
     assert!(relay.is_running(), "relay exited; log:\n{log}");
     eprintln!(
@@ -132,13 +126,7 @@ async fn broker_down_60s_keeps_walsender_and_loses_nothing() {
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     let events = load.stop().await;
-    let received = ops::read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(120),
-    );
-    let report = check_delivery(&events, &received);
+    let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(120));
     let row = ops::slot_row(&client, &outbox.slot).await.expect("slot");
     assert_eq!(
         row.active_pid,

@@ -297,13 +297,7 @@ async fn standby_takes_over_within_5s_of_sigkill() {
     let at = load.committed();
     load.wait_committed(at + 500, Duration::from_secs(30)).await;
     let events = load.stop().await;
-    let received = ops::read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(120),
-    );
-    let report = check_delivery(&events, &received);
+    let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(120));
     eprintln!(
         "takeover: {} events, {} duplicates (replayed from the slot after the kill)",
         events.len(),

@@ -110,13 +110,7 @@ async fn relay_partitioned(name: &str, publication_options: &str) {
     events.extend(insert_dated(&mut client, 100, &[2027, 2025, 2026]).await);
     let end = schema::current_wal_lsn(&db).await;
 
-    let received = read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(60),
-    );
-    let report = check_delivery(&events, &received);
+    let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(60));
     assert_eq!(report.duplicates, 0, "no restart, so no duplicates");
     schema::wait_confirmed_at_least(&db, end, Duration::from_secs(30)).await;
     assert_eq!(
@@ -170,8 +164,7 @@ async fn partitions_named_one_by_one_are_refused_then_relayed_after_the_fix() {
     let after = insert_dated(&mut client, 100, &[2025, 2026]).await;
     let relay = Relay::start(env, &["run"]);
     let all = [before, after].concat();
-    let received = read_all_blocking(&broker.bootstrap(), &topics, &all, Duration::from_secs(60));
-    let report = check_delivery(&all, &received);
+    let report = ops::read_and_check(&broker, &topics, &all, Duration::from_secs(60));
     assert_eq!(report.duplicates, 0);
     drop(relay);
 }

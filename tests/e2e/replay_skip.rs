@@ -48,8 +48,7 @@ async fn postgres_down_30s_then_back_sends_nothing_twice() {
     let client = ops::connect(&db.conn_string()).await;
     let second = insert_events(&client, &outbox.table, 500, 10, 20).await;
     let all = [first, second].concat();
-    let received = read_all_blocking(&broker.bootstrap(), &topics, &all, Duration::from_secs(120));
-    let report = check_delivery(&all, &received);
+    let report = ops::read_and_check(&broker, &topics, &all, Duration::from_secs(120));
     eprintln!(
         "postgres down 30 s: {} events, {} duplicates, {} skipped as delivered",
         all.len(),
@@ -204,13 +203,7 @@ async fn a_relay_starting_behind_the_record_never_moves_it_back() {
     } else {
         eprintln!("the slot's position was saved past the record before the restart: nothing to tell apart in this run");
     }
-    let received = read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(60),
-    );
-    let report = check_delivery(&events, &received);
+    let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(60));
     assert_eq!(report.duplicates, 0, "the replay was skipped");
     drop(second_relay);
 }

@@ -76,13 +76,7 @@ async fn insert_and_deliver(
     max_txn: usize,
 ) -> support::consume::DeliveryReport {
     let events = insert_events(client, &o.table, n, max_txn, 40).await;
-    let received = read_all_blocking(
-        &broker.bootstrap(),
-        topics,
-        &events,
-        Duration::from_secs(90),
-    );
-    check_delivery(&events, &received)
+    ops::read_and_check(broker, topics, &events, Duration::from_secs(90))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -480,13 +474,7 @@ async fn shards_partitioned_by_day_publish_every_day_tansu() {
         "{per_leaf:?}"
     );
 
-    let received = read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(90),
-    );
-    let report = check_delivery(&events, &received);
+    let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(90));
     assert_eq!(report.duplicates, 0);
     assert_eq!(report.unique, 1_200);
     assert!(relay.is_running(), "the relay still runs after the attach");

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_postgres::{Client, NoTls};
 
 use super::broker::Broker;
-use super::consume::Received;
+use super::consume::{check_delivery, DeliveryReport, Received};
 use super::load::Event;
 use super::schema::Outbox;
 
@@ -343,6 +343,18 @@ pub fn read_all_blocking(
     tokio::task::block_in_place(|| {
         read_all(bootstrap, topics, committed, Duration::from_secs(2), limit)
     })
+}
+
+/// Reads the topics until every committed event arrived (see [`read_all`]), and checks
+/// them: each arrived, nothing else did, and per aggregate in commit order.
+pub fn read_and_check(
+    broker: &Broker,
+    topics: &[String],
+    committed: &[Event],
+    limit: Duration,
+) -> DeliveryReport {
+    let received = read_all_blocking(&broker.bootstrap(), topics, committed, limit);
+    check_delivery(committed, &received)
 }
 
 /// How many records carry each event id.
