@@ -158,6 +158,7 @@ pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
         progress_topic: s.progress_topic.clone(),
         progress_interval: s.progress_interval,
         progress_read_wait: s.progress_read_wait,
+        cluster_name: s.cluster_name.clone(),
         shard: s.shard.clone(),
     })
 }

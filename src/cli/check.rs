@@ -206,6 +206,9 @@ async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&
         Err(e) => return r.fail(what, e),
     };
     if let Some(st) = state {
+        if let Some(system) = system {
+            check_record(r, s, sql, system).await;
+        }
         return match judge_slot(&st, &s.slot, &s.pg.dbname) {
             Ok(warning) => {
                 r.ok(
@@ -254,6 +257,7 @@ async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&
         return r.warn(what, format!("{} does not exist; whether `outboxd run` may create it depends on the progress record, which needs the replication connection", s.slot));
     };
     let identity = SlotIdentity {
+        cluster: s.cluster_name.clone(),
         system_id: system.system_id.clone(),
         database: s.pg.dbname.clone(),
         slot: s.slot.clone(),
@@ -280,6 +284,61 @@ async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&
             },
         ),
         Err(e) => r.warn(what, format!("{} does not exist, and the progress record in {topic} cannot be read ({e}); `outboxd run` creates the slot only once it can", s.slot)),
+    }
+}
+
+/// Whether the slot's progress record is this cluster's own: written on this history
+/// (no position past this server's WAL end) by one lineage at a time. Either failing
+/// only costs duplicates (replays are published when not proven), but it means another
+/// copy of the cluster records under the same key, and the operator should know.
+async fn check_record(r: &mut Report, s: &Settings, sql: &Client, system: &SystemInfo) {
+    let what = "progress record";
+    let Some(topic) = &s.progress_topic else {
+        return;
+    };
+    if s.bootstrap_servers.trim().is_empty() {
+        return;
+    }
+    let identity = SlotIdentity {
+        cluster: s.cluster_name.clone(),
+        system_id: system.system_id.clone(),
+        database: s.pg.dbname.clone(),
+        slot: s.slot.clone(),
+    };
+    let store = match ProgressStore::new(&wiring::producer_settings(s), topic) {
+        Ok(store) => store,
+        Err(e) => return r.warn(what, format!("cannot read it: {e}")),
+    };
+    let found = match tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        store.read_slot(&identity),
+    )
+    .await
+    {
+        Ok(Ok(found)) => found,
+        Ok(Err(e)) => return r.warn(what, format!("cannot read it from {topic}: {e}")),
+        Err(_) => return r.warn(what, format!("{topic} did not answer within 20 s")),
+    };
+    let Some(record) = &found.ours else {
+        return r.ok(what, format!("none yet in {topic} (`outboxd run` writes it)"));
+    };
+    let fix = "set OUTBOXD_CLUSTER_NAME to a different value on each copy of the cluster (or give each its own OUTBOXD_PROGRESS_TOPIC); after restoring an older backup, run `outboxd init --replace-progress-record`";
+    if found.writers_alternate() {
+        return r.fail(
+            what,
+            format!("key {} in {topic} is written by two relays in turn, each on another history (two live copies of one cluster share this Kafka): replays are published again rather than skipped; {fix}", identity.key()),
+        );
+    }
+    match preflight::current_wal_lsn(sql).await {
+        Ok(end) if record.confirmed_lsn > end => r.fail(
+            what,
+            format!("it says confirmed {} (recorded {} by {}), past this server's WAL end {end}: it was written on another copy of this cluster, or before this server was restored from an older backup; {fix}", record.confirmed_lsn, record.recorded_at_text(), if record.writer.is_empty() { "an older outboxd" } else { &record.writer }),
+        ),
+        Ok(_) => r.ok(
+            what,
+            format!("confirmed {} recorded {}, {} transactions named to prove replays by", record.confirmed_lsn, record.recorded_at_text(), record.marks.len()),
+        ),
+        Err(e) => r.warn(what, e),
     }
 }
 

@@ -28,8 +28,8 @@ enum InitError {
     Refused(String),
 }
 
-pub async fn init(s: &Settings) -> i32 {
-    match init_inner(s).await {
+pub async fn init(s: &Settings, replace_record: bool) -> i32 {
+    match init_inner(s, replace_record).await {
         Ok(()) => EXIT_OK,
         Err(e) => {
             eprintln!("outboxd init failed: {e}");
@@ -43,7 +43,7 @@ fn quoted(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-async fn init_inner(s: &Settings) -> Result<(), InitError> {
+async fn init_inner(s: &Settings, replace_record: bool) -> Result<(), InitError> {
     let (pg, sql) = wiring::connect_config(s).connect_sql_target().await?;
     let user = quote_ident(&s.pg.user);
     let table = format!(
@@ -77,6 +77,7 @@ async fn init_inner(s: &Settings) -> Result<(), InitError> {
         all: &shards,
         replication: None,
         records: None,
+        replace_record,
     };
     for view in &shards {
         init_shard(view, &sql, &mut shared).await?;
@@ -94,6 +95,8 @@ struct Shared<'a> {
     all: &'a [Settings],
     replication: Option<Replication>,
     records: Option<Records>,
+    /// `--replace-progress-record`: overwrite this cluster's record too.
+    replace_record: bool,
 }
 
 struct Replication {
@@ -142,6 +145,7 @@ impl Shared<'_> {
 
 fn identity(s: &Settings, system_id: &str) -> SlotIdentity {
     SlotIdentity {
+        cluster: s.cluster_name.clone(),
         system_id: system_id.to_owned(),
         database: s.pg.dbname.clone(),
         slot: s.slot.clone(),
@@ -237,6 +241,7 @@ async fn record_cluster(
         say!("skip progress record (OUTBOXD_KAFKA_BOOTSTRAP_SERVERS is not set; `outboxd run` writes it)");
         return Ok(());
     }
+    let replace_record = shared.replace_record;
     let Records { system, read } = shared.records(s, topic).await?;
     let identity = identity(s, &system.system_id);
     let warn = |e: &dyn std::fmt::Display| {
@@ -261,16 +266,23 @@ async fn record_cluster(
             return Ok(());
         }
     };
-    if records.ours.is_some() {
-        say!(
-            "ok  progress record in {topic} (exists for system identifier {})",
-            system.system_id
-        );
-        return Ok(());
-    }
+    let replaced = match &records.ours {
+        Some(old) if replace_record => Some(old.clone()),
+        Some(old) => {
+            say!(
+                "ok  progress record in {topic} (exists for system identifier {}: confirmed {}, recorded {}; after restoring an older backup of this cluster, `outboxd init --replace-progress-record` replaces it)",
+                system.system_id,
+                old.confirmed_lsn,
+                old.recorded_at_text()
+            );
+            return Ok(());
+        }
+        None => None,
+    };
     // Only the slot's own position: the record never claims more than the slot has
-    // confirmed (a slot created here starts where nothing before it is relayed anyway).
-    let record = ProgressRecord::now(system.timeline, position.unwrap_or(Lsn::ZERO), 0);
+    // confirmed (a slot created here starts where nothing before it is relayed anyway),
+    // and names no transaction, so it proves no replay delivered.
+    let record = ProgressRecord::now(system.timeline, position.unwrap_or(Lsn::ZERO));
     match tokio::time::timeout(KAFKA_WAIT, store.write_and_wait(&identity, &record)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {
@@ -281,6 +293,15 @@ async fn record_cluster(
             warn(&format!("Kafka did not acknowledge within {KAFKA_WAIT:?}"));
             return Ok(());
         }
+    }
+    if let Some(old) = replaced {
+        say!(
+            "ok  progress record in {topic} (replaced: it said confirmed {} recorded {}; it now says {} and proves nothing delivered, so the next replay is published whole)",
+            old.confirmed_lsn,
+            old.recorded_at_text(),
+            record.confirmed_lsn
+        );
+        return Ok(());
     }
     let others: Vec<&str> = records
         .other_clusters

@@ -48,10 +48,12 @@ fn usage() -> String {
         "outboxd {version}: relays transactional-outbox inserts from PostgreSQL logical replication to Kafka,
 confirming the replication slot only after the broker acknowledged every event.
 
-Usage: outboxd [run|check|init|status [--json]|--help|--version]
+Usage: outboxd [run|check|init [--replace-progress-record]|status [--json]|--help|--version]
   run     relay until SIGTERM/SIGINT (the default)
   check   check Postgres and Kafka prerequisites, each with ok/fail and the fix
-  init    create the outbox table, publication and slot if missing (idempotent)
+  init    create the outbox table, publication and slot if missing (idempotent);
+          --replace-progress-record overwrites this cluster's progress record with the
+          slot's position, proving nothing delivered (after restoring an older backup)
   status  show the slot: confirmed position, lag, retained WAL, active pid;
           --json (or OUTBOXD_STATUS_FORMAT=json) prints one JSON object for scripts
 
@@ -100,6 +102,15 @@ pub fn main(args: &[String]) -> i32 {
         }
         _ => false,
     };
+    let replace_record = match (command, rest) {
+        ("init", []) => false,
+        ("init", [flag]) if flag == "--replace-progress-record" => true,
+        ("init", extra) => {
+            eprintln!("outboxd init: unexpected arguments {extra:?}; it takes --replace-progress-record");
+            return EXIT_CONFIG;
+        }
+        _ => false,
+    };
     let settings = match config::from_process_env(matches!(command, "run" | "check")) {
         Ok(s) => s,
         Err(e) => {
@@ -133,7 +144,7 @@ pub fn main(args: &[String]) -> i32 {
     let code = runtime.block_on(async {
         match command {
             "check" => check::check(&settings).await,
-            "init" => init::init(&settings).await,
+            "init" => init::init(&settings, replace_record).await,
             "status" => {
                 let json = json || settings.status_format == config::StatusFormat::Json;
                 status::status(&settings, json).await

@@ -195,6 +195,8 @@ pub struct Settings {
     pub progress_topic: Option<String>,
     pub progress_interval: Duration,
     pub progress_read_wait: Duration,
+    /// Goes into the progress record's key: keeps copies of one cluster apart.
+    pub cluster_name: String,
     pub http_addr: Option<String>,
     pub ready_stall: Duration,
     pub ready_standby: bool,
@@ -351,6 +353,22 @@ fn header_format(env: &Env<'_>) -> Result<HeaderFormat, ConfigError> {
 }
 
 /// Slot names are restricted by Postgres to lower-case letters, digits and underscores.
+fn cluster_name(env: &Env<'_>) -> Result<String, ConfigError> {
+    let v = env.string("OUTBOXD_CLUSTER_NAME").unwrap_or_default();
+    let ok = v.len() <= 63
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(v)
+    } else {
+        Err(ConfigError::new(
+            "OUTBOXD_CLUSTER_NAME",
+            &v,
+            "at most 63 characters from A-Z, a-z, 0-9, '.', '_' and '-'",
+        ))
+    }
+}
+
 fn slot_name(env: &Env<'_>) -> Result<String, ConfigError> {
     let v = env.required("OUTBOXD_SLOT", "a slot name")?;
     let ok = !v.is_empty()
@@ -546,6 +564,7 @@ pub fn from_vars_for(
             .filter(|t| !t.trim().is_empty()),
         progress_interval: env.millis("OUTBOXD_PROGRESS_INTERVAL_MS", 100)?,
         progress_read_wait: env.millis("OUTBOXD_PROGRESS_READ_WAIT_MS", 0)?,
+        cluster_name: cluster_name(&env)?,
         http_addr: env
             .string("OUTBOXD_HTTP_ADDR")
             .filter(|a| !a.trim().is_empty()),

@@ -78,6 +78,7 @@ pub const VARS: &[VarSpec] = &[
     var("OUTBOXD_SHUTDOWN_TIMEOUT_MS", Some("30000"), "on SIGTERM/SIGINT, how long to wait for in-flight acks"),
     var("OUTBOXD_PROGRESS_TOPIC", Some("outboxd.progress"), "compacted topic holding one progress record per slot (created if missing, one partition); it is how outboxd knows a missing slot existed before and refuses to recreate it. Empty disables it, and then only `outboxd init` creates a missing slot"),
     var("OUTBOXD_PROGRESS_INTERVAL_MS", Some("1000"), "how often the progress record is brought up to what is acked (the confirmed position, and the acked leading rows of a transaction in flight); after a crash, what was acked since the last record is sent again"),
+    var("OUTBOXD_CLUSTER_NAME", Some(""), "a name for this copy of the cluster, put into the progress record's key: copies of one cluster (a clone, a disk snapshot, a restored backup started as a primary) share a system identifier, so two of them sharing one Kafka and progress topic need different names (letters, digits, '.', '_', '-')"),
     var("OUTBOXD_PROGRESS_READ_WAIT_MS", Some("3000"), "how long a stream start waits for the progress record before it gives up skipping: what PostgreSQL sends again is then published again (counted in outboxd_progress_record_unread_total); the stream waits meanwhile, so a longer wait only delays a start whose broker is slow"),
     var("OUTBOXD_RECONNECT_MAX_BACKOFF_MS", Some("30000"), "cap of the exponential reconnect backoff"),
     // Operations

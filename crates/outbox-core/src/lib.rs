@@ -63,7 +63,10 @@ mod value;
 pub use ack::{AckTracker, TxnSeq};
 pub use backoff::Backoff;
 pub use budget::InFlightCaps;
-pub use delivered::{DeliveredPosition, PartialTxn, Replay, RowId, RowLedger, SkipRange};
+pub use delivered::{
+    Begin as ReplayBegin, DeliveredPosition, Doubt, Fingerprint, PartialTxn, ReplayProof, RowId,
+    RowLedger, Settle, TxnId, TxnMark,
+};
 pub use dlq::{dead_letter_message, dead_letter_record};
 pub use emit::EmitMapper;
 pub use error::{

@@ -187,6 +187,29 @@ pub async fn current_wal_lsn(client: &Client) -> Result<Lsn, ReplError> {
     Lsn::from_str(&text).map_err(|e| ReplError::Protocol(e.to_string()))
 }
 
+/// What the catalog says of a publication today, as one line of text: its oid (a dropped
+/// and recreated one is another), its flags and its tables in order. `None`: it does not
+/// exist. For fingerprints only: two readings differ when the publication changed.
+pub async fn publication_identity(
+    client: &Client,
+    publication: &str,
+) -> Result<Option<String>, ReplError> {
+    let row = client
+        .query_opt(
+            "SELECT p.oid::text || ' ' || p.puballtables::text || p.pubinsert::text \
+             || p.pubupdate::text || p.pubdelete::text || p.pubtruncate::text \
+             || p.pubviaroot::text || ' ' || coalesce((SELECT string_agg(quote_ident(t.schemaname) \
+             || '.' || quote_ident(t.tablename), ',' ORDER BY t.schemaname, t.tablename) \
+             FROM pg_catalog.pg_publication_tables t WHERE t.pubname = p.pubname), '') \
+             FROM pg_catalog.pg_publication p WHERE p.pubname = $1",
+            &[&publication],
+        )
+        .await?;
+    row.map(|r| r.try_get::<_, String>(0))
+        .transpose()
+        .map_err(ReplError::from)
+}
+
 /// How a publication covers the outbox table, from `pg_publication` and
 /// `pg_publication_tables`: what decides whether the table's inserts reach the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use outbox_core::{DeliveredPosition, TxnMark};
 use pgoutput::Lsn;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
@@ -37,16 +38,45 @@ impl ConsumerContext for LogContext {}
 /// Which slot a record is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotIdentity {
-    /// `IDENTIFY_SYSTEM`'s system identifier: the same on a primary and its standbys.
+    /// `OUTBOXD_CLUSTER_NAME`: keeps apart copies of one cluster (same system identifier)
+    /// that share one Kafka. Empty by default.
+    pub cluster: String,
+    /// `IDENTIFY_SYSTEM`'s system identifier: the same on a primary and its standbys, and
+    /// on every clone, snapshot or restored backup of it.
     pub system_id: String,
     pub database: String,
     pub slot: String,
 }
 
 impl SlotIdentity {
-    fn key(&self) -> String {
-        format!("{}/{}/{}", self.system_id, self.database, self.slot)
+    pub fn key(&self) -> String {
+        if self.cluster.is_empty() {
+            format!("{}/{}/{}", self.system_id, self.database, self.slot)
+        } else {
+            format!(
+                "{}@{}/{}/{}",
+                self.cluster, self.system_id, self.database, self.slot
+            )
+        }
     }
+}
+
+/// This process as a writer of progress records: host, process id and start time. Only
+/// for operators reading the record; what ties records into one history is the lineage.
+pub fn writer_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| "unknown".into());
+        let started = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        format!("{host}/{}/{started}", std::process::id())
+    })
 }
 
 /// What a record says.
@@ -57,27 +87,45 @@ pub struct ProgressRecord {
     pub confirmed_lsn: Lsn,
     /// When it was written, Unix milliseconds.
     pub recorded_at_unix_ms: u64,
-    /// Commit time of the newest transaction read when it was written (0: unknown).
-    pub last_commit_unix_micros: i64,
     /// false: written just before creating the slot, which may never have happened (the
     /// process died while CREATE_REPLICATION_SLOT waited), so a missing slot is then no
     /// proof of a lost one. Set by every later write.
     pub slot_created: bool,
-    /// A transaction at or past `confirmed_lsn` whose leading rows are acked.
+    /// The transactions its last writes ended at, oldest first: what a replay must show
+    /// before it skips anything (see `outbox_core::delivered`).
+    pub marks: Vec<TxnMark>,
+    /// A transaction at or past `confirmed_lsn` whose leading published rows are acked.
     pub partial: Option<outbox_core::PartialTxn>,
+    /// The writer's settings fingerprint (`outbox_core::Fingerprint`).
+    pub fingerprint: u64,
+    /// Which chain of claims this record continues: kept by a writer that proved (or
+    /// started past) the record it read, new for one that doubted it. Two lineages
+    /// alternating on one key are two live copies of one cluster.
+    pub lineage: u64,
+    /// [`writer_id`] of the process that wrote it.
+    pub writer: String,
 }
 
 impl ProgressRecord {
-    pub fn now(timeline: u32, confirmed_lsn: Lsn, last_commit_unix_micros: i64) -> Self {
+    /// A record of a position alone (a slot's start): it proves nothing delivered.
+    pub fn now(timeline: u32, confirmed_lsn: Lsn) -> Self {
+        ProgressRecord::of(&DeliveredPosition::at(timeline, confirmed_lsn, 0), 0)
+    }
+
+    /// The record of a claim, in lineage `lineage`.
+    pub fn of(claim: &DeliveredPosition, lineage: u64) -> Self {
         ProgressRecord {
-            timeline,
-            confirmed_lsn,
-            last_commit_unix_micros,
+            timeline: claim.timeline,
+            confirmed_lsn: claim.lsn,
             recorded_at_unix_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             slot_created: true,
-            partial: None,
+            marks: claim.marks.clone(),
+            partial: claim.partial,
+            fingerprint: claim.fingerprint,
+            lineage,
+            writer: writer_id().to_owned(),
         }
     }
 
@@ -85,23 +133,45 @@ impl ProgressRecord {
     pub fn before_creation(timeline: u32, position: Lsn) -> Self {
         ProgressRecord {
             slot_created: false,
-            ..ProgressRecord::now(timeline, position, 0)
+            ..ProgressRecord::now(timeline, position)
         }
     }
 
     fn to_json(&self, id: &SlotIdentity) -> String {
+        // Marks as [seq, commit_lsn, end_lsn, xid, commit_time]: ~55 of them per record.
+        let marks: Vec<serde_json::Value> = self
+            .marks
+            .iter()
+            .map(|m| {
+                serde_json::json!([
+                    m.seq,
+                    m.commit_lsn.to_string(),
+                    m.end_lsn.to_string(),
+                    m.xid,
+                    m.commit_time
+                ])
+            })
+            .collect();
         serde_json::json!({
-            "version": 1,
+            "version": 2,
+            "cluster": id.cluster,
             "system_id": id.system_id,
             "database": id.database,
             "slot": id.slot,
             "timeline": self.timeline,
             "confirmed_lsn": self.confirmed_lsn.to_string(),
             "recorded_at_unix_ms": self.recorded_at_unix_ms,
-            "last_commit_unix_micros": self.last_commit_unix_micros,
             "slot_created": self.slot_created,
-            "partial_commit_lsn": self.partial.map(|p| p.commit_lsn.to_string()),
-            "partial_rows_acked": self.partial.map(|p| p.rows),
+            "marks": marks,
+            "partial": self.partial.map(|p| serde_json::json!({
+                "commit_lsn": p.txn.commit_lsn.to_string(),
+                "xid": p.txn.xid,
+                "commit_time": p.txn.commit_time,
+                "rows": p.rows,
+            })),
+            "fingerprint": format!("{:016x}", self.fingerprint),
+            "lineage": format!("{:016x}", self.lineage),
+            "writer": self.writer,
         })
         .to_string()
     }
@@ -122,36 +192,68 @@ impl ProgressRecord {
         let recorded_at_unix_ms = field("recorded_at_unix_ms")?
             .as_u64()
             .ok_or("recorded_at_unix_ms is not a number")?;
-        // Absent in records written before it existed: 0 skips nothing (see delivered).
-        let last_commit_unix_micros = v
-            .get("last_commit_unix_micros")
-            .and_then(serde_json::Value::as_i64)
-            .unwrap_or(0);
         // Absent in records written before it existed: those were all written for slots.
         let slot_created = v
             .get("slot_created")
             .and_then(serde_json::Value::as_bool)
             .unwrap_or(true);
-        // Absent in older records, null when no transaction was partly acked; a field
-        // that does not read as a position and a count skips nothing.
-        let partial_lsn = v
-            .get("partial_commit_lsn")
-            .and_then(serde_json::Value::as_str)
-            .and_then(|t| t.parse::<Lsn>().ok());
-        let partial_rows = v
-            .get("partial_rows_acked")
-            .and_then(serde_json::Value::as_u64);
-        let partial = match (partial_lsn, partial_rows) {
-            (Some(commit_lsn), Some(rows)) => Some(outbox_core::PartialTxn { commit_lsn, rows }),
-            _ => None,
+        // Version 1 records have no marks, no fingerprint and a partial transaction named
+        // by its position alone: they prove nothing, so they skip nothing. A field that
+        // does not read whole is left out the same way.
+        let lsn_of = |v: &serde_json::Value| v.as_str().and_then(|t| t.parse::<Lsn>().ok());
+        let marks = v
+            .get("marks")
+            .and_then(serde_json::Value::as_array)
+            .map(|all| {
+                all.iter()
+                    .take(outbox_core::delivered::MAX_MARKS)
+                    .filter_map(|m| {
+                        Some(TxnMark {
+                            seq: m.get(0)?.as_u64()?,
+                            commit_lsn: lsn_of(m.get(1)?)?,
+                            end_lsn: lsn_of(m.get(2)?)?,
+                            xid: u32::try_from(m.get(3)?.as_u64()?).ok()?,
+                            commit_time: m.get(4)?.as_i64()?,
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        let partial = v.get("partial").and_then(|p| {
+            Some(outbox_core::PartialTxn {
+                txn: outbox_core::TxnId {
+                    commit_lsn: lsn_of(p.get("commit_lsn")?)?,
+                    xid: u32::try_from(p.get("xid")?.as_u64()?).ok()?,
+                    commit_time: p.get("commit_time")?.as_i64()?,
+                },
+                rows: p.get("rows")?.as_u64()?,
+            })
+        });
+        let hex = |name: &str| {
+            v.get(name)
+                .and_then(serde_json::Value::as_str)
+                .and_then(|t| u64::from_str_radix(t, 16).ok())
+        };
+        let fingerprint = hex("fingerprint");
+        let (marks, partial) = if fingerprint.is_some() {
+            (marks, partial)
+        } else {
+            (Vec::new(), None)
         };
         Ok(ProgressRecord {
             timeline,
             confirmed_lsn,
             recorded_at_unix_ms,
-            last_commit_unix_micros,
             slot_created,
+            marks,
             partial,
+            fingerprint: fingerprint.unwrap_or(0),
+            lineage: hex("lineage").unwrap_or(0),
+            writer: v
+                .get("writer")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
         })
     }
 
@@ -161,6 +263,7 @@ impl ProgressRecord {
         let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
         let text = |name: &str| v.get(name)?.as_str().map(str::to_owned);
         let owner = SlotIdentity {
+            cluster: text("cluster").unwrap_or_default(),
             system_id: text("system_id")?,
             database: text("database")?,
             slot: text("slot")?,
@@ -168,13 +271,14 @@ impl ProgressRecord {
         Some((owner, ProgressRecord::from_json(bytes).ok()?))
     }
 
-    /// What the record says Kafka has, for skipping replays.
-    pub fn delivered(&self) -> outbox_core::DeliveredPosition {
-        outbox_core::DeliveredPosition {
+    /// What the record claims Kafka has; skipping needs it proven.
+    pub fn delivered(&self) -> DeliveredPosition {
+        DeliveredPosition {
             timeline: self.timeline,
             lsn: self.confirmed_lsn,
-            last_commit_unix_micros: self.last_commit_unix_micros,
+            marks: self.marks.clone(),
             partial: self.partial,
+            fingerprint: self.fingerprint,
         }
     }
 
@@ -194,6 +298,20 @@ pub struct SlotRecords {
     /// identifier, record): the relay streamed from another cluster before, or another
     /// cluster's relay shares the topic.
     pub other_clusters: Vec<(String, ProgressRecord)>,
+    /// Lineages of this slot's records still in the topic, oldest first, repeats in a
+    /// row folded: `[a, b, a]` means two live writers take turns.
+    pub lineages: Vec<u64>,
+}
+
+impl SlotRecords {
+    /// Whether the retained records of this key show two lineages taking turns (A, B,
+    /// A): two live copies of one cluster record under one key.
+    pub fn writers_alternate(&self) -> bool {
+        self.lineages
+            .iter()
+            .enumerate()
+            .any(|(i, l)| self.lineages[i + 1..].iter().skip(1).any(|m| m == l))
+    }
 }
 
 impl SlotRecords {
@@ -229,6 +347,7 @@ struct SlotScan {
     /// Keys end with the database and slot: a cheap filter before parsing the value.
     same_slot_suffix: String,
     latest: Option<Option<Vec<u8>>>,
+    lineages: Vec<u64>,
     /// Newest value per key of another cluster's record of this slot (None: deleted).
     others: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
 }
@@ -239,12 +358,21 @@ impl SlotScan {
             key: id.key(),
             same_slot_suffix: format!("/{}/{}", id.database, id.slot),
             latest: None,
+            lineages: Vec::new(),
             others: BTreeMap::new(),
         }
     }
 
     fn see(&mut self, key: &[u8], payload: Option<&[u8]>) {
         if key == self.key.as_bytes() {
+            let lineage = payload
+                .and_then(|p| ProgressRecord::from_json(p).ok())
+                .map(|r| r.lineage);
+            if let Some(l) = lineage.filter(|l| *l != 0) {
+                if self.lineages.last() != Some(&l) && self.lineages.len() < 64 {
+                    self.lineages.push(l);
+                }
+            }
             self.latest = Some(payload.map(<[u8]>::to_vec));
         } else if key.ends_with(self.same_slot_suffix.as_bytes()) {
             self.others
@@ -267,15 +395,21 @@ impl SlotScan {
             .flatten()
             .filter_map(|bytes| {
                 let (owner, record) = ProgressRecord::owner_from_json(&bytes)?;
-                (owner.database == id.database
-                    && owner.slot == id.slot
-                    && owner.system_id != id.system_id)
-                    .then_some((owner.system_id, record))
+                let other = owner.system_id != id.system_id || owner.cluster != id.cluster;
+                (owner.database == id.database && owner.slot == id.slot && other).then(|| {
+                    let name = if owner.cluster.is_empty() {
+                        owner.system_id
+                    } else {
+                        format!("{} (OUTBOXD_CLUSTER_NAME {:?})", owner.system_id, owner.cluster)
+                    };
+                    (name, record)
+                })
             })
             .collect();
         Ok(SlotRecords {
             ours,
             other_clusters,
+            lineages: self.lineages,
         })
     }
 }
@@ -298,6 +432,10 @@ struct Inner {
     topic_ready: AtomicBool,
     /// Writes the broker acknowledged.
     writes_acked: AtomicU64,
+    /// Another lineage was seen writing this store's slot record: from then on this
+    /// process skips nothing for it (see `outbox_core::delivered`).
+    foreign_writer: AtomicBool,
+    lineage_check_in_flight: AtomicBool,
 }
 
 impl Drop for Inner {
@@ -334,6 +472,8 @@ impl ProgressStore {
                 write_in_flight: AtomicBool::new(false),
                 topic_ready: AtomicBool::new(false),
                 writes_acked: AtomicU64::new(0),
+                foreign_writer: AtomicBool::new(false),
+                lineage_check_in_flight: AtomicBool::new(false),
             }),
         })
     }
@@ -345,6 +485,46 @@ impl ProgressStore {
     /// Writes the broker acknowledged so far.
     pub fn writes_acked(&self) -> u64 {
         self.inner.writes_acked.load(Ordering::Acquire)
+    }
+
+    /// Whether another lineage was seen writing this slot's record (sticky).
+    pub fn foreign_writer(&self) -> bool {
+        self.inner.foreign_writer.load(Ordering::Acquire)
+    }
+
+    /// Records that another lineage writes this slot's record; true the first time.
+    pub fn mark_foreign_writer(&self) -> bool {
+        !self.inner.foreign_writer.swap(true, Ordering::AcqRel)
+    }
+
+    /// Reads the slot's record in the background (one read at a time) and calls `found`
+    /// with its lineage when that is neither of `ours` (the writer's current and previous
+    /// lineage): another live writer recorded under this key since this process's last
+    /// acknowledged write. A failed read says nothing.
+    pub fn check_lineage_in_background(
+        &self,
+        id: &SlotIdentity,
+        ours: (u64, u64),
+        found: impl FnOnce(u64, String) + Send + 'static,
+    ) {
+        if self.writes_acked() == 0
+            || self.inner.lineage_check_in_flight.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let this = self.clone();
+        let id = id.clone();
+        tokio::spawn(async move {
+            if let Ok(records) = this.read_slot(&id).await {
+                let foreign = |l: u64| l != 0 && l != ours.0 && l != ours.1;
+                if let Some(r) = records.ours.filter(|r| foreign(r.lineage)) {
+                    found(r.lineage, r.writer);
+                }
+            }
+            this.inner
+                .lineage_check_in_flight
+                .store(false, Ordering::Release);
+        });
     }
 
     /// A consumer on the store's connection settings. Consumers do not auto-create
@@ -606,6 +786,7 @@ mod tests {
     #[test]
     fn record_round_trips_and_dates_render() {
         let id = SlotIdentity {
+            cluster: String::new(),
             system_id: "7312".into(),
             database: "shop".into(),
             slot: "outboxd".into(),
@@ -614,21 +795,46 @@ mod tests {
             timeline: 3,
             confirmed_lsn: Lsn(0x1_0000_00A0),
             recorded_at_unix_ms: 1_764_590_400_000,
-            last_commit_unix_micros: 1_764_590_399_000_000,
             slot_created: true,
+            marks: vec![TxnMark {
+                seq: 4,
+                commit_lsn: Lsn(0x1_0000_0050),
+                end_lsn: Lsn(0x1_0000_00A0),
+                xid: 771,
+                commit_time: 817_000_000_123_456,
+            }],
             partial: Some(outbox_core::PartialTxn {
-                commit_lsn: Lsn(0x1_0000_0100),
+                txn: outbox_core::TxnId {
+                    commit_lsn: Lsn(0x1_0000_0100),
+                    xid: 772,
+                    commit_time: 817_000_000_223_456,
+                },
                 rows: 12,
             }),
+            fingerprint: 0xfeed_beef_0000_0001,
+            lineage: 0x0123_4567_89ab_cdef,
+            writer: "host/1/2".into(),
         };
         let json = r.to_json(&id);
         assert_eq!(ProgressRecord::from_json(json.as_bytes()), Ok(r.clone()));
-        let whole = ProgressRecord { partial: None, ..r };
+        let whole = ProgressRecord {
+            partial: None,
+            ..r.clone()
+        };
         assert_eq!(
             ProgressRecord::from_json(whole.to_json(&id).as_bytes()),
             Ok(whole)
         );
         assert_eq!(id.key(), "7312/shop/outboxd");
+        let named = SlotIdentity {
+            cluster: "staging".into(),
+            ..id.clone()
+        };
+        assert_eq!(named.key(), "staging@7312/shop/outboxd");
+        // A version 1 record proves nothing: no marks, no partial transaction.
+        let v1 = br#"{"version":1,"system_id":"7312","database":"shop","slot":"outboxd","timeline":1,"confirmed_lsn":"0/10","recorded_at_unix_ms":1,"last_commit_unix_micros":5,"slot_created":true,"partial_commit_lsn":"0/20","partial_rows_acked":3}"#;
+        let old = ProgressRecord::from_json(v1).unwrap();
+        assert_eq!((old.marks.len(), old.partial, old.fingerprint), (0, None, 0));
         assert_eq!(r.recorded_at_text(), "2025-12-01T12:00:00Z");
         assert!(ProgressRecord::from_json(b"{}").is_err());
     }

@@ -108,6 +108,12 @@ pub enum RelayError {
     Ack(#[from] AckError),
     #[error("the server closed the replication stream")]
     StreamClosed,
+    #[error("the partly delivered transaction committing at {commit_lsn} came back with {read} published rows where the progress record counted {recorded} delivered: it is published again whole from the slot (duplicates, never a loss)")]
+    PartialReplay {
+        commit_lsn: pgoutput::Lsn,
+        recorded: u64,
+        read: u64,
+    },
 }
 
 impl RelayError {
@@ -179,9 +185,10 @@ impl RelayError {
             E::Send(_) => (Permanent, None),
             // A failover in progress: the address already points at a standby that is
             // about to be promoted.
-            E::StreamClosed | E::SlotHistoryUnknown { .. } | E::InRecovery { .. } => {
-                (Retryable, None)
-            }
+            E::StreamClosed
+            | E::SlotHistoryUnknown { .. }
+            | E::InRecovery { .. }
+            | E::PartialReplay { .. } => (Retryable, None),
         }
     }
 

@@ -23,7 +23,7 @@ pub use slot::{
     judge_publication, judge_server, judge_slot, FailoverSlot, SlotStart, SlotStats, Verdict,
 };
 
-use outbox_core::{DeliveredPosition, SkipRange};
+use outbox_core::{DeliveredPosition, Doubt, Fingerprint, ReplayProof};
 
 use crate::kafka::{
     build_producer, BrokerProbe, ProducerSettings, ProgressError, ProgressRecord, ProgressStore,
@@ -70,6 +70,8 @@ pub struct RelayConfig {
     pub progress_interval: Duration,
     /// How long a stream start waits for the progress record before it skips nothing.
     pub progress_read_wait: Duration,
+    /// `OUTBOXD_CLUSTER_NAME`, part of the progress record's key (see `SlotIdentity`).
+    pub cluster_name: String,
     /// Slot statistics are polled every this many 1-second ticks.
     pub slot_stats_every_ticks: u64,
     /// Set when `table` is one shard (hash partition) of a sharded outbox: the layout is
@@ -121,8 +123,9 @@ struct Carry {
     seen_slot: bool,
     /// The last session made progress (resets the reconnect backoff).
     progressed: bool,
-    /// What the last session knew Kafka has: replays of it are skipped.
-    delivered: Option<DeliveredPosition>,
+    /// What the last session claims Kafka has, and its lineage: replays of it are skipped
+    /// once proven, like the progress record's.
+    delivered: Option<(DeliveredPosition, u64)>,
     /// The server settings' warnings were logged.
     settings_warned: bool,
     /// The cluster (system identifier, timeline) the first connection found.
@@ -131,83 +134,72 @@ struct Carry {
     standing_by: bool,
 }
 
-/// The transactions of the coming replay that Kafka already has: what the previous
-/// session of this process confirmed, or else the progress record. Any doubt (no record,
-/// an unreadable one, a timeline history that cannot be read) skips nothing: skipping
-/// saves duplicates, it must never cost an event.
-async fn skip_range(
+/// What the coming replay may skip once the stream proves it: the claim of the previous
+/// session of this process, or else the progress record's, with the lineage it continues.
+/// No record, an unreadable one, or one this process saw another live writer write:
+/// nothing (see `outbox_core::delivered`).
+async fn replay_claim(
     cfg: &RelayConfig,
-    pg: &ConnectConfig,
     obs: &Observer,
     carry: &Carry,
     progress: Option<&ProgressStore>,
     identity: &SlotIdentity,
-    timeline: u32,
-) -> Result<SkipRange, RelayError> {
-    let known = match (carry.delivered, progress) {
-        (Some(d), _) => Some(d),
-        (None, Some(p)) => {
-            // Bounded: the stream is already started and waits for this optimisation (and
-            // the identity check it brings is then skipped: it may only ever stop a
-            // relay, never be why one cannot start).
-            let wait = cfg.progress_read_wait;
-            let read = tokio::time::timeout(wait, p.read_slot(identity)).await;
-            match read.unwrap_or(Err(ProgressError::Timeout(wait))) {
-                Ok(records) => {
-                    refuse_other_cluster(&records, p, identity)?;
-                    records.ours.map(|r| r.delivered())
-                }
-                Err(e) => {
-                    obs.progress_record_unread();
-                    tracing::info!("no progress record to skip replayed events ({e}); they are published again");
-                    None
-                }
-            }
-        }
-        (None, None) => None,
-    };
-    let Some(known) = known else {
-        return Ok(SkipRange::none());
-    };
-    let fork = if known.timeline == timeline {
-        None
-    } else {
-        // Rare (a failover or restore happened): a connection of its own, as the
-        // replication one is streaming already.
-        let history = match ReplicationConnection::connect(pg).await {
-            Ok(mut conn) => conn.timeline_history(timeline).await,
-            Err(e) => Err(e),
-        };
-        match history {
-            Ok(text) => match outbox_core::delivered::parse_timeline_history(&text) {
-                Ok(history) => outbox_core::delivered::fork_point(&history, known.timeline),
-                Err(e) => {
-                    tracing::warn!(
-                        "unreadable history of timeline {timeline}: {e}; skipping nothing"
-                    );
-                    None
-                }
-            },
-            Err(e) => {
-                tracing::warn!(
-                    "reading the history of timeline {timeline} failed: {e}; skipping nothing"
-                );
-                None
-            }
-        }
-    };
-    let range = SkipRange::new(known, timeline, fork);
-    if known.timeline != timeline {
-        tracing::warn!(
-            recorded_timeline = known.timeline,
-            timeline,
-            recorded = %known.lsn,
-            fork = ?fork.map(|f| f.to_string()),
-            skip_below = ?range.below().map(|l| l.to_string()),
-            "the server is on another timeline than the last delivered position (failover or restore): only transactions before the fork are skipped"
-        );
+) -> Result<Option<(DeliveredPosition, u64)>, RelayError> {
+    if let Some(claim) = &carry.delivered {
+        return Ok(Some(claim.clone()));
     }
-    Ok(range)
+    let Some(p) = progress else {
+        return Ok(None);
+    };
+    // Bounded: the stream is already started and waits for this optimisation (and the
+    // identity check it brings is then skipped: it may only ever stop a relay, never be
+    // why one cannot start).
+    let wait = cfg.progress_read_wait;
+    let read = tokio::time::timeout(wait, p.read_slot(identity)).await;
+    match read.unwrap_or(Err(ProgressError::Timeout(wait))) {
+        Ok(records) => {
+            refuse_other_cluster(&records, p, identity)?;
+            if records.writers_alternate() && p.mark_foreign_writer() {
+                obs.progress_foreign_write();
+                warn_foreign_writer(identity, p.topic());
+            }
+            Ok(records.ours.map(|r| (r.delivered(), r.lineage)))
+        }
+        Err(e) => {
+            obs.progress_record_unread();
+            tracing::info!(
+                "no progress record to skip replayed events ({e}); they are published again"
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// The loud warning for two live writers of one key (see `Doubt::ForeignWriter`).
+pub(super) fn warn_foreign_writer(identity: &SlotIdentity, topic: &str) {
+    tracing::error!(
+        key = %identity.key(),
+        progress_topic = %topic,
+        "another relay writes this slot's progress record with another history: two live copies of one cluster (a clone, snapshot or restored backup) share this Kafka. Replays are published again from now on (duplicates, never a loss). Set OUTBOXD_CLUSTER_NAME to a different value on each copy (or give each its own OUTBOXD_PROGRESS_TOPIC)"
+    );
+}
+
+/// The fingerprint of what decides which rows this relay publishes, and where: a claim
+/// written under another one proves nothing (see `outbox_core::delivered`).
+/// `publication` is the catalog's identity of the publication (oid, flags, tables).
+fn fingerprint(cfg: &RelayConfig, publication: &str) -> u64 {
+    let on = |b: bool| if b { "on" } else { "off" };
+    Fingerprint::default()
+        .add("table", &format!("{:?}", cfg.table))
+        .add("relay_table", on(cfg.relay_table))
+        .add("emit", &format!("{:?}", cfg.emit))
+        .add("heartbeat", on(cfg.heartbeat_interval.is_some()))
+        .add("dead_letter_topic", cfg.dead_letter_topic.as_str())
+        .add("bad_row_policy", &format!("{:?}", cfg.bad_row_policy))
+        .add("max_message_bytes", &cfg.max_message_bytes.to_string())
+        .add("publication", &cfg.publication)
+        .add("publication_catalog", publication)
+        .finish()
 }
 
 /// Stops a relay whose slot has a record only from another cluster (see
@@ -297,7 +289,7 @@ async fn create_slot_if_new(
     progress
         .write_and_wait(
             identity,
-            &ProgressRecord::now(timeline, start.confirmed_flush, 0),
+            &ProgressRecord::now(timeline, start.confirmed_flush),
         )
         .await
         .map_err(unknown)?;
@@ -534,6 +526,7 @@ async fn run_session(
     let system = conn.identify_system().await?;
     let previous_timeline = check_system(&mut carry.seen_system, &system)?;
     let identity = SlotIdentity {
+        cluster: cfg.cluster_name.clone(),
         system_id: system.system_id.clone(),
         database: pg.dbname.clone(),
         slot: cfg.slot.clone(),
@@ -600,7 +593,40 @@ async fn run_session(
             "the server's timeline changed: a standby was promoted (failover); streaming from the slot's confirmed position on the new primary"
         );
     }
-    let skip = skip_range(cfg, pg, obs, carry, progress, &identity, system.timeline).await?;
+    let publication = pgrepl::preflight::publication_identity(&sql, &cfg.publication)
+        .await?
+        .unwrap_or_default();
+    let fingerprint = fingerprint(cfg, &publication);
+    let claim = replay_claim(cfg, obs, carry, progress, &identity).await?;
+    let (proof, claim) = match claim {
+        None => (ReplayProof::none(), None),
+        Some((known, lineage)) => {
+            let (proof, doubt) =
+                ReplayProof::new(&known, fingerprint, confirmed_flush, system.xlog_pos);
+            let doubt = doubt.or_else(|| {
+                (progress.is_some_and(ProgressStore::foreign_writer)
+                    && (proof.holding() || proof.partial().is_some()))
+                .then_some(Doubt::ForeignWriter)
+            });
+            match doubt {
+                Some(d) => {
+                    obs.replay_doubt(d);
+                    tracing::warn!(
+                        reason = d.as_str(),
+                        recorded = %known.lsn,
+                        server_wal_end = %system.xlog_pos,
+                        "publishing the replay again instead of skipping it: {}",
+                        d.explain()
+                    );
+                    (ReplayProof::none(), None)
+                }
+                // Settings changed with nothing to replay: the claim's marks were delivered
+                // under the old ones and must not prove anything under these.
+                None if known.fingerprint != fingerprint => (proof, None),
+                None => (proof, Some((known, lineage))),
+            }
+        }
+    };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let producer = build_producer(&cfg.producer, tx)?;
     obs.connected(true, true);
@@ -621,8 +647,9 @@ async fn run_session(
         stream.flush_handle(),
         SessionStart {
             timeline: system.timeline,
-            skip,
-            last_commit_unix_micros: skip.last_commit_unix_micros(),
+            proof,
+            claim,
+            fingerprint,
             progress: progress.map(|p| (p.clone(), identity)),
         },
     );

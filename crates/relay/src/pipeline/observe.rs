@@ -93,6 +93,18 @@ impl Observer {
     }
 
     /// A replayed event Kafka already had was not published again.
+    pub(super) fn replay_doubt(&self, reason: outbox_core::Doubt) {
+        self.metrics.inc_replay_doubt(reason);
+    }
+
+    pub(super) fn progress_foreign_write(&self) {
+        self.metrics.inc_progress_foreign_writes();
+    }
+
+    pub(super) fn replay_held(&self, n: usize) {
+        self.metrics.set_replay_held_messages(n);
+    }
+
     pub(super) fn skipped_as_delivered(&self) {
         self.metrics.inc_events_skipped();
     }

@@ -10,14 +10,14 @@
 //! transactions Kafka already has), `progress` (the progress record and what is known
 //! delivered) and `tick` (periodic checks, metrics and reports).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::{
     check_size, dead_letter_message, dead_letter_record, oversize_error, CommitContext,
-    InFlightCaps, InFlightLedger, OutboxRecord, Outcome, Outgoing, RowError, RowId, RowLedger,
-    SkipRange, Ticket,
+    DeliveredPosition, InFlightCaps, InFlightLedger, OutboxRecord, Outcome, Outgoing,
+    ReplayProof, RowError, RowId, RowLedger, Ticket, TxnId,
 };
 use pgoutput::{Insert, LogicalMessage, Lsn, Message, PgTimestamp};
 use pgrepl::{FlushHandle, ReplicationEvent, ReplicationStream};
@@ -40,6 +40,7 @@ mod tick;
 
 use progress::ProgressWriter;
 use relations::RelationRole;
+use skip::NextRow;
 
 /// The final progress record gets at least this long, even past the shutdown deadline.
 const FINAL_PROGRESS_WRITE_MIN: Duration = Duration::from_secs(1);
@@ -87,32 +88,61 @@ pub(super) struct Session<'a> {
     /// When a stuck event was last reported.
     last_stuck_report: Option<Instant>,
     timeline: u32,
-    /// Replayed transactions Kafka already has (see `outbox_core::delivered`).
-    skip: SkipRange,
-    /// The open transaction is one of them: its rows are not published.
-    skipping: bool,
-    /// The bound the session started with that is valid on this timeline; dropped if the
-    /// history turns out to have changed.
-    known_below: Lsn,
-    /// Commit time of the newest transaction read (skipped ones included).
+    /// The replay's proof against the claim the session started with (see
+    /// `outbox_core::delivered` and `skip`).
+    proof: ReplayProof,
+    /// Records produced while the proof is pending: registered in the ledger (so they
+    /// count against the caps and hold the watermark) but not handed to the producer.
+    held: Vec<Held>,
+    /// What the session claims Kafka has, for its progress record: the claim it started
+    /// with while it is not doubted, plus the transactions it confirmed since.
+    claim: DeliveredPosition,
+    /// The chain of claims `claim` continues (see `ProgressRecord::lineage`).
+    lineage: u64,
+    /// The one before a doubt replaced it: records of it may still be the newest.
+    prev_lineage: u64,
+    /// Transactions committed and not yet known confirmed, oldest first: where the next
+    /// mark of the claim comes from. Bounded; losing the oldest only makes marks sparser.
+    committed: VecDeque<(TxnId, Lsn)>,
+    /// The open transaction, by its Begin.
+    open_txn: Option<TxnId>,
+    /// Commit time of the newest transaction read, for the catch-up reports only.
     last_commit_unix_micros: i64,
-    /// Which leading rows of the transactions in flight are acked.
+    /// Which leading published rows of the transactions in flight are done.
     rows: RowLedger,
-    /// Leading rows of the open transaction still to be skipped (already in Kafka).
+    /// Leading published rows of the open transaction still to be skipped (in Kafka).
     skip_rows: u64,
+    /// The recorded row count of the open, partly delivered transaction: checked at its
+    /// Commit, before anything past it can be confirmed.
+    partial_rows: Option<u64>,
+    /// A doubt was logged in this session (once is enough; the metric counts each).
+    doubt_logged: bool,
     catchup: CatchUp,
     /// Events acknowledged in this session, for the catch-up rate.
     events_acked: u64,
 }
 
 /// How a session starts beyond its connections: where it is in the server's history,
-/// what it may skip, and where it keeps its progress record.
+/// what it may skip once proven, and where it keeps its progress record.
 pub(super) struct SessionStart {
     pub timeline: u32,
-    pub skip: SkipRange,
-    pub last_commit_unix_micros: i64,
+    pub proof: ReplayProof,
+    /// The claim the proof checks, and its lineage; `None`: none, or doubted.
+    pub claim: Option<(DeliveredPosition, u64)>,
+    /// This session's settings fingerprint (see `pipeline::fingerprint`).
+    pub fingerprint: u64,
     pub progress: Option<(ProgressStore, SlotIdentity)>,
 }
+
+/// A record held while the replay's proof is pending.
+struct Held {
+    ticket: Ticket,
+    record: OutboxRecord,
+    row: Option<RowId>,
+}
+
+/// At most this many committed transactions wait to become a mark.
+const MARK_CANDIDATES: usize = 4096;
 
 impl<'a> Session<'a> {
     pub(super) fn new(
@@ -149,12 +179,27 @@ impl<'a> Session<'a> {
             status_updates_reported: 0,
             last_stuck_report: None,
             timeline: begin.timeline,
-            skip: begin.skip,
-            skipping: false,
-            known_below: begin.skip.below().unwrap_or(Lsn::ZERO),
-            last_commit_unix_micros: begin.last_commit_unix_micros,
+            proof: begin.proof,
+            held: Vec::new(),
+            claim: match &begin.claim {
+                Some((claim, _)) => DeliveredPosition {
+                    fingerprint: begin.fingerprint,
+                    ..claim.clone()
+                },
+                None => DeliveredPosition::at(begin.timeline, start, begin.fingerprint),
+            },
+            lineage: match begin.claim {
+                Some((_, lineage)) if lineage != 0 => lineage,
+                _ => rand::random(),
+            },
+            prev_lineage: 0,
+            committed: VecDeque::new(),
+            open_txn: None,
+            last_commit_unix_micros: 0,
             rows: RowLedger::default(),
             skip_rows: 0,
+            partial_rows: None,
+            doubt_logged: false,
             progress: begin
                 .progress
                 .map(|(store, identity)| ProgressWriter::new(store, identity)),
@@ -183,7 +228,9 @@ impl<'a> Session<'a> {
         deadline: tokio::time::Instant,
         confirm_as_acked: bool,
     ) -> Result<bool, RelayError> {
-        while !self.ledger.is_empty() {
+        // Held records get no report: they stay unconfirmed, and the next session proves
+        // them again.
+        while self.ledger.len() > self.held.len() {
             tokio::select! {
                 d = self.deliveries.recv() => match d {
                     Some(d) => self.on_delivery(d)?,
@@ -236,6 +283,11 @@ impl<'a> Session<'a> {
                 if !self.ledger.in_transaction() || tokio::time::Instant::now() >= at {
                     return self.drain(stream, at).await;
                 }
+            }
+            if !self.held.is_empty() && !self.ledger.has_room() {
+                // Nothing held is ever acked: waiting for room would wait forever.
+                self.settle(outbox_core::Settle::Release(outbox_core::Doubt::HoldFull))
+                    .await?;
             }
             let room = self.ledger.has_room();
             stream.set_reading_paused(!room);
@@ -294,8 +346,13 @@ impl<'a> Session<'a> {
         match ev {
             ReplicationEvent::Keepalive { wal_end, .. } => {
                 self.obs.server_wal_end(wal_end);
-                if self.cfg.idle_flush && self.txn.is_none() {
-                    self.ledger.on_keepalive(wal_end);
+                if self.txn.is_none() {
+                    if let Some(settle) = self.proof.on_keepalive(wal_end) {
+                        self.settle(settle).await?;
+                    }
+                    if self.cfg.idle_flush {
+                        self.ledger.on_keepalive(wal_end);
+                    }
                 }
                 Ok(())
             }
@@ -312,21 +369,31 @@ impl<'a> Session<'a> {
         match message {
             LogicalMessage::Begin(b) => {
                 self.ledger.begin()?;
+                let txn = TxnId::new(b.final_lsn, b.xid, b.commit_time);
                 self.txn = Some(CommitContext::new(b.final_lsn, b.commit_time));
-                self.rows.begin(b.final_lsn);
+                self.open_txn = Some(txn);
+                self.rows.begin(txn);
                 self.skip_rows = 0;
-                self.last_commit_unix_micros = self
-                    .last_commit_unix_micros
-                    .max(b.commit_time.unix_micros());
-                self.skipping = self.replay(b.final_lsn, b.commit_time);
+                self.partial_rows = None;
+                self.last_commit_unix_micros = b.commit_time.unix_micros();
+                self.on_replayed_begin(txn).await?;
             }
             LogicalMessage::Commit(c) => {
+                self.check_partial_rows(c.commit_lsn)?;
                 self.ledger.commit(c.end_lsn)?;
                 self.rows.commit();
                 self.txn = None;
-                self.skipping = false;
+                if let Some(txn) = self.open_txn.take() {
+                    if self.committed.len() >= MARK_CANDIDATES {
+                        self.committed.pop_front();
+                    }
+                    self.committed.push_back((txn, c.end_lsn));
+                }
                 self.skip_rows = 0;
                 self.last_end_lsn = self.last_end_lsn.max(c.end_lsn);
+                if let Some(settle) = self.proof.on_commit(c.end_lsn) {
+                    self.settle(settle).await?;
+                }
             }
             LogicalMessage::Relation(r) => self.on_relation(&r).await?,
             LogicalMessage::Insert(i) => self.on_insert(&i).await?,
@@ -348,12 +415,10 @@ impl<'a> Session<'a> {
     }
 
     async fn on_insert(&mut self, ins: &Insert) -> Result<(), RelayError> {
-        let row = self.rows.next_row();
         let table = match self.relations.get_mut(&ins.rel_id) {
             Some(RelationRole::Outbox(t)) => Arc::clone(t),
             Some(RelationRole::Ignored { unreported, .. }) => {
                 *unreported = unreported.saturating_add(1);
-                self.row_needs_nothing(row, true);
                 return Ok(());
             }
             None => {
@@ -366,9 +431,10 @@ impl<'a> Session<'a> {
         let ctx = self
             .txn
             .ok_or_else(|| RelayError::Protocol("insert outside a transaction".into()))?;
-        if self.row_needs_nothing(row, false) {
+        // Every outbox row is published: as its record or as a dead letter.
+        let NextRow::Publish(row) = self.next_row() else {
             return Ok(());
-        }
+        };
         let max = self.cfg.max_message_bytes;
         let mapped = table
             .map_insert(&ins.new_tuple, &ctx)
@@ -393,21 +459,10 @@ impl<'a> Session<'a> {
     }
 
     async fn on_emitted(&mut self, m: &Message) -> Result<(), RelayError> {
-        // Transactional messages are rows of their transaction, relayed or not.
-        let row = if self.txn.is_some() {
-            self.rows.next_row()
-        } else {
-            None
-        };
         let Some(mapper) = self.cfg.emit.as_ref() else {
-            self.row_needs_nothing(row, true);
             return Ok(());
         };
         if m.prefix != mapper.prefix() {
-            self.row_needs_nothing(row, true);
-            return Ok(());
-        }
-        if self.row_needs_nothing(row, false) {
             return Ok(());
         }
         // A non-transactional message arrives outside Begin/Commit; it gets a transaction
@@ -416,21 +471,26 @@ impl<'a> Session<'a> {
         let own_txn = self.txn.is_none();
         let ctx = match self.txn {
             Some(ctx) => ctx,
-            None => {
-                self.ledger.begin()?;
-                CommitContext::non_transactional(m, PgTimestamp::now())
-            }
+            None => CommitContext::non_transactional(m, PgTimestamp::now()),
         };
         let max = self.cfg.max_message_bytes;
         let mapped = mapper
             .map_message(m, &ctx)
             .and_then(|r| r.map(|r| check_size(&r, max).map(|()| r)).transpose());
+        // Only what is published (a record or a dead letter) is a row of the transaction.
+        let mapped = match mapped {
+            Ok(None) => return Ok(()),
+            Ok(Some(record)) => Ok(record),
+            Err(error) => Err(error),
+        };
+        let NextRow::Publish(row) = self.next_row() else {
+            return Ok(());
+        };
+        if own_txn {
+            self.ledger.begin()?;
+        }
         let error = match mapped {
-            Ok(None) => {
-                self.row_needs_nothing(row, true);
-                None
-            }
-            Ok(Some(record)) => match self.produce(&record, ctx, row).await {
+            Ok(record) => match self.produce(&record, ctx, row).await {
                 Ok(Produced::Queued) => None,
                 Ok(Produced::TooLarge { size }) => Some(Ok(oversize_error(&record, size, max))),
                 Err(e) => Some(Err(e)),
@@ -499,6 +559,19 @@ impl<'a> Session<'a> {
             commit_unix_micros: ctx.commit_time.unix_micros(),
             row,
         })?;
+        if self.proof.holding() {
+            self.held.push(Held {
+                ticket,
+                record: rec.clone(),
+                row,
+            });
+            return Ok(Produced::Queued);
+        }
+        self.send(rec, ticket).await
+    }
+
+    /// Hands a registered record to the producer.
+    async fn send(&mut self, rec: &OutboxRecord, ticket: Ticket) -> Result<Produced, RelayError> {
         let headers: Vec<(&str, &[u8])> = rec
             .headers
             .iter()
@@ -577,8 +650,8 @@ impl<'a> Session<'a> {
         // After the status update, and within what is left of the deadline (at least a
         // moment): with Kafka down the write would otherwise hold the shutdown for its own
         // 30 s timeout. A record left older only records that the slot exists.
-        if let Some(p) = &self.progress {
-            let record = self.progress_record();
+        let record = self.progress.is_some().then(|| self.progress_record());
+        if let (Some(p), Some(record)) = (&self.progress, record) {
             let left = deadline
                 .saturating_duration_since(tokio::time::Instant::now())
                 .max(FINAL_PROGRESS_WRITE_MIN);

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use outbox_core::RowErrorKind;
+use outbox_core::{Doubt, RowErrorKind};
 
 use super::histogram::{Histogram, HistogramSnapshot};
 
@@ -85,6 +85,9 @@ pub struct Metrics {
     events_skipped: AtomicU64,
     progress_record_unread: AtomicU64,
     progress_write_errors: AtomicU64,
+    replay_doubts: [AtomicU64; Doubt::ALL.len()],
+    progress_foreign_writes: AtomicU64,
+    replay_held_messages: AtomicU64,
     progress_recorded_lsn: AtomicU64,
     reconnects: AtomicU64,
     status_updates_sent: AtomicU64,
@@ -123,6 +126,9 @@ impl Default for Metrics {
             events_skipped: AtomicU64::new(0),
             progress_record_unread: AtomicU64::new(0),
             progress_write_errors: AtomicU64::new(0),
+            replay_doubts: Default::default(),
+            progress_foreign_writes: AtomicU64::new(0),
+            replay_held_messages: AtomicU64::new(0),
             progress_recorded_lsn: AtomicU64::new(0),
             reconnects: AtomicU64::new(0),
             status_updates_sent: AtomicU64::new(0),
@@ -158,6 +164,12 @@ pub struct MetricsSnapshot {
     pub events_skipped_total: u64,
     pub progress_record_unread_total: u64,
     pub progress_write_errors_total: u64,
+    /// Replays published instead of skipped, by the doubt that stopped the proof.
+    pub replay_doubts_total: Vec<(Doubt, u64)>,
+    /// Progress records of this slot found written by another lineage (another live copy).
+    pub progress_foreign_writes_total: u64,
+    /// Replayed messages held unpublished until the progress record is proven.
+    pub replay_held_messages: u64,
     pub progress_recorded_lsn: u64,
     pub reconnects_total: u64,
     pub status_updates_sent_total: u64,
@@ -214,6 +226,25 @@ impl Metrics {
 
     pub fn inc_progress_record_unread(&self) {
         add(&self.progress_record_unread, 1);
+    }
+
+    pub fn inc_replay_doubt(&self, reason: Doubt) {
+        if let Some(c) = Doubt::ALL
+            .iter()
+            .position(|d| *d == reason)
+            .and_then(|i| self.replay_doubts.get(i))
+        {
+            add(c, 1);
+        }
+    }
+
+    pub fn inc_progress_foreign_writes(&self) {
+        add(&self.progress_foreign_writes, 1);
+    }
+
+    pub fn set_replay_held_messages(&self, n: usize) {
+        self.replay_held_messages
+            .store(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     pub fn inc_progress_write_errors(&self) {
@@ -339,6 +370,13 @@ impl Metrics {
             events_skipped_total: load(&self.events_skipped),
             progress_record_unread_total: load(&self.progress_record_unread),
             progress_write_errors_total: load(&self.progress_write_errors),
+            replay_doubts_total: Doubt::ALL
+                .into_iter()
+                .zip(&self.replay_doubts)
+                .map(|(d, n)| (d, load(n)))
+                .collect(),
+            progress_foreign_writes_total: load(&self.progress_foreign_writes),
+            replay_held_messages: load(&self.replay_held_messages),
             progress_recorded_lsn: load(&self.progress_recorded_lsn),
             reconnects_total: load(&self.reconnects),
             status_updates_sent_total: load(&self.status_updates_sent),

@@ -68,6 +68,30 @@ pub fn render_all(relays: &[(Option<u32>, &MetricsSnapshot)]) -> String {
         "Stream starts that could not read the progress record in time (3 s) or at all: what PostgreSQL sent again was published again.",
         |s| s.progress_record_unread_total,
     );
+    out.header(
+        "replay_doubts_total",
+        "counter",
+        "Replays published again instead of skipped, by the doubt that stopped the proof that Kafka has them (duplicates, never a loss; see docs/replay-skip.md).",
+    );
+    out.each(relays, |out, s| {
+        for (reason, n) in &s.replay_doubts_total {
+            out.sample("replay_doubts_total", Some(("reason", reason.as_str())), *n);
+        }
+    });
+    out.single(
+        relays,
+        "progress_foreign_writes_total",
+        "counter",
+        "Times this slot's progress record was found written by another lineage: two live copies of one cluster record under one key (set OUTBOXD_CLUSTER_NAME on each).",
+        |s| s.progress_foreign_writes_total,
+    );
+    out.single(
+        relays,
+        "replay_held_messages",
+        "gauge",
+        "Replayed messages held unpublished until the progress record's transaction proves them delivered.",
+        |s| s.replay_held_messages,
+    );
     out.single(
         relays,
         "progress_recorded_lsn",

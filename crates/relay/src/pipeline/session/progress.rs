@@ -28,6 +28,8 @@ pub(super) struct ProgressWriter {
     /// acknowledged, the record may not exist at all (a slot made by `outboxd init`, with
     /// Kafka down at the first tick), so the write is retried even without progress.
     acked_at_start: u64,
+    /// When the record was last read back to see whether another lineage writes it.
+    last_lineage_check: Instant,
 }
 
 impl ProgressWriter {
@@ -39,35 +41,49 @@ impl ProgressWriter {
             written: None,
             written_partial: None,
             last_write: Instant::now(),
+            last_lineage_check: Instant::now(),
         }
     }
 }
 
+/// How often a writing session looks at whether another lineage wrote its record.
+const LINEAGE_CHECK_EVERY: Duration = Duration::from_secs(30);
+
 impl Session<'_> {
     /// The partly acked transaction worth recording at `confirmed`: the ledger's, or the
-    /// one the session started with (the skip range's, which never changes) while it has
-    /// not been read again.
+    /// one the claim named while the stream has not reached it.
     fn partial_at(&self, confirmed: Lsn) -> Option<PartialTxn> {
-        self.rows
-            .partial(confirmed)
-            .or(self.skip.partial().filter(|p| p.commit_lsn >= confirmed))
+        self.rows.partial(confirmed).or(self
+            .proof
+            .partial()
+            .filter(|p| p.txn.commit_lsn >= confirmed))
     }
 
-    /// The record of what Kafka has now: what is acked, or the position the session
-    /// started knowing delivered while it has not confirmed past it yet. Not the confirmed
-    /// position alone: a session starts at the slot's, often behind the record it read,
-    /// and writing that would move the record back over events Kafka has (a relay
-    /// killed then would make the next one publish them all again).
-    pub(super) fn progress_record(&self) -> ProgressRecord {
-        let delivered = self.delivered();
-        ProgressRecord {
-            partial: delivered.partial,
-            ..ProgressRecord::now(
-                delivered.timeline,
-                delivered.lsn,
-                delivered.last_commit_unix_micros,
-            )
+    /// Brings the claim up to what is confirmed: the newest confirmed transaction becomes
+    /// its newest mark. Its position never moves back: a session starts at the slot's,
+    /// often behind the claim it read, and recording that would make the next one
+    /// publish again everything the claim covered.
+    fn refresh_claim(&mut self) {
+        let mut newest = None;
+        while let Some(&(txn, end)) = self.committed.front() {
+            if end > self.confirmed {
+                break;
+            }
+            newest = Some((txn, end));
+            self.committed.pop_front();
         }
+        if let Some((txn, end)) = newest {
+            self.claim.push_mark(txn, end);
+        }
+        self.claim.lsn = self.claim.lsn.max(self.confirmed);
+        self.claim.timeline = self.timeline;
+        self.claim.partial = self.partial_at(self.claim.lsn);
+    }
+
+    /// The record of what this session claims Kafka has.
+    pub(super) fn progress_record(&mut self) -> ProgressRecord {
+        self.refresh_claim();
+        ProgressRecord::of(&self.claim, self.lineage)
     }
 
     /// Brings the progress record up to the confirmed position, at most every interval.
@@ -85,6 +101,8 @@ impl Session<'_> {
         // nothing changed (a stuck partition holds everything still for a long time).
         let record = self.progress_record();
         let position = record.confirmed_lsn;
+        let lineages = (self.lineage, self.prev_lineage);
+        let obs = self.obs.clone();
         if let Some(p) = self.progress.as_mut() {
             let unacked = p.store.writes_acked() == p.acked_at_start;
             let due = match p.written {
@@ -92,9 +110,23 @@ impl Session<'_> {
                 Some(w) => position > w || record.partial != p.written_partial || unacked,
             };
             p.last_write = Instant::now();
+            if p.last_lineage_check.elapsed() >= LINEAGE_CHECK_EVERY {
+                p.last_lineage_check = Instant::now();
+                let store = p.store.clone();
+                let identity = p.identity.clone();
+                let topic = p.store.topic().to_owned();
+                let obs = obs.clone();
+                p.store
+                    .check_lineage_in_background(&p.identity, lineages, move |_, writer| {
+                        if store.mark_foreign_writer() {
+                            obs.progress_foreign_write();
+                            tracing::error!(writer = %writer, "this slot's progress record was just written by another relay");
+                            crate::pipeline::warn_foreign_writer(&identity, &topic);
+                        }
+                    });
+            }
             if due {
                 p.written_partial = record.partial;
-                let obs = self.obs.clone();
                 p.store
                     .write_in_background(&p.identity, record, move |answer| match answer {
                         Ok(lsn) => obs.progress_recorded(lsn),
@@ -105,15 +137,11 @@ impl Session<'_> {
         }
     }
 
-    /// What this session knows Kafka has, for the next session of the process.
-    pub(in crate::pipeline) fn delivered(&self) -> DeliveredPosition {
-        let lsn = self.confirmed.max(self.known_below);
-        DeliveredPosition {
-            timeline: self.timeline,
-            lsn,
-            last_commit_unix_micros: self.last_commit_unix_micros,
-            partial: self.partial_at(lsn),
-        }
+    /// What this session claims Kafka has, and its lineage, for the next session of the
+    /// process: proven against the replay like a progress record.
+    pub(in crate::pipeline) fn delivered(&mut self) -> (DeliveredPosition, u64) {
+        self.refresh_claim();
+        (self.claim.clone(), self.lineage)
     }
 
     /// Whether this session moved the confirmed position, or streamed for a good while:
