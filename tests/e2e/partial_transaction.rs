@@ -89,7 +89,7 @@ async fn a_killed_relay_resumes_inside_a_partly_acked_transaction() {
     );
     let key = format!("{system_id}/{}/{}", db.name, outbox.slot);
     let record = read_record(&broker.bootstrap(), &key);
-    let acked_rows = record["partial_rows_acked"]
+    let acked_rows = record["partial"]["rows"]
         .as_u64()
         .unwrap_or_else(|| panic!("no partly acked transaction in the record: {record}"));
     assert!(

@@ -104,31 +104,10 @@ async fn a_record_past_the_fork_point_skips_nothing_after_the_fork() {
         recorded > fork + 200_000,
         "the record ({recorded}) must lie well past the fork ({fork})"
     );
-    let system_id: String = client
-        .query_one(
-            "SELECT system_identifier::text FROM pg_control_system()",
-            &[],
-        )
-        .await
-        .expect("system identifier")
-        .get(0);
     drop(client);
     primary
         .stop(StopMode::Immediate)
         .expect("stop the original");
-    // The record as written, but with its newest commit an hour ahead (a clock that ran
-    // fast on the old timeline): the commit-time guard then accepts every new
-    // transaction as a possible replay, so only the fork bound stands between them and
-    // being skipped.
-    write_record(
-        &broker.bootstrap(),
-        &system_id,
-        &db.name,
-        &outbox.slot,
-        recorded,
-        now_unix_micros() + 3_600_000_000,
-    );
-
     // The address now leads to the restored cluster; its applications write on.
     vip.set_upstream(restored.port());
     vip.close_all();
@@ -162,50 +141,4 @@ async fn a_record_past_the_fork_point_skips_nothing_after_the_fork() {
         "fork at {fork:X}, record at {recorded:X}, new timeline's events up to {end:X}: {} after the fork published, 0 duplicates",
         after.len()
     );
-}
-
-fn now_unix_micros() -> i64 {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock");
-    i64::try_from(d.as_micros()).expect("micros")
-}
-
-/// A progress record of timeline 1 as the relay writes it.
-fn write_record(
-    bootstrap: &str,
-    system_id: &str,
-    database: &str,
-    slot: &str,
-    lsn: u64,
-    last_commit_unix_micros: i64,
-) {
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let producer: BaseProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .expect("producer");
-    let key = format!("{system_id}/{database}/{slot}");
-    let value = serde_json::json!({
-        "version": 1,
-        "system_id": system_id,
-        "database": database,
-        "slot": slot,
-        "timeline": 1,
-        "confirmed_lsn": format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF),
-        "recorded_at_unix_ms": 1_764_590_400_000u64,
-        "last_commit_unix_micros": last_commit_unix_micros,
-        "slot_created": true,
-    })
-    .to_string();
-    producer
-        .send(
-            BaseRecord::to("outboxd.progress")
-                .partition(0)
-                .key(&key)
-                .payload(&value),
-        )
-        .map_err(|(e, _)| e)
-        .expect("send");
-    producer.flush(Duration::from_secs(10)).expect("flush");
 }

@@ -136,6 +136,31 @@ impl DeliveredPosition {
         self.marks.retain(|m| keeps(m.seq, seq));
     }
 
+    /// The claim as far as a server whose WAL ends at `server_end` can show it: marks
+    /// past that end are another history's (a copy that wrote more WAL, or the history
+    /// before a restore), and so is a partial transaction there. `None`: nothing was cut.
+    pub fn within(&self, server_end: Lsn) -> Option<DeliveredPosition> {
+        let beyond = self.lsn > server_end
+            || self.marks.iter().any(|m| m.end_lsn > server_end)
+            || self.partial.is_some_and(|p| p.txn.commit_lsn > server_end);
+        if !beyond {
+            return None;
+        }
+        let marks: Vec<TxnMark> = self
+            .marks
+            .iter()
+            .filter(|m| m.end_lsn <= server_end)
+            .copied()
+            .collect();
+        Some(DeliveredPosition {
+            timeline: self.timeline,
+            lsn: marks.last().map_or(Lsn::ZERO, |m| m.end_lsn),
+            marks,
+            partial: None,
+            fingerprint: self.fingerprint,
+        })
+    }
+
     /// The newest mark, the transaction the claim is proven by.
     pub fn newest_mark(&self) -> Option<&TxnMark> {
         self.marks.last()
@@ -236,15 +261,10 @@ impl ReplayProof {
         ReplayProof::default()
     }
 
-    /// A session starting at the slot's `start`, on a server whose WAL ends at
-    /// `server_end`, with `known` claimed, and `fingerprint` its own settings'. The doubt
-    /// that made it skip nothing, if one did.
-    pub fn new(
-        known: &DeliveredPosition,
-        fingerprint: u64,
-        start: Lsn,
-        server_end: Lsn,
-    ) -> (Self, Option<Doubt>) {
+    /// A session starting at the slot's `start` with `known` claimed (already cut to the
+    /// server's WAL end, see [`DeliveredPosition::within`]), and `fingerprint` its own
+    /// settings'. The doubt that made it skip nothing, if one did.
+    pub fn new(known: &DeliveredPosition, fingerprint: u64, start: Lsn) -> (Self, Option<Doubt>) {
         let marks: VecDeque<TxnMark> = known
             .marks
             .iter()
@@ -258,12 +278,6 @@ impl ReplayProof {
         }
         if known.fingerprint != fingerprint {
             return (ReplayProof::none(), Some(Doubt::Fingerprint));
-        }
-        let past_end = known.lsn > server_end
-            || marks.iter().any(|m| m.end_lsn > server_end)
-            || partial.is_some_and(|p| p.txn.commit_lsn > server_end);
-        if past_end {
-            return (ReplayProof::none(), Some(Doubt::PastServerEnd));
         }
         (
             ReplayProof {
@@ -517,7 +531,7 @@ mod tests {
     #[test]
     fn held_transactions_are_proven_by_the_recorded_one_and_only_by_it() {
         let known = claim(&[500, 900]);
-        let (mut p, doubt) = ReplayProof::new(&known, 7, Lsn(100), Lsn(10_000));
+        let (mut p, doubt) = ReplayProof::new(&known, 7, Lsn(100));
         assert_eq!(doubt, None);
         assert!(p.holding());
         assert_eq!(p.on_begin(id(200, 1)), Begin::Hold);
@@ -539,17 +553,17 @@ mod tests {
             TxnId { commit_time: 1, ..id(500, 100) },
             id(600, 100),
         ] {
-            let (mut p, _) = ReplayProof::new(&known, 7, Lsn(100), Lsn(10_000));
+            let (mut p, _) = ReplayProof::new(&known, 7, Lsn(100));
             assert_eq!(p.on_begin(id(200, 1)), Begin::Hold);
             assert_eq!(p.on_begin(other), Begin::Release(Doubt::Mismatch));
             assert!(!p.holding());
         }
         // Same Begin, another end.
-        let (mut p, _) = ReplayProof::new(&known, 7, Lsn(100), Lsn(10_000));
+        let (mut p, _) = ReplayProof::new(&known, 7, Lsn(100));
         assert_eq!(p.on_begin(id(500, 100)), Begin::Hold);
         assert_eq!(p.on_commit(Lsn(511)), Some(Settle::Release(Doubt::Mismatch)));
         // A keepalive past the mark: the stream never showed it.
-        let (mut p, _) = ReplayProof::new(&known, 7, Lsn(100), Lsn(10_000));
+        let (mut p, _) = ReplayProof::new(&known, 7, Lsn(100));
         assert_eq!(p.on_keepalive(Lsn(509)), None);
         assert_eq!(p.on_keepalive(Lsn(510)), Some(Settle::Release(Doubt::Passed)));
     }
@@ -557,13 +571,22 @@ mod tests {
     #[test]
     fn a_claim_is_refused_whole_for_other_settings_or_past_the_server_end() {
         let known = claim(&[500]);
-        let (p, d) = ReplayProof::new(&known, 8, Lsn(100), Lsn(10_000));
+        let (p, d) = ReplayProof::new(&known, 8, Lsn(100));
         assert_eq!((p.holding(), d), (false, Some(Doubt::Fingerprint)));
-        let (p, d) = ReplayProof::new(&known, 7, Lsn(100), Lsn(509));
-        assert_eq!((p.holding(), d), (false, Some(Doubt::PastServerEnd)));
         // Nothing past the start to prove: no doubt, nothing held.
-        let (p, d) = ReplayProof::new(&known, 8, Lsn(510), Lsn(10_000));
+        let (p, d) = ReplayProof::new(&known, 8, Lsn(510));
         assert_eq!((p.holding(), d), (false, None));
+        // Past the server's end: only the marks it can show are kept.
+        let mut two = claim(&[500, 900]);
+        two.partial = Some(PartialTxn {
+            txn: id(950, 1),
+            rows: 2,
+        });
+        assert_eq!(two.within(Lsn(10_000)), None);
+        let cut = two.within(Lsn(600)).unwrap();
+        assert_eq!(cut.marks.len(), 1);
+        assert_eq!((cut.lsn, cut.partial), (Lsn(510), None));
+        assert_eq!(claim(&[900]).within(Lsn(600)).unwrap().marks, vec![]);
     }
 
     #[test]
@@ -573,16 +596,16 @@ mod tests {
             txn: id(800, 9),
             rows: 3,
         });
-        let (mut p, _) = ReplayProof::new(&known, 7, Lsn(510), Lsn(10_000));
+        let (mut p, _) = ReplayProof::new(&known, 7, Lsn(510));
         assert!(!p.holding());
         assert_eq!(p.on_begin(id(700, 8)), Begin::Publish);
         assert_eq!(p.on_begin(id(800, 9)), Begin::SkipRows(3));
         assert_eq!(p.on_begin(id(800, 9)), Begin::Publish, "once");
-        let (mut p, _) = ReplayProof::new(&known, 7, Lsn(510), Lsn(10_000));
+        let (mut p, _) = ReplayProof::new(&known, 7, Lsn(510));
         assert_eq!(p.on_begin(TxnId { xid: 10, ..id(800, 9) }), Begin::Publish);
         assert_eq!(p.partial(), None);
         // Behind an unproven mark: the mark decides first.
-        let (mut p, _) = ReplayProof::new(&known, 7, Lsn(100), Lsn(10_000));
+        let (mut p, _) = ReplayProof::new(&known, 7, Lsn(100));
         assert_eq!(p.on_begin(id(800, 9)), Begin::Release(Doubt::Mismatch));
         assert_eq!(p.partial(), None);
     }

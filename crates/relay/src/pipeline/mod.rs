@@ -601,8 +601,23 @@ async fn run_session(
     let (proof, claim) = match claim {
         None => (ReplayProof::none(), None),
         Some((known, lineage)) => {
-            let (proof, doubt) =
-                ReplayProof::new(&known, fingerprint, confirmed_flush, system.xlog_pos);
+            // Positions past this server's end are another history's: cut them off, and
+            // what is left (if anything) must still be proven like any claim.
+            let (known, lineage) = match known.within(system.xlog_pos) {
+                None => (known, lineage),
+                Some(cut) => {
+                    obs.replay_doubt(Doubt::PastServerEnd);
+                    tracing::warn!(
+                        recorded = %known.lsn,
+                        server_wal_end = %system.xlog_pos,
+                        marks_kept = cut.marks.len(),
+                        "{}",
+                        Doubt::PastServerEnd.explain()
+                    );
+                    (cut, rand::random())
+                }
+            };
+            let (proof, doubt) = ReplayProof::new(&known, fingerprint, confirmed_flush);
             let doubt = doubt.or_else(|| {
                 (progress.is_some_and(ProgressStore::foreign_writer)
                     && (proof.holding() || proof.partial().is_some()))
