@@ -320,7 +320,10 @@ async fn check_record(r: &mut Report, s: &Settings, sql: &Client, system: &Syste
         Err(_) => return r.warn(what, format!("{topic} did not answer within 20 s")),
     };
     let Some(record) = &found.ours else {
-        return r.ok(what, format!("none yet in {topic} (`outboxd run` writes it)"));
+        return r.ok(
+            what,
+            format!("none yet in {topic} (`outboxd run` writes it)"),
+        );
     };
     let fix = "set OUTBOXD_CLUSTER_NAME to a different value on each copy of the cluster (or give each its own OUTBOXD_PROGRESS_TOPIC); after restoring an older backup, run `outboxd init --replace-progress-record`";
     if found.writers_alternate() {

@@ -106,7 +106,9 @@ pub fn main(args: &[String]) -> i32 {
         ("init", []) => false,
         ("init", [flag]) if flag == "--replace-progress-record" => true,
         ("init", extra) => {
-            eprintln!("outboxd init: unexpected arguments {extra:?}; it takes --replace-progress-record");
+            eprintln!(
+                "outboxd init: unexpected arguments {extra:?}; it takes --replace-progress-record"
+            );
             return EXIT_CONFIG;
         }
         _ => false,

@@ -96,6 +96,11 @@ pub struct DeliveredPosition {
     /// Everything before this was acked (an `end_lsn` or a keepalive's `walEnd` the relay
     /// confirmed). Not a proof of anything by itself.
     pub lsn: Lsn,
+    /// Where the claim begins: the slot's position when its writers started relaying
+    /// under these settings. It says nothing of transactions before it (relayed under
+    /// other settings, or by a claim it doubted), so a replay from below it publishes
+    /// them.
+    pub base: Lsn,
     /// Transactions its writes ended at, oldest first, each fully acked and
     /// `end_lsn <= lsn`.
     pub marks: Vec<TxnMark>,
@@ -112,6 +117,7 @@ impl DeliveredPosition {
         DeliveredPosition {
             timeline,
             lsn,
+            base: lsn,
             marks: Vec::new(),
             partial: None,
             fingerprint,
@@ -154,7 +160,8 @@ impl DeliveredPosition {
             .collect();
         Some(DeliveredPosition {
             timeline: self.timeline,
-            lsn: marks.last().map_or(Lsn::ZERO, |m| m.end_lsn),
+            lsn: marks.last().map_or(self.base, |m| m.end_lsn),
+            base: self.base.min(server_end),
             marks,
             partial: None,
             fingerprint: self.fingerprint,
@@ -250,6 +257,8 @@ pub enum Settle {
 pub struct ReplayProof {
     /// Marks past the session's start not yet proven, oldest first.
     marks: VecDeque<TxnMark>,
+    /// The claim's base: transactions before it are published, not held.
+    base: Lsn,
     /// The open transaction is the next mark by its Begin; its end decides.
     at_mark: bool,
     partial: Option<PartialTxn>,
@@ -282,6 +291,7 @@ impl ReplayProof {
         (
             ReplayProof {
                 marks,
+                base: known.base,
                 at_mark: false,
                 partial,
             },
@@ -313,6 +323,10 @@ impl ReplayProof {
 
     /// A transaction's Begin.
     pub fn on_begin(&mut self, txn: TxnId) -> Begin {
+        if txn.commit_lsn < self.base {
+            // The claim says nothing of it.
+            return Begin::Publish;
+        }
         if let Some(next) = self.marks.front().copied() {
             if txn.commit_lsn < next.commit_lsn {
                 return Begin::Hold;
@@ -519,7 +533,7 @@ mod tests {
 
     /// A claim whose marks are the transactions at `lsns` (each ends 10 bytes later).
     fn claim(lsns: &[u64]) -> DeliveredPosition {
-        let mut d = DeliveredPosition::at(1, Lsn::ZERO, 7);
+        let mut d = DeliveredPosition::at(1, Lsn(50), 7);
         for (i, &l) in lsns.iter().enumerate() {
             let xid = u32::try_from(i).unwrap() + 100;
             d.push_mark(id(l, xid), Lsn(l + 10));
@@ -546,11 +560,32 @@ mod tests {
     }
 
     #[test]
+    fn nothing_before_the_claims_base_is_held() {
+        let mut known = claim(&[500]);
+        known.base = Lsn(300);
+        let (mut p, _) = ReplayProof::new(&known, 7, Lsn(100));
+        assert_eq!(
+            p.on_begin(id(200, 1)),
+            Begin::Publish,
+            "relayed under other settings"
+        );
+        assert_eq!(p.on_begin(id(300, 2)), Begin::Hold);
+        assert_eq!(p.on_begin(id(500, 100)), Begin::Hold);
+        assert_eq!(p.on_commit(Lsn(510)), Some(Settle::Proven));
+    }
+
+    #[test]
     fn any_difference_at_the_recorded_position_publishes_what_is_held() {
         let known = claim(&[500]);
         for other in [
-            TxnId { xid: 1, ..id(500, 100) },
-            TxnId { commit_time: 1, ..id(500, 100) },
+            TxnId {
+                xid: 1,
+                ..id(500, 100)
+            },
+            TxnId {
+                commit_time: 1,
+                ..id(500, 100)
+            },
             id(600, 100),
         ] {
             let (mut p, _) = ReplayProof::new(&known, 7, Lsn(100));
@@ -561,11 +596,17 @@ mod tests {
         // Same Begin, another end.
         let (mut p, _) = ReplayProof::new(&known, 7, Lsn(100));
         assert_eq!(p.on_begin(id(500, 100)), Begin::Hold);
-        assert_eq!(p.on_commit(Lsn(511)), Some(Settle::Release(Doubt::Mismatch)));
+        assert_eq!(
+            p.on_commit(Lsn(511)),
+            Some(Settle::Release(Doubt::Mismatch))
+        );
         // A keepalive past the mark: the stream never showed it.
         let (mut p, _) = ReplayProof::new(&known, 7, Lsn(100));
         assert_eq!(p.on_keepalive(Lsn(509)), None);
-        assert_eq!(p.on_keepalive(Lsn(510)), Some(Settle::Release(Doubt::Passed)));
+        assert_eq!(
+            p.on_keepalive(Lsn(510)),
+            Some(Settle::Release(Doubt::Passed))
+        );
     }
 
     #[test]
@@ -585,6 +626,7 @@ mod tests {
         assert_eq!(two.within(Lsn(10_000)), None);
         let cut = two.within(Lsn(600)).unwrap();
         assert_eq!(cut.marks.len(), 1);
+        assert_eq!(cut.base, Lsn(50));
         assert_eq!((cut.lsn, cut.partial), (Lsn(510), None));
         assert_eq!(claim(&[900]).within(Lsn(600)).unwrap().marks, vec![]);
     }
@@ -602,7 +644,13 @@ mod tests {
         assert_eq!(p.on_begin(id(800, 9)), Begin::SkipRows(3));
         assert_eq!(p.on_begin(id(800, 9)), Begin::Publish, "once");
         let (mut p, _) = ReplayProof::new(&known, 7, Lsn(510));
-        assert_eq!(p.on_begin(TxnId { xid: 10, ..id(800, 9) }), Begin::Publish);
+        assert_eq!(
+            p.on_begin(TxnId {
+                xid: 10,
+                ..id(800, 9)
+            }),
+            Begin::Publish
+        );
         assert_eq!(p.partial(), None);
         // Behind an unproven mark: the mark decides first.
         let (mut p, _) = ReplayProof::new(&known, 7, Lsn(100));
@@ -631,12 +679,23 @@ mod tests {
 
     #[test]
     fn fingerprints_depend_on_names_and_values() {
-        let a = Fingerprint::default().add("table", "public.outbox").finish();
-        let b = Fingerprint::default().add("table", "public.outbox2").finish();
-        let c = Fingerprint::default().add("tabl", "epublic.outbox").finish();
+        let a = Fingerprint::default()
+            .add("table", "public.outbox")
+            .finish();
+        let b = Fingerprint::default()
+            .add("table", "public.outbox2")
+            .finish();
+        let c = Fingerprint::default()
+            .add("tabl", "epublic.outbox")
+            .finish();
         assert_ne!(a, b);
         assert_ne!(a, c);
-        assert_eq!(a, Fingerprint::default().add("table", "public.outbox").finish());
+        assert_eq!(
+            a,
+            Fingerprint::default()
+                .add("table", "public.outbox")
+                .finish()
+        );
     }
 
     #[test]

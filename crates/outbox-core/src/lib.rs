@@ -37,6 +37,8 @@
 //!   freezes it until the relay restarts from the slot.
 //! - **Replays** ([`delivered`]): transactions PostgreSQL sends again after a restart
 //!   are skipped when the relay knows Kafka has them, narrowly (same history only).
+//! - **Replay rules of a session** ([`replay`]): [`ReplayCore`] holds, drops, releases
+//!   and resumes, and builds the session's claim; the relay and the simulator drive it.
 //! - **Back-pressure** ([`budget`]): caps on in-flight messages and bytes, always letting
 //!   one message through; [`InFlightLedger::has_room`] applies [`InFlightCaps::has_room`]
 //!   to the exact counts of its slab.
@@ -57,6 +59,7 @@ pub mod ledger;
 pub mod mapping;
 pub mod pgtype;
 pub mod record;
+pub mod replay;
 pub mod topic;
 mod value;
 
@@ -81,5 +84,6 @@ pub use record::{
     CommitContext, HeaderFormat, HeaderName, OutboxRecord, CLOUDEVENTS_SPEC_VERSION,
     RECORD_MAX_OVERHEAD,
 };
+pub use replay::{Held, NextRow, PartialMismatch, ReplayCore, ReplayStart, Step};
 pub use topic::{validate_topic_name, EventFields, TopicField, TopicName, TopicTemplate};
 pub use value::PayloadKind;

@@ -91,6 +91,8 @@ pub struct ProgressRecord {
     /// process died while CREATE_REPLICATION_SLOT waited), so a missing slot is then no
     /// proof of a lost one. Set by every later write.
     pub slot_created: bool,
+    /// Where the claim begins (see `DeliveredPosition::base`).
+    pub base: Lsn,
     /// The transactions its last writes ended at, oldest first: what a replay must show
     /// before it skips anything (see `outbox_core::delivered`).
     pub marks: Vec<TxnMark>,
@@ -117,6 +119,7 @@ impl ProgressRecord {
         ProgressRecord {
             timeline: claim.timeline,
             confirmed_lsn: claim.lsn,
+            base: claim.base,
             recorded_at_unix_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
@@ -160,6 +163,7 @@ impl ProgressRecord {
             "slot": id.slot,
             "timeline": self.timeline,
             "confirmed_lsn": self.confirmed_lsn.to_string(),
+            "base_lsn": self.base.to_string(),
             "recorded_at_unix_ms": self.recorded_at_unix_ms,
             "slot_created": self.slot_created,
             "marks": marks,
@@ -235,16 +239,17 @@ impl ProgressRecord {
                 .and_then(|t| u64::from_str_radix(t, 16).ok())
         };
         let fingerprint = hex("fingerprint");
-        let (marks, partial) = if fingerprint.is_some() {
-            (marks, partial)
-        } else {
-            (Vec::new(), None)
+        let base = v.get("base_lsn").and_then(lsn_of);
+        let (marks, partial, base) = match (fingerprint, base) {
+            (Some(_), Some(base)) => (marks, partial, base),
+            _ => (Vec::new(), None, confirmed_lsn),
         };
         Ok(ProgressRecord {
             timeline,
             confirmed_lsn,
             recorded_at_unix_ms,
             slot_created,
+            base,
             marks,
             partial,
             fingerprint: fingerprint.unwrap_or(0),
@@ -276,6 +281,7 @@ impl ProgressRecord {
         DeliveredPosition {
             timeline: self.timeline,
             lsn: self.confirmed_lsn,
+            base: self.base,
             marks: self.marks.clone(),
             partial: self.partial,
             fingerprint: self.fingerprint,
@@ -400,7 +406,10 @@ impl SlotScan {
                     let name = if owner.cluster.is_empty() {
                         owner.system_id
                     } else {
-                        format!("{} (OUTBOXD_CLUSTER_NAME {:?})", owner.system_id, owner.cluster)
+                        format!(
+                            "{} (OUTBOXD_CLUSTER_NAME {:?})",
+                            owner.system_id, owner.cluster
+                        )
                     };
                     (name, record)
                 })
@@ -508,7 +517,10 @@ impl ProgressStore {
         found: impl FnOnce(u64, String) + Send + 'static,
     ) {
         if self.writes_acked() == 0
-            || self.inner.lineage_check_in_flight.swap(true, Ordering::AcqRel)
+            || self
+                .inner
+                .lineage_check_in_flight
+                .swap(true, Ordering::AcqRel)
         {
             return;
         }
@@ -796,6 +808,7 @@ mod tests {
             confirmed_lsn: Lsn(0x1_0000_00A0),
             recorded_at_unix_ms: 1_764_590_400_000,
             slot_created: true,
+            base: Lsn(0x1_0000_0010),
             marks: vec![TxnMark {
                 seq: 4,
                 commit_lsn: Lsn(0x1_0000_0050),
@@ -828,13 +841,16 @@ mod tests {
         assert_eq!(id.key(), "7312/shop/outboxd");
         let named = SlotIdentity {
             cluster: "staging".into(),
-            ..id.clone()
+            ..id
         };
         assert_eq!(named.key(), "staging@7312/shop/outboxd");
         // A version 1 record proves nothing: no marks, no partial transaction.
         let v1 = br#"{"version":1,"system_id":"7312","database":"shop","slot":"outboxd","timeline":1,"confirmed_lsn":"0/10","recorded_at_unix_ms":1,"last_commit_unix_micros":5,"slot_created":true,"partial_commit_lsn":"0/20","partial_rows_acked":3}"#;
         let old = ProgressRecord::from_json(v1).unwrap();
-        assert_eq!((old.marks.len(), old.partial, old.fingerprint), (0, None, 0));
+        assert_eq!(
+            (old.marks.len(), old.partial, old.fingerprint),
+            (0, None, 0)
+        );
         assert_eq!(r.recorded_at_text(), "2025-12-01T12:00:00Z");
         assert!(ProgressRecord::from_json(b"{}").is_err());
     }

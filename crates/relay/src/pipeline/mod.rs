@@ -23,7 +23,7 @@ pub use slot::{
     judge_publication, judge_server, judge_slot, FailoverSlot, SlotStart, SlotStats, Verdict,
 };
 
-use outbox_core::{DeliveredPosition, Doubt, Fingerprint, ReplayProof};
+use outbox_core::{DeliveredPosition, Fingerprint, ReplayStart};
 
 use crate::kafka::{
     build_producer, BrokerProbe, ProducerSettings, ProgressError, ProgressRecord, ProgressStore,
@@ -598,49 +598,14 @@ async fn run_session(
         .unwrap_or_default();
     let fingerprint = fingerprint(cfg, &publication);
     let claim = replay_claim(cfg, obs, carry, progress, &identity).await?;
-    let (proof, claim) = match claim {
-        None => (ReplayProof::none(), None),
-        Some((known, lineage)) => {
-            // Positions past this server's end are another history's: cut them off, and
-            // what is left (if anything) must still be proven like any claim.
-            let (known, lineage) = match known.within(system.xlog_pos) {
-                None => (known, lineage),
-                Some(cut) => {
-                    obs.replay_doubt(Doubt::PastServerEnd);
-                    tracing::warn!(
-                        recorded = %known.lsn,
-                        server_wal_end = %system.xlog_pos,
-                        marks_kept = cut.marks.len(),
-                        "{}",
-                        Doubt::PastServerEnd.explain()
-                    );
-                    (cut, rand::random())
-                }
-            };
-            let (proof, doubt) = ReplayProof::new(&known, fingerprint, confirmed_flush);
-            let doubt = doubt.or_else(|| {
-                (progress.is_some_and(ProgressStore::foreign_writer)
-                    && (proof.holding() || proof.partial().is_some()))
-                .then_some(Doubt::ForeignWriter)
-            });
-            match doubt {
-                Some(d) => {
-                    obs.replay_doubt(d);
-                    tracing::warn!(
-                        reason = d.as_str(),
-                        recorded = %known.lsn,
-                        server_wal_end = %system.xlog_pos,
-                        "publishing the replay again instead of skipping it: {}",
-                        d.explain()
-                    );
-                    (ReplayProof::none(), None)
-                }
-                // Settings changed with nothing to replay: the claim's marks were delivered
-                // under the old ones and must not prove anything under these.
-                None if known.fingerprint != fingerprint => (proof, None),
-                None => (proof, Some((known, lineage))),
-            }
-        }
+    let replay = ReplayStart {
+        timeline: system.timeline,
+        start: confirmed_flush,
+        server_end: system.xlog_pos,
+        claim,
+        fingerprint,
+        foreign_writer: progress.is_some_and(ProgressStore::foreign_writer),
+        new_lineage: rand::random(),
     };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let producer = build_producer(&cfg.producer, tx)?;
@@ -661,10 +626,7 @@ async fn run_session(
         rx,
         stream.flush_handle(),
         SessionStart {
-            timeline: system.timeline,
-            proof,
-            claim,
-            fingerprint,
+            replay,
             progress: progress.map(|p| (p.clone(), identity)),
         },
     );

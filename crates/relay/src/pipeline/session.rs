@@ -10,14 +10,14 @@
 //! transactions Kafka already has), `progress` (the progress record and what is known
 //! delivered) and `tick` (periodic checks, metrics and reports).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::{
     check_size, dead_letter_message, dead_letter_record, oversize_error, CommitContext,
-    DeliveredPosition, InFlightCaps, InFlightLedger, OutboxRecord, Outcome, Outgoing,
-    ReplayProof, RowError, RowId, RowLedger, Ticket, TxnId,
+    InFlightCaps, InFlightLedger, NextRow, OutboxRecord, Outcome, Outgoing, ReplayCore,
+    ReplayStart, RowError, RowId, Step, Ticket, TxnId,
 };
 use pgoutput::{Insert, LogicalMessage, Lsn, Message, PgTimestamp};
 use pgrepl::{FlushHandle, ReplicationEvent, ReplicationStream};
@@ -40,7 +40,6 @@ mod tick;
 
 use progress::ProgressWriter;
 use relations::RelationRole;
-use skip::NextRow;
 
 /// The final progress record gets at least this long, even past the shutdown deadline.
 const FINAL_PROGRESS_WRITE_MIN: Duration = Duration::from_secs(1);
@@ -87,34 +86,11 @@ pub(super) struct Session<'a> {
     progress: Option<ProgressWriter>,
     /// When a stuck event was last reported.
     last_stuck_report: Option<Instant>,
-    timeline: u32,
-    /// The replay's proof against the claim the session started with (see
-    /// `outbox_core::delivered` and `skip`).
-    proof: ReplayProof,
-    /// Records produced while the proof is pending: registered in the ledger (so they
-    /// count against the caps and hold the watermark) but not handed to the producer.
-    held: Vec<Held>,
-    /// What the session claims Kafka has, for its progress record: the claim it started
-    /// with while it is not doubted, plus the transactions it confirmed since.
-    claim: DeliveredPosition,
-    /// The chain of claims `claim` continues (see `ProgressRecord::lineage`).
-    lineage: u64,
-    /// The one before a doubt replaced it: records of it may still be the newest.
-    prev_lineage: u64,
-    /// Transactions committed and not yet known confirmed, oldest first: where the next
-    /// mark of the claim comes from. Bounded; losing the oldest only makes marks sparser.
-    committed: VecDeque<(TxnId, Lsn)>,
-    /// The open transaction, by its Begin.
-    open_txn: Option<TxnId>,
+    /// The replay rules: held records, the proof, the partly delivered transaction, and
+    /// the session's claim for its progress record (see `outbox_core::replay`).
+    replay: ReplayCore<OutboxRecord>,
     /// Commit time of the newest transaction read, for the catch-up reports only.
     last_commit_unix_micros: i64,
-    /// Which leading published rows of the transactions in flight are done.
-    rows: RowLedger,
-    /// Leading published rows of the open transaction still to be skipped (in Kafka).
-    skip_rows: u64,
-    /// The recorded row count of the open, partly delivered transaction: checked at its
-    /// Commit, before anything past it can be confirmed.
-    partial_rows: Option<u64>,
     /// A doubt was logged in this session (once is enough; the metric counts each).
     doubt_logged: bool,
     catchup: CatchUp,
@@ -125,24 +101,9 @@ pub(super) struct Session<'a> {
 /// How a session starts beyond its connections: where it is in the server's history,
 /// what it may skip once proven, and where it keeps its progress record.
 pub(super) struct SessionStart {
-    pub timeline: u32,
-    pub proof: ReplayProof,
-    /// The claim the proof checks, and its lineage; `None`: none, or doubted.
-    pub claim: Option<(DeliveredPosition, u64)>,
-    /// This session's settings fingerprint (see `pipeline::fingerprint`).
-    pub fingerprint: u64,
+    pub replay: ReplayStart,
     pub progress: Option<(ProgressStore, SlotIdentity)>,
 }
-
-/// A record held while the replay's proof is pending.
-struct Held {
-    ticket: Ticket,
-    record: OutboxRecord,
-    row: Option<RowId>,
-}
-
-/// At most this many committed transactions wait to become a mark.
-const MARK_CANDIDATES: usize = 4096;
 
 impl<'a> Session<'a> {
     pub(super) fn new(
@@ -178,27 +139,8 @@ impl<'a> Session<'a> {
             started_at: Instant::now(),
             status_updates_reported: 0,
             last_stuck_report: None,
-            timeline: begin.timeline,
-            proof: begin.proof,
-            held: Vec::new(),
-            claim: match &begin.claim {
-                Some((claim, _)) => DeliveredPosition {
-                    fingerprint: begin.fingerprint,
-                    ..claim.clone()
-                },
-                None => DeliveredPosition::at(begin.timeline, start, begin.fingerprint),
-            },
-            lineage: match begin.claim {
-                Some((_, lineage)) if lineage != 0 => lineage,
-                _ => rand::random(),
-            },
-            prev_lineage: 0,
-            committed: VecDeque::new(),
-            open_txn: None,
+            replay: ReplayCore::new(begin.replay),
             last_commit_unix_micros: 0,
-            rows: RowLedger::default(),
-            skip_rows: 0,
-            partial_rows: None,
             doubt_logged: false,
             progress: begin
                 .progress
@@ -230,7 +172,7 @@ impl<'a> Session<'a> {
     ) -> Result<bool, RelayError> {
         // Held records get no report: they stay unconfirmed, and the next session proves
         // them again.
-        while self.ledger.len() > self.held.len() {
+        while self.ledger.len() > self.replay.held_len() {
             tokio::select! {
                 d = self.deliveries.recv() => match d {
                     Some(d) => self.on_delivery(d)?,
@@ -269,6 +211,8 @@ impl<'a> Session<'a> {
         // orchestrator's grace period sized from it is enough.
         let mut deadline: Option<tokio::time::Instant> = None;
         let failure = stream.failure();
+        // What the claim's first look found (cut at the server's end, other settings).
+        self.report_doubts();
         loop {
             if *shutdown.borrow() && deadline.is_none() {
                 tracing::info!(
@@ -284,10 +228,10 @@ impl<'a> Session<'a> {
                     return self.drain(stream, at).await;
                 }
             }
-            if !self.held.is_empty() && !self.ledger.has_room() {
+            if self.replay.held_len() > 0 && !self.ledger.has_room() {
                 // Nothing held is ever acked: waiting for room would wait forever.
-                self.settle(outbox_core::Settle::Release(outbox_core::Doubt::HoldFull))
-                    .await?;
+                let step = self.replay.hold_full();
+                self.apply(step).await?;
             }
             let room = self.ledger.has_room();
             stream.set_reading_paused(!room);
@@ -347,9 +291,8 @@ impl<'a> Session<'a> {
             ReplicationEvent::Keepalive { wal_end, .. } => {
                 self.obs.server_wal_end(wal_end);
                 if self.txn.is_none() {
-                    if let Some(settle) = self.proof.on_keepalive(wal_end) {
-                        self.settle(settle).await?;
-                    }
+                    let step = self.replay.keepalive(wal_end);
+                    self.apply(step).await?;
                     if self.cfg.idle_flush {
                         self.ledger.on_keepalive(wal_end);
                     }
@@ -371,29 +314,31 @@ impl<'a> Session<'a> {
                 self.ledger.begin()?;
                 let txn = TxnId::new(b.final_lsn, b.xid, b.commit_time);
                 self.txn = Some(CommitContext::new(b.final_lsn, b.commit_time));
-                self.open_txn = Some(txn);
-                self.rows.begin(txn);
-                self.skip_rows = 0;
-                self.partial_rows = None;
                 self.last_commit_unix_micros = b.commit_time.unix_micros();
-                self.on_replayed_begin(txn).await?;
+                let step = self.replay.begin(txn);
+                if let Step::Resume { rows } = step {
+                    tracing::info!(
+                        commit_lsn = %txn.commit_lsn,
+                        xid = txn.xid,
+                        rows,
+                        "resuming inside a partly delivered transaction: its first {rows} published rows are already in Kafka"
+                    );
+                }
+                self.apply(step).await?;
             }
             LogicalMessage::Commit(c) => {
-                self.check_partial_rows(c.commit_lsn)?;
+                // Before the ledger's: a mismatch must leave the transaction unconfirmed.
+                let step = self.replay.commit(c.end_lsn);
+                self.report_doubts();
+                let step = step.map_err(|m| RelayError::PartialReplay {
+                    commit_lsn: m.commit_lsn,
+                    recorded: m.recorded,
+                    read: m.read,
+                })?;
                 self.ledger.commit(c.end_lsn)?;
-                self.rows.commit();
                 self.txn = None;
-                if let Some(txn) = self.open_txn.take() {
-                    if self.committed.len() >= MARK_CANDIDATES {
-                        self.committed.pop_front();
-                    }
-                    self.committed.push_back((txn, c.end_lsn));
-                }
-                self.skip_rows = 0;
                 self.last_end_lsn = self.last_end_lsn.max(c.end_lsn);
-                if let Some(settle) = self.proof.on_commit(c.end_lsn) {
-                    self.settle(settle).await?;
-                }
+                self.apply(step).await?;
             }
             LogicalMessage::Relation(r) => self.on_relation(&r).await?,
             LogicalMessage::Insert(i) => self.on_insert(&i).await?,
@@ -559,12 +504,8 @@ impl<'a> Session<'a> {
             commit_unix_micros: ctx.commit_time.unix_micros(),
             row,
         })?;
-        if self.proof.holding() {
-            self.held.push(Held {
-                ticket,
-                record: rec.clone(),
-                row,
-            });
+        if self.replay.holding() {
+            self.replay.hold(ticket, rec.clone(), row);
             return Ok(Produced::Queued);
         }
         self.send(rec, ticket).await
@@ -618,7 +559,7 @@ impl<'a> Session<'a> {
             Ok(_) => {
                 let entry = self.ledger.delivered(ticket, Outcome::Acked)?;
                 if let Some(row) = entry.row {
-                    self.rows.done(row);
+                    self.replay.acked(row);
                 }
                 self.events_acked = self.events_acked.saturating_add(1);
                 self.obs.published(entry.commit_unix_micros);

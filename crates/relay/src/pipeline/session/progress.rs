@@ -50,40 +50,10 @@ impl ProgressWriter {
 const LINEAGE_CHECK_EVERY: Duration = Duration::from_secs(30);
 
 impl Session<'_> {
-    /// The partly acked transaction worth recording at `confirmed`: the ledger's, or the
-    /// one the claim named while the stream has not reached it.
-    fn partial_at(&self, confirmed: Lsn) -> Option<PartialTxn> {
-        self.rows.partial(confirmed).or(self
-            .proof
-            .partial()
-            .filter(|p| p.txn.commit_lsn >= confirmed))
-    }
-
-    /// Brings the claim up to what is confirmed: the newest confirmed transaction becomes
-    /// its newest mark. Its position never moves back: a session starts at the slot's,
-    /// often behind the claim it read, and recording that would make the next one
-    /// publish again everything the claim covered.
-    fn refresh_claim(&mut self) {
-        let mut newest = None;
-        while let Some(&(txn, end)) = self.committed.front() {
-            if end > self.confirmed {
-                break;
-            }
-            newest = Some((txn, end));
-            self.committed.pop_front();
-        }
-        if let Some((txn, end)) = newest {
-            self.claim.push_mark(txn, end);
-        }
-        self.claim.lsn = self.claim.lsn.max(self.confirmed);
-        self.claim.timeline = self.timeline;
-        self.claim.partial = self.partial_at(self.claim.lsn);
-    }
-
     /// The record of what this session claims Kafka has.
     pub(super) fn progress_record(&mut self) -> ProgressRecord {
-        self.refresh_claim();
-        ProgressRecord::of(&self.claim, self.lineage)
+        let (claim, lineage) = self.replay.claim_at(self.confirmed);
+        ProgressRecord::of(&claim, lineage)
     }
 
     /// Brings the progress record up to the confirmed position, at most every interval.
@@ -101,7 +71,7 @@ impl Session<'_> {
         // nothing changed (a stuck partition holds everything still for a long time).
         let record = self.progress_record();
         let position = record.confirmed_lsn;
-        let lineages = (self.lineage, self.prev_lineage);
+        let lineages = self.replay.lineages();
         let obs = self.obs.clone();
         if let Some(p) = self.progress.as_mut() {
             let unacked = p.store.writes_acked() == p.acked_at_start;
@@ -140,8 +110,7 @@ impl Session<'_> {
     /// What this session claims Kafka has, and its lineage, for the next session of the
     /// process: proven against the replay like a progress record.
     pub(in crate::pipeline) fn delivered(&mut self) -> (DeliveredPosition, u64) {
-        self.refresh_claim();
-        (self.claim.clone(), self.lineage)
+        self.replay.claim_at(self.confirmed)
     }
 
     /// Whether this session moved the confirmed position, or streamed for a good while:

@@ -32,6 +32,17 @@ impl Session<'_> {
         self.obs
             .oldest_unacked(self.ledger.oldest_commit_unix_micros());
         self.report_stuck_event();
+        if self
+            .progress
+            .as_ref()
+            .is_some_and(|p| p.store.foreign_writer())
+        {
+            // Another live copy records under this key: its claims prove nothing here.
+            let step = self
+                .replay
+                .doubt(outbox_core::Doubt::ForeignWriter, self.confirmed);
+            self.apply(step).await?;
+        }
         if let Some(fatal) = self.producer.is_fatal() {
             return Err(RelayError::Send(SendError::Fatal(fatal)));
         }

@@ -1,0 +1,369 @@
+//! One session's replay rules, without IO: what is held, dropped as delivered, published
+//! again, or skipped inside a partly delivered transaction, and what the session claims
+//! for its progress record. The relay's session and the simulator (`crates/sim`) drive
+//! the same code; the rules themselves are [`crate::delivered`]'s.
+//!
+//! The caller keeps the [`crate::InFlightLedger`]: a held record is registered there like
+//! any produced one (so it counts against the caps and holds the watermark back) and
+//! handed to [`ReplayCore::hold`] instead of the producer. [`Step::Drop`] gives back the
+//! tickets to settle as acked without sending; [`Step::Release`] the records to send, in
+//! order.
+
+use std::collections::VecDeque;
+
+use pgoutput::Lsn;
+
+use crate::delivered::{
+    Begin, DeliveredPosition, Doubt, PartialTxn, ReplayProof, RowId, RowLedger, Settle, TxnId,
+};
+use crate::ledger::Ticket;
+
+/// At most this many committed transactions wait to become the claim's next mark; losing
+/// the oldest only makes marks sparser.
+const MARK_CANDIDATES: usize = 4096;
+
+/// A record held while the proof is pending.
+#[derive(Debug)]
+pub struct Held<R> {
+    pub ticket: Ticket,
+    pub record: R,
+    pub row: Option<RowId>,
+}
+
+/// What the caller must do after an input.
+#[derive(Debug)]
+#[must_use]
+pub enum Step<R> {
+    Nothing,
+    /// Proven delivered: settle each ticket as acked, publish nothing (their rows are
+    /// already done here).
+    Drop(Vec<Ticket>),
+    /// Doubted: send these, in this order.
+    Release(Doubt, Vec<Held<R>>),
+    /// The transaction that begins is the partly delivered one: its first `rows`
+    /// published rows are skipped ([`ReplayCore::next_row`] says which).
+    Resume {
+        rows: u64,
+    },
+}
+
+/// What the next published row of the open transaction is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextRow {
+    /// Publish it (`None`: outside a transaction, a non-transactional message).
+    Publish(Option<RowId>),
+    /// One of the leading rows of a partly delivered transaction: already in Kafka.
+    InKafka,
+}
+
+/// The partly delivered transaction came back with fewer published rows than its claim
+/// counted: the session must end before anything past it is confirmed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartialMismatch {
+    pub commit_lsn: Lsn,
+    pub recorded: u64,
+    pub read: u64,
+}
+
+/// How a session starts: what it was told, and where it is.
+#[derive(Debug, Clone)]
+pub struct ReplayStart {
+    pub timeline: u32,
+    /// The slot's confirmed position: where the stream starts.
+    pub start: Lsn,
+    /// `IDENTIFY_SYSTEM`'s WAL position: nothing of this history lies past it.
+    pub server_end: Lsn,
+    /// The claim (progress record, or the previous session's) and its lineage.
+    pub claim: Option<(DeliveredPosition, u64)>,
+    /// This session's settings.
+    pub fingerprint: u64,
+    /// Another lineage was seen writing the record: nothing is skipped.
+    pub foreign_writer: bool,
+    /// A fresh random lineage, used if the claim is not continued.
+    pub new_lineage: u64,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct ReplayCore<R> {
+    proof: ReplayProof,
+    held: Vec<Held<R>>,
+    /// What the session claims Kafka has: the claim it started with while not doubted,
+    /// plus the transactions confirmed since.
+    claim: DeliveredPosition,
+    lineage: u64,
+    /// The lineage before a doubt replaced it: records of it may still be the newest.
+    prev_lineage: u64,
+    committed: VecDeque<(TxnId, Lsn)>,
+    open: Option<TxnId>,
+    rows: RowLedger,
+    /// Leading published rows of the open transaction still to skip.
+    skip_rows: u64,
+    /// The recorded row count of the open, partly delivered transaction, for its Commit.
+    partial_rows: Option<u64>,
+    /// Doubts met (each is counted; the caller logs the first).
+    doubts: Vec<Doubt>,
+    /// Whether the open transaction's records are held.
+    hold_open: bool,
+    /// Where the session started: the base of a claim of its own.
+    start: Lsn,
+}
+
+impl<R> ReplayCore<R> {
+    /// The doubts met at the start are in [`ReplayCore::take_doubts`].
+    pub fn new(s: ReplayStart) -> Self {
+        let mut doubts = Vec::new();
+        let fresh = |lsn| DeliveredPosition::at(s.timeline, lsn, s.fingerprint);
+        let (proof, claim, lineage) = match s.claim {
+            None => (ReplayProof::none(), fresh(s.start), s.new_lineage),
+            Some((known, lineage)) => {
+                // Positions past this server's end are another history's: cut them off;
+                // what is left must still be proven like any claim.
+                let (known, lineage) = match known.within(s.server_end) {
+                    None => (known, lineage),
+                    Some(cut) => {
+                        doubts.push(Doubt::PastServerEnd);
+                        (cut, s.new_lineage)
+                    }
+                };
+                let (proof, doubt) = ReplayProof::new(&known, s.fingerprint, s.start);
+                let doubt = doubt.or_else(|| {
+                    (s.foreign_writer && (proof.holding() || proof.partial().is_some()))
+                        .then_some(Doubt::ForeignWriter)
+                });
+                match doubt {
+                    Some(d) => {
+                        doubts.push(d);
+                        (ReplayProof::none(), fresh(s.start), s.new_lineage)
+                    }
+                    // A claim is continued only through a proof in this stream: one with
+                    // nothing left to prove here may be another history's, and its base
+                    // would then vouch for transactions this history's relays never sent.
+                    // The partly delivered transaction it names is still skipped only on
+                    // its exact identity.
+                    // Its position proves nothing either, but keeping it keeps the record
+                    // from moving back (it is within this server's WAL).
+                    None if !proof.holding() => {
+                        (proof, fresh(s.start.max(known.lsn)), s.new_lineage)
+                    }
+                    None => {
+                        let lineage = if lineage == 0 { s.new_lineage } else { lineage };
+                        (proof, known, lineage)
+                    }
+                }
+            }
+        };
+        ReplayCore {
+            proof,
+            held: Vec::new(),
+            claim: DeliveredPosition {
+                fingerprint: s.fingerprint,
+                timeline: s.timeline,
+                ..claim
+            },
+            lineage,
+            prev_lineage: 0,
+            committed: VecDeque::new(),
+            open: None,
+            rows: RowLedger::default(),
+            skip_rows: 0,
+            partial_rows: None,
+            doubts,
+            hold_open: false,
+            start: s.start,
+        }
+    }
+
+    /// Doubts met since the last call, oldest first.
+    pub fn take_doubts(&mut self) -> Vec<Doubt> {
+        std::mem::take(&mut self.doubts)
+    }
+
+    /// Whether what is produced now must be handed to [`ReplayCore::hold`]: the open
+    /// transaction is held, or (outside one) a mark is still to be proven.
+    pub fn holding(&self) -> bool {
+        if self.open.is_some() {
+            self.hold_open
+        } else {
+            self.proof.holding() && !self.held.is_empty()
+        }
+    }
+
+    pub fn held_len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// The lineage written now, and the one before it.
+    pub fn lineages(&self) -> (u64, u64) {
+        (self.lineage, self.prev_lineage)
+    }
+
+    /// A Begin.
+    pub fn begin(&mut self, txn: TxnId) -> Step<R> {
+        self.open = Some(txn);
+        self.rows.begin(txn);
+        self.skip_rows = 0;
+        self.partial_rows = None;
+        let verdict = self.proof.on_begin(txn);
+        self.hold_open = verdict == Begin::Hold;
+        match verdict {
+            Begin::Hold | Begin::Publish => Step::Nothing,
+            Begin::SkipRows(rows) => {
+                self.skip_rows = rows;
+                self.partial_rows = Some(rows);
+                Step::Resume { rows }
+            }
+            Begin::Release(d) => self.settle(Settle::Release(d)),
+        }
+    }
+
+    /// Takes the next published row (a record or a dead letter) of the open transaction.
+    pub fn next_row(&mut self) -> NextRow {
+        let row = self.rows.next_row();
+        if self.skip_rows == 0 {
+            return NextRow::Publish(row);
+        }
+        self.skip_rows -= 1;
+        if let Some(row) = row {
+            self.rows.done(row);
+        }
+        NextRow::InKafka
+    }
+
+    /// A record registered in the ledger while [`ReplayCore::holding`].
+    pub fn hold(&mut self, ticket: Ticket, record: R, row: Option<RowId>) {
+        self.held.push(Held {
+            ticket,
+            record,
+            row,
+        });
+    }
+
+    /// A published row's ack.
+    pub fn acked(&mut self, row: RowId) {
+        self.rows.done(row);
+    }
+
+    /// The open transaction's Commit; call before the ledger's. An error: the partly
+    /// delivered transaction did not match its claim, and must not be confirmed.
+    pub fn commit(&mut self, end_lsn: Lsn) -> Result<Step<R>, PartialMismatch> {
+        let txn = self.open.take();
+        if let (Some(recorded), Some(txn)) = (self.partial_rows.take(), txn) {
+            let read = self.rows.open_rows();
+            if read < recorded {
+                // Its skipped rows counted as done: no claim may name it partly
+                // delivered again.
+                self.rows = RowLedger::default();
+                self.doubted(Doubt::PartialRows);
+                return Err(PartialMismatch {
+                    commit_lsn: txn.commit_lsn,
+                    recorded,
+                    read,
+                });
+            }
+        }
+        self.rows.commit();
+        self.skip_rows = 0;
+        if let Some(txn) = txn {
+            if self.committed.len() >= MARK_CANDIDATES {
+                self.committed.pop_front();
+            }
+            self.committed.push_back((txn, end_lsn));
+        }
+        Ok(match self.proof.on_commit(end_lsn) {
+            Some(settle) => self.settle(settle),
+            None => Step::Nothing,
+        })
+    }
+
+    /// A keepalive outside any transaction.
+    pub fn keepalive(&mut self, wal_end: Lsn) -> Step<R> {
+        match self.proof.on_keepalive(wal_end) {
+            Some(settle) => self.settle(settle),
+            None => Step::Nothing,
+        }
+    }
+
+    /// The in-flight caps are reached: nothing held is ever acked, so it is published
+    /// (holding goes on toward the next mark).
+    pub fn hold_full(&mut self) -> Step<R> {
+        if self.held.is_empty() {
+            return Step::Nothing;
+        }
+        self.settle(Settle::Release(Doubt::HoldFull))
+    }
+
+    /// A doubt from outside the stream (another writer of the record).
+    pub fn doubt(&mut self, d: Doubt, confirmed: Lsn) -> Step<R> {
+        if !self.proof.holding() && self.proof.partial().is_none() {
+            return Step::Nothing;
+        }
+        let step = self.settle(Settle::Release(d));
+        self.claim.lsn = self.claim.lsn.max(confirmed);
+        step
+    }
+
+    fn settle(&mut self, settle: Settle) -> Step<R> {
+        let held = std::mem::take(&mut self.held);
+        match settle {
+            Settle::Proven => Step::Drop(
+                held.into_iter()
+                    .map(|h| {
+                        if let Some(row) = h.row {
+                            self.rows.done(row);
+                        }
+                        h.ticket
+                    })
+                    .collect(),
+            ),
+            Settle::Release(d) => {
+                self.doubted(d);
+                Step::Release(d, held)
+            }
+        }
+    }
+
+    fn doubted(&mut self, d: Doubt) {
+        self.doubts.push(d);
+        if d != Doubt::HoldFull {
+            self.proof.doubt();
+            // What the session confirms from here on is its own claim, in a lineage of
+            // its own: the one it read is not this history's. Its position stays what
+            // the claim said only while the claim stood; from here the caller's
+            // confirmed position (see `claim_at`) rebuilds it.
+            self.claim =
+                DeliveredPosition::at(self.claim.timeline, self.start, self.claim.fingerprint);
+            self.hold_open = false;
+            self.prev_lineage = self.lineage;
+            self.lineage = self.lineage.rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15;
+        }
+    }
+
+    /// The partly acked transaction worth recording at `lsn`.
+    fn partial_at(&self, lsn: Lsn) -> Option<PartialTxn> {
+        self.rows
+            .partial(lsn)
+            .or(self.proof.partial().filter(|p| p.txn.commit_lsn >= lsn))
+    }
+
+    /// What the session claims Kafka has when `confirmed` is confirmed, and its lineage:
+    /// the newest confirmed transaction becomes the newest mark. The position never
+    /// moves back: a session starts at the slot's, often behind the claim it read, and
+    /// recording that would make the next one publish everything the claim covered.
+    pub fn claim_at(&mut self, confirmed: Lsn) -> (DeliveredPosition, u64) {
+        let mut newest = None;
+        while let Some(&(txn, end)) = self.committed.front() {
+            if end > confirmed {
+                break;
+            }
+            newest = Some((txn, end));
+            self.committed.pop_front();
+        }
+        if let Some((txn, end)) = newest {
+            self.claim.push_mark(txn, end);
+        }
+        self.claim.lsn = self.claim.lsn.max(confirmed);
+        self.claim.partial = self.partial_at(self.claim.lsn);
+        (self.claim.clone(), self.lineage)
+    }
+}
