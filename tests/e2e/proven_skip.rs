@@ -357,18 +357,39 @@ async fn partial_after_change(change: Change, scenario: &str) {
     sql.push_str("COMMIT;");
     client.batch_execute(&sql).await.expect("the transaction");
     let end = schema::current_wal_lsn(&db).await;
-    // e1, e2, e3, e4, e5 and the other table's row; the message only when pgoutput sent
-    // it (the heartbeat or a prefix asks for messages).
+    // The five events before the stuck one are acked...
+    read_all_blocking(
+        &bootstrap,
+        std::slice::from_ref(&ok_topic),
+        &events[..5],
+        Duration::from_secs(60),
+    );
+    let acked_at_ms = now_unix_ms();
+    // ...and a record written since names the transaction as partly acked. Version 1
+    // records count every Insert and transactional Message pgoutput sent: e1 to e5, the
+    // other table's row, and the message when pgoutput sent it (the heartbeat or a
+    // prefix asks for messages). Later versions may count differently (published rows
+    // only): then at least the five events.
     let messages_sent = matches!(change, Change::HeartbeatOff | Change::PrefixRemoved);
-    let leading = 6 + u64::from(messages_sent);
+    let v1_leading = 6 + u64::from(messages_sent);
     let key = record_key(&client, &db, &outbox).await;
     let record = wait_for(
-        &format!("a progress record with {leading} leading rows acked"),
+        "a progress record naming the partly acked transaction",
         Duration::from_secs(60),
         Duration::from_millis(300),
         || async {
-            latest_record(&bootstrap, &key)
-                .filter(|r| r["partial_rows_acked"].as_u64() == Some(leading))
+            latest_record(&bootstrap, &key).filter(|r| {
+                match (
+                    r["partial_rows_acked"].as_u64(),
+                    r["partial"]["rows"].as_u64(),
+                ) {
+                    (Some(rows), _) => rows == v1_leading,
+                    (None, Some(rows)) => {
+                        rows >= 5 && r["recorded_at_unix_ms"].as_u64() >= Some(acked_at_ms)
+                    }
+                    (None, None) => false,
+                }
+            })
         },
     )
     .await;
@@ -594,14 +615,16 @@ async fn proven_skip_same_timeline_restore_of_an_older_backup() {
         "outboxd init --replace-progress-record failed (exit {code}):\n{out}"
     );
     let backup_wal = ops::current_wal(&bc).await;
-    let after_init = latest_record(&bootstrap, &key).expect("a progress record after init");
-    assert!(
-        record_lsn(&after_init) <= backup_wal,
-        "outboxd init --replace-progress-record left the stale record in place: it still says \
-         delivered up to {:X}, past the restored server's WAL end {backup_wal:X} (the flag is \
-         unknown to this binary, or was ignored); record {after_init}; init said:\n{out}",
-        record_lsn(&after_init)
-    );
+    // Replaced by a record of what this server has, or deleted.
+    if let Some(after_init) = latest_record(&bootstrap, &key) {
+        assert!(
+            record_lsn(&after_init) <= backup_wal,
+            "outboxd init --replace-progress-record left the stale record in place: it still says \
+             delivered up to {:X}, past the restored server's WAL end {backup_wal:X} (the flag is \
+             unknown to this binary, or was ignored); record {after_init}; init said:\n{out}",
+            record_lsn(&after_init)
+        );
+    }
 
     let relay = Relay::start(backup_env, &["run"]);
     wait_active_pid(&bc, &outbox.slot, Duration::from_secs(120)).await;
@@ -781,7 +804,15 @@ fn record_lsn(record: &serde_json::Value) -> u64 {
     schema::parse_lsn(record["confirmed_lsn"].as_str().expect("confirmed_lsn"))
 }
 
-/// The newest progress record under `key`, if any.
+fn now_unix_ms() -> u64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock");
+    u64::try_from(d.as_millis()).expect("millis")
+}
+
+/// The newest progress record under `key`: `None` when there is none, or the newest is
+/// a tombstone.
 fn latest_record(bootstrap: &str, key: &str) -> Option<serde_json::Value> {
     let consumer: BaseConsumer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
