@@ -36,6 +36,7 @@ mod ops_reconnect;
 mod partial_transaction;
 mod partitioned_outbox;
 mod pgoutput_versions;
+mod proven_skip;
 mod record_size;
 mod relay_e2e;
 mod replay_skip;

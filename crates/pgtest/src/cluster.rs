@@ -69,6 +69,8 @@ pub struct PgCluster {
     major: u32,
     /// `Some(user)` when we are root and the server runs as that user (initdb refuses root).
     run_as: Option<String>,
+    /// Extra environment of the server process, see [`PgCluster::start_with_server_env`].
+    env: Vec<(String, String)>,
 }
 
 const SUPERUSER: &str = "postgres";
@@ -85,6 +87,19 @@ impl PgCluster {
 
     /// A dedicated cluster, e.g. for custom pg_hba.conf, TLS or restart tests.
     pub fn start(opts: ClusterOptions) -> Result<PgCluster, PgTestError> {
+        PgCluster::start_with_server_env(opts, Vec::new())
+    }
+
+    /// [`start`](PgCluster::start) with extra environment for the server process: set on
+    /// every `pg_ctl` this cluster (and any copy of it) runs, which the postmaster and its
+    /// backends inherit; the tests' own processes and the relay do not see it. E.g.
+    /// `LD_PRELOAD` of libfaketime with `FAKETIME_TIMESTAMP_FILE`, to move the server's
+    /// clock and nothing else's. (A separate constructor rather than a `ClusterOptions`
+    /// field, so the struct literals that spell out every field keep compiling.)
+    pub fn start_with_server_env(
+        opts: ClusterOptions,
+        env: Vec<(String, String)>,
+    ) -> Result<PgCluster, PgTestError> {
         let bins = find_bindir()?;
         let major = server_major(&bins)?;
         let dir = tempfile::Builder::new()
@@ -103,6 +118,7 @@ impl PgCluster {
             port: 0,
             major,
             run_as,
+            env,
         };
         cluster.run(
             "initdb",
@@ -273,6 +289,7 @@ impl PgCluster {
             port: 0,
             major: self.major,
             run_as: self.run_as.clone(),
+            env: self.env.clone(),
         })
     }
 
@@ -293,6 +310,20 @@ impl PgCluster {
         if let Some(user) = &copy.run_as {
             chown_to(&signal, user)?;
         }
+        copy.start_on_free_port()
+    }
+
+    /// A second live primary with this cluster's history: a cold copy of the data
+    /// directory, slots included, started as a primary of its own on the same timeline
+    /// (no `recovery.signal`: it simply starts up from the copied WAL). Both clusters then
+    /// share the system identifier and timeline and write different WAL at the same
+    /// positions (a disk snapshot or backup brought up next to, or instead of, the
+    /// original). This cluster is stopped (fast) for the copy and started again.
+    pub fn live_copy(&self) -> Result<PgCluster, PgTestError> {
+        let copy = self.cold_copy("outboxd-pg-copy-", true)?;
+        let sock = path_str(copy.dir.path()).to_owned();
+        let conf = format!("\n# outboxd test live copy\nunix_socket_directories = '{sock}'\n");
+        append(&copy.data_dir.join("postgresql.conf"), &conf)?;
         copy.start_on_free_port()
     }
 
@@ -381,7 +412,27 @@ impl PgCluster {
         let log = self.dir.path().join("server.log");
         let mut full = vec!["-D", path_str(&self.data_dir), "-l", path_str(&log)];
         full.extend_from_slice(args);
-        self.run("pg_ctl", &full).map_err(|e| match e {
+        let out = self
+            .command("pg_ctl", &full)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .output()
+            .map_err(io("running pg_ctl"));
+        let result = out.and_then(|out| {
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(PgTestError::Command {
+                    what: format!("pg_ctl {}", full.join(" ")),
+                    detail: format!(
+                        "{}{}",
+                        String::from_utf8_lossy(&out.stdout),
+                        String::from_utf8_lossy(&out.stderr)
+                    ),
+                })
+            }
+        });
+        result.map_err(|e| match e {
             PgTestError::Command { what, detail } => PgTestError::Command {
                 what,
                 detail: format!("{detail}\nserver log:\n{}", self.log()),
