@@ -1,7 +1,8 @@
-//! The one way the progress record could cost an event: a point-in-time restore (or a
-//! promoted standby that missed the tail) keeps the system identifier and starts a new
-//! timeline forking at some LSN, and the new timeline's transactions reuse positions the
-//! record says were delivered on the old one. Skipping stops at the fork.
+//! A point-in-time restore (or a promoted standby that missed the tail) keeps the system
+//! identifier and starts a new timeline forking at some LSN, and the new timeline's
+//! transactions reuse positions the record says were delivered on the old one. The record
+//! is cut at the restored server's WAL end, and what is left must be proven by the
+//! transactions it names: the shared history before the fork is, nothing after it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::support;
