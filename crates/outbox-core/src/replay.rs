@@ -294,13 +294,11 @@ impl<R> ReplayCore<R> {
     }
 
     /// A doubt from outside the stream (another writer of the record).
-    pub fn doubt(&mut self, d: Doubt, confirmed: Lsn) -> Step<R> {
+    pub fn doubt(&mut self, d: Doubt) -> Step<R> {
         if !self.proof.holding() && self.proof.partial().is_none() {
             return Step::Nothing;
         }
-        let step = self.settle(Settle::Release(d));
-        self.claim.lsn = self.claim.lsn.max(confirmed);
-        step
+        self.settle(Settle::Release(d))
     }
 
     fn settle(&mut self, settle: Settle) -> Step<R> {

@@ -38,9 +38,7 @@ impl Session<'_> {
             .is_some_and(|p| p.store.foreign_writer())
         {
             // Another live copy records under this key: its claims prove nothing here.
-            let step = self
-                .replay
-                .doubt(outbox_core::Doubt::ForeignWriter, self.confirmed);
+            let step = self.replay.doubt(outbox_core::Doubt::ForeignWriter);
             self.apply(step).await?;
         }
         if let Some(fatal) = self.producer.is_fatal() {
