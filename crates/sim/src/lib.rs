@@ -206,6 +206,9 @@ struct Life {
     confirmed: Lsn,
     /// What was handed to the replay core to hold, to check what it drops.
     held: Vec<(Ticket, Written)>,
+    /// A delivery failed: the session ends at its next read (reports of other partitions
+    /// and status updates may come first).
+    failing: bool,
     /// Where it started: what the slot covered then is not this session's to prove (a
     /// copy's slot covers what the original delivered to its own topics).
     start: Lsn,
@@ -450,6 +453,7 @@ impl Sim {
                 confirmed: start,
                 start,
                 held: Vec::new(),
+                failing: false,
             };
             self.count_doubts(&mut life);
             self.lives[c] = Some(life);
@@ -462,6 +466,10 @@ impl Sim {
         let Some(mut life) = self.lives[c].take() else {
             return Ok(());
         };
+        if life.failing {
+            self.end_life(life, true);
+            return Ok(());
+        }
         let result = self.read_one(&mut life);
         self.count_doubts(&mut life);
         match result {
@@ -688,19 +696,26 @@ impl Sim {
     /// A status update: the slot moves to the session's watermark.
     fn status_update(&mut self) -> Result<(), Violation> {
         let c = self.rng.index(self.clusters.len());
-        let Some(life) = self.lives[c].as_mut() else {
+        let Some(life) = self.lives[c].as_ref() else {
             return Ok(());
         };
-        let w = life.ledger.watermark();
-        life.confirmed = life.confirmed.max(w);
-        let start = life.start;
+        let (w, start) = (life.ledger.watermark(), life.start);
+        self.confirm(c, w, start)
+    }
+
+    /// The slot of cluster `c` moves to `w`, sent by a session that started at `start`:
+    /// every outbox row that session confirmed must be in Kafka.
+    fn confirm(&mut self, c: usize, w: Lsn, start: Lsn) -> Result<(), Violation> {
+        if let Some(life) = self.lives[c].as_mut() {
+            life.confirmed = life.confirmed.max(w);
+        }
         let cl = &mut self.clusters[c];
         if w > cl.confirmed {
             cl.confirmed = w;
         }
         let (tag, confirmed) = (cl.tag, cl.confirmed);
-        let history = cl.history.clone();
-        let by_this_session = history
+        let by_this_session = cl
+            .history
             .iter()
             .skip_while(|t| t.end_lsn <= start)
             .take_while(|t| t.end_lsn <= confirmed);
@@ -781,11 +796,12 @@ impl Sim {
         self.processes[c] += 1;
     }
 
-    /// A delivery error: the session ends; the process starts another from the slot.
+    /// A delivery error: the session ends soon (at its next read); the process starts
+    /// another from the slot.
     fn fail_delivery(&mut self) -> Result<(), Violation> {
         let c = self.rng.index(self.clusters.len());
         let p = self.rng.index(PARTITIONS);
-        let Some(mut life) = self.lives[c].take() else {
+        let Some(life) = self.lives[c].as_mut() else {
             return Ok(());
         };
         if let Some((ticket, _, _)) = life.queues[p].pop_front() {
@@ -795,13 +811,8 @@ impl Sim {
             life.ledger
                 .delivered(ticket, Outcome::Failed)
                 .map_err(|e| Violation(format!("fail: {e}")))?;
-            // The status writer may send the watermark once more before the session ends.
-            let w = life.ledger.watermark();
-            life.confirmed = life.confirmed.max(w);
-            let cl = &mut self.clusters[c];
-            cl.confirmed = cl.confirmed.max(w);
+            life.failing = true;
         }
-        self.end_life(life, true);
         Ok(())
     }
 
