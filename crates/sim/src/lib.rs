@@ -7,7 +7,7 @@
 //! and its ack tracker (the flush position), the replay core (holds, proofs, doubts,
 //! partial skips, the session's claim) and the progress record's marks. What the relay's
 //! IO layer does around them (the session loop in `crates/relay`) is mirrored by
-//! [`Life`] in a few lines per event.
+//! `Life` in a few lines per event.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -229,7 +229,7 @@ pub struct Stats {
     pub doubts: u64,
 }
 
-/// Bugs of the relay's IO layer (which [`Life`] mirrors) to re-introduce here, to show
+/// Bugs of the relay's IO layer (which `Life` mirrors) to re-introduce here, to show
 /// the simulation bites: `OUTBOXD_SIM_MUTATION` in the tests. Bugs of the rule code
 /// itself are re-introduced by patching it (scripts/sim-mutants).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

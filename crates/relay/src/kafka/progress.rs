@@ -104,7 +104,7 @@ pub struct ProgressRecord {
     /// started past) the record it read, new for one that doubted it. Two lineages
     /// alternating on one key are two live copies of one cluster.
     pub lineage: u64,
-    /// [`writer_id`] of the process that wrote it.
+    /// Host, process id and start time of the process that wrote it (`writer_id`).
     pub writer: String,
 }
 
