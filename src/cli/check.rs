@@ -1,7 +1,7 @@
 //! `outboxd check`: every prerequisite, each reported as ok or FAIL with the fix.
 
 use outbox_core::BoundTable;
-use outboxd_relay::kafka::{build_producer, ProgressStore, SlotIdentity};
+use outboxd_relay::kafka::{build_producer, ProgressStore};
 use outboxd_relay::pipeline::{
     judge_publication, judge_server, judge_slot, refuse_other_cluster, verify_shard_layout,
     RelayError, MIN_SERVER_VERSION_NUM,
@@ -256,12 +256,7 @@ async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&
     let Some(system) = system else {
         return r.warn(what, format!("{} does not exist; whether `outboxd run` may create it depends on the progress record, which needs the replication connection", s.slot));
     };
-    let identity = SlotIdentity {
-        cluster: s.cluster_name.clone(),
-        system_id: system.system_id.clone(),
-        database: s.pg.dbname.clone(),
-        slot: s.slot.clone(),
-    };
+    let identity = super::slot_identity(s, &system.system_id);
     let store = match ProgressStore::new(&wiring::producer_settings(s), topic) {
         Ok(store) => store,
         Err(e) => return r.fail(what, format!("cannot read the progress record: {e}")),
@@ -299,12 +294,7 @@ async fn check_record(r: &mut Report, s: &Settings, sql: &Client, system: &Syste
     if s.bootstrap_servers.trim().is_empty() {
         return;
     }
-    let identity = SlotIdentity {
-        cluster: s.cluster_name.clone(),
-        system_id: system.system_id.clone(),
-        database: s.pg.dbname.clone(),
-        slot: s.slot.clone(),
-    };
+    let identity = super::slot_identity(s, &system.system_id);
     let store = match ProgressStore::new(&wiring::producer_settings(s), topic) {
         Ok(store) => store,
         Err(e) => return r.warn(what, format!("cannot read it: {e}")),

@@ -143,20 +143,14 @@ impl Shared<'_> {
     }
 }
 
-fn identity(s: &Settings, system_id: &str) -> SlotIdentity {
-    SlotIdentity {
-        cluster: s.cluster_name.clone(),
-        system_id: system_id.to_owned(),
-        database: s.pg.dbname.clone(),
-        slot: s.slot.clone(),
-    }
-}
-
 /// Every shard's records, in one read of the topic.
 async fn read_records(s: &Settings, all: &[Settings], system_id: &str, topic: &str) -> TopicRead {
     let store =
         ProgressStore::new(&wiring::producer_settings(s), topic).map_err(|e| e.to_string())?;
-    let ids: Vec<SlotIdentity> = all.iter().map(|v| identity(v, system_id)).collect();
+    let ids: Vec<SlotIdentity> = all
+        .iter()
+        .map(|v| super::slot_identity(v, system_id))
+        .collect();
     // Bounded: init must not hang on an unreachable Kafka it does not strictly need.
     let found = match tokio::time::timeout(KAFKA_WAIT, store.read_slots(&ids)).await {
         Ok(Ok(found)) => found,
@@ -243,7 +237,7 @@ async fn record_cluster(
     }
     let replace_record = shared.replace_record;
     let Records { system, read } = shared.records(s, topic).await?;
-    let identity = identity(s, &system.system_id);
+    let identity = super::slot_identity(s, &system.system_id);
     let warn = |e: &dyn std::fmt::Display| {
         say!("warn progress record in {topic}: {e}; run `outboxd init` again once Kafka answers if `outboxd run` refuses a record of another cluster");
     };

@@ -29,6 +29,17 @@ macro_rules! say {
 }
 pub(crate) use say;
 
+/// The progress record's identity of this configuration's slot on the cluster with
+/// `system_id`.
+fn slot_identity(s: &config::Settings, system_id: &str) -> outboxd_relay::kafka::SlotIdentity {
+    outboxd_relay::kafka::SlotIdentity {
+        cluster: s.cluster_name.clone(),
+        system_id: system_id.to_owned(),
+        database: s.pg.dbname.clone(),
+        slot: s.slot.clone(),
+    }
+}
+
 pub const EXIT_CODES: &str = "Exit codes:
   0  stopped cleanly (SIGTERM/SIGINT), or the subcommand succeeded
   1  internal error (a bug: please report it with the log)

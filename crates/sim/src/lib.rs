@@ -229,6 +229,17 @@ pub struct Stats {
     pub doubts: u64,
 }
 
+impl Stats {
+    pub fn add(&mut self, o: &Stats) {
+        self.steps += o.steps;
+        self.events += o.events;
+        self.duplicates += o.duplicates;
+        self.kills += o.kills;
+        self.proofs += o.proofs;
+        self.doubts += o.doubts;
+    }
+}
+
 /// Bugs of the relay's IO layer (which `Life` mirrors) to re-introduce here, to show
 /// the simulation bites: `OUTBOXD_SIM_MUTATION` in the tests. Bugs of the rule code
 /// itself are re-introduced by patching it (scripts/sim-mutants).

@@ -45,14 +45,7 @@ fn every_schedule_keeps_every_invariant() {
                             return (total, None);
                         }
                         match run(seed, mutation) {
-                            Ok(st) => {
-                                total.steps += st.steps;
-                                total.events += st.events;
-                                total.duplicates += st.duplicates;
-                                total.kills += st.kills;
-                                total.proofs += st.proofs;
-                                total.doubts += st.doubts;
-                            }
+                            Ok(st) => total.add(&st),
                             Err(v) => {
                                 failed.fetch_min(seed, Ordering::Relaxed);
                                 return (total, Some((seed, v.0)));
@@ -67,12 +60,7 @@ fn every_schedule_keeps_every_invariant() {
     let mut total = Stats::default();
     let mut first_failure: Option<(u64, String)> = None;
     for (st, f) in totals {
-        total.steps += st.steps;
-        total.events += st.events;
-        total.duplicates += st.duplicates;
-        total.kills += st.kills;
-        total.proofs += st.proofs;
-        total.doubts += st.doubts;
+        total.add(&st);
         if let Some((seed, why)) = f {
             if first_failure.as_ref().is_none_or(|(s, _)| seed < *s) {
                 first_failure = Some((seed, why));
