@@ -186,6 +186,19 @@ async fn two_primaries(
         "setup: the copy's record ({recorded:X}) must lie past the original's WAL ({original_end:X}): {record}"
     );
 
+    // What the on-call engineer sees first: `check` names the other copy and the fix.
+    let (code, out) = run_to_end(&Relay::env_for(db, outbox, &bootstrap, &env), &["check"]);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("FAIL  progress record:"))
+        .unwrap_or_else(|| panic!("check does not report the copy's record (exit {code}):\n{out}"));
+    assert!(
+        code == 6
+            && line.contains("past this server's WAL end")
+            && line.contains("OUTBOXD_CLUSTER_NAME"),
+        "check's report of the copy's record (exit {code}): {line}"
+    );
+
     relay.restart();
     wait_active_pid(oc, &outbox.slot, Duration::from_secs(120)).await;
     wait_slot_confirmed(oc, &outbox.slot, original_end).await;
