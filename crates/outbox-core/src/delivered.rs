@@ -73,17 +73,20 @@ pub struct PartialTxn {
 }
 
 /// Marks kept at every write, and again at each coarser level (see `keeps`).
-const MARKS_PER_LEVEL: u64 = 12;
+const MARKS_PER_LEVEL: u64 = 40;
 /// Levels of marks: level L keeps every 2^L-th write of the last `MARKS_PER_LEVEL << L`.
-const MARK_LEVELS: u32 = 7;
+const MARK_LEVELS: u32 = 6;
 /// At most this many marks are read from a claim (a record written by a bug or by hand
 /// must not cost the reader unbounded memory).
 pub const MAX_MARKS: usize = 256;
 
 /// Whether the mark of write `seq` is kept when the newest is `latest`: every write of
-/// the last 12, every 2nd of the last 24, every 4th of the last 48, … every 128th of the
-/// last 1536. About 55 marks, dense where replays usually start (since the last
-/// checkpoint) and sparse further back, where a replay costs duplicates up to the oldest.
+/// the last 40, every 2nd of the last 80, every 4th of the last 160, … every 64th of the
+/// last 2560. About 160 marks (~10 KB of record), dense where replays usually start (since
+/// the last checkpoint: at the default 1 s interval and 5 min `checkpoint_timeout`, no two
+/// marks of the last 300 writes are more than 8 apart, so a hold between them stays under
+/// the caps at a few thousand events/s) and sparse further back, where a replay costs
+/// duplicates up to the first mark it reaches.
 fn keeps(seq: u64, latest: u64) -> bool {
     let level = seq.trailing_zeros().min(MARK_LEVELS);
     latest.saturating_sub(seq) < MARKS_PER_LEVEL << level
@@ -664,13 +667,16 @@ mod tests {
         for i in 1..=100_000u64 {
             d.push_mark(id(i * 100, 1), Lsn(i * 100 + 10));
         }
-        assert!(d.marks.len() <= 64, "{}", d.marks.len());
+        assert!(d.marks.len() <= 180, "{}", d.marks.len());
         let seqs: Vec<u64> = d.marks.iter().map(|m| m.seq).collect();
         assert_eq!(seqs.last(), Some(&100_000));
         assert!(seqs.windows(2).all(|w| w[0] < w[1]));
-        // The newest 12 writes are all there; the oldest kept is ~1500 writes back.
-        assert!(seqs.ends_with(&(99_989..=100_000).collect::<Vec<_>>()));
-        assert!(100_000 - seqs[0] >= 1400, "{seqs:?}");
+        // The newest 40 writes are all there; none of the last 300 more than 8 apart; the
+        // oldest kept is ~2500 writes back.
+        assert!(seqs.ends_with(&(99_961..=100_000).collect::<Vec<_>>()));
+        let recent: Vec<u64> = seqs.iter().copied().filter(|s| *s > 99_700).collect();
+        assert!(recent.windows(2).all(|w| w[1] - w[0] <= 8), "{recent:?}");
+        assert!(100_000 - seqs[0] >= 2400, "{seqs:?}");
         // No repeat of an older position.
         let before = d.marks.len();
         d.push_mark(id(5, 1), Lsn(15));

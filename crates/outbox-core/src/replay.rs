@@ -81,6 +81,9 @@ pub struct ReplayStart {
     pub foreign_writer: bool,
     /// A fresh random lineage, used if the claim is not continued.
     pub new_lineage: u64,
+    /// Another, for the claim of its own a session starts when it doubts the one it
+    /// continued (two copies doubting one claim must not share a lineage).
+    pub doubt_lineage: u64,
 }
 
 /// See the module docs.
@@ -107,6 +110,8 @@ pub struct ReplayCore<R> {
     hold_open: bool,
     /// Where the session started: the base of a claim of its own.
     start: Lsn,
+    /// The lineage a doubt switches to (then spent: a claim is given up once).
+    doubt_lineage: u64,
 }
 
 impl<R> ReplayCore<R> {
@@ -171,6 +176,7 @@ impl<R> ReplayCore<R> {
             doubts,
             hold_open: false,
             start: s.start,
+            doubt_lineage: s.doubt_lineage,
         }
     }
 
@@ -332,8 +338,10 @@ impl<R> ReplayCore<R> {
             self.claim =
                 DeliveredPosition::at(self.claim.timeline, self.start, self.claim.fingerprint);
             self.hold_open = false;
-            self.prev_lineage = self.lineage;
-            self.lineage = self.lineage.rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15;
+            if self.doubt_lineage != 0 && self.doubt_lineage != self.lineage {
+                self.prev_lineage = self.lineage;
+                self.lineage = std::mem::take(&mut self.doubt_lineage);
+            }
         }
     }
 

@@ -188,8 +188,10 @@ pub async fn current_wal_lsn(client: &Client) -> Result<Lsn, ReplError> {
 }
 
 /// What the catalog says of a publication today, as one line of text: its oid (a dropped
-/// and recreated one is another), its flags and its tables in order. `None`: it does not
-/// exist. For fingerprints only: two readings differ when the publication changed.
+/// and recreated one is another) and its flags. Not its tables: the relay publishes only
+/// the outbox's rows (a publication that stops carrying it stops the relay), and listing
+/// them would make every new table of a `FOR ALL TABLES` publication look like a change.
+/// `None`: it does not exist. For fingerprints only.
 pub async fn publication_identity(
     client: &Client,
     publication: &str,
@@ -197,11 +199,7 @@ pub async fn publication_identity(
     let row = client
         .query_opt(
             "SELECT p.oid::text || ' ' || p.puballtables::text || p.pubinsert::text \
-             || p.pubupdate::text || p.pubdelete::text || p.pubtruncate::text \
-             || p.pubviaroot::text || ' ' || coalesce((SELECT string_agg(quote_ident(t.schemaname) \
-             || '.' || quote_ident(t.tablename), ',' ORDER BY t.schemaname, t.tablename) \
-             FROM pg_catalog.pg_publication_tables t WHERE t.pubname = p.pubname), '') \
-             FROM pg_catalog.pg_publication p WHERE p.pubname = $1",
+             || p.pubviaroot::text FROM pg_catalog.pg_publication p WHERE p.pubname = $1",
             &[&publication],
         )
         .await?;

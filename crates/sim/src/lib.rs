@@ -440,6 +440,7 @@ impl Sim {
                 fingerprint: cfg.fingerprint(),
                 foreign_writer: false,
                 new_lineage: self.rng.next_u64() | 1,
+                doubt_lineage: self.rng.next_u64() | 1,
             });
             let first = cl
                 .history

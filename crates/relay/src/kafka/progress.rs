@@ -141,7 +141,7 @@ impl ProgressRecord {
     }
 
     fn to_json(&self, id: &SlotIdentity) -> String {
-        // Marks as [seq, commit_lsn, end_lsn, xid, commit_time]: ~55 of them per record.
+        // Marks as [seq, commit_lsn, end_lsn, xid, commit_time]: ~160 of them per record.
         let marks: Vec<serde_json::Value> = self
             .marks
             .iter()
@@ -304,8 +304,9 @@ pub struct SlotRecords {
     /// identifier, record): the relay streamed from another cluster before, or another
     /// cluster's relay shares the topic.
     pub other_clusters: Vec<(String, ProgressRecord)>,
-    /// Lineages of this slot's records still in the topic, oldest first, repeats in a
-    /// row folded: `[a, b, a]` means two live writers take turns.
+    /// Lineages of this slot's most recent records still in the topic (the last few
+    /// runs), oldest first, repeats in a row folded: `[a, b, a]` means two live writers
+    /// take turns.
     pub lineages: Vec<u64>,
 }
 
@@ -347,6 +348,11 @@ pub enum ProgressError {
     Unreadable(String),
 }
 
+/// Lineage runs of a key kept from one read of the topic: enough to see two live writers
+/// take turns, few enough that an alternation long gone (a takeover and back, days ago,
+/// still in the active segment of a tiny compacted topic) ages out.
+const RECENT_LINEAGES: usize = 6;
+
 /// What one read of the topic found for one slot.
 struct SlotScan {
     key: String,
@@ -375,8 +381,12 @@ impl SlotScan {
                 .and_then(|p| ProgressRecord::from_json(p).ok())
                 .map(|r| r.lineage);
             if let Some(l) = lineage.filter(|l| *l != 0) {
-                if self.lineages.last() != Some(&l) && self.lineages.len() < 64 {
+                if self.lineages.last() != Some(&l) {
                     self.lineages.push(l);
+                    // Only recent history: every clean restart starts a lineage.
+                    if self.lineages.len() > RECENT_LINEAGES {
+                        self.lineages.remove(0);
+                    }
                 }
             }
             self.latest = Some(payload.map(<[u8]>::to_vec));
@@ -609,10 +619,16 @@ impl ProgressStore {
         let options = AdminOptions::new()
             .operation_timeout(Some(ADMIN_TIMEOUT))
             .request_timeout(Some(ADMIN_TIMEOUT));
+        // Compaction never touches the active segment, and a record is written every
+        // interval while the slot moves: a 10-minute segment keeps what a start-up reads
+        // to ~10 minutes of records per slot (a week's, at Kafka's default).
+        let compacted_rolled = NewTopic::new(&self.inner.topic, 1, TopicReplication::Fixed(-1))
+            .set("cleanup.policy", "compact")
+            .set("segment.ms", "600000");
         let compacted = NewTopic::new(&self.inner.topic, 1, TopicReplication::Fixed(-1))
             .set("cleanup.policy", "compact");
         let plain = NewTopic::new(&self.inner.topic, 1, TopicReplication::Fixed(-1));
-        for topic in [compacted, plain] {
+        for topic in [compacted_rolled, compacted, plain] {
             let results = admin
                 .create_topics(&[topic], &options)
                 .await
@@ -762,7 +778,7 @@ impl ProgressStore {
             .purge(PurgeConfig::default().queue().inflight().non_blocking());
     }
 
-    /// Writes a record in the background; skipped while an earlier one is unanswered.
+    /// Writes a record in the background; skipped (false) while an earlier one is unanswered.
     /// `answered` hears the outcome before the next write can start, so what it reports
     /// (the recorded position) is never overtaken by a later record. A failure is also
     /// logged: it only leaves an older record in place.
@@ -771,9 +787,9 @@ impl ProgressStore {
         id: &SlotIdentity,
         record: ProgressRecord,
         answered: impl FnOnce(Result<Lsn, &ProgressError>) + Send + 'static,
-    ) {
+    ) -> bool {
         if self.inner.write_in_flight.swap(true, Ordering::AcqRel) {
-            return;
+            return false;
         }
         let this = self.clone();
         let id = id.clone();
@@ -788,6 +804,7 @@ impl ProgressStore {
                 );
             }
         });
+        true
     }
 }
 

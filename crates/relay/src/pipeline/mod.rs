@@ -423,6 +423,9 @@ async fn relay_loop(
                     return Ok(());
                 }
                 if e.is_slot_in_use() {
+                    // Another instance streams now and writes the record: what this one
+                    // knew is older than what the record will say at the takeover.
+                    carry.delivered = None;
                     if !carry.standing_by {
                         // Once: a standby may wait for days.
                         tracing::info!("{e}; standing by until the slot is released (watching it over one connection)");
@@ -606,6 +609,7 @@ async fn run_session(
         fingerprint,
         foreign_writer: progress.is_some_and(ProgressStore::foreign_writer),
         new_lineage: rand::random(),
+        doubt_lineage: rand::random(),
     };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let producer = build_producer(&cfg.producer, tx)?;

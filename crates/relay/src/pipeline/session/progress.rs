@@ -1,6 +1,8 @@
 //! What the session knows delivered, and the slot's progress record that keeps it
 //! across restarts (see `kafka::progress` and `outbox_core::delivered`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::{DeliveredPosition, PartialTxn};
@@ -22,6 +24,9 @@ pub(super) struct ProgressWriter {
     /// first tick writes one even without progress (a slot from before records existed).
     written: Option<Lsn>,
     written_partial: Option<PartialTxn>,
+    /// The lineage of the last record written: a new one (after a doubt) is written at
+    /// once, or the record would go on naming the doubted claim.
+    written_lineage: u64,
     /// When the record was last written or found unchanged.
     last_write: Instant,
     /// The store's acknowledged writes when the session started: until one more is
@@ -30,6 +35,10 @@ pub(super) struct ProgressWriter {
     acked_at_start: u64,
     /// When the record was last read back to see whether another lineage writes it.
     last_lineage_check: Instant,
+    /// The lineage of the newest record the broker acknowledged: the record is read back
+    /// only once it is this session's own (before, the newest may well be the previous
+    /// session's, of another lineage, and no sign of another writer).
+    acked_lineage: Arc<AtomicU64>,
 }
 
 impl ProgressWriter {
@@ -40,8 +49,10 @@ impl ProgressWriter {
             identity,
             written: None,
             written_partial: None,
+            written_lineage: 0,
             last_write: Instant::now(),
             last_lineage_check: Instant::now(),
+            acked_lineage: Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -77,10 +88,16 @@ impl Session<'_> {
             let unacked = p.store.writes_acked() == p.acked_at_start;
             let due = match p.written {
                 None => true,
-                Some(w) => position > w || record.partial != p.written_partial || unacked,
+                Some(w) => {
+                    position > w
+                        || record.partial != p.written_partial
+                        || record.lineage != p.written_lineage
+                        || unacked
+                }
             };
             p.last_write = Instant::now();
-            if p.last_lineage_check.elapsed() >= LINEAGE_CHECK_EVERY {
+            let own_acked = p.acked_lineage.load(Ordering::Acquire) == lineages.0;
+            if own_acked && p.last_lineage_check.elapsed() >= LINEAGE_CHECK_EVERY {
                 p.last_lineage_check = Instant::now();
                 let store = p.store.clone();
                 let identity = p.identity.clone();
@@ -96,13 +113,23 @@ impl Session<'_> {
                     });
             }
             if due {
-                p.written_partial = record.partial;
-                p.store
+                let (partial, lineage) = (record.partial, record.lineage);
+                let acked_lineage = Arc::clone(&p.acked_lineage);
+                let sent = p
+                    .store
                     .write_in_background(&p.identity, record, move |answer| match answer {
-                        Ok(lsn) => obs.progress_recorded(lsn),
+                        Ok(lsn) => {
+                            acked_lineage.store(lineage, Ordering::Release);
+                            obs.progress_recorded(lsn);
+                        }
                         Err(_) => obs.progress_write_failed(),
                     });
-                p.written = Some(position);
+                // Skipped while an earlier write is unanswered: due again next time.
+                if sent {
+                    p.written_partial = partial;
+                    p.written_lineage = lineage;
+                    p.written = Some(position);
+                }
             }
         }
     }
