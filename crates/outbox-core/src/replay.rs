@@ -373,3 +373,75 @@ impl<R> ReplayCore<R> {
         (self.claim.clone(), self.lineage)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delivered::{DeliveredPosition, Doubt, TxnId};
+
+    fn id(lsn: u64, xid: u32, t: i64) -> TxnId {
+        TxnId {
+            commit_lsn: Lsn(lsn),
+            xid,
+            commit_time: t,
+        }
+    }
+
+    fn start(at: u64, new_lineage: u64, doubt_lineage: u64) -> ReplayCore<u32> {
+        let mut claim = DeliveredPosition::at(1, Lsn(50), 7);
+        claim.push_mark(id(500, 100, 1000), Lsn(510));
+        claim.lsn = Lsn(510);
+        ReplayCore::new(ReplayStart {
+            timeline: 1,
+            start: Lsn(at),
+            server_end: Lsn(1_000_000),
+            claim: Some((claim, 42)),
+            fingerprint: 7,
+            foreign_writer: false,
+            new_lineage,
+            doubt_lineage,
+        })
+    }
+
+    #[test]
+    fn two_copies_doubting_one_claim_write_different_lineages() {
+        let mut a = start(100, 0xa1, 0xa2);
+        let mut b = start(100, 0xb1, 0xb2);
+        assert_eq!(a.lineages().0, 42, "a pending proof continues the claim");
+        for (core, t) in [(&mut a, 2000), (&mut b, 3000)] {
+            // Same position, another commit time: another history.
+            let step = core.begin(id(500, 100, t));
+            assert!(matches!(step, Step::Release(Doubt::Mismatch, _)));
+        }
+        assert_eq!((a.lineages(), b.lineages()), ((0xa2, 42), (0xb2, 42)));
+    }
+
+    #[test]
+    fn a_message_between_held_transactions_is_held_and_dropped_with_them() {
+        let mut c = start(100, 1, 2);
+        assert!(matches!(c.begin(id(200, 1, 10)), Step::Nothing));
+        assert!(c.holding());
+        let NextRow::Publish(row) = c.next_row() else {
+            panic!("no partial skip here");
+        };
+        c.hold(Ticket::from_index(0), 1, row);
+        assert!(matches!(c.commit(Lsn(210)), Ok(Step::Nothing)));
+        // Outside a transaction, behind held ones: held too.
+        assert!(c.holding());
+        c.hold(Ticket::from_index(1), 2, None);
+        assert!(matches!(c.begin(id(500, 100, 1000)), Step::Nothing));
+        match c.commit(Lsn(510)) {
+            Ok(Step::Drop(tickets)) => assert_eq!(tickets.len(), 2),
+            other => panic!("{other:?}"),
+        }
+        assert!(!c.holding(), "every mark proven");
+    }
+
+    #[test]
+    fn a_session_with_nothing_to_prove_starts_a_claim_of_its_own() {
+        let mut c = start(600, 9, 10);
+        assert!(!c.holding());
+        let (claim, lineage) = c.claim_at(Lsn(600));
+        assert_eq!((claim.base, claim.marks.len(), lineage), (Lsn(600), 0, 9));
+    }
+}
