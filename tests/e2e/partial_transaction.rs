@@ -10,10 +10,10 @@ use crate::support;
 use std::time::{Duration, Instant};
 
 use pgtest::PgCluster;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use support::broker::Broker;
 use support::consume::stream_topics;
+use support::ops;
 use support::relay::Relay;
 use support::schema;
 
@@ -88,7 +88,7 @@ async fn a_killed_relay_resumes_inside_a_partly_acked_transaction() {
         "the kill came too late to be inside the transaction ({published_at_kill} published)"
     );
     let key = format!("{system_id}/{}/{}", db.name, outbox.slot);
-    let record = read_record(&broker.bootstrap(), &key);
+    let record = ops::latest_progress_record(&broker.bootstrap(), &key).expect("a progress record");
     let acked_rows = record["partial"]["rows"]
         .as_u64()
         .unwrap_or_else(|| panic!("no partly acked transaction in the record: {record}"));
@@ -144,33 +144,4 @@ async fn a_killed_relay_resumes_inside_a_partly_acked_transaction() {
     println!(
         "200k-row transaction killed after {published_at_kill} acks: record covered {acked_rows} rows, restart skipped {skipped}, {duplicates} duplicates (rows acked after the last record, or in flight)"
     );
-}
-
-/// The newest progress record under `key`, as JSON.
-fn read_record(bootstrap: &str, key: &str) -> serde_json::Value {
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "partial-txn-test")
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        .create()
-        .expect("consumer");
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    tpl.add_partition_offset("outboxd.progress", 0, rdkafka::Offset::Beginning)
-        .expect("partition");
-    consumer.assign(&tpl).expect("assign");
-    let mut latest = None;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) if m.key() == Some(key.as_bytes()) => {
-                latest = m.payload().map(<[u8]>::to_vec);
-            }
-            Some(Ok(_)) => {}
-            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => break,
-            Some(Err(e)) => panic!("progress topic: {e}"),
-            None => {}
-        }
-    }
-    serde_json::from_slice(&latest.expect("a progress record")).expect("JSON record")
 }

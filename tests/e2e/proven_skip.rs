@@ -21,8 +21,6 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use pgtest::{ClusterOptions, PgCluster, StopMode, TestDb};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
 use support::broker::Broker;
 use support::consume::{assigned_consumer, check_delivery, received, DeliveryReport, Received};
 use support::load::{insert_events, Event};
@@ -56,8 +54,16 @@ async fn proven_skip_two_live_primaries_on_one_timeline() {
     let copy = tokio::task::block_in_place(|| original.live_copy()).expect("live copy");
     let oc = ops::connect(&original.conn_string(&db.name)).await;
     let cc = ops::connect(&copy.conn_string(&db.name)).await;
-    assert_eq!(timeline(&oc).await, 1, "the original stays on timeline 1");
-    assert_eq!(timeline(&cc).await, 1, "the copy runs on the same timeline");
+    assert_eq!(
+        ops::current_timeline(&oc).await,
+        1,
+        "the original stays on timeline 1"
+    );
+    assert_eq!(
+        ops::current_timeline(&cc).await,
+        1,
+        "the copy runs on the same timeline"
+    );
     assert_eq!(system_id(&oc).await, system_id(&cc).await);
     two_primaries(
         "two live primaries, timeline 1",
@@ -83,9 +89,9 @@ async fn proven_skip_two_primaries_both_on_timeline_2() {
     let fc = ops::connect(&first.conn_string(&db.name)).await;
     let sc = ops::connect(&second.conn_string(&db.name)).await;
     for c in [&fc, &sc] {
-        wait_primary(c).await;
+        ops::wait_out_of_recovery(c).await;
         assert_eq!(
-            timeline(c).await,
+            ops::current_timeline(c).await,
             2,
             "each restore ends recovery on timeline 2"
         );
@@ -179,7 +185,7 @@ async fn two_primaries(
         copy_relay.log_text()
     );
     let key = record_key(oc, db, outbox).await;
-    let record = latest_record(&bootstrap, &key).expect("the copy's progress record");
+    let record = ops::latest_progress_record(&bootstrap, &key).expect("the copy's progress record");
     let recorded = record_lsn(&record);
     assert!(
         recorded > original_end,
@@ -390,7 +396,7 @@ async fn partial_after_change(change: Change, scenario: &str) {
         Duration::from_secs(60),
         Duration::from_millis(300),
         || async {
-            latest_record(&bootstrap, &key).filter(|r| {
+            ops::latest_progress_record(&bootstrap, &key).filter(|r| {
                 match (
                     r["partial_rows_acked"].as_u64(),
                     r["partial"]["rows"].as_u64(),
@@ -500,7 +506,9 @@ async fn proven_skip_clock_stepped_forward_and_back() {
         "the record past the original's WAL",
         Duration::from_secs(60),
         Duration::from_millis(300),
-        || async { latest_record(&bootstrap, &key).filter(|r| record_lsn(r) >= original_end) },
+        || async {
+            ops::latest_progress_record(&bootstrap, &key).filter(|r| record_lsn(r) >= original_end)
+        },
     )
     .await;
     relay.signal("TERM");
@@ -517,7 +525,7 @@ async fn proven_skip_clock_stepped_forward_and_back() {
     tokio::task::block_in_place(|| backup.start_again()).expect("start the backup");
     let bc = ops::connect(&backup.conn_string(&db.name)).await;
     assert_eq!(
-        timeline(&bc).await,
+        ops::current_timeline(&bc).await,
         1,
         "the backup runs on the same timeline"
     );
@@ -594,7 +602,9 @@ async fn proven_skip_same_timeline_restore_of_an_older_backup() {
         "the record past the original's WAL",
         Duration::from_secs(60),
         Duration::from_millis(300),
-        || async { latest_record(&bootstrap, &key).filter(|r| record_lsn(r) >= original_end) },
+        || async {
+            ops::latest_progress_record(&bootstrap, &key).filter(|r| record_lsn(r) >= original_end)
+        },
     )
     .await;
     relay.signal("TERM");
@@ -610,7 +620,7 @@ async fn proven_skip_same_timeline_restore_of_an_older_backup() {
     tokio::task::block_in_place(|| backup.start_again()).expect("start the backup");
     let bc = ops::connect(&backup.conn_string(&db.name)).await;
     assert_eq!(
-        timeline(&bc).await,
+        ops::current_timeline(&bc).await,
         1,
         "the backup runs on the same timeline"
     );
@@ -627,7 +637,7 @@ async fn proven_skip_same_timeline_restore_of_an_older_backup() {
     );
     let backup_wal = ops::current_wal(&bc).await;
     // Replaced by a record of what this server has, or deleted.
-    if let Some(after_init) = latest_record(&bootstrap, &key) {
+    if let Some(after_init) = ops::latest_progress_record(&bootstrap, &key) {
         assert!(
             record_lsn(&after_init) <= backup_wal,
             "outboxd init --replace-progress-record left the stale record in place: it still says \
@@ -766,35 +776,6 @@ async fn wait_slot_confirmed(client: &Client, slot: &str, lsn: u64) {
     .await;
 }
 
-async fn wait_primary(client: &Client) {
-    wait_for(
-        "the server to end recovery",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async {
-            let row = client
-                .query_one("SELECT pg_is_in_recovery()", &[])
-                .await
-                .ok()?;
-            (!row.get::<_, bool>(0)).then_some(())
-        },
-    )
-    .await;
-}
-
-/// The timeline of the WAL being written now.
-async fn timeline(client: &Client) -> u32 {
-    let tli: String = client
-        .query_one(
-            "SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)",
-            &[],
-        )
-        .await
-        .expect("timeline")
-        .get(0);
-    u32::from_str_radix(&tli, 16).expect("hex timeline")
-}
-
 async fn system_id(client: &Client) -> String {
     client
         .query_one(
@@ -813,36 +794,6 @@ async fn record_key(client: &Client, db: &TestDb<'_>, outbox: &Outbox) -> String
 
 fn record_lsn(record: &serde_json::Value) -> u64 {
     schema::parse_lsn(record["confirmed_lsn"].as_str().expect("confirmed_lsn"))
-}
-
-/// The newest progress record under `key`: `None` when there is none, or the newest is
-/// a tombstone.
-fn latest_record(bootstrap: &str, key: &str) -> Option<serde_json::Value> {
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "proven-skip-test")
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        .create()
-        .expect("consumer");
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    tpl.add_partition_offset(PROGRESS_TOPIC, 0, rdkafka::Offset::Beginning)
-        .expect("partition");
-    consumer.assign(&tpl).expect("assign");
-    let mut latest = None;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) if m.key() == Some(key.as_bytes()) => {
-                latest = m.payload().map(<[u8]>::to_vec);
-            }
-            Some(Ok(_)) => {}
-            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => break,
-            Some(Err(e)) => panic!("progress topic: {e}"),
-            None => {}
-        }
-    }
-    serde_json::from_slice(&latest?).ok()
 }
 
 /// The server's clock offset, read by libfaketime on every call from a file.

@@ -54,29 +54,9 @@ async fn a_record_past_the_fork_point_skips_nothing_after_the_fork() {
     // The restore point. Making the copy restarts the original: the relay reconnects.
     let restored = primary.restore_copy().expect("restored copy");
     let restored_client = ops::connect(&restored.conn_string(&db.name)).await;
-    ops::wait_for(
-        "the restored copy to end recovery",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async {
-            let row = restored_client
-                .query_one("SELECT pg_is_in_recovery()", &[])
-                .await
-                .ok()?;
-            (!row.get::<_, bool>(0)).then_some(())
-        },
-    )
-    .await;
+    ops::wait_out_of_recovery(&restored_client).await;
     // The timeline of the WAL being written now (the checkpoint's may lag behind).
-    let timeline: String = restored_client
-        .query_one(
-            "SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)",
-            &[],
-        )
-        .await
-        .expect("timeline")
-        .get(0);
-    let timeline = u32::from_str_radix(&timeline, 16).expect("hex timeline");
+    let timeline = ops::current_timeline(&restored_client).await;
     assert_eq!(timeline, 2, "the restored copy runs on a new timeline");
     let fork = ops::current_wal(&restored_client).await;
 

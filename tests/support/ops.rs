@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, NoTls};
 
@@ -444,4 +446,64 @@ impl Streaming {
         super::consume::check_delivery(&events, &received);
         events
     }
+}
+
+/// The newest progress record under `key`: `None` when there is none, or the newest is
+/// a tombstone.
+pub fn latest_progress_record(bootstrap: &str, key: &str) -> Option<serde_json::Value> {
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "progress-record-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .create()
+        .expect("consumer");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset("outboxd.progress", 0, rdkafka::Offset::Beginning)
+        .expect("partition");
+    consumer.assign(&tpl).expect("assign");
+    let mut latest = None;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) if m.key() == Some(key.as_bytes()) => {
+                latest = m.payload().map(<[u8]>::to_vec);
+            }
+            Some(Ok(_)) => {}
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => break,
+            Some(Err(e)) => panic!("progress topic: {e}"),
+            None => {}
+        }
+    }
+    serde_json::from_slice(&latest?).ok()
+}
+
+/// Waits until the server has ended recovery (a promoted standby, a restored copy).
+pub async fn wait_out_of_recovery(client: &Client) {
+    wait_for(
+        "the server to end recovery",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            let row = client
+                .query_one("SELECT pg_is_in_recovery()", &[])
+                .await
+                .ok()?;
+            (!row.get::<_, bool>(0)).then_some(())
+        },
+    )
+    .await;
+}
+
+/// The timeline of the WAL being written now.
+pub async fn current_timeline(client: &Client) -> u32 {
+    let tli: String = client
+        .query_one(
+            "SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)",
+            &[],
+        )
+        .await
+        .expect("timeline")
+        .get(0);
+    u32::from_str_radix(&tli, 16).expect("hex timeline")
 }
