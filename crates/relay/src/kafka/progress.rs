@@ -411,18 +411,13 @@ impl SlotScan {
             .flatten()
             .filter_map(|bytes| {
                 let (owner, record) = ProgressRecord::owner_from_json(&bytes)?;
-                let other = owner.system_id != id.system_id || owner.cluster != id.cluster;
-                (owner.database == id.database && owner.slot == id.slot && other).then(|| {
-                    let name = if owner.cluster.is_empty() {
-                        owner.system_id
-                    } else {
-                        format!(
-                            "{} (OUTBOXD_CLUSTER_NAME {:?})",
-                            owner.system_id, owner.cluster
-                        )
-                    };
-                    (name, record)
-                })
+                // A record of this system identifier under another OUTBOXD_CLUSTER_NAME is
+                // another copy of this cluster, named apart on purpose: neither ours nor
+                // another cluster's.
+                (owner.database == id.database
+                    && owner.slot == id.slot
+                    && owner.system_id != id.system_id)
+                    .then_some((owner.system_id, record))
             })
             .collect();
         Ok(SlotRecords {
@@ -870,5 +865,40 @@ mod tests {
         );
         assert_eq!(r.recorded_at_text(), "2025-12-01T12:00:00Z");
         assert!(ProgressRecord::from_json(b"{}").is_err());
+    }
+
+    #[test]
+    fn a_copy_named_apart_is_not_another_cluster() {
+        let unnamed = SlotIdentity {
+            cluster: String::new(),
+            system_id: "7312".into(),
+            database: "shop".into(),
+            slot: "outboxd".into(),
+        };
+        let named = SlotIdentity {
+            cluster: "staging".into(),
+            ..unnamed.clone()
+        };
+        let other = SlotIdentity {
+            system_id: "9999".into(),
+            ..unnamed.clone()
+        };
+        let record = ProgressRecord::now(1, Lsn(0x10));
+        let mut scan = SlotScan::new(&named);
+        for id in [&unnamed, &other] {
+            scan.see(id.key().as_bytes(), Some(record.to_json(id).as_bytes()));
+        }
+        let found = scan.records(&named).unwrap();
+        assert_eq!(found.ours, None);
+        let others: Vec<&str> = found
+            .other_clusters
+            .iter()
+            .map(|(s, _)| s.as_str())
+            .collect();
+        assert_eq!(
+            others,
+            ["9999"],
+            "the unnamed copy of 7312 is not another cluster"
+        );
     }
 }
