@@ -186,7 +186,7 @@ pub(super) fn warn_foreign_writer(identity: &SlotIdentity, topic: &str) {
 
 /// The fingerprint of what decides which rows this relay publishes, and where: a claim
 /// written under another one proves nothing (see `outbox_core::delivered`).
-/// `publication` is the catalog's identity of the publication (oid, flags, tables).
+/// `publication` is the catalog's identity of the publication (oid and flags).
 fn fingerprint(cfg: &RelayConfig, publication: &str) -> u64 {
     let on = |b: bool| if b { "on" } else { "off" };
     Fingerprint::default()

@@ -423,10 +423,8 @@ impl<'a> Session<'a> {
             .map_message(m, &ctx)
             .and_then(|r| r.map(|r| check_size(&r, max).map(|()| r)).transpose());
         // Only what is published (a record or a dead letter) is a row of the transaction.
-        let mapped = match mapped {
-            Ok(None) => return Ok(()),
-            Ok(Some(record)) => Ok(record),
-            Err(error) => Err(error),
+        let Some(mapped) = mapped.transpose() else {
+            return Ok(());
         };
         let NextRow::Publish(row) = self.next_row() else {
             return Ok(());
