@@ -274,7 +274,7 @@ async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&
             RelayError::SlotLost {
                 slot: s.slot.clone(),
                 progress_topic: topic.clone(),
-                last_confirmed: record.confirmed_lsn,
+                last_confirmed: record.confirmed_lsn(),
                 recorded_at: record.recorded_at_text(),
             },
         ),
@@ -323,13 +323,13 @@ async fn check_record(r: &mut Report, s: &Settings, sql: &Client, system: &Syste
         );
     }
     match preflight::current_wal_lsn(sql).await {
-        Ok(end) if record.confirmed_lsn > end => r.fail(
+        Ok(end) if record.confirmed_lsn() > end => r.fail(
             what,
-            format!("it says confirmed {} (recorded {} by {}), past this server's WAL end {end}: it was written on another copy of this cluster, or before this server was restored from an older backup; {fix}", record.confirmed_lsn, record.recorded_at_text(), if record.writer.is_empty() { "an older outboxd" } else { &record.writer }),
+            format!("it says confirmed {} (recorded {} by {}), past this server's WAL end {end}: it was written on another copy of this cluster, or before this server was restored from an older backup; {fix}", record.confirmed_lsn(), record.recorded_at_text(), if record.writer.is_empty() { "an older outboxd" } else { &record.writer }),
         ),
         Ok(_) => r.ok(
             what,
-            format!("confirmed {} recorded {}, {} transactions named to prove replays by", record.confirmed_lsn, record.recorded_at_text(), record.marks.len()),
+            format!("confirmed {} recorded {}, {} transactions named to prove replays by", record.confirmed_lsn(), record.recorded_at_text(), record.claim.marks.len()),
         ),
         Err(e) => r.warn(what, e),
     }

@@ -266,7 +266,7 @@ async fn record_cluster(
             say!(
                 "ok  progress record in {topic} (exists for system identifier {}: confirmed {}, recorded {}; after restoring an older backup of this cluster, `outboxd init --replace-progress-record` replaces it)",
                 system.system_id,
-                old.confirmed_lsn,
+                old.confirmed_lsn(),
                 old.recorded_at_text()
             );
             return Ok(());
@@ -291,9 +291,9 @@ async fn record_cluster(
     if let Some(old) = replaced {
         say!(
             "ok  progress record in {topic} (replaced: it said confirmed {} recorded {}; it now says {} and proves nothing delivered, so the next replay is published whole)",
-            old.confirmed_lsn,
+            old.confirmed_lsn(),
             old.recorded_at_text(),
-            record.confirmed_lsn
+            record.confirmed_lsn()
         );
         return Ok(());
     }

@@ -82,24 +82,17 @@ pub fn writer_id() -> &'static str {
 /// What a record says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProgressRecord {
-    pub timeline: u32,
-    /// A position the slot had confirmed (everything before it is in Kafka).
-    pub confirmed_lsn: Lsn,
+    /// What it claims Kafka has: a position the slot had confirmed (everything before it
+    /// is in Kafka), the transactions its last writes ended at (what a replay must show
+    /// before it skips anything), its base, the partly acked transaction and the writer's
+    /// settings fingerprint (see `outbox_core::delivered`).
+    pub claim: DeliveredPosition,
     /// When it was written, Unix milliseconds.
     pub recorded_at_unix_ms: u64,
     /// false: written just before creating the slot, which may never have happened (the
     /// process died while CREATE_REPLICATION_SLOT waited), so a missing slot is then no
     /// proof of a lost one. Set by every later write.
     pub slot_created: bool,
-    /// Where the claim begins (see `DeliveredPosition::base`).
-    pub base: Lsn,
-    /// The transactions its last writes ended at, oldest first: what a replay must show
-    /// before it skips anything (see `outbox_core::delivered`).
-    pub marks: Vec<TxnMark>,
-    /// A transaction at or past `confirmed_lsn` whose leading published rows are acked.
-    pub partial: Option<outbox_core::PartialTxn>,
-    /// The writer's settings fingerprint (`outbox_core::Fingerprint`).
-    pub fingerprint: u64,
     /// Which chain of claims this record continues: kept by a writer that proved (or
     /// started past) the record it read, new for one that doubted it. Two lineages
     /// alternating on one key are two live copies of one cluster.
@@ -111,25 +104,25 @@ pub struct ProgressRecord {
 impl ProgressRecord {
     /// A record of a position alone (a slot's start): it proves nothing delivered.
     pub fn now(timeline: u32, confirmed_lsn: Lsn) -> Self {
-        ProgressRecord::of(&DeliveredPosition::at(timeline, confirmed_lsn, 0), 0)
+        ProgressRecord::of(DeliveredPosition::at(timeline, confirmed_lsn, 0), 0)
     }
 
     /// The record of a claim, in lineage `lineage`.
-    pub fn of(claim: &DeliveredPosition, lineage: u64) -> Self {
+    pub fn of(claim: DeliveredPosition, lineage: u64) -> Self {
         ProgressRecord {
-            timeline: claim.timeline,
-            confirmed_lsn: claim.lsn,
-            base: claim.base,
+            claim,
             recorded_at_unix_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             slot_created: true,
-            marks: claim.marks.clone(),
-            partial: claim.partial,
-            fingerprint: claim.fingerprint,
             lineage,
             writer: writer_id().to_owned(),
         }
+    }
+
+    /// The position the slot had confirmed when it was written.
+    pub fn confirmed_lsn(&self) -> Lsn {
+        self.claim.lsn
     }
 
     /// The record written before the slot is created.
@@ -142,7 +135,8 @@ impl ProgressRecord {
 
     fn to_json(&self, id: &SlotIdentity) -> String {
         // Marks as [seq, commit_lsn, end_lsn, xid, commit_time]: ~160 of them per record.
-        let marks: Vec<serde_json::Value> = self
+        let c = &self.claim;
+        let marks: Vec<serde_json::Value> = c
             .marks
             .iter()
             .map(|m| {
@@ -161,19 +155,19 @@ impl ProgressRecord {
             "system_id": id.system_id,
             "database": id.database,
             "slot": id.slot,
-            "timeline": self.timeline,
-            "confirmed_lsn": self.confirmed_lsn.to_string(),
-            "base_lsn": self.base.to_string(),
+            "timeline": c.timeline,
+            "confirmed_lsn": c.lsn.to_string(),
+            "base_lsn": c.base.to_string(),
             "recorded_at_unix_ms": self.recorded_at_unix_ms,
             "slot_created": self.slot_created,
             "marks": marks,
-            "partial": self.partial.map(|p| serde_json::json!({
+            "partial": c.partial.map(|p| serde_json::json!({
                 "commit_lsn": p.txn.commit_lsn.to_string(),
                 "xid": p.txn.xid,
                 "commit_time": p.txn.commit_time,
                 "rows": p.rows,
             })),
-            "fingerprint": format!("{:016x}", self.fingerprint),
+            "fingerprint": format!("{:016x}", c.fingerprint),
             "lineage": format!("{:016x}", self.lineage),
             "writer": self.writer,
         })
@@ -245,14 +239,16 @@ impl ProgressRecord {
             _ => (Vec::new(), None, confirmed_lsn),
         };
         Ok(ProgressRecord {
-            timeline,
-            confirmed_lsn,
+            claim: DeliveredPosition {
+                timeline,
+                lsn: confirmed_lsn,
+                base,
+                marks,
+                partial,
+                fingerprint: fingerprint.unwrap_or(0),
+            },
             recorded_at_unix_ms,
             slot_created,
-            base,
-            marks,
-            partial,
-            fingerprint: fingerprint.unwrap_or(0),
             lineage: hex("lineage").unwrap_or(0),
             writer: v
                 .get("writer")
@@ -274,18 +270,6 @@ impl ProgressRecord {
             slot: text("slot")?,
         };
         Some((owner, ProgressRecord::from_json(bytes).ok()?))
-    }
-
-    /// What the record claims Kafka has; skipping needs it proven.
-    pub fn delivered(&self) -> DeliveredPosition {
-        DeliveredPosition {
-            timeline: self.timeline,
-            lsn: self.confirmed_lsn,
-            base: self.base,
-            marks: self.marks.clone(),
-            partial: self.partial,
-            fingerprint: self.fingerprint,
-        }
     }
 
     /// `recorded_at` as RFC 3339 UTC text for error messages.
@@ -790,7 +774,7 @@ impl ProgressStore {
         let id = id.clone();
         tokio::spawn(async move {
             let result = this.write_and_wait(&id, &record).await;
-            answered(result.as_ref().map(|()| record.confirmed_lsn));
+            answered(result.as_ref().map(|()| record.confirmed_lsn()));
             this.inner.write_in_flight.store(false, Ordering::Release);
             if let Err(e) = result {
                 tracing::warn!(
@@ -816,36 +800,36 @@ mod tests {
             slot: "outboxd".into(),
         };
         let r = ProgressRecord {
-            timeline: 3,
-            confirmed_lsn: Lsn(0x1_0000_00A0),
+            claim: DeliveredPosition {
+                timeline: 3,
+                lsn: Lsn(0x1_0000_00A0),
+                base: Lsn(0x1_0000_0010),
+                marks: vec![TxnMark {
+                    seq: 4,
+                    commit_lsn: Lsn(0x1_0000_0050),
+                    end_lsn: Lsn(0x1_0000_00A0),
+                    xid: 771,
+                    commit_time: 817_000_000_123_456,
+                }],
+                partial: Some(outbox_core::PartialTxn {
+                    txn: outbox_core::TxnId {
+                        commit_lsn: Lsn(0x1_0000_0100),
+                        xid: 772,
+                        commit_time: 817_000_000_223_456,
+                    },
+                    rows: 12,
+                }),
+                fingerprint: 0xfeed_beef_0000_0001,
+            },
             recorded_at_unix_ms: 1_764_590_400_000,
             slot_created: true,
-            base: Lsn(0x1_0000_0010),
-            marks: vec![TxnMark {
-                seq: 4,
-                commit_lsn: Lsn(0x1_0000_0050),
-                end_lsn: Lsn(0x1_0000_00A0),
-                xid: 771,
-                commit_time: 817_000_000_123_456,
-            }],
-            partial: Some(outbox_core::PartialTxn {
-                txn: outbox_core::TxnId {
-                    commit_lsn: Lsn(0x1_0000_0100),
-                    xid: 772,
-                    commit_time: 817_000_000_223_456,
-                },
-                rows: 12,
-            }),
-            fingerprint: 0xfeed_beef_0000_0001,
             lineage: 0x0123_4567_89ab_cdef,
             writer: "host/1/2".into(),
         };
         let json = r.to_json(&id);
         assert_eq!(ProgressRecord::from_json(json.as_bytes()), Ok(r.clone()));
-        let whole = ProgressRecord {
-            partial: None,
-            ..r.clone()
-        };
+        let mut whole = r.clone();
+        whole.claim.partial = None;
         assert_eq!(
             ProgressRecord::from_json(whole.to_json(&id).as_bytes()),
             Ok(whole)
@@ -860,7 +844,11 @@ mod tests {
         let v1 = br#"{"version":1,"system_id":"7312","database":"shop","slot":"outboxd","timeline":1,"confirmed_lsn":"0/10","recorded_at_unix_ms":1,"last_commit_unix_micros":5,"slot_created":true,"partial_commit_lsn":"0/20","partial_rows_acked":3}"#;
         let old = ProgressRecord::from_json(v1).unwrap();
         assert_eq!(
-            (old.marks.len(), old.partial, old.fingerprint),
+            (
+                old.claim.marks.len(),
+                old.claim.partial,
+                old.claim.fingerprint
+            ),
             (0, None, 0)
         );
         assert_eq!(r.recorded_at_text(), "2025-12-01T12:00:00Z");

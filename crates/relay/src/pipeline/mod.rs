@@ -163,7 +163,7 @@ async fn replay_claim(
                 obs.progress_foreign_write();
                 warn_foreign_writer(identity, p.topic());
             }
-            Ok(records.ours.map(|r| (r.delivered(), r.lineage)))
+            Ok(records.ours.map(|r| (r.claim, r.lineage)))
         }
         Err(e) => {
             obs.progress_record_unread();
@@ -218,7 +218,7 @@ pub fn refuse_other_cluster(
                 progress_topic: progress.topic().to_owned(),
                 found: identity.system_id.clone(),
                 recorded: recorded.clone(),
-                last_confirmed: record.confirmed_lsn,
+                last_confirmed: record.confirmed_lsn(),
                 recorded_at: record.recorded_at_text(),
             },
         ))),
@@ -266,7 +266,7 @@ async fn create_slot_if_new(
             return Err(RelayError::SlotLost {
                 slot: cfg.slot.clone(),
                 progress_topic: progress.topic().to_owned(),
-                last_confirmed: record.confirmed_lsn,
+                last_confirmed: record.confirmed_lsn(),
                 recorded_at: record.recorded_at_text(),
             });
         }

@@ -595,7 +595,7 @@ impl<'a> Session<'a> {
                 .saturating_duration_since(tokio::time::Instant::now())
                 .max(FINAL_PROGRESS_WRITE_MIN);
             match tokio::time::timeout(left, p.store.write_and_wait(&p.identity, &record)).await {
-                Ok(Ok(())) => self.obs.progress_recorded(record.confirmed_lsn),
+                Ok(Ok(())) => self.obs.progress_recorded(record.confirmed_lsn()),
                 Ok(Err(e)) => {
                     self.obs.progress_write_failed();
                     tracing::warn!("writing the final progress record failed: {e}");

@@ -64,7 +64,7 @@ impl Session<'_> {
     /// The record of what this session claims Kafka has.
     pub(super) fn progress_record(&mut self) -> ProgressRecord {
         let (claim, lineage) = self.replay.claim_at(self.confirmed);
-        ProgressRecord::of(&claim, lineage)
+        ProgressRecord::of(claim, lineage)
     }
 
     /// Brings the progress record up to the confirmed position, at most every interval.
@@ -81,7 +81,7 @@ impl Session<'_> {
         // Building the record scans the ledger: once per interval at most, also when
         // nothing changed (a stuck partition holds everything still for a long time).
         let record = self.progress_record();
-        let position = record.confirmed_lsn;
+        let position = record.confirmed_lsn();
         let lineages = self.replay.lineages();
         let obs = self.obs.clone();
         if let Some(p) = self.progress.as_mut() {
@@ -90,7 +90,7 @@ impl Session<'_> {
                 None => true,
                 Some(w) => {
                     position > w
-                        || record.partial != p.written_partial
+                        || record.claim.partial != p.written_partial
                         || record.lineage != p.written_lineage
                         || unacked
                 }
@@ -113,7 +113,7 @@ impl Session<'_> {
                     });
             }
             if due {
-                let (partial, lineage) = (record.partial, record.lineage);
+                let (partial, lineage) = (record.claim.partial, record.lineage);
                 let acked_lineage = Arc::clone(&p.acked_lineage);
                 let sent = p
                     .store
