@@ -1,0 +1,479 @@
+//! What a progress record says, as JSON in the topic, and what one read of the topic
+//! found for a slot. The store (`super`) moves these to and from Kafka.
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use outbox_core::{DeliveredPosition, TxnMark};
+use pgoutput::Lsn;
+
+use super::ProgressError;
+
+/// Which slot a record is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotIdentity {
+    /// `OUTBOXD_CLUSTER_NAME`: keeps apart copies of one cluster (same system identifier)
+    /// that share one Kafka. Empty by default.
+    pub cluster: String,
+    /// `IDENTIFY_SYSTEM`'s system identifier: the same on a primary and its standbys, and
+    /// on every clone, snapshot or restored backup of it.
+    pub system_id: String,
+    pub database: String,
+    pub slot: String,
+}
+
+impl SlotIdentity {
+    pub fn key(&self) -> String {
+        if self.cluster.is_empty() {
+            format!("{}/{}/{}", self.system_id, self.database, self.slot)
+        } else {
+            format!(
+                "{}@{}/{}/{}",
+                self.cluster, self.system_id, self.database, self.slot
+            )
+        }
+    }
+}
+
+/// This process as a writer of progress records: host, process id and start time. Only
+/// for operators reading the record; what ties records into one history is the lineage.
+pub fn writer_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| "unknown".into());
+        let started = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        format!("{host}/{}/{started}", std::process::id())
+    })
+}
+
+/// What a record says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgressRecord {
+    /// What it claims Kafka has: a position the slot had confirmed (everything before it
+    /// is in Kafka), the transactions its last writes ended at (what a replay must show
+    /// before it skips anything), its base, the partly acked transaction and the writer's
+    /// settings fingerprint (see `outbox_core::delivered`).
+    pub claim: DeliveredPosition,
+    /// When it was written, Unix milliseconds.
+    pub recorded_at_unix_ms: u64,
+    /// false: written just before creating the slot, which may never have happened (the
+    /// process died while CREATE_REPLICATION_SLOT waited), so a missing slot is then no
+    /// proof of a lost one. Set by every later write.
+    pub slot_created: bool,
+    /// Which chain of claims this record continues: kept by a writer that proved (or
+    /// started past) the record it read, new for one that doubted it. Two lineages
+    /// alternating on one key are two live copies of one cluster.
+    pub lineage: u64,
+    /// Host, process id and start time of the process that wrote it (`writer_id`).
+    pub writer: String,
+}
+
+impl ProgressRecord {
+    /// A record of a position alone (a slot's start): it proves nothing delivered.
+    pub fn now(timeline: u32, confirmed_lsn: Lsn) -> Self {
+        ProgressRecord::of(DeliveredPosition::at(timeline, confirmed_lsn, 0), 0)
+    }
+
+    /// The record of a claim, in lineage `lineage`.
+    pub fn of(claim: DeliveredPosition, lineage: u64) -> Self {
+        ProgressRecord {
+            claim,
+            recorded_at_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            slot_created: true,
+            lineage,
+            writer: writer_id().to_owned(),
+        }
+    }
+
+    /// The position the slot had confirmed when it was written.
+    pub fn confirmed_lsn(&self) -> Lsn {
+        self.claim.lsn
+    }
+
+    /// The record written before the slot is created.
+    pub fn before_creation(timeline: u32, position: Lsn) -> Self {
+        ProgressRecord {
+            slot_created: false,
+            ..ProgressRecord::now(timeline, position)
+        }
+    }
+
+    pub(super) fn to_json(&self, id: &SlotIdentity) -> String {
+        // Marks as [seq, commit_lsn, end_lsn, xid, commit_time]: ~160 of them per record.
+        let c = &self.claim;
+        let marks: Vec<serde_json::Value> = c
+            .marks
+            .iter()
+            .map(|m| {
+                serde_json::json!([
+                    m.seq,
+                    m.commit_lsn.to_string(),
+                    m.end_lsn.to_string(),
+                    m.xid,
+                    m.commit_time
+                ])
+            })
+            .collect();
+        serde_json::json!({
+            "version": 2,
+            "cluster": id.cluster,
+            "system_id": id.system_id,
+            "database": id.database,
+            "slot": id.slot,
+            "timeline": c.timeline,
+            "confirmed_lsn": c.lsn.to_string(),
+            "base_lsn": c.base.to_string(),
+            "recorded_at_unix_ms": self.recorded_at_unix_ms,
+            "slot_created": self.slot_created,
+            "marks": marks,
+            "partial": c.partial.map(|p| serde_json::json!({
+                "commit_lsn": p.txn.commit_lsn.to_string(),
+                "xid": p.txn.xid,
+                "commit_time": p.txn.commit_time,
+                "rows": p.rows,
+            })),
+            "fingerprint": format!("{:016x}", c.fingerprint),
+            "lineage": format!("{:016x}", self.lineage),
+            "writer": self.writer,
+        })
+        .to_string()
+    }
+
+    pub(super) fn from_json(bytes: &[u8]) -> Result<Self, String> {
+        let v: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+        let field = |name: &str| v.get(name).ok_or_else(|| format!("no field {name:?}"));
+        let confirmed_lsn = field("confirmed_lsn")?
+            .as_str()
+            .ok_or("confirmed_lsn is not a string")?
+            .parse::<Lsn>()
+            .map_err(|e| format!("confirmed_lsn: {e}"))?;
+        let timeline = field("timeline")?
+            .as_u64()
+            .and_then(|t| u32::try_from(t).ok())
+            .ok_or("timeline is not a 32-bit number")?;
+        let recorded_at_unix_ms = field("recorded_at_unix_ms")?
+            .as_u64()
+            .ok_or("recorded_at_unix_ms is not a number")?;
+        // Absent in records written before it existed: those were all written for slots.
+        let slot_created = v
+            .get("slot_created")
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(true);
+        // Version 1 records have no marks, no fingerprint and a partial transaction named
+        // by its position alone: they prove nothing, so they skip nothing. A field that
+        // does not read whole is left out the same way.
+        let lsn_of = |v: &serde_json::Value| v.as_str().and_then(|t| t.parse::<Lsn>().ok());
+        let marks = v
+            .get("marks")
+            .and_then(serde_json::Value::as_array)
+            .map(|all| {
+                all.iter()
+                    .take(outbox_core::delivered::MAX_MARKS)
+                    .filter_map(|m| {
+                        Some(TxnMark {
+                            seq: m.get(0)?.as_u64()?,
+                            commit_lsn: lsn_of(m.get(1)?)?,
+                            end_lsn: lsn_of(m.get(2)?)?,
+                            xid: u32::try_from(m.get(3)?.as_u64()?).ok()?,
+                            commit_time: m.get(4)?.as_i64()?,
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        let partial = v.get("partial").and_then(|p| {
+            Some(outbox_core::PartialTxn {
+                txn: outbox_core::TxnId {
+                    commit_lsn: lsn_of(p.get("commit_lsn")?)?,
+                    xid: u32::try_from(p.get("xid")?.as_u64()?).ok()?,
+                    commit_time: p.get("commit_time")?.as_i64()?,
+                },
+                rows: p.get("rows")?.as_u64()?,
+            })
+        });
+        let hex = |name: &str| {
+            v.get(name)
+                .and_then(serde_json::Value::as_str)
+                .and_then(|t| u64::from_str_radix(t, 16).ok())
+        };
+        let fingerprint = hex("fingerprint");
+        let base = v.get("base_lsn").and_then(lsn_of);
+        let (marks, partial, base) = match (fingerprint, base) {
+            (Some(_), Some(base)) => (marks, partial, base),
+            _ => (Vec::new(), None, confirmed_lsn),
+        };
+        Ok(ProgressRecord {
+            claim: DeliveredPosition {
+                timeline,
+                lsn: confirmed_lsn,
+                base,
+                marks,
+                partial,
+                fingerprint: fingerprint.unwrap_or(0),
+            },
+            recorded_at_unix_ms,
+            slot_created,
+            lineage: hex("lineage").unwrap_or(0),
+            writer: v
+                .get("writer")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+        })
+    }
+
+    /// Whose record this is (from the fields inside it), and what it says; `None` for a
+    /// value that is not a readable record.
+    fn owner_from_json(bytes: &[u8]) -> Option<(SlotIdentity, Self)> {
+        let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+        let text = |name: &str| v.get(name)?.as_str().map(str::to_owned);
+        let owner = SlotIdentity {
+            cluster: text("cluster").unwrap_or_default(),
+            system_id: text("system_id")?,
+            database: text("database")?,
+            slot: text("slot")?,
+        };
+        Some((owner, ProgressRecord::from_json(bytes).ok()?))
+    }
+
+    /// `recorded_at` as RFC 3339 UTC text for error messages.
+    pub fn recorded_at_text(&self) -> String {
+        let secs = i64::try_from(self.recorded_at_unix_ms / 1000).unwrap_or(i64::MAX);
+        outbox_core::rfc3339_utc_seconds(secs)
+    }
+}
+
+/// What the progress topic holds for one database and slot name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlotRecords {
+    /// The record of this cluster's slot.
+    pub ours: Option<ProgressRecord>,
+    /// Records of a slot with the same database and name on other clusters (system
+    /// identifier, record): the relay streamed from another cluster before, or another
+    /// cluster's relay shares the topic.
+    pub other_clusters: Vec<(String, ProgressRecord)>,
+    /// Lineages of this slot's most recent records still in the topic (the last few
+    /// runs), oldest first, repeats in a row folded: `[a, b, a]` means two live writers
+    /// take turns.
+    pub lineages: Vec<u64>,
+}
+
+impl SlotRecords {
+    /// Whether the retained records of this key show two lineages taking turns (A, B,
+    /// A): two live copies of one cluster record under one key.
+    pub fn writers_alternate(&self) -> bool {
+        self.lineages
+            .iter()
+            .enumerate()
+            .any(|(i, l)| self.lineages[i + 1..].iter().skip(1).any(|m| m == l))
+    }
+}
+
+impl SlotRecords {
+    /// Another cluster's record of a slot that existed there, and none of ours: the relay
+    /// is pointed at a new cluster (a wrong host, or a migration) until an operator says
+    /// it is meant to be (`outboxd init` writes our record).
+    pub fn only_other_cluster(&self) -> Option<&(String, ProgressRecord)> {
+        if self.ours.is_some() {
+            return None;
+        }
+        self.other_clusters
+            .iter()
+            .filter(|(_, r)| r.slot_created)
+            .max_by_key(|(_, r)| r.recorded_at_unix_ms)
+    }
+}
+
+/// Lineage runs of a key kept from one read of the topic: enough to see two live writers
+/// take turns, few enough that an alternation long gone (a takeover and back, days ago,
+/// still in the active segment of a tiny compacted topic) ages out.
+const RECENT_LINEAGES: usize = 6;
+
+/// What one read of the topic found for one slot.
+pub(super) struct SlotScan {
+    key: String,
+    /// Keys end with the database and slot: a cheap filter before parsing the value.
+    same_slot_suffix: String,
+    latest: Option<Option<Vec<u8>>>,
+    lineages: Vec<u64>,
+    /// Newest value per key of another cluster's record of this slot (None: deleted).
+    others: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl SlotScan {
+    pub(super) fn new(id: &SlotIdentity) -> Self {
+        SlotScan {
+            key: id.key(),
+            same_slot_suffix: format!("/{}/{}", id.database, id.slot),
+            latest: None,
+            lineages: Vec::new(),
+            others: BTreeMap::new(),
+        }
+    }
+
+    pub(super) fn see(&mut self, key: &[u8], payload: Option<&[u8]>) {
+        if key == self.key.as_bytes() {
+            let lineage = payload
+                .and_then(|p| ProgressRecord::from_json(p).ok())
+                .map(|r| r.lineage);
+            if let Some(l) = lineage.filter(|l| *l != 0) {
+                if self.lineages.last() != Some(&l) {
+                    self.lineages.push(l);
+                    // Only recent history: every clean restart starts a lineage.
+                    if self.lineages.len() > RECENT_LINEAGES {
+                        self.lineages.remove(0);
+                    }
+                }
+            }
+            self.latest = Some(payload.map(<[u8]>::to_vec));
+        } else if key.ends_with(self.same_slot_suffix.as_bytes()) {
+            self.others
+                .insert(key.to_vec(), payload.map(<[u8]>::to_vec));
+        }
+    }
+
+    pub(super) fn records(self, id: &SlotIdentity) -> Result<SlotRecords, ProgressError> {
+        let ours = match self.latest.flatten() {
+            None => None,
+            Some(bytes) => {
+                Some(ProgressRecord::from_json(&bytes).map_err(ProgressError::Unreadable)?)
+            }
+        };
+        // Another cluster's records only count when they say so themselves; an
+        // unreadable one is not ours to judge.
+        let other_clusters = self
+            .others
+            .into_values()
+            .flatten()
+            .filter_map(|bytes| {
+                let (owner, record) = ProgressRecord::owner_from_json(&bytes)?;
+                // A record of this system identifier under another OUTBOXD_CLUSTER_NAME is
+                // another copy of this cluster, named apart on purpose: neither ours nor
+                // another cluster's.
+                (owner.database == id.database
+                    && owner.slot == id.slot
+                    && owner.system_id != id.system_id)
+                    .then_some((owner.system_id, record))
+            })
+            .collect();
+        Ok(SlotRecords {
+            ours,
+            other_clusters,
+            lineages: self.lineages,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_round_trips_and_dates_render() {
+        let id = SlotIdentity {
+            cluster: String::new(),
+            system_id: "7312".into(),
+            database: "shop".into(),
+            slot: "outboxd".into(),
+        };
+        let r = ProgressRecord {
+            claim: DeliveredPosition {
+                timeline: 3,
+                lsn: Lsn(0x1_0000_00A0),
+                base: Lsn(0x1_0000_0010),
+                marks: vec![TxnMark {
+                    seq: 4,
+                    commit_lsn: Lsn(0x1_0000_0050),
+                    end_lsn: Lsn(0x1_0000_00A0),
+                    xid: 771,
+                    commit_time: 817_000_000_123_456,
+                }],
+                partial: Some(outbox_core::PartialTxn {
+                    txn: outbox_core::TxnId {
+                        commit_lsn: Lsn(0x1_0000_0100),
+                        xid: 772,
+                        commit_time: 817_000_000_223_456,
+                    },
+                    rows: 12,
+                }),
+                fingerprint: 0xfeed_beef_0000_0001,
+            },
+            recorded_at_unix_ms: 1_764_590_400_000,
+            slot_created: true,
+            lineage: 0x0123_4567_89ab_cdef,
+            writer: "host/1/2".into(),
+        };
+        let json = r.to_json(&id);
+        assert_eq!(ProgressRecord::from_json(json.as_bytes()), Ok(r.clone()));
+        let mut whole = r.clone();
+        whole.claim.partial = None;
+        assert_eq!(
+            ProgressRecord::from_json(whole.to_json(&id).as_bytes()),
+            Ok(whole)
+        );
+        assert_eq!(id.key(), "7312/shop/outboxd");
+        let named = SlotIdentity {
+            cluster: "staging".into(),
+            ..id
+        };
+        assert_eq!(named.key(), "staging@7312/shop/outboxd");
+        // A version 1 record proves nothing: no marks, no partial transaction.
+        let v1 = br#"{"version":1,"system_id":"7312","database":"shop","slot":"outboxd","timeline":1,"confirmed_lsn":"0/10","recorded_at_unix_ms":1,"last_commit_unix_micros":5,"slot_created":true,"partial_commit_lsn":"0/20","partial_rows_acked":3}"#;
+        let old = ProgressRecord::from_json(v1).unwrap();
+        assert_eq!(
+            (
+                old.claim.marks.len(),
+                old.claim.partial,
+                old.claim.fingerprint
+            ),
+            (0, None, 0)
+        );
+        assert_eq!(r.recorded_at_text(), "2025-12-01T12:00:00Z");
+        assert!(ProgressRecord::from_json(b"{}").is_err());
+    }
+
+    #[test]
+    fn a_copy_named_apart_is_not_another_cluster() {
+        let unnamed = SlotIdentity {
+            cluster: String::new(),
+            system_id: "7312".into(),
+            database: "shop".into(),
+            slot: "outboxd".into(),
+        };
+        let named = SlotIdentity {
+            cluster: "staging".into(),
+            ..unnamed.clone()
+        };
+        let other = SlotIdentity {
+            system_id: "9999".into(),
+            ..unnamed.clone()
+        };
+        let record = ProgressRecord::now(1, Lsn(0x10));
+        let mut scan = SlotScan::new(&named);
+        for id in [&unnamed, &other] {
+            scan.see(id.key().as_bytes(), Some(record.to_json(id).as_bytes()));
+        }
+        let found = scan.records(&named).unwrap();
+        assert_eq!(found.ours, None);
+        let others: Vec<&str> = found
+            .other_clusters
+            .iter()
+            .map(|(s, _)| s.as_str())
+            .collect();
+        assert_eq!(
+            others,
+            ["9999"],
+            "the unnamed copy of 7312 is not another cluster"
+        );
+    }
+}
