@@ -3,8 +3,8 @@
 use outbox_core::BoundTable;
 use outboxd_relay::kafka::{build_producer, ProgressStore};
 use outboxd_relay::pipeline::{
-    judge_publication, judge_server, judge_slot, refuse_other_cluster, verify_shard_layout,
-    RelayError, MIN_SERVER_VERSION_NUM,
+    judge_missing_slot, judge_publication, judge_server, judge_slot, refuse_other_cluster,
+    verify_shard_layout, Consent, History, RelayError, MIN_SERVER_VERSION_NUM,
 };
 use pgoutput::{Column, Relation, ReplicaIdentity};
 use pgrepl::{preflight, ReplicationConnection, SystemInfo};
@@ -267,18 +267,23 @@ async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&
             return r.fail(what, e);
         }
     }
-    match records.map(|r| r.ours) {
-        Ok(None) => r.ok(what, format!("{} does not exist yet; `outboxd run` will create it (OUTBOXD_CREATE_SLOT=true, no earlier slot recorded in {topic})", s.slot)),
-        Ok(Some(record)) => r.fail(
-            what,
-            RelayError::SlotLost {
-                slot: s.slot.clone(),
-                progress_topic: topic.clone(),
-                last_confirmed: record.confirmed_lsn(),
-                recorded_at: record.recorded_at_text(),
-            },
-        ),
-        Err(e) => r.warn(what, format!("{} does not exist, and the progress record in {topic} cannot be read ({e}); `outboxd run` creates the slot only once it can", s.slot)),
+    let found = match records {
+        Ok(found) => found,
+        Err(e) => return r.warn(what, format!("{} does not exist, and the progress record in {topic} cannot be read ({e}); `outboxd run` creates the slot only once it can", s.slot)),
+    };
+    let rows = if s.relay_table {
+        match preflight::table_rows(sql, &s.table_schema, &s.table_name).await {
+            Ok(rows) => rows,
+            Err(e) => return r.fail(what, e),
+        }
+    } else {
+        preflight::TableRows::Empty
+    };
+    // The rule `run` applies (and `init`, with the operator's flags).
+    let table = format!("{}.{}", s.table_schema, s.table_name);
+    match judge_missing_slot(&s.slot, &table, topic, History::Read(&found), rows, Consent::default()) {
+        Ok(_) => r.ok(what, format!("{} does not exist yet; `outboxd run` will create it (OUTBOXD_CREATE_SLOT=true, no earlier slot recorded in {topic}, and {table} has no rows)", s.slot)),
+        Err(e) => r.fail(what, e),
     }
 }
 
@@ -309,12 +314,41 @@ async fn check_record(r: &mut Report, s: &Settings, sql: &Client, system: &Syste
         Ok(Err(e)) => return r.warn(what, format!("cannot read it from {topic}: {e}")),
         Err(_) => return r.warn(what, format!("{topic} did not answer within 20 s")),
     };
+    if let Err(e) = store.check_durable().await {
+        return r.fail(what, e);
+    }
     let Some(record) = &found.ours else {
         return r.ok(
             what,
             format!("none yet in {topic} (`outboxd run` writes it)"),
         );
     };
+    if let Some(last) = &record.publication {
+        let table = s
+            .relay_table
+            .then_some((s.table_schema.as_str(), s.table_name.as_str()));
+        match preflight::publication_identity(sql, &s.publication, table).await {
+            Ok(now) if table.is_some() && now.as_deref() != Some(last.identity.as_str()) => {
+                return r.fail(
+                    "publication unchanged",
+                    RelayError::PublicationChanged {
+                        publication: s.publication.clone(),
+                        since: last.at_text(),
+                        since_lsn: last.wal_lsn,
+                    },
+                );
+            }
+            Ok(_) => r.ok(
+                "publication unchanged",
+                format!(
+                    "{} is as outboxd last saw it ({})",
+                    s.publication,
+                    last.at_text()
+                ),
+            ),
+            Err(e) => r.warn("publication unchanged", e),
+        }
+    }
     let fix = "set OUTBOXD_CLUSTER_NAME to a different value on each copy of the cluster (or give each its own OUTBOXD_PROGRESS_TOPIC); after restoring an older backup, run `outboxd init --replace-progress-record`";
     if found.writers_alternate() {
         return r.fail(

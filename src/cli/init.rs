@@ -6,8 +6,12 @@
 use outbox_core::pgtype::quote_ident;
 use std::collections::BTreeMap;
 
-use outboxd_relay::kafka::{ProgressRecord, ProgressStore, SlotIdentity, SlotRecords};
-use outboxd_relay::pipeline::{judge_slot, verify_shard_layout};
+use outboxd_relay::kafka::{
+    ProgressRecord, ProgressStore, PublicationSeen, SlotIdentity, SlotRecords,
+};
+use outboxd_relay::pipeline::{
+    judge_missing_slot, judge_slot, verify_shard_layout, Consent, Creation, History,
+};
 use pgoutput::Lsn;
 use pgrepl::{preflight, ConnectConfig, ReplError, ReplicationConnection};
 use tokio_postgres::Client;
@@ -28,8 +32,19 @@ enum InitError {
     Refused(String),
 }
 
-pub async fn init(s: &Settings, replace_record: bool) -> i32 {
-    match init_inner(s, replace_record).await {
+/// What the operator allowed on the command line.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Flags {
+    /// `--replace-progress-record`: overwrite this cluster's record too.
+    pub replace_record: bool,
+    /// `--recreate-lost-slot`, `--skip-existing-rows`.
+    pub consent: Consent,
+    /// `--accept-publication-change`: record the publication as it is now.
+    pub accept_publication: bool,
+}
+
+pub async fn init(s: &Settings, flags: Flags) -> i32 {
+    match init_inner(s, flags).await {
         Ok(()) => EXIT_OK,
         Err(e) => {
             eprintln!("outboxd init failed: {e}");
@@ -43,7 +58,7 @@ fn quoted(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-async fn init_inner(s: &Settings, replace_record: bool) -> Result<(), InitError> {
+async fn init_inner(s: &Settings, flags: Flags) -> Result<(), InitError> {
     let (pg, sql) = wiring::connect_config(s).connect_sql_target().await?;
     let user = quote_ident(&s.pg.user);
     let table = format!(
@@ -77,7 +92,7 @@ async fn init_inner(s: &Settings, replace_record: bool) -> Result<(), InitError>
         all: &shards,
         replication: None,
         records: None,
-        replace_record,
+        flags,
     };
     for view in &shards {
         init_shard(view, &sql, &mut shared).await?;
@@ -95,8 +110,7 @@ struct Shared<'a> {
     all: &'a [Settings],
     replication: Option<Replication>,
     records: Option<Records>,
-    /// `--replace-progress-record`: overwrite this cluster's record too.
-    replace_record: bool,
+    flags: Flags,
 }
 
 struct Replication {
@@ -141,6 +155,28 @@ impl Shared<'_> {
         };
         Ok(self.records.insert(records))
     }
+
+    /// What the progress topic says of this shard's slot (without taking it from the
+    /// read, which `record_cluster` does); `Err`: why nothing can be said.
+    async fn history(&mut self, s: &Settings) -> Result<Result<SlotRecords, String>, InitError> {
+        let Some(topic) = &s.progress_topic else {
+            return Ok(Err(
+                "OUTBOXD_PROGRESS_TOPIC is empty: no progress record is kept".into(),
+            ));
+        };
+        if s.bootstrap_servers.trim().is_empty() {
+            return Ok(Err("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS is not set".into()));
+        }
+        let Records { read, .. } = self.records(s, topic).await?;
+        Ok(match read {
+            Ok((_, found)) => match found.get(&s.slot) {
+                Some(Ok(records)) => Ok(records.clone()),
+                Some(Err(e)) => Err(e.clone()),
+                None => Err("the slot was not in the read of the topic".into()),
+            },
+            Err(e) => Err(format!("the progress topic could not be read: {e}")),
+        })
+    }
 }
 
 /// Every shard's records, in one read of the topic.
@@ -179,8 +215,9 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
         create_publication(s, sql, &table, &user).await?;
         say!("ok  publication {} (created)", s.publication);
     }
-    let Replication { conn, failover } = shared.replication(s).await?;
-    let failover = *failover;
+    let failover = shared.replication(s).await?.failover;
+    // The slot is new over a history (recreated, or over rows): its record starts afresh.
+    let mut renew = false;
     let position = match preflight::slot_state(sql, &s.slot).await? {
         Some(state) => {
             // The same rule `run` applies: a slot of this name that run would refuse
@@ -192,6 +229,7 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
                     .await?
                     .is_some_and(|f| f.failover);
             if switch {
+                let conn = &mut shared.replication(s).await?.conn;
                 conn.set_slot_failover(&s.slot, true).await?;
                 say!("ok  slot {} (exists; switched to a failover slot)", s.slot);
             } else {
@@ -200,19 +238,51 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
             state.confirmed_flush_lsn
         }
         None => {
+            // Read before creating: a slot that existed must not come back silently.
+            let history = shared.history(s).await?;
+            let rows = if s.relay_table {
+                preflight::table_rows(sql, &s.table_schema, &s.table_name).await?
+            } else {
+                preflight::TableRows::Empty
+            };
+            let topic = s.progress_topic.as_deref().unwrap_or("");
+            let judged = match &history {
+                Ok(records) => History::Read(records),
+                Err(why) => History::Unknown(why),
+            };
+            let creation =
+                judge_missing_slot(&s.slot, &table, topic, judged, rows, shared.flags.consent)
+                    .map_err(|e| InitError::Refused(e.to_string()))?;
+            let Replication { conn, .. } = shared.replication(s).await?;
             let created = conn
                 .create_logical_slot_with(&s.slot, false, failover)
                 .await?;
+            match &creation {
+                Creation::FirstStart => {}
+                Creation::Recreate(old) => say!(
+                    "warn slot {} existed (last confirmed {}, recorded {}): rows committed since then are not relayed; re-publish them (docs/operations.md, \"A lost slot: re-publishing\")",
+                    s.slot,
+                    old.confirmed_lsn(),
+                    old.recorded_at_text()
+                ),
+                Creation::OverRows => say!(
+                    "warn slot {}: rows already in {table} are not relayed (--skip-existing-rows)",
+                    s.slot
+                ),
+            }
             say!(
                 "ok  slot {} (created at {}{}; events committed from here on are relayed)",
                 s.slot,
                 created.consistent_point,
                 if failover { ", failover" } else { "" }
             );
+            if creation != Creation::FirstStart {
+                renew = true;
+            }
             Some(created.consistent_point)
         }
     };
-    record_cluster(s, shared, position).await?;
+    record_cluster(s, sql, shared, position, renew).await?;
     Ok(())
 }
 
@@ -225,8 +295,10 @@ const KAFKA_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 async fn record_cluster(
     s: &Settings,
+    sql: &Client,
     shared: &mut Shared<'_>,
     position: Option<Lsn>,
+    renew: bool,
 ) -> Result<(), InitError> {
     let Some(topic) = &s.progress_topic else {
         return Ok(());
@@ -235,7 +307,8 @@ async fn record_cluster(
         say!("skip progress record (OUTBOXD_KAFKA_BOOTSTRAP_SERVERS is not set; `outboxd run` writes it)");
         return Ok(());
     }
-    let replace_record = shared.replace_record;
+    let flags = shared.flags;
+    let replace_record = flags.replace_record || flags.accept_publication || renew;
     let Records { system, read } = shared.records(s, topic).await?;
     let identity = super::slot_identity(s, &system.system_id);
     let warn = |e: &dyn std::fmt::Display| {
@@ -276,7 +349,21 @@ async fn record_cluster(
     // Only the slot's own position: the record never claims more than the slot has
     // confirmed (a slot created here starts where nothing before it is relayed anyway),
     // and names no transaction, so it proves no replay delivered.
-    let record = ProgressRecord::now(system.timeline, position.unwrap_or(Lsn::ZERO));
+    let mut record = ProgressRecord::now(system.timeline, position.unwrap_or(Lsn::ZERO));
+    // The publication as it is now: the baseline `run` compares it with.
+    if let Some(identity) = preflight::publication_identity(
+        sql,
+        &s.publication,
+        s.relay_table
+            .then_some((s.table_schema.as_str(), s.table_name.as_str())),
+    )
+    .await?
+    {
+        record.publication = Some(PublicationSeen::now(
+            identity,
+            preflight::current_wal_lsn(sql).await?,
+        ));
+    }
     match tokio::time::timeout(KAFKA_WAIT, store.write_and_wait(&identity, &record)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {

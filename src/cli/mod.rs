@@ -59,12 +59,21 @@ fn usage() -> String {
         "outboxd {version}: relays transactional-outbox inserts from PostgreSQL logical replication to Kafka,
 confirming the replication slot only after the broker acknowledged every event.
 
-Usage: outboxd [run|check|init [--replace-progress-record]|status [--json]|--help|--version]
+Usage: outboxd [run|check|init [FLAGS]|status [--json]|--help|--version]
   run     relay until SIGTERM/SIGINT (the default)
   check   check Postgres and Kafka prerequisites, each with ok/fail and the fix
-  init    create the outbox table, publication and slot if missing (idempotent);
-          --replace-progress-record overwrites this cluster's progress record with the
-          slot's position, proving nothing delivered (after restoring an older backup)
+  init    create the outbox table, publication and slot if missing (idempotent). It
+          reads the progress record before creating a slot, and refuses to create one
+          that would skip rows unless told:
+          --recreate-lost-slot   the record says the slot existed: create it anyway
+                                 (re-publish the rows committed since it went)
+          --skip-existing-rows   the table has rows a new slot starts after: they are
+                                 published already, or not meant to be
+          --accept-publication-change  the publication changed since outboxd last
+                                 relayed: rows in between are re-published; go on
+          --replace-progress-record  overwrite this cluster's progress record with the
+                                 slot's position, proving nothing delivered (after
+                                 restoring an older backup)
   status  show the slot: confirmed position, lag, retained WAL, active pid;
           --json (or OUTBOXD_STATUS_FORMAT=json) prints one JSON object for scripts
 
@@ -113,17 +122,23 @@ pub fn main(args: &[String]) -> i32 {
         }
         _ => false,
     };
-    let replace_record = match (command, rest) {
-        ("init", []) => false,
-        ("init", [flag]) if flag == "--replace-progress-record" => true,
-        ("init", extra) => {
-            eprintln!(
-                "outboxd init: unexpected arguments {extra:?}; it takes --replace-progress-record"
-            );
-            return EXIT_CONFIG;
+    let mut flags = init::Flags::default();
+    if command == "init" {
+        for flag in rest {
+            match flag.as_str() {
+                "--replace-progress-record" => flags.replace_record = true,
+                "--recreate-lost-slot" => flags.consent.recreate_lost_slot = true,
+                "--skip-existing-rows" => flags.consent.skip_existing_rows = true,
+                "--accept-publication-change" => flags.accept_publication = true,
+                other => {
+                    eprintln!(
+                        "outboxd init: unexpected argument {other:?}; it takes --replace-progress-record, --recreate-lost-slot, --skip-existing-rows and --accept-publication-change"
+                    );
+                    return EXIT_CONFIG;
+                }
+            }
         }
-        _ => false,
-    };
+    }
     let settings = match config::from_process_env(matches!(command, "run" | "check")) {
         Ok(s) => s,
         Err(e) => {
@@ -157,7 +172,7 @@ pub fn main(args: &[String]) -> i32 {
     let code = runtime.block_on(async {
         match command {
             "check" => check::check(&settings).await,
-            "init" => init::init(&settings, replace_record).await,
+            "init" => init::init(&settings, flags).await,
             "status" => {
                 let json = json || settings.status_format == config::StatusFormat::Json;
                 status::status(&settings, json).await

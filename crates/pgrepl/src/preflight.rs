@@ -187,25 +187,126 @@ pub async fn current_wal_lsn(client: &Client) -> Result<Lsn, ReplError> {
     Lsn::from_str(&text).map_err(|e| ReplError::Protocol(e.to_string()))
 }
 
-/// What the catalog says of a publication today, as one line of text: its oid (a dropped
-/// and recreated one is another) and its flags. Not its tables: the relay publishes only
-/// the outbox's rows (a publication that stops carrying it stops the relay), and listing
-/// them would make every new table of a `FOR ALL TABLES` publication look like a change.
-/// `None`: it does not exist. For fingerprints only.
+/// What the catalog says of a publication today, as one line of text: which row version
+/// of `pg_publication` it is (oid and xmin: a dropped and recreated one, or one whose
+/// `publish` was changed, even changed back, is another) with its flags, and the row
+/// versions of its `pg_publication_rel` entries for `table`, its partitions and its
+/// ancestors (a table dropped from it and added back is another entry), and on PostgreSQL
+/// 15+ of its `pg_publication_namespace` entries for their schemas. Not other tables'
+/// entries: the relay publishes only the outbox's rows. `None`: it does not exist.
+///
+/// PostgreSQL decides what to send by the catalog as it was when each row was written, so
+/// a change undone before anyone looks leaves the flags as they were; the row versions do
+/// not go back.
 pub async fn publication_identity(
     client: &Client,
     publication: &str,
+    table: Option<(&str, &str)>,
 ) -> Result<Option<String>, ReplError> {
-    let row = client
-        .query_opt(
-            "SELECT p.oid::text || ' ' || p.puballtables::text || p.pubinsert::text \
-             || p.pubviaroot::text FROM pg_catalog.pg_publication p WHERE p.pubname = $1",
-            &[&publication],
+    let qualified = table.map(|(schema, name)| {
+        format!(
+            "{}.{}",
+            crate::query::quote_ident(schema),
+            crate::query::quote_ident(name)
         )
+    });
+    let namespaces = if server_version_num(client).await? >= 150_000 {
+        "|| ' n:' || coalesce((SELECT string_agg(pn.oid::text || '.' || pn.xmin::text, ',' \
+             ORDER BY pn.oid) FROM pg_catalog.pg_publication_namespace pn \
+             WHERE pn.pnpubid = p.oid AND pn.pnnspid IN (SELECT c.relnamespace \
+             FROM pg_catalog.pg_class c WHERE c.oid IN (SELECT relid FROM rels))), '')"
+    } else {
+        ""
+    };
+    let sql = format!(
+        "WITH t AS (SELECT to_regclass($2) AS oid), \
+         rels AS (SELECT oid AS relid FROM t WHERE oid IS NOT NULL \
+                  UNION SELECT relid FROM t, pg_catalog.pg_partition_tree(t.oid) \
+                  UNION SELECT relid FROM t, pg_catalog.pg_partition_ancestors(t.oid)) \
+         SELECT p.oid::text || '.' || p.xmin::text || ' ' || p.puballtables::text \
+             || p.pubinsert::text || p.pubviaroot::text \
+             || ' r:' || coalesce((SELECT string_agg(r.oid::text || '.' || r.xmin::text, ',' \
+                ORDER BY r.oid) FROM pg_catalog.pg_publication_rel r \
+                WHERE r.prpubid = p.oid AND r.prrelid IN (SELECT relid FROM rels)), '') \
+             {namespaces} \
+         FROM pg_catalog.pg_publication p WHERE p.pubname = $1"
+    );
+    let row = client
+        .query_opt(sql.as_str(), &[&publication, &qualified])
         .await?;
     row.map(|r| r.try_get::<_, String>(0))
         .transpose()
         .map_err(ReplError::from)
+}
+
+/// Whether an event trigger of this name exists and is enabled.
+pub async fn event_trigger_enabled(client: &Client, name: &str) -> Result<bool, ReplError> {
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger \
+             WHERE evtname = $1 AND evtenabled <> 'D')",
+            &[&name],
+        )
+        .await?;
+    Ok(row.try_get(0)?)
+}
+
+/// Whether a table holds rows, as far as outboxd can tell without reading the data it
+/// may not be allowed to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableRows {
+    /// No row (or no page at all, for a role without SELECT: never a row since its
+    /// creation or its last TRUNCATE).
+    Empty,
+    /// At least one row.
+    Some,
+    /// Pages but no right to look into them, or no such table.
+    Unknown,
+}
+
+/// Whether the table (every partition of it) has rows: what tells a first start from a
+/// lost slot, since rows committed while no slot existed are never decoded.
+pub async fn table_rows(
+    client: &Client,
+    schema: &str,
+    table: &str,
+) -> Result<TableRows, ReplError> {
+    let name = format!(
+        "{}.{}",
+        crate::query::quote_ident(schema),
+        crate::query::quote_ident(table)
+    );
+    // Identifiers quoted above; a table that does not exist fails the query (42P01).
+    match client
+        .query_one(&format!("SELECT EXISTS (SELECT 1 FROM {name})"), &[])
+        .await
+    {
+        Ok(row) => {
+            return Ok(if row.try_get::<_, bool>(0)? {
+                TableRows::Some
+            } else {
+                TableRows::Empty
+            })
+        }
+        Err(e) if e.code().is_some_and(|c| c.code() == "42501") => {}
+        Err(e) if e.code().is_some_and(|c| c.code() == "42P01") => return Ok(TableRows::Unknown),
+        Err(e) => return Err(e.into()),
+    }
+    // Without SELECT: sizes are public. No page in any partition means no row yet.
+    let row = client
+        .query_one(
+            "SELECT coalesce(sum(pg_catalog.pg_relation_size(t.relid)), 0)::bigint \
+             FROM (SELECT to_regclass($1) AS relid \
+                   UNION SELECT relid FROM pg_catalog.pg_partition_tree(to_regclass($1))) t \
+             WHERE t.relid IS NOT NULL",
+            &[&name],
+        )
+        .await?;
+    Ok(if row.try_get::<_, i64>(0)? == 0 {
+        TableRows::Empty
+    } else {
+        TableRows::Unknown
+    })
 }
 
 /// How a publication covers the outbox table, from `pg_publication` and

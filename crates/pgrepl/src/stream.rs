@@ -221,6 +221,15 @@ impl ReplicationStream {
             },
             _ => match wire::decode(tag, body)? {
                 Backend::Error(e) => Err(stream_error(&self.slot, e)),
+                // PostgreSQL 18 decodes on past a missing publication with only a
+                // warning ("skipped loading publication"): every row it would have sent
+                // is then skipped, so it is the error PostgreSQL 17 and older raise.
+                Backend::Notice(n)
+                    if n.code == "42704"
+                        && n.message.starts_with("skipped loading publication") =>
+                {
+                    Err(ReplError::Server(Box::new(n)))
+                }
                 Backend::Notice(n) => {
                     tracing::info!(notice = %n, "server notice");
                     Ok(None)

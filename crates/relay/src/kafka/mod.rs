@@ -27,7 +27,9 @@ pub use probe::BrokerProbe;
 pub use producer::{
     build_producer, BrokerAddress, BrokerInfo, FlushError, OutgoingRecord, RelayProducer, SendError,
 };
-pub use progress::{ProgressError, ProgressRecord, ProgressStore, SlotIdentity, SlotRecords};
+pub use progress::{
+    ProgressError, ProgressRecord, ProgressStore, PublicationSeen, SlotIdentity, SlotRecords,
+};
 pub use rdkafka::types::RDKafkaErrorCode;
 pub use settings::{
     env_var_of_property, is_secret_property, kafka_property_from_env, ProducerSettings,

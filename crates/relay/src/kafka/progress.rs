@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pgoutput::Lsn;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
@@ -36,7 +36,7 @@ impl ConsumerContext for LogContext {}
 mod record;
 
 use record::SlotScan;
-pub use record::{ProgressRecord, SlotIdentity, SlotRecords};
+pub use record::{ProgressRecord, PublicationSeen, SlotIdentity, SlotRecords};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProgressError {
@@ -48,6 +48,12 @@ pub enum ProgressError {
     Timeout(Duration),
     #[error("the record for this slot is unreadable ({0}); delete it only if you know the slot never existed")]
     Unreadable(String),
+    #[error("the progress topic {topic:?} keeps records only for a while (cleanup.policy={policy}, retention.ms={retention_ms}): once the slot's record is deleted, a lost slot can no longer be told from a first start. Make it compacted: kafka-configs --alter --entity-type topics --entity-name {topic} --add-config cleanup.policy=compact (or retention.ms=-1), then start outboxd again")]
+    NotDurable {
+        topic: String,
+        policy: String,
+        retention_ms: String,
+    },
 }
 
 /// Reads and writes progress records. Cheap to clone.
@@ -72,6 +78,20 @@ struct Inner {
     /// process skips nothing for it (see `outbox_core::delivered`).
     foreign_writer: AtomicBool,
     lineage_check_in_flight: AtomicBool,
+    /// The topic's retention as the brokers described it, once (see
+    /// [`ProgressStore::check_durable`]).
+    durability: tokio::sync::OnceCell<Durability>,
+}
+
+/// Whether the progress topic keeps a slot's record for good.
+#[derive(Debug, Clone)]
+enum Durability {
+    /// Compacted, or kept forever.
+    Kept,
+    /// Deleted after a while: `(cleanup.policy, retention.ms)`.
+    Expires(String, String),
+    /// The brokers would not say (librdkafka's mock cluster has no DescribeConfigs).
+    Unknown,
 }
 
 impl Drop for Inner {
@@ -110,6 +130,7 @@ impl ProgressStore {
                 writes_acked: AtomicU64::new(0),
                 foreign_writer: AtomicBool::new(false),
                 lineage_check_in_flight: AtomicBool::new(false),
+                durability: tokio::sync::OnceCell::new(),
             }),
         })
     }
@@ -228,6 +249,96 @@ impl ProgressStore {
         Ok(())
     }
 
+    /// Refuses a progress topic that deletes records after a while: a slot's record would
+    /// go, and with it the only sign that the slot existed. Asked once per process; a
+    /// broker that cannot describe topics gets a warning, not a refusal.
+    pub async fn check_durable(&self) -> Result<(), ProgressError> {
+        self.ensure_topic().await?;
+        let durability = self
+            .inner
+            .durability
+            .get_or_init(|| async {
+                match self.describe_retention().await {
+                    Ok(d) => d,
+                    Err(e) => {
+                        tracing::warn!(
+                            topic = %self.inner.topic,
+                            "cannot read the progress topic's configuration ({e}); make sure it is compacted (cleanup.policy=compact) or keeps records forever (retention.ms=-1)"
+                        );
+                        Durability::Unknown
+                    }
+                }
+            })
+            .await;
+        self.judge_durability(durability)
+    }
+
+    /// What [`ProgressStore::check_durable`] found, if it ran: never waits.
+    pub fn durability_verdict(&self) -> Option<Result<(), ProgressError>> {
+        self.inner
+            .durability
+            .get()
+            .map(|d| self.judge_durability(d))
+    }
+
+    /// Runs [`ProgressStore::check_durable`] in the background, for
+    /// [`ProgressStore::durability_verdict`] to read: a broker that never answers
+    /// DescribeConfigs (the mock cluster times out) must not delay streaming.
+    pub fn check_durable_in_background(&self) {
+        if self.inner.durability.initialized() {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let _ = this.check_durable().await;
+        });
+    }
+
+    fn judge_durability(&self, durability: &Durability) -> Result<(), ProgressError> {
+        match durability {
+            Durability::Kept | Durability::Unknown => Ok(()),
+            Durability::Expires(policy, retention_ms) => Err(ProgressError::NotDurable {
+                topic: self.inner.topic.clone(),
+                policy: policy.clone(),
+                retention_ms: retention_ms.clone(),
+            }),
+        }
+    }
+
+    async fn describe_retention(&self) -> Result<Durability, ProgressError> {
+        let s = &self.inner.settings;
+        let admin: AdminClient<LogContext> = admin_config(s)?
+            .create_with_context(LogContext)
+            .map_err(|e| KafkaSetupError::Client(s.scrub(&e.to_string())))?;
+        // Short: a broker answers in milliseconds, and librdkafka's mock cluster (which has
+        // no DescribeConfigs) only by timing out.
+        let wait = Duration::from_secs(2);
+        let options = AdminOptions::new().request_timeout(Some(wait));
+        let described = tokio::time::timeout(
+            wait * 2,
+            admin.describe_configs(&[ResourceSpecifier::Topic(&self.inner.topic)], &options),
+        )
+        .await
+        .map_err(|_| ProgressError::Timeout(wait * 2))?
+        .map_err(|e| ProgressError::Kafka(s.scrub(&e.to_string())))?;
+        let resource = match described.into_iter().next() {
+            Some(Ok(resource)) => resource,
+            Some(Err(code)) => return Err(ProgressError::Kafka(format!("{code:?}"))),
+            None => return Ok(Durability::Unknown),
+        };
+        let value = |name: &str| resource.get(name).and_then(|e| e.value.clone());
+        let (Some(policy), retention) = (value("cleanup.policy"), value("retention.ms")) else {
+            return Ok(Durability::Unknown);
+        };
+        let kept = policy.split(',').any(|p| p.trim() == "compact")
+            || retention.as_deref().is_some_and(|r| r.trim() == "-1");
+        Ok(if kept {
+            Durability::Kept
+        } else {
+            Durability::Expires(policy, retention.unwrap_or_else(|| "?".into()))
+        })
+    }
+
     async fn create_topic(&self) -> Result<(), ProgressError> {
         let s = &self.inner.settings;
         let admin: AdminClient<LogContext> = admin_config(s)?
@@ -244,8 +355,11 @@ impl ProgressStore {
             .set("segment.ms", "600000");
         let compacted = NewTopic::new(&self.inner.topic, 1, TopicReplication::Fixed(-1))
             .set("cleanup.policy", "compact");
+        // Kept forever instead, for brokers that refuse compaction: records are small.
+        let kept = NewTopic::new(&self.inner.topic, 1, TopicReplication::Fixed(-1))
+            .set("retention.ms", "-1");
         let plain = NewTopic::new(&self.inner.topic, 1, TopicReplication::Fixed(-1));
-        for topic in [compacted_rolled, compacted, plain] {
+        for topic in [compacted_rolled, compacted, kept, plain] {
             let results = admin
                 .create_topics(&[topic], &options)
                 .await
@@ -301,18 +415,27 @@ impl ProgressStore {
     ) -> Result<Vec<Result<SlotRecords, ProgressError>>, ProgressError> {
         let s = &self.inner.settings;
         let topic = self.inner.topic.as_str();
-        let nothing = || ids.iter().map(|_| Ok(SlotRecords::default())).collect();
+        let nothing = |had_records: bool| {
+            ids.iter()
+                .map(|_| {
+                    Ok(SlotRecords {
+                        topic_had_records: had_records,
+                        ..SlotRecords::default()
+                    })
+                })
+                .collect()
+        };
         let consumer = self.consumer()?;
         if !self.topic_exists(&consumer)? {
             // No topic, no record: nothing was ever recorded on this cluster.
-            return Ok(nothing());
+            return Ok(nothing(false));
         }
         let deadline = Instant::now() + timeout;
         let (low, high) = consumer
             .fetch_watermarks(topic, 0, timeout)
             .map_err(|e| ProgressError::Kafka(s.scrub(&e.to_string())))?;
         if high <= low {
-            return Ok(nothing());
+            return Ok(nothing(high > 0));
         }
         let mut assignment = TopicPartitionList::new();
         assignment
@@ -346,7 +469,7 @@ impl ProgressStore {
         Ok(ids
             .iter()
             .zip(found)
-            .map(|(id, scan)| scan.records(id))
+            .map(|(id, scan)| scan.records(id, true))
             .collect())
     }
 
@@ -359,14 +482,27 @@ impl ProgressStore {
         id: &SlotIdentity,
         record: &ProgressRecord,
     ) -> Result<(), ProgressError> {
+        self.write_keyed(&id.key(), &record.to_json(id)).await
+    }
+
+    /// Writes the record saying that the slot is about to be created, under its own key
+    /// ([`SlotIdentity::creating_key`]), and waits for the ack.
+    pub async fn write_intent(
+        &self,
+        id: &SlotIdentity,
+        record: &ProgressRecord,
+    ) -> Result<(), ProgressError> {
+        self.write_keyed(&id.creating_key(), &record.to_json(id))
+            .await
+    }
+
+    async fn write_keyed(&self, key: &str, value: &str) -> Result<(), ProgressError> {
         self.ensure_topic().await?;
-        let key = id.key();
-        let value = record.to_json(id);
         let (done, acked) = tokio::sync::oneshot::channel();
         let record = BaseRecord::with_opaque_to(&self.inner.topic, Box::new(done))
             .partition(0)
-            .key(&key)
-            .payload(&value);
+            .key(key)
+            .payload(value);
         if let Err((e, _)) = self.inner.producer.send(record) {
             return Err(ProgressError::Kafka(
                 self.inner.settings.scrub(&e.to_string()),

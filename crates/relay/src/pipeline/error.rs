@@ -52,12 +52,34 @@ pub enum RelayError {
         table: String,
         problem: String,
     },
-    #[error("replication slot {slot:?} does not exist, but the progress record in Kafka topic {progress_topic:?} says it did (last confirmed position {last_confirmed}, recorded {recorded_at}): it was dropped or lost (for example in a failover without failover slots). Creating it again would silently skip every event committed since then, so outboxd will not. Re-publish the outbox rows committed since that position if needed, then create the slot explicitly with `outboxd init` and start outboxd again")]
+    #[error("replication slot {slot:?} does not exist, but the progress record in Kafka topic {progress_topic:?} says it did (last confirmed position {last_confirmed}, recorded {recorded_at}): it was dropped or lost (for example in a failover without failover slots). Creating it again would silently skip every event committed since then, so outboxd will not. Create it explicitly with `outboxd init --recreate-lost-slot`, then re-publish the outbox rows committed since {recorded_at} (docs/operations.md, \"A lost slot: re-publishing\") and start outboxd again")]
     SlotLost {
         slot: String,
         progress_topic: String,
         last_confirmed: pgoutput::Lsn,
         recorded_at: String,
+    },
+    #[error("replication slot {slot:?} does not exist and {table} {rows}{history}: a slot created now starts after them, and any not relayed yet would be skipped without a trace. If every row in it was published already (by an earlier relay), or is not meant to be, create the slot with `outboxd init --skip-existing-rows`; if a slot of this name existed and was lost, create it with `outboxd init --recreate-lost-slot` and re-publish the rows committed since it went (docs/operations.md, \"A lost slot: re-publishing\")")]
+    RowsBeforeSlot {
+        slot: String,
+        table: String,
+        rows: &'static str,
+        history: String,
+    },
+    #[error("the server at {host}:{port} is on timeline {found}, but this process streamed from timeline {seen} of the same cluster before: it is an old primary left running after a standby was promoted (split brain), and its history past the promotion was abandoned. outboxd stopped rather than relay it. Fence it (stop it, or take it out of PGHOST), then restart outboxd")]
+    TimelineWentBack {
+        host: String,
+        port: u16,
+        seen: u32,
+        found: u32,
+    },
+    #[error("{0}")]
+    ProgressNotDurable(crate::kafka::ProgressError),
+    #[error("publication {publication:?} changed since outboxd last looked at it ({since}, WAL position {since_lsn}). PostgreSQL decodes each row with the publication as it was when the row was written, so outbox rows committed while it did not publish them were never sent, and can never be decoded again; outboxd stopped before confirming anything after that look. Make sure it publishes the outbox's inserts (`outboxd check`), re-publish the outbox rows committed since {since} (docs/operations.md, \"The publication changed\"), then run `outboxd init --accept-publication-change` and start outboxd")]
+    PublicationChanged {
+        publication: String,
+        since: String,
+        since_lsn: pgoutput::Lsn,
     },
     #[error("cannot tell whether replication slot {slot:?} existed before: reading the progress record from Kafka topic {progress_topic:?} failed ({reason}); outboxd creates a missing slot only when it knows no earlier slot is being replaced")]
     SlotHistoryUnknown {
@@ -156,6 +178,10 @@ impl RelayError {
             | E::OutboxLikeRelation { .. }
             | E::ShardLayout { .. }
             | E::SlotLost { .. }
+            | E::RowsBeforeSlot { .. }
+            | E::ProgressNotDurable(_)
+            | E::TimelineWentBack { .. }
+            | E::PublicationChanged { .. }
             | E::ServerSetting { .. }
             | E::FailoverUnsupported
             | E::OtherCluster { .. }
@@ -198,7 +224,9 @@ impl RelayError {
     /// not exist` in the middle of the stream.
     pub fn from_stream(e: ReplError, publication: &str) -> RelayError {
         if let ReplError::Server(s) = &e {
-            if s.code == "42704" && s.message.starts_with("publication ") {
+            let missing = s.message.starts_with("publication ")
+                || s.message.starts_with("skipped loading publication");
+            if s.code == "42704" && missing {
                 return RelayError::PublicationDropped {
                     publication: publication.to_owned(),
                     server: s.message.clone(),

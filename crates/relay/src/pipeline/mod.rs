@@ -7,6 +7,7 @@ mod observe;
 mod session;
 mod shard;
 mod slot;
+mod slot_history;
 
 use std::time::Duration;
 
@@ -22,12 +23,13 @@ pub use shard::{judge_shard_layout, verify_shard_layout, ShardSpec};
 pub use slot::{
     judge_publication, judge_server, judge_slot, FailoverSlot, SlotStart, SlotStats, Verdict,
 };
+pub use slot_history::{judge_missing_slot, Consent, Creation, History};
 
 use outbox_core::{DeliveredPosition, Fingerprint, ReplayStart};
 
 use crate::kafka::{
     build_producer, BrokerProbe, ProducerSettings, ProgressError, ProgressRecord, ProgressStore,
-    SlotIdentity, SlotRecords,
+    PublicationSeen, SlotIdentity, SlotRecords,
 };
 use session::{Session, SessionStart};
 
@@ -78,6 +80,9 @@ pub struct RelayConfig {
     /// verified with the publication, so a partition no shard reads stops the relay.
     pub shard: Option<ShardSpec>,
 }
+
+/// The event trigger of `sql/publication-guard.sql`.
+pub const PUBLICATION_GUARD_TRIGGER: &str = "outboxd_publication_guard";
 
 /// How long a session whose server went away waits for in-flight acks (see
 /// `Session::settle_in_flight`).
@@ -130,8 +135,13 @@ struct Carry {
     settings_warned: bool,
     /// The cluster (system identifier, timeline) the first connection found.
     seen_system: Option<SeenSystem>,
+    /// The server the last session streamed from (host, port).
+    seen_host: Option<(String, u16)>,
     /// Standing by for a slot that another instance holds (logged on entry and takeover).
     standing_by: bool,
+    /// The publication at the last session's last look that matched: the next session
+    /// compares with it, like with the progress record's.
+    publication: Option<PublicationSeen>,
 }
 
 /// What the coming replay may skip once the stream proves it: the claim of the previous
@@ -144,17 +154,21 @@ async fn replay_claim(
     carry: &Carry,
     progress: Option<&ProgressStore>,
     identity: &SlotIdentity,
-) -> Result<Option<(DeliveredPosition, u64)>, RelayError> {
+) -> Result<Known, RelayError> {
     if let Some(claim) = &carry.delivered {
-        return Ok(Some(claim.clone()));
+        return Ok(Known {
+            claim: Some(claim.clone()),
+            publication: carry.publication.clone(),
+        });
     }
     let Some(p) = progress else {
-        return Ok(None);
+        return Ok(Known::default());
     };
     // Bounded: the stream is already started and waits for this optimisation (and the
     // identity check it brings is then skipped: it may only ever stop a relay, never be
     // why one cannot start).
     let wait = cfg.progress_read_wait;
+    p.check_durable_in_background();
     let read = tokio::time::timeout(wait, p.read_slot(identity)).await;
     match read.unwrap_or(Err(ProgressError::Timeout(wait))) {
         Ok(records) => {
@@ -163,16 +177,27 @@ async fn replay_claim(
                 obs.progress_foreign_write();
                 warn_foreign_writer(identity, p.topic());
             }
-            Ok(records.ours.map(|r| (r.claim, r.lineage)))
+            let publication = records.ours.as_ref().and_then(|r| r.publication.clone());
+            Ok(Known {
+                claim: records.ours.map(|r| (r.claim, r.lineage)),
+                publication,
+            })
         }
         Err(e) => {
             obs.progress_record_unread();
-            tracing::info!(
-                "no progress record to skip replayed events ({e}); they are published again"
+            tracing::warn!(
+                "no progress record to skip replayed events, or to compare the publication with ({e}): replayed events are published again, and a change of the publication while outboxd was stopped goes unseen"
             );
-            Ok(None)
+            Ok(Known::default())
         }
     }
+}
+
+/// What the last session of this process, or the progress record, knew.
+#[derive(Debug, Default)]
+struct Known {
+    claim: Option<(DeliveredPosition, u64)>,
+    publication: Option<PublicationSeen>,
 }
 
 /// The loud warning for two live writers of one key (see `Doubt::ForeignWriter`).
@@ -237,12 +262,13 @@ fn check_server_version(version_num: u32) -> Result<(), RelayError> {
     Ok(())
 }
 
-/// Creates the missing slot, but only once the progress record shows that no earlier slot
-/// of this name existed, and only after recording that this one will: a slot must never
-/// exist without a record, or its loss could go unnoticed.
+/// Creates the missing slot, but only once the progress record and the table show that no
+/// earlier slot of this name existed (`slot_history`), and only after recording that this
+/// one will: a slot must never exist without a record, or its loss could go unnoticed.
 async fn create_slot_if_new(
     cfg: &RelayConfig,
     pg: &ConnectConfig,
+    sql: &tokio_postgres::Client,
     progress: Option<&ProgressStore>,
     identity: &SlotIdentity,
     timeline: u32,
@@ -259,26 +285,35 @@ async fn create_slot_if_new(
         progress_topic: progress.topic().to_owned(),
         reason: e.to_string(),
     };
+    match progress.check_durable().await {
+        Err(e @ ProgressError::NotDurable { .. }) => return Err(RelayError::ProgressNotDurable(e)),
+        other => other.map_err(unknown)?,
+    }
     let records = progress.read_slot(identity).await.map_err(unknown)?;
     refuse_other_cluster(&records, progress, identity)?;
-    match records.ours {
-        Some(record) if record.slot_created => {
-            return Err(RelayError::SlotLost {
-                slot: cfg.slot.clone(),
-                progress_topic: progress.topic().to_owned(),
-                last_confirmed: record.confirmed_lsn(),
-                recorded_at: record.recorded_at_text(),
-            });
-        }
-        Some(record) => tracing::info!(
+    let rows = if cfg.relay_table {
+        pgrepl::preflight::table_rows(sql, &cfg.table.schema, &cfg.table.table).await?
+    } else {
+        // Emitted messages leave nothing behind to count: the record alone decides.
+        pgrepl::preflight::TableRows::Empty
+    };
+    judge_missing_slot(
+        &cfg.slot,
+        &cfg.table.qualified_name(),
+        progress.topic(),
+        History::Read(&records),
+        rows,
+        Consent::default(),
+    )?;
+    if let Some(record) = records.creating.as_ref().or(records.ours.as_ref()) {
+        tracing::info!(
             slot = %cfg.slot,
             recorded_at = %record.recorded_at_text(),
             "an earlier attempt to create the slot did not finish (no record of the slot after it); creating it now"
-        ),
-        None => {}
+        );
     }
     progress
-        .write_and_wait(
+        .write_intent(
             identity,
             &ProgressRecord::before_creation(timeline, position),
         )
@@ -309,6 +344,7 @@ struct SeenSystem {
 fn check_system(
     seen: &mut Option<SeenSystem>,
     now: &pgrepl::SystemInfo,
+    server: (&str, u16),
 ) -> Result<Option<u32>, RelayError> {
     match seen {
         None => {
@@ -321,6 +357,15 @@ fn check_system(
         Some(s) if s.system_id != now.system_id => Err(RelayError::OtherCluster {
             expected: s.system_id.clone(),
             found: now.system_id.clone(),
+        }),
+        // A promotion only ever moves to a newer timeline. An older one is a primary that
+        // was left running after a standby took over (split brain): its history was
+        // abandoned, and what it holds past the fork is not the cluster's.
+        Some(s) if now.timeline < s.timeline => Err(RelayError::TimelineWentBack {
+            host: server.0.to_owned(),
+            port: server.1,
+            seen: s.timeline,
+            found: now.timeline,
         }),
         Some(s) if s.timeline != now.timeline => {
             let previous = s.timeline;
@@ -426,6 +471,7 @@ async fn relay_loop(
                     // Another instance streams now and writes the record: what this one
                     // knew is older than what the record will say at the takeover.
                     carry.delivered = None;
+                    carry.publication = None;
                     if !carry.standing_by {
                         // Once: a standby may wait for days.
                         tracing::info!("{e}; standing by until the slot is released (watching it over one connection)");
@@ -527,7 +573,14 @@ async fn run_session(
     let mut conn = ReplicationConnection::connect(pg).await?;
     check_server_version(conn.server_version_num().await?)?;
     let system = conn.identify_system().await?;
-    let previous_timeline = check_system(&mut carry.seen_system, &system)?;
+    let previous_timeline = check_system(&mut carry.seen_system, &system, (&pg.host, pg.port))?;
+    let host = (pg.host.clone(), pg.port);
+    if previous_timeline.is_some() || carry.seen_host.as_ref().is_some_and(|h| *h != host) {
+        // Another server's history: what this process proved delivered is proven again
+        // from the progress record, never carried over.
+        carry.delivered = None;
+    }
+    carry.seen_host = Some(host);
     let identity = SlotIdentity {
         cluster: cfg.cluster_name.clone(),
         system_id: system.system_id.clone(),
@@ -556,6 +609,7 @@ async fn run_session(
             create_slot_if_new(
                 cfg,
                 pg,
+                &sql,
                 progress,
                 &identity,
                 system.timeline,
@@ -564,6 +618,10 @@ async fn run_session(
             .await?
         }
     };
+    // sql/publication-guard.sql's trigger marks publication changes with a message,
+    // which the stream carries only when messages are asked for.
+    let guarded = cfg.relay_table
+        && pgrepl::preflight::event_trigger_enabled(&sql, PUBLICATION_GUARD_TRIGGER).await?;
     let options = StartOptions {
         slot: cfg.slot.clone(),
         // 0/0: the server starts at the slot's confirmed_flush_lsn.
@@ -571,7 +629,7 @@ async fn run_session(
         publication_names: vec![cfg.publication.clone()],
         // The heartbeat is a logical message: without `messages` pgoutput drops it, its
         // transaction is empty and skipped (PG15+), and the slot would not advance.
-        messages: cfg.emit.is_some() || cfg.heartbeat_interval.is_some(),
+        messages: cfg.emit.is_some() || cfg.heartbeat_interval.is_some() || guarded,
         proto_version: None,
         binary: false,
         // Not `start`: the slot may have moved since it was read (another instance held
@@ -581,6 +639,9 @@ async fn run_session(
         status_interval: cfg.status_interval,
     };
     let mut stream = conn.start_replication(options).await?;
+    let table = cfg
+        .relay_table
+        .then_some((cfg.table.schema.as_str(), cfg.table.table.as_str()));
     carry.seen_slot = true;
     // The slot is ours now and cannot move under us: this is where the stream starts.
     let confirmed_flush = slot::confirmed_flush(&sql, &cfg.slot)
@@ -596,11 +657,21 @@ async fn run_session(
             "the server's timeline changed: a standby was promoted (failover); streaming from the slot's confirmed position on the new primary"
         );
     }
-    let publication = pgrepl::preflight::publication_identity(&sql, &cfg.publication)
-        .await?
-        .unwrap_or_default();
-    let fingerprint = fingerprint(cfg, &publication);
-    let claim = replay_claim(cfg, obs, carry, progress, &identity).await?;
+    // This look is the session's baseline: a change since the record's last look shows
+    // here, and a later one at the ticks (or at once, at a guard message).
+    let publication = match table {
+        Some(table) => session::publication::look(&sql, &cfg.publication, Some(table)).await?,
+        None => None,
+    };
+    let fingerprint = fingerprint(
+        cfg,
+        publication.as_ref().map_or("", |p| p.identity.as_str()),
+    );
+    let known = replay_claim(cfg, obs, carry, progress, &identity).await?;
+    if let (Some(last), Some(_)) = (&known.publication, table) {
+        session::publication::compare(&cfg.publication, last, publication.as_ref())?;
+    }
+    let claim = known.claim;
     let replay = ReplayStart {
         timeline: system.timeline,
         start: confirmed_flush,
@@ -632,6 +703,7 @@ async fn run_session(
         SessionStart {
             replay,
             progress: progress.map(|p| (p.clone(), identity)),
+            publication,
         },
     );
     let result = session.run(&mut stream, shutdown).await;
@@ -640,6 +712,7 @@ async fn run_session(
     }
     carry.progressed = session.made_progress();
     carry.delivered = Some(session.delivered());
+    carry.publication = session.publication_seen();
     match &result {
         Ok(_) => {
             // Bounded: the final position was already sent; CopyDone is a courtesy.
@@ -671,11 +744,21 @@ mod tests {
     #[test]
     fn another_cluster_is_refused_and_a_new_timeline_reported_once() {
         let mut seen = None;
-        assert_eq!(check_system(&mut seen, &info("7", 1)).ok(), Some(None));
-        assert_eq!(check_system(&mut seen, &info("7", 1)).ok(), Some(None));
-        assert_eq!(check_system(&mut seen, &info("7", 2)).ok(), Some(Some(1)));
-        assert_eq!(check_system(&mut seen, &info("7", 2)).ok(), Some(None));
-        let err = check_system(&mut seen, &info("8", 2)).err();
+        let at = ("db1", 5432);
+        assert_eq!(check_system(&mut seen, &info("7", 1), at).ok(), Some(None));
+        assert_eq!(check_system(&mut seen, &info("7", 1), at).ok(), Some(None));
+        assert_eq!(
+            check_system(&mut seen, &info("7", 2), at).ok(),
+            Some(Some(1))
+        );
+        assert_eq!(check_system(&mut seen, &info("7", 2), at).ok(), Some(None));
+        // Back to timeline 1: an old primary left running after the promotion.
+        let back = check_system(&mut seen, &info("7", 1), at).err();
+        assert!(
+            matches!(&back, Some(e @ RelayError::TimelineWentBack { seen: 2, found: 1, .. }) if e.exit_code() == 3),
+            "{back:?}"
+        );
+        let err = check_system(&mut seen, &info("8", 2), at).err();
         assert!(
             matches!(&err, Some(e @ RelayError::OtherCluster { .. }) if e.exit_code() == 3 && e.class() == ErrorClass::Permanent),
             "{err:?}"

@@ -34,6 +34,7 @@ use crate::kafka::{
 };
 
 mod progress;
+pub(super) mod publication;
 mod relations;
 mod skip;
 mod tick;
@@ -96,6 +97,9 @@ pub(super) struct Session<'a> {
     catchup: CatchUp,
     /// Events acknowledged in this session, for the catch-up rate.
     events_acked: u64,
+    /// The publication at the last look that matched (see `publication`); `None` when no
+    /// table is relayed.
+    publication: Option<crate::kafka::PublicationSeen>,
 }
 
 /// How a session starts beyond its connections: where it is in the server's history,
@@ -103,6 +107,8 @@ pub(super) struct Session<'a> {
 pub(super) struct SessionStart {
     pub replay: ReplayStart,
     pub progress: Option<(ProgressStore, SlotIdentity)>,
+    /// The publication as looked at before streaming, already compared with the record.
+    pub publication: Option<crate::kafka::PublicationSeen>,
 }
 
 impl<'a> Session<'a> {
@@ -147,6 +153,7 @@ impl<'a> Session<'a> {
                 .map(|(store, identity)| ProgressWriter::new(store, identity)),
             catchup: CatchUp::default(),
             events_acked: 0,
+            publication: begin.publication,
         }
     }
 
@@ -404,6 +411,9 @@ impl<'a> Session<'a> {
     }
 
     async fn on_emitted(&mut self, m: &Message) -> Result<(), RelayError> {
+        if m.prefix == publication::PUBLICATION_GUARD_PREFIX && m.is_transactional() {
+            return self.on_publication_guard().await;
+        }
         let Some(mapper) = self.cfg.emit.as_ref() else {
             return Ok(());
         };

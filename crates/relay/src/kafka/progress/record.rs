@@ -33,6 +33,49 @@ impl SlotIdentity {
             )
         }
     }
+
+    /// The key of the record written just before the slot is created. A key of its own:
+    /// one written late (two replicas creating the slot at once, the loser's intent
+    /// landing after the winner's record) never replaces the record that the slot exists.
+    pub fn creating_key(&self) -> String {
+        format!("{}#creating", self.key())
+    }
+}
+
+/// The publication as a session last verified it: its catalog identity
+/// (`pgrepl::preflight::publication_identity`), and when and at which WAL position that
+/// was. A later start that finds another identity stops: rows written after this point may
+/// never have been decoded for the slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicationSeen {
+    pub identity: String,
+    pub at_unix_ms: u64,
+    pub wal_lsn: Lsn,
+}
+
+impl PublicationSeen {
+    pub fn now(identity: String, wal_lsn: Lsn) -> Self {
+        PublicationSeen {
+            identity,
+            at_unix_ms: unix_ms_now(),
+            wal_lsn,
+        }
+    }
+
+    /// `at` as RFC 3339 UTC text.
+    pub fn at_text(&self) -> String {
+        rfc3339_of_ms(self.at_unix_ms)
+    }
+}
+
+fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn rfc3339_of_ms(ms: u64) -> String {
+    outbox_core::rfc3339_utc_seconds(i64::try_from(ms / 1000).unwrap_or(i64::MAX))
 }
 
 /// This process as a writer of progress records: host, process id and start time. Only
@@ -73,6 +116,9 @@ pub struct ProgressRecord {
     pub lineage: u64,
     /// Host, process id and start time of the process that wrote it (`writer_id`).
     pub writer: String,
+    /// The publication as last verified before this record; `None` in records written
+    /// before outboxd recorded it.
+    pub publication: Option<PublicationSeen>,
 }
 
 impl ProgressRecord {
@@ -85,12 +131,11 @@ impl ProgressRecord {
     pub fn of(claim: DeliveredPosition, lineage: u64) -> Self {
         ProgressRecord {
             claim,
-            recorded_at_unix_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            recorded_at_unix_ms: unix_ms_now(),
             slot_created: true,
             lineage,
             writer: writer_id().to_owned(),
+            publication: None,
         }
     }
 
@@ -144,6 +189,11 @@ impl ProgressRecord {
             "fingerprint": format!("{:016x}", c.fingerprint),
             "lineage": format!("{:016x}", self.lineage),
             "writer": self.writer,
+            "publication": self.publication.as_ref().map(|p| serde_json::json!({
+                "identity": p.identity,
+                "at_unix_ms": p.at_unix_ms,
+                "wal_lsn": p.wal_lsn.to_string(),
+            })),
         })
         .to_string()
     }
@@ -229,6 +279,13 @@ impl ProgressRecord {
                 .and_then(serde_json::Value::as_str)
                 .unwrap_or("")
                 .to_owned(),
+            publication: v.get("publication").and_then(|p| {
+                Some(PublicationSeen {
+                    identity: p.get("identity")?.as_str()?.to_owned(),
+                    at_unix_ms: p.get("at_unix_ms")?.as_u64()?,
+                    wal_lsn: lsn_of(p.get("wal_lsn")?)?,
+                })
+            }),
         })
     }
 
@@ -248,8 +305,7 @@ impl ProgressRecord {
 
     /// `recorded_at` as RFC 3339 UTC text for error messages.
     pub fn recorded_at_text(&self) -> String {
-        let secs = i64::try_from(self.recorded_at_unix_ms / 1000).unwrap_or(i64::MAX);
-        outbox_core::rfc3339_utc_seconds(secs)
+        rfc3339_of_ms(self.recorded_at_unix_ms)
     }
 }
 
@@ -266,6 +322,13 @@ pub struct SlotRecords {
     /// runs), oldest first, repeats in a row folded: `[a, b, a]` means two live writers
     /// take turns.
     pub lineages: Vec<u64>,
+    /// The newest record written just before creating this slot (its own key: see
+    /// [`SlotIdentity::creating_key`]).
+    pub creating: Option<ProgressRecord>,
+    /// Whether the topic ever held a record (its high watermark is past 0). One that did,
+    /// but holds none of this slot, cannot say the slot never existed: its record may have
+    /// been deleted (by retention, or by hand).
+    pub topic_had_records: bool,
 }
 
 impl SlotRecords {
@@ -280,6 +343,11 @@ impl SlotRecords {
 }
 
 impl SlotRecords {
+    /// The record saying that the slot existed, if one does.
+    pub fn slot_existed(&self) -> Option<&ProgressRecord> {
+        self.ours.as_ref().filter(|r| r.slot_created)
+    }
+
     /// Another cluster's record of a slot that existed there, and none of ours: the relay
     /// is pointed at a new cluster (a wrong host, or a migration) until an operator says
     /// it is meant to be (`outboxd init` writes our record).
@@ -305,6 +373,8 @@ pub(super) struct SlotScan {
     /// Keys end with the database and slot: a cheap filter before parsing the value.
     same_slot_suffix: String,
     latest: Option<Option<Vec<u8>>>,
+    creating_key: String,
+    creating: Option<Option<Vec<u8>>>,
     lineages: Vec<u64>,
     /// Newest value per key of another cluster's record of this slot (None: deleted).
     others: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
@@ -314,6 +384,8 @@ impl SlotScan {
     pub(super) fn new(id: &SlotIdentity) -> Self {
         SlotScan {
             key: id.key(),
+            creating_key: id.creating_key(),
+            creating: None,
             same_slot_suffix: format!("/{}/{}", id.database, id.slot),
             latest: None,
             lineages: Vec::new(),
@@ -336,13 +408,19 @@ impl SlotScan {
                 }
             }
             self.latest = Some(payload.map(<[u8]>::to_vec));
+        } else if key == self.creating_key.as_bytes() {
+            self.creating = Some(payload.map(<[u8]>::to_vec));
         } else if key.ends_with(self.same_slot_suffix.as_bytes()) {
             self.others
                 .insert(key.to_vec(), payload.map(<[u8]>::to_vec));
         }
     }
 
-    pub(super) fn records(self, id: &SlotIdentity) -> Result<SlotRecords, ProgressError> {
+    pub(super) fn records(
+        self,
+        id: &SlotIdentity,
+        topic_had_records: bool,
+    ) -> Result<SlotRecords, ProgressError> {
         let ours = match self.latest.flatten() {
             None => None,
             Some(bytes) => {
@@ -366,10 +444,17 @@ impl SlotScan {
                     .then_some((owner.system_id, record))
             })
             .collect();
+        // An unreadable intent is only an intent: it never says the slot existed.
+        let creating = self
+            .creating
+            .flatten()
+            .and_then(|bytes| ProgressRecord::from_json(&bytes).ok());
         Ok(SlotRecords {
             ours,
             other_clusters,
             lineages: self.lineages,
+            creating,
+            topic_had_records,
         })
     }
 }
@@ -412,6 +497,11 @@ mod tests {
             slot_created: true,
             lineage: 0x0123_4567_89ab_cdef,
             writer: "host/1/2".into(),
+            publication: Some(PublicationSeen {
+                identity: "16390.724 truetruetrue r:16391.724".into(),
+                at_unix_ms: 1_764_590_399_000,
+                wal_lsn: Lsn(0x1_0000_0200),
+            }),
         };
         let json = r.to_json(&id);
         assert_eq!(ProgressRecord::from_json(json.as_bytes()), Ok(r.clone()));
@@ -463,7 +553,7 @@ mod tests {
         for id in [&unnamed, &other] {
             scan.see(id.key().as_bytes(), Some(record.to_json(id).as_bytes()));
         }
-        let found = scan.records(&named).unwrap();
+        let found = scan.records(&named, true).unwrap();
         assert_eq!(found.ours, None);
         let others: Vec<&str> = found
             .other_clusters
@@ -475,5 +565,30 @@ mod tests {
             ["9999"],
             "the unnamed copy of 7312 is not another cluster"
         );
+    }
+
+    #[test]
+    fn an_intent_written_late_does_not_hide_that_the_slot_existed() {
+        let id = SlotIdentity {
+            cluster: String::new(),
+            system_id: "7312".into(),
+            database: "shop".into(),
+            slot: "outboxd".into(),
+        };
+        // The winner's record that the slot exists, then the loser's late intent.
+        let created = ProgressRecord::now(1, Lsn(0x10));
+        let intent = ProgressRecord::before_creation(1, Lsn(0x20));
+        let mut scan = SlotScan::new(&id);
+        scan.see(id.key().as_bytes(), Some(created.to_json(&id).as_bytes()));
+        scan.see(
+            id.creating_key().as_bytes(),
+            Some(intent.to_json(&id).as_bytes()),
+        );
+        let found = scan.records(&id, true).unwrap();
+        assert_eq!(
+            found.slot_existed().map(|r| r.confirmed_lsn()),
+            Some(Lsn(0x10))
+        );
+        assert!(found.creating.is_some());
     }
 }

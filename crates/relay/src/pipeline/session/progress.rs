@@ -29,6 +29,8 @@ pub(super) struct ProgressWriter {
     written_lineage: u64,
     /// When the record was last written or found unchanged.
     last_write: Instant,
+    /// When a write was last sent.
+    last_sent: Instant,
     /// The store's acknowledged writes when the session started: until one more is
     /// acknowledged, the record may not exist at all (a slot made by `outboxd init`, with
     /// Kafka down at the first tick), so the write is retried even without progress.
@@ -51,11 +53,17 @@ impl ProgressWriter {
             written_partial: None,
             written_lineage: 0,
             last_write: Instant::now(),
+            last_sent: Instant::now(),
             last_lineage_check: Instant::now(),
             acked_lineage: Arc::new(AtomicU64::new(0)),
         }
     }
 }
+
+/// An idle slot's record is written again this often: a record that is never rewritten
+/// is the first a topic's retention or a stray delete takes, and the newest write of a key
+/// is what says the slot exists.
+const REWRITE_IDLE_EVERY: Duration = Duration::from_secs(300);
 
 /// How often a writing session looks at whether another lineage wrote its record.
 const LINEAGE_CHECK_EVERY: Duration = Duration::from_secs(30);
@@ -64,7 +72,15 @@ impl Session<'_> {
     /// The record of what this session claims Kafka has.
     pub(super) fn progress_record(&mut self) -> ProgressRecord {
         let (claim, lineage) = self.replay.claim_at(self.confirmed);
-        ProgressRecord::of(claim, lineage)
+        ProgressRecord {
+            publication: self.publication.clone(),
+            ..ProgressRecord::of(claim, lineage)
+        }
+    }
+
+    /// The publication at this session's last look, for the next session of the process.
+    pub(in crate::pipeline) fn publication_seen(&self) -> Option<crate::kafka::PublicationSeen> {
+        self.publication.clone()
     }
 
     /// Brings the progress record up to the confirmed position, at most every interval.
@@ -93,6 +109,7 @@ impl Session<'_> {
                         || record.claim.partial != p.written_partial
                         || record.lineage != p.written_lineage
                         || unacked
+                        || p.last_sent.elapsed() >= REWRITE_IDLE_EVERY
                 }
             };
             p.last_write = Instant::now();
@@ -126,6 +143,7 @@ impl Session<'_> {
                     });
                 // Skipped while an earlier write is unanswered: due again next time.
                 if sent {
+                    p.last_sent = Instant::now();
                     p.written_partial = partial;
                     p.written_lineage = lineage;
                     p.written = Some(position);

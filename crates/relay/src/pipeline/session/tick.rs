@@ -41,6 +41,14 @@ impl Session<'_> {
             let step = self.replay.doubt(outbox_core::Doubt::ForeignWriter);
             self.apply(step).await?;
         }
+        if let Some(Err(e)) = self
+            .progress
+            .as_ref()
+            .and_then(|p| p.store.durability_verdict())
+        {
+            // A record that expires takes with it the only sign that the slot existed.
+            return Err(RelayError::ProgressNotDurable(e));
+        }
         if let Some(fatal) = self.producer.is_fatal() {
             return Err(RelayError::Send(SendError::Fatal(fatal)));
         }
@@ -54,6 +62,8 @@ impl Session<'_> {
                     slot::verify_publication(&self.sql, &self.cfg.publication, &self.cfg.table),
                 )
                 .await?;
+                // A change undone since the last look leaves the coverage as it was.
+                self.watch_publication().await?;
             }
             if let Some(shard) = &self.cfg.shard {
                 // A partition added outside the shards is published by none of them.

@@ -1,0 +1,294 @@
+//! A publication changed and changed back is seen, whenever it happens. PostgreSQL decides
+//! what to send by the catalog as it was when each row was written: rows committed while
+//! the outbox was out of the publication are never decoded, even once it is back. outboxd
+//! cannot bring them back, so it stops, names when the rows to re-publish start, and
+//! goes on only once an operator says they were (`outboxd init
+//! --accept-publication-change`). Each test ends with every row relayed, or with the relay
+//! stopped. Runs on every version of the matrix (PostgreSQL 18 skips a missing
+//! publication with a warning where 17 raises an error).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::support;
+
+use std::time::Duration;
+
+use pgtest::PgCluster;
+use support::broker::Broker;
+use support::consume::check_delivery;
+use support::load::{insert_events, Event};
+use support::ops::{self, read_all_blocking, wait_active_pid};
+use support::relay::{run_to_end, Relay};
+use support::schema::{self, Outbox};
+
+/// Table and publication, no slot; the relay's first start creates it.
+async fn table_and_publication(db: &pgtest::TestDb<'_>) -> Outbox {
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "{}; CREATE PUBLICATION \"{}\" FOR TABLE public.outbox WITH (publish = 'insert')",
+            schema::OUTBOX_DDL,
+            db.publication
+        ))
+        .await
+        .expect("schema");
+    Outbox::for_db(db)
+}
+
+/// A relay streaming a first batch of events, stopped cleanly: the publication is
+/// recorded as it was.
+struct Stopped {
+    outbox: Outbox,
+    broker: Broker,
+    topics: Vec<String>,
+    env: Vec<(String, String)>,
+    first: Vec<Event>,
+}
+
+async fn relayed_then_stopped(db: &pgtest::TestDb<'_>, client: &tokio_postgres::Client) -> Stopped {
+    let outbox = table_and_publication(db).await;
+    let broker = Broker::default_for_tests();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let env = Relay::env_for(db, &outbox, &broker.bootstrap(), &[]);
+    let mut relay = Relay::start(env.clone(), &["run"]);
+    wait_active_pid(client, &outbox.slot, Duration::from_secs(120)).await;
+    let first = insert_events(client, &outbox.table, 10, 3, 3).await;
+    check_delivery(
+        &first,
+        &read_all_blocking(
+            &broker.bootstrap(),
+            &topics,
+            &first,
+            Duration::from_secs(60),
+        ),
+    );
+    relay.signal("TERM");
+    assert_eq!(relay.wait_exit(Duration::from_secs(30)).code(), Some(0));
+    Stopped {
+        outbox,
+        broker,
+        topics,
+        env,
+        first,
+    }
+}
+
+/// How the slot gets past the change.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Recovery {
+    /// The publication existed throughout: accept it as it is now.
+    Accept,
+    /// It was missing for a while: the slot can never decode past that (PostgreSQL 17
+    /// and older raise an error there; outboxd refuses 18's warning the same way), so it
+    /// is dropped and created again.
+    RecreateSlot,
+}
+
+/// The runbook (docs/operations.md, "The publication changed"): accept the publication
+/// as it is now (or recreate the slot), start again, re-publish the rows committed since
+/// `since`.
+async fn republish_and_accept(
+    client: &tokio_postgres::Client,
+    s: &Stopped,
+    since: &str,
+    expect_moved: u64,
+    recovery: Recovery,
+) -> Relay {
+    let (code, out) = run_to_end(&s.env, &["check"]);
+    assert_eq!(code, 6, "check must fail on the changed publication: {out}");
+    let (code, out) = match recovery {
+        Recovery::Accept => run_to_end(&s.env, &["init", "--accept-publication-change"]),
+        Recovery::RecreateSlot => {
+            client
+                .execute("SELECT pg_drop_replication_slot($1)", &[&s.outbox.slot])
+                .await
+                .expect("drop slot");
+            run_to_end(&s.env, &["init", "--recreate-lost-slot"])
+        }
+    };
+    assert_eq!(code, 0, "{out}");
+    let relay = Relay::start(s.env.clone(), &["run"]);
+    wait_active_pid(client, &s.outbox.slot, Duration::from_secs(120)).await;
+    let moved = client
+        .execute(
+            "WITH moved AS (DELETE FROM public.outbox WHERE created_at >= $1::text::timestamptz RETURNING *) \
+             INSERT INTO public.outbox SELECT * FROM moved",
+            &[&since],
+        )
+        .await
+        .expect("re-publish");
+    assert_eq!(moved, expect_moved, "the rows committed since the change");
+    relay
+}
+
+async fn now_text(client: &tokio_postgres::Client) -> String {
+    client
+        .query_one("SELECT clock_timestamp()::text", &[])
+        .await
+        .expect("now")
+        .get(0)
+}
+
+/// The stopped relay's publication is changed, 20 rows are committed, and the change is
+/// undone, before the relay starts again.
+async fn changed_while_stopped(name: &str, change: &str, undo: &str, recovery: Recovery) {
+    let db = PgCluster::shared().fresh_database(name).await;
+    let client = db.client().await;
+    let s = relayed_then_stopped(&db, &client).await;
+    let publication = &s.outbox.publication;
+    let since = now_text(&client).await;
+    client
+        .batch_execute(&change.replace("{p}", publication))
+        .await
+        .expect("change the publication");
+    let during = insert_events(&client, &s.outbox.table, 20, 3, 3).await;
+    client
+        .batch_execute(&undo.replace("{p}", publication))
+        .await
+        .expect("change it back");
+
+    // The catalog looks as before; the rows in between were never decoded.
+    let mut refused = Relay::start(s.env.clone(), &["run"]);
+    assert_eq!(
+        refused.wait_exit(Duration::from_secs(60)).code(),
+        Some(3),
+        "a publication changed and changed back must stop outboxd: {}",
+        refused.log_text()
+    );
+    let relay = republish_and_accept(&client, &s, &since, 20, recovery).await;
+    let after = insert_events(&client, &s.outbox.table, 5, 3, 3).await;
+    let all = [s.first.clone(), during, after].concat();
+    check_delivery(
+        &all,
+        &read_all_blocking(
+            &s.broker.bootstrap(),
+            &s.topics,
+            &all,
+            Duration::from_secs(60),
+        ),
+    );
+    drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_dropped_from_the_publication_and_added_back_while_stopped_is_seen() {
+    changed_while_stopped(
+        "pub_drop_add",
+        "ALTER PUBLICATION \"{p}\" DROP TABLE public.outbox",
+        "ALTER PUBLICATION \"{p}\" ADD TABLE public.outbox",
+        Recovery::Accept,
+    )
+    .await;
+}
+
+/// PostgreSQL 18 skips a publication missing at decoding time with a warning only.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_publication_dropped_and_recreated_while_stopped_is_seen() {
+    changed_while_stopped(
+        "pub_recreate",
+        "DROP PUBLICATION \"{p}\"",
+        "CREATE PUBLICATION \"{p}\" FOR TABLE public.outbox WITH (publish = 'insert')",
+        Recovery::RecreateSlot,
+    )
+    .await;
+}
+
+/// While streaming, within one look at the catalog: `publish` changed and changed back.
+#[tokio::test(flavor = "multi_thread")]
+async fn publish_changed_and_changed_back_while_streaming_stops_the_relay() {
+    let db = PgCluster::shared().fresh_database("pub_flags").await;
+    let client = db.client().await;
+    let outbox = table_and_publication(&db).await;
+    let broker = Broker::default_for_tests();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let mut relay = Relay::start(env.clone(), &["run"]);
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let first = insert_events(&client, &outbox.table, 10, 3, 3).await;
+    check_delivery(
+        &first,
+        &read_all_blocking(
+            &broker.bootstrap(),
+            &topics,
+            &first,
+            Duration::from_secs(60),
+        ),
+    );
+    let p = &outbox.publication;
+    client
+        .batch_execute(&format!(
+            "ALTER PUBLICATION \"{p}\" SET (publish = 'update')"
+        ))
+        .await
+        .expect("publish update");
+    insert_events(&client, &outbox.table, 20, 3, 3).await;
+    client
+        .batch_execute(&format!(
+            "ALTER PUBLICATION \"{p}\" SET (publish = 'insert')"
+        ))
+        .await
+        .expect("publish insert");
+    assert_eq!(
+        relay.wait_exit(Duration::from_secs(60)).code(),
+        Some(3),
+        "the change must stop outboxd: {}",
+        relay.log_text()
+    );
+    let (code, out) = run_to_end(&env, &["check"]);
+    assert_eq!(code, 6, "{out}");
+}
+
+/// With sql/publication-guard.sql the change is marked in the WAL, and the relay stops
+/// there: the slot is never confirmed past the change, so nothing after it is taken for
+/// relayed, even for the few seconds between two looks at the catalog.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_the_guard_trigger_the_relay_stops_at_the_change() {
+    let db = PgCluster::shared().fresh_database("pub_guard").await;
+    let client = db.client().await;
+    client
+        .batch_execute(include_str!("../../sql/publication-guard.sql"))
+        .await
+        .expect("guard trigger");
+    let outbox = table_and_publication(&db).await;
+    let broker = Broker::default_for_tests();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let mut relay = Relay::start(env.clone(), &["run"]);
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let first = insert_events(&client, &outbox.table, 10, 3, 3).await;
+    check_delivery(
+        &first,
+        &read_all_blocking(
+            &broker.bootstrap(),
+            &topics,
+            &first,
+            Duration::from_secs(60),
+        ),
+    );
+    let p = &outbox.publication;
+    client
+        .batch_execute(&format!(
+            "ALTER PUBLICATION \"{p}\" DROP TABLE public.outbox"
+        ))
+        .await
+        .expect("drop table");
+    let change_done = schema::current_wal_lsn(&db).await;
+    insert_events(&client, &outbox.table, 20, 3, 3).await;
+    client
+        .batch_execute(&format!(
+            "ALTER PUBLICATION \"{p}\" ADD TABLE public.outbox"
+        ))
+        .await
+        .expect("add table");
+    assert_eq!(
+        relay.wait_exit(Duration::from_secs(60)).code(),
+        Some(3),
+        "the change must stop outboxd: {}",
+        relay.log_text()
+    );
+    let confirmed = schema::confirmed_flush_lsn(&db).await;
+    assert!(
+        confirmed <= change_done,
+        "the slot was confirmed to {confirmed:#x}, past the change (done by {change_done:#x})"
+    );
+}
