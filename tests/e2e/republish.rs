@@ -51,7 +51,7 @@ async fn rows_committed_while_the_slot_was_lost_can_be_republished() {
     assert_eq!(refused.wait_exit(Duration::from_secs(60)).code(), Some(3));
 
     // The runbook: init, start, re-publish the rows since the loss.
-    let (code, out) = run_to_end(&env, &["init"]);
+    let (code, out) = run_to_end(&env, &["init", "--recreate-lost-slot"]);
     assert_eq!(code, 0, "{out}");
     assert!(slot_row(&client, &outbox.slot).await.is_some());
     let relay = Relay::start(env, &["run"]);

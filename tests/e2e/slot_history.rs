@@ -82,9 +82,12 @@ async fn a_dropped_slot_is_not_recreated_at_start_up() {
         "the lost slot must not be recreated without an operator"
     );
 
-    // The explicit action: `outboxd init` creates it, then outboxd runs again and
-    // relays what is committed from then on.
+    // The explicit action: `outboxd init --recreate-lost-slot` creates it (plain `init`
+    // refuses, like `run`), then outboxd runs again and relays what is committed from then on.
     let (code, out) = run_to_end(&env, &["init"]);
+    assert_eq!(code, 3, "{out}");
+    assert!(slot_row(&client, &outbox.slot).await.is_none(), "{out}");
+    let (code, out) = run_to_end(&env, &["init", "--recreate-lost-slot"]);
     assert_eq!(code, 0, "{out}");
     assert!(slot_row(&client, &outbox.slot).await.is_some(), "{out}");
     let relay = Relay::start(env, &["run"]);
