@@ -60,6 +60,14 @@ pub enum ReplError {
         method: &'static str,
         reason: String,
     },
+    /// The client refused how the server authenticates (or pretends to): `require_auth`,
+    /// `channel_binding=require`, or a server that broke the exchange's sequence.
+    #[error("refused to authenticate as user \"{user}\" ({method}): {reason}")]
+    AuthRefused {
+        user: String,
+        method: &'static str,
+        reason: String,
+    },
     #[error("replication slot \"{slot}\" is active for PID {pid} (SQLSTATE 55006)")]
     SlotInUse { slot: String, pid: i32 },
     #[error("TLS error: {0}")]
@@ -199,6 +207,7 @@ impl ReplError {
             ReplError::Server(e) => class_of_sqlstate(&e.code),
             ReplError::Auth { .. }
             | ReplError::AuthClient { .. }
+            | ReplError::AuthRefused { .. }
             | ReplError::Tls(_)
             | ReplError::Config(_)
             | ReplError::Unsupported(_)
