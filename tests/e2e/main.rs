@@ -45,3 +45,4 @@ mod shards;
 mod slot_history;
 mod standby_ready;
 mod timeline_fork;
+mod tls_parity;
