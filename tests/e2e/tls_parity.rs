@@ -222,10 +222,14 @@ fn pki(dir: &Path) {
 /// The server presents `cert` (a file in its data directory) from its next connection on.
 async fn serve(cluster: &PgCluster, cert: &str) {
     let admin = cluster.admin_client("postgres").await;
+    // One statement each: a multi-statement string is one implicit transaction, and
+    // ALTER SYSTEM refuses to run in one.
     admin
-        .batch_execute(&format!(
-            "ALTER SYSTEM SET ssl_cert_file = '{cert}.crt'; SELECT pg_reload_conf();"
-        ))
+        .batch_execute(&format!("ALTER SYSTEM SET ssl_cert_file = '{cert}.crt'"))
+        .await
+        .unwrap();
+    admin
+        .batch_execute("SELECT pg_reload_conf()")
         .await
         .unwrap();
     // A new backend forks from the postmaster, so it shows the postmaster's setting.

@@ -543,4 +543,45 @@ mod tests {
             .unwrap();
         assert_eq!(server_end_point_hash(cert.der()), None);
     }
+
+    fn cert_with(cn: &str, sans: Vec<rcgen::SanType>) -> Vec<u8> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        params.subject_alt_names = sans;
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    fn name(host: &str) -> ServerName<'static> {
+        ServerName::try_from(host.to_owned()).unwrap()
+    }
+
+    #[test]
+    fn common_name_only_without_a_subject_alt_name_of_the_hosts_kind() {
+        let cn_only = cert_with("DB.Example.com", vec![]);
+        assert!(common_name_matches(&cn_only, &name("db.example.com")));
+        assert!(!common_name_matches(&cn_only, &name("other.example.com")));
+        assert!(!common_name_matches(&cn_only, &name("10.0.0.1")));
+        let wildcard = cert_with("*.example.com", vec![]);
+        assert!(common_name_matches(&wildcard, &name("db.example.com")));
+        assert!(!common_name_matches(&wildcard, &name("a.db.example.com")));
+        assert!(!common_name_matches(&wildcard, &name("example.com")));
+        // A DNS SAN hides the CN from a host name, not from an address.
+        let dns_san = cert_with(
+            "10.0.0.1",
+            vec![rcgen::SanType::DnsName(
+                "other.example.com".try_into().unwrap(),
+            )],
+        );
+        assert!(!common_name_matches(&dns_san, &name("other.example.org")));
+        assert!(common_name_matches(&dns_san, &name("10.0.0.1")));
+        let ip_san = cert_with(
+            "10.0.0.1",
+            vec![rcgen::SanType::IpAddress("10.0.0.2".parse().unwrap())],
+        );
+        assert!(!common_name_matches(&ip_san, &name("10.0.0.1")));
+        assert!(!common_name_matches(b"garbage", &name("db.example.com")));
+    }
 }
