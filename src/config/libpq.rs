@@ -60,6 +60,8 @@ const NOT_HONOURED: &[(&str, &str, &[&str])] = &[
     ("datestyle", "PGDATESTYLE", &[]),
     ("timezone", "PGTZ", &[]),
     ("geqo", "PGGEQO", &[]),
+    ("min_protocol_version", "PGMINPROTOCOLVERSION", &["3.0"]),
+    ("max_protocol_version", "PGMAXPROTOCOLVERSION", &["3.0"]),
 ];
 
 /// Refuses a libpq setting outboxd does not honour (see [`NOT_HONOURED`]).

@@ -47,14 +47,18 @@ impl From<String> for Password {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SslMode {
     Disable,
-    /// TLS if the server offers it, unverified; plaintext otherwise.
+    /// TLS if the server offers it (verified as `VerifyCa` when a root file is given);
+    /// plaintext only when the server declines, never after a failed handshake.
     #[default]
     Prefer,
-    /// TLS or fail, but the certificate is not verified.
+    /// TLS or fail; the certificate is verified as `VerifyCa` when a root file is given,
+    /// not at all otherwise (libpq's rule).
     Require,
-    /// TLS, certificate chain verified against the root store; host name not checked.
+    /// TLS, certificate chain verified against the root file (required); host name not
+    /// checked.
     VerifyCa,
-    /// TLS, chain and host name verified.
+    /// TLS, chain and host name verified, against the root file or else the system's
+    /// trust store.
     VerifyFull,
 }
 
@@ -587,9 +591,10 @@ impl ConnectConfig {
         }
     }
 
-    /// tokio-postgres's connect errors in the replication connection's terms, so both
+    /// tokio-postgres's startup errors in the replication connection's terms, so both
     /// connections classify a failure alike: a refused credential, a missing password and
-    /// a certificate that does not verify are permanent; a network failure is not.
+    /// a broken authentication sequence are permanent. (TLS and network failures come
+    /// from the shared transport, already in those terms.)
     fn sql_connect_error(&self, e: tokio_postgres::Error) -> ReplError {
         if let Some(db) = e.as_db_error() {
             let server = ServerError {
@@ -601,20 +606,18 @@ impl ConnectConfig {
             };
             return crate::connection::startup_error(&self.user, "SQL connection", server);
         }
+        // tokio-postgres reads the startup as a fixed sequence and has no error kind to
+        // match; during connect this message means the server broke it, e.g. with
+        // AuthenticationOk before SCRAM was complete.
+        if e.to_string() == "unexpected message from server" {
+            return ReplError::AuthRefused {
+                user: self.user.clone(),
+                method: "SQL connection",
+                reason: "the server broke the startup sequence (for instance AuthenticationOk before completing SCRAM): it has not proven that it knows the password, so it may be an impostor; the connection is refused".into(),
+            };
+        }
         let mut next: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
         while let Some(cause) = next {
-            if let Some(tls) = cause
-                .downcast_ref::<std::io::Error>()
-                .and_then(|io| io.get_ref())
-                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-            {
-                return ReplError::Tls(format!("handshake failed: {tls}"));
-            }
-            if let Some(repl) = cause.downcast_ref::<ReplError>() {
-                if repl.class() == crate::ErrorClass::Permanent {
-                    return ReplError::Tls(repl.to_string());
-                }
-            }
             // tokio-postgres has no error kind to match; this is its only message for it.
             if cause.to_string() == "password missing" {
                 return ReplError::AuthClient {

@@ -138,9 +138,14 @@ fn connect_hint(cause: &ReplError) -> &'static str {
     match cause {
         ReplError::Tls(_) => {
             "; the server's certificate was not accepted: PGSSLROOTCERT (default \
-             ~/.postgresql/root.crt, else the system's trust store) must name a PEM file \
-             with the CA that signed it (verify-ca / verify-full), and for verify-full PGHOST \
-             must be a name in the certificate"
+             ~/.postgresql/root.crt; the system's trust store only for verify-full) must name \
+             a PEM file with the CA that signed it (checked under require and prefer too when \
+             a root file exists), and for verify-full PGHOST must be a name in the certificate"
+        }
+        ReplError::AuthRefused { .. } => {
+            "; this server is not trusted: check that PGHOST and PGPORT name your PostgreSQL \
+             server, and relax PGREQUIREAUTH or PGCHANNELBINDING only if its pg_hba.conf \
+             really uses that method"
         }
         ReplError::AuthClient { .. } => {
             "; set PGPASSWORD (or the password in OUTBOXD_DATABASE_URL, or a line in the \

@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use pgrepl::{ChannelBinding, ConnectConfig, Password, ReplicationConnection, SslMode};
+use pgrepl::{
+    ChannelBinding, ConnectConfig, ErrorClass, Password, ReplError, ReplicationConnection, SslMode,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -206,6 +208,13 @@ fn client(port: u16, tls: bool) -> ConnectConfig {
     cfg
 }
 
+/// A refusal says why, and is permanent: retrying would meet the same impostor.
+fn refused_as_impostor(e: &ReplError) -> bool {
+    assert!(matches!(e.root(), ReplError::AuthRefused { .. }), "{e}");
+    assert_eq!(e.class(), ErrorClass::Permanent, "{e}");
+    false
+}
+
 /// Refused or accepted, by the replication connection (which then sends
 /// IDENTIFY_SYSTEM, seen by the fake as a query).
 async fn replication(s: Script, cfg: &ConnectConfig) -> (bool, Seen) {
@@ -217,7 +226,7 @@ async fn replication(s: Script, cfg: &ConnectConfig) -> (bool, Seen) {
             let _ = conn.identify_system().await;
             true
         }
-        Err(_) => false,
+        Err(e) => refused_as_impostor(&e),
     };
     (accepted, task.await.unwrap())
 }
@@ -232,7 +241,7 @@ async fn sql(s: Script, cfg: &ConnectConfig) -> (bool, Seen) {
             drop(client);
             true
         }
-        Err(_) => false,
+        Err(e) => refused_as_impostor(&e),
     };
     (accepted, task.await.unwrap())
 }
