@@ -56,6 +56,8 @@ fn base_connect_config(s: &Settings) -> ConnectConfig {
     c.passfile = s.pg.passfile.as_ref().map(Into::into);
     c.ssl_mode = s.pg.ssl_mode;
     c.ssl_root_cert = s.pg.ssl_root_cert.as_ref().map(Into::into);
+    c.channel_binding = s.pg.channel_binding;
+    c.require_auth = s.pg.require_auth.clone();
     c.ssl_client_cert =
         s.pg.ssl_client_cert
             .as_ref()

@@ -7,7 +7,10 @@ use outboxd_relay::pipeline::{
     verify_shard_layout, Consent, History, RelayError, MIN_SERVER_VERSION_NUM,
 };
 use pgoutput::{Column, Relation, ReplicaIdentity};
-use pgrepl::{preflight, ReplicationConnection, SystemInfo};
+use pgrepl::{
+    preflight, AuthMethod, ChannelBinding, ConnectConfig, ReplicationConnection, SslMode,
+    SystemInfo,
+};
 use tokio_postgres::Client;
 
 use super::{say, EXIT_CHECK_FAILED, EXIT_OK};
@@ -47,6 +50,7 @@ pub async fn check(s: &Settings) -> i32 {
             (all, None)
         }
     };
+    check_connection_security(&mut r, &pg);
     // What decides whether the role may replicate is whether the server lets it: the
     // REPLICATION attribute is one way, a provider's role (RDS's rds_replication) another.
     let system = match ReplicationConnection::connect(&pg).await {
@@ -124,6 +128,62 @@ pub async fn check(s: &Settings) -> i32 {
     } else {
         say!("{} check(s) failed", r.failed);
         EXIT_CHECK_FAILED
+    }
+}
+
+/// How far the relay can trust that it talks to the server the operator meant: a TLS mode
+/// below verify-full, and a password the server could ask for in cleartext, are warnings.
+fn check_connection_security(r: &mut Report, pg: &ConnectConfig) {
+    let what = "postgres connection security";
+    if pg.is_unix_socket() {
+        r.ok(
+            what,
+            "Unix socket (no TLS; the kernel is the transport, as in libpq)",
+        );
+    } else {
+        let root = pg.ssl_root_cert.is_some();
+        let risk = match pg.ssl_mode {
+            SslMode::VerifyFull => None,
+            SslMode::Disable => Some("no TLS: every change, and any password the server asks for in cleartext, travel unencrypted, and whichever host answers is believed"),
+            SslMode::Prefer if root => Some("a server (or a man in the middle) that declines TLS gets a plaintext connection without a word; with TLS the chain is checked against PGSSLROOTCERT but not the host name"),
+            SslMode::Prefer => Some("a server (or a man in the middle) that declines TLS gets a plaintext connection without a word, and with TLS any certificate is accepted"),
+            SslMode::Require if root => Some("the certificate's chain is checked against PGSSLROOTCERT (as verify-ca) but not its host name"),
+            SslMode::Require => Some("encrypted, but any certificate is accepted: an impostor with a certificate of its own is believed"),
+            SslMode::VerifyCa => Some("any certificate that CA signed is accepted, whatever host it names"),
+        };
+        match risk {
+            Some(risk) => r.warn(
+                what,
+                format!(
+                    "sslmode={}: {risk}; set PGSSLMODE=verify-full with PGSSLROOTCERT naming the CA that signed the server certificate (or PGSSLROOTCERT=system for a public CA)",
+                    pg.ssl_mode
+                ),
+            ),
+            None => r.ok(
+                what,
+                format!(
+                    "sslmode=verify-full, channel_binding={}, require_auth={}",
+                    pg.channel_binding,
+                    pg.require_auth.as_str()
+                ),
+            ),
+        }
+    }
+    let cleartext_possible = pg.require_auth.allows(AuthMethod::Password)
+        && pg.channel_binding != ChannelBinding::Require
+        && pg.effective_password().is_some();
+    if cleartext_possible {
+        let over = if pg.ssl_mode == SslMode::Disable || pg.ssl_mode == SslMode::Prefer {
+            ", possibly over an unencrypted connection"
+        } else {
+            ""
+        };
+        r.warn(
+            "postgres password",
+            format!(
+                "a server that asks for a cleartext password (pg_hba `password`) is given it{over}; set PGREQUIREAUTH=scram-sha-256 (or PGCHANNELBINDING=require) so only SCRAM is answered"
+            ),
+        );
     }
 }
 

@@ -59,6 +59,10 @@ pub fn parse(url: &str) -> Result<Vec<(String, String)>, ConfigError> {
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').ok_or_else(bad)?;
         let v = percent_decode(v).ok_or_else(bad)?;
+        if super::libpq::is_not_honoured(k) {
+            super::libpq::refuse_not_honoured(VAR, k, &v)?;
+            continue;
+        }
         if !super::libpq::accepts(k) {
             return Err(ConfigError::new(
                 VAR,

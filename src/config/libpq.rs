@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pgrepl::TargetSessionAttrs;
+use pgrepl::{ChannelBinding, RequireAuth, TargetSessionAttrs};
 
 use super::{database_url, parse_ssl_mode, ConfigError, PgSettings, SslMode};
 
@@ -25,9 +25,76 @@ const ENV_KEYWORDS: &[(&str, &str)] = &[
     ("sslkey", "PGSSLKEY"),
     ("application_name", "PGAPPNAME"),
     ("target_session_attrs", "PGTARGETSESSIONATTRS"),
+    ("channel_binding", "PGCHANNELBINDING"),
+    ("require_auth", "PGREQUIREAUTH"),
     ("connect_timeout", "PGCONNECT_TIMEOUT"),
     ("service", "PGSERVICE"),
 ];
+
+/// libpq settings outboxd does not honour: (keyword, variable, the values that mean what
+/// outboxd does anyway). Set to anything else they are a configuration error, never
+/// silently ignored: a CRL nobody checks or a `gssencmode=require` nobody enforces would
+/// leave the operator believing in a protection that is not there.
+const NOT_HONOURED: &[(&str, &str, &[&str])] = &[
+    ("gssencmode", "PGGSSENCMODE", &["disable", "prefer"]),
+    ("sslnegotiation", "PGSSLNEGOTIATION", &["postgres"]),
+    ("sslcrl", "PGSSLCRL", &[]),
+    ("sslcrldir", "PGSSLCRLDIR", &[]),
+    ("sslsni", "PGSSLSNI", &["1"]),
+    ("sslcertmode", "PGSSLCERTMODE", &["allow"]),
+    (
+        "ssl_min_protocol_version",
+        "PGSSLMINPROTOCOLVERSION",
+        &["TLSv1.2"],
+    ),
+    ("ssl_max_protocol_version", "PGSSLMAXPROTOCOLVERSION", &[]),
+    ("sslcompression", "PGSSLCOMPRESSION", &["0"]),
+    ("requirepeer", "PGREQUIREPEER", &[]),
+    ("krbsrvname", "PGKRBSRVNAME", &[]),
+    ("gsslib", "PGGSSLIB", &[]),
+    ("gssdelegation", "PGGSSDELEGATION", &["0"]),
+    ("hostaddr", "PGHOSTADDR", &[]),
+    ("options", "PGOPTIONS", &[]),
+    ("load_balance_hosts", "PGLOADBALANCEHOSTS", &["disable"]),
+    ("client_encoding", "PGCLIENTENCODING", &["UTF8", "utf8"]),
+    ("datestyle", "PGDATESTYLE", &[]),
+    ("timezone", "PGTZ", &[]),
+    ("geqo", "PGGEQO", &[]),
+    ("min_protocol_version", "PGMINPROTOCOLVERSION", &["3.0"]),
+    ("max_protocol_version", "PGMAXPROTOCOLVERSION", &["3.0"]),
+];
+
+/// Refuses a libpq setting outboxd does not honour (see [`NOT_HONOURED`]).
+pub fn refuse_not_honoured(origin: &str, keyword: &str, value: &str) -> Result<(), ConfigError> {
+    let Some((_, var, fine)) = NOT_HONOURED
+        .iter()
+        .find(|(kw, var, _)| *kw == keyword || *var == keyword)
+    else {
+        return Ok(());
+    };
+    if fine.contains(&value.trim()) {
+        return Ok(());
+    }
+    let origin = if origin == *var {
+        (*var).to_owned()
+    } else {
+        format!("{origin} ({keyword})")
+    };
+    let what = if fine.is_empty() {
+        format!("not supported by outboxd, which would ignore it; unset {var}")
+    } else {
+        format!(
+            "not supported by outboxd except as {} (what outboxd does anyway); unset {var} or set it to that",
+            fine.join(" or ")
+        )
+    };
+    Err(ConfigError::new(&origin, value, what))
+}
+
+/// `k` is a libpq keyword outboxd does not honour (see [`refuse_not_honoured`]).
+pub fn is_not_honoured(k: &str) -> bool {
+    NOT_HONOURED.iter().any(|(kw, _, _)| *kw == k)
+}
 
 /// `k` if outboxd reads it in a connection string or a service file.
 pub fn accepts(k: &str) -> bool {
@@ -184,6 +251,11 @@ pub fn resolve(vars: &BTreeMap<String, String>, home: &Home) -> Result<PgSetting
             );
         }
     }
+    for (keyword, var, _) in NOT_HONOURED {
+        if let Some(v) = vars.get(*var).filter(|v| !v.is_empty()) {
+            refuse_not_honoured(var, keyword, v)?;
+        }
+    }
     let url = vars
         .get("OUTBOXD_DATABASE_URL")
         .filter(|u| !u.is_empty())
@@ -200,6 +272,10 @@ pub fn resolve(vars: &BTreeMap<String, String>, home: &Home) -> Result<PgSetting
         });
     if let Some((service, origin)) = service {
         for (k, v, from) in service_lookup(vars, home, &service, &origin)? {
+            refuse_not_honoured(&from, &k, &v)?;
+            if is_not_honoured(&k) {
+                continue;
+            }
             if !accepts(&k) {
                 return Err(ConfigError::new(
                     &from,
@@ -287,29 +363,89 @@ fn build(values: &BTreeMap<String, Value>, home: &Home) -> Result<PgSettings, Co
         })?,
     };
     let dbname = get("dbname").map_or_else(|| user.clone(), |v| v.text.clone());
-    let ssl_mode = match get("sslmode") {
-        Some(v) => parse_ssl_mode(&v.origin, &v.text)?,
-        None => SslMode::Prefer,
+    let system_roots = get("sslrootcert").filter(|v| v.text == "system");
+    // libpq 16+: sslrootcert=system makes verify-full the default and refuses anything
+    // weaker, since any public CA could otherwise vouch for any name.
+    let ssl_mode = match (get("sslmode"), system_roots) {
+        (Some(v), Some(root)) => match parse_ssl_mode(&v.origin, &v.text)? {
+            SslMode::VerifyFull => SslMode::VerifyFull,
+            weak => {
+                return Err(bad(
+                    v,
+                    format!(
+                        "verify-full with {}=system (sslmode={weak} would let any certificate from any public CA through); name the CA's file in {} for verify-ca",
+                        root.origin, root.origin
+                    ),
+                ))
+            }
+        },
+        (Some(v), None) => parse_ssl_mode(&v.origin, &v.text)?,
+        (None, Some(_)) => SslMode::VerifyFull,
+        (None, None) => SslMode::Prefer,
     };
     let verify = matches!(ssl_mode, SslMode::VerifyCa | SslMode::VerifyFull);
-    // libpq: PGSSLROOTCERT, else ~/.postgresql/root.crt; outboxd: else the system's store
-    // (libpq fails there unless sslrootcert=system).
+    // libpq: PGSSLROOTCERT, else ~/.postgresql/root.crt. A root file makes prefer and
+    // require check the chain too (libpq's rule); none at all is refused for verify-ca
+    // (libpq's), and for verify-full means the system store (libpq: only with `system`).
     let ssl_root_cert = match get("sslrootcert") {
         Some(v) if v.text == "system" => None,
         Some(v) => {
-            if verify && !Path::new(&v.text).is_file() {
-                return Err(bad(
-                    v,
-                    "a readable PEM file with the CA that signed the server certificate, or `system` for the system's trust store",
-                ));
+            if !Path::new(&v.text).is_file() {
+                if verify {
+                    return Err(bad(
+                        v,
+                        "a readable PEM file with the CA that signed the server certificate, or `system` for the system's trust store (with sslmode=verify-full)",
+                    ));
+                }
+                // libpq: a missing file under prefer/require means no verification.
+                None
+            } else {
+                Some(v.text.clone())
             }
-            Some(v.text.clone())
         }
         None => home
             .file(".postgresql/root.crt")
             .filter(|p| p.is_file())
             .map(|p| p.display().to_string()),
     };
+    if ssl_mode == SslMode::VerifyCa && ssl_root_cert.is_none() {
+        let (origin, value) = get("sslmode").map_or(("PGSSLMODE", "verify-ca"), |v| {
+            (v.origin.as_str(), v.text.as_str())
+        });
+        return Err(ConfigError::new(
+            origin,
+            value,
+            "verify-ca only with a root certificate file: set PGSSLROOTCERT (or create ~/.postgresql/root.crt) with the CA that signed the server certificate; the system trust store is used only with verify-full, which also checks the host name",
+        ));
+    }
+    let channel_binding = match get("channel_binding") {
+        Some(v) => v
+            .text
+            .parse::<ChannelBinding>()
+            .map_err(|_| bad(v, "disable, prefer or require"))?,
+        None => ChannelBinding::Prefer,
+    };
+    let require_auth = match get("require_auth") {
+        Some(v) => v.text.parse::<RequireAuth>().map_err(|e| {
+            bad(
+                v,
+                format!(
+                    "{}; expected a comma-separated list of password, md5, gss, sspi, scram-sha-256 and none, all negated with `!` or none of them",
+                    e.reason
+                ),
+            )
+        })?,
+        None => RequireAuth::default(),
+    };
+    if channel_binding == ChannelBinding::Require && ssl_mode == SslMode::Disable {
+        let v = get("channel_binding")
+            .map_or_else(|| "PGCHANNELBINDING".to_owned(), |v| v.origin.clone());
+        return Err(ConfigError::new(
+            &v,
+            "require",
+            "channel binding needs TLS, and sslmode=disable turns it off: use sslmode=verify-full (or at least require)",
+        ));
+    }
     let ssl_cert = match get("sslcert") {
         Some(v) if !Path::new(&v.text).is_file() => {
             return Err(bad(v, "a readable PEM file with the client certificate"));
@@ -373,6 +509,8 @@ fn build(values: &BTreeMap<String, Value>, home: &Home) -> Result<PgSettings, Co
         dbname,
         ssl_mode,
         ssl_root_cert,
+        channel_binding,
+        require_auth,
         ssl_client_cert,
         target_session_attrs,
         connect_timeout,
@@ -497,6 +635,119 @@ mod tests {
         assert_eq!(e.var, "PGSSLCERT");
         let pg = resolve(
             &vars(&[("PGSSLROOTCERT", "system"), ("PGSSLMODE", "verify-full")]),
+            &home(),
+        )
+        .unwrap();
+        assert!(pg.ssl_root_cert.is_none());
+    }
+
+    #[test]
+    fn channel_binding_and_require_auth_from_variables_and_url() {
+        let pg = resolve(&vars(&[]), &home()).unwrap();
+        assert_eq!(pg.channel_binding, ChannelBinding::Prefer);
+        assert!(!pg.require_auth.is_set());
+        let pg = resolve(
+            &vars(&[
+                ("PGCHANNELBINDING", "require"),
+                ("PGREQUIREAUTH", "!password,!md5"),
+            ]),
+            &home(),
+        )
+        .unwrap();
+        assert_eq!(pg.channel_binding, ChannelBinding::Require);
+        assert!(!pg.require_auth.allows(pgrepl::AuthMethod::Password));
+        let pg = resolve(
+            &vars(&[(
+                "OUTBOXD_DATABASE_URL",
+                "postgres://u@h/db?channel_binding=disable&require_auth=scram-sha-256",
+            )]),
+            &home(),
+        )
+        .unwrap();
+        assert_eq!(pg.channel_binding, ChannelBinding::Disable);
+        assert!(!pg.require_auth.allows(pgrepl::AuthMethod::None));
+        for (k, v) in [
+            ("PGCHANNELBINDING", "yes"),
+            ("PGREQUIREAUTH", "scram"),
+            ("PGREQUIREAUTH", "md5,!password"),
+        ] {
+            let e = resolve(&vars(&[(k, v)]), &home()).unwrap_err();
+            assert_eq!(e.var, k, "{e}");
+        }
+        let e = resolve(
+            &vars(&[("PGCHANNELBINDING", "require"), ("PGSSLMODE", "disable")]),
+            &home(),
+        )
+        .unwrap_err();
+        assert_eq!(e.var, "PGCHANNELBINDING", "{e}");
+    }
+
+    #[test]
+    fn libpq_settings_outboxd_does_not_honour_are_refused() {
+        for (k, v) in [
+            ("PGGSSENCMODE", "require"),
+            ("PGSSLNEGOTIATION", "direct"),
+            ("PGSSLCRL", "/etc/crl.pem"),
+            ("PGSSLMINPROTOCOLVERSION", "TLSv1.3"),
+            ("PGOPTIONS", "-c search_path=x"),
+            ("PGHOSTADDR", "10.0.0.1"),
+            ("PGREQUIREPEER", "postgres"),
+            ("PGLOADBALANCEHOSTS", "random"),
+        ] {
+            let e = resolve(&vars(&[(k, v)]), &home()).unwrap_err();
+            assert_eq!(e.var, k, "{e}");
+            assert!(e.accepts.contains(&format!("unset {k}")), "{e}");
+        }
+        // What outboxd does anyway is accepted.
+        for (k, v) in [
+            ("PGGSSENCMODE", "disable"),
+            ("PGGSSENCMODE", "prefer"),
+            ("PGSSLNEGOTIATION", "postgres"),
+            ("PGLOADBALANCEHOSTS", "disable"),
+        ] {
+            resolve(&vars(&[(k, v)]), &home()).unwrap();
+        }
+        let e = resolve(
+            &vars(&[(
+                "OUTBOXD_DATABASE_URL",
+                "postgres://h/db?sslnegotiation=direct",
+            )]),
+            &home(),
+        )
+        .unwrap_err();
+        assert!(e.var.contains("sslnegotiation"), "{e}");
+        resolve(
+            &vars(&[("OUTBOXD_DATABASE_URL", "postgres://h/db?gssencmode=disable")]),
+            &home(),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn tls_modes_as_libpq_16() {
+        // sslrootcert=system: verify-full by default, anything weaker refused.
+        let pg = resolve(&vars(&[("PGSSLROOTCERT", "system")]), &home()).unwrap();
+        assert_eq!(pg.ssl_mode, SslMode::VerifyFull);
+        for mode in ["require", "verify-ca", "prefer", "disable"] {
+            let e = resolve(
+                &vars(&[("PGSSLROOTCERT", "system"), ("PGSSLMODE", mode)]),
+                &home(),
+            )
+            .unwrap_err();
+            assert_eq!(e.var, "PGSSLMODE", "{mode}: {e}");
+        }
+        // verify-ca needs a root file; verify-full without one uses the system store.
+        let e = resolve(&vars(&[("PGSSLMODE", "verify-ca")]), &home()).unwrap_err();
+        assert_eq!(e.var, "PGSSLMODE");
+        assert!(e.accepts.contains("PGSSLROOTCERT"), "{e}");
+        let pg = resolve(&vars(&[("PGSSLMODE", "verify-full")]), &home()).unwrap();
+        assert!(pg.ssl_root_cert.is_none());
+        // require with a missing root file: no verification, as libpq.
+        let pg = resolve(
+            &vars(&[
+                ("PGSSLMODE", "require"),
+                ("PGSSLROOTCERT", "/no/such/root.crt"),
+            ]),
             &home(),
         )
         .unwrap();

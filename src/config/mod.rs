@@ -81,6 +81,10 @@ pub struct PgSettings {
     pub ssl_root_cert: Option<String>,
     /// Client certificate and key files.
     pub ssl_client_cert: Option<(String, String)>,
+    /// libpq's `channel_binding` (PGCHANNELBINDING).
+    pub channel_binding: pgrepl::ChannelBinding,
+    /// libpq's `require_auth` (PGREQUIREAUTH).
+    pub require_auth: pgrepl::RequireAuth,
     /// As given; each subcommand decides what it needs (see `wiring::connect_config`).
     pub target_session_attrs: Option<pgrepl::TargetSessionAttrs>,
     pub connect_timeout: Duration,
@@ -100,6 +104,8 @@ impl std::fmt::Debug for PgSettings {
             .field("passfile", &self.passfile)
             .field("ssl_root_cert", &self.ssl_root_cert)
             .field("ssl_client_cert", &self.ssl_client_cert)
+            .field("channel_binding", &self.channel_binding)
+            .field("require_auth", &self.require_auth)
             .field("target_session_attrs", &self.target_session_attrs)
             .field("connect_timeout", &self.connect_timeout)
             .field("application_name", &self.application_name)

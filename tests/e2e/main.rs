@@ -47,3 +47,4 @@ mod slot_history;
 mod slot_lifecycle;
 mod standby_ready;
 mod timeline_fork;
+mod tls_parity;

@@ -6,7 +6,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::{ReplError, ServerError};
-use crate::pg_tls::MakeRustlsConnect;
+use std::sync::{Arc, Mutex};
+
+use crate::pg_tls::{AuthGuard, Negotiated};
 
 /// A password that never shows up in logs or `Debug` output.
 #[derive(Clone, PartialEq, Eq)]
@@ -45,14 +47,18 @@ impl From<String> for Password {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SslMode {
     Disable,
-    /// TLS if the server offers it, unverified; plaintext otherwise.
+    /// TLS if the server offers it (verified as `VerifyCa` when a root file is given);
+    /// plaintext only when the server declines, never after a failed handshake.
     #[default]
     Prefer,
-    /// TLS or fail, but the certificate is not verified.
+    /// TLS or fail; the certificate is verified as `VerifyCa` when a root file is given,
+    /// not at all otherwise (libpq's rule).
     Require,
-    /// TLS, certificate chain verified against the root store; host name not checked.
+    /// TLS, certificate chain verified against the root file (required); host name not
+    /// checked.
     VerifyCa,
-    /// TLS, chain and host name verified.
+    /// TLS, chain and host name verified, against the root file or else the system's
+    /// trust store.
     VerifyFull,
 }
 
@@ -91,6 +97,181 @@ impl FromStr for SslMode {
             "verify-full" => Ok(SslMode::VerifyFull),
             _ => Err(ParseSslModeError(s.to_owned())),
         }
+    }
+}
+
+/// libpq's `channel_binding`: whether SCRAM binds the exchange to the TLS certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ChannelBinding {
+    /// Never bind, even when both sides could.
+    Disable,
+    /// Bind when the server offers SCRAM-SHA-256-PLUS over TLS.
+    #[default]
+    Prefer,
+    /// Refuse any authentication that is not SCRAM-SHA-256-PLUS bound to this TLS channel.
+    Require,
+}
+
+impl ChannelBinding {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChannelBinding::Disable => "disable",
+            ChannelBinding::Prefer => "prefer",
+            ChannelBinding::Require => "require",
+        }
+    }
+}
+
+impl fmt::Display for ChannelBinding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Error for an unknown `channel_binding` string.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid channel_binding {0:?}: expected disable, prefer or require")]
+pub struct ParseChannelBindingError(pub String);
+
+impl FromStr for ChannelBinding {
+    type Err = ParseChannelBindingError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "disable" => Ok(ChannelBinding::Disable),
+            "prefer" => Ok(ChannelBinding::Prefer),
+            "require" => Ok(ChannelBinding::Require),
+            _ => Err(ParseChannelBindingError(s.to_owned())),
+        }
+    }
+}
+
+/// An authentication request as `require_auth` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum AuthMethod {
+    /// The server sent AuthenticationOk without any challenge (trust, or a client
+    /// certificate alone).
+    None,
+    /// A cleartext password.
+    Password,
+    Md5,
+    /// SCRAM-SHA-256 or SCRAM-SHA-256-PLUS.
+    ScramSha256,
+    /// Accepted in the list for libpq compatibility; outboxd never speaks it.
+    Gss,
+    /// Accepted in the list for libpq compatibility; outboxd never speaks it.
+    Sspi,
+}
+
+impl AuthMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthMethod::None => "none",
+            AuthMethod::Password => "password",
+            AuthMethod::Md5 => "md5",
+            AuthMethod::ScramSha256 => "scram-sha-256",
+            AuthMethod::Gss => "gss",
+            AuthMethod::Sspi => "sspi",
+        }
+    }
+
+    const ALL: [AuthMethod; 6] = [
+        AuthMethod::None,
+        AuthMethod::Password,
+        AuthMethod::Md5,
+        AuthMethod::ScramSha256,
+        AuthMethod::Gss,
+        AuthMethod::Sspi,
+    ];
+}
+
+/// libpq's `require_auth` (PostgreSQL 16+): the authentication requests the server may
+/// make. The default allows every one, and no authentication at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequireAuth {
+    allowed: Vec<AuthMethod>,
+    /// As given, for messages; `None` when not set.
+    text: Option<String>,
+}
+
+impl Default for RequireAuth {
+    fn default() -> Self {
+        RequireAuth {
+            allowed: AuthMethod::ALL.to_vec(),
+            text: None,
+        }
+    }
+}
+
+impl RequireAuth {
+    /// Whether the server may authenticate us this way.
+    pub fn allows(&self, method: AuthMethod) -> bool {
+        self.allowed.contains(&method)
+    }
+
+    /// Whether the setting was given (anything but the default).
+    pub fn is_set(&self) -> bool {
+        self.text.is_some()
+    }
+
+    /// The setting as given, e.g. `scram-sha-256` or `!password,!md5`.
+    pub fn as_str(&self) -> &str {
+        self.text.as_deref().unwrap_or("(any)")
+    }
+
+    /// The allowed methods, for messages.
+    pub fn allowed(&self) -> &[AuthMethod] {
+        &self.allowed
+    }
+}
+
+/// Error for a `require_auth` string libpq would refuse too.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid require_auth {text:?}: {reason}; expected a comma-separated list of password, md5, gss, sspi, scram-sha-256 and none, all of them negated with `!` or none of them")]
+pub struct ParseRequireAuthError {
+    pub text: String,
+    pub reason: String,
+}
+
+impl FromStr for RequireAuth {
+    type Err = ParseRequireAuthError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = |reason: String| ParseRequireAuthError {
+            text: s.to_owned(),
+            reason,
+        };
+        let mut listed: Vec<AuthMethod> = Vec::new();
+        let mut negated: Option<bool> = None;
+        for item in s.split(',') {
+            let (neg, name) = match item.strip_prefix('!') {
+                Some(rest) => (true, rest),
+                None => (false, item),
+            };
+            if *negated.get_or_insert(neg) != neg {
+                return Err(err("negative and positive methods cannot be mixed".into()));
+            }
+            let method = AuthMethod::ALL
+                .into_iter()
+                .find(|m| m.as_str() == name)
+                .ok_or_else(|| err(format!("unknown method {name:?}")))?;
+            if listed.contains(&method) {
+                return Err(err(format!("method {name:?} is listed more than once")));
+            }
+            listed.push(method);
+        }
+        let allowed = if negated == Some(true) {
+            AuthMethod::ALL
+                .into_iter()
+                .filter(|m| !listed.contains(m))
+                .collect()
+        } else {
+            listed
+        };
+        Ok(RequireAuth {
+            allowed,
+            text: Some(s.to_owned()),
+        })
     }
 }
 
@@ -196,9 +377,14 @@ pub struct ConnectConfig {
     pub passfile: Option<PathBuf>,
     pub dbname: String,
     pub ssl_mode: SslMode,
-    /// PEM bundle of trusted roots for verify-ca / verify-full; the system's trust store
-    /// when absent.
+    /// PEM bundle of trusted roots. With one, `prefer` and `require` verify the chain as
+    /// `verify-ca` does (libpq's rule); without one, `verify-ca` is refused and
+    /// `verify-full` uses the system's trust store (libpq's `sslrootcert=system`).
     pub ssl_root_cert: Option<PathBuf>,
+    /// libpq's `channel_binding`.
+    pub channel_binding: ChannelBinding,
+    /// libpq's `require_auth`.
+    pub require_auth: RequireAuth,
     /// Client certificate (PEM, may carry intermediates) and its private key.
     pub ssl_client_cert: Option<(PathBuf, PathBuf)>,
     pub application_name: String,
@@ -224,6 +410,8 @@ impl ConnectConfig {
             dbname: dbname.into(),
             ssl_mode: SslMode::Prefer,
             ssl_root_cert: None,
+            channel_binding: ChannelBinding::Prefer,
+            require_auth: RequireAuth::default(),
             ssl_client_cert: None,
             application_name: "outboxd".into(),
             connect_timeout: Duration::from_secs(10),
@@ -338,62 +526,75 @@ impl ConnectConfig {
         .await
     }
 
-    /// The equivalent `tokio_postgres` config for the ordinary SQL connection.
-    ///
-    /// tokio-postgres only knows disable/prefer/require; the verify modes are enforced by
-    /// the TLS connector that [`ConnectConfig::connect_sql`] passes alongside.
-    pub fn tokio_postgres_config(&self) -> tokio_postgres::Config {
+    /// The `tokio_postgres` config for the ordinary SQL connection, over a transport that
+    /// [`ConnectConfig::connect_sql`] opened itself (`encrypted`: TLS is already up).
+    pub fn tokio_postgres_config(&self, encrypted: bool) -> tokio_postgres::Config {
+        use tokio_postgres::config::{ChannelBinding as T, SslMode as M, SslNegotiation};
         let mut cfg = tokio_postgres::Config::new();
         cfg.host(&self.host)
             .port(self.port)
             .user(&self.user)
             .dbname(&self.dbname)
             .application_name(&self.application_name)
-            .connect_timeout(self.connect_timeout)
-            // The same dead-peer detection as the replication socket: a query on a
-            // partitioned connection fails instead of hanging for the kernel's ~15 min.
-            .keepalives(true)
-            .keepalives_idle(crate::socket::tcp::KEEPALIVE_IDLE)
-            .keepalives_interval(crate::socket::tcp::KEEPALIVE_INTERVAL)
-            .keepalives_retries(crate::socket::tcp::KEEPALIVE_RETRIES)
-            .tcp_user_timeout(crate::socket::tcp::USER_TIMEOUT)
-            .ssl_mode(match (self.ssl_mode, self.is_unix_socket()) {
-                // libpq never runs TLS over a Unix socket.
-                (_, true) | (SslMode::Disable, _) => tokio_postgres::config::SslMode::Disable,
-                (SslMode::Prefer, false) => tokio_postgres::config::SslMode::Prefer,
-                (_, false) => tokio_postgres::config::SslMode::Require,
+            .channel_binding(match self.channel_binding {
+                ChannelBinding::Disable => T::Disable,
+                ChannelBinding::Prefer => T::Prefer,
+                ChannelBinding::Require => T::Require,
             });
+        if encrypted {
+            // "Direct": tokio-postgres hands the stream to our no-op connector instead of
+            // sending a second SSLRequest.
+            cfg.ssl_mode(M::Require)
+                .ssl_negotiation(SslNegotiation::Direct);
+        } else {
+            cfg.ssl_mode(M::Disable);
+        }
         if let Some(pw) = self.effective_password() {
             cfg.password(pw.expose());
         }
         cfg
     }
 
-    /// Opens an ordinary SQL connection and spawns its connection task.
+    /// Opens an ordinary SQL connection and spawns its connection task, within
+    /// `connect_timeout`.
     pub async fn connect_sql(&self) -> Result<tokio_postgres::Client, ReplError> {
-        let cfg = self.tokio_postgres_config();
-        let client = if cfg.get_ssl_mode() == tokio_postgres::config::SslMode::Disable {
-            let (client, conn) = cfg
-                .connect(tokio_postgres::NoTls)
-                .await
-                .map_err(|e| self.connect_error(self.sql_connect_error(e)))?;
-            spawn_connection(conn);
-            client
-        } else {
-            let tls = MakeRustlsConnect::new(self).map_err(|e| self.connect_error(e))?;
-            let (client, conn) = cfg
-                .connect(tls)
-                .await
-                .map_err(|e| self.connect_error(self.sql_connect_error(e)))?;
-            spawn_connection(conn);
-            client
-        };
-        Ok(client)
+        tokio::time::timeout(self.connect_timeout, self.connect_sql_inner())
+            .await
+            .map_err(|_| ReplError::Timeout("connecting to the server"))
+            .and_then(|r| r)
+            .map_err(|e| self.connect_error(e))
     }
 
-    /// tokio-postgres's connect errors in the replication connection's terms, so both
+    async fn connect_sql_inner(&self) -> Result<tokio_postgres::Client, ReplError> {
+        let transport = crate::socket::open(self).await?;
+        let refused = Arc::new(Mutex::new(None));
+        let guard = AuthGuard::new(
+            transport.stream,
+            self,
+            transport.cert_hash.is_some(),
+            Arc::clone(&refused),
+        );
+        let cfg = self.tokio_postgres_config(transport.encrypted);
+        let tls = Negotiated {
+            cert_hash: transport.cert_hash,
+        };
+        match cfg.connect_raw(guard, tls).await {
+            Ok((client, conn)) => {
+                spawn_connection(conn);
+                Ok(client)
+            }
+            Err(e) => Err(refused
+                .lock()
+                .ok()
+                .and_then(|mut slot| slot.take())
+                .unwrap_or_else(|| self.sql_connect_error(e))),
+        }
+    }
+
+    /// tokio-postgres's startup errors in the replication connection's terms, so both
     /// connections classify a failure alike: a refused credential, a missing password and
-    /// a certificate that does not verify are permanent; a network failure is not.
+    /// a broken authentication sequence are permanent. (TLS and network failures come
+    /// from the shared transport, already in those terms.)
     fn sql_connect_error(&self, e: tokio_postgres::Error) -> ReplError {
         if let Some(db) = e.as_db_error() {
             let server = ServerError {
@@ -405,20 +606,18 @@ impl ConnectConfig {
             };
             return crate::connection::startup_error(&self.user, "SQL connection", server);
         }
+        // tokio-postgres reads the startup as a fixed sequence and has no error kind to
+        // match; during connect this message means the server broke it, e.g. with
+        // AuthenticationOk before SCRAM was complete.
+        if e.to_string() == "unexpected message from server" {
+            return ReplError::AuthRefused {
+                user: self.user.clone(),
+                method: "SQL connection",
+                reason: "the server broke the startup sequence (for instance AuthenticationOk before completing SCRAM): it has not proven that it knows the password, so it may be an impostor; the connection is refused".into(),
+            };
+        }
         let mut next: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
         while let Some(cause) = next {
-            if let Some(tls) = cause
-                .downcast_ref::<std::io::Error>()
-                .and_then(|io| io.get_ref())
-                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-            {
-                return ReplError::Tls(format!("handshake failed: {tls}"));
-            }
-            if let Some(repl) = cause.downcast_ref::<ReplError>() {
-                if repl.class() == crate::ErrorClass::Permanent {
-                    return ReplError::Tls(repl.to_string());
-                }
-            }
             // tokio-postgres has no error kind to match; this is its only message for it.
             if cause.to_string() == "password missing" {
                 return ReplError::AuthClient {
@@ -570,20 +769,46 @@ mod tests {
 
     #[test]
     fn tokio_postgres_modes() {
-        use tokio_postgres::config::SslMode as T;
+        use tokio_postgres::config::{ChannelBinding as B, SslMode as T};
         let mut cfg = ConnectConfig::new("db.example", 5432, "u", "db");
+        assert_eq!(cfg.tokio_postgres_config(true).get_ssl_mode(), T::Require);
+        assert_eq!(cfg.tokio_postgres_config(false).get_ssl_mode(), T::Disable);
         for (mode, expected) in [
-            (SslMode::Disable, T::Disable),
-            (SslMode::Prefer, T::Prefer),
-            (SslMode::Require, T::Require),
-            (SslMode::VerifyCa, T::Require),
-            (SslMode::VerifyFull, T::Require),
+            (ChannelBinding::Disable, B::Disable),
+            (ChannelBinding::Prefer, B::Prefer),
+            (ChannelBinding::Require, B::Require),
         ] {
-            cfg.ssl_mode = mode;
-            assert_eq!(cfg.tokio_postgres_config().get_ssl_mode(), expected);
+            cfg.channel_binding = mode;
+            assert_eq!(
+                cfg.tokio_postgres_config(true).get_channel_binding(),
+                expected
+            );
         }
-        cfg.host = "/var/run/postgresql".into();
-        cfg.ssl_mode = SslMode::Require;
-        assert_eq!(cfg.tokio_postgres_config().get_ssl_mode(), T::Disable);
+    }
+
+    #[test]
+    fn require_auth_parses_as_libpq() {
+        let ra: RequireAuth = "scram-sha-256".parse().unwrap();
+        assert!(ra.allows(AuthMethod::ScramSha256) && !ra.allows(AuthMethod::None));
+        assert!(!ra.allows(AuthMethod::Password) && !ra.allows(AuthMethod::Md5));
+        let ra: RequireAuth = "!password,!md5".parse().unwrap();
+        assert!(ra.allows(AuthMethod::ScramSha256) && ra.allows(AuthMethod::None));
+        assert!(!ra.allows(AuthMethod::Password) && !ra.allows(AuthMethod::Md5));
+        let ra: RequireAuth = "none,md5".parse().unwrap();
+        assert!(ra.allows(AuthMethod::None) && ra.allows(AuthMethod::Md5));
+        assert!(!ra.allows(AuthMethod::ScramSha256));
+        assert!(RequireAuth::default().allows(AuthMethod::Password));
+        for bad in [
+            "",
+            "scram",
+            "!md5,password",
+            "md5,md5",
+            "SCRAM-SHA-256",
+            "md5, none",
+        ] {
+            assert!(bad.parse::<RequireAuth>().is_err(), "{bad:?}");
+        }
+        assert_eq!("require".parse(), Ok(ChannelBinding::Require));
+        assert!("required".parse::<ChannelBinding>().is_err());
     }
 }

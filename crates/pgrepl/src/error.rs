@@ -60,6 +60,14 @@ pub enum ReplError {
         method: &'static str,
         reason: String,
     },
+    /// The client refused how the server authenticates (or pretends to): `require_auth`,
+    /// `channel_binding=require`, or a server that broke the exchange's sequence.
+    #[error("refused to authenticate as user \"{user}\" ({method}): {reason}")]
+    AuthRefused {
+        user: String,
+        method: &'static str,
+        reason: String,
+    },
     #[error("replication slot \"{slot}\" is active for PID {pid} (SQLSTATE 55006)")]
     SlotInUse { slot: String, pid: i32 },
     #[error("TLS error: {0}")]
@@ -130,9 +138,14 @@ fn connect_hint(cause: &ReplError) -> &'static str {
     match cause {
         ReplError::Tls(_) => {
             "; the server's certificate was not accepted: PGSSLROOTCERT (default \
-             ~/.postgresql/root.crt, else the system's trust store) must name a PEM file \
-             with the CA that signed it (verify-ca / verify-full), and for verify-full PGHOST \
-             must be a name in the certificate"
+             ~/.postgresql/root.crt; the system's trust store only for verify-full) must name \
+             a PEM file with the CA that signed it (checked under require and prefer too when \
+             a root file exists), and for verify-full PGHOST must be a name in the certificate"
+        }
+        ReplError::AuthRefused { .. } => {
+            "; this server is not trusted: check that PGHOST and PGPORT name your PostgreSQL \
+             server, and relax PGREQUIREAUTH or PGCHANNELBINDING only if its pg_hba.conf \
+             really uses that method"
         }
         ReplError::AuthClient { .. } => {
             "; set PGPASSWORD (or the password in OUTBOXD_DATABASE_URL, or a line in the \
@@ -199,6 +212,7 @@ impl ReplError {
             ReplError::Server(e) => class_of_sqlstate(&e.code),
             ReplError::Auth { .. }
             | ReplError::AuthClient { .. }
+            | ReplError::AuthRefused { .. }
             | ReplError::Tls(_)
             | ReplError::Config(_)
             | ReplError::Unsupported(_)

@@ -29,7 +29,8 @@ mod tls;
 mod wire;
 
 pub use config::{
-    ConnectConfig, ParseSslModeError, ParseTargetSessionAttrsError, Password, ServerState, SslMode,
+    AuthMethod, ChannelBinding, ConnectConfig, ParseChannelBindingError, ParseRequireAuthError,
+    ParseSslModeError, ParseTargetSessionAttrsError, Password, RequireAuth, ServerState, SslMode,
     TargetSessionAttrs,
 };
 pub use connection::ReplicationConnection;
@@ -37,7 +38,6 @@ pub use error::{
     chain as error_chain, class_of_sql, class_of_sqlstate, ErrorClass, ReplError, ServerError,
 };
 pub use options::StartOptions;
-pub use pg_tls::MakeRustlsConnect;
 pub use preflight::SlotState;
 pub use query::{SlotCreated, SystemInfo, FAILOVER_SLOTS_VERSION};
 pub use status_writer::FlushHandle;

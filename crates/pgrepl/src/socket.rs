@@ -17,8 +17,11 @@ pub(crate) type BoxStream = Box<dyn AsyncStream>;
 /// An open transport, encrypted or not.
 pub(crate) struct Transport {
     pub stream: BoxStream,
-    /// `tls-server-end-point` hash; `Some` exactly when TLS is in use.
+    /// `tls-server-end-point` hash; `Some` only over TLS, with a certificate whose
+    /// signature algorithm defines one.
     pub cert_hash: Option<Vec<u8>>,
+    /// TLS is in use.
+    pub encrypted: bool,
 }
 
 /// Dead-peer detection on every TCP connection to the server (replication and SQL).
@@ -72,6 +75,7 @@ pub(crate) async fn open(cfg: &ConnectConfig) -> Result<Transport, ReplError> {
         return Ok(Transport {
             stream: Box::new(stream),
             cert_hash: None,
+            encrypted: false,
         });
     }
     let mut tcp = TcpStream::connect((cfg.host.as_str(), cfg.port))
@@ -85,6 +89,7 @@ pub(crate) async fn open(cfg: &ConnectConfig) -> Result<Transport, ReplError> {
         return Ok(Transport {
             stream: Box::new(tcp),
             cert_hash: None,
+            encrypted: false,
         });
     }
     // Build the TLS config first so a bad root file is reported before any network talk.
@@ -104,21 +109,24 @@ pub(crate) async fn open(cfg: &ConnectConfig) -> Result<Transport, ReplError> {
                 .connect(name, tcp)
                 .await
                 .map_err(handshake_error)?;
+            // Channel binding needs the hash; without a certificate, or with one whose
+            // signature algorithm defines none, no binding is offered.
             let cert_hash = tls
                 .get_ref()
                 .1
                 .peer_certificates()
                 .and_then(|certs| certs.first())
-                .map(|cert| server_end_point_hash(cert));
+                .and_then(|cert| server_end_point_hash(cert));
             Ok(Transport {
                 stream: Box::new(tls),
-                // Channel binding needs the hash; without a certificate offer none.
-                cert_hash: Some(cert_hash.unwrap_or_default()).filter(|h| !h.is_empty()),
+                cert_hash,
+                encrypted: true,
             })
         }
         b'N' if cfg.ssl_mode == SslMode::Prefer => Ok(Transport {
             stream: Box::new(tcp),
             cert_hash: None,
+            encrypted: false,
         }),
         b'N' => Err(ReplError::Tls(format!(
             "server does not support TLS, but sslmode={}",

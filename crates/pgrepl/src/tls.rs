@@ -22,15 +22,25 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// Builds the client config for `cfg.ssl_mode` (which must not be `Disable`).
+/// Builds the client config for `cfg.ssl_mode` (which must not be `Disable`), with
+/// libpq 16+'s rules: a root file makes `prefer` and `require` verify the chain as
+/// `verify-ca` does; `verify-ca` needs a root file; the system's trust store serves only
+/// `verify-full`, where the host name is checked too.
 pub(crate) fn client_config(cfg: &ConnectConfig) -> Result<Arc<ClientConfig>, ReplError> {
     let provider = provider();
-    let verifier: Arc<dyn ServerCertVerifier> = match cfg.ssl_mode {
-        SslMode::Disable | SslMode::Prefer | SslMode::Require => {
+    let verifier: Arc<dyn ServerCertVerifier> = match (cfg.ssl_mode, &cfg.ssl_root_cert) {
+        (SslMode::Disable | SslMode::Prefer | SslMode::Require, None) => {
             Arc::new(NoVerification(Arc::clone(&provider)))
         }
-        SslMode::VerifyCa => Arc::new(ChainOnly(webpki_verifier(cfg, &provider)?)),
-        SslMode::VerifyFull => webpki_verifier(cfg, &provider)?,
+        (SslMode::Disable | SslMode::Prefer | SslMode::Require | SslMode::VerifyCa, Some(_)) => {
+            Arc::new(ChainOnly(webpki_verifier(cfg, &provider)?))
+        }
+        (SslMode::VerifyCa, None) => {
+            return Err(ReplError::Config(
+                "sslmode=verify-ca needs a root certificate file: set PGSSLROOTCERT (or create ~/.postgresql/root.crt) with the CA that signed the server certificate; the system trust store is used only with sslmode=verify-full, which also checks the host name".into(),
+            ))
+        }
+        (SslMode::VerifyFull, _) => Arc::new(FullWithCommonName(webpki_verifier(cfg, &provider)?)),
     };
     let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -257,22 +267,213 @@ impl ServerCertVerifier for ChainOnly {
     }
 }
 
-/// RFC 5929 `tls-server-end-point`: the certificate hashed with its signature's hash
-/// function, where MD5 and SHA-1 (and anything unrecognised) become SHA-256.
-pub(crate) fn server_end_point_hash(cert_der: &[u8]) -> Vec<u8> {
-    match signature_oid(cert_der) {
-        Some(oid) if oid == OID_SHA384_RSA || oid == OID_SHA384_ECDSA => {
-            sha2::Sha384::digest(cert_der).to_vec()
+/// `verify-full`: webpki's chain and name checks, and libpq's fallback to the subject's
+/// common name when the certificate has no subjectAltName of the host's kind (dNSName
+/// for a name, iPAddress for an address). webpki checks the chain before the name, so a
+/// name mismatch means the chain already passed.
+#[derive(Debug)]
+struct FullWithCommonName(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for FullWithCommonName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+        {
+            Err(
+                e @ rustls::Error::InvalidCertificate(
+                    CertificateError::NotValidForName
+                    | CertificateError::NotValidForNameContext { .. },
+                ),
+            ) => {
+                if common_name_matches(end_entity, server_name) {
+                    Ok(ServerCertVerified::assertion())
+                } else {
+                    Err(e)
+                }
+            }
+            other => other,
         }
-        Some(oid) if oid == OID_SHA512_RSA || oid == OID_SHA512_ECDSA => {
-            sha2::Sha512::digest(cert_der).to_vec()
-        }
-        _ => sha2::Sha256::digest(cert_der).to_vec(),
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
     }
 }
 
+/// libpq's common-name rule: consulted only without a subjectAltName of the host's kind;
+/// case-insensitive, with a leading `*.` matching one label of a host name.
+fn common_name_matches(cert: &[u8], server_name: &ServerName<'_>) -> bool {
+    let Some(names) = cert_names(cert) else {
+        return false;
+    };
+    let (host, is_ip) = match server_name {
+        ServerName::DnsName(d) => (d.as_ref().to_owned(), false),
+        ServerName::IpAddress(ip) => (std::net::IpAddr::from(*ip).to_string(), true),
+        _ => return false,
+    };
+    let has_san_of_kind = if is_ip {
+        names.has_ip_san
+    } else {
+        names.has_dns_san
+    };
+    if has_san_of_kind {
+        return false;
+    }
+    names.common_names.iter().any(|cn| {
+        if cn.eq_ignore_ascii_case(&host) {
+            return true;
+        }
+        match cn.strip_prefix("*.") {
+            Some(suffix) if !is_ip => host.split_once('.').is_some_and(|(label, rest)| {
+                !label.is_empty() && rest.eq_ignore_ascii_case(suffix)
+            }),
+            _ => false,
+        }
+    })
+}
+
+struct CertNames {
+    common_names: Vec<String>,
+    has_dns_san: bool,
+    has_ip_san: bool,
+}
+
+const OID_COMMON_NAME: &[u8] = &[0x55, 0x04, 0x03];
+const OID_SUBJECT_ALT_NAME: &[u8] = &[0x55, 0x1d, 0x11];
+
+/// The subject's common names and which kinds of subjectAltName the certificate has:
+/// `TBSCertificate ::= SEQUENCE { [0] version OPTIONAL, serial, signature, issuer,
+/// validity, subject, subjectPublicKeyInfo, [1], [2] OPTIONAL, [3] extensions OPTIONAL }`.
+fn cert_names(der: &[u8]) -> Option<CertNames> {
+    let (cert, _) = der_element(der, 0x30)?;
+    let (tbs, _) = der_element(cert, 0x30)?;
+    let mut rest = tbs;
+    if rest.first() == Some(&0xa0) {
+        rest = der_any(rest)?.1;
+    }
+    for _serial_signature_issuer_validity in 0..4 {
+        rest = der_any(rest)?.1;
+    }
+    let (subject, after_subject) = der_element(rest, 0x30)?;
+    let mut rest = der_any(after_subject)?.1;
+    let mut names = CertNames {
+        common_names: Vec::new(),
+        has_dns_san: false,
+        has_ip_san: false,
+    };
+    let mut rdns = subject;
+    while !rdns.is_empty() {
+        let (set, next) = der_element(rdns, 0x31)?;
+        rdns = next;
+        let mut atvs = set;
+        while !atvs.is_empty() {
+            let (atv, next) = der_element(atvs, 0x30)?;
+            atvs = next;
+            let (oid, value) = der_element(atv, 0x06)?;
+            // UTF8String, PrintableString, T61String and IA5String carry ASCII host names.
+            if oid == OID_COMMON_NAME && matches!(value.first(), Some(0x0c | 0x13 | 0x14 | 0x16)) {
+                let (text, _) = der_any(value)?;
+                if let Ok(text) = std::str::from_utf8(text) {
+                    names.common_names.push(text.to_owned());
+                }
+            }
+        }
+    }
+    while !rest.is_empty() {
+        let tag = *rest.first()?;
+        let (contents, next) = der_any(rest)?;
+        rest = next;
+        if tag != 0xa3 {
+            continue;
+        }
+        let (mut extensions, _) = der_element(contents, 0x30)?;
+        while !extensions.is_empty() {
+            let (ext, next) = der_element(extensions, 0x30)?;
+            extensions = next;
+            let (oid, mut ext_rest) = der_element(ext, 0x06)?;
+            if oid != OID_SUBJECT_ALT_NAME {
+                continue;
+            }
+            if ext_rest.first() == Some(&0x01) {
+                ext_rest = der_any(ext_rest)?.1;
+            }
+            let (octets, _) = der_element(ext_rest, 0x04)?;
+            let (mut general_names, _) = der_element(octets, 0x30)?;
+            while !general_names.is_empty() {
+                let tag = *general_names.first()?;
+                general_names = der_any(general_names)?.1;
+                match tag {
+                    0x82 => names.has_dns_san = true,
+                    0x87 => names.has_ip_san = true,
+                    _ => {}
+                }
+            }
+        }
+    }
+    Some(names)
+}
+
+/// RFC 5929 `tls-server-end-point`: the certificate hashed with its signature's hash
+/// function, MD5 and SHA-1 becoming SHA-256. `None` where PostgreSQL defines no hash
+/// (RSA-PSS, Ed25519, Ed448, anything unrecognised): the server cannot bind such a
+/// channel, so the client does not offer to.
+pub(crate) fn server_end_point_hash(cert_der: &[u8]) -> Option<Vec<u8>> {
+    let oid = signature_oid(cert_der)?;
+    let is = |list: &[&[u8]]| list.contains(&oid);
+    if is(&[
+        OID_MD5_RSA,
+        OID_SHA1_RSA,
+        OID_SHA256_RSA,
+        OID_SHA1_ECDSA,
+        OID_SHA256_ECDSA,
+    ]) {
+        Some(sha2::Sha256::digest(cert_der).to_vec())
+    } else if is(&[OID_SHA224_RSA, OID_SHA224_ECDSA]) {
+        Some(sha2::Sha224::digest(cert_der).to_vec())
+    } else if is(&[OID_SHA384_RSA, OID_SHA384_ECDSA]) {
+        Some(sha2::Sha384::digest(cert_der).to_vec())
+    } else if is(&[OID_SHA512_RSA, OID_SHA512_ECDSA]) {
+        Some(sha2::Sha512::digest(cert_der).to_vec())
+    } else {
+        None
+    }
+}
+
+const OID_MD5_RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x04];
+const OID_SHA1_RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x05];
+const OID_SHA256_RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x0b];
 const OID_SHA384_RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x0c];
 const OID_SHA512_RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x0d];
+const OID_SHA224_RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x0e];
+const OID_SHA1_ECDSA: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x01];
+const OID_SHA224_ECDSA: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x01];
+const OID_SHA256_ECDSA: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x02];
 const OID_SHA384_ECDSA: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x03];
 const OID_SHA512_ECDSA: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x04];
 
@@ -323,7 +524,7 @@ mod tests {
             .unwrap()
             .self_signed(&key)
             .unwrap();
-        assert_eq!(server_end_point_hash(cert.der()).len(), 48);
+        assert_eq!(server_end_point_hash(cert.der()).map(|h| h.len()), Some(48));
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
         let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
             .unwrap()
@@ -331,8 +532,56 @@ mod tests {
             .unwrap();
         assert_eq!(
             server_end_point_hash(cert.der()),
-            sha2::Sha256::digest(cert.der()).to_vec()
+            Some(sha2::Sha256::digest(cert.der()).to_vec())
         );
-        assert_eq!(server_end_point_hash(b"garbage").len(), 32);
+        assert_eq!(server_end_point_hash(b"garbage"), None);
+        // PostgreSQL defines no hash for Ed25519 (nor RSA-PSS): no binding offered.
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        assert_eq!(server_end_point_hash(cert.der()), None);
+    }
+
+    fn cert_with(cn: &str, sans: Vec<rcgen::SanType>) -> Vec<u8> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        params.subject_alt_names = sans;
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    fn name(host: &str) -> ServerName<'static> {
+        ServerName::try_from(host.to_owned()).unwrap()
+    }
+
+    #[test]
+    fn common_name_only_without_a_subject_alt_name_of_the_hosts_kind() {
+        let cn_only = cert_with("DB.Example.com", vec![]);
+        assert!(common_name_matches(&cn_only, &name("db.example.com")));
+        assert!(!common_name_matches(&cn_only, &name("other.example.com")));
+        assert!(!common_name_matches(&cn_only, &name("10.0.0.1")));
+        let wildcard = cert_with("*.example.com", vec![]);
+        assert!(common_name_matches(&wildcard, &name("db.example.com")));
+        assert!(!common_name_matches(&wildcard, &name("a.db.example.com")));
+        assert!(!common_name_matches(&wildcard, &name("example.com")));
+        // A DNS SAN hides the CN from a host name, not from an address.
+        let dns_san = cert_with(
+            "10.0.0.1",
+            vec![rcgen::SanType::DnsName(
+                "other.example.com".try_into().unwrap(),
+            )],
+        );
+        assert!(!common_name_matches(&dns_san, &name("other.example.org")));
+        assert!(common_name_matches(&dns_san, &name("10.0.0.1")));
+        let ip_san = cert_with(
+            "10.0.0.1",
+            vec![rcgen::SanType::IpAddress("10.0.0.2".parse().unwrap())],
+        );
+        assert!(!common_name_matches(&ip_san, &name("10.0.0.1")));
+        assert!(!common_name_matches(b"garbage", &name("db.example.com")));
     }
 }

@@ -5,5 +5,6 @@
 
 mod auth;
 mod common;
+mod impostor;
 mod stream;
 mod timeout;
