@@ -160,6 +160,7 @@ pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
         progress_topic: s.progress_topic.clone(),
         progress_interval: s.progress_interval,
         progress_read_wait: s.progress_read_wait,
+        publication_check_interval: s.publication_check_interval,
         cluster_name: s.cluster_name.clone(),
         shard: s.shard.clone(),
     })

@@ -10,7 +10,8 @@ use outboxd_relay::kafka::{
     ProgressRecord, ProgressStore, PublicationSeen, SlotIdentity, SlotRecords,
 };
 use outboxd_relay::pipeline::{
-    judge_missing_slot, judge_slot, verify_shard_layout, Consent, Creation, History,
+    create_checked, judge_missing_slot, judge_slot, verify_shard_layout, Consent, Creation,
+    History, RelayError,
 };
 use pgoutput::Lsn;
 use pgrepl::{preflight, ConnectConfig, ReplError, ReplicationConnection};
@@ -157,25 +158,45 @@ impl Shared<'_> {
     }
 
     /// What the progress topic says of this shard's slot (without taking it from the
-    /// read, which `record_cluster` does); `Err`: why nothing can be said.
-    async fn history(&mut self, s: &Settings) -> Result<Result<SlotRecords, String>, InitError> {
+    /// read, which `record_cluster` does).
+    async fn history(&mut self, s: &Settings) -> Result<InitHistory, InitError> {
         let Some(topic) = &s.progress_topic else {
-            return Ok(Err(
+            return Ok(InitHistory::NotKept(
                 "OUTBOXD_PROGRESS_TOPIC is empty: no progress record is kept".into(),
             ));
         };
         if s.bootstrap_servers.trim().is_empty() {
-            return Ok(Err("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS is not set".into()));
+            return Ok(InitHistory::NotKept(
+                "OUTBOXD_KAFKA_BOOTSTRAP_SERVERS is not set, so the progress record was not read"
+                    .into(),
+            ));
         }
         let Records { read, .. } = self.records(s, topic).await?;
         Ok(match read {
             Ok((_, found)) => match found.get(&s.slot) {
-                Some(Ok(records)) => Ok(records.clone()),
-                Some(Err(e)) => Err(e.clone()),
-                None => Err("the slot was not in the read of the topic".into()),
+                Some(Ok(records)) => InitHistory::Read(Box::new(records.clone())),
+                Some(Err(e)) => InitHistory::Unreadable(e.clone()),
+                None => InitHistory::Unreadable("the slot was not in the read of the topic".into()),
             },
-            Err(e) => Err(format!("the progress topic could not be read: {e}")),
+            Err(e) => InitHistory::Unreadable(e.clone()),
         })
+    }
+}
+
+/// [`History`], owned.
+enum InitHistory {
+    Read(Box<SlotRecords>),
+    Unreadable(String),
+    NotKept(String),
+}
+
+impl InitHistory {
+    fn judged(&self) -> History<'_> {
+        match self {
+            InitHistory::Read(r) => History::Read(r),
+            InitHistory::Unreadable(why) => History::Unreadable(why),
+            InitHistory::NotKept(why) => History::NotKept(why),
+        }
     }
 }
 
@@ -246,24 +267,29 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
                 preflight::TableRows::Empty
             };
             let topic = s.progress_topic.as_deref().unwrap_or("");
-            let judged = match &history {
-                Ok(records) => History::Read(records),
-                Err(why) => History::Unknown(why),
-            };
-            let creation =
-                judge_missing_slot(&s.slot, &table, topic, judged, rows, shared.flags.consent)
-                    .map_err(|e| InitError::Refused(e.to_string()))?;
+            let creation = judge_missing_slot(
+                &s.slot,
+                &table,
+                topic,
+                history.judged(),
+                rows,
+                shared.flags.consent,
+            )
+            .map_err(|e| InitError::Refused(e.to_string()))?;
             let Replication { conn, .. } = shared.replication(s).await?;
-            let created = conn
-                .create_logical_slot_with(&s.slot, false, failover)
-                .await?;
+            // Told to create it over rows: no look at what it skips.
+            let check = (s.relay_table && creation == Creation::FirstStart)
+                .then_some((s.table_schema.as_str(), s.table_name.as_str()));
+            let created = create_checked(conn, sql, &s.slot, failover, check)
+                .await
+                .map_err(|e| InitError::Refused(e.to_string()))?;
             match &creation {
                 Creation::FirstStart => {}
                 Creation::Recreate(old) => say!(
                     "warn slot {} existed (last confirmed {}, recorded {}): rows committed since then are not relayed; re-publish them (docs/operations.md, \"A lost slot: re-publishing\")",
                     s.slot,
                     old.confirmed_lsn(),
-                    old.recorded_at_text()
+                    old.confirmed_since_text()
                 ),
                 Creation::OverRows => say!(
                     "warn slot {}: rows already in {table} are not relayed (--skip-existing-rows)",
@@ -350,20 +376,34 @@ async fn record_cluster(
     // confirmed (a slot created here starts where nothing before it is relayed anyway),
     // and names no transaction, so it proves no replay delivered.
     let mut record = ProgressRecord::now(system.timeline, position.unwrap_or(Lsn::ZERO));
-    // The publication as it is now: the baseline `run` compares it with.
-    if let Some(identity) = preflight::publication_identity(
-        sql,
-        &s.publication,
-        s.relay_table
-            .then_some((s.table_schema.as_str(), s.table_name.as_str())),
-    )
-    .await?
+    // The publication as it is now: the baseline `run` compares it with. A record
+    // replaced over a slot that stays must not accept a change unseen (only
+    // `--accept-publication-change` does); a new slot starts a new history.
+    let table = s
+        .relay_table
+        .then_some((s.table_schema.as_str(), s.table_name.as_str()));
+    let (wal_lsn, at_unix_ms) = preflight::wal_lsn_and_clock(sql).await?;
+    let now = preflight::publication_identity(sql, &s.publication, table).await?;
+    let recorded = replaced.as_ref().and_then(|old| old.publication.as_ref());
+    if let (Some(last), false, false, true) =
+        (recorded, flags.accept_publication, renew, table.is_some())
     {
-        record.publication = Some(PublicationSeen::now(
-            identity,
-            preflight::current_wal_lsn(sql).await?,
-        ));
+        if now.as_deref() != Some(last.identity.as_str()) {
+            return Err(InitError::Refused(
+                RelayError::PublicationChanged {
+                    publication: s.publication.clone(),
+                    since: last.at_text(),
+                    since_lsn: last.wal_lsn,
+                }
+                .to_string(),
+            ));
+        }
     }
+    record.publication = now.map(|identity| PublicationSeen {
+        identity,
+        at_unix_ms,
+        wal_lsn,
+    });
     match tokio::time::timeout(KAFKA_WAIT, store.write_and_wait(&identity, &record)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {

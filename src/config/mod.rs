@@ -201,6 +201,7 @@ pub struct Settings {
     pub progress_topic: Option<String>,
     pub progress_interval: Duration,
     pub progress_read_wait: Duration,
+    pub publication_check_interval: Duration,
     /// Goes into the progress record's key: keeps copies of one cluster apart.
     pub cluster_name: String,
     pub http_addr: Option<String>,
@@ -570,6 +571,7 @@ pub fn from_vars_for(
             .filter(|t| !t.trim().is_empty()),
         progress_interval: env.millis("OUTBOXD_PROGRESS_INTERVAL_MS", 100)?,
         progress_read_wait: env.millis("OUTBOXD_PROGRESS_READ_WAIT_MS", 0)?,
+        publication_check_interval: env.millis("OUTBOXD_PUBLICATION_CHECK_INTERVAL_MS", 1000)?,
         cluster_name: cluster_name(&env)?,
         http_addr: env
             .string("OUTBOXD_HTTP_ADDR")

@@ -45,9 +45,12 @@ struct Stopped {
     first: Vec<Event>,
 }
 
-async fn relayed_then_stopped(db: &pgtest::TestDb<'_>, client: &tokio_postgres::Client) -> Stopped {
+async fn relayed_then_stopped(
+    db: &pgtest::TestDb<'_>,
+    client: &tokio_postgres::Client,
+    broker: Broker,
+) -> Stopped {
     let outbox = table_and_publication(db).await;
-    let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let env = Relay::env_for(db, &outbox, &broker.bootstrap(), &[]);
     let mut relay = Relay::start(env.clone(), &["run"]);
@@ -134,7 +137,7 @@ async fn now_text(client: &tokio_postgres::Client) -> String {
 async fn changed_while_stopped(name: &str, change: &str, undo: &str, recovery: Recovery) {
     let db = PgCluster::shared().fresh_database(name).await;
     let client = db.client().await;
-    let s = relayed_then_stopped(&db, &client).await;
+    let s = relayed_then_stopped(&db, &client, Broker::default_for_tests()).await;
     let publication = &s.outbox.publication;
     let since = now_text(&client).await;
     client
@@ -238,9 +241,65 @@ async fn publish_changed_and_changed_back_while_streaming_stops_the_relay() {
     assert_eq!(code, 6, "{out}");
 }
 
+/// The record cannot be read at the start (Kafka is down): the publication cannot be
+/// compared with the record's, so the slot must not move, not even on the keepalives of an
+/// idle outbox (whose hidden rows decode to nothing), until Kafka answers and the
+/// comparison stops the relay.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_made_while_stopped_is_seen_once_kafka_answers() {
+    let db = PgCluster::shared().fresh_database("pub_kafka_down").await;
+    let client = db.client().await;
+    let s = relayed_then_stopped(&db, &client, Broker::mock()).await;
+    let p = &s.outbox.publication;
+    client
+        .batch_execute(&format!(
+            "ALTER PUBLICATION \"{p}\" DROP TABLE public.outbox"
+        ))
+        .await
+        .expect("drop table");
+    insert_events(&client, &s.outbox.table, 20, 3, 3).await;
+    client
+        .batch_execute(&format!(
+            "ALTER PUBLICATION \"{p}\" ADD TABLE public.outbox"
+        ))
+        .await
+        .expect("add table");
+    let past_the_rows = schema::current_wal_lsn(&db).await;
+    let confirmed = schema::confirmed_flush_lsn(&db).await;
+    s.broker.set_all_down(true);
+    let mut relay = Relay::start(s.env.clone(), &["run"]);
+    relay
+        .wait_metric_at_least("outboxd_progress_record_unread_total", 1.0)
+        .await;
+    // Keepalives past the hidden rows, and status updates after them: where an idle
+    // relay confirms.
+    relay
+        .wait_metric_at_least("outboxd_server_wal_end_lsn", past_the_rows as f64)
+        .await;
+    let sent = relay
+        .wait_metric_at_least("outboxd_status_updates_sent_total", 1.0)
+        .await;
+    relay
+        .wait_metric_at_least("outboxd_status_updates_sent_total", sent + 2.0)
+        .await;
+    assert_eq!(
+        schema::confirmed_flush_lsn(&db).await,
+        confirmed,
+        "the slot moved past rows the publication hid, before the change could be seen"
+    );
+    s.broker.set_all_down(false);
+    assert_eq!(
+        relay.wait_exit(Duration::from_secs(120)).code(),
+        Some(3),
+        "the change must stop outboxd once the record is read: {}",
+        relay.log_text()
+    );
+    assert_eq!(schema::confirmed_flush_lsn(&db).await, confirmed);
+}
+
 /// With sql/publication-guard.sql the change is marked in the WAL, and the relay stops
-/// there: the slot is never confirmed past the change, so nothing after it is taken for
-/// relayed, even for the few seconds between two looks at the catalog.
+/// there, at once: here its looks at the catalog are an hour apart, so only the guard can
+/// stop it. The slot is never confirmed past the change.
 #[tokio::test(flavor = "multi_thread")]
 async fn with_the_guard_trigger_the_relay_stops_at_the_change() {
     let db = PgCluster::shared().fresh_database("pub_guard").await;
@@ -252,8 +311,13 @@ async fn with_the_guard_trigger_the_relay_stops_at_the_change() {
     let outbox = table_and_publication(&db).await;
     let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
-    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
-    let mut relay = Relay::start(env.clone(), &["run"]);
+    let env = Relay::env_for(
+        &db,
+        &outbox,
+        &broker.bootstrap(),
+        &[("OUTBOXD_PUBLICATION_CHECK_INTERVAL_MS", "3600000")],
+    );
+    let mut relay = Relay::start(env, &["run"]);
     wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let first = insert_events(&client, &outbox.table, 10, 3, 3).await;
     check_delivery(
@@ -280,10 +344,12 @@ async fn with_the_guard_trigger_the_relay_stops_at_the_change() {
         ))
         .await
         .expect("add table");
+    // Rows after the change back: decoded and published, never confirmed.
+    insert_events(&client, &outbox.table, 5, 3, 3).await;
     assert_eq!(
         relay.wait_exit(Duration::from_secs(60)).code(),
         Some(3),
-        "the change must stop outboxd: {}",
+        "the guard's message must stop outboxd: {}",
         relay.log_text()
     );
     let confirmed = schema::confirmed_flush_lsn(&db).await;

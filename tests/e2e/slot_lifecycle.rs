@@ -258,6 +258,68 @@ async fn a_role_without_select_does_not_create_a_slot_over_rows() {
     assert!(slot_row(&client, &outbox.slot).await.is_none(), "{out}");
 }
 
+/// Creating a slot waits for the transactions running when it starts; rows committed
+/// meanwhile are before its consistent point and never decoded. The snapshot of that point
+/// shows them: the slot is dropped again and outboxd stops.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_committed_while_the_slot_is_created_are_not_skipped() {
+    let db = PgCluster::shared()
+        .fresh_database("rows_during_create")
+        .await;
+    let client = db.client().await;
+    let outbox = table_and_publication(&db).await;
+    let broker = Broker::default_for_tests();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let mut blocker = db.client().await;
+    let tx = blocker.transaction().await.expect("begin");
+    tx.query_one("SELECT txid_current()", &[])
+        .await
+        .expect("xid");
+    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let mut relay = Relay::start(env.clone(), &["run"]);
+    // The slot appears while CREATE_REPLICATION_SLOT waits for the blocker.
+    ops::wait_for(
+        "the slot being created",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { slot_row(&client, &outbox.slot).await.map(|_| ()) },
+    )
+    .await;
+    let during = insert_events(&client, &outbox.table, 5, 2, 2).await;
+    tx.commit().await.expect("commit the blocker");
+    let code = relay.wait_exit(Duration::from_secs(60)).code();
+    assert_eq!(
+        code,
+        Some(3),
+        "a slot created past rows committed meanwhile: {}",
+        relay.log_text()
+    );
+    assert!(slot_row(&client, &outbox.slot).await.is_none());
+    // The operator's way on: a slot that skips them knowingly, and the rows re-published.
+    let (code, out) = run_to_end(&env, &["init", "--skip-existing-rows"]);
+    assert_eq!(code, 0, "{out}");
+    let relay = Relay::start(env, &["run"]);
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    client
+        .execute(
+            "WITH moved AS (DELETE FROM public.outbox RETURNING *) \
+             INSERT INTO public.outbox SELECT * FROM moved",
+            &[],
+        )
+        .await
+        .expect("re-publish");
+    check_delivery(
+        &during,
+        &read_all_blocking(
+            &broker.bootstrap(),
+            &topics,
+            &during,
+            Duration::from_secs(60),
+        ),
+    );
+    drop(relay);
+}
+
 /// Split brain through a host list: a restored copy of the cluster (a promoted standby,
 /// for the relay) runs on timeline 2 while the old primary, not fenced, stays up on
 /// timeline 1. Once the relay streamed from timeline 2, the old primary's history is one
@@ -280,7 +342,7 @@ async fn an_old_primary_left_running_is_not_streamed_from() {
         &broker.bootstrap(),
         &[("PGHOST", "127.0.0.1,127.0.0.1"), ("PGPORT", &ports)],
     );
-    let mut relay = Relay::start(env, &["run"]);
+    let mut relay = Relay::start(env.clone(), &["run"]);
     wait_active_pid(&promoted_client, &outbox.slot, Duration::from_secs(120)).await;
     let relayed = insert_events(&promoted_client, &outbox.table, 10, 3, 3).await;
     check_delivery(
@@ -303,6 +365,14 @@ async fn an_old_primary_left_running_is_not_streamed_from() {
         Some(3),
         "outboxd streamed from the abandoned timeline: {}",
         relay.log_text()
+    );
+    // A new process (a restarted pod) knows the newer timeline from the progress record.
+    let mut restarted = Relay::start(env, &["run"]);
+    assert_eq!(
+        restarted.wait_exit(Duration::from_secs(90)).code(),
+        Some(3),
+        "a restarted outboxd streamed from the abandoned timeline: {}",
+        restarted.log_text()
     );
 }
 

@@ -239,6 +239,23 @@ pub async fn publication_identity(
         .map_err(ReplError::from)
 }
 
+/// The server's WAL insert position and its clock (Unix milliseconds), in one statement.
+pub async fn wal_lsn_and_clock(client: &Client) -> Result<(Lsn, u64), ReplError> {
+    let row = client
+        .query_one(
+            "SELECT pg_current_wal_lsn()::text, \
+             (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+            &[],
+        )
+        .await?;
+    let lsn: String = row.try_get(0)?;
+    let ms: i64 = row.try_get(1)?;
+    let lsn = lsn
+        .parse::<Lsn>()
+        .map_err(|e| ReplError::Protocol(format!("pg_current_wal_lsn: {e}")))?;
+    Ok((lsn, u64::try_from(ms).unwrap_or(0)))
+}
+
 /// Whether an event trigger of this name exists and is enabled.
 pub async fn event_trigger_enabled(client: &Client, name: &str) -> Result<bool, ReplError> {
     let row = client
@@ -251,21 +268,59 @@ pub async fn event_trigger_enabled(client: &Client, name: &str) -> Result<bool, 
     Ok(row.try_get(0)?)
 }
 
-/// Whether a table holds rows, as far as outboxd can tell without reading the data it
-/// may not be allowed to read.
+/// Whether the table has rows in an exported snapshot (a slot's consistent point: the rows
+/// it shows are the ones the slot never decodes). `None`: the role may not read the table.
+/// The snapshot must still be valid: its replication connection idle.
+pub async fn rows_in_snapshot(
+    client: &Client,
+    snapshot: &str,
+    schema: &str,
+    table: &str,
+) -> Result<Option<bool>, ReplError> {
+    let name = format!(
+        "{}.{}",
+        crate::query::quote_ident(schema),
+        crate::query::quote_ident(table)
+    );
+    client
+        .batch_execute(&format!(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION SNAPSHOT {}",
+            crate::query::quote_literal(snapshot)
+        ))
+        .await?;
+    // Identifiers quoted above.
+    let found = client
+        .query_one(&format!("SELECT EXISTS (SELECT 1 FROM {name})"), &[])
+        .await;
+    let ended = client.batch_execute("ROLLBACK").await;
+    let found = match found {
+        Ok(row) => Some(row.try_get::<_, bool>(0)?),
+        Err(e) if e.code().is_some_and(|c| c.code() == "42501") => None,
+        Err(e) => return Err(e.into()),
+    };
+    ended?;
+    Ok(found)
+}
+
+/// Whether a table holds rows, or held some, as far as outboxd can tell without reading
+/// data it may not be allowed to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TableRows {
-    /// No row (or no page at all, for a role without SELECT: never a row since its
-    /// creation or its last TRUNCATE).
+    /// No row now, and none ever counted by the server's statistics.
     Empty,
     /// At least one row.
     Some,
-    /// Pages but no right to look into them, or no such table.
+    /// None now, but the statistics count inserts (an insert-then-delete outbox, rows
+    /// cleaned up): rows were written, and a slot may have existed for them.
+    Were,
+    /// Pages on disk, and no right to look into them (no SELECT, or row security).
     Unknown,
+    /// No such table.
+    Missing,
 }
 
-/// Whether the table (every partition of it) has rows: what tells a first start from a
-/// lost slot, since rows committed while no slot existed are never decoded.
+/// Whether the table (every partition of it) has rows or had some: what tells a first
+/// start from a lost slot, since rows committed while no slot existed are never decoded.
 pub async fn table_rows(
     client: &Client,
     schema: &str,
@@ -276,36 +331,55 @@ pub async fn table_rows(
         crate::query::quote_ident(schema),
         crate::query::quote_ident(table)
     );
-    // Identifiers quoted above; a table that does not exist fails the query (42P01).
-    match client
-        .query_one(&format!("SELECT EXISTS (SELECT 1 FROM {name})"), &[])
-        .await
-    {
-        Ok(row) => {
-            return Ok(if row.try_get::<_, bool>(0)? {
-                TableRows::Some
-            } else {
-                TableRows::Empty
-            })
-        }
-        Err(e) if e.code().is_some_and(|c| c.code() == "42501") => {}
-        Err(e) if e.code().is_some_and(|c| c.code() == "42P01") => return Ok(TableRows::Unknown),
-        Err(e) => return Err(e.into()),
-    }
-    // Without SELECT: sizes are public. No page in any partition means no row yet.
-    let row = client
+    // Every table of the tree: the table itself, and its partitions at any depth.
+    let tree = "(SELECT to_regclass($1) AS relid \
+                 UNION SELECT relid FROM pg_catalog.pg_partition_tree(to_regclass($1))) t \
+                 WHERE t.relid IS NOT NULL";
+    let row = match client
         .query_one(
-            "SELECT coalesce(sum(pg_catalog.pg_relation_size(t.relid)), 0)::bigint \
-             FROM (SELECT to_regclass($1) AS relid \
-                   UNION SELECT relid FROM pg_catalog.pg_partition_tree(to_regclass($1))) t \
-             WHERE t.relid IS NOT NULL",
+            &format!(
+                "SELECT to_regclass($1) IS NOT NULL, \
+                 coalesce(bool_or(pg_catalog.row_security_active(t.relid)), false), \
+                 coalesce(sum(pg_catalog.pg_relation_size(t.relid)), 0)::bigint, \
+                 coalesce((SELECT sum(s.n_tup_ins) FROM pg_catalog.pg_stat_all_tables s \
+                           WHERE s.relid IN (SELECT t.relid FROM {tree})), 0)::bigint \
+                 FROM {tree}"
+            ),
             &[&name],
         )
-        .await?;
-    Ok(if row.try_get::<_, i64>(0)? == 0 {
+        .await
+    {
+        Ok(row) => row,
+        // No USAGE on the schema: nothing can be told.
+        Err(e) if e.code().is_some_and(|c| c.code() == "42501") => return Ok(TableRows::Unknown),
+        Err(e) => return Err(e.into()),
+    };
+    if !row.try_get::<_, bool>(0)? {
+        return Ok(TableRows::Missing);
+    }
+    let row_security: bool = row.try_get(1)?;
+    let bytes: i64 = row.try_get(2)?;
+    let inserts: i64 = row.try_get(3)?;
+    let now = if bytes == 0 {
         TableRows::Empty
-    } else {
+    } else if row_security {
+        // Rows the policies hide would read as none.
         TableRows::Unknown
+    } else {
+        // Identifiers quoted above.
+        match client
+            .query_one(&format!("SELECT EXISTS (SELECT 1 FROM {name})"), &[])
+            .await
+        {
+            Ok(row) if row.try_get::<_, bool>(0)? => TableRows::Some,
+            Ok(_) => TableRows::Empty,
+            Err(e) if e.code().is_some_and(|c| c.code() == "42501") => TableRows::Unknown,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    Ok(match now {
+        TableRows::Empty if inserts > 0 => TableRows::Were,
+        other => other,
     })
 }
 

@@ -30,6 +30,9 @@ pub struct SlotCreated {
     pub slot_name: String,
     /// Becomes the slot's initial `confirmed_flush_lsn`.
     pub consistent_point: Lsn,
+    /// The snapshot of the consistent point, when exported: valid until this connection
+    /// runs its next command. What it shows committed is what the slot never decodes.
+    pub snapshot_name: Option<String>,
 }
 
 /// Rows of a simple query: column names, then text values.
@@ -190,6 +193,26 @@ impl ReplicationConnection {
         temporary: bool,
         failover: bool,
     ) -> Result<SlotCreated, ReplError> {
+        self.create_slot(name, temporary, failover, false).await
+    }
+
+    /// [`Self::create_logical_slot_with`] (a permanent slot), exporting the snapshot of
+    /// its consistent point: see [`SlotCreated::snapshot_name`].
+    pub async fn create_logical_slot_exported(
+        &mut self,
+        name: &str,
+        failover: bool,
+    ) -> Result<SlotCreated, ReplError> {
+        self.create_slot(name, false, failover, true).await
+    }
+
+    async fn create_slot(
+        &mut self,
+        name: &str,
+        temporary: bool,
+        failover: bool,
+        export: bool,
+    ) -> Result<SlotCreated, ReplError> {
         let version = self.server_version_num().await?;
         let temp = if temporary { " TEMPORARY" } else { "" };
         if failover && version < FAILOVER_SLOTS_VERSION {
@@ -197,11 +220,13 @@ impl ReplicationConnection {
                 "failover slots need PostgreSQL 17 or later (server_version_num {version})"
             )));
         }
+        let snapshot = if export { "export" } else { "nothing" };
         let options = match (version >= 150_000, failover) {
-            (true, true) => " (SNAPSHOT 'nothing', FAILOVER true)",
-            (true, false) => " (SNAPSHOT 'nothing')",
+            (true, true) => format!(" (SNAPSHOT '{snapshot}', FAILOVER true)"),
+            (true, false) => format!(" (SNAPSHOT '{snapshot}')"),
             // Unreachable with failover: checked above.
-            (false, _) => " NOEXPORT_SNAPSHOT",
+            (false, _) if export => " EXPORT_SNAPSHOT".to_owned(),
+            (false, _) => " NOEXPORT_SNAPSHOT".to_owned(),
         };
         let sql = format!(
             "CREATE_REPLICATION_SLOT {}{temp} LOGICAL pgoutput{options}",
@@ -212,6 +237,11 @@ impl ReplicationConnection {
         Ok(SlotCreated {
             slot_name: rows.required(row, "slot_name")?,
             consistent_point: parse_lsn(&rows.required(row, "consistent_point")?)?,
+            snapshot_name: if export {
+                rows.text(row, "snapshot_name")?
+            } else {
+                None
+            },
         })
     }
 

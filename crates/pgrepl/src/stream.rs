@@ -224,9 +224,12 @@ impl ReplicationStream {
                 // PostgreSQL 18 decodes on past a missing publication with only a
                 // warning ("skipped loading publication"): every row it would have sent
                 // is then skipped, so it is the error PostgreSQL 17 and older raise.
+                // Matched by its code and non-localized severity too, not only by its
+                // (possibly translated) text.
                 Backend::Notice(n)
                     if n.code == "42704"
-                        && n.message.starts_with("skipped loading publication") =>
+                        && (n.severity == "WARNING"
+                            || n.message.starts_with("skipped loading publication")) =>
                 {
                     Err(ReplError::Server(Box::new(n)))
                 }

@@ -330,8 +330,12 @@ impl ProgressStore {
         let (Some(policy), retention) = (value("cleanup.policy"), value("retention.ms")) else {
             return Ok(Durability::Unknown);
         };
-        let kept = policy.split(',').any(|p| p.trim() == "compact")
-            || retention.as_deref().is_some_and(|r| r.trim() == "-1");
+        let policies: Vec<&str> = policy.split(',').map(str::trim).collect();
+        // `compact,delete` still deletes old segments; retention.bytes deletes too.
+        let compacted_only = policies == ["compact"];
+        let forever = retention.as_deref().is_some_and(|r| r.trim() == "-1")
+            && value("retention.bytes").is_none_or(|b| b.trim() == "-1");
+        let kept = compacted_only || forever;
         Ok(if kept {
             Durability::Kept
         } else {
@@ -355,11 +359,12 @@ impl ProgressStore {
             .set("segment.ms", "600000");
         let compacted = NewTopic::new(&self.inner.topic, 1, TopicReplication::Fixed(-1))
             .set("cleanup.policy", "compact");
-        // Kept forever instead, for brokers that refuse compaction: records are small.
+        // Kept forever instead, for brokers that refuse compaction: records are small. Never
+        // a plain topic: its retention would delete the record that says a slot existed.
         let kept = NewTopic::new(&self.inner.topic, 1, TopicReplication::Fixed(-1))
-            .set("retention.ms", "-1");
-        let plain = NewTopic::new(&self.inner.topic, 1, TopicReplication::Fixed(-1));
-        for topic in [compacted_rolled, compacted, kept, plain] {
+            .set("retention.ms", "-1")
+            .set("retention.bytes", "-1");
+        for topic in [compacted_rolled, compacted, kept] {
             let results = admin
                 .create_topics(&[topic], &options)
                 .await
@@ -382,7 +387,7 @@ impl ProgressStore {
             }
         }
         Err(ProgressError::Kafka(
-            "the broker refused both topic definitions".into(),
+            "the broker refused every topic definition that keeps records (compacted, or retention.ms=-1)".into(),
         ))
     }
 

@@ -52,7 +52,7 @@ pub enum RelayError {
         table: String,
         problem: String,
     },
-    #[error("replication slot {slot:?} does not exist, but the progress record in Kafka topic {progress_topic:?} says it did (last confirmed position {last_confirmed}, recorded {recorded_at}): it was dropped or lost (for example in a failover without failover slots). Creating it again would silently skip every event committed since then, so outboxd will not. Create it explicitly with `outboxd init --recreate-lost-slot`, then re-publish the outbox rows committed since {recorded_at} (docs/operations.md, \"A lost slot: re-publishing\") and start outboxd again")]
+    #[error("replication slot {slot:?} does not exist, but the progress record in Kafka topic {progress_topic:?} says it did (last confirmed position {last_confirmed}, the transaction there committed at {recorded_at}): it was dropped or lost (for example in a failover without failover slots). Creating it again would silently skip every event committed since then, so outboxd will not. Create it explicitly with `outboxd init --recreate-lost-slot`, then re-publish the outbox rows committed since {recorded_at}, minus your longest transaction (created_at is a transaction's start; docs/operations.md, \"A lost slot: re-publishing\"), and start outboxd again")]
     SlotLost {
         slot: String,
         progress_topic: String,
@@ -66,7 +66,7 @@ pub enum RelayError {
         rows: &'static str,
         history: String,
     },
-    #[error("the server at {host}:{port} is on timeline {found}, but this process streamed from timeline {seen} of the same cluster before: it is an old primary left running after a standby was promoted (split brain), and its history past the promotion was abandoned. outboxd stopped rather than relay it. Fence it (stop it, or take it out of PGHOST), then restart outboxd")]
+    #[error("the server at {host}:{port} is on timeline {found}, but outboxd streamed from timeline {seen} of the same cluster before (this process, or the progress record says so): it is an old primary left running after a standby was promoted (split brain), and its history past the promotion was abandoned. outboxd stopped rather than relay it. Fence it (stop it, or take it out of PGHOST), then restart outboxd. (If instead this server was restored from a backup taken before that timeline began, `outboxd init --replace-progress-record` records it as the cluster's history; if it is a separate copy of the cluster sharing this Kafka, give it its own OUTBOXD_CLUSTER_NAME)")]
     TimelineWentBack {
         host: String,
         port: u16,
@@ -75,13 +75,15 @@ pub enum RelayError {
     },
     #[error("{0}")]
     ProgressNotDurable(crate::kafka::ProgressError),
-    #[error("publication {publication:?} changed since outboxd last looked at it ({since}, WAL position {since_lsn}). PostgreSQL decodes each row with the publication as it was when the row was written, so outbox rows committed while it did not publish them were never sent, and can never be decoded again; outboxd stopped before confirming anything after that look. Make sure it publishes the outbox's inserts (`outboxd check`), re-publish the outbox rows committed since {since} (docs/operations.md, \"The publication changed\"), then run `outboxd init --accept-publication-change` and start outboxd")]
+    #[error("replication slot {slot:?} was created by another instance while this one was deciding whether to create it; streaming from it (or standing by) on the next attempt")]
+    SlotCreatedMeanwhile { slot: String },
+    #[error("publication {publication:?} changed since outboxd last looked at it ({since}, WAL position {since_lsn}). PostgreSQL decodes each row with the publication as it was when the row was written, so outbox rows committed while it did not publish them were never sent, and can never be decoded again; outboxd stopped before confirming anything after that look. Make sure it publishes the outbox's inserts (`outboxd check`), re-publish the outbox rows committed since {since}, minus your longest transaction (docs/operations.md, \"The publication changed\"), then run `outboxd init --accept-publication-change` and start outboxd")]
     PublicationChanged {
         publication: String,
         since: String,
         since_lsn: pgoutput::Lsn,
     },
-    #[error("cannot tell whether replication slot {slot:?} existed before: reading the progress record from Kafka topic {progress_topic:?} failed ({reason}); outboxd creates a missing slot only when it knows no earlier slot is being replaced")]
+    #[error("cannot tell whether replication slot {slot:?} existed before: reading the progress record from Kafka topic {progress_topic:?} failed ({reason}); outboxd creates a missing slot only when it knows no earlier slot is being replaced. Retry once Kafka answers; `outboxd init --recreate-lost-slot` creates it regardless")]
     SlotHistoryUnknown {
         slot: String,
         progress_topic: String,
@@ -213,6 +215,7 @@ impl RelayError {
             // about to be promoted.
             E::StreamClosed
             | E::SlotHistoryUnknown { .. }
+            | E::SlotCreatedMeanwhile { .. }
             | E::InRecovery { .. }
             | E::PartialReplay { .. } => (Retryable, None),
         }
@@ -225,7 +228,8 @@ impl RelayError {
     pub fn from_stream(e: ReplError, publication: &str) -> RelayError {
         if let ReplError::Server(s) = &e {
             let missing = s.message.starts_with("publication ")
-                || s.message.starts_with("skipped loading publication");
+                || s.message.starts_with("skipped loading publication")
+                || s.severity == "WARNING";
             if s.code == "42704" && missing {
                 return RelayError::PublicationDropped {
                     publication: publication.to_owned(),

@@ -21,7 +21,8 @@ pub use observe::Observer;
 pub use session::SessionEnd;
 pub use shard::{judge_shard_layout, verify_shard_layout, ShardSpec};
 pub use slot::{
-    judge_publication, judge_server, judge_slot, FailoverSlot, SlotStart, SlotStats, Verdict,
+    create_checked, judge_publication, judge_server, judge_slot, FailoverSlot, SlotStart,
+    SlotStats, Verdict,
 };
 pub use slot_history::{judge_missing_slot, Consent, Creation, History};
 
@@ -72,6 +73,9 @@ pub struct RelayConfig {
     pub progress_interval: Duration,
     /// How long a stream start waits for the progress record before it skips nothing.
     pub progress_read_wait: Duration,
+    /// How often the publication is looked at (see `session::publication`); the slot is
+    /// confirmed only up to the last look that matched.
+    pub publication_check_interval: Duration,
     /// `OUTBOXD_CLUSTER_NAME`, part of the progress record's key (see `SlotIdentity`).
     pub cluster_name: String,
     /// Slot statistics are polled every this many 1-second ticks.
@@ -139,9 +143,10 @@ struct Carry {
     seen_host: Option<(String, u16)>,
     /// Standing by for a slot that another instance holds (logged on entry and takeover).
     standing_by: bool,
-    /// The publication at the last session's last look that matched: the next session
-    /// compares with it, like with the progress record's.
-    publication: Option<PublicationSeen>,
+    /// The publication at the last session's last look that matched, and whether that
+    /// look was compared with the record's: the next session compares with it, like with
+    /// the progress record's.
+    publication: Option<(PublicationSeen, bool)>,
 }
 
 /// What the coming replay may skip once the stream proves it: the claim of the previous
@@ -156,13 +161,22 @@ async fn replay_claim(
     identity: &SlotIdentity,
 ) -> Result<Known, RelayError> {
     if let Some(claim) = &carry.delivered {
+        let (publication, read) = match &carry.publication {
+            Some((look, compared)) => (Some(look.clone()), *compared),
+            None => (None, true),
+        };
         return Ok(Known {
             claim: Some(claim.clone()),
-            publication: carry.publication.clone(),
+            publication,
+            timeline: None,
+            read,
         });
     }
     let Some(p) = progress else {
-        return Ok(Known::default());
+        return Ok(Known {
+            read: true,
+            ..Known::default()
+        });
     };
     // Bounded: the stream is already started and waits for this optimisation (and the
     // identity check it brings is then skipped: it may only ever stop a relay, never be
@@ -178,15 +192,18 @@ async fn replay_claim(
                 warn_foreign_writer(identity, p.topic());
             }
             let publication = records.ours.as_ref().and_then(|r| r.publication.clone());
+            let timeline = records.ours.as_ref().map(|r| r.claim.timeline);
             Ok(Known {
                 claim: records.ours.map(|r| (r.claim, r.lineage)),
                 publication,
+                timeline,
+                read: true,
             })
         }
         Err(e) => {
             obs.progress_record_unread();
             tracing::warn!(
-                "no progress record to skip replayed events, or to compare the publication with ({e}): replayed events are published again, and a change of the publication while outboxd was stopped goes unseen"
+                "no progress record to skip replayed events, or to compare the publication with ({e}): replayed events are published again, and the slot is not confirmed past its start until the record is read and the publication compared with it"
             );
             Ok(Known::default())
         }
@@ -198,6 +215,29 @@ async fn replay_claim(
 struct Known {
     claim: Option<(DeliveredPosition, u64)>,
     publication: Option<PublicationSeen>,
+    /// The record's timeline: a server on an older one is an abandoned history.
+    timeline: Option<u32>,
+    /// Whether the record (or the last session) was read: if not, the publication is
+    /// compared once it is (see `session::publication`).
+    read: bool,
+}
+
+/// Refuses a server on an older timeline than the one recorded: a primary left running
+/// after a standby was promoted (see [`RelayError::TimelineWentBack`]).
+pub(super) fn refuse_older_timeline(
+    recorded: u32,
+    now: u32,
+    server: &(String, u16),
+) -> Result<(), RelayError> {
+    if now < recorded {
+        return Err(RelayError::TimelineWentBack {
+            host: server.0.clone(),
+            port: server.1,
+            seen: recorded,
+            found: now,
+        });
+    }
+    Ok(())
 }
 
 /// The loud warning for two live writers of one key (see `Doubt::ForeignWriter`).
@@ -244,7 +284,7 @@ pub fn refuse_other_cluster(
                 found: identity.system_id.clone(),
                 recorded: recorded.clone(),
                 last_confirmed: record.confirmed_lsn(),
-                recorded_at: record.recorded_at_text(),
+                recorded_at: record.confirmed_since_text(),
             },
         ))),
     }
@@ -292,19 +332,37 @@ async fn create_slot_if_new(
     let records = progress.read_slot(identity).await.map_err(unknown)?;
     refuse_other_cluster(&records, progress, identity)?;
     let rows = if cfg.relay_table {
-        pgrepl::preflight::table_rows(sql, &cfg.table.schema, &cfg.table.table).await?
+        // Bounded: an empty but bloated table makes EXISTS read every page.
+        let rows = pgrepl::preflight::table_rows(sql, &cfg.table.schema, &cfg.table.table);
+        match tokio::time::timeout(Duration::from_secs(30), rows).await {
+            Ok(rows) => rows?,
+            Err(_) => pgrepl::preflight::TableRows::Unknown,
+        }
     } else {
         // Emitted messages leave nothing behind to count: the record alone decides.
         pgrepl::preflight::TableRows::Empty
     };
-    judge_missing_slot(
+    let judged = judge_missing_slot(
         &cfg.slot,
         &cfg.table.qualified_name(),
         progress.topic(),
         History::Read(&records),
         rows,
         Consent::default(),
-    )?;
+    );
+    if let Err(refused) = judged {
+        // Another replica may have created it since this one looked (two starting at
+        // once): that one streams, this one stands by.
+        if pgrepl::preflight::slot_state(sql, &cfg.slot)
+            .await?
+            .is_some()
+        {
+            return Err(RelayError::SlotCreatedMeanwhile {
+                slot: cfg.slot.clone(),
+            });
+        }
+        return Err(refused);
+    }
     if let Some(record) = records.creating.as_ref().or(records.ours.as_ref()) {
         tracing::info!(
             slot = %cfg.slot,
@@ -319,7 +377,14 @@ async fn create_slot_if_new(
         )
         .await
         .map_err(unknown)?;
-    let start = slot::create(pg, &cfg.slot, cfg.failover_slot).await?;
+    let start = slot::create(
+        pg,
+        sql,
+        &cfg.slot,
+        cfg.failover_slot,
+        cfg.relay_table.then_some(&cfg.table),
+    )
+    .await?;
     // At once, not at the first tick: from here on a missing slot is a lost one.
     progress
         .write_and_wait(
@@ -668,6 +733,10 @@ async fn run_session(
         publication.as_ref().map_or("", |p| p.identity.as_str()),
     );
     let known = replay_claim(cfg, obs, carry, progress, &identity).await?;
+    let server = (pg.host.clone(), pg.port);
+    if let Some(recorded) = known.timeline {
+        refuse_older_timeline(recorded, system.timeline, &server)?;
+    }
     if let (Some(last), Some(_)) = (&known.publication, table) {
         session::publication::compare(&cfg.publication, last, publication.as_ref())?;
     }
@@ -703,7 +772,8 @@ async fn run_session(
         SessionStart {
             replay,
             progress: progress.map(|p| (p.clone(), identity)),
-            publication,
+            publication: publication.map(|p| (p, known.read)),
+            server,
         },
     );
     let result = session.run(&mut stream, shutdown).await;

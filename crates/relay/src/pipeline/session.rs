@@ -97,9 +97,14 @@ pub(super) struct Session<'a> {
     catchup: CatchUp,
     /// Events acknowledged in this session, for the catch-up rate.
     events_acked: u64,
-    /// The publication at the last look that matched (see `publication`); `None` when no
-    /// table is relayed.
-    publication: Option<crate::kafka::PublicationSeen>,
+    /// The publication at the last look that matched, and how far that lets the slot be
+    /// confirmed (see `publication`); `None` when no table is relayed.
+    publication: Option<publication::PublicationWatch>,
+    /// The server's timeline and address, for a record that says it was newer.
+    timeline: u32,
+    server: (String, u16),
+    /// The progress topic's retention was found to delete records (logged once).
+    durability_warned: bool,
 }
 
 /// How a session starts beyond its connections: where it is in the server's history,
@@ -107,8 +112,11 @@ pub(super) struct Session<'a> {
 pub(super) struct SessionStart {
     pub replay: ReplayStart,
     pub progress: Option<(ProgressStore, SlotIdentity)>,
-    /// The publication as looked at before streaming, already compared with the record.
-    pub publication: Option<crate::kafka::PublicationSeen>,
+    /// The publication as looked at before streaming, and whether it was compared with
+    /// the record's (false: the record could not be read in time).
+    pub publication: Option<(crate::kafka::PublicationSeen, bool)>,
+    /// The server streamed from (host, port).
+    pub server: (String, u16),
 }
 
 impl<'a> Session<'a> {
@@ -123,6 +131,7 @@ impl<'a> Session<'a> {
     ) -> Self {
         // The caller raised the handle to the slot's confirmed position: the start.
         let start = flush.get();
+        let timeline = begin.replay.timeline;
         Session {
             cfg,
             obs,
@@ -153,7 +162,12 @@ impl<'a> Session<'a> {
                 .map(|(store, identity)| ProgressWriter::new(store, identity)),
             catchup: CatchUp::default(),
             events_acked: 0,
-            publication: begin.publication,
+            publication: begin
+                .publication
+                .map(|(look, compared)| publication::PublicationWatch::new(look, start, compared)),
+            timeline,
+            server: begin.server,
+            durability_warned: false,
         }
     }
 
@@ -286,6 +300,8 @@ impl<'a> Session<'a> {
 
     fn advance(&mut self) {
         let w = self.ledger.watermark();
+        // No further than the last look at the publication that matched.
+        let w = self.publication.as_ref().map_or(w, |p| w.min(p.cap));
         if w > self.confirmed {
             self.flush.advance(w);
             self.confirmed = w;
@@ -592,6 +608,16 @@ impl<'a> Session<'a> {
                 unacked = self.ledger.len(),
                 "shutdown timeout: unacknowledged messages will be re-sent after restart"
             );
+        }
+        // A last look, so the final position can cover what was acked since the one before.
+        if self.publication.is_some() {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match tokio::time::timeout(left, self.watch_publication()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e @ RelayError::PublicationChanged { .. })) => return Err(e),
+                Ok(Err(e)) => tracing::warn!("the last look at the publication failed ({e}): the slot stays confirmed at the look before, and what was acked since is sent again after the restart"),
+                Err(_) => tracing::warn!("the last look at the publication timed out: the slot stays confirmed at the look before"),
+            }
         }
         self.advance();
         tracing::info!(confirmed = %self.confirmed, "confirming the final position and closing the stream");

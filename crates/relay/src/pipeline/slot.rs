@@ -232,15 +232,19 @@ impl FailoverSlot {
     }
 }
 
-/// Creates the slot; the caller has made sure no earlier slot of this name was lost.
+/// Creates the slot; the caller has made sure no earlier slot of this name was lost, and
+/// that `table` had no rows (see [`create_checked`]).
 pub async fn create(
     pg: &ConnectConfig,
+    sql: &Client,
     slot: &str,
     failover: FailoverSlot,
+    table: Option<&TableSpec>,
 ) -> Result<SlotStart, RelayError> {
     let mut conn = ReplicationConnection::connect(pg).await?;
     let failover = failover.wanted(conn.supports_failover_slots().await?)?;
-    let created = conn.create_logical_slot_with(slot, false, failover).await?;
+    let table = table.map(|t| (t.schema.as_str(), t.table.as_str()));
+    let created = create_checked(&mut conn, sql, slot, failover, table).await?;
     tracing::warn!(
         slot,
         consistent_point = %created.consistent_point,
@@ -250,6 +254,37 @@ pub async fn create(
     Ok(SlotStart {
         confirmed_flush: created.consistent_point,
     })
+}
+
+/// Creates the slot, and with `table` (found without rows just before) makes sure no row
+/// was committed in it before the slot's consistent point: creating a slot waits for the
+/// transactions running at its start, and rows committed meanwhile are never decoded.
+/// The snapshot of that point is exported and read; rows in it drop the slot again and
+/// refuse. A role that may not read the table cannot look (the check before stands).
+pub async fn create_checked(
+    conn: &mut ReplicationConnection,
+    sql: &Client,
+    slot: &str,
+    failover: bool,
+    table: Option<(&str, &str)>,
+) -> Result<pgrepl::SlotCreated, RelayError> {
+    let Some((schema, name)) = table else {
+        return Ok(conn.create_logical_slot_with(slot, false, failover).await?);
+    };
+    let created = conn.create_logical_slot_exported(slot, failover).await?;
+    let Some(snapshot) = &created.snapshot_name else {
+        return Ok(created);
+    };
+    if preflight::rows_in_snapshot(sql, snapshot, schema, name).await? == Some(true) {
+        conn.drop_slot(slot, false).await?;
+        return Err(RelayError::RowsBeforeSlot {
+            slot: slot.to_owned(),
+            table: format!("{schema}.{name}"),
+            rows: "had rows committed while the slot was being created (it waits for the transactions running when it starts)",
+            history: "; the slot was dropped again".to_owned(),
+        });
+    }
+    Ok(created)
 }
 
 /// Makes an existing slot a failover slot when wanted and it is not one yet, before the

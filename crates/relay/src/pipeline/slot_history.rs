@@ -26,8 +26,10 @@ pub struct Consent {
 pub enum History<'a> {
     /// One read of the topic.
     Read(&'a SlotRecords),
-    /// No progress topic is configured, or Kafka could not be read (the reason).
-    Unknown(&'a str),
+    /// The topic could not be read (why): a record may say the slot existed.
+    Unreadable(&'a str),
+    /// No progress record is kept (why): only the table can tell.
+    NotKept(&'a str),
 }
 
 /// Why creating the slot is right.
@@ -62,15 +64,25 @@ pub fn judge_missing_slot(
                 slot: slot.to_owned(),
                 progress_topic: progress_topic.to_owned(),
                 last_confirmed: record.confirmed_lsn(),
-                recorded_at: record.recorded_at_text(),
+                recorded_at: record.confirmed_since_text(),
+            });
+        }
+    }
+    // Recreating a lost slot knowingly skips rows too, whether or not a record is left.
+    let knowingly = consent.skip_existing_rows || consent.recreate_lost_slot;
+    if let History::Unreadable(why) = history {
+        if !knowingly {
+            return Err(RelayError::SlotHistoryUnknown {
+                slot: slot.to_owned(),
+                progress_topic: progress_topic.to_owned(),
+                reason: why.to_owned(),
             });
         }
     }
     if rows == TableRows::Empty {
         return Ok(Creation::FirstStart);
     }
-    // Recreating a lost slot knowingly skips rows too, whether or not a record is left.
-    if consent.skip_existing_rows || consent.recreate_lost_slot {
+    if knowingly {
         return Ok(Creation::OverRows);
     }
     let history = match history {
@@ -78,14 +90,22 @@ pub fn judge_missing_slot(
             "; the progress topic {progress_topic:?} holds records, but none of this slot (a record deleted by hand or by retention looks the same), so it cannot tell whether the slot existed"
         ),
         History::Read(_) => String::new(),
-        History::Unknown(why) => format!("; whether the slot existed is unknown ({why})"),
+        History::Unreadable(why) | History::NotKept(why) => {
+            format!("; whether the slot existed is unknown ({why})")
+        }
     };
     Err(RelayError::RowsBeforeSlot {
         slot: slot.to_owned(),
         table: table.to_owned(),
         rows: match rows {
             TableRows::Some => "already has rows",
-            _ => "may hold rows (outboxd's role cannot read it, and it is not empty on disk)",
+            TableRows::Were => {
+                "had rows (the server's statistics count inserts into it, deleted since)"
+            }
+            TableRows::Missing => "does not exist",
+            TableRows::Empty | TableRows::Unknown => {
+                "may hold rows (outboxd's role cannot read it, and it is not empty on disk)"
+            }
         },
         history,
     })

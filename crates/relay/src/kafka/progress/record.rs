@@ -54,14 +54,6 @@ pub struct PublicationSeen {
 }
 
 impl PublicationSeen {
-    pub fn now(identity: String, wal_lsn: Lsn) -> Self {
-        PublicationSeen {
-            identity,
-            at_unix_ms: unix_ms_now(),
-            wal_lsn,
-        }
-    }
-
     /// `at` as RFC 3339 UTC text.
     pub fn at_text(&self) -> String {
         rfc3339_of_ms(self.at_unix_ms)
@@ -306,6 +298,25 @@ impl ProgressRecord {
     /// `recorded_at` as RFC 3339 UTC text for error messages.
     pub fn recorded_at_text(&self) -> String {
         rfc3339_of_ms(self.recorded_at_unix_ms)
+    }
+
+    /// From when rows may not have been relayed, as RFC 3339 UTC text: the commit time
+    /// (the server's clock) of the newest transaction the record names at or before its
+    /// confirmed position. Not `recorded_at`: an idle or stuck slot's record is rewritten
+    /// with an old position and a new time. Without such a transaction, `recorded_at`.
+    pub fn confirmed_since_text(&self) -> String {
+        self.claim
+            .marks
+            .iter()
+            .filter(|m| m.end_lsn <= self.claim.lsn)
+            .max_by_key(|m| m.end_lsn)
+            .map_or_else(
+                || self.recorded_at_text(),
+                |m| {
+                    let unix = pgoutput::PgTimestamp(m.commit_time).unix_micros();
+                    outbox_core::rfc3339_utc_seconds(unix.div_euclid(1_000_000))
+                },
+            )
     }
 }
 

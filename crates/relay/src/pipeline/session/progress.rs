@@ -73,14 +73,19 @@ impl Session<'_> {
     pub(super) fn progress_record(&mut self) -> ProgressRecord {
         let (claim, lineage) = self.replay.claim_at(self.confirmed);
         ProgressRecord {
-            publication: self.publication.clone(),
+            publication: self.publication.as_ref().map(|w| w.last.clone()),
             ..ProgressRecord::of(claim, lineage)
         }
     }
 
-    /// The publication at this session's last look, for the next session of the process.
-    pub(in crate::pipeline) fn publication_seen(&self) -> Option<crate::kafka::PublicationSeen> {
-        self.publication.clone()
+    /// The publication at this session's last look, and whether it was compared with the
+    /// record's, for the next session of the process.
+    pub(in crate::pipeline) fn publication_seen(
+        &self,
+    ) -> Option<(crate::kafka::PublicationSeen, bool)> {
+        self.publication
+            .as_ref()
+            .map(|w| (w.last.clone(), w.compared()))
     }
 
     /// Brings the progress record up to the confirmed position, at most every interval.
@@ -91,6 +96,11 @@ impl Session<'_> {
         let Some(p) = self.progress.as_ref() else {
             return;
         };
+        if self.publication.as_ref().is_some_and(|w| !w.compared()) {
+            // It would replace the record's look at the publication with one never
+            // compared with it (and its position cannot move meanwhile anyway).
+            return;
+        }
         if p.written.is_some() && p.last_write.elapsed() < interval {
             return;
         }

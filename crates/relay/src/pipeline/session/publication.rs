@@ -3,12 +3,19 @@
 //! publication and added back, or `publish` changed and changed back, leaves today's
 //! catalog as it was and the rows in between never decoded. Their row versions do not go
 //! back (`pgrepl::preflight::publication_identity`), so any change since the last look is
-//! seen; the rows written after that look are the ones to re-publish.
+//! seen.
+//!
+//! Seeing it is not enough: the slot must not have been confirmed past the rows it hid.
+//! So the slot is confirmed only up to what was acknowledged when the last matching look
+//! began (`cap`): everything in it was received, and so written to the WAL, before that
+//! look read the catalog, and a change made before those rows would have shown.
+
+use std::time::Instant;
 
 use pgoutput::{Lsn, PgTimestamp};
 
 use super::{bounded, Session};
-use crate::kafka::PublicationSeen;
+use crate::kafka::{ProgressError, PublicationSeen, SlotRecords};
 use crate::pipeline::error::RelayError;
 
 /// The prefix of the transactional message `sql/publication-guard.sql`'s event trigger
@@ -16,19 +23,24 @@ use crate::pipeline::error::RelayError;
 /// change, where polling the catalog only brackets it.
 pub const PUBLICATION_GUARD_PREFIX: &str = "outboxd.publication";
 
-/// The publication's identity now, and the WAL position before it was read: a change
-/// committed after that position may be missing from the identity, never one before.
+/// The publication's identity now, with the server's WAL position and clock before it
+/// was read: a change committed after that position may be missing from the identity,
+/// never one before. The server's clock, not ours: operators compare it with
+/// `created_at`.
 pub(in crate::pipeline) async fn look(
     sql: &tokio_postgres::Client,
     publication: &str,
     table: Option<(&str, &str)>,
 ) -> Result<Option<PublicationSeen>, RelayError> {
-    let wal = pgrepl::preflight::current_wal_lsn(sql).await?;
-    let at = PublicationSeen::now(String::new(), wal);
+    let (wal_lsn, at_unix_ms) = pgrepl::preflight::wal_lsn_and_clock(sql).await?;
     Ok(
         pgrepl::preflight::publication_identity(sql, publication, table)
             .await?
-            .map(|identity| PublicationSeen { identity, ..at }),
+            .map(|identity| PublicationSeen {
+                identity,
+                at_unix_ms,
+                wal_lsn,
+            }),
     )
 }
 
@@ -48,13 +60,53 @@ pub(in crate::pipeline) fn compare(
     }
 }
 
+/// What the session knows of the publication.
+pub(super) struct PublicationWatch {
+    /// The last look that matched.
+    pub(super) last: PublicationSeen,
+    /// The slot is confirmed no further (see the module's doc).
+    pub(super) cap: Lsn,
+    pub(super) looked_at: Instant,
+    /// The progress record could not be read at the start, so the start's look was not
+    /// compared with the record's: until it is (read again in the background), the cap
+    /// stays at the start and no record is written (it would bury the record's look).
+    pub(super) baseline: Baseline,
+}
+
+pub(super) enum Baseline {
+    Compared,
+    Pending(Option<tokio::sync::oneshot::Receiver<Result<SlotRecords, ProgressError>>>),
+}
+
+impl PublicationWatch {
+    pub(super) fn new(start_look: PublicationSeen, start: Lsn, compared: bool) -> Self {
+        PublicationWatch {
+            last: start_look,
+            cap: start,
+            looked_at: Instant::now(),
+            baseline: if compared {
+                Baseline::Compared
+            } else {
+                Baseline::Pending(None)
+            },
+        }
+    }
+
+    pub(super) fn compared(&self) -> bool {
+        matches!(self.baseline, Baseline::Compared)
+    }
+}
+
 impl Session<'_> {
-    /// Looks at the publication (every few seconds, and at a guard message): the same one
-    /// as at the last look, or the session stops before confirming anything after it.
+    /// Looks at the publication: the same one as at the last look, or the session stops
+    /// before confirming anything received after that look.
     pub(super) async fn watch_publication(&mut self) -> Result<(), RelayError> {
-        let Some(last) = self.publication.clone() else {
+        let Some(watch) = self.publication.as_ref() else {
             return Ok(());
         };
+        let last = watch.last.clone();
+        // Before the look: all of it was received, so written, before the look began.
+        let acked = self.ledger.watermark();
         let table = &self.cfg.table;
         let now = bounded(
             "checking the publication",
@@ -66,27 +118,80 @@ impl Session<'_> {
         )
         .await?;
         compare(&self.cfg.publication, &last, now.as_ref())?;
-        self.publication = now;
+        if let (Some(watch), Some(now)) = (self.publication.as_mut(), now) {
+            watch.last = now;
+            watch.looked_at = Instant::now();
+            if watch.compared() {
+                watch.cap = watch.cap.max(acked);
+            }
+        }
         Ok(())
+    }
+
+    /// Whether a look is due (`OUTBOXD_PUBLICATION_CHECK_INTERVAL_MS`).
+    pub(super) fn publication_look_due(&self) -> bool {
+        self.publication
+            .as_ref()
+            .is_some_and(|w| w.looked_at.elapsed() >= self.cfg.publication_check_interval)
     }
 
     /// A guard message: the transaction it is in changed a publication. Rows after it
     /// are decoded by the new catalog, so look now; a change names this transaction's
     /// commit as where re-publishing starts.
     pub(super) async fn on_publication_guard(&mut self) -> Result<(), RelayError> {
-        let Some(last) = self.publication.clone() else {
+        let Some(watch) = self.publication.as_mut() else {
             return Ok(());
         };
         let commit = self.txn.map_or((Lsn::ZERO, PgTimestamp::now()), |t| {
             (t.commit_lsn, t.commit_time)
         });
-        let at_commit = PublicationSeen {
-            identity: last.identity.clone(),
+        // Kept on failure too: the next session of this process starts from this look.
+        watch.last = PublicationSeen {
+            identity: watch.last.identity.clone(),
             at_unix_ms: u64::try_from(commit.1.unix_micros() / 1000).unwrap_or(0),
             wal_lsn: commit.0,
         };
-        // Kept on failure too: the next session of this process starts from this look.
-        self.publication = Some(at_commit);
         self.watch_publication().await
+    }
+
+    /// While the start's look waits for the record to compare with: reads the record in
+    /// the background, and compares once it is there. A failed read is tried again.
+    pub(super) fn compare_with_record(&mut self) -> Result<(), RelayError> {
+        let (Some(watch), Some(p)) = (self.publication.as_mut(), self.progress.as_ref()) else {
+            return Ok(());
+        };
+        let Baseline::Pending(read) = &mut watch.baseline else {
+            return Ok(());
+        };
+        let Some(rx) = read else {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let (store, identity) = (p.store.clone(), p.identity.clone());
+            tokio::spawn(async move {
+                let _ = tx.send(store.read_slot(&identity).await);
+            });
+            *read = Some(rx);
+            return Ok(());
+        };
+        let records = match rx.try_recv() {
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty) => return Ok(()),
+            Ok(Ok(records)) => records,
+            Ok(Err(_)) | Err(_) => {
+                *read = None;
+                return Ok(());
+            }
+        };
+        if let Some(record) = &records.ours {
+            if let Some(recorded) = &record.publication {
+                compare(&self.cfg.publication, recorded, Some(&watch.last))?;
+            }
+            crate::pipeline::refuse_older_timeline(
+                record.claim.timeline,
+                self.timeline,
+                &self.server,
+            )?;
+        }
+        tracing::info!("the progress record is read: the publication is as recorded");
+        watch.baseline = Baseline::Compared;
+        Ok(())
     }
 }

@@ -46,8 +46,17 @@ impl Session<'_> {
             .as_ref()
             .and_then(|p| p.store.durability_verdict())
         {
-            // A record that expires takes with it the only sign that the slot existed.
-            return Err(RelayError::ProgressNotDurable(e));
+            // Refused at slot creation and by `check`; a running relay only warns, once:
+            // its record is rewritten every few minutes, so only a long outage loses it.
+            if !self.durability_warned {
+                self.durability_warned = true;
+                tracing::warn!("{e}");
+            }
+        }
+        // A change undone since the last look leaves the coverage as it was.
+        self.compare_with_record()?;
+        if self.publication_look_due() {
+            self.watch_publication().await?;
         }
         if let Some(fatal) = self.producer.is_fatal() {
             return Err(RelayError::Send(SendError::Fatal(fatal)));
@@ -62,8 +71,6 @@ impl Session<'_> {
                     slot::verify_publication(&self.sql, &self.cfg.publication, &self.cfg.table),
                 )
                 .await?;
-                // A change undone since the last look leaves the coverage as it was.
-                self.watch_publication().await?;
             }
             if let Some(shard) = &self.cfg.shard {
                 // A partition added outside the shards is published by none of them.
