@@ -21,20 +21,6 @@ use support::ops::{self, read_all_blocking, wait_active_pid};
 use support::relay::{run_to_end, Relay};
 use support::schema::{self, Outbox};
 
-/// Table and publication, no slot; the relay's first start creates it.
-async fn table_and_publication(db: &pgtest::TestDb<'_>) -> Outbox {
-    db.client()
-        .await
-        .batch_execute(&format!(
-            "{}; CREATE PUBLICATION \"{}\" FOR TABLE public.outbox WITH (publish = 'insert')",
-            schema::OUTBOX_DDL,
-            db.publication
-        ))
-        .await
-        .expect("schema");
-    Outbox::for_db(db)
-}
-
 /// A relay streaming a first batch of events, stopped cleanly: the publication is
 /// recorded as it was.
 struct Stopped {
@@ -50,23 +36,12 @@ async fn relayed_then_stopped(
     client: &tokio_postgres::Client,
     broker: Broker,
 ) -> Stopped {
-    let outbox = table_and_publication(db).await;
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let env = Relay::env_for(db, &outbox, &broker.bootstrap(), &[]);
-    let mut relay = Relay::start(env.clone(), &["run"]);
-    wait_active_pid(client, &outbox.slot, Duration::from_secs(120)).await;
-    let first = insert_events(client, &outbox.table, 10, 3, 3).await;
-    check_delivery(
-        &first,
-        &read_all_blocking(
-            &broker.bootstrap(),
-            &topics,
-            &first,
-            Duration::from_secs(60),
-        ),
-    );
-    relay.signal("TERM");
-    assert_eq!(relay.wait_exit(Duration::from_secs(30)).code(), Some(0));
+    let outbox = schema::setup_without_slot(db).await;
+    let mut batch = ops::relay_first_batch(db, client, &outbox, &broker, &[], 10).await;
+    batch.stop();
+    let ops::FirstBatch {
+        env, topics, first, ..
+    } = batch;
     Stopped {
         outbox,
         broker,
@@ -112,14 +87,7 @@ async fn republish_and_accept(
     assert_eq!(code, 0, "{out}");
     let relay = Relay::start(s.env.clone(), &["run"]);
     wait_active_pid(client, &s.outbox.slot, Duration::from_secs(120)).await;
-    let moved = client
-        .execute(
-            "WITH moved AS (DELETE FROM public.outbox WHERE created_at >= $1::text::timestamptz RETURNING *) \
-             INSERT INTO public.outbox SELECT * FROM moved",
-            &[&since],
-        )
-        .await
-        .expect("re-publish");
+    let moved = schema::republish_since(client, since).await;
     assert_eq!(moved, expect_moved, "the rows committed since the change");
     relay
 }
@@ -201,22 +169,10 @@ async fn a_publication_dropped_and_recreated_while_stopped_is_seen() {
 async fn publish_changed_and_changed_back_while_streaming_stops_the_relay() {
     let db = PgCluster::shared().fresh_database("pub_flags").await;
     let client = db.client().await;
-    let outbox = table_and_publication(&db).await;
+    let outbox = schema::setup_without_slot(&db).await;
     let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
-    let mut relay = Relay::start(env.clone(), &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
-    let first = insert_events(&client, &outbox.table, 10, 3, 3).await;
-    check_delivery(
-        &first,
-        &read_all_blocking(
-            &broker.bootstrap(),
-            &topics,
-            &first,
-            Duration::from_secs(60),
-        ),
-    );
+    let ops::FirstBatch { mut relay, env, .. } =
+        ops::relay_first_batch(&db, &client, &outbox, &broker, &[], 10).await;
     let p = &outbox.publication;
     client
         .batch_execute(&format!(
@@ -308,27 +264,11 @@ async fn with_the_guard_trigger_the_relay_stops_at_the_change() {
         .batch_execute(include_str!("../../sql/publication-guard.sql"))
         .await
         .expect("guard trigger");
-    let outbox = table_and_publication(&db).await;
+    let outbox = schema::setup_without_slot(&db).await;
     let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let env = Relay::env_for(
-        &db,
-        &outbox,
-        &broker.bootstrap(),
-        &[("OUTBOXD_PUBLICATION_CHECK_INTERVAL_MS", "3600000")],
-    );
-    let mut relay = Relay::start(env, &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
-    let first = insert_events(&client, &outbox.table, 10, 3, 3).await;
-    check_delivery(
-        &first,
-        &read_all_blocking(
-            &broker.bootstrap(),
-            &topics,
-            &first,
-            Duration::from_secs(60),
-        ),
-    );
+    let extra = [("OUTBOXD_PUBLICATION_CHECK_INTERVAL_MS", "3600000")];
+    let ops::FirstBatch { mut relay, .. } =
+        ops::relay_first_batch(&db, &client, &outbox, &broker, &extra, 10).await;
     let p = &outbox.publication;
     client
         .batch_execute(&format!(

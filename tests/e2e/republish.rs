@@ -20,21 +20,15 @@ async fn rows_committed_while_the_slot_was_lost_can_be_republished() {
     let db = PgCluster::shared().fresh_database("republish").await;
     let outbox = schema::setup(&db).await;
     let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let client = db.client().await;
-
-    let mut relay = Relay::start(env.clone(), &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
-    let before = insert_events(&client, &outbox.table, 30, 3, 4).await;
-    read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &before,
-        Duration::from_secs(60),
-    );
-    relay.signal("TERM");
-    assert_eq!(relay.wait_exit(Duration::from_secs(30)).code(), Some(0));
+    let mut batch = ops::relay_first_batch(&db, &client, &outbox, &broker, &[], 30).await;
+    batch.stop();
+    let ops::FirstBatch {
+        env,
+        topics,
+        first: before,
+        ..
+    } = batch;
 
     // The slot is lost; the service goes on writing; outboxd refuses to recreate it.
     client
@@ -56,14 +50,7 @@ async fn rows_committed_while_the_slot_was_lost_can_be_republished() {
     assert!(slot_row(&client, &outbox.slot).await.is_some());
     let relay = Relay::start(env, &["run"]);
     wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
-    let moved = client
-        .execute(
-            "WITH moved AS (DELETE FROM public.outbox WHERE created_at >= $1::text::timestamptz RETURNING *) \
-             INSERT INTO public.outbox SELECT * FROM moved",
-            &[&lost_since],
-        )
-        .await
-        .expect("re-publish");
+    let moved = schema::republish_since(&client, &lost_since).await;
     assert_eq!(moved, 20, "the rows committed while the slot was lost");
     let received = read_all_blocking(&broker.bootstrap(), &topics, &lost, Duration::from_secs(60));
     // Each aggregate's re-published events arrive in their original order.

@@ -140,20 +140,6 @@ async fn without_a_progress_record_only_init_creates_the_slot() {
     assert!(slot_row(&client, &outbox.slot).await.is_none());
 }
 
-/// Table and publication of a fresh database, no slot.
-async fn table_and_publication(db: &pgtest::TestDb<'_>) -> Outbox {
-    db.client()
-        .await
-        .batch_execute(&format!(
-            "{}; CREATE PUBLICATION \"{}\" FOR TABLE public.outbox WITH (publish = 'insert')",
-            schema::OUTBOX_DDL,
-            db.publication
-        ))
-        .await
-        .expect("schema");
-    Outbox::for_db(db)
-}
-
 /// Waits until the relay exits (its code) or the slot exists (None).
 async fn exit_or_slot(
     relay: &mut Relay,
@@ -187,7 +173,7 @@ async fn a_progress_topic_with_several_partitions_still_guards_the_slot() {
         .fresh_database("slot_progress_parts")
         .await;
     let client = db.client().await;
-    let outbox = table_and_publication(&db).await;
+    let outbox = schema::setup_without_slot(&db).await;
     let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let progress_topic = format!("{}.progress", outbox.topic_prefix);
@@ -237,7 +223,7 @@ async fn a_first_progress_write_that_failed_is_retried() {
         .fresh_database("slot_progress_down")
         .await;
     let client = db.client().await;
-    let outbox = table_and_publication(&db).await;
+    let outbox = schema::setup_without_slot(&db).await;
     client
         .query_one(
             "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
@@ -322,7 +308,7 @@ async fn an_interrupted_first_creation_is_not_a_lost_slot() {
         .fresh_database("slot_create_killed")
         .await;
     let client = db.client().await;
-    let outbox = table_and_publication(&db).await;
+    let outbox = schema::setup_without_slot(&db).await;
     let broker = Broker::default_for_tests();
     ops::create_topics(&broker, &outbox).await;
     let mut blocker = db.client().await;
@@ -408,7 +394,7 @@ async fn a_record_of_another_cluster_is_refused_until_init() {
         .fresh_database("slot_other_cluster")
         .await;
     let client = db.client().await;
-    let outbox = table_and_publication(&db).await;
+    let outbox = schema::setup_without_slot(&db).await;
     let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let ours: String = client

@@ -19,19 +19,6 @@ use support::ops::{self, read_all_blocking, slot_row, wait_active_pid};
 use support::relay::{run_to_end, Relay};
 use support::schema::{self, Outbox};
 
-async fn table_and_publication(db: &pgtest::TestDb<'_>) -> Outbox {
-    db.client()
-        .await
-        .batch_execute(&format!(
-            "{}; CREATE PUBLICATION \"{}\" FOR TABLE public.outbox WITH (publish = 'insert')",
-            schema::OUTBOX_DDL,
-            db.publication
-        ))
-        .await
-        .expect("schema");
-    Outbox::for_db(db)
-}
-
 /// Relays a first batch, stops cleanly, drops the slot (by hand, or lost in a failover)
 /// and commits 20 more rows: the rows a recreated slot would skip.
 struct Lost {
@@ -49,24 +36,13 @@ async fn relayed_then_lost(
     client: &tokio_postgres::Client,
     extra: &[(&str, &str)],
 ) -> Lost {
-    let outbox = table_and_publication(db).await;
+    let outbox = schema::setup_without_slot(db).await;
     let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let env = Relay::env_for(db, &outbox, &broker.bootstrap(), extra);
-    let mut relay = Relay::start(env.clone(), &["run"]);
-    wait_active_pid(client, &outbox.slot, Duration::from_secs(120)).await;
-    let first = insert_events(client, &outbox.table, 10, 3, 3).await;
-    check_delivery(
-        &first,
-        &read_all_blocking(
-            &broker.bootstrap(),
-            &topics,
-            &first,
-            Duration::from_secs(60),
-        ),
-    );
-    relay.signal("TERM");
-    assert_eq!(relay.wait_exit(Duration::from_secs(30)).code(), Some(0));
+    let mut batch = ops::relay_first_batch(db, client, &outbox, &broker, extra, 10).await;
+    batch.stop();
+    let ops::FirstBatch {
+        env, topics, first, ..
+    } = batch;
     client
         .execute("SELECT pg_drop_replication_slot($1)", &[&outbox.slot])
         .await
@@ -109,14 +85,7 @@ async fn run_refuses(env: &[(String, String)], client: &tokio_postgres::Client, 
 async fn republish_and_check(client: &tokio_postgres::Client, l: &Lost, env: &[(String, String)]) {
     let relay = Relay::start(env.to_vec(), &["run"]);
     wait_active_pid(client, &l.outbox.slot, Duration::from_secs(120)).await;
-    let moved = client
-        .execute(
-            "WITH moved AS (DELETE FROM public.outbox WHERE created_at >= $1::text::timestamptz RETURNING *) \
-             INSERT INTO public.outbox SELECT * FROM moved",
-            &[&l.lost_since],
-        )
-        .await
-        .expect("re-publish");
+    let moved = schema::republish_since(client, &l.lost_since).await;
     assert_eq!(moved, 20);
     let all = [l.first.clone(), l.during.clone()].concat();
     check_delivery(
@@ -188,7 +157,7 @@ async fn a_lost_slot_whose_record_is_gone_too_is_not_recreated() {
 async fn a_slot_is_not_created_over_existing_rows() {
     let db = PgCluster::shared().fresh_database("rows_first").await;
     let client = db.client().await;
-    let outbox = table_and_publication(&db).await;
+    let outbox = schema::setup_without_slot(&db).await;
     let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     // A progress topic of its own, never written: nothing says a slot existed.
@@ -239,7 +208,7 @@ async fn a_role_without_select_does_not_create_a_slot_over_rows() {
         ))
         .await
         .expect("role");
-    let outbox = table_and_publication(&db).await;
+    let outbox = schema::setup_without_slot(&db).await;
     let broker = Broker::default_for_tests();
     let progress = format!("{}.progress", db.name);
     let env = Relay::env_for(
@@ -267,7 +236,7 @@ async fn rows_committed_while_the_slot_is_created_are_not_skipped() {
         .fresh_database("rows_during_create")
         .await;
     let client = db.client().await;
-    let outbox = table_and_publication(&db).await;
+    let outbox = schema::setup_without_slot(&db).await;
     let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let mut blocker = db.client().await;

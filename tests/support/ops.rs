@@ -507,3 +507,53 @@ pub async fn current_timeline(client: &Client) -> u32 {
         .get(0);
     u32::from_str_radix(&tli, 16).expect("hex timeline")
 }
+
+/// A relay on `outbox` (slot made by its first start, or before) that relayed a first
+/// batch of `n` events, checked from the topics, and is still running.
+pub struct FirstBatch {
+    pub relay: super::relay::Relay,
+    pub env: Vec<(String, String)>,
+    pub topics: Vec<String>,
+    pub first: Vec<Event>,
+}
+
+pub async fn relay_first_batch(
+    db: &pgtest::TestDb<'_>,
+    client: &Client,
+    outbox: &Outbox,
+    broker: &Broker,
+    extra: &[(&str, &str)],
+    n: usize,
+) -> FirstBatch {
+    let topics = create_topics(broker, outbox).await;
+    let env = super::relay::Relay::env_for(db, outbox, &broker.bootstrap(), extra);
+    let relay = super::relay::Relay::start(env.clone(), &["run"]);
+    wait_active_pid(client, &outbox.slot, Duration::from_secs(120)).await;
+    let first = super::load::insert_events(client, &outbox.table, n, 3, 3).await;
+    check_delivery(
+        &first,
+        &read_all_blocking(
+            &broker.bootstrap(),
+            &topics,
+            &first,
+            Duration::from_secs(60),
+        ),
+    );
+    FirstBatch {
+        relay,
+        env,
+        topics,
+        first,
+    }
+}
+
+impl FirstBatch {
+    /// SIGTERM, and a clean exit.
+    pub fn stop(&mut self) {
+        self.relay.signal("TERM");
+        assert_eq!(
+            self.relay.wait_exit(Duration::from_secs(30)).code(),
+            Some(0)
+        );
+    }
+}

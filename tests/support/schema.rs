@@ -84,6 +84,34 @@ pub async fn setup_custom(db: &TestDb<'_>, table_ddl: &str, with: Option<&str>) 
     Outbox::for_db(db)
 }
 
+/// The default table and its publication (inserts only), no slot: the relay's first start
+/// (or `outboxd init`) creates it.
+pub async fn setup_without_slot(db: &TestDb<'_>) -> Outbox {
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "{OUTBOX_DDL}; CREATE PUBLICATION \"{}\" FOR TABLE public.outbox WITH (publish = 'insert')",
+            db.publication
+        ))
+        .await
+        .expect("schema");
+    Outbox::for_db(db)
+}
+
+/// The runbook's re-publish (docs/operations.md): the outbox rows created since `since`
+/// (a timestamptz as text) are deleted and inserted again in one statement, which writes
+/// new inserts to the WAL. Returns how many.
+pub async fn republish_since(client: &tokio_postgres::Client, since: &str) -> u64 {
+    client
+        .execute(
+            "WITH moved AS (DELETE FROM public.outbox WHERE created_at >= $1::text::timestamptz RETURNING *) \
+             INSERT INTO public.outbox SELECT * FROM moved",
+            &[&since],
+        )
+        .await
+        .expect("re-publish")
+}
+
 /// The default table with publication defaults (inserts, updates, deletes, truncates).
 pub async fn setup_publish_all(db: &TestDb<'_>) -> Outbox {
     setup_custom(db, OUTBOX_DDL, None).await
