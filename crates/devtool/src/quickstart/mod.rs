@@ -192,9 +192,10 @@ async fn wait_for_slot(pg: &Postgres, relay: &mut Relay) -> Result<()> {
     }
 }
 
-/// The slot only advances after broker acks; status updates carry it to the server.
+/// The slot only advances after broker acks and the next look at the publication
+/// (OUTBOXD_PUBLICATION_CHECK_INTERVAL_MS); status updates carry it to the server.
 async fn report_slot(pg: &Postgres, end_lsn: &str) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while !pg.slot_reached(end_lsn).await? && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
