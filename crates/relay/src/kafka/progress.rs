@@ -83,6 +83,28 @@ struct Inner {
     durability: tokio::sync::OnceCell<Durability>,
 }
 
+/// The rule for a topic's retention settings as DescribeConfigs gives them: kept for good
+/// only when compacted alone (`compact,delete` still deletes old segments), or when
+/// neither time nor size deletes anything.
+fn judge_retention(
+    policy: Option<String>,
+    retention_ms: Option<String>,
+    retention_bytes: Option<String>,
+) -> Durability {
+    let Some(policy) = policy else {
+        return Durability::Unknown;
+    };
+    let policies: Vec<&str> = policy.split(',').map(str::trim).collect();
+    let compacted_only = policies == ["compact"];
+    let forever = retention_ms.as_deref().is_some_and(|r| r.trim() == "-1")
+        && retention_bytes.as_deref().is_none_or(|b| b.trim() == "-1");
+    if compacted_only || forever {
+        Durability::Kept
+    } else {
+        Durability::Expires(policy, retention_ms.unwrap_or_else(|| "?".into()))
+    }
+}
+
 /// Whether the progress topic keeps a slot's record for good.
 #[derive(Debug, Clone)]
 enum Durability {
@@ -327,20 +349,11 @@ impl ProgressStore {
             None => return Ok(Durability::Unknown),
         };
         let value = |name: &str| resource.get(name).and_then(|e| e.value.clone());
-        let (Some(policy), retention) = (value("cleanup.policy"), value("retention.ms")) else {
-            return Ok(Durability::Unknown);
-        };
-        let policies: Vec<&str> = policy.split(',').map(str::trim).collect();
-        // `compact,delete` still deletes old segments; retention.bytes deletes too.
-        let compacted_only = policies == ["compact"];
-        let forever = retention.as_deref().is_some_and(|r| r.trim() == "-1")
-            && value("retention.bytes").is_none_or(|b| b.trim() == "-1");
-        let kept = compacted_only || forever;
-        Ok(if kept {
-            Durability::Kept
-        } else {
-            Durability::Expires(policy, retention.unwrap_or_else(|| "?".into()))
-        })
+        Ok(judge_retention(
+            value("cleanup.policy"),
+            value("retention.ms"),
+            value("retention.bytes"),
+        ))
     }
 
     async fn create_topic(&self) -> Result<(), ProgressError> {
@@ -563,5 +576,49 @@ impl ProgressStore {
             }
         });
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{judge_retention, Durability};
+
+    #[test]
+    fn only_a_topic_that_never_deletes_records_keeps_them() {
+        let judge = |p: Option<&str>, ms: Option<&str>, bytes: Option<&str>| {
+            judge_retention(
+                p.map(str::to_owned),
+                ms.map(str::to_owned),
+                bytes.map(str::to_owned),
+            )
+        };
+        let week = Some("604800000");
+        assert!(matches!(
+            judge(Some("compact"), week, None),
+            Durability::Kept
+        ));
+        assert!(matches!(
+            judge(Some("delete"), Some("-1"), Some("-1")),
+            Durability::Kept
+        ));
+        assert!(matches!(
+            judge(Some("delete"), Some("-1"), None),
+            Durability::Kept
+        ));
+        // Compacted and deleted by age, deleted by age, or by size: the record goes.
+        assert!(matches!(
+            judge(Some("compact,delete"), week, None),
+            Durability::Expires(..)
+        ));
+        assert!(matches!(
+            judge(Some("delete"), week, Some("-1")),
+            Durability::Expires(..)
+        ));
+        assert!(matches!(
+            judge(Some("delete"), Some("-1"), Some("1073741824")),
+            Durability::Expires(..)
+        ));
+        // A broker that does not say: a warning, not a refusal.
+        assert!(matches!(judge(None, week, None), Durability::Unknown));
     }
 }
