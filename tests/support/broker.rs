@@ -4,8 +4,6 @@
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 
-pub use outboxd_test_broker::free_port;
-
 pub struct Broker(outboxd_test_broker::Broker);
 
 impl Broker {

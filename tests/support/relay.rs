@@ -1,6 +1,5 @@
 //! The real `outboxd` binary as a child process.
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,20 +18,31 @@ pub struct Relay {
 }
 
 /// A port that was free a moment ago and that no earlier call of this process returned.
-/// The OS picks a random free port for each probe, and one freed is soon picked again
-/// (300 probes here gave 4 repeats): two relays of this process whose ports were
-/// probed before either bound its own would otherwise get the same one, and the second
-/// could not listen.
+/// Not one the OS picks (port 0): it hands the same ephemeral ports to everything that
+/// binds port 0 (mock brokers, servers, clients' outgoing connections, other test
+/// processes), so a port probed and released was once taken by someone else before the
+/// relay bound it ("Address already in use", a test lost). These come from below the
+/// ephemeral range (32768+ on Linux), from a band of this process's own (by pid, so the
+/// matrix's concurrent processes mostly keep apart), each checked free before it is
+/// handed out.
 pub fn free_port() -> u16 {
-    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
-    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
-    for _ in 0..1000 {
-        let port = super::broker::free_port().expect("free port");
-        if handed_out.insert(port) {
+    const FIRST: u32 = 20_000;
+    const BANDS: u32 = 48;
+    const BAND: u32 = 250;
+    static NEXT: Mutex<u32> = Mutex::new(0);
+    let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
+    let band = FIRST + (std::process::id() % BANDS) * BAND;
+    for _ in 0..BANDS * BAND {
+        let candidate = FIRST + (band - FIRST + *next) % (BANDS * BAND);
+        *next += 1;
+        let Ok(port) = u16::try_from(candidate) else {
+            continue;
+        };
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
     }
-    panic!("no free port that was not handed out before");
+    panic!("no free port below the ephemeral range");
 }
 
 /// Numbers each relay's log file within this process.

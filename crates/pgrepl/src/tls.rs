@@ -33,14 +33,20 @@ pub(crate) fn client_config(cfg: &ConnectConfig) -> Result<Arc<ClientConfig>, Re
             Arc::new(NoVerification(Arc::clone(&provider)))
         }
         (SslMode::Disable | SslMode::Prefer | SslMode::Require | SslMode::VerifyCa, Some(_)) => {
-            Arc::new(ChainOnly(webpki_verifier(cfg, &provider)?))
+            Arc::new(WebPki {
+                inner: webpki_verifier(cfg, &provider)?,
+                names: NameCheck::Ignored,
+            })
         }
         (SslMode::VerifyCa, None) => {
             return Err(ReplError::Config(
                 "sslmode=verify-ca needs a root certificate file: set PGSSLROOTCERT (or create ~/.postgresql/root.crt) with the CA that signed the server certificate; the system trust store is used only with sslmode=verify-full, which also checks the host name".into(),
             ))
         }
-        (SslMode::VerifyFull, _) => Arc::new(FullWithCommonName(webpki_verifier(cfg, &provider)?)),
+        (SslMode::VerifyFull, _) => Arc::new(WebPki {
+            inner: webpki_verifier(cfg, &provider)?,
+            names: NameCheck::HostOrCommonName,
+        }),
     };
     let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -219,62 +225,26 @@ impl ServerCertVerifier for NoVerification {
     }
 }
 
-/// `verify-ca`: the chain must lead to a trusted root; the name may differ. webpki checks
-/// the chain before the name, so a name mismatch means the chain already passed.
+/// `verify-ca` and `verify-full`: webpki's chain check, and what a name that does not
+/// match means (see [`NameCheck`]). webpki checks the chain before the name, so a name
+/// mismatch means the chain already passed.
 #[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for ChainOnly {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
-        {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
+struct WebPki {
+    inner: Arc<WebPkiServerVerifier>,
+    names: NameCheck,
 }
 
-/// `verify-full`: webpki's chain and name checks, and libpq's fallback to the subject's
-/// common name when the certificate has no subjectAltName of the host's kind (dNSName
-/// for a name, iPAddress for an address). webpki checks the chain before the name, so a
-/// name mismatch means the chain already passed.
-#[derive(Debug)]
-struct FullWithCommonName(Arc<WebPkiServerVerifier>);
+#[derive(Debug, Clone, Copy)]
+enum NameCheck {
+    /// `verify-ca`: the name may differ.
+    Ignored,
+    /// `verify-full`: the host's name or address, with libpq's fallback to the subject's
+    /// common name when the certificate has no subjectAltName of the host's kind (dNSName
+    /// for a name, iPAddress for an address).
+    HostOrCommonName,
+}
 
-impl ServerCertVerifier for FullWithCommonName {
+impl ServerCertVerifier for WebPki {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -284,7 +254,7 @@ impl ServerCertVerifier for FullWithCommonName {
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
         match self
-            .0
+            .inner
             .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
         {
             Err(
@@ -292,13 +262,13 @@ impl ServerCertVerifier for FullWithCommonName {
                     CertificateError::NotValidForName
                     | CertificateError::NotValidForNameContext { .. },
                 ),
-            ) => {
-                if common_name_matches(end_entity, server_name) {
+            ) => match self.names {
+                NameCheck::Ignored => Ok(ServerCertVerified::assertion()),
+                NameCheck::HostOrCommonName if common_name_matches(end_entity, server_name) => {
                     Ok(ServerCertVerified::assertion())
-                } else {
-                    Err(e)
                 }
-            }
+                NameCheck::HostOrCommonName => Err(e),
+            },
             other => other,
         }
     }
@@ -309,7 +279,7 @@ impl ServerCertVerifier for FullWithCommonName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        self.inner.verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -318,11 +288,11 @@ impl ServerCertVerifier for FullWithCommonName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        self.inner.verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.inner.supported_verify_schemes()
     }
 }
 
