@@ -3,8 +3,9 @@
 use outbox_core::BoundTable;
 use outboxd_relay::kafka::{build_producer, ProgressStore};
 use outboxd_relay::pipeline::{
-    judge_missing_slot, judge_publication, judge_server, judge_slot, refuse_other_cluster,
-    verify_shard_layout, Consent, History, RelayError, MIN_SERVER_VERSION_NUM,
+    compare_publication, judge_missing_slot, judge_publication, judge_server, judge_slot,
+    look_at_publication, outbox_rows, refuse_other_cluster, verify_shard_layout, Consent, History,
+    MIN_SERVER_VERSION_NUM,
 };
 use pgoutput::{Column, Relation, ReplicaIdentity};
 use pgrepl::{
@@ -331,13 +332,12 @@ async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&
         Ok(found) => found,
         Err(e) => return r.warn(what, format!("{} does not exist, and the progress record in {topic} cannot be read ({e}); `outboxd run` creates the slot only once it can", s.slot)),
     };
-    let rows = if s.relay_table {
-        match preflight::table_rows(sql, &s.table_schema, &s.table_name).await {
-            Ok(rows) => rows,
-            Err(e) => return r.fail(what, e),
-        }
-    } else {
-        preflight::TableRows::Empty
+    let relayed = s
+        .relay_table
+        .then_some((s.table_schema.as_str(), s.table_name.as_str()));
+    let rows = match outbox_rows(sql, relayed).await {
+        Ok(rows) => rows,
+        Err(e) => return r.fail(what, e),
     };
     // The rule `run` applies (and `init`, with the operator's flags).
     let table = format!("{}.{}", s.table_schema, s.table_name);
@@ -387,17 +387,11 @@ async fn check_record(r: &mut Report, s: &Settings, sql: &Client, system: &Syste
         let table = s
             .relay_table
             .then_some((s.table_schema.as_str(), s.table_name.as_str()));
-        match preflight::publication_identity(sql, &s.publication, table).await {
-            Ok(now) if table.is_some() && now.as_deref() != Some(last.identity.as_str()) => {
-                return r.fail(
-                    "publication unchanged",
-                    RelayError::PublicationChanged {
-                        publication: s.publication.clone(),
-                        since: last.at_text(),
-                        since_lsn: last.wal_lsn,
-                    },
-                );
-            }
+        let compared = look_at_publication(sql, &s.publication, table)
+            .await
+            .map(|now| compare_publication(&s.publication, last, now.as_ref()));
+        match compared {
+            Ok(Err(changed)) if table.is_some() => return r.fail("publication unchanged", changed),
             Ok(_) => r.ok(
                 "publication unchanged",
                 format!(

@@ -6,12 +6,10 @@
 use outbox_core::pgtype::quote_ident;
 use std::collections::BTreeMap;
 
-use outboxd_relay::kafka::{
-    ProgressRecord, ProgressStore, PublicationSeen, SlotIdentity, SlotRecords,
-};
+use outboxd_relay::kafka::{ProgressRecord, ProgressStore, SlotIdentity, SlotRecords};
 use outboxd_relay::pipeline::{
-    create_checked, judge_missing_slot, judge_slot, verify_shard_layout, Consent, Creation,
-    History, RelayError,
+    compare_publication, create_checked, judge_missing_slot, judge_slot, look_at_publication,
+    outbox_rows, verify_shard_layout, Consent, Creation, History,
 };
 use pgoutput::Lsn;
 use pgrepl::{preflight, ConnectConfig, ReplError, ReplicationConnection};
@@ -261,11 +259,12 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
         None => {
             // Read before creating: a slot that existed must not come back silently.
             let history = shared.history(s).await?;
-            let rows = if s.relay_table {
-                preflight::table_rows(sql, &s.table_schema, &s.table_name).await?
-            } else {
-                preflight::TableRows::Empty
-            };
+            let relayed = s
+                .relay_table
+                .then_some((s.table_schema.as_str(), s.table_name.as_str()));
+            let rows = outbox_rows(sql, relayed)
+                .await
+                .map_err(|e| InitError::Refused(e.to_string()))?;
             let topic = s.progress_topic.as_deref().unwrap_or("");
             let creation = judge_missing_slot(
                 &s.slot,
@@ -382,28 +381,17 @@ async fn record_cluster(
     let table = s
         .relay_table
         .then_some((s.table_schema.as_str(), s.table_name.as_str()));
-    let (wal_lsn, at_unix_ms) = preflight::wal_lsn_and_clock(sql).await?;
-    let now = preflight::publication_identity(sql, &s.publication, table).await?;
+    let now = look_at_publication(sql, &s.publication, table)
+        .await
+        .map_err(|e| InitError::Refused(e.to_string()))?;
     let recorded = replaced.as_ref().and_then(|old| old.publication.as_ref());
     if let (Some(last), false, false, true) =
         (recorded, flags.accept_publication, renew, table.is_some())
     {
-        if now.as_deref() != Some(last.identity.as_str()) {
-            return Err(InitError::Refused(
-                RelayError::PublicationChanged {
-                    publication: s.publication.clone(),
-                    since: last.at_text(),
-                    since_lsn: last.wal_lsn,
-                }
-                .to_string(),
-            ));
-        }
+        compare_publication(&s.publication, last, now.as_ref())
+            .map_err(|e| InitError::Refused(e.to_string()))?;
     }
-    record.publication = now.map(|identity| PublicationSeen {
-        identity,
-        at_unix_ms,
-        wal_lsn,
-    });
+    record.publication = now;
     match tokio::time::timeout(KAFKA_WAIT, store.write_and_wait(&identity, &record)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {

@@ -18,11 +18,12 @@ use tracing::Instrument;
 
 pub use error::{DecidingCode, ErrorClass, OtherClusterRecord, RelayError};
 pub use observe::Observer;
+pub use session::publication::{compare as compare_publication, look as look_at_publication};
 pub use session::SessionEnd;
 pub use shard::{judge_shard_layout, verify_shard_layout, ShardSpec};
 pub use slot::{
-    create_checked, judge_publication, judge_server, judge_slot, FailoverSlot, SlotStart,
-    SlotStats, Verdict,
+    create_checked, judge_publication, judge_server, judge_slot, outbox_rows, FailoverSlot,
+    SlotStart, SlotStats, Verdict,
 };
 pub use slot_history::{judge_missing_slot, Consent, Creation, History};
 
@@ -331,17 +332,10 @@ async fn create_slot_if_new(
     }
     let records = progress.read_slot(identity).await.map_err(unknown)?;
     refuse_other_cluster(&records, progress, identity)?;
-    let rows = if cfg.relay_table {
-        // Bounded: an empty but bloated table makes EXISTS read every page.
-        let rows = pgrepl::preflight::table_rows(sql, &cfg.table.schema, &cfg.table.table);
-        match tokio::time::timeout(Duration::from_secs(30), rows).await {
-            Ok(rows) => rows?,
-            Err(_) => pgrepl::preflight::TableRows::Unknown,
-        }
-    } else {
-        // Emitted messages leave nothing behind to count: the record alone decides.
-        pgrepl::preflight::TableRows::Empty
-    };
+    let relayed = cfg
+        .relay_table
+        .then_some((cfg.table.schema.as_str(), cfg.table.table.as_str()));
+    let rows = slot::outbox_rows(sql, relayed).await?;
     let judged = judge_missing_slot(
         &cfg.slot,
         &cfg.table.qualified_name(),

@@ -256,6 +256,24 @@ pub async fn create(
     })
 }
 
+/// What the outbox table `(schema, name)` holds, for the rule on creating a slot
+/// (`slot_history`); `None`, no table relayed: emitted messages leave nothing behind to
+/// count, and the record alone decides. Bounded: an empty but bloated table makes EXISTS
+/// read every page, and a look that takes too long cannot tell.
+pub async fn outbox_rows(
+    sql: &Client,
+    table: Option<(&str, &str)>,
+) -> Result<preflight::TableRows, RelayError> {
+    let Some((schema, name)) = table else {
+        return Ok(preflight::TableRows::Empty);
+    };
+    let rows = preflight::table_rows(sql, schema, name);
+    match tokio::time::timeout(std::time::Duration::from_secs(30), rows).await {
+        Ok(rows) => Ok(rows?),
+        Err(_) => Ok(preflight::TableRows::Unknown),
+    }
+}
+
 /// Creates the slot, and with `table` (found without rows just before) makes sure no row
 /// was committed in it before the slot's consistent point: creating a slot waits for the
 /// transactions running at its start, and rows committed meanwhile are never decoded.

@@ -27,7 +27,7 @@ pub const PUBLICATION_GUARD_PREFIX: &str = "outboxd.publication";
 /// was read: a change committed after that position may be missing from the identity,
 /// never one before. The server's clock, not ours: operators compare it with
 /// `created_at`.
-pub(in crate::pipeline) async fn look(
+pub async fn look(
     sql: &tokio_postgres::Client,
     publication: &str,
     table: Option<(&str, &str)>,
@@ -45,7 +45,7 @@ pub(in crate::pipeline) async fn look(
 }
 
 /// Stops when `now` is another publication than `last` (the last look that matched).
-pub(in crate::pipeline) fn compare(
+pub fn compare(
     publication: &str,
     last: &PublicationSeen,
     now: Option<&PublicationSeen>,
