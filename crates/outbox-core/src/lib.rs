@@ -90,7 +90,7 @@ pub use record::{
 };
 pub use replay::{Held, NextRow, PartialMismatch, ReplayCore, ReplayStart, Step};
 pub use session::{
-    After, BadRowPolicy, CoreConfig, Observe, Sent, ToSend, SessionCore, SessionError, Skipped,
+    After, BadRowPolicy, CoreConfig, Observe, Sent, SessionCore, SessionError, Skipped, ToSend,
     PUBLICATION_GUARD_PREFIX,
 };
 pub use topic::{validate_topic_name, EventFields, TopicField, TopicName, TopicTemplate};

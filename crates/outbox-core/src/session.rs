@@ -168,7 +168,9 @@ pub enum Sent {
     Queued,
     /// Refused for `message.max.bytes`, as the producer measured it: a bad row, since
     /// the same record is refused on every replay.
-    TooLarge { size: usize },
+    TooLarge {
+        size: usize,
+    },
 }
 
 /// What the rules make of a relation of the stream.
@@ -187,7 +189,9 @@ pub enum After {
     Nothing,
     /// A publication-guard message: the transaction it is in changed a publication, so
     /// look at it now (`commit`: where re-publishing would start).
-    LookAtPublication { commit: Option<(Lsn, PgTimestamp)> },
+    LookAtPublication {
+        commit: Option<(Lsn, PgTimestamp)>,
+    },
 }
 
 /// See the module docs.
@@ -740,3 +744,7 @@ fn qualified_relation_name(r: &Relation) -> String {
     };
     format!("{namespace}.{}", r.name)
 }
+
+#[cfg(test)]
+#[path = "session_tests.rs"]
+mod tests;

@@ -554,7 +554,10 @@ impl Sim {
         }
         cl.accepted = cl.publication;
         if self.trace {
-            eprintln!("  publication changed on cluster {c}: {} rows published again", copies.len());
+            eprintln!(
+                "  publication changed on cluster {c}: {} rows published again",
+                copies.len()
+            );
         }
         if copies.is_empty() {
             return;
@@ -640,9 +643,7 @@ impl Sim {
     fn expire_records(&mut self) {
         if self.uncompacted {
             let key = self.rng.index(2);
-            self.kafka
-                .records
-                .remove(&u8::try_from(key).unwrap_or(0));
+            self.kafka.records.remove(&u8::try_from(key).unwrap_or(0));
         }
     }
 

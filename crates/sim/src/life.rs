@@ -7,8 +7,7 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 use outbox_core::{
-    pgtype, After, Doubt, Observe, ReplayStart, SessionCore, SessionError, Sent, Skipped,
-    Ticket,
+    pgtype, After, Doubt, Observe, ReplayStart, Sent, SessionCore, SessionError, Skipped, Ticket,
 };
 use pgoutput::{
     Begin, Column, Commit, Insert, LogicalMessage, Lsn, Message, PgTimestamp, Relation,
@@ -16,8 +15,7 @@ use pgoutput::{
 };
 
 use crate::model::{
-    event_number, event_uuid, partition, Change, Config, Txn, Written, EVENT_PREFIX,
-    PARTITIONS,
+    event_number, event_uuid, partition, Change, Config, Txn, Written, EVENT_PREFIX, PARTITIONS,
 };
 use crate::Violation;
 
@@ -130,10 +128,7 @@ impl Life {
             self.described[slot] = true;
             let r = relation(rel);
             // The catalog's answer, as the relay's side connection gives it.
-            let parent = self
-                .core
-                .asks_parent(&r)
-                .then_some(rel == OUTBOX_PARTITION);
+            let parent = self.core.asks_parent(&r).then_some(rel == OUTBOX_PARTITION);
             self.core.on_relation(&r, parent)?;
         }
         let ins = Insert {
@@ -162,7 +157,7 @@ impl Life {
     pub fn pump(&mut self) -> Result<(), SessionError> {
         while let Some(send) = self.core.take_send() {
             let w = Written::of(&send.record);
-            if !w.dead && w.id % 61 == 0 {
+            if !w.dead && w.id.is_multiple_of(61) {
                 self.core.sent(send, Sent::TooLarge { size: 2 << 20 })?;
                 continue;
             }
@@ -195,7 +190,10 @@ fn relation(rel: u32) -> Relation {
     let (name, columns) = match rel {
         OUTBOX => ("outbox", outbox.to_vec()),
         OUTBOX_PARTITION => ("outbox_p1", outbox.iter().rev().cloned().collect()),
-        _ => ("other", vec![col("k", pgtype::INT4), col("v", pgtype::TEXT)]),
+        _ => (
+            "other",
+            vec![col("k", pgtype::INT4), col("v", pgtype::TEXT)],
+        ),
     };
     Relation {
         xid: None,

@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use outbox_core::{
-    BadRowPolicy, ConfigError, CoreConfig, DeliveredPosition, EmitMapper, InFlightCaps, OutboxRecord,
-    TableSpec, TopicName, TopicTemplate,
+    BadRowPolicy, ConfigError, CoreConfig, DeliveredPosition, EmitMapper, InFlightCaps,
+    OutboxRecord, TableSpec, TopicName, TopicTemplate,
 };
 use pgoutput::Lsn;
 
@@ -169,7 +169,10 @@ impl Written {
 
 /// The number in an event id (`…-000000000042` for a row's uuid, `42` for a message's).
 pub(crate) fn event_number(id: &str) -> u64 {
-    id.rsplit('-').next().and_then(|n| n.parse().ok()).unwrap_or(0)
+    id.rsplit('-')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 pub(crate) fn event_uuid(id: u64) -> String {

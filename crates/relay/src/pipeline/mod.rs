@@ -250,8 +250,11 @@ pub(super) fn warn_foreign_writer(identity: &SlotIdentity, topic: &str) {
 /// written under another one proves nothing (see `outbox_core::delivered`).
 /// `publication` is the catalog's identity of the publication (oid and flags).
 fn fingerprint(cfg: &RelayConfig, publication: &str) -> u64 {
-    cfg.rules()
-        .fingerprint(cfg.heartbeat_interval.is_some(), &cfg.publication, publication)
+    cfg.rules().fingerprint(
+        cfg.heartbeat_interval.is_some(),
+        &cfg.publication,
+        publication,
+    )
 }
 
 impl RelayConfig {

@@ -14,8 +14,8 @@
 use std::time::{Duration, Instant};
 
 use outbox_core::{
-    After, Doubt, Observe, ReplayStart, RowError, SessionCore,
-    SessionError, Sent, Skipped, Ticket, TopicName, TxnId,
+    After, Doubt, Observe, ReplayStart, RowError, Sent, SessionCore, SessionError, Skipped, Ticket,
+    TopicName, TxnId,
 };
 use pgoutput::{LogicalMessage, PgTimestamp};
 use pgrepl::{preflight, FlushHandle, ReplicationEvent, ReplicationStream};
@@ -192,7 +192,12 @@ impl<'a> Session<'a> {
             sql,
             producer,
             deliveries,
-            core: SessionCore::new(cfg.rules(), begin.replay, begin.publication.is_some(), reports),
+            core: SessionCore::new(
+                cfg.rules(),
+                begin.replay,
+                begin.publication.is_some(),
+                reports,
+            ),
             flush,
             started_at: Instant::now(),
             status_updates_reported: 0,

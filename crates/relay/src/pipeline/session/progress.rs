@@ -171,6 +171,7 @@ impl Session<'_> {
     /// Whether this session moved the confirmed position, or streamed for a good while:
     /// what allows the reconnect backoff to start over.
     pub(in crate::pipeline) fn made_progress(&self) -> bool {
-        self.core.confirmed() > self.core.start() || self.started_at.elapsed() >= STREAMED_LONG_ENOUGH
+        self.core.confirmed() > self.core.start()
+            || self.started_at.elapsed() >= STREAMED_LONG_ENOUGH
     }
 }

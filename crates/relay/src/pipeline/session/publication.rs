@@ -18,7 +18,6 @@ use super::{bounded, Session};
 use crate::kafka::{ProgressError, PublicationSeen, SlotRecords};
 use crate::pipeline::error::RelayError;
 
-
 /// The publication's identity now, with the server's WAL position and clock before it
 /// was read: a change committed after that position may be missing from the identity,
 /// never one before. The server's clock, not ours: operators compare it with
