@@ -5,7 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use outboxd_inbox::{Apply, BoxError, GapPolicy, Inbox, InboxError, InboxEvent, Outcome};
+use outboxd_inbox::{
+    Apply, BoxError, GapPolicy, Inbox, InboxError, InboxEvent, Outcome, Positions,
+};
 use pgtest::PgCluster;
 use rdkafka::message::{Header, OwnedHeaders, OwnedMessage, Timestamp};
 use tokio_postgres::{Client, Transaction};
@@ -54,8 +56,8 @@ fn event(key: &str, account: &str, version: Option<i64>, amount: i64) -> InboxEv
 
 async fn setup(name: &str) -> (pgtest::TestDb<'static>, Client) {
     let db = PgCluster::shared().fresh_database(name).await;
-    let client = db.client().await;
-    Inbox::install(&client).await.unwrap();
+    let mut client = db.client().await;
+    Inbox::install(&mut client).await.unwrap();
     client
         .batch_execute("CREATE TABLE balances (account text PRIMARY KEY, balance bigint NOT NULL)")
         .await
@@ -308,12 +310,12 @@ fn events_are_read_from_outboxd_headers() {
 }
 
 /// Through Kafka (librdkafka's mock cluster): [`Inbox::handle`] applies each record once
-/// and commits the offset past it, so a consumer of the same group that starts later
+/// and stores the offset past it for librdkafka's periodic commit, so a consumer of the same group that starts later
 /// reads only what is left; a record redelivered anyway (a re-sent event) is skipped.
 #[tokio::test(flavor = "multi_thread")]
 async fn handle_commits_the_offset_after_the_database() {
     use rdkafka::config::ClientConfig;
-    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::consumer::{Consumer, StreamConsumer};
     use rdkafka::message::Message;
     use rdkafka::mocking::MockCluster;
     use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
@@ -351,12 +353,9 @@ async fn handle_commits_the_offset_after_the_database() {
     }
     producer.flush(Duration::from_secs(10)).unwrap();
 
-    let consumer = |group: &str| -> BaseConsumer {
-        let c: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &bootstrap)
-            .set("group.id", group)
-            .set("enable.auto.commit", "false")
-            .set("auto.offset.reset", "earliest")
+    let consumer = |group: &str| -> StreamConsumer {
+        let c: StreamConsumer = outboxd_inbox::consumer_config(&bootstrap, group)
+            .set("auto.commit.interval.ms", "100")
             .create()
             .unwrap();
         // Assigned, not subscribed: the group's committed offset without waiting for a
@@ -369,34 +368,39 @@ async fn handle_commits_the_offset_after_the_database() {
     };
     let inbox = Inbox::new("balances");
     let mut credit = Credit { fail: false };
+    let mut positions = Positions::default();
     let first = consumer("g");
     let mut outcomes = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     // Read the first two records only, then "crash" (drop the consumer).
     while outcomes.len() < 2 {
         assert!(std::time::Instant::now() < deadline, "{outcomes:?}");
-        let Some(m) = first.poll(Duration::from_millis(200)) else {
+        let Ok(m) = tokio::time::timeout(Duration::from_millis(200), first.recv()).await else {
             continue;
         };
         let m = m.unwrap();
         outcomes.push(
             inbox
-                .handle(&mut client, &first, &m, &mut credit)
+                .handle(&mut client, &first, &mut positions, &m, &mut credit)
                 .await
-                .unwrap(),
+                .unwrap()
+                .remove(0)
+                .outcome,
         );
     }
     assert_eq!(outcomes, [Outcome::Applied(10), Outcome::Applied(30)]);
-    // The async commit is sent by the consumer's background thread: wait for it.
-    let committed_past = |c: &BaseConsumer| -> Option<i64> {
+    // librdkafka commits the stored offset on its timer: wait for it.
+    let committed_past = |c: &StreamConsumer| -> Option<i64> {
         let tpl = c.committed(Duration::from_secs(5)).ok()?;
         tpl.elements().first().and_then(|e| e.offset().to_raw())
     };
     while committed_past(&first) != Some(2) {
         assert!(std::time::Instant::now() < deadline, "offset not committed");
-        first.poll(Duration::from_millis(100));
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     drop(first);
+    // A new consumer is a new place in the partitions.
+    let mut positions = Positions::default();
 
     // The group resumes after the committed offset: e3, then the re-sent e2 (skipped).
     let second = consumer("g");
@@ -404,19 +408,81 @@ async fn handle_commits_the_offset_after_the_database() {
     let mut offsets = Vec::new();
     while outcomes.len() < 4 {
         assert!(std::time::Instant::now() < deadline, "{outcomes:?}");
-        let Some(m) = second.poll(Duration::from_millis(200)) else {
+        let Ok(m) = tokio::time::timeout(Duration::from_millis(200), second.recv()).await else {
             continue;
         };
         let m = m.unwrap();
         offsets.push(m.offset());
         outcomes.push(
             inbox
-                .handle(&mut client, &second, &m, &mut credit)
+                .handle(&mut client, &second, &mut positions, &m, &mut credit)
                 .await
-                .unwrap(),
+                .unwrap()
+                .remove(0)
+                .outcome,
         );
     }
     assert_eq!(offsets, [2, 3]);
     assert_eq!(outcomes[2..], [Outcome::Applied(60), Outcome::Duplicate]);
     assert_eq!(balance(&client, "acct").await, Some(60));
+}
+
+/// Retention: [`Inbox::prune`] deletes this consumer's keys older than the window, in
+/// batches, oldest first, and nothing else.
+#[tokio::test(flavor = "multi_thread")]
+async fn prune_deletes_old_keys_of_one_consumer_in_batches() {
+    use std::time::Duration;
+    let (_db, mut client) = setup("inbox_prune").await;
+    let inbox = Inbox::new("balances");
+    let mut credit = Credit { fail: false };
+    for k in ["old1", "old2", "old3", "new"] {
+        inbox
+            .process(&mut client, &event(k, "acct", None, 1), &mut credit)
+            .await
+            .unwrap();
+    }
+    Inbox::new("audit")
+        .process(
+            &mut client,
+            &event("old-audit", "acct", None, 1),
+            &mut credit,
+        )
+        .await
+        .unwrap();
+    client
+        .execute(
+            "UPDATE inbox_processed SET processed_at = now() - interval '15 days' \
+             WHERE key LIKE 'old%'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let keep = Duration::from_secs(14 * 86_400);
+    assert_eq!(inbox.prune(&client, keep, 2).await.unwrap(), 2);
+    assert_eq!(inbox.prune(&client, keep, 2).await.unwrap(), 1);
+    assert_eq!(inbox.prune(&client, keep, 2).await.unwrap(), 0);
+    let left: Vec<String> = client
+        .query("SELECT key FROM inbox_processed ORDER BY key", &[])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        left,
+        ["new", "old-audit"],
+        "recent keys and other consumers' stay"
+    );
+    // A window of nothing would forget every key: refused, in Rust and in SQL.
+    let err = inbox.prune(&client, Duration::ZERO, 10).await.unwrap_err();
+    assert!(matches!(err, InboxError::Retention(_)), "{err}");
+    let err = client
+        .query_one("SELECT public.inbox_prune('balances', interval '0')", &[])
+        .await
+        .unwrap_err();
+    assert!(
+        err.as_db_error()
+            .is_some_and(|e| e.message().contains("must be a positive interval")),
+        "{err:?}"
+    );
 }
