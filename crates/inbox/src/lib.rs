@@ -98,12 +98,11 @@ pub enum InboxError {
     )]
     Kafka(#[from] KafkaError),
     #[error(
-        "{held} records of {topic}/{partition} are held behind a version gap (the first: \
-         offset {first_offset}, aggregate {aggregate:?}, version {got} after {known}), \
-         over the limit of {limit}. Fix: repair the gap (re-send the missing version, \
-         e.g. from outboxd's dead-letter topic), or raise Inbox::with_max_held; the \
-         partition's committed offset stays at the first held record, so a restart \
-         reads them again"
+        "{held} records of {topic}/{partition} are held behind version gaps (the first: \
+         offset {first_offset}, aggregate {aggregate:?}, version {version}), over the \
+         limit of {limit}. Fix: repair the gap (re-send the missing version, e.g. from \
+         outboxd's dead-letter topic), or raise Inbox::with_max_held; the partition's \
+         committed offset stays at the first held record, so a restart reads them again"
     )]
     TooManyHeld {
         topic: String,
@@ -112,9 +111,14 @@ pub enum InboxError {
         limit: usize,
         first_offset: i64,
         aggregate: String,
-        known: i64,
-        got: i64,
+        version: i64,
     },
+    #[error(
+        "the consumer stores offsets itself (enable.auto.offset.store=true), which \
+         commits past records held behind a version gap. Fix: set \
+         enable.auto.offset.store=false, as outboxd_inbox::consumer_config does"
+    )]
+    AutoOffsetStore,
     #[error("the retention window is {0:?}; keep keys for a positive time (see docs/inbox.md)")]
     Retention(Duration),
     #[error("the consumer's change failed (rolled back, the key is not recorded): {0}")]
@@ -519,7 +523,7 @@ impl Inbox {
         partition.next = event.offset.saturating_add(1);
         let outcome = self.process(client, &event, apply).await?;
         let mut handled = Vec::new();
-        if let Outcome::Gap { known, got } = outcome {
+        if let Outcome::Gap { .. } = outcome {
             partition.held.insert(event.offset, event.clone());
             if partition.held.len() > self.max_held {
                 let first = partition.held.values().next().unwrap_or(&event);
@@ -530,8 +534,7 @@ impl Inbox {
                     limit: self.max_held,
                     first_offset: first.offset,
                     aggregate: first.aggregate_id.clone().unwrap_or_default(),
-                    known,
-                    got,
+                    version: first.version.unwrap_or_default(),
                 });
             }
         } else {
@@ -546,8 +549,14 @@ impl Inbox {
             Ok(()) => {}
             // Revoked while this record was in hand: the next owner reads from the
             // group's committed offset, so what this consumer held is not its own now.
-            Err(KafkaError::StoreOffset(RDKafkaErrorCode::State)) => {
+            Err(KafkaError::StoreOffset(
+                RDKafkaErrorCode::State | RDKafkaErrorCode::UnknownPartition,
+            )) => {
                 positions.partitions.remove(&slot);
+            }
+            // librdkafka's answer when it stores offsets itself.
+            Err(KafkaError::StoreOffset(RDKafkaErrorCode::InvalidArgument)) => {
+                return Err(InboxError::AutoOffsetStore);
             }
             Err(e) => return Err(e.into()),
         }
