@@ -241,14 +241,22 @@ async fn metrics_health_and_readiness() {
     eprintln!("readyz: 503 {not_ready_after:?} after events got stuck (stall limit 3 s)");
 }
 
+/// `outboxd probe` (compose's health check) against the relay: its exit code and what it
+/// printed. The address is given as a container's relay binds it, unspecified.
+fn probe(relay: &Relay) -> (i32, String) {
+    let addr = format!("0.0.0.0:{}", relay.http_port);
+    support::relay::run_to_end(&[("OUTBOXD_HTTP_ADDR".into(), addr)], &["probe"])
+}
+
 /// All brokers down with nothing waiting: /readyz turns 503 and outboxd_kafka_brokers_up
 /// 0 within seconds (no event has to be stuck first); both recover with the brokers.
+/// `outboxd probe` follows /readyz: 0 when ready, 8 when not, 7 with no relay.
 #[tokio::test(flavor = "multi_thread")]
 async fn brokers_down_with_nothing_waiting_is_not_ready() {
     let ops::Streaming {
         db: _db,
         broker,
-        relay,
+        mut relay,
         ..
     } = ops::streaming_relay("ops_http_brokers", &[]).await;
     ops::wait_for(
@@ -276,6 +284,10 @@ async fn brokers_down_with_nothing_waiting_is_not_ready() {
     assert!(body.contains("Kafka"), "{body}");
     assert_eq!(relay.metric("outboxd_kafka_brokers_up"), Some(0.0));
     assert!(started.elapsed() < Duration::from_secs(30));
+    // The brokers stay down, so /readyz stays 503 for the probe too.
+    let (code, out) = probe(&relay);
+    assert_eq!(code, 8, "{out}");
+    assert!(out.contains("503") && out.contains("Kafka"), "{out}");
     broker.set_all_down(false);
     ops::wait_for(
         "/readyz 200 again",
@@ -287,6 +299,13 @@ async fn brokers_down_with_nothing_waiting_is_not_ready() {
         },
     )
     .await;
+    // Nothing makes it unready now (brokers up, nothing stalled).
+    let (code, out) = probe(&relay);
+    assert_eq!(code, 0, "{out}");
+    relay.kill();
+    let (code, out) = probe(&relay);
+    assert_eq!(code, 7, "{out}");
+    assert!(out.contains("cannot reach"), "{out}");
 }
 
 /// With max_slot_wal_keep_size set, how much WAL may still be written before the slot is
