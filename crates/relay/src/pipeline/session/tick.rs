@@ -29,6 +29,7 @@ impl Session<'_> {
             .status_updates_sent(sent.saturating_sub(self.status_updates_reported));
         self.status_updates_reported = sent;
         self.obs.in_flight(self.ledger.len(), self.ledger.bytes());
+        self.obs.acked(self.ledger.watermark()); // ops: lag breakdown (acked position)
         self.obs
             .oldest_unacked(self.ledger.oldest_commit_unix_micros());
         self.report_stuck_event();
