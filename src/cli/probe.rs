@@ -71,7 +71,7 @@ pub fn probe(args: &ProbeArgs) -> i32 {
     EXIT_UNREACHABLE
 }
 
-/// A relay bound to the unspecified address (0.0.0.0, [::]) is reached on loopback.
+/// A relay bound to the unspecified address (`0.0.0.0`, `[::]`) is reached on loopback.
 fn asked_at(bound: SocketAddr) -> SocketAddr {
     match bound.ip() {
         IpAddr::V4(ip) if ip.is_unspecified() => {
