@@ -2,8 +2,8 @@
 //! deploy/prometheus/alerts.yaml name is exported by a running relay's /metrics, the
 //! dashboard and the rules are well-formed, and, when `promtool` is installed (Debian
 //! package `prometheus`, or OUTBOXD_TEST_PROMTOOL=/path/to/promtool), the rules pass
-//! `promtool check rules`, their unit tests pass `promtool test rules`, and the scraped
-//! exposition passes `promtool check metrics`.
+//! `promtool check rules`, their unit tests pass `promtool test rules`, the scraped
+//! exposition passes `promtool check metrics`, and every panel's query parses.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -319,6 +319,28 @@ async fn every_referenced_metric_is_exported_by_a_running_relay() {
                 None,
             );
             run_promtool(&p, &["check", "metrics"], Some(&body));
+            // Every panel's query parses: as recording rules, with the dashboard's
+            // variables filled in.
+            let rules: String = dashboard_exprs()
+                .iter()
+                .enumerate()
+                .map(|(i, e)| {
+                    let e = e.replace("$job", "outboxd").replace("$instance", ".*");
+                    format!(
+                        "      - record: dashboard:panel_{i}\n        expr: {}\n",
+                        serde_json::Value::from(e)
+                    )
+                })
+                .collect();
+            let file =
+                std::env::temp_dir().join(format!("outboxd-dashboard-{}.yaml", std::process::id()));
+            std::fs::write(
+                &file,
+                format!("groups:\n  - name: dashboard\n    rules:\n{rules}"),
+            )
+            .expect("write the dashboard's queries");
+            run_promtool(&p, &["check", "rules", &file.to_string_lossy()], None);
+            let _ = std::fs::remove_file(&file);
         }
         None => eprintln!(
             "promtool is not installed: skipping `promtool check rules` / `test rules` / \
