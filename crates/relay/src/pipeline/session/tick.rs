@@ -30,6 +30,8 @@ impl Session<'_> {
         self.status_updates_reported = sent;
         let ledger = self.core.ledger();
         self.obs.in_flight(ledger.len(), ledger.bytes());
+        // The lag breakdown's acked position (before the publication's cap).
+        self.obs.acked(ledger.watermark());
         self.obs.oldest_unacked(ledger.oldest_commit_unix_micros());
         self.report_stuck_event();
         if self
