@@ -24,12 +24,15 @@ pub struct Relay {
 /// relay bound it ("Address already in use", a test lost). These come from below the
 /// ephemeral range (32768+ on Linux), from a band of this process's own (by pid, so the
 /// matrix's concurrent processes mostly keep apart), each checked free before it is
-/// handed out.
+/// handed out, and reserved for the life of this process by a lock file: two test
+/// processes whose bands met (pids equal modulo the band count) handed one port to two
+/// relays, and one lost its address to the other ("Address already in use" on PG17).
 pub fn free_port() -> u16 {
     const FIRST: u32 = 20_000;
     const BANDS: u32 = 48;
     const BAND: u32 = 250;
     static NEXT: Mutex<u32> = Mutex::new(0);
+    static RESERVED: Mutex<Vec<std::fs::File>> = Mutex::new(Vec::new());
     let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
     let band = FIRST + (std::process::id() % BANDS) * BAND;
     for _ in 0..BANDS * BAND {
@@ -38,7 +41,24 @@ pub fn free_port() -> u16 {
         let Ok(port) = u16::try_from(candidate) else {
             continue;
         };
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
+        }
+        let path = std::env::temp_dir().join(format!("outboxd-test-port-{port}.lock"));
+        let Ok(file) = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+        else {
+            continue;
+        };
+        // Released by the OS when this process ends, however it ends.
+        if file.try_lock().is_ok() {
+            RESERVED
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(file);
             return port;
         }
     }
