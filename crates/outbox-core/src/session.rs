@@ -15,7 +15,8 @@
 //! Records go out through [`SessionCore::take_send`]; the caller hands each to the
 //! producer and answers [`SessionCore::sent`] (or [`SessionCore::send_failed`]) before
 //! the next input, since a record the producer refuses as too large becomes a dead letter
-//! in the same transaction.
+//! in the same transaction. After any [`SessionError`] the session is over: the caller
+//! drops the core (and the producer) and starts again from the slot.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -96,6 +97,10 @@ pub enum SessionError {
     BadRow { error: RowError, commit_lsn: Lsn },
     #[error("bad outbox row: {error}; its dead-letter record of {size} bytes does not fit")]
     DeadLetterTooLarge { error: RowError, size: usize },
+    /// A record held while its replay was proven, then released, was refused as too large:
+    /// its transaction is committed, so no dead letter can take its place.
+    #[error("a replayed record for topic {topic} was refused as too large ({size} bytes) after it was held; nothing past it is confirmed")]
+    ReleasedTooLarge { topic: String, size: usize },
     /// Inserts into a relation shaped like the outbox that the catalog does not call a
     /// partition of it (one detached or dropped since its rows were written).
     #[error("inserts into {relation}, shaped like {table} but not a partition of it")]
@@ -131,14 +136,25 @@ pub trait Observe {
 }
 
 /// A record to hand to the producer under `ticket`, answered with
-/// [`SessionCore::sent`] or [`SessionCore::send_failed`].
+/// [`SessionCore::sent`] or [`SessionCore::send_failed`] before the next input: one
+/// dropped unanswered holds the position (and a non-transactional message's own
+/// transaction) open for good.
 #[derive(Debug)]
+#[must_use]
 pub struct ToSend {
     pub ticket: Ticket,
     pub record: OutboxRecord,
     origin: Origin,
     /// The non-transactional message's own ledger transaction ends with this send.
     closes_own_txn: bool,
+}
+
+impl ToSend {
+    /// Whether it was held while its replay was proven: refused now, nothing can take
+    /// its place in its transaction, which is already committed, so the session stops.
+    pub fn was_held(&self) -> bool {
+        matches!(self.origin, Origin::Released)
+    }
 }
 
 /// What a record came from, for the dead letter it becomes if it is refused.
@@ -551,7 +567,14 @@ impl<O: Observe> SessionCore<O> {
             }
             Sent::TooLarge { size } => size,
         };
-        self.ledger.refused(send.ticket)?;
+        if matches!(send.origin, Origin::DeadLetter { .. } | Origin::Released) {
+            // Nothing replaces it: the session stops, and the position stays before it
+            // even for a caller that would confirm what is acked after an error.
+            self.ledger.delivered(send.ticket, Outcome::Failed)?;
+        } else {
+            // Its dead letter takes its place in the transaction.
+            self.ledger.refused(send.ticket)?;
+        }
         let max = self.cfg.max_message_bytes;
         let own = send.closes_own_txn;
         match send.origin {
@@ -563,8 +586,14 @@ impl<O: Observe> SessionCore<O> {
                 row,
             } => {
                 let error = oversize_error(&send.record, size, max);
-                let dlq =
-                    dead_letter_record(&table, &tuple, &error, &ctx, &self.cfg.dead_letter_topic, max);
+                let dlq = dead_letter_record(
+                    &table,
+                    &tuple,
+                    &error,
+                    &ctx,
+                    &self.cfg.dead_letter_topic,
+                    max,
+                );
                 self.bad_row(error, dlq, ctx, row, own)
             }
             Origin::Message { message, ctx, row } => {
@@ -576,10 +605,10 @@ impl<O: Observe> SessionCore<O> {
             // Dead letters are shrunk to fit: only a limit below what they can shrink to
             // gets here. Stop rather than confirm past the row.
             Origin::DeadLetter { error } => Err(SessionError::DeadLetterTooLarge { error, size }),
-            Origin::Released => Err(SessionError::Protocol(format!(
-                "a replayed record for topic {} was refused as too large ({size} bytes) after it was held; nothing past it is confirmed",
-                send.record.topic
-            ))),
+            Origin::Released => Err(SessionError::ReleasedTooLarge {
+                topic: send.record.topic.to_string(),
+                size,
+            }),
         }
     }
 

@@ -350,3 +350,16 @@ fn a_guard_message_asks_for_a_look_naming_its_transaction() {
         }
     );
 }
+
+#[test]
+fn a_dead_letter_refused_as_too_large_stops_before_its_row() {
+    let mut c = with_outbox(BadRowPolicy::DeadLetter);
+    feed(&mut c, begin(200));
+    feed(&mut c, insert(1, row(None)));
+    feed(&mut c, commit(200, 224));
+    let dead = c.take_send().expect("the dead letter");
+    c.sent(dead, Sent::TooLarge { size: 5 << 20 })
+        .expect_err("nothing can replace it");
+    c.on_keepalive(Lsn(900)).expect("keepalive");
+    assert_eq!(c.advance(), None, "never past the row that went nowhere");
+}

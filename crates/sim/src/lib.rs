@@ -9,10 +9,12 @@
 //! (`crates/relay`) is the IO around the same core; `Life` here feeds it pgoutput
 //! messages built from seeded histories.
 
+mod checks;
+mod faults;
 mod life;
 mod model;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use outbox_core::{Doubt, ReplayStart, SessionError};
 use pgoutput::Lsn;
@@ -118,6 +120,7 @@ pub fn run(seed: u64) -> Result<Stats, Violation> {
         heartbeat: rng.chance(500),
         other_published: rng.chance(500),
         dead_letter: rng.chance(700),
+        limit_raised: false,
     };
     let mut sim = Sim {
         trace: std::env::var_os("OUTBOXD_SIM_TRACE").is_some(),
@@ -168,6 +171,9 @@ enum End {
     /// The relay stopped with a bad row under `stop`; the operator switches to
     /// dead-letter, as the error says, and starts it again.
     BadRow,
+    /// A record held by a replay was refused as too large: the relay stops; the operator
+    /// raises the limit, as the error says.
+    RaiseLimit,
 }
 
 impl Sim {
@@ -195,8 +201,10 @@ impl Sim {
             968..=972 => self.restore(),
             973..=977 => self.clone_cluster(),
             978..=983 => self.change_config(),
-            984..=988 => self.change_publication(),
-            989..=992 => self.expire_records(),
+            984..=987 => self.change_publication(),
+            988..=990 => self.expire_records(),
+            991..=993 => self.graceful_stop()?,
+            994..=995 => self.foreign_writer()?,
             _ => self.clock_jump(),
         }
         Ok(())
@@ -287,7 +295,8 @@ impl Sim {
                 fingerprint: cfg
                     .fingerprint()
                     .map_err(|e| Violation(format!("settings: {e}")))?,
-                foreign_writer: false,
+                // Another lineage was seen writing the record: nothing is skipped.
+                foreign_writer: self.rng.chance(20),
                 new_lineage: self.rng.next_u64() | 1,
                 doubt_lineage: self.rng.next_u64() | 1,
             };
@@ -324,15 +333,25 @@ impl Sim {
             return Ok(());
         }
         let result = self.read_one(&mut life);
-        let checked = self.after_rules(&mut life);
+        self.after_rules(&mut life)?;
+        self.settle_read(life, result)
+    }
+
+    /// After a read: the session goes on (its position handed on), or ends as the relay's
+    /// would.
+    fn settle_read(
+        &mut self,
+        mut life: Life,
+        result: Result<(), SessionError>,
+    ) -> Result<(), Violation> {
+        let c = life.cluster;
         match result {
             Ok(()) => {
-                checked?;
+                self.hand_on(&mut life)?;
                 self.lives[c] = Some(life);
                 Ok(())
             }
             Err(e) => {
-                checked?;
                 match self.session_error(e)? {
                     End::Retry => self.end_life(life, true),
                     End::BadRow => {
@@ -340,6 +359,12 @@ impl Sim {
                             eprintln!("  bad row under stop: the operator switches to dead-letter");
                         }
                         self.configs[c].dead_letter = true;
+                        self.end_life(life, false);
+                        self.carry[c] = None;
+                        self.processes[c] += 1;
+                    }
+                    End::RaiseLimit => {
+                        self.configs[c].limit_raised = true;
                         self.end_life(life, false);
                         self.carry[c] = None;
                         self.processes[c] += 1;
@@ -355,6 +380,7 @@ impl Sim {
         match e {
             SessionError::PartialReplay(_) => Ok(End::Retry),
             SessionError::BadRow { .. } => Ok(End::BadRow),
+            SessionError::ReleasedTooLarge { .. } => Ok(End::RaiseLimit),
             other => Err(Violation(format!("the rules failed: {other}"))),
         }
     }
@@ -391,6 +417,9 @@ impl Sim {
     }
 
     fn read_one(&mut self, life: &mut Life) -> Result<(), SessionError> {
+        // Now and then the producer refuses a record outright (a fatal error): the session
+        // ends at its next read and the process starts another from the slot.
+        life.fail_next_send = self.rng.chance(3);
         let room = life.core.make_room()?;
         life.pump()?;
         if !room {
@@ -495,7 +524,12 @@ impl Sim {
         self.stats.dead_letters += u64::from(w.dead);
         life.core
             .on_delivery(ticket, true)
-            .map_err(|e| Violation(format!("ack: {e}")))
+            .map_err(|e| Violation(format!("ack: {e}")))?;
+        if let Some(mut life) = self.lives[c].take() {
+            self.hand_on(&mut life)?;
+            self.lives[c] = Some(life);
+        }
+        Ok(())
     }
 
     /// A status update: the slot moves to what the rules let it confirm.
@@ -504,11 +538,11 @@ impl Sim {
         let Some(life) = self.lives[c].as_mut() else {
             return Ok(());
         };
-        let start = life.start;
-        match life.core.advance() {
-            Some(w) => self.confirm(c, w, start),
-            None => Ok(()),
-        }
+        // Checked when the rules handed it on.
+        let w = life.core.confirmed();
+        let cl = &mut self.clusters[c];
+        cl.confirmed = cl.confirmed.max(w);
+        Ok(())
     }
 
     /// The relay looks at the publication: the same as at its last look, or it stops.
@@ -521,6 +555,10 @@ impl Sim {
             // Everything acked now was written before this look read the catalog.
             let acked = life.core.watermark();
             life.core.raise_cap(acked);
+            if let Some(mut life) = self.lives[c].take() {
+                self.hand_on(&mut life)?;
+                self.lives[c] = Some(life);
+            }
             return Ok(());
         }
         if let Some(life) = self.lives[c].take() {
@@ -579,40 +617,13 @@ impl Sim {
         });
     }
 
-    /// The slot of cluster `c` moves to `w`, sent by a session that started at `start`:
-    /// every outbox row that session confirmed must be in Kafka (as an event or a dead
-    /// letter), or, hidden by a publication change, published again by the operator.
-    fn confirm(&mut self, c: usize, w: Lsn, start: Lsn) -> Result<(), Violation> {
-        let cl = &mut self.clusters[c];
-        if w > cl.confirmed {
-            cl.confirmed = w;
-        }
-        let (tag, confirmed) = (cl.tag, cl.confirmed);
-        let by_this_session = cl
-            .history
-            .iter()
-            .skip_while(|t| t.end_lsn <= start)
-            .take_while(|t| t.end_lsn <= confirmed);
-        for t in by_this_session {
-            for ch in &t.changes {
-                if let Change::Outbox { id, .. } = ch {
-                    let again = t.hidden && cl.republished.contains(id);
-                    if !again && !self.kafka.written.contains(&(tag, *id)) {
-                        return Err(Violation(format!(
-                            "cluster {c} confirmed {confirmed:?} past event {id} (transaction {:?}{}) that Kafka does not have",
-                            t.commit_lsn,
-                            if t.hidden { ", hidden by a publication change" } else { "" }
-                        )));
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// The session writes its claim; checked against every history there ever was.
     fn write_record(&mut self) -> Result<(), Violation> {
         let c = self.rng.index(self.clusters.len());
+        self.write_record_of(c)
+    }
+
+    fn write_record_of(&mut self, c: usize) -> Result<(), Violation> {
         let Some(life) = self.lives[c].as_mut() else {
             return Ok(());
         };
@@ -638,21 +649,6 @@ impl Sim {
         Ok(())
     }
 
-    /// A progress topic with retention instead of compaction deletes a key's records
-    /// once they are old; a relay that starts then has no claim.
-    fn expire_records(&mut self) {
-        if self.uncompacted {
-            let key = self.rng.index(2);
-            self.kafka.records.remove(&u8::try_from(key).unwrap_or(0));
-        }
-    }
-
-    fn checkpoint(&mut self) {
-        let c = self.rng.index(self.clusters.len());
-        let cl = &mut self.clusters[c];
-        cl.persisted = cl.confirmed;
-    }
-
     /// Ends a session. What the producer had sent may or may not be written.
     fn end_life(&mut self, mut life: Life, carry: bool) {
         for q in &mut life.queues {
@@ -669,134 +665,6 @@ impl Sim {
             }
         }
         self.carry[life.cluster] = carry.then(|| life.core.claim());
-    }
-
-    fn kill(&mut self) {
-        let c = self.rng.index(self.clusters.len());
-        if let Some(life) = self.lives[c].take() {
-            self.stats.kills += 1;
-            self.end_life(life, false);
-        }
-        self.processes[c] += 1;
-    }
-
-    /// A delivery error: the session ends soon (at its next read); the process starts
-    /// another from the slot.
-    fn fail_delivery(&mut self) -> Result<(), Violation> {
-        let c = self.rng.index(self.clusters.len());
-        let p = self.rng.index(PARTITIONS);
-        let Some(life) = self.lives[c].as_mut() else {
-            return Ok(());
-        };
-        if let Some((ticket, _)) = life.queues[p].pop_front() {
-            // An idempotent producer leaves no gap: what came after it in the partition
-            // fails too.
-            life.queues[p].clear();
-            life.core
-                .on_delivery(ticket, false)
-                .map_err(|e| Violation(format!("fail: {e}")))?;
-            life.failing = true;
-        }
-        Ok(())
-    }
-
-    /// The server restarts (fast or immediate): the session ends; an older server falls
-    /// back to the slot position of its last checkpoint.
-    fn restart_postgres(&mut self) {
-        let c = self.rng.index(self.clusters.len());
-        if let Some(life) = self.lives[c].take() {
-            self.end_life(life, true);
-        }
-        let cl = &mut self.clusters[c];
-        if cl.falls_back && self.rng.chance(700) {
-            cl.confirmed = cl.persisted;
-        } else {
-            cl.persisted = cl.confirmed;
-        }
-    }
-
-    fn take_snapshot(&mut self) {
-        if self.snapshot.is_none() {
-            let mut snap = self.clusters[0].clone();
-            snap.confirmed = snap.persisted;
-            self.snapshot = Some(snap);
-        }
-    }
-
-    /// An older backup of the first cluster replaces it (same system identifier; on the
-    /// same timeline or a new one). Its relay process starts over.
-    fn restore(&mut self) {
-        let Some(mut snap) = self.snapshot.take() else {
-            return;
-        };
-        if self.rng.chance(500) {
-            snap.timeline += 1;
-        }
-        if let Some(life) = self.lives[0].take() {
-            self.end_life(life, false);
-        }
-        self.carry[0] = None;
-        self.processes[0] += 1;
-        let old = std::mem::replace(&mut self.clusters[0], snap);
-        self.archive.push(old.history);
-    }
-
-    /// A live copy of the first cluster, with its own relay sharing the Kafka cluster and
-    /// (unless named apart) the progress record's key; its relay publishes to other
-    /// topics, or to the same ones.
-    fn clone_cluster(&mut self) {
-        if self.clusters.len() > 1 {
-            return;
-        }
-        let mut copy = self.clusters[0].clone();
-        copy.confirmed = copy.persisted;
-        copy.tag = u8::from(self.rng.chance(500));
-        copy.key = u8::from(self.rng.chance(200));
-        let cfg = Config {
-            tag: copy.tag,
-            ..self.configs[0]
-        };
-        self.clusters.push(copy);
-        self.lives.push(None);
-        self.carry.push(None);
-        self.configs.push(cfg);
-        self.processes.push(0);
-        self.epochs.push(0);
-    }
-
-    /// The operator changes a relay's settings; its next process uses them.
-    fn change_config(&mut self) {
-        let c = self.rng.index(self.clusters.len());
-        let cfg = &mut self.configs[c];
-        match self.rng.below(4) {
-            0 => cfg.relay_messages = !cfg.relay_messages,
-            1 => cfg.heartbeat = !cfg.heartbeat,
-            2 => cfg.other_published = !cfg.other_published,
-            _ => cfg.dead_letter = !cfg.dead_letter,
-        }
-        if let Some(life) = self.lives[c].take() {
-            self.end_life(life, false);
-        }
-        self.carry[c] = None;
-        self.processes[c] += 1;
-    }
-
-    /// Someone takes the outbox out of the publication, or puts it back: the rows
-    /// committed meanwhile are never decoded.
-    fn change_publication(&mut self) {
-        let c = self.rng.index(self.clusters.len());
-        let cl = &mut self.clusters[c];
-        cl.outbox_published = !cl.outbox_published;
-        cl.publication += 1;
-    }
-
-    /// The server's clock steps: commit times only get compared for equality.
-    fn clock_jump(&mut self) {
-        if self.rng.chance(500) {
-            self.clock += 10_000_000;
-        } else {
-            self.clock -= 5_000_000;
-        }
     }
 
     /// No more faults or writes: the first cluster's relay runs until it has confirmed
@@ -829,79 +697,5 @@ impl Sim {
             }
         }
         Err(Violation("the relay never caught up once quiet".into()))
-    }
-
-    /// Every event of the first cluster's history is in its topics (or dead-lettered),
-    /// and per aggregate the first arrivals are in commit order.
-    fn check_final(&mut self) -> Result<(), Violation> {
-        let cl = &self.clusters[0];
-        let mut order: HashMap<u32, Vec<u64>> = HashMap::new();
-        let mut ours = HashSet::new();
-        for t in &cl.history {
-            if t.hidden {
-                // Published again, later in the history: its copies are checked.
-                continue;
-            }
-            for ch in &t.changes {
-                if let Change::Outbox { id, agg, bad, .. } = *ch {
-                    if !self.kafka.written.contains(&(cl.tag, id)) {
-                        return Err(Violation(format!(
-                            "event {id} (transaction {:?}) never reached Kafka",
-                            t.commit_lsn
-                        )));
-                    }
-                    if !bad && ours.insert(id) {
-                        order.entry(agg).or_default().push(id);
-                    }
-                }
-            }
-        }
-        let mut seen = HashSet::new();
-        let mut arrived: HashMap<u32, Vec<u64>> = HashMap::new();
-        for p in &self.kafka.log {
-            for w in p
-                .iter()
-                .filter(|w| w.tag == cl.tag && !w.dead && ours.contains(&w.id))
-            {
-                if seen.insert(w.id) {
-                    arrived.entry(w.agg).or_default().push(w.id);
-                } else {
-                    self.stats.duplicates += 1;
-                }
-            }
-        }
-        let dead: HashSet<u64> = self
-            .kafka
-            .log
-            .iter()
-            .flatten()
-            .filter(|w| w.tag == cl.tag && w.dead)
-            .map(|w| w.id)
-            .collect();
-        for (agg, ids) in &order {
-            // Events published again after a publication change come after later ones;
-            // one the producer refused as too large is a dead letter instead.
-            let ids: Vec<u64> = ids
-                .iter()
-                .copied()
-                .filter(|id| !cl.republished.contains(id))
-                .filter(|id| seen.contains(id) || !dead.contains(id))
-                .collect();
-            let got: Vec<u64> = arrived
-                .get(agg)
-                .map(|a| {
-                    a.iter()
-                        .copied()
-                        .filter(|id| !cl.republished.contains(id))
-                        .collect()
-                })
-                .unwrap_or_default();
-            if got != ids {
-                return Err(Violation(format!(
-                    "aggregate {agg}: first arrivals {got:?}, commit order {ids:?}"
-                )));
-            }
-        }
-        Ok(())
     }
 }

@@ -87,6 +87,8 @@ pub(crate) struct Life {
     pub start: Lsn,
     /// The publication's identity at the last look that matched.
     pub publication_seen: u64,
+    /// The producer refuses the next record outright (a fatal error).
+    pub fail_next_send: bool,
 }
 
 impl Life {
@@ -118,6 +120,7 @@ impl Life {
             failing: false,
             start,
             publication_seen,
+            fail_next_send: false,
         })
     }
 
@@ -153,11 +156,18 @@ impl Life {
     }
 
     /// Hands what the rules queued to the producer, which refuses a few events as too
-    /// large (as if its measure differed from the rules'): the same ones on every replay.
+    /// large (as if its measure differed from the rules'): the same ones on every replay,
+    /// until the operator raises the limit.
     pub fn pump(&mut self) -> Result<(), SessionError> {
         while let Some(send) = self.core.take_send() {
+            if std::mem::take(&mut self.fail_next_send) {
+                // No report will come, and the session ends with the error.
+                self.core.send_failed(send)?;
+                self.failing = true;
+                return Ok(());
+            }
             let w = Written::of(&send.record);
-            if !w.dead && w.id.is_multiple_of(61) {
+            if !w.dead && !self.cfg.limit_raised && w.id.is_multiple_of(61) {
                 self.core.sent(send, Sent::TooLarge { size: 2 << 20 })?;
                 continue;
             }

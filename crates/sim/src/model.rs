@@ -76,6 +76,8 @@ pub(crate) struct Config {
     pub heartbeat: bool,
     pub other_published: bool,
     pub dead_letter: bool,
+    /// The operator raised `OUTBOXD_MAX_MESSAGE_BYTES`: the producer refuses nothing.
+    pub limit_raised: bool,
 }
 
 /// The relay's prefix for events sent as logical messages.
@@ -105,7 +107,7 @@ impl Config {
             } else {
                 BadRowPolicy::Stop
             },
-            max_message_bytes: 1 << 20,
+            max_message_bytes: if self.limit_raised { 4 << 20 } else { 1 << 20 },
             caps: InFlightCaps {
                 max_messages: cap,
                 max_bytes: usize::MAX,

@@ -152,6 +152,7 @@ fn lift(e: SessionError, slot: &str) -> RelayError {
         SessionError::Ack(e) => RelayError::Ack(e),
         SessionError::Shape(e) => RelayError::Shape(e),
         SessionError::Protocol(m) => RelayError::Protocol(m),
+        e @ SessionError::ReleasedTooLarge { .. } => RelayError::Protocol(e.to_string()),
         SessionError::PartialReplay(m) => RelayError::PartialReplay {
             commit_lsn: m.commit_lsn,
             recorded: m.recorded,

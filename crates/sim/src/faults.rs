@@ -1,0 +1,237 @@
+//! Faults and operator actions: kills, delivery failures, server restarts, restores,
+//! copies, settings and publication changes, a progress topic that expires records,
+//! clock steps, a clean shutdown, another writer of the progress record.
+
+use outbox_core::Doubt;
+
+use crate::life::Life;
+use crate::model::{Config, PARTITIONS};
+use crate::{Sim, Violation};
+
+impl Sim {
+    /// A progress topic with retention instead of compaction deletes a key's records
+    /// once they are old; a relay that starts then has no claim.
+    pub(crate) fn expire_records(&mut self) {
+        if self.uncompacted {
+            let key = self.rng.index(2);
+            self.kafka.records.remove(&u8::try_from(key).unwrap_or(0));
+        }
+    }
+
+    pub(crate) fn checkpoint(&mut self) {
+        let c = self.rng.index(self.clusters.len());
+        let cl = &mut self.clusters[c];
+        cl.persisted = cl.confirmed;
+    }
+
+    pub(crate) fn kill(&mut self) {
+        let c = self.rng.index(self.clusters.len());
+        if let Some(life) = self.lives[c].take() {
+            self.stats.kills += 1;
+            self.end_life(life, false);
+        }
+        self.processes[c] += 1;
+    }
+
+    /// A delivery error: the session ends soon (at its next read); the process starts
+    /// another from the slot.
+    pub(crate) fn fail_delivery(&mut self) -> Result<(), Violation> {
+        let c = self.rng.index(self.clusters.len());
+        let p = self.rng.index(PARTITIONS);
+        let Some(life) = self.lives[c].as_mut() else {
+            return Ok(());
+        };
+        if let Some((ticket, _)) = life.queues[p].pop_front() {
+            // An idempotent producer leaves no gap: what came after it in the partition
+            // fails too.
+            life.queues[p].clear();
+            life.core
+                .on_delivery(ticket, false)
+                .map_err(|e| Violation(format!("fail: {e}")))?;
+            life.failing = true;
+        }
+        Ok(())
+    }
+
+    /// The server restarts (fast or immediate): the session ends; an older server falls
+    /// back to the slot position of its last checkpoint.
+    pub(crate) fn restart_postgres(&mut self) {
+        let c = self.rng.index(self.clusters.len());
+        if let Some(life) = self.lives[c].take() {
+            self.end_life(life, true);
+        }
+        let cl = &mut self.clusters[c];
+        if cl.falls_back && self.rng.chance(700) {
+            cl.confirmed = cl.persisted;
+        } else {
+            cl.persisted = cl.confirmed;
+        }
+    }
+
+    pub(crate) fn take_snapshot(&mut self) {
+        if self.snapshot.is_none() {
+            let mut snap = self.clusters[0].clone();
+            snap.confirmed = snap.persisted;
+            self.snapshot = Some(snap);
+        }
+    }
+
+    /// An older backup of the first cluster replaces it (same system identifier; on the
+    /// same timeline or a new one). Its relay process starts over.
+    pub(crate) fn restore(&mut self) {
+        let Some(mut snap) = self.snapshot.take() else {
+            return;
+        };
+        if self.rng.chance(500) {
+            snap.timeline += 1;
+        }
+        if let Some(life) = self.lives[0].take() {
+            self.end_life(life, false);
+        }
+        self.carry[0] = None;
+        self.processes[0] += 1;
+        let old = std::mem::replace(&mut self.clusters[0], snap);
+        self.archive.push(old.history);
+    }
+
+    /// A live copy of the first cluster, with its own relay sharing the Kafka cluster and
+    /// (unless named apart) the progress record's key; its relay publishes to other
+    /// topics, or to the same ones.
+    pub(crate) fn clone_cluster(&mut self) {
+        if self.clusters.len() > 1 {
+            return;
+        }
+        let mut copy = self.clusters[0].clone();
+        copy.confirmed = copy.persisted;
+        copy.tag = u8::from(self.rng.chance(500));
+        copy.key = u8::from(self.rng.chance(200));
+        let cfg = Config {
+            tag: copy.tag,
+            ..self.configs[0]
+        };
+        self.clusters.push(copy);
+        self.lives.push(None);
+        self.carry.push(None);
+        self.configs.push(cfg);
+        self.processes.push(0);
+        self.epochs.push(0);
+    }
+
+    /// The operator changes a relay's settings; its next process uses them.
+    pub(crate) fn change_config(&mut self) {
+        let c = self.rng.index(self.clusters.len());
+        let cfg = &mut self.configs[c];
+        match self.rng.below(5) {
+            0 => cfg.relay_messages = !cfg.relay_messages,
+            1 => cfg.heartbeat = !cfg.heartbeat,
+            2 => cfg.other_published = !cfg.other_published,
+            3 => cfg.dead_letter = !cfg.dead_letter,
+            // OUTBOXD_TOPIC to other topics (once): what the old ones hold proves nothing
+            // there.
+            _ => cfg.tag |= 2,
+        }
+        if let Some(life) = self.lives[c].take() {
+            self.end_life(life, false);
+        }
+        self.carry[c] = None;
+        self.processes[c] += 1;
+    }
+
+    /// Someone takes the outbox out of the publication, or puts it back: the rows
+    /// committed meanwhile are never decoded.
+    pub(crate) fn change_publication(&mut self) {
+        let c = self.rng.index(self.clusters.len());
+        let cl = &mut self.clusters[c];
+        cl.outbox_published = !cl.outbox_published;
+        cl.publication += 1;
+    }
+
+    /// The server's clock steps: commit times only get compared for equality.
+    pub(crate) fn clock_jump(&mut self) {
+        if self.rng.chance(500) {
+            self.clock += 10_000_000;
+        } else {
+            self.clock -= 5_000_000;
+        }
+    }
+
+    /// SIGTERM: the relay finishes the open transaction, waits for every ack (the broker
+    /// is up), takes a last look at the publication, confirms, writes its record and
+    /// exits; the next process starts from the slot.
+    pub(crate) fn graceful_stop(&mut self) -> Result<(), Violation> {
+        let c = self.rng.index(self.clusters.len());
+        let Some(mut life) = self.lives[c].take() else {
+            return Ok(());
+        };
+        for _ in 0..10_000 {
+            if life.core.may_stop() {
+                break;
+            }
+            if life.failing {
+                self.end_life(life, true);
+                return Ok(());
+            }
+            if self.rng.chance(500) {
+                self.ack_all(&mut life)?;
+                continue;
+            }
+            let result = self.read_one(&mut life);
+            self.after_rules(&mut life)?;
+            if let Err(e) = result {
+                return self.settle_read(life, Err(e));
+            }
+            self.hand_on(&mut life)?;
+        }
+        if !life.core.may_stop() {
+            // The shutdown timeout: the transaction is read again after the restart.
+            self.end_life(life, false);
+            self.processes[c] += 1;
+            return Ok(());
+        }
+        self.ack_all(&mut life)?;
+        if self.clusters[c].publication == life.publication_seen {
+            let acked = life.core.watermark();
+            life.core.raise_cap(acked);
+        }
+        self.hand_on(&mut life)?;
+        let cl = &mut self.clusters[c];
+        cl.confirmed = cl.confirmed.max(life.core.confirmed());
+        self.lives[c] = Some(life);
+        self.write_record_of(c)?;
+        if let Some(life) = self.lives[c].take() {
+            self.end_life(life, false);
+        }
+        self.processes[c] += 1;
+        Ok(())
+    }
+
+    /// The broker acks everything the session sent.
+    fn ack_all(&mut self, life: &mut Life) -> Result<(), Violation> {
+        for p in 0..PARTITIONS {
+            while let Some((ticket, w)) = life.queues[p].pop_front() {
+                self.kafka.write(w);
+                self.stats.events += 1;
+                self.stats.dead_letters += u64::from(w.dead);
+                life.core
+                    .on_delivery(ticket, true)
+                    .map_err(|e| Violation(format!("ack: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The relay reads its record back and finds another lineage wrote it: its claims
+    /// prove nothing any more.
+    pub(crate) fn foreign_writer(&mut self) -> Result<(), Violation> {
+        let c = self.rng.index(self.clusters.len());
+        let Some(mut life) = self.lives[c].take() else {
+            return Ok(());
+        };
+        let result = life
+            .core
+            .doubt(Doubt::ForeignWriter)
+            .and_then(|()| life.pump().map(|_| ()));
+        self.after_rules(&mut life)?;
+        self.settle_read(life, result)
+    }
+}
