@@ -105,6 +105,8 @@ pub(super) struct Session<'a> {
     server: (String, u16),
     /// The progress topic's retention was found to delete records (logged once).
     durability_warned: bool,
+    /// Binary column values, and the settings they were chosen under (`binary.rs`).
+    binary: super::binary::Binary,
 }
 
 /// How a session starts beyond its connections: where it is in the server's history,
@@ -117,6 +119,7 @@ pub(super) struct SessionStart {
     pub publication: Option<(crate::kafka::PublicationSeen, bool)>,
     /// The server streamed from (host, port).
     pub server: (String, u16),
+    pub binary: super::binary::Binary,
 }
 
 impl<'a> Session<'a> {
@@ -168,6 +171,7 @@ impl<'a> Session<'a> {
             timeline,
             server: begin.server,
             durability_warned: false,
+            binary: begin.binary,
         }
     }
 

@@ -53,6 +53,9 @@ impl Session<'_> {
         } else {
             None
         };
+        if role.is_some() {
+            crate::pipeline::binary::verify_relation(self.cfg, &self.binary, r)?;
+        }
         let role = match role {
             Some(bound) => RelationRole::Outbox(Arc::new(bound)),
             None => RelationRole::Ignored {
