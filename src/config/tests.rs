@@ -50,7 +50,11 @@ fn bad_values_name_the_variable_and_what_it_accepts() {
     let cases = [
         ("OUTBOXD_BAD_ROW_POLICY", "skip", "dead-letter or stop"),
         ("OUTBOXD_FAILOVER_SLOT", "maybe", "auto, true or false"),
-        ("OUTBOXD_PGOUTPUT_BINARY", "sometimes", "auto (binary values"),
+        (
+            "OUTBOXD_PGOUTPUT_BINARY",
+            "sometimes",
+            "auto (binary values",
+        ),
         ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "0", ">= 1"),
         ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "lots", "whole number"),
         ("PGSSLMODE", "maybe", "verify-full"),

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use pgtest::{PgCluster, TestDb};
 use support::broker::Broker;
-use support::consume::{read_topics, Received};
+use support::consume::{read_topics, received, stream_topics, Received};
 use support::relay::{run_to_end, Relay};
 use support::schema::{self, Outbox};
 
@@ -355,4 +355,76 @@ async fn another_time_zone_keeps_text_mode() {
         first.header("created_at"),
         Some("2026-01-01 05:45:00+05:45")
     );
+}
+
+/// A column retyped to one without a binary decoder while a binary stream runs: the
+/// Relation message that announces it ends the session before any of its rows is
+/// mapped. `auto` goes on with text values (the gauge says so), `on` stops with exit 3.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_column_retyped_mid_stream_switches_to_text_or_stops() {
+    let broker = Broker::default_for_tests();
+    let db = PgCluster::shared().fresh_database("binary_retype").await;
+    set_time_zone(&db, "UTC").await;
+    let auto = schema::setup_custom(&db, EXTRA_COLUMNS_DDL, Some("publish = 'insert'")).await;
+    let on = second_slot(&db, &auto, "on").await;
+    let topics = vec![auto.topic("order")];
+    broker.create_topics(&[&topics[0]], 2).await;
+    let env = [
+        ("OUTBOXD_BAD_ROW_POLICY", "stop"),
+        ("OUTBOXD_HEADER_COLUMNS", "created_at"),
+        ("OUTBOXD_PGOUTPUT_BINARY", "auto"),
+    ];
+    let relay = Relay::start(
+        Relay::env_for(&db, &auto, &broker.bootstrap(), &env),
+        &["run"],
+    );
+    let mut strict_env = Relay::env_for(&db, &on, &broker.bootstrap(), &env);
+    strict_env.push(("OUTBOXD_PGOUTPUT_BINARY".into(), "on".into()));
+    let mut strict = Relay::start(strict_env, &["run"]);
+    let columns = "aggregate_type, aggregate_id, event_type, payload, amount, tags, grid, m, \
+                   addr, price, at, created_at";
+    insert_rows(&db, columns, &EXTRA_COLUMNS_ROWS[..1]).await;
+    let first = read_topics(
+        &broker.bootstrap(),
+        &topics,
+        1,
+        Duration::from_secs(60),
+        Duration::from_secs(120),
+    );
+    assert_eq!(first.len(), 1, "{}", relay.log_text());
+    assert_eq!(relay.metric("outboxd_pgoutput_binary"), Some(1.0));
+    db.client()
+        .await
+        .batch_execute(
+            "ALTER TABLE public.outbox ALTER COLUMN created_at TYPE timestamp \
+             USING created_at AT TIME ZONE 'UTC'",
+        )
+        .await
+        .expect("retype");
+    insert_rows(&db, columns, &EXTRA_COLUMNS_ROWS[1..]).await;
+    let status = strict.wait_exit(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(3), "{}", strict.log_text());
+    // o-1 may come again: the reconnect resumes from the slot (duplicates, never a loss).
+    let mut all = Vec::new();
+    stream_topics(
+        &broker.bootstrap(),
+        &topics,
+        Duration::from_secs(60),
+        Duration::from_secs(120),
+        |m| {
+            all.push(received(m));
+            all.iter().all(|r| r.key_str() != "o-2")
+        },
+    );
+    let second = all
+        .iter()
+        .find(|r| r.key_str() == "o-2")
+        .unwrap_or_else(|| panic!("o-2 not relayed: {all:?}\n{}", relay.log_text()));
+    // timestamp_out's text (the offset typed into a timestamp is dropped).
+    assert_eq!(second.header("created_at"), Some("1999-12-31 23:59:59.5"));
+    relay
+        .wait_metrics("the text stream", |body| {
+            support::ops::metric(body, "outboxd_pgoutput_binary").filter(|v| *v == 0.0)
+        })
+        .await;
 }
