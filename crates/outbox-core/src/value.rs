@@ -186,9 +186,17 @@ fn format_uuid(b: &[u8; 16]) -> String {
         if matches!(i, 4 | 6 | 8 | 10) {
             s.push('-');
         }
-        let _ = write!(s, "{byte:02x}");
+        push_hex(&mut s, *byte);
     }
     s
+}
+
+/// Two lower-case hex digits, by table: in binary mode every row's uuid id is printed
+/// here, and a formatting call per byte costs more than the lookup.
+fn push_hex(s: &mut String, byte: u8) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    s.push(char::from(DIGITS[usize::from(byte >> 4)]));
+    s.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
 }
 
 /// The payload bytes as stored. `None` = NULL.
@@ -298,7 +306,7 @@ pub(crate) fn bytea_hex(b: &[u8]) -> String {
     let mut s = String::with_capacity(2 + 2 * b.len());
     s.push_str("\\x");
     for byte in b {
-        let _ = write!(s, "{byte:02x}");
+        push_hex(&mut s, *byte);
     }
     s
 }
