@@ -2,7 +2,7 @@
 //! Kafka, confirming the replication slot only after the broker acknowledged.
 //!
 //! The binary is thin: read the environment once, set up logging, and dispatch to a
-//! subcommand. Exit codes are listed in `cli::EXIT_CODES` and the README.
+//! subcommand. Exit codes are listed in `cli::EXIT_TABLE` and the README.
 
 mod cli;
 mod config;

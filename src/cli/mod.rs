@@ -2,17 +2,20 @@
 
 mod check;
 mod init;
+mod probe;
 mod run;
 mod status;
 
 use crate::config;
 
-/// Exit codes, as documented in the README.
+/// Exit codes, as documented in the README and listed by [`EXIT_TABLE`].
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_INTERNAL: i32 = 1;
 pub const EXIT_CONFIG: i32 = 2;
 pub const EXIT_POSTGRES: i32 = 3;
 pub const EXIT_CHECK_FAILED: i32 = 6;
+pub const EXIT_UNREACHABLE: i32 = 7;
+pub const EXIT_NOT_READY: i32 = 8;
 
 /// Writes to stdout. A reader that went away (`outboxd status | head -1`) is not an
 /// error of ours: the rest of the output is dropped and the exit code stays the command's.
@@ -40,113 +43,227 @@ fn slot_identity(s: &config::Settings, system_id: &str) -> outboxd_relay::kafka:
     }
 }
 
-pub const EXIT_CODES: &str = "Exit codes:
-  0  stopped cleanly (SIGTERM/SIGINT), or the subcommand succeeded
-  1  internal error (a bug: please report it with the log)
-  2  configuration error: the message names the variable and what it accepts (checked
-     before connecting to anything, Kafka producer properties included)
-  3  permanent Postgres-side problem: slot missing/dropped/invalidated, publication missing,
-     wrong table shape, authentication or permission failure
-  4  a bad outbox row under OUTBOXD_BAD_ROW_POLICY=stop (the message names the row id)
-  5  permanent Kafka-side problem: authorization, record too large
-  6  `outboxd check` found a problem (each failed check says how to fix it)
-  130  a second SIGTERM/SIGINT while draining: exited at once (nothing is lost: events not
-     yet confirmed are sent again from the slot)
-";
+/// One exit code: what it means and which subcommands return it (each subcommand's
+/// `--help` lists its own; `outboxd --help` and the README list them all).
+struct ExitCode {
+    code: i32,
+    commands: &'static [&'static str],
+    meaning: &'static str,
+}
 
-fn usage() -> String {
+const ALL: &[&str] = &["run", "check", "init", "status", "probe"];
+
+const EXIT_TABLE: &[ExitCode] = &[
+    ExitCode {
+        code: EXIT_OK,
+        commands: ALL,
+        meaning: "stopped cleanly (SIGTERM/SIGINT), or the subcommand succeeded",
+    },
+    ExitCode {
+        code: EXIT_INTERNAL,
+        commands: ALL,
+        meaning: "internal error (a bug: please report it with the log)",
+    },
+    ExitCode {
+        code: EXIT_CONFIG,
+        commands: ALL,
+        meaning: "configuration or command-line error: the message names the variable or \
+                  argument and what it accepts (checked before connecting to anything, Kafka \
+                  producer properties included)",
+    },
+    ExitCode {
+        code: EXIT_POSTGRES,
+        commands: &["run", "init", "status"],
+        meaning: "permanent Postgres-side problem: slot missing/dropped/invalidated (status: \
+                  missing or wal_status lost), publication missing, wrong table shape, \
+                  authentication, TLS or permission failure, no host of the wanted kind",
+    },
+    ExitCode {
+        code: 4,
+        commands: &["run"],
+        meaning:
+            "a bad outbox row under OUTBOXD_BAD_ROW_POLICY=stop (the message names the row id)",
+    },
+    ExitCode {
+        code: 5,
+        commands: &["run"],
+        meaning: "permanent Kafka-side problem: authorization, record too large",
+    },
+    ExitCode {
+        code: EXIT_CHECK_FAILED,
+        commands: &["check"],
+        meaning: "`outboxd check` found a problem (each failed check says how to fix it)",
+    },
+    ExitCode {
+        code: EXIT_UNREACHABLE,
+        commands: &["status", "probe"],
+        meaning: "cannot connect: status could not reach PostgreSQL (refused, timed out, \
+                  server starting up or shutting down: try again), probe could not reach \
+                  the relay's HTTP endpoint",
+    },
+    ExitCode {
+        code: EXIT_NOT_READY,
+        commands: &["probe"],
+        meaning: "the relay answered the probe with something other than 200 (not ready)",
+    },
+    ExitCode {
+        code: 130,
+        commands: &["run"],
+        meaning: "a second SIGTERM/SIGINT while draining: exited at once (nothing is lost: \
+                  events not yet confirmed are sent again from the slot)",
+    },
+];
+
+/// The exit codes `command` returns (every one when `None`), for `--help`.
+fn exit_codes(command: Option<&str>) -> String {
+    let mut out = String::from("Exit codes:\n");
+    for e in EXIT_TABLE
+        .iter()
+        .filter(|e| command.is_none_or(|c| e.commands.contains(&c)))
+    {
+        out.push_str(&format!("  {:<4}", e.code));
+        let mut column = 6;
+        for word in e.meaning.split(' ') {
+            if column + 1 + word.len() > 92 {
+                out.push_str("\n      ");
+                column = 6;
+            }
+            out.push(' ');
+            out.push_str(word);
+            column += 1 + word.len();
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn subcommand_footer(command: &str) -> String {
     format!(
-        "outboxd {version}: relays transactional-outbox inserts from PostgreSQL logical replication to Kafka,
-confirming the replication slot only after the broker acknowledged every event.
-
-Usage: outboxd [run|check|init [FLAGS]|status [--json]|--help|--version]
-  run     relay until SIGTERM/SIGINT (the default)
-  check   check Postgres and Kafka prerequisites, each with ok/fail and the fix
-  init    create the outbox table, publication and slot if missing (idempotent). It
-          reads the progress record before creating a slot, and refuses to create one
-          that would skip rows unless told:
-          --recreate-lost-slot   the record says the slot existed: create it anyway
-                                 (re-publish the rows committed since it went)
-          --skip-existing-rows   the table has rows a new slot starts after: they are
-                                 published already, or not meant to be
-          --accept-publication-change  the publication changed since outboxd last
-                                 relayed: rows in between are re-published; go on
-          --replace-progress-record  overwrite this cluster's progress record with the
-                                 slot's position, proving nothing delivered (after
-                                 restoring an older backup)
-  status  show the slot: confirmed position, lag, retained WAL, active pid;
-          --json (or OUTBOXD_STATUS_FORMAT=json) prints one JSON object for scripts
-
-Configuration is by environment variables only.
-
-{vars}
-{codes}",
-        version = env!("CARGO_PKG_VERSION"),
-        vars = config::help_text(),
-        codes = EXIT_CODES
+        "Configuration is by environment variables only: `outboxd --help` lists them.\n\n{}",
+        exit_codes(Some(command))
     )
 }
 
+fn main_footer() -> String {
+    format!(
+        "Configuration is by environment variables only.\n\n{}\n{}",
+        config::help_text(),
+        exit_codes(None)
+    )
+}
+
+/// outboxd: relays transactional-outbox inserts from PostgreSQL logical replication to
+/// Kafka, confirming the replication slot only after the broker acknowledged every event.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "outboxd",
+    version,
+    after_help = main_footer(),
+    subcommand_value_name = "COMMAND"
+)]
+struct Cli {
+    /// Without one: run.
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Relay until SIGTERM/SIGINT (the default)
+    #[command(after_help = subcommand_footer("run"))]
+    Run,
+    /// Check Postgres and Kafka prerequisites, each with ok/fail and the fix
+    #[command(after_help = subcommand_footer("check"))]
+    Check,
+    /// Create the outbox table, publication and slot if missing (idempotent)
+    ///
+    /// It reads the progress record before creating a slot, and refuses to create one
+    /// that would skip rows unless told by the flags below.
+    #[command(after_help = subcommand_footer("init"))]
+    Init(InitArgs),
+    /// Show the slot: confirmed position, lag, retained WAL, active pid
+    #[command(after_help = subcommand_footer("status"))]
+    Status(StatusArgs),
+    /// Ask a running relay's HTTP endpoint whether it is ready: exit 0 if so
+    ///
+    /// For container health checks in images without curl: `outboxd probe` asks
+    /// /readyz at OUTBOXD_HTTP_ADDR (an unspecified address such as 0.0.0.0 is asked on
+    /// the loopback address).
+    #[command(after_help = subcommand_footer("probe"))]
+    Probe(probe::ProbeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct InitArgs {
+    /// The record says the slot existed: create it anyway (re-publish the rows
+    /// committed since it went)
+    #[arg(long)]
+    recreate_lost_slot: bool,
+    /// The table has rows a new slot starts after: they are published already, or not
+    /// meant to be
+    #[arg(long)]
+    skip_existing_rows: bool,
+    /// The publication changed since outboxd last relayed: rows in between are
+    /// re-published; go on
+    #[arg(long)]
+    accept_publication_change: bool,
+    /// Overwrite this cluster's progress record with the slot's position, proving
+    /// nothing delivered (after restoring an older backup)
+    #[arg(long)]
+    replace_progress_record: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct StatusArgs {
+    /// Print one JSON object for scripts (also OUTBOXD_STATUS_FORMAT=json)
+    #[arg(long)]
+    json: bool,
+}
+
+/// Parses the command line; help, version and usage errors are answered here (help and
+/// version on stdout with 0, errors on stderr with 2, naming the argument).
+fn parse(args: &[String]) -> Result<Command, i32> {
+    use clap::Parser;
+    let argv = std::iter::once("outboxd").chain(args.iter().map(String::as_str));
+    match Cli::try_parse_from(argv) {
+        Ok(cli) => Ok(cli.command.unwrap_or(Command::Run)),
+        Err(e) => {
+            let _ = e.print();
+            Err(if e.use_stderr() { EXIT_CONFIG } else { EXIT_OK })
+        }
+    }
+}
+
 pub fn main(args: &[String]) -> i32 {
-    let command = args.first().map_or("run", String::as_str);
-    match command {
-        "--help" | "-h" | "help" => {
-            say!("{}", usage().trim_end());
-            return EXIT_OK;
-        }
-        "--version" | "-V" => {
-            say!("outboxd {}", env!("CARGO_PKG_VERSION"));
-            return EXIT_OK;
-        }
-        "run" | "check" | "init" | "status" => {
-            if args
-                .get(1)
-                .is_some_and(|a| matches!(a.as_str(), "--help" | "-h" | "help"))
-            {
-                say!("{}", usage().trim_end());
-                return EXIT_OK;
-            }
-        }
-        other => {
-            eprintln!("outboxd: unknown command {other:?}; try `outboxd --help`");
-            return EXIT_CONFIG;
-        }
-    }
-    let rest = args.get(1..).unwrap_or_default();
-    let json = match (command, rest) {
-        ("status", []) => false,
-        ("status", [flag]) if flag == "--json" => true,
-        ("status", extra) => {
-            eprintln!("outboxd status: unexpected arguments {extra:?}; it takes --json");
-            return EXIT_CONFIG;
-        }
-        _ => false,
+    let command = match parse(args) {
+        Ok(c) => c,
+        Err(code) => return code,
     };
-    let mut flags = init::Flags::default();
-    if command == "init" {
-        for flag in rest {
-            match flag.as_str() {
-                "--replace-progress-record" => flags.replace_record = true,
-                "--recreate-lost-slot" => flags.consent.recreate_lost_slot = true,
-                "--skip-existing-rows" => flags.consent.skip_existing_rows = true,
-                "--accept-publication-change" => flags.accept_publication = true,
-                other => {
-                    eprintln!(
-                        "outboxd init: unexpected argument {other:?}; it takes --replace-progress-record, --recreate-lost-slot, --skip-existing-rows and --accept-publication-change"
-                    );
-                    return EXIT_CONFIG;
-                }
-            }
+    let (name, flags, json) = match &command {
+        // Reads no configuration but its own flag's: it runs next to a relay.
+        Command::Probe(args) => return probe::probe(args),
+        Command::Run => ("run", init::Flags::default(), false),
+        Command::Check => ("check", init::Flags::default(), false),
+        Command::Init(a) => {
+            let mut flags = init::Flags {
+                replace_record: a.replace_progress_record,
+                accept_publication: a.accept_publication_change,
+                ..init::Flags::default()
+            };
+            flags.consent.recreate_lost_slot = a.recreate_lost_slot;
+            flags.consent.skip_existing_rows = a.skip_existing_rows;
+            ("init", flags, false)
         }
-    }
-    let settings = match config::from_process_env(matches!(command, "run" | "check")) {
+        Command::Status(a) => ("status", init::Flags::default(), a.json),
+    };
+    let settings = match config::from_process_env(matches!(name, "run" | "check")) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("outboxd: configuration error: {e}");
             return EXIT_CONFIG;
         }
     };
-    if command != "status" {
+    if name != "status" {
         if let Err(e) = crate::wiring::needs_primary(&settings) {
             eprintln!("outboxd: configuration error: {e}");
             return EXIT_CONFIG;
@@ -170,7 +287,7 @@ pub fn main(args: &[String]) -> i32 {
         }
     };
     let code = runtime.block_on(async {
-        match command {
+        match name {
             "check" => check::check(&settings).await,
             "init" => init::init(&settings, flags).await,
             "status" => {
@@ -185,4 +302,46 @@ pub fn main(args: &[String]) -> i32 {
     // deadline an orchestrator's grace period is sized from).
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn the_command_line_is_checked() {
+        <Cli as clap::CommandFactory>::command().debug_assert();
+        assert!(matches!(parse(&args(&[])), Ok(Command::Run)));
+        assert!(matches!(
+            parse(&args(&["status", "--json"])),
+            Ok(Command::Status(StatusArgs { json: true }))
+        ));
+        for bad in [
+            &["check", "--bogus"][..],
+            &["status", "extra"],
+            &["init", "--recreate"],
+            &["nonsense"],
+        ] {
+            assert_eq!(parse(&args(bad)).err(), Some(EXIT_CONFIG), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn every_exit_code_is_listed_once_and_for_a_known_subcommand() {
+        let mut codes: Vec<i32> = EXIT_TABLE.iter().map(|e| e.code).collect();
+        codes.dedup();
+        assert_eq!(codes.len(), EXIT_TABLE.len());
+        assert!(EXIT_TABLE
+            .iter()
+            .all(|e| e.commands.iter().all(|c| ALL.contains(c))));
+        let probe = exit_codes(Some("probe"));
+        assert!(
+            probe.contains("\n  8    the relay") && !probe.contains("\n  6 "),
+            "{probe}"
+        );
+    }
 }

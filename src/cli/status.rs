@@ -4,7 +4,9 @@ use pgoutput::Lsn;
 use pgrepl::preflight;
 use serde_json::{json, Value};
 
-use super::{say, EXIT_OK, EXIT_POSTGRES};
+use pgrepl::ReplError;
+
+use super::{say, EXIT_OK, EXIT_POSTGRES, EXIT_UNREACHABLE};
 use crate::config::Settings;
 use crate::wiring;
 
@@ -16,11 +18,30 @@ pub async fn status(s: &Settings, json: bool) -> i32 {
                 // Scripts parse stdout: even a failure is one JSON object there.
                 say!("{}", json!({ "slot": s.slot, "error": e.to_string() }));
             }
-            // Every failure here is on the PostgreSQL side (connection, authentication,
-            // permission); the message says which and where.
+            // Every failure here is on the PostgreSQL side; the message says which and
+            // where. A script must tell "try again" from "the slot is gone".
             eprintln!("outboxd status failed: {e}");
-            EXIT_POSTGRES
+            if unreachable(&e) {
+                EXIT_UNREACHABLE
+            } else {
+                EXIT_POSTGRES
+            }
         }
+    }
+}
+
+/// No server could be talked to at all (refused, timed out, reset, starting up or
+/// shutting down). A server that answered and refused (authentication, TLS, a standby
+/// where a primary is wanted) is a permanent problem, not this.
+fn unreachable(e: &ReplError) -> bool {
+    match e.root() {
+        ReplError::Io { .. } | ReplError::Timeout(_) | ReplError::Closed(_) => true,
+        ReplError::NoHost { tried, .. } => !tried.is_empty() && tried.iter().all(unreachable),
+        ReplError::Sql(sql) if sql.is_closed() => true,
+        ReplError::Server(_) | ReplError::Sql(_) => e
+            .sqlstate()
+            .is_some_and(|c| c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03")),
+        _ => false,
     }
 }
 

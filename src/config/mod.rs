@@ -16,7 +16,7 @@ use outboxd_relay::pipeline::ShardSpec;
 pub use shards::{shard_table, Shards};
 #[cfg(test)]
 pub use vars::VARS;
-pub use vars::{help_text, spec, KAFKA_PASSTHROUGH_PREFIX};
+pub use vars::{help_text, spec, HTTP_ADDR_DEFAULT, KAFKA_PASSTHROUGH_PREFIX};
 
 /// What a bad variable looked like and what would have been accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -24,6 +24,9 @@ const fn var(name: &'static str, default: Option<&'static str>, help: &'static s
 /// the relay's `kafka_property_from_env`.
 pub use outboxd_relay::kafka::KAFKA_ENV_PREFIX as KAFKA_PASSTHROUGH_PREFIX;
 
+/// Where the relay serves /metrics, /healthz and /readyz, and where `outboxd probe` asks.
+pub const HTTP_ADDR_DEFAULT: &str = "127.0.0.1:9187";
+
 pub const VARS: &[VarSpec] = &[
     // Postgres
     var("OUTBOXD_DATABASE_URL", None, "postgres://user:password@host:port/dbname?sslmode=... ; overrides the PG* variables below"),
@@ -86,7 +89,7 @@ pub const VARS: &[VarSpec] = &[
     var("OUTBOXD_PROGRESS_READ_WAIT_MS", Some("3000"), "how long a stream start waits for the progress record before it gives up skipping: what PostgreSQL sends again is then published again (counted in outboxd_progress_record_unread_total); the stream waits meanwhile, so a longer wait only delays a start whose broker is slow"),
     var("OUTBOXD_RECONNECT_MAX_BACKOFF_MS", Some("30000"), "cap of the exponential reconnect backoff"),
     // Operations
-    var("OUTBOXD_HTTP_ADDR", Some("127.0.0.1:9187"), "address for /metrics, /healthz, /readyz; empty disables"),
+    var("OUTBOXD_HTTP_ADDR", Some(HTTP_ADDR_DEFAULT), "address for /metrics, /healthz, /readyz; empty disables"),
     var("OUTBOXD_READY_STANDBY", Some("false"), "true: a standby waiting for the slot held by another instance answers /readyz with 200, so Kubernetes rollouts and PodDisruptionBudgets (which count ready pods) work with active + standby replicas; false: it answers 503"),
     var("OUTBOXD_READY_STALL_MS", Some("60000"), "/readyz fails when work is unacked and the confirmed LSN has not moved for this long"),
     var("OUTBOXD_LOG", Some("info"), "log filter (tracing EnvFilter syntax, e.g. info,librdkafka=warn)"),

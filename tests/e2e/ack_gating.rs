@@ -168,6 +168,13 @@ async fn produce_errors_lose_nothing(
     let load = insert_events(&client, &s.outbox.table, 3_000, 50, 20).await;
     let wal_after = schema::current_wal_lsn(&s.db).await;
     let all: Vec<Event> = warm.iter().chain(load.iter()).cloned().collect();
+    // The slot first: once it passed the load, the broker had acked every event. Read
+    // while retried batches were still arriving, one record in 3,100 was missing from the
+    // mock cluster's topic after 120 s in 2 of about 40 runs on a loaded machine, with
+    // nothing stuck or failed on the relay's side; read once the slot passed the load,
+    // every run under the same load passed, each with all 3,100 acked
+    // (outboxd_events_published_total).
+    schema::wait_confirmed_at_least(&s.db, wal_after, Duration::from_secs(120)).await;
     let got = read_until_ids(
         &bootstrap,
         &s.topics,
@@ -176,7 +183,6 @@ async fn produce_errors_lose_nothing(
         READ_LIMIT,
     );
     let report = check_delivery(&all, &got);
-    schema::wait_confirmed_at_least(&s.db, wal_after, Duration::from_secs(60)).await;
     (s, relay, report.duplicates)
 }
 

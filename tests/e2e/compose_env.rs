@@ -1,8 +1,12 @@
 //! docker/compose.yaml, docker/Dockerfile and the deploy/kubernetes manifests only set
 //! OUTBOXD_* variables the relay knows (every one of them appears in `outboxd --help`),
-//! the image runs as a non-root user, and the Kubernetes manifests parse and fit
-//! together: active + standby replicas, probes on /readyz and /healthz, the password from
-//! the Secret, a PodDisruptionBudget selecting the pods, resource requests.
+//! the image runs as a non-root user, compose waits out the drain and health-checks with
+//! `outboxd probe`, and the Kubernetes manifests parse and fit together: active + standby
+//! replicas, probes on /readyz and /healthz, the password from a Secret the kustomization
+//! does not overwrite, a PodDisruptionBudget, a NetworkPolicy and a PodMonitor selecting
+//! the pods, resource requests, the verify-full variant's CA mount and the sharded
+//! variant's shard count taken from its replicas. With `kubectl` on the PATH each
+//! kustomization is also rendered (`kubectl kustomize`) and checked.
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -12,26 +16,34 @@ use serde::Deserialize as _;
 const COMPOSE: &str = include_str!("../../docker/compose.yaml");
 const DOCKERFILE: &str = include_str!("../../docker/Dockerfile");
 
-/// deploy/kubernetes, every file kustomization.yaml lists, and the kustomization itself.
+/// deploy/kubernetes/base, every file its kustomization.yaml lists, and the kustomization
+/// itself.
 const KUBERNETES: &[(&str, &str)] = &[
     (
         "kustomization.yaml",
-        include_str!("../../deploy/kubernetes/kustomization.yaml"),
+        include_str!("../../deploy/kubernetes/base/kustomization.yaml"),
     ),
     (
         "configmap.yaml",
-        include_str!("../../deploy/kubernetes/configmap.yaml"),
-    ),
-    (
-        "secret.yaml",
-        include_str!("../../deploy/kubernetes/secret.yaml"),
+        include_str!("../../deploy/kubernetes/base/configmap.yaml"),
     ),
     (
         "deployment.yaml",
-        include_str!("../../deploy/kubernetes/deployment.yaml"),
+        include_str!("../../deploy/kubernetes/base/deployment.yaml"),
     ),
-    ("pdb.yaml", include_str!("../../deploy/kubernetes/pdb.yaml")),
+    (
+        "pdb.yaml",
+        include_str!("../../deploy/kubernetes/base/pdb.yaml"),
+    ),
+    (
+        "networkpolicy.yaml",
+        include_str!("../../deploy/kubernetes/base/networkpolicy.yaml"),
+    ),
 ];
+const PODMONITOR: &str = include_str!("../../deploy/kubernetes/podmonitor.yaml");
+const TLS_VERIFY_FULL: &str =
+    include_str!("../../deploy/kubernetes/tls-verify-full/kustomization.yaml");
+const SHARDED: &str = include_str!("../../deploy/kubernetes/sharded/kustomization.yaml");
 
 /// Every `OUTBOXD_[A-Z0-9_]+` in `text`.
 fn outboxd_names(text: &str) -> BTreeSet<String> {
@@ -82,7 +94,21 @@ fn compose_and_dockerfile_use_only_known_variables() {
         compose.contains("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS"),
         "compose.yaml must set OUTBOXD_KAFKA_BOOTSTRAP_SERVERS, found {compose:?}"
     );
-    let dockerfile = outboxd_names(DOCKERFILE);
+    // A build argument is read by the build (cargo), not by the relay.
+    let build_args: BTreeSet<String> = DOCKERFILE
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("ARG "))
+        .filter_map(|a| a.split('=').next())
+        .map(|a| a.trim().to_owned())
+        .collect();
+    assert!(
+        build_args.contains("OUTBOXD_BUILD_COMMIT"),
+        "{build_args:?}"
+    );
+    let dockerfile: BTreeSet<String> = outboxd_names(DOCKERFILE)
+        .into_iter()
+        .filter(|n| !build_args.contains(n))
+        .collect();
     let help = relay_help();
     let unknown: Vec<&String> = compose
         .iter()
@@ -264,7 +290,6 @@ fn kubernetes_manifests_parse_and_fit_together() {
         c["envFrom"][0]["configMapRef"]["name"],
         config["metadata"]["name"]
     );
-    let secret = kind(&docs, "Secret");
     let password = c["env"]
         .as_sequence()
         .expect("env")
@@ -275,12 +300,14 @@ fn kubernetes_manifests_parse_and_fit_together() {
         password.get("value").is_none(),
         "PGPASSWORD must not be inline"
     );
+    // An existing Secret: one with a placeholder in the kustomization would overwrite the
+    // real password at every `apply -k`.
     let key_ref = &password["valueFrom"]["secretKeyRef"];
-    assert_eq!(key_ref["name"], secret["metadata"]["name"]);
-    let key = str_of(&key_ref["key"], "secret key");
+    assert!(key_ref["name"].is_string() && key_ref["key"].is_string());
     assert!(
-        secret["stringData"][key].is_string(),
-        "the Secret has {key}"
+        docs.iter()
+            .all(|(_, d)| d["kind"].as_str() != Some("Secret")),
+        "no Secret in the kustomization"
     );
     assert!(
         config["data"].get("PGPASSWORD").is_none(),
@@ -311,6 +338,41 @@ fn kubernetes_manifests_parse_and_fit_together() {
         grace * 1000 > drain_ms,
         "grace {grace}s vs drain {drain_ms} ms"
     );
+    // The NetworkPolicy and the PodMonitor select these pods, and let Prometheus reach
+    // the HTTP port; the PodMonitor's job is the one the alerts select.
+    let policy = kind(&docs, "NetworkPolicy");
+    let selects = |selector: &serde_yaml::Value, what: &str| {
+        for (k, v) in selector
+            .as_mapping()
+            .unwrap_or_else(|| panic!("{what} selector"))
+        {
+            assert_eq!(labels.get(k), Some(v), "{what} selects the pods");
+        }
+    };
+    selects(
+        &policy["spec"]["podSelector"]["matchLabels"],
+        "NetworkPolicy",
+    );
+    let ingress_ports: Vec<u64> = policy["spec"]["ingress"]
+        .as_sequence()
+        .expect("ingress")
+        .iter()
+        .flat_map(|rule| rule["ports"].as_sequence().cloned().unwrap_or_default())
+        .filter_map(|p| p["port"].as_u64())
+        .collect();
+    assert_eq!(ingress_ports, [port], "only the HTTP port is open");
+    let monitor: serde_yaml::Value = serde_yaml::from_str(PODMONITOR).expect("podmonitor.yaml");
+    assert_eq!(monitor["kind"].as_str(), Some("PodMonitor"));
+    selects(&monitor["spec"]["selector"]["matchLabels"], "PodMonitor");
+    let endpoint = &monitor["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(endpoint["port"], c["ports"][0]["name"]);
+    assert_eq!(endpoint["path"].as_str(), Some("/metrics"));
+    let job_label = str_of(&monitor["spec"]["jobLabel"], "jobLabel");
+    assert_eq!(
+        labels.get(job_label).and_then(|v| v.as_str()),
+        Some("outboxd"),
+        "job=\"outboxd\", as deploy/prometheus/alerts.yaml selects"
+    );
     // The PodDisruptionBudget selects these pods and leaves one running.
     let pdb = kind(&docs, "PodDisruptionBudget");
     assert_eq!(pdb["apiVersion"].as_str(), Some("policy/v1"));
@@ -320,6 +382,117 @@ fn kubernetes_manifests_parse_and_fit_together() {
         .expect("pdb selector")
     {
         assert_eq!(labels.get(k), Some(v), "the PDB selects the pods");
+    }
+}
+
+/// compose stops outboxd only after the drain, and health-checks it with `outboxd probe`
+/// (the image has no curl).
+#[test]
+fn compose_waits_for_the_drain_and_probes_readiness() {
+    let compose: serde_yaml::Value = serde_yaml::from_str(COMPOSE).expect("compose.yaml");
+    let relay = &compose["services"]["outboxd"];
+    let grace = str_of(&relay["stop_grace_period"], "stop_grace_period");
+    let grace_ms: u64 = grace
+        .strip_suffix('s')
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(|s| s * 1000)
+        .unwrap_or_else(|| panic!("stop_grace_period in seconds, e.g. 45s: {grace}"));
+    let drain_ms: u64 = relay["environment"]["OUTBOXD_SHUTDOWN_TIMEOUT_MS"]
+        .as_str()
+        .map_or(Some(30_000), |v| v.parse().ok())
+        .expect("a number");
+    assert!(grace_ms > drain_ms, "grace {grace} vs drain {drain_ms} ms");
+    let test: Vec<&str> = relay["healthcheck"]["test"]
+        .as_sequence()
+        .expect("healthcheck.test")
+        .iter()
+        .map(|t| str_of(t, "healthcheck.test"))
+        .collect();
+    assert_eq!(test, ["CMD", "/usr/local/bin/outboxd", "probe"]);
+    assert!(DOCKERFILE.contains("COPY --from=builder /out/outboxd /usr/local/bin/outboxd"));
+}
+
+/// deploy/kubernetes/tls-verify-full: verify-full with the CA file mounted where
+/// PGSSLROOTCERT points.
+#[test]
+fn the_verify_full_variant_mounts_the_ca_it_names() {
+    let k: serde_yaml::Value = serde_yaml::from_str(TLS_VERIFY_FULL).expect("kustomization");
+    let patches: Vec<serde_yaml::Value> = k["patches"]
+        .as_sequence()
+        .expect("patches")
+        .iter()
+        .flat_map(|p| {
+            serde_yaml::from_str::<Vec<serde_yaml::Value>>(str_of(&p["patch"], "patch"))
+                .expect("JSON 6902 patch")
+        })
+        .collect();
+    let value = |path: &str| {
+        patches
+            .iter()
+            .find(|op| op["path"].as_str() == Some(path))
+            .map(|op| op["value"].clone())
+            .unwrap_or_else(|| panic!("a patch of {path}"))
+    };
+    assert_eq!(value("/data/PGSSLMODE").as_str(), Some("verify-full"));
+    let root = value("/data/PGSSLROOTCERT");
+    let root = str_of(&root, "PGSSLROOTCERT");
+    let mount = &value("/spec/template/spec/containers/0/volumeMounts")[0];
+    let dir = str_of(&mount["mountPath"], "mountPath");
+    assert_eq!(mount["readOnly"].as_bool(), Some(true));
+    let volume = &value("/spec/template/spec/volumes")[0];
+    assert_eq!(volume["name"], mount["name"]);
+    let item = &volume["configMap"]["items"][0];
+    assert_eq!(
+        format!("{dir}/{}", str_of(&item["path"], "item path")),
+        root,
+        "PGSSLROOTCERT is the mounted file"
+    );
+}
+
+/// `kubectl kustomize` renders each kustomization when kubectl is installed (it is not
+/// needed otherwise): the rendered sharded variant's OUTBOXD_SHARD_COUNT is its replicas.
+#[test]
+fn kustomizations_render() {
+    let Some(kubectl) = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("kubectl"))
+            .find(|p| p.is_file())
+    }) else {
+        eprintln!("kubectl is not installed: skipping `kubectl kustomize deploy/kubernetes/...`");
+        return;
+    };
+    for dir in ["", "/sharded", "/tls-verify-full"] {
+        let out = Command::new(&kubectl)
+            .args(["kustomize", &format!("deploy/kubernetes{dir}")])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run kubectl");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "kubectl kustomize deploy/kubernetes{dir}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
+            .map(|de| serde_yaml::Value::deserialize(de).expect("valid YAML"))
+            .collect();
+        assert!(docs.iter().all(|d| d["kind"].as_str() != Some("Secret")));
+        if dir == "/sharded" {
+            let set = docs
+                .iter()
+                .find(|d| d["kind"].as_str() == Some("StatefulSet"))
+                .expect("the StatefulSet");
+            assert!(docs
+                .iter()
+                .all(|d| d["kind"].as_str() != Some("Deployment")));
+            let count = set["spec"]["template"]["spec"]["containers"][0]["env"]
+                .as_sequence()
+                .expect("env")
+                .iter()
+                .find(|e| e["name"].as_str() == Some("OUTBOXD_SHARD_COUNT"))
+                .and_then(|e| e["value"].as_str()?.parse::<u64>().ok());
+            assert_eq!(count, set["spec"]["replicas"].as_u64(), "{text}");
+        }
     }
 }
 
@@ -358,11 +531,35 @@ fn the_sharded_statefulset_runs_one_pod_per_shard() {
             .to_owned()
     };
     assert_eq!(value("OUTBOXD_SHARDS"), "ordinal");
-    let count: u64 = value("OUTBOXD_SHARD_COUNT").parse().expect("a count");
-    assert_eq!(
-        set["spec"]["replicas"].as_u64(),
-        Some(count),
-        "one pod per shard: replicas must equal OUTBOXD_SHARD_COUNT"
+    // The count is the replicas, copied by the kustomization; the file's own value is no
+    // number, so a plain `kubectl apply -f` fails loudly (exit 2) instead of relaying
+    // with another count.
+    assert!(set["spec"]["replicas"].as_u64().is_some_and(|n| n > 0));
+    assert!(value("OUTBOXD_SHARD_COUNT").parse::<u64>().is_err());
+    let k: serde_yaml::Value = serde_yaml::from_str(SHARDED).expect("kustomization");
+    let copies_replicas = k["replacements"]
+        .as_sequence()
+        .expect("replacements")
+        .iter()
+        .any(|r| {
+            r["source"]["kind"].as_str() == Some("StatefulSet")
+                && r["source"]["name"] == set["metadata"]["name"]
+                && r["source"]["fieldPath"].as_str() == Some("spec.replicas")
+                && r["targets"].as_sequence().is_some_and(|t| {
+                    t.iter().any(|t| {
+                        t["fieldPaths"].as_sequence().is_some_and(|p| {
+                            p.iter().any(|p| {
+                                p.as_str().is_some_and(|p| {
+                                    p.ends_with("env.[name=OUTBOXD_SHARD_COUNT].value")
+                                })
+                            })
+                        })
+                    })
+                })
+        });
+    assert!(
+        copies_replicas,
+        "sharded/kustomization.yaml copies spec.replicas into OUTBOXD_SHARD_COUNT"
     );
     assert_eq!(
         set["spec"]["selector"]["matchLabels"],

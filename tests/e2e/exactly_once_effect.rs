@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use outboxd_inbox::{Apply, BoxError, Inbox, InboxEvent, Outcome};
+use outboxd_inbox::{Apply, BoxError, Inbox, InboxEvent, Outcome, Positions};
 use pgtest::PgCluster;
 use rand::{Rng, SeedableRng};
 use support::broker::Broker;
@@ -100,8 +100,7 @@ impl Apply for ApplyTransfer {
 #[tokio::test(flavor = "current_thread")]
 #[ignore = "the consumer process of exactly_once_effect_under_kill_9, not a test"]
 async fn example_consumer_process() {
-    use rdkafka::config::ClientConfig;
-    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::consumer::{Consumer, StreamConsumer};
     let Ok(db) = std::env::var("EOE_CONSUMER_DB") else {
         return;
     };
@@ -109,15 +108,13 @@ async fn example_consumer_process() {
     let topic = std::env::var("EOE_TOPIC").unwrap();
     let partitions: i32 = std::env::var("EOE_PARTITIONS").unwrap().parse().unwrap();
     let mut client = connect(&db).await;
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("group.id", "balances")
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .unwrap();
+    let mut config = outboxd_inbox::consumer_config(&bootstrap, "balances");
+    // Commit often: a kill then re-delivers less.
+    config.set("auto.commit.interval.ms", "200");
+    let consumer: StreamConsumer = config.create().unwrap();
     // Assigned from the committed offsets rather than subscribed: a restarted consumer
-    // resumes at once instead of waiting for the killed member's session to expire.
+    // resumes at once instead of waiting for the killed member's session to expire
+    // (crates/inbox/tests/rebalance.rs covers subscribe() and rebalances).
     let mut tpl = rdkafka::TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition_offset(&topic, p, rdkafka::Offset::Stored)
@@ -125,20 +122,26 @@ async fn example_consumer_process() {
     }
     consumer.assign(&tpl).unwrap();
     let inbox = Inbox::new("balances");
+    let mut positions = Positions::default();
     loop {
-        let Some(m) = consumer.poll(Duration::from_millis(100)) else {
-            continue;
-        };
-        let m = m.unwrap();
-        match inbox
-            .handle(&mut client, &consumer, &m, &mut ApplyTransfer)
+        let m = consumer.recv().await.unwrap();
+        for h in inbox
+            .handle(
+                &mut client,
+                &consumer,
+                &mut positions,
+                &m,
+                &mut ApplyTransfer,
+            )
             .await
             .unwrap()
         {
-            Outcome::Gap { known, got } => {
-                panic!("version gap {known} -> {got}: an event was lost")
+            match h.outcome {
+                Outcome::Gap { known, got } => {
+                    panic!("version gap {known} -> {got}: an event was lost")
+                }
+                Outcome::Applied(()) | Outcome::Duplicate | Outcome::Stale { .. } => {}
             }
-            Outcome::Applied(()) | Outcome::Duplicate | Outcome::Stale { .. } => {}
         }
     }
 }
@@ -259,8 +262,8 @@ async fn exactly_once_effect_under_kill_9() {
     let outbox = schema::setup_custom(&producer_db, OUTBOX_DDL, Some("publish = 'insert'")).await;
     let consumer_db = PgCluster::shared().fresh_database("eoe_consumer").await;
     let producer = producer_db.client().await;
-    let consumer = consumer_db.client().await;
-    Inbox::install(&consumer).await.unwrap();
+    let mut consumer = consumer_db.client().await;
+    Inbox::install(&mut consumer).await.unwrap();
     consumer.batch_execute(CONSUMER_DDL).await.unwrap();
     for id in 0..ACCOUNTS {
         let account = format!("acct-{id}");

@@ -247,7 +247,10 @@ fn cloudevent_attributes(r: &Received) -> BTreeMap<String, String> {
             );
             assert!(attrs.insert(name.to_owned(), v).is_none(), "{k} twice");
         } else if k == "content-type" {
-            attrs.insert("datacontenttype".to_owned(), v);
+            assert!(
+                attrs.insert("datacontenttype".to_owned(), v).is_none(),
+                "{k} twice"
+            );
         }
     }
     attrs
@@ -288,15 +291,47 @@ async fn cloudevents_headers_parse_as_attributes() {
             .expect("insert");
     }
     let after = pgoutput::PgTimestamp::now().unix_micros();
+    // Rows that cannot be CloudEvents: an empty type (CloudEvents: "MUST be a non-empty
+    // string"), and row headers repeating the binding's. Dead-lettered, not sent with two
+    // ce_type headers.
+    let bad = [
+        ("00000000-0000-4000-8000-0000000000b1", "", "{}"),
+        (
+            "00000000-0000-4000-8000-0000000000b2",
+            "OrderPaid",
+            r#"{"ce_type": "Other", "traceparent": "00-1"}"#,
+        ),
+        (
+            "00000000-0000-4000-8000-0000000000b3",
+            "OrderPaid",
+            r#"{"content-type": "text/xml"}"#,
+        ),
+    ];
+    for (id, event_type, headers) in bad {
+        client
+            .execute(
+                "INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload, headers) \
+                 VALUES ($1::text::uuid, 'order', 'order-8', $2, '{}', $3::text::jsonb)",
+                &[&id, &event_type, &headers],
+            )
+            .await
+            .expect("insert");
+    }
+    let dlq = outbox.dead_letter_topic();
     let received = read_topics(
         &broker.bootstrap(),
-        std::slice::from_ref(&topic),
-        IDS.len(),
+        &[topic.clone(), dlq.clone()],
+        IDS.len() + bad.len(),
         // Idle limit: the first record waits for the relay's start-up (slow when loaded).
         Duration::from_secs(60),
         Duration::from_secs(120),
     );
-    assert_eq!(received.len(), IDS.len(), "{received:?}");
+    assert_eq!(received.len(), IDS.len() + bad.len(), "{received:?}");
+    for (id, _, _) in bad {
+        let r = by_id(&received, id);
+        assert_eq!(r.topic, dlq, "{id} dead-lettered");
+        assert_eq!(r.header("outboxd.error_kind"), Some("invalid_cloudevent"));
+    }
     for (i, id) in IDS.iter().enumerate() {
         let r = by_id(&received, id);
         let attrs = cloudevent_attributes(r);

@@ -282,17 +282,124 @@ fn producer_settings_are_refused_before_connecting() {
     }
 }
 
-/// `<command> --help` prints the usage and exits 0 without reading any configuration.
+/// `<command> --help` prints that subcommand's own usage and exit codes, and exits 0
+/// without reading any configuration.
 #[test]
 fn subcommand_help_exits_0_without_configuration() {
-    for command in ["run", "check", "init", "status"] {
+    for command in ["run", "check", "init", "status", "probe"] {
         for flag in ["--help", "-h"] {
             let (code, out) = run_to_end(&[], &[command, flag]);
             assert_eq!(code, 0, "{command} {flag}:\n{out}");
-            assert!(out.contains("Usage: outboxd"), "{command} {flag}:\n{out}");
+            assert!(
+                out.contains(&format!("Usage: outboxd {command}")),
+                "{command} {flag}:\n{out}"
+            );
             assert!(!out.contains("outboxd: configuration error"), "{out}");
+            // Only init takes init's flags, and only check fails a check.
+            assert_eq!(
+                out.contains("--recreate-lost-slot"),
+                command == "init",
+                "{command} {flag}:\n{out}"
+            );
         }
+        let (_, long) = run_to_end(&[], &[command, "--help"]);
+        let codes = help_exit_codes(&long);
+        assert!(codes.contains(&2), "{command}:\n{long}");
+        assert_eq!(codes.contains(&6), command == "check", "{command}:\n{long}");
     }
+}
+
+/// The codes a help text's "Exit codes:" section lists.
+fn help_exit_codes(help: &str) -> std::collections::BTreeSet<i32> {
+    help.lines()
+        .skip_while(|l| !l.starts_with("Exit codes:"))
+        .filter_map(|l| l.strip_prefix("  ")?.split(' ').next()?.parse().ok())
+        .collect()
+}
+
+/// `outboxd --help` and the README list the same exit codes.
+#[test]
+fn help_and_readme_list_the_same_exit_codes() {
+    const README: &str = include_str!("../../README.md");
+    let (code, help) = run_to_end(&[], &["--help"]);
+    assert_eq!(code, 0, "{help}");
+    let in_help = help_exit_codes(&help);
+    let bullet = README
+        .split("\n- ")
+        .find(|b| b.starts_with("**Exit codes**"))
+        .expect("the README's Exit codes bullet");
+    let in_readme: std::collections::BTreeSet<i32> = bullet
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    assert_eq!(in_help, in_readme, "--help:\n{help}\nREADME:\n{bullet}");
+}
+
+/// An environment that names a PostgreSQL port nobody listens on.
+fn unreachable_env() -> Vec<(String, String)> {
+    let closed = support::relay::free_port().to_string();
+    [
+        ("PGHOST", "127.0.0.1"),
+        ("PGPORT", closed.as_str()),
+        ("PGUSER", "postgres"),
+        ("PGDATABASE", "postgres"),
+        ("PGSSLMODE", "disable"),
+        ("PGCONNECT_TIMEOUT", "5"),
+        ("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9"),
+        ("OUTBOXD_HTTP_ADDR", ""),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect()
+}
+
+/// Unknown arguments are refused with exit 2, naming them, before anything is checked or
+/// connected to (`check --bogus` used to run the checks).
+#[test]
+fn unknown_arguments_exit_2_naming_them() {
+    let env = unreachable_env();
+    for (args, named) in [
+        (&["check", "--bogus"][..], "--bogus"),
+        (&["status", "extra"], "extra"),
+        (&["status", "--json", "--yaml"], "--yaml"),
+        (&["init", "--recreate"], "--recreate"),
+        (&["probe", "--bogus"], "--bogus"),
+        (&["run", "--bogus"], "--bogus"),
+        (&["nonsense"], "nonsense"),
+    ] {
+        let (code, out) = run_to_end(&env, args);
+        assert_eq!(code, 2, "{args:?}:\n{out}");
+        assert!(
+            out.contains(&format!("'{named}'")),
+            "{args:?} names {named}:\n{out}"
+        );
+        assert!(
+            !out.contains("FAIL") && !out.contains("cannot connect"),
+            "{args:?}:\n{out}"
+        );
+    }
+}
+
+/// `status` tells "cannot connect" (7: try again) from a slot that is missing or lost (3),
+/// in both output formats.
+#[test]
+fn status_cannot_connect_exits_7() {
+    let env = unreachable_env();
+    let (code, out) = run_to_end(&env, &["status"]);
+    assert_eq!(code, 7, "{out}");
+    assert!(out.contains("cannot connect"), "{out}");
+    let (code, out) = run_to_end(&env, &["status", "--json"]);
+    assert_eq!(code, 7, "{out}");
+    let doc: serde_json::Value =
+        serde_json::from_str(out.lines().next().expect("a line")).expect("JSON on stdout");
+    assert!(
+        doc["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("cannot connect")),
+        "{doc}"
+    );
 }
 
 /// `init` and `status` only talk to PostgreSQL: no Kafka setting is needed.

@@ -53,8 +53,19 @@ async fn metrics_health_and_readiness() {
         || async { (get(&relay, "/readyz").0 == 200).then_some(()) },
     )
     .await;
-    let (_, before) = get(&relay, "/metrics");
+    // A first confirmed position: where the slot stood, which the bytes counter must not
+    // count as relayed (a rate() over the position showed it as gigabytes per second).
+    let before = relay
+        .wait_metrics("a first confirmed position", |body| {
+            (ops::metric(body, "outboxd_confirmed_lsn")? > 0.0).then(|| body.to_owned())
+        })
+        .await;
     let confirmed_before = ops::must_metric(&before, "outboxd_confirmed_lsn");
+    let bytes_before = ops::must_metric(&before, "outboxd_confirmed_bytes_total");
+    assert!(
+        bytes_before < confirmed_before,
+        "the first position is not throughput: {bytes_before} bytes counted at {confirmed_before}"
+    );
 
     // 500 events in 50 transactions.
     let events = support::load::insert_events(&client, &outbox.table, 500, 20, 10).await;
@@ -118,17 +129,50 @@ async fn metrics_health_and_readiness() {
         received_lsn > confirmed_before,
         "received_lsn {received_lsn} did not move past {confirmed_before}"
     );
-    let confirmed = ops::wait_for(
+    let (confirmed, bytes) = ops::wait_for(
         "outboxd_confirmed_lsn to reach the end of the inserts",
         Duration::from_secs(60),
         Duration::from_millis(100),
         || async {
             let (_, body) = relay.http_get("/metrics")?;
             let c = ops::metric(&body, "outboxd_confirmed_lsn")?;
-            (c >= wal_after as f64).then_some(c)
+            let b = ops::metric(&body, "outboxd_confirmed_bytes_total")?;
+            (c >= wal_after as f64).then_some((c, b))
         },
     )
     .await;
+    // One session throughout: the counter moved exactly as the position did.
+    assert_eq!(
+        bytes - bytes_before,
+        confirmed - confirmed_before,
+        "outboxd_confirmed_bytes_total follows the confirmed position"
+    );
+    // Idle again: nothing waits to be received, acknowledged or confirmed.
+    let stages = ["receive", "ack", "confirm"]
+        .map(|stage| format!("outboxd_lag_breakdown_bytes{{stage=\"{stage}\"}}"));
+    relay
+        .wait_metrics("the lag breakdown's ack and confirm stages at 0", |body| {
+            let v: Vec<f64> = stages
+                .iter()
+                .map(|s| ops::metric(body, s))
+                .collect::<Option<_>>()?;
+            (v[1] == 0.0 && v[2] == 0.0).then_some(())
+        })
+        .await;
+    // The process's own metrics, as Prometheus exporters name them, and the build.
+    let (_, body) = get(&relay, "/metrics");
+    assert!(ops::must_metric(&body, "process_resident_memory_bytes") > 1e6);
+    assert!(ops::must_metric(&body, "process_cpu_seconds_total") > 0.0);
+    let fds = ops::must_metric(&body, "process_open_fds");
+    assert!(fds > 0.0 && fds < ops::must_metric(&body, "process_max_fds"));
+    assert!(ops::must_metric(&body, "process_start_time_seconds") > 1.6e9);
+    assert!(
+        body.contains(&format!(
+            "outboxd_build_info{{version=\"{}\",",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{body}"
+    );
     // The slot statistics come from the 5 s poll. The cluster is shared: other tests'
     // WAL moves the server's end between the relay's poll and our reading of the slot,
     // and another test's long transaction holds every slot's restart_lsn back until it
@@ -241,14 +285,22 @@ async fn metrics_health_and_readiness() {
     eprintln!("readyz: 503 {not_ready_after:?} after events got stuck (stall limit 3 s)");
 }
 
+/// `outboxd probe` (compose's health check) against the relay: its exit code and what it
+/// printed. The address is given as a container's relay binds it, unspecified.
+fn probe(relay: &Relay) -> (i32, String) {
+    let addr = format!("0.0.0.0:{}", relay.http_port);
+    support::relay::run_to_end(&[("OUTBOXD_HTTP_ADDR".into(), addr)], &["probe"])
+}
+
 /// All brokers down with nothing waiting: /readyz turns 503 and outboxd_kafka_brokers_up
 /// 0 within seconds (no event has to be stuck first); both recover with the brokers.
+/// `outboxd probe` follows /readyz: 0 when ready, 8 when not, 7 with no relay.
 #[tokio::test(flavor = "multi_thread")]
 async fn brokers_down_with_nothing_waiting_is_not_ready() {
     let ops::Streaming {
         db: _db,
         broker,
-        relay,
+        mut relay,
         ..
     } = ops::streaming_relay("ops_http_brokers", &[]).await;
     ops::wait_for(
@@ -276,6 +328,10 @@ async fn brokers_down_with_nothing_waiting_is_not_ready() {
     assert!(body.contains("Kafka"), "{body}");
     assert_eq!(relay.metric("outboxd_kafka_brokers_up"), Some(0.0));
     assert!(started.elapsed() < Duration::from_secs(30));
+    // The brokers stay down, so /readyz stays 503 for the probe too.
+    let (code, out) = probe(&relay);
+    assert_eq!(code, 8, "{out}");
+    assert!(out.contains("503") && out.contains("Kafka"), "{out}");
     broker.set_all_down(false);
     ops::wait_for(
         "/readyz 200 again",
@@ -287,6 +343,13 @@ async fn brokers_down_with_nothing_waiting_is_not_ready() {
         },
     )
     .await;
+    // Nothing makes it unready now (brokers up, nothing stalled).
+    let (code, out) = probe(&relay);
+    assert_eq!(code, 0, "{out}");
+    relay.kill();
+    let (code, out) = probe(&relay);
+    assert_eq!(code, 7, "{out}");
+    assert!(out.contains("cannot reach"), "{out}");
 }
 
 /// With max_slot_wal_keep_size set, how much WAL may still be written before the slot is

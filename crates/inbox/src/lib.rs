@@ -16,62 +16,111 @@
 //!    applied one is [`Outcome::Stale`] (recorded as processed, skipped); a version more
 //!    than one above it is a [`Outcome::Gap`], see [`GapPolicy`].
 //! 3. **Run the caller's change** ([`Apply`]) in the same transaction.
-//! 4. **Commit**, then **commit the Kafka offset** ([`Inbox::handle`] does both). A crash
-//!    between the two re-delivers the event, which step 1 then skips.
+//! 4. **Commit**, then **store the Kafka offset** ([`Inbox::handle`] does both);
+//!    librdkafka commits stored offsets periodically and when partitions are revoked
+//!    ([`consumer_config`]). A crash before the commit re-delivers events, which step 1
+//!    skips.
 //!
-//! A gap (version 7 after 5) means an event of the aggregate never arrived: outboxd
+//! A gap (version 7 after 5) means an event of the aggregate has not arrived: outboxd
 //! dead-lettered it (a bad row: see its dead-letter topic), the producer skipped a
-//! version, or the topic's retention removed it before this consumer read it. The default
-//! [`GapPolicy::Hold`] applies nothing and records nothing, and [`Outcome::commit_offset`]
-//! is false: pause the partition (or seek back to the event) and alert; repair from the
-//! dead-letter topic or by reading the aggregate's state from its service, then resume.
-//! [`GapPolicy::Apply`] applies it anyway: right when each event carries the aggregate's
-//! full state, wrong for deltas. The first version seen of an aggregate is always applied
-//! (a consumer may start after the aggregate's first events left the topic).
+//! version, or the topic's retention removed it before this consumer read it. With the
+//! default [`GapPolicy::Hold`] nothing is applied or recorded, and [`Inbox::handle`]
+//! **keeps the partition's stored offset at the held record** while it goes on with the
+//! records after it (other aggregates are not blocked; later versions of the held
+//! aggregate are held too). Kafka offsets are per partition, so committing any later
+//! record would commit past the held one; instead, whoever owns the partition next
+//! (after a crash or a rebalance) reads again from the held record. When the missing
+//! version arrives (re-sent from the dead-letter topic, say), it is applied and the held
+//! records after it are applied in order; then the offset moves on. [`GapPolicy::Apply`]
+//! applies a gap anyway: right when each event carries the aggregate's full state, wrong
+//! for deltas. The first version seen of an aggregate is always applied (a consumer may
+//! start after the aggregate's first events left the topic).
 //!
 //! The kit has no runtime of its own: the caller owns the rdkafka consumer and the
-//! tokio-postgres client, so it fits in any consumer loop:
+//! tokio-postgres client, so it fits in any consumer loop. With a `StreamConsumer`
+//! (the binary `inbox-example`, src/bin/inbox-example.rs, is a whole consumer to copy):
 //!
-//! ```ignore
+//! ```no_run
+//! use outboxd_inbox::{consumer_config, Apply, BoxError, Inbox, InboxEvent, Positions};
+//! use rdkafka::consumer::{Consumer, StreamConsumer};
+//! use tokio_postgres::Transaction;
+//!
 //! struct Credit;
-//! impl outboxd_inbox::Apply for Credit {
+//! impl Apply for Credit {
 //!     type Output = ();
 //!     async fn apply(&mut self, tx: &Transaction<'_>, e: &InboxEvent) -> Result<(), BoxError> {
+//!         let amount: i64 = std::str::from_utf8(e.payload.as_deref().unwrap_or(b"0"))?.parse()?;
 //!         tx.execute("UPDATE balances SET balance = balance + $2 WHERE account = $1",
-//!                    &[&e.aggregate_id, &amount_of(e)?]).await?;
+//!                    &[&e.aggregate_id, &amount]).await?;
 //!         Ok(())
 //!     }
 //! }
+//!
+//! # async fn run(mut client: tokio_postgres::Client) -> Result<(), BoxError> {
+//! let consumer: StreamConsumer = consumer_config("localhost:9092", "balances").create()?;
+//! consumer.subscribe(&["outbox.account"])?;
 //! let inbox = Inbox::new("balances");
+//! let mut positions = Positions::default();
 //! loop {
-//!     let m = consumer.poll(Duration::from_secs(1)); // enable.auto.commit=false
-//!     if let Some(m) = m { inbox.handle(&mut client, &consumer, &m?, &mut Credit).await?; }
+//!     let m = consumer.recv().await?;
+//!     inbox.handle(&mut client, &consumer, &mut positions, &m, &mut Credit).await?;
 //! }
+//! # }
 //! ```
+//!
+//! Retention: [`Inbox::prune`] deletes keys older than a window (sql/inbox.sql's
+//! `inbox_prune`; see docs/inbox.md for choosing it).
 
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
+use std::time::Duration;
 
-use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext};
-use rdkafka::error::KafkaError;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio_postgres::{Client, Transaction};
 
 /// sql/inbox.sql: the two tables with the default names, and the retention guidance.
-pub const SCHEMA_SQL: &str = include_str!("../../../sql/inbox.sql");
+pub const SCHEMA_SQL: &str = include_str!("../sql/inbox.sql");
 
 /// What the caller's change may fail with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum InboxError {
-    #[error("inbox database work failed (the transaction is rolled back): {0}")]
+    #[error("inbox database work failed (the transaction is rolled back): {}", postgres_detail(.0))]
     Postgres(#[from] tokio_postgres::Error),
     #[error(
-        "committing the Kafka offset failed after the database commit: the event is \
+        "storing the Kafka offset failed after the database commit: the event is \
          applied, and its redelivery will be skipped as a duplicate: {0}"
     )]
     Kafka(#[from] KafkaError),
+    #[error(
+        "{held} records of {topic}/{partition} are held behind version gaps (the first: \
+         offset {first_offset}, aggregate {aggregate:?}, version {version}), over the \
+         limit of {limit}. Fix: repair the gap (re-send the missing version, e.g. from \
+         outboxd's dead-letter topic), or raise Inbox::with_max_held; the partition's \
+         committed offset stays at the first held record, so a restart reads them again"
+    )]
+    TooManyHeld {
+        topic: String,
+        partition: i32,
+        held: usize,
+        limit: usize,
+        first_offset: i64,
+        aggregate: String,
+        version: i64,
+    },
+    #[error(
+        "the consumer stores offsets itself (enable.auto.offset.store=true), which \
+         commits past records held behind a version gap. Fix: set \
+         enable.auto.offset.store=false, as outboxd_inbox::consumer_config does"
+    )]
+    AutoOffsetStore,
+    #[error("the retention window is {0:?}; keep keys for a positive time (see docs/inbox.md)")]
+    Retention(Duration),
     #[error("the consumer's change failed (rolled back, the key is not recorded): {0}")]
     Apply(BoxError),
     #[error("the record at {topic}/{partition}@{offset} is not an outboxd event: {problem}")]
@@ -81,6 +130,14 @@ pub enum InboxError {
         offset: i64,
         problem: String,
     },
+}
+
+/// tokio-postgres shows a server error as "db error": add the server's message.
+fn postgres_detail(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{e}: {}: {}", db.severity(), db.message()),
+        None => e.to_string(),
+    }
 }
 
 /// What [`Inbox::process`] needs of a record, read by [`Inbox::event`].
@@ -125,6 +182,53 @@ impl<T> Outcome<T> {
     }
 }
 
+/// One event [`Inbox::handle`] dealt with: the record's own, or a held one it released.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handled<T> {
+    pub event: InboxEvent,
+    pub outcome: Outcome<T>,
+}
+
+/// A consumer's place in each partition it reads: the records held behind a version
+/// gap, and so the offset that may be stored for commit. One per Kafka consumer, kept
+/// across [`Inbox::handle`] calls.
+#[derive(Debug, Default)]
+pub struct Positions {
+    partitions: HashMap<(String, i32), Partition>,
+}
+
+#[derive(Debug)]
+struct Partition {
+    /// The offset after the last record handled.
+    next: i64,
+    held: BTreeMap<i64, InboxEvent>,
+}
+
+impl Partition {
+    /// What the group may commit: the first held record, else the next to read.
+    fn committable(&self) -> i64 {
+        self.held.keys().next().copied().unwrap_or(self.next)
+    }
+}
+
+impl Positions {
+    /// Records held in `topic`/`partition`, in offset order.
+    pub fn held(&self, topic: &str, partition: i32) -> Vec<&InboxEvent> {
+        self.partitions
+            .get(&(topic.to_owned(), partition))
+            .map(|p| p.held.values().collect())
+            .unwrap_or_default()
+    }
+
+    /// The offset stored for `topic`/`partition` (the next one its group reads), if any
+    /// record of it was handled.
+    pub fn committable(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.partitions
+            .get(&(topic.to_owned(), partition))
+            .map(Partition::committable)
+    }
+}
+
 /// What to do when a version skips ahead (see the crate docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum GapPolicy {
@@ -157,7 +261,11 @@ pub struct Inbox {
     key_header: String,
     version_header: String,
     gap: GapPolicy,
+    max_held: usize,
 }
+
+/// Default for [`Inbox::with_max_held`].
+pub const DEFAULT_MAX_HELD: usize = 10_000;
 
 impl Inbox {
     /// Default tables `public.inbox_processed` and `public.inbox_versions`, headers
@@ -170,6 +278,7 @@ impl Inbox {
             key_header: "idempotency_key".into(),
             version_header: "version".into(),
             gap: GapPolicy::default(),
+            max_held: DEFAULT_MAX_HELD,
         }
     }
 
@@ -193,9 +302,25 @@ impl Inbox {
         self
     }
 
-    /// Creates the default tables if missing (sql/inbox.sql).
-    pub async fn install(client: &Client) -> Result<(), InboxError> {
-        client.batch_execute(SCHEMA_SQL).await?;
+    /// How many records one partition may hold behind gaps (they are kept in memory)
+    /// before [`Inbox::handle`] fails with [`InboxError::TooManyHeld`].
+    pub fn with_max_held(mut self, max: usize) -> Self {
+        self.max_held = max;
+        self
+    }
+
+    /// Creates the default tables and `inbox_prune` if missing (sql/inbox.sql). Several
+    /// consumers starting at once take turns: concurrent `CREATE ... IF NOT EXISTS` of
+    /// one table can fail on the catalog's unique index.
+    pub async fn install(client: &mut Client) -> Result<(), InboxError> {
+        let tx = client.transaction().await?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('outboxd_inbox.install'))",
+            &[],
+        )
+        .await?;
+        tx.batch_execute(SCHEMA_SQL).await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -360,17 +485,23 @@ impl Inbox {
         Ok(Outcome::Applied(output))
     }
 
-    /// One record end to end: [`Inbox::event`], [`Inbox::process`], then the Kafka offset
-    /// commit past it (unless the outcome is a held gap). The commit is asynchronous: it
-    /// does not block the runtime thread, and one lost in a crash only re-delivers events
-    /// that step 1 skips.
+    /// One record end to end: [`Inbox::event`], [`Inbox::process`], then the offset
+    /// stored for the next (periodic) commit, never past a record held behind a gap.
+    /// After a record applies, the held records of its aggregate are tried again in
+    /// order; the result lists the record's own outcome first, then theirs.
+    ///
+    /// The consumer needs `enable.auto.offset.store=false` ([`consumer_config`]), or
+    /// librdkafka stores every record's offset itself and commits past held ones. A
+    /// partition read again from an earlier offset (reassigned after a rebalance, or a
+    /// seek) starts over: its held records come again.
     pub async fn handle<C, X, M, A>(
         &self,
         client: &mut Client,
         consumer: &C,
+        positions: &mut Positions,
         message: &M,
         apply: &mut A,
-    ) -> Result<Outcome<A::Output>, InboxError>
+    ) -> Result<Vec<Handled<A::Output>>, InboxError>
     where
         X: ConsumerContext,
         C: Consumer<X>,
@@ -378,26 +509,131 @@ impl Inbox {
         A: Apply,
     {
         let event = self.event(message)?;
-        let outcome = self.process(client, &event, apply).await?;
-        if outcome.commit_offset() {
-            commit_offset(consumer, &event)?;
+        let slot = (event.topic.clone(), event.partition);
+        let partition = positions
+            .partitions
+            .entry(slot.clone())
+            .or_insert_with(|| Partition {
+                next: event.offset,
+                held: BTreeMap::new(),
+            });
+        if event.offset < partition.next {
+            partition.held.clear();
         }
-        Ok(outcome)
+        partition.next = event.offset.saturating_add(1);
+        let outcome = self.process(client, &event, apply).await?;
+        let mut handled = Vec::new();
+        if let Outcome::Gap { .. } = outcome {
+            partition.held.insert(event.offset, event.clone());
+            if partition.held.len() > self.max_held {
+                let first = partition.held.values().next().unwrap_or(&event);
+                return Err(InboxError::TooManyHeld {
+                    topic: event.topic.clone(),
+                    partition: event.partition,
+                    held: partition.held.len(),
+                    limit: self.max_held,
+                    first_offset: first.offset,
+                    aggregate: first.aggregate_id.clone().unwrap_or_default(),
+                    version: first.version.unwrap_or_default(),
+                });
+            }
+        } else {
+            self.release(client, partition, &event, apply, &mut handled)
+                .await?;
+        }
+        handled.insert(0, Handled { event, outcome });
+        let committable = partition.committable();
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&slot.0, slot.1, Offset::Offset(committable))?;
+        match consumer.store_offsets(&tpl) {
+            Ok(()) => {}
+            // Revoked while this record was in hand: the next owner reads from the
+            // group's committed offset, so what this consumer held is not its own now.
+            Err(KafkaError::StoreOffset(
+                RDKafkaErrorCode::State | RDKafkaErrorCode::UnknownPartition,
+            )) => {
+                positions.partitions.remove(&slot);
+            }
+            // librdkafka's answer when it stores offsets itself.
+            Err(KafkaError::StoreOffset(RDKafkaErrorCode::InvalidArgument)) => {
+                return Err(InboxError::AutoOffsetStore);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(handled)
+    }
+
+    /// Tries again the held records of `applied`'s aggregate, in offset order, until one
+    /// is still a gap.
+    async fn release<A: Apply>(
+        &self,
+        client: &mut Client,
+        partition: &mut Partition,
+        applied: &InboxEvent,
+        apply: &mut A,
+        handled: &mut Vec<Handled<A::Output>>,
+    ) -> Result<(), InboxError> {
+        if applied.version.is_none() {
+            return Ok(());
+        }
+        let same = |e: &InboxEvent| {
+            e.aggregate_id == applied.aggregate_id && e.aggregate_type == applied.aggregate_type
+        };
+        loop {
+            let Some((&offset, event)) = partition.held.iter().find(|(_, e)| same(e)) else {
+                return Ok(());
+            };
+            let outcome = self.process(client, event, apply).await?;
+            if !outcome.commit_offset() {
+                return Ok(());
+            }
+            if let Some(event) = partition.held.remove(&offset) {
+                handled.push(Handled { event, outcome });
+            }
+        }
+    }
+
+    /// Deletes this consumer's keys processed more than `keep` ago, at most `max_rows`
+    /// of them (call it again while it returns `max_rows`); returns how many. The
+    /// window must outlast every redelivery (docs/inbox.md): a key deleted too early
+    /// lets its event apply again.
+    pub async fn prune(
+        &self,
+        client: &Client,
+        keep: Duration,
+        max_rows: i32,
+    ) -> Result<u64, InboxError> {
+        if keep.is_zero() {
+            return Err(InboxError::Retention(keep));
+        }
+        let row = client
+            .query_one(
+                "SELECT public.inbox_prune($1, make_interval(secs => $2), $3, $4::text::regclass)",
+                &[
+                    &self.consumer,
+                    &keep.as_secs_f64(),
+                    &max_rows,
+                    &self.processed_table,
+                ],
+            )
+            .await?;
+        let deleted: i64 = row.get(0);
+        Ok(u64::try_from(deleted).unwrap_or(0))
     }
 }
 
-/// Commits `event`'s partition past it (Kafka's committed offset is the next to read).
-pub fn commit_offset<C, X>(consumer: &C, event: &InboxEvent) -> Result<(), InboxError>
-where
-    X: ConsumerContext,
-    C: Consumer<X>,
-{
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(
-        &event.topic,
-        event.partition,
-        Offset::Offset(event.offset.saturating_add(1)),
-    )?;
-    consumer.commit(&tpl, CommitMode::Async)?;
-    Ok(())
+/// The consumer settings the kit relies on: `enable.auto.offset.store=false` (the kit
+/// stores offsets, never past a held record), `enable.auto.commit=true` (librdkafka
+/// commits the stored offsets every `auto.commit.interval.ms` and on revoke), and
+/// `auto.offset.reset=earliest` (a new group starts at the topic's first event). Add
+/// others (security, timeouts) to the result.
+pub fn consumer_config(bootstrap_servers: &str, group_id: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap_servers)
+        .set("group.id", group_id)
+        .set("enable.auto.commit", "true")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest");
+    config
 }

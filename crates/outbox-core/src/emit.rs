@@ -222,14 +222,7 @@ impl EmitMapper {
             event_id,
             content_type,
         };
-        Ok(Some(assemble(
-            topic,
-            parts,
-            value,
-            headers,
-            ctx,
-            &self.header_format,
-        )))
+        assemble(topic, parts, value, headers, ctx, &self.header_format).map(Some)
     }
 }
 

@@ -272,4 +272,21 @@ fn envelope_fields_as_header_columns_topic_columns_and_cloudevents() {
         "payload":"text"}"#;
     let e = m.map_message(&msg("outbox", content), &ctx()).unwrap_err();
     assert_eq!(e.kind(), RowErrorKind::InvalidTopic);
+    // An empty id is no CloudEvent id; an envelope header repeating ce_type is refused.
+    for (content, needle) in [
+        (
+            r#"{"id":"","aggregate_type":"Order","aggregate_id":"42","event_type":"Paid",
+            "payload":{},"tenant":"acme"}"#,
+            "the id is empty",
+        ),
+        (
+            r#"{"id":"e-3","aggregate_type":"Order","aggregate_id":"42","event_type":"Paid",
+            "payload":{},"tenant":"acme","headers":{"ce_type":"Other"}}"#,
+            "\"ce_type\", which outboxd writes itself",
+        ),
+    ] {
+        let e = m.map_message(&msg("outbox", content), &ctx()).unwrap_err();
+        assert_eq!(e.kind(), RowErrorKind::InvalidCloudEvent, "{e}");
+        assert!(e.to_string().contains(needle), "{e}");
+    }
 }

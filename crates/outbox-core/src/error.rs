@@ -171,10 +171,13 @@ pub enum RowErrorKind {
     Oversize,
     /// An emitted message's content is not a valid outbox envelope.
     InvalidEnvelope,
+    /// With the CloudEvents header format: the event is not a valid CloudEvent (an empty
+    /// id or type, or row headers that clash with the binding's).
+    InvalidCloudEvent,
 }
 
 impl RowErrorKind {
-    pub const ALL: [RowErrorKind; 10] = [
+    pub const ALL: [RowErrorKind; 11] = [
         RowErrorKind::NullAggregateId,
         RowErrorKind::EmptyAggregateId,
         RowErrorKind::NullColumn,
@@ -185,6 +188,7 @@ impl RowErrorKind {
         RowErrorKind::MalformedTuple,
         RowErrorKind::Oversize,
         RowErrorKind::InvalidEnvelope,
+        RowErrorKind::InvalidCloudEvent,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -199,6 +203,7 @@ impl RowErrorKind {
             RowErrorKind::MalformedTuple => "malformed_tuple",
             RowErrorKind::Oversize => "oversize",
             RowErrorKind::InvalidEnvelope => "invalid_envelope",
+            RowErrorKind::InvalidCloudEvent => "invalid_cloudevent",
         }
     }
 }

@@ -38,7 +38,10 @@
 //! - **Replays** ([`delivered`]): transactions PostgreSQL sends again after a restart
 //!   are skipped when the relay knows Kafka has them, narrowly (same history only).
 //! - **Replay rules of a session** ([`replay`]): [`ReplayCore`] holds, drops, releases
-//!   and resumes, and builds the session's claim; the relay and the simulator drive it.
+//!   and resumes, and builds the session's claim.
+//! - **A session's rules** ([`session`]): [`SessionCore`] puts the above together:
+//!   messages, keepalives and delivery reports in; records to send, the position to
+//!   confirm and the claim out. The relay and the simulator both drive it.
 //! - **Back-pressure** ([`budget`]): caps on in-flight messages and bytes, always letting
 //!   one message through; [`InFlightLedger::has_room`] applies [`InFlightCaps::has_room`]
 //!   to the exact counts of its slab.
@@ -63,6 +66,7 @@ pub mod mapping;
 pub mod pgtype;
 pub mod record;
 pub mod replay;
+pub mod session;
 pub mod topic;
 mod value;
 
@@ -89,5 +93,9 @@ pub use record::{
     RECORD_MAX_OVERHEAD,
 };
 pub use replay::{Held, NextRow, PartialMismatch, ReplayCore, ReplayStart, Step};
+pub use session::{
+    After, BadRowPolicy, CoreConfig, Observe, Sent, SessionCore, SessionError, Skipped, ToSend,
+    PUBLICATION_GUARD_PREFIX,
+};
 pub use topic::{validate_topic_name, EventFields, TopicField, TopicName, TopicTemplate};
 pub use value::PayloadKind;

@@ -389,14 +389,7 @@ impl BoundTable {
             event_id,
             content_type: self.payload_kind.content_type(),
         };
-        Ok(assemble(
-            topic,
-            parts,
-            value,
-            headers,
-            ctx,
-            &self.header_format,
-        ))
+        assemble(topic, parts, value, headers, ctx, &self.header_format)
     }
 
     /// Column names and type OIDs of the bound Relation, in order.

@@ -164,3 +164,83 @@ fn cloudevents_binary_mode_headers() {
     let r = table.map_insert(&tuple, &ctx()).unwrap();
     assert_eq!(r.header("content-type"), None);
 }
+
+/// CloudEvents 1.0: `id` and `type` "MUST be a non-empty string", and each attribute is
+/// one header: a row whose headers repeat one outboxd writes is a bad row, not a record
+/// with two `ce_type` headers.
+#[test]
+fn cloudevents_bad_rows() {
+    let spec = |payload_oid| {
+        let spec = TableSpec {
+            header_format: HeaderFormat::CloudEvents {
+                source: Bytes::from_static(b"/shop/orders"),
+            },
+            ..TableSpec::default()
+        };
+        BoundTable::bind(&standard(payload_oid), &spec).unwrap()
+    };
+    let table = spec(pgtype::JSONB);
+    let map = |tuple: &TupleData| table.map_insert(tuple, &ctx());
+    let refused = |tuple: &TupleData, needles: &[&str]| {
+        let e = map(tuple).unwrap_err();
+        assert_eq!(e.kind(), RowErrorKind::InvalidCloudEvent, "{e}");
+        assert_eq!(e.event_id(), Some(ID));
+        for needle in needles {
+            assert!(e.to_string().contains(needle), "{needle}: {e}");
+        }
+    };
+    let mut empty_type = row(t("{}"), TupleValue::Null);
+    empty_type.columns[3] = t("");
+    refused(
+        &empty_type,
+        &["event type is empty", "ce_type", "non-empty"],
+    );
+    for clash in ["ce_type", "ce_id", "ce_source", "ce_specversion", "ce_time"] {
+        let headers = format!("{{\"{clash}\": \"x\"}}");
+        refused(
+            &row(t("{}"), t(&headers)),
+            &[clash, "outboxd writes itself", "remove"],
+        );
+    }
+    // A json payload gets outboxd's content-type: the row's would be a second one.
+    refused(
+        &row(t("{}"), t(r#"{"content-type": "text/xml"}"#)),
+        &["content-type", "outboxd writes itself"],
+    );
+    refused(
+        &row(t("{}"), t(r#"{"ce_datacontenttype": "text/xml"}"#)),
+        &["name the header content-type"],
+    );
+    refused(
+        &row(t("{}"), t(r#"{"ce_Subject": "x"}"#)),
+        &["lower-case ASCII letters and digits"],
+    );
+    // Extension attributes and plain headers pass.
+    let r = map(&row(
+        t("{}"),
+        t(r#"{"ce_subject": "order-42", "traceparent": "00-1", "Content-Type": "x"}"#),
+    ))
+    .unwrap();
+    assert_eq!(
+        r.header("ce_subject").map(|v| &v[..]),
+        Some(&b"order-42"[..])
+    );
+    // A bytea payload has no content-type of outboxd's: the row's names the media type.
+    let table = spec(pgtype::BYTEA);
+    let tuple = row(t("\\x00ff"), t(r#"{"content-type": "application/avro"}"#));
+    let r = table.map_insert(&tuple, &ctx()).unwrap();
+    let content_types: Vec<_> = headers_of(&r)
+        .into_iter()
+        .filter(|(k, _)| k == "content-type")
+        .collect();
+    assert_eq!(
+        content_types,
+        [("content-type".into(), "application/avro".into())]
+    );
+    // The outboxd format keeps accepting all of these rows as they are.
+    let plain = bind(&standard(pgtype::JSONB));
+    assert!(plain.map_insert(&empty_type, &ctx()).is_ok());
+    assert!(plain
+        .map_insert(&row(t("{}"), t(r#"{"ce_type": "x"}"#)), &ctx())
+        .is_ok());
+}

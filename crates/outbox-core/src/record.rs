@@ -269,7 +269,8 @@ pub(crate) struct EventParts {
 }
 
 /// Assemble a record: row headers first, then outboxd's own (and the CloudEvents
-/// attributes last, when on).
+/// attributes last, when on). With CloudEvents, a row that would not be a valid event
+/// (see [`check_cloudevent`]) is a [`RowErrorKind::InvalidCloudEvent`] error.
 pub(crate) fn assemble(
     topic: Arc<str>,
     parts: EventParts,
@@ -277,10 +278,13 @@ pub(crate) fn assemble(
     mut headers: Vec<(HeaderName, Bytes)>,
     ctx: &CommitContext,
     format: &HeaderFormat,
-) -> OutboxRecord {
+) -> Result<OutboxRecord, RowError> {
     let millis = ctx.commit_time.unix_millis();
     headers.reserve(11);
     if let HeaderFormat::CloudEvents { source } = format {
+        let writes_content_type = value.is_some() && parts.content_type.is_some();
+        check_cloudevent(&parts, &headers, writes_content_type)
+            .map_err(|e| e.with_event_id(Some(&parts.event_id)))?;
         // Pushed below, after outboxd's own; prepared here while `parts` is whole.
         let ce = [
             (
@@ -299,13 +303,13 @@ pub(crate) fn assemble(
             .as_ref()
             .and(parts.content_type)
             .map(|t| (header::CONTENT_TYPE, Bytes::from_static(t.as_bytes())));
-        let mut record = assemble(topic, parts, value, headers, ctx, &HeaderFormat::Outboxd);
+        let mut record = assemble(topic, parts, value, headers, ctx, &HeaderFormat::Outboxd)?;
         record.headers.extend(
             ce.into_iter()
                 .chain(content_type)
                 .map(|(k, v)| (Cow::Borrowed(k), v)),
         );
-        return record;
+        return Ok(record);
     }
     headers.push((Cow::Borrowed(header::ID), parts.id));
     headers.push((Cow::Borrowed(header::EVENT_TYPE), parts.event_type));
@@ -318,14 +322,95 @@ pub(crate) fn assemble(
         Cow::Borrowed(header::COMMIT_TIME),
         Bytes::from(millis.to_string()),
     ));
-    OutboxRecord {
+    Ok(OutboxRecord {
         topic,
         key: Some(parts.aggregate_id),
         value,
         headers,
         timestamp_millis: millis,
         event_id: parts.event_id,
+    })
+}
+
+/// The binding's headers outboxd writes in CloudEvents mode (`content-type` only when it
+/// knows the payload's type).
+const CLOUDEVENTS_HEADERS: [&str; 5] = [
+    header::CE_SPECVERSION,
+    header::CE_ID,
+    header::CE_SOURCE,
+    header::CE_TYPE,
+    header::CE_TIME,
+];
+
+/// Whether the event can be a CloudEvent: CloudEvents 1.0 says `id` and `type` "MUST be
+/// a non-empty string", and a consumer's SDK reads each attribute from one header, so
+/// the row's own headers (its headers column and header columns) must not repeat one
+/// outboxd writes, nor one another's `ce_` names. A row's other `ce_` headers pass as
+/// extension attributes when their names are valid ones; its `content-type` passes
+/// when outboxd writes none (a bytea payload: the row names its media type).
+fn check_cloudevent(
+    parts: &EventParts,
+    row_headers: &[(HeaderName, Bytes)],
+    writes_content_type: bool,
+) -> Result<(), RowError> {
+    let invalid = |what: String| RowError::new(RowErrorKind::InvalidCloudEvent, what);
+    for (value, attribute, header, role) in [
+        (&parts.id, "id", header::CE_ID, "id"),
+        (&parts.event_type, "type", header::CE_TYPE, "event type"),
+    ] {
+        if value.is_empty() {
+            return Err(invalid(format!(
+                "the {role} is empty, and with OUTBOXD_HEADER_FORMAT=cloudevents it is the \
+                 {header} header: CloudEvents' {attribute} MUST be a non-empty string. Fix: \
+                 insert a non-empty {role}"
+            )));
+        }
     }
+    let mut seen: Vec<&str> = Vec::new();
+    for (name, _) in row_headers {
+        let name: &str = name;
+        let binding = CLOUDEVENTS_HEADERS.contains(&name)
+            || (name == header::CONTENT_TYPE && writes_content_type);
+        if binding {
+            return Err(invalid(format!(
+                "the row's headers set {name:?}, which outboxd writes itself with \
+                 OUTBOXD_HEADER_FORMAT=cloudevents; two {name} headers would make the \
+                 CloudEvent ambiguous. Fix: remove {name:?} from the row's headers (the \
+                 event's id, type and time come from its columns, the content-type from the \
+                 payload column's type, the source from OUTBOXD_CLOUDEVENTS_SOURCE)"
+            )));
+        }
+        if let Some(attribute) = name.strip_prefix("ce_") {
+            if attribute == "datacontenttype" {
+                return Err(invalid(format!(
+                    "the row's headers set {name:?}; the Kafka binding carries \
+                     datacontenttype in the content-type header. Fix: name the header \
+                     content-type"
+                )));
+            }
+            let valid_name = !attribute.is_empty()
+                && attribute
+                    .bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+            if !valid_name {
+                return Err(invalid(format!(
+                    "the row's header {name:?} is not a CloudEvents attribute: after ce_, \
+                     attribute names are lower-case ASCII letters and digits. Fix: rename \
+                     it, or drop the ce_ prefix for a plain Kafka header"
+                )));
+            }
+        } else if name != header::CONTENT_TYPE {
+            continue;
+        }
+        if seen.contains(&name) {
+            return Err(invalid(format!(
+                "the row's headers set {name:?} twice (its headers column and a header \
+                 column?). Fix: keep one"
+            )));
+        }
+        seen.push(name);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -35,9 +35,9 @@ pub struct Held<R> {
 #[must_use]
 pub enum Step<R> {
     Nothing,
-    /// Proven delivered: settle each ticket as acked, publish nothing (their rows are
-    /// already done here).
-    Drop(Vec<Ticket>),
+    /// Proven delivered: settle each held record's ticket as acked, publish nothing
+    /// (their rows are already done here).
+    Drop(Vec<Held<R>>),
     /// Doubted: send these, in this order.
     Release(Doubt, Vec<Held<R>>),
     /// The transaction that begins is the partly delivered one: its first `rows`
@@ -310,16 +310,12 @@ impl<R> ReplayCore<R> {
     fn settle(&mut self, settle: Settle) -> Step<R> {
         let held = std::mem::take(&mut self.held);
         match settle {
-            Settle::Proven => Step::Drop(
-                held.into_iter()
-                    .map(|h| {
-                        if let Some(row) = h.row {
-                            self.rows.done(row);
-                        }
-                        h.ticket
-                    })
-                    .collect(),
-            ),
+            Settle::Proven => {
+                for row in held.iter().filter_map(|h| h.row) {
+                    self.rows.done(row);
+                }
+                Step::Drop(held)
+            }
             Settle::Release(d) => {
                 self.doubted(d);
                 Step::Release(d, held)
@@ -431,7 +427,7 @@ mod tests {
         c.hold(Ticket::from_index(1), 2, None);
         assert!(matches!(c.begin(id(500, 100, 1000)), Step::Nothing));
         match c.commit(Lsn(510)) {
-            Ok(Step::Drop(tickets)) => assert_eq!(tickets.len(), 2),
+            Ok(Step::Drop(held)) => assert_eq!(held.len(), 2),
             other => panic!("{other:?}"),
         }
         assert!(!c.holding(), "every mark proven");

@@ -28,7 +28,7 @@ pub use slot::{
 };
 pub use slot_history::{judge_missing_slot, Consent, Creation, History};
 
-use outbox_core::{DeliveredPosition, Fingerprint, ReplayStart};
+use outbox_core::{DeliveredPosition, ReplayStart};
 
 use crate::kafka::{
     build_producer, BrokerProbe, ProducerSettings, ProgressError, ProgressRecord, ProgressStore,
@@ -36,11 +36,7 @@ use crate::kafka::{
 };
 use session::{Session, SessionStart};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BadRowPolicy {
-    DeadLetter,
-    Stop,
-}
+pub use outbox_core::BadRowPolicy;
 
 /// Everything the relay needs, already validated.
 #[derive(Debug, Clone)]
@@ -259,18 +255,30 @@ pub(super) fn warn_foreign_writer(identity: &SlotIdentity, topic: &str) {
 /// written under another one proves nothing (see `outbox_core::delivered`).
 /// `publication` is the catalog's identity of the publication (oid and flags).
 fn fingerprint(cfg: &RelayConfig, publication: &str) -> u64 {
-    let on = |b: bool| if b { "on" } else { "off" };
-    Fingerprint::default()
-        .add("table", &format!("{:?}", cfg.table))
-        .add("relay_table", on(cfg.relay_table))
-        .add("emit", &format!("{:?}", cfg.emit))
-        .add("heartbeat", on(cfg.heartbeat_interval.is_some()))
-        .add("dead_letter_topic", cfg.dead_letter_topic.as_str())
-        .add("bad_row_policy", &format!("{:?}", cfg.bad_row_policy))
-        .add("max_message_bytes", &cfg.max_message_bytes.to_string())
-        .add("publication", &cfg.publication)
-        .add("publication_catalog", publication)
-        .finish()
+    cfg.rules().fingerprint(
+        cfg.heartbeat_interval.is_some(),
+        &cfg.publication,
+        publication,
+    )
+}
+
+impl RelayConfig {
+    /// What the session's rules (`outbox_core::SessionCore`) need of these settings.
+    pub fn rules(&self) -> outbox_core::CoreConfig {
+        outbox_core::CoreConfig {
+            table: self.table.clone(),
+            relay_table: self.relay_table,
+            emit: self.emit.clone(),
+            dead_letter_topic: self.dead_letter_topic.clone(),
+            bad_row_policy: self.bad_row_policy,
+            max_message_bytes: self.max_message_bytes,
+            caps: outbox_core::InFlightCaps {
+                max_messages: self.max_in_flight_messages,
+                max_bytes: self.max_in_flight_bytes,
+            },
+            idle_flush: self.idle_flush,
+        }
+    }
 }
 
 /// Stops a relay whose slot has a record only from another cluster (see

@@ -31,6 +31,11 @@ impl Observer {
         }
     }
 
+    /// Everything before `lsn` is acknowledged by Kafka.
+    pub(super) fn acked(&self, lsn: Lsn) {
+        self.metrics.set_acked_lsn(lsn.0);
+    }
+
     pub(super) fn server_wal_end(&self, lsn: Lsn) {
         self.metrics.set_server_wal_end_lsn(lsn.0);
     }

@@ -5,22 +5,20 @@
 //! in-flight cap; the status writer inside `pgrepl` keeps talking to the server meanwhile.
 //! What is in flight, and the watermark, is `outbox_core::InFlightLedger`'s bookkeeping.
 //!
-//! This file is the stream loop: events in, records produced, delivery reports settled.
-//! Beside it: `relations` (what each relation is to the relay), `skip` (replayed
-//! transactions Kafka already has), `progress` (the progress record and what is known
-//! delivered) and `tick` (periodic checks, metrics and reports).
+//! The rules (what is published, held, skipped, dead-lettered and confirmed) are
+//! `outbox_core::SessionCore`'s, with no IO; this file is the IO around it: the stream
+//! loop, the producer and delivery reports. Beside it: `relations` (the catalog's word on
+//! partitions, and ignored rows' reports), `progress` (the progress record), `publication`
+//! (looks at the publication) and `tick` (periodic checks, metrics and reports).
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::{
-    check_size, dead_letter_message, dead_letter_record, oversize_error, CommitContext,
-    InFlightCaps, InFlightLedger, NextRow, OutboxRecord, Outcome, Outgoing, ReplayCore,
-    ReplayStart, RowError, RowId, Step, Ticket, TxnId,
+    After, Doubt, Observe, ReplayStart, RowError, Sent, SessionCore, SessionError, Skipped, Ticket,
+    TopicName, TxnId,
 };
-use pgoutput::{Insert, LogicalMessage, Lsn, Message, PgTimestamp};
-use pgrepl::{FlushHandle, ReplicationEvent, ReplicationStream};
+use pgoutput::{LogicalMessage, PgTimestamp};
+use pgrepl::{preflight, FlushHandle, ReplicationEvent, ReplicationStream};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 use tokio_postgres::Client;
@@ -28,7 +26,7 @@ use tokio_postgres::Client;
 use super::catchup::CatchUp;
 use super::error::RelayError;
 use super::observe::Observer;
-use super::{BadRowPolicy, RelayConfig};
+use super::RelayConfig;
 use crate::kafka::{
     Delivery, OutgoingRecord, ProgressStore, RelayProducer, SendError, SlotIdentity,
 };
@@ -36,11 +34,9 @@ use crate::kafka::{
 mod progress;
 pub(super) mod publication;
 mod relations;
-mod skip;
 mod tick;
 
 use progress::ProgressWriter;
-use relations::RelationRole;
 
 /// The final progress record gets at least this long, even past the shutdown deadline.
 const FINAL_PROGRESS_WRITE_MIN: Duration = Duration::from_secs(1);
@@ -48,17 +44,6 @@ const FINAL_PROGRESS_WRITE_MIN: Duration = Duration::from_secs(1);
 /// Longest wait for a query on the side SQL connection (a few rows, normally
 /// milliseconds).
 const SQL_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// What became of a record handed to [`Session::produce`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Produced {
-    Queued,
-    /// The producer refused it for `message.max.bytes` (`size` as it measured): a bad
-    /// row, not a Kafka failure, since the same record is refused on every replay.
-    TooLarge {
-        size: usize,
-    },
-}
 
 /// How a session that did not fail ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,33 +57,19 @@ pub(super) struct Session<'a> {
     sql: Client,
     producer: RelayProducer,
     deliveries: UnboundedReceiver<Delivery>,
-    /// What is in flight: per message and per transaction, and the watermark.
-    ledger: InFlightLedger,
-    relations: HashMap<u32, RelationRole>,
-    txn: Option<CommitContext>,
-    /// End of the last transaction received, for emitted non-transactional messages.
-    last_end_lsn: Lsn,
+    /// The rules: what is in flight, published, held, skipped and confirmed
+    /// (`outbox_core::session`); everything else here is IO around them.
+    core: SessionCore<Reports>,
     flush: FlushHandle,
-    confirmed: Lsn,
-    start: Lsn,
     started_at: Instant,
     /// Status updates of this stream already added to the metrics.
     status_updates_reported: u64,
     progress: Option<ProgressWriter>,
     /// When a stuck event was last reported.
     last_stuck_report: Option<Instant>,
-    /// The replay rules: held records, the proof, the partly delivered transaction, and
-    /// the session's claim for its progress record (see `outbox_core::replay`).
-    replay: ReplayCore<OutboxRecord>,
-    /// Commit time of the newest transaction read, for the catch-up reports only.
-    last_commit_unix_micros: i64,
-    /// A doubt was logged in this session (once is enough; the metric counts each).
-    doubt_logged: bool,
     catchup: CatchUp,
-    /// Events acknowledged in this session, for the catch-up rate.
-    events_acked: u64,
-    /// The publication at the last look that matched, and how far that lets the slot be
-    /// confirmed (see `publication`); `None` when no table is relayed.
+    /// The publication at the last look that matched (see `publication`); `None` when no
+    /// table is relayed.
     publication: Option<publication::PublicationWatch>,
     /// The server's timeline and address, for a record that says it was newer.
     timeline: u32,
@@ -107,6 +78,62 @@ pub(super) struct Session<'a> {
     durability_warned: bool,
     /// Binary column values, and the settings they were chosen under (`binary.rs`).
     binary: super::binary::Binary,
+}
+
+/// What the rules report, as metrics and logs.
+struct Reports {
+    obs: Observer,
+    /// A doubt was logged in this session (once is enough; the metric counts each).
+    doubt_logged: bool,
+}
+
+impl Observe for Reports {
+    fn skipped(&mut self, _: Skipped<'_>) {
+        self.obs.skipped_as_delivered();
+    }
+
+    fn dead_lettered(&mut self, error: &RowError, topic: &TopicName) {
+        tracing::warn!(
+            event_id = %outbox_core::short_id(error.event_id().unwrap_or("")),
+            kind = error.kind().as_str(),
+            topic = %topic.as_str(),
+            "dead-lettering a row: {error}"
+        );
+        self.obs.dead_lettered(error.kind());
+    }
+
+    fn acked(&mut self, commit_unix_micros: i64) {
+        self.obs.published(commit_unix_micros);
+    }
+
+    fn delivery_failed(&mut self) {
+        self.obs.delivery_error();
+    }
+
+    fn held(&mut self, n: usize) {
+        self.obs.replay_held(n);
+    }
+
+    fn doubt(&mut self, d: Doubt, held: usize) {
+        self.obs.replay_doubt(d);
+        if !std::mem::replace(&mut self.doubt_logged, true) {
+            tracing::warn!(
+                reason = d.as_str(),
+                held,
+                "publishing replayed events again instead of skipping them: {}",
+                d.explain()
+            );
+        }
+    }
+
+    fn resuming(&mut self, txn: TxnId, rows: u64) {
+        tracing::info!(
+            commit_lsn = %txn.commit_lsn,
+            xid = txn.xid,
+            rows,
+            "resuming inside a partly delivered transaction: its first {rows} published rows are already in Kafka"
+        );
+    }
 }
 
 /// How a session starts beyond its connections: where it is in the server's history,
@@ -122,6 +149,31 @@ pub(super) struct SessionStart {
     pub binary: super::binary::Binary,
 }
 
+/// The relay's error for the rules' (`slot`: named in the way past a bad row).
+fn lift(e: SessionError, slot: &str) -> RelayError {
+    match e {
+        SessionError::Ack(e) => RelayError::Ack(e),
+        SessionError::Shape(e) => RelayError::Shape(e),
+        SessionError::Protocol(m) => RelayError::Protocol(m),
+        SessionError::PartialReplay(m) => RelayError::PartialReplay {
+            commit_lsn: m.commit_lsn,
+            recorded: m.recorded,
+            read: m.read,
+        },
+        SessionError::BadRow { error, commit_lsn } => RelayError::BadRow {
+            error,
+            slot: slot.to_owned(),
+            commit_lsn,
+        },
+        SessionError::DeadLetterTooLarge { error, size } => {
+            RelayError::DeadLetterTooLarge { error, size }
+        }
+        SessionError::OutboxLikeRelation { relation, table } => {
+            RelayError::OutboxLikeRelation { relation, table }
+        }
+    }
+}
+
 impl<'a> Session<'a> {
     pub(super) fn new(
         cfg: &'a RelayConfig,
@@ -132,42 +184,34 @@ impl<'a> Session<'a> {
         flush: FlushHandle,
         begin: SessionStart,
     ) -> Self {
-        // The caller raised the handle to the slot's confirmed position: the start.
-        let start = flush.get();
         let timeline = begin.replay.timeline;
+        let reports = Reports {
+            obs: obs.clone(),
+            doubt_logged: false,
+        };
         Session {
             cfg,
             obs,
             sql,
             producer,
             deliveries,
-            ledger: InFlightLedger::new(
-                start,
-                InFlightCaps {
-                    max_messages: cfg.max_in_flight_messages,
-                    max_bytes: cfg.max_in_flight_bytes,
-                },
+            core: SessionCore::new(
+                cfg.rules(),
+                begin.replay,
+                begin.publication.is_some(),
+                reports,
             ),
-            relations: HashMap::new(),
-            txn: None,
-            last_end_lsn: start,
             flush,
-            confirmed: start,
-            start,
             started_at: Instant::now(),
             status_updates_reported: 0,
             last_stuck_report: None,
-            replay: ReplayCore::new(begin.replay),
-            last_commit_unix_micros: 0,
-            doubt_logged: false,
             progress: begin
                 .progress
                 .map(|(store, identity)| ProgressWriter::new(store, identity)),
             catchup: CatchUp::default(),
-            events_acked: 0,
             publication: begin
                 .publication
-                .map(|(look, compared)| publication::PublicationWatch::new(look, start, compared)),
+                .map(|(look, compared)| publication::PublicationWatch::new(look, compared)),
             timeline,
             server: begin.server,
             durability_warned: false,
@@ -184,8 +228,7 @@ impl<'a> Session<'a> {
         // A delivery error only ends the wait: what was acked before it still counts.
         let _ = self.await_acks(deadline, false).await;
         // Only ever the acked prefix; the stream is gone, so nothing is sent with it.
-        let w = self.ledger.watermark();
-        self.confirmed = self.confirmed.max(w);
+        self.core.settle_acked();
     }
 
     /// Takes delivery reports until nothing is in flight (true) or `deadline` (false);
@@ -197,7 +240,7 @@ impl<'a> Session<'a> {
     ) -> Result<bool, RelayError> {
         // Held records get no report: they stay unconfirmed, and the next session proves
         // them again.
-        while self.ledger.len() > self.replay.held_len() {
+        while self.core.awaiting_reports() > 0 {
             tokio::select! {
                 d = self.deliveries.recv() => match d {
                     Some(d) => self.on_delivery(d)?,
@@ -236,8 +279,6 @@ impl<'a> Session<'a> {
         // orchestrator's grace period sized from it is enough.
         let mut deadline: Option<tokio::time::Instant> = None;
         let failure = stream.failure();
-        // What the claim's first look found (cut at the server's end, other settings).
-        self.report_doubts();
         loop {
             if *shutdown.borrow() && deadline.is_none() {
                 tracing::info!(
@@ -249,16 +290,12 @@ impl<'a> Session<'a> {
             // messages are confirmed and not re-sent after the restart.
             let stopping = deadline.is_some();
             if let Some(at) = deadline {
-                if !self.ledger.in_transaction() || tokio::time::Instant::now() >= at {
+                if self.core.may_stop() || tokio::time::Instant::now() >= at {
                     return self.drain(stream, at).await;
                 }
             }
-            if self.replay.held_len() > 0 && !self.ledger.has_room() {
-                // Nothing held is ever acked: waiting for room would wait forever.
-                let step = self.replay.hold_full();
-                self.apply(step).await?;
-            }
-            let room = self.ledger.has_room();
+            let room = self.core.make_room().map_err(|e| lift(e, &self.cfg.slot))?;
+            self.send_queued().await?;
             stream.set_reading_paused(!room);
             tokio::select! {
                 biased;
@@ -303,12 +340,8 @@ impl<'a> Session<'a> {
     }
 
     fn advance(&mut self) {
-        let w = self.ledger.watermark();
-        // No further than the last look at the publication that matched.
-        let w = self.publication.as_ref().map_or(w, |p| w.min(p.cap));
-        if w > self.confirmed {
+        if let Some(w) = self.core.advance() {
             self.flush.advance(w);
-            self.confirmed = w;
             self.obs.confirmed(w);
         }
     }
@@ -317,230 +350,69 @@ impl<'a> Session<'a> {
         match ev {
             ReplicationEvent::Keepalive { wal_end, .. } => {
                 self.obs.server_wal_end(wal_end);
-                if self.txn.is_none() {
-                    let step = self.replay.keepalive(wal_end);
-                    self.apply(step).await?;
-                    if self.cfg.idle_flush {
-                        self.ledger.on_keepalive(wal_end);
-                    }
-                }
-                Ok(())
+                self.core
+                    .on_keepalive(wal_end)
+                    .map_err(|e| lift(e, &self.cfg.slot))?;
             }
             ReplicationEvent::XLogData {
                 wal_end, message, ..
             } => {
                 self.obs.received(wal_end);
-                self.on_message(message).await
+                let after = match message {
+                    LogicalMessage::Relation(r) => {
+                        let parent = match self.core.asks_parent(&r) {
+                            false => None,
+                            true => Some(self.is_partition_of_outbox(r.rel_id).await?),
+                        };
+                        if self.cfg.relay_table
+                            && (parent == Some(true) || self.cfg.table.matches(&r))
+                        {
+                            super::binary::verify_relation(self.cfg, &self.binary, &r)?;
+                        }
+                        self.core.on_relation(&r, parent).map(|()| After::Nothing)
+                    }
+                    other => self.core.on_message(other, PgTimestamp::now()),
+                };
+                match after.map_err(|e| lift(e, &self.cfg.slot))? {
+                    After::Nothing => {}
+                    After::LookAtPublication { commit } => {
+                        self.send_queued().await?;
+                        self.on_publication_guard(commit).await?;
+                    }
+                }
             }
         }
+        self.send_queued().await
     }
 
-    async fn on_message(&mut self, message: LogicalMessage) -> Result<(), RelayError> {
-        match message {
-            LogicalMessage::Begin(b) => {
-                self.ledger.begin()?;
-                let txn = TxnId::new(b.final_lsn, b.xid, b.commit_time);
-                self.txn = Some(CommitContext::new(b.final_lsn, b.commit_time));
-                self.last_commit_unix_micros = b.commit_time.unix_micros();
-                let step = self.replay.begin(txn);
-                if let Step::Resume { rows } = step {
-                    tracing::info!(
-                        commit_lsn = %txn.commit_lsn,
-                        xid = txn.xid,
-                        rows,
-                        "resuming inside a partly delivered transaction: its first {rows} published rows are already in Kafka"
-                    );
+    /// Hands the records the rules queued to the producer, answering each.
+    async fn send_queued(&mut self) -> Result<(), RelayError> {
+        while let Some(send) = self.core.take_send() {
+            let sent = self.send(&send.record, send.ticket).await;
+            let answer = match sent {
+                Ok(how) => self.core.sent(send, how),
+                Err(e) => {
+                    // No report will come, and the session ends with this error: settle
+                    // it as a failed delivery, which also keeps the watermark where it is.
+                    self.core
+                        .send_failed(send)
+                        .map_err(|e| lift(e, &self.cfg.slot))?;
+                    return Err(e);
                 }
-                self.apply(step).await?;
-            }
-            LogicalMessage::Commit(c) => {
-                // Before the ledger's: a mismatch must leave the transaction unconfirmed.
-                let step = self.replay.commit(c.end_lsn);
-                self.report_doubts();
-                let step = step.map_err(|m| RelayError::PartialReplay {
-                    commit_lsn: m.commit_lsn,
-                    recorded: m.recorded,
-                    read: m.read,
-                })?;
-                self.ledger.commit(c.end_lsn)?;
-                self.txn = None;
-                self.last_end_lsn = self.last_end_lsn.max(c.end_lsn);
-                self.apply(step).await?;
-            }
-            LogicalMessage::Relation(r) => self.on_relation(&r).await?,
-            LogicalMessage::Insert(i) => self.on_insert(&i).await?,
-            LogicalMessage::Message(m) => self.on_emitted(&m).await?,
-            // Deletes (insert-then-delete), updates and truncates are not events.
-            LogicalMessage::Update(_)
-            | LogicalMessage::Delete(_)
-            | LogicalMessage::Truncate(_)
-            | LogicalMessage::Origin(_)
-            | LogicalMessage::Type(_) => {}
-            other => {
-                return Err(RelayError::Protocol(format!(
-                    "unexpected pgoutput message {:?} (streaming and two-phase are not requested)",
-                    char::from(other.tag())
-                )))
-            }
+            };
+            answer.map_err(|e| lift(e, &self.cfg.slot))?;
         }
+        self.obs
+            .in_flight(self.core.ledger().len(), self.core.ledger().bytes());
         Ok(())
     }
 
-    async fn on_insert(&mut self, ins: &Insert) -> Result<(), RelayError> {
-        let table = match self.relations.get_mut(&ins.rel_id) {
-            Some(RelationRole::Outbox(t)) => Arc::clone(t),
-            Some(RelationRole::Ignored { unreported, .. }) => {
-                *unreported = unreported.saturating_add(1);
-                return Ok(());
-            }
-            None => {
-                return Err(RelayError::Protocol(format!(
-                    "insert into relation {} before its Relation message",
-                    ins.rel_id
-                )))
-            }
-        };
-        let ctx = self
-            .txn
-            .ok_or_else(|| RelayError::Protocol("insert outside a transaction".into()))?;
-        // Every outbox row is published: as its record or as a dead letter.
-        let NextRow::Publish(row) = self.next_row() else {
-            return Ok(());
-        };
-        let max = self.cfg.max_message_bytes;
-        let mapped = table
-            .map_insert(&ins.new_tuple, &ctx)
-            .and_then(|r| check_size(&r, max).map(|()| r));
-        let error = match mapped {
-            Ok(record) => match self.produce(&record, ctx, row).await? {
-                Produced::Queued => return Ok(()),
-                // Only if librdkafka's measure ever differs from check_size's.
-                Produced::TooLarge { size } => oversize_error(&record, size, max),
-            },
-            Err(error) => error,
-        };
-        let dlq = dead_letter_record(
-            &table,
-            &ins.new_tuple,
-            &error,
-            &ctx,
-            &self.cfg.dead_letter_topic,
-            max,
-        );
-        self.bad_row(error, dlq, ctx, row).await
-    }
-
-    async fn on_emitted(&mut self, m: &Message) -> Result<(), RelayError> {
-        if m.prefix == publication::PUBLICATION_GUARD_PREFIX && m.is_transactional() {
-            return self.on_publication_guard().await;
-        }
-        let Some(mapper) = self.cfg.emit.as_ref() else {
-            return Ok(());
-        };
-        if m.prefix != mapper.prefix() {
-            return Ok(());
-        }
-        // A non-transactional message arrives outside Begin/Commit; it gets a transaction
-        // of its own in the ledger that completes at the last commit end, so it holds
-        // the watermark until acked but never moves it past anything unseen.
-        let own_txn = self.txn.is_none();
-        let ctx = match self.txn {
-            Some(ctx) => ctx,
-            None => CommitContext::non_transactional(m, PgTimestamp::now()),
-        };
-        let max = self.cfg.max_message_bytes;
-        let mapped = mapper
-            .map_message(m, &ctx)
-            .and_then(|r| r.map(|r| check_size(&r, max).map(|()| r)).transpose());
-        // Only what is published (a record or a dead letter) is a row of the transaction.
-        let Some(mapped) = mapped.transpose() else {
-            return Ok(());
-        };
-        let NextRow::Publish(row) = self.next_row() else {
-            return Ok(());
-        };
-        if own_txn {
-            self.ledger.begin()?;
-        }
-        let error = match mapped {
-            Ok(record) => match self.produce(&record, ctx, row).await {
-                Ok(Produced::Queued) => None,
-                Ok(Produced::TooLarge { size }) => Some(Ok(oversize_error(&record, size, max))),
-                Err(e) => Some(Err(e)),
-            },
-            Err(error) => Some(Ok(error)),
-        };
-        let result = match error {
-            None => Ok(()),
-            Some(Err(e)) => Err(e),
-            Some(Ok(error)) => {
-                let dlq = dead_letter_message(m, &error, &ctx, &self.cfg.dead_letter_topic, max);
-                self.bad_row(error, dlq, ctx, row).await
-            }
-        };
-        if own_txn {
-            self.ledger.commit(self.last_end_lsn)?;
-        }
-        result
-    }
-
-    async fn bad_row(
+    /// Hands one record to the producer.
+    async fn send(
         &mut self,
-        error: RowError,
-        dead_letter: OutboxRecord,
-        ctx: CommitContext,
-        row: Option<RowId>,
-    ) -> Result<(), RelayError> {
-        match self.cfg.bad_row_policy {
-            // Not counted as dead-lettered: it was not, and the slot stays before it.
-            BadRowPolicy::Stop => Err(RelayError::BadRow {
-                error,
-                slot: self.cfg.slot.clone(),
-                commit_lsn: ctx.commit_lsn,
-            }),
-            BadRowPolicy::DeadLetter => {
-                tracing::warn!(
-                    event_id = %outbox_core::short_id(error.event_id().unwrap_or("")),
-                    kind = error.kind().as_str(),
-                    topic = %self.cfg.dead_letter_topic.as_str(),
-                    "dead-lettering a row: {error}"
-                );
-                match self.produce(&dead_letter, ctx, row).await? {
-                    Produced::Queued => {
-                        self.obs.dead_lettered(error.kind());
-                        Ok(())
-                    }
-                    // Dead-letter records are shrunk to fit; only a limit below what they
-                    // can shrink to gets here. Stop rather than confirm past the row.
-                    Produced::TooLarge { size } => {
-                        Err(RelayError::DeadLetterTooLarge { error, size })
-                    }
-                }
-            }
-        }
-    }
-
-    async fn produce(
-        &mut self,
-        rec: &OutboxRecord,
-        ctx: CommitContext,
-        row: Option<RowId>,
-    ) -> Result<Produced, RelayError> {
-        let ticket = self.ledger.produced(Outgoing {
-            topic: &rec.topic,
-            bytes: rec.approx_size(),
-            commit_unix_micros: ctx.commit_time.unix_micros(),
-            row,
-        })?;
-        if self.replay.holding() {
-            self.replay.hold(ticket, rec.clone(), row);
-            return Ok(Produced::Queued);
-        }
-        self.send(rec, ticket).await
-    }
-
-    /// Hands a registered record to the producer.
-    async fn send(&mut self, rec: &OutboxRecord, ticket: Ticket) -> Result<Produced, RelayError> {
+        rec: &outbox_core::OutboxRecord,
+        ticket: Ticket,
+    ) -> Result<Sent, RelayError> {
         let headers: Vec<(&str, &[u8])> = rec
             .headers
             .iter()
@@ -555,14 +427,8 @@ impl<'a> Session<'a> {
         };
         loop {
             match self.producer.send(&out, ticket.index()) {
-                Ok(()) => {
-                    self.obs.in_flight(self.ledger.len(), self.ledger.bytes());
-                    return Ok(Produced::Queued);
-                }
-                Err(SendError::MessageTooLarge { size }) => {
-                    self.ledger.refused(ticket)?;
-                    return Ok(Produced::TooLarge { size });
-                }
+                Ok(()) => return Ok(Sent::Queued),
+                Err(SendError::MessageTooLarge { size }) => return Ok(Sent::TooLarge { size }),
                 Err(SendError::QueueFull) => {
                     // librdkafka's own queue is full (its cap is at least ours, so rare):
                     // wait for one delivery and try again.
@@ -571,34 +437,30 @@ impl<'a> Session<'a> {
                     })?;
                     self.on_delivery(d)?;
                 }
-                Err(e) => {
-                    // No report will come, and the session ends with this error: settle it
-                    // as a failed delivery, which also keeps the watermark where it is.
-                    self.ledger.delivered(ticket, Outcome::Failed)?;
-                    return Err(e.into());
-                }
+                Err(e) => return Err(e.into()),
             }
         }
     }
 
     fn on_delivery(&mut self, d: Delivery) -> Result<(), RelayError> {
         let ticket = Ticket::from_index(d.ticket);
+        let acked = d.outcome.is_ok();
+        self.core
+            .on_delivery(ticket, acked)
+            .map_err(|e| lift(e, &self.cfg.slot))?;
         match d.outcome {
-            Ok(_) => {
-                let entry = self.ledger.delivered(ticket, Outcome::Acked)?;
-                if let Some(row) = entry.row {
-                    self.replay.acked(row);
-                }
-                self.events_acked = self.events_acked.saturating_add(1);
-                self.obs.published(entry.commit_unix_micros);
-                Ok(())
-            }
-            Err(failure) => {
-                self.ledger.delivered(ticket, Outcome::Failed)?;
-                self.obs.delivery_error();
-                Err(RelayError::Delivery(failure))
-            }
+            Ok(_) => Ok(()),
+            Err(failure) => Err(RelayError::Delivery(failure)),
         }
+    }
+
+    /// Whether the catalog calls relation `rel_id` a partition (any depth) of the outbox.
+    async fn is_partition_of_outbox(&self, rel_id: u32) -> Result<bool, RelayError> {
+        let table = &self.cfg.table;
+        bounded("looking up a relation's partition parent", async {
+            Ok(preflight::is_partition_of(&self.sql, rel_id, &table.schema, &table.table).await?)
+        })
+        .await
     }
 
     /// Stop reading, wait (bounded) for in-flight acks, confirm, and end the stream.
@@ -609,7 +471,7 @@ impl<'a> Session<'a> {
     ) -> Result<SessionEnd, RelayError> {
         if !self.await_acks(deadline, true).await? {
             tracing::warn!(
-                unacked = self.ledger.len(),
+                unacked = self.core.ledger().len(),
                 "shutdown timeout: unacknowledged messages will be re-sent after restart"
             );
         }
@@ -624,7 +486,7 @@ impl<'a> Session<'a> {
             }
         }
         self.advance();
-        tracing::info!(confirmed = %self.confirmed, "confirming the final position and closing the stream");
+        tracing::info!(confirmed = %self.core.confirmed(), "confirming the final position and closing the stream");
         stream.send_status_now().await?;
         // After the status update, and within what is left of the deadline (at least a
         // moment): with Kafka down the write would otherwise hold the shutdown for its own

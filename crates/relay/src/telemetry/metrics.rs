@@ -94,7 +94,12 @@ pub struct Metrics {
     in_flight_messages: AtomicU64,
     in_flight_bytes: AtomicU64,
     received_lsn: AtomicU64,
+    acked_lsn: AtomicU64,
     confirmed_lsn: AtomicU64,
+    /// The highest confirmed position this process has seen: the bytes counter counts
+    /// only advances past it, so a session that restarts lower does not count twice.
+    confirmed_high: AtomicU64,
+    confirmed_bytes: AtomicU64,
     server_wal_end_lsn: AtomicU64,
     lag_bytes: AtomicU64,
     slot_retained_wal_bytes: AtomicU64,
@@ -136,7 +141,10 @@ impl Default for Metrics {
             in_flight_messages: AtomicU64::new(0),
             in_flight_bytes: AtomicU64::new(0),
             received_lsn: AtomicU64::new(0),
+            acked_lsn: AtomicU64::new(0),
             confirmed_lsn: AtomicU64::new(0),
+            confirmed_high: AtomicU64::new(0),
+            confirmed_bytes: AtomicU64::new(0),
             server_wal_end_lsn: AtomicU64::new(0),
             lag_bytes: AtomicU64::new(0),
             slot_retained_wal_bytes: AtomicU64::new(0),
@@ -178,7 +186,13 @@ pub struct MetricsSnapshot {
     pub in_flight_messages: u64,
     pub in_flight_bytes: u64,
     pub received_lsn: u64,
+    /// Everything before it is acknowledged by Kafka (the ack watermark); the slot is
+    /// confirmed up to it once the publication look allows.
+    pub acked_lsn: u64,
     pub confirmed_lsn: u64,
+    /// Bytes of WAL the confirmed position advanced in this process, from its first
+    /// confirmed position on (that one is where the slot was, not throughput).
+    pub confirmed_bytes_total: u64,
     pub server_wal_end_lsn: u64,
     pub lag_bytes: u64,
     pub slot_retained_wal_bytes: u64,
@@ -284,8 +298,18 @@ impl Metrics {
         set(&self.received_lsn, lsn);
     }
 
+    pub fn set_acked_lsn(&self, lsn: u64) {
+        set(&self.acked_lsn, lsn);
+    }
+
     pub fn set_confirmed_lsn(&self, lsn: u64) {
         set(&self.confirmed_lsn, lsn);
+        let high = self.confirmed_high.fetch_max(lsn, Ordering::Relaxed);
+        // 0: the first position of this process (a start, a takeover) is where the slot
+        // stood, not WAL relayed now.
+        if high != 0 && lsn > high {
+            add(&self.confirmed_bytes, lsn - high);
+        }
     }
 
     pub fn set_server_wal_end_lsn(&self, lsn: u64) {
@@ -391,7 +415,9 @@ impl Metrics {
             in_flight_messages: load(&self.in_flight_messages),
             in_flight_bytes: load(&self.in_flight_bytes),
             received_lsn: load(&self.received_lsn),
+            acked_lsn: load(&self.acked_lsn),
             confirmed_lsn: load(&self.confirmed_lsn),
+            confirmed_bytes_total: load(&self.confirmed_bytes),
             server_wal_end_lsn: load(&self.server_wal_end_lsn),
             lag_bytes: load(&self.lag_bytes),
             slot_retained_wal_bytes: load(&self.slot_retained_wal_bytes),
@@ -457,6 +483,26 @@ mod tests {
         );
         m.set_oldest_unacked(None);
         assert_eq!(m.snapshot(later).oldest_unacked_age, Duration::ZERO);
+    }
+
+    #[test]
+    fn confirmed_bytes_count_advances_after_the_first_position_only() {
+        let m = Metrics::new();
+        let start = 0x2_0000_0000;
+        m.set_confirmed_lsn(start);
+        assert_eq!(m.snapshot(SystemTime::now()).confirmed_bytes_total, 0);
+        m.set_confirmed_lsn(start + 100);
+        m.set_confirmed_lsn(start + 250);
+        assert_eq!(m.snapshot(SystemTime::now()).confirmed_bytes_total, 250);
+        // A new session starts lower (the slot's own position): only what passes the
+        // highest seen counts.
+        m.set_confirmed_lsn(start + 200);
+        m.set_confirmed_lsn(start + 300);
+        let s = m.snapshot(SystemTime::now());
+        assert_eq!(
+            (s.confirmed_lsn, s.confirmed_bytes_total),
+            (start + 300, 300)
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::health::Health;
 use super::metrics::Metrics;
+use super::process::ProcessSnapshot;
 use super::render::render_all;
 
 /// One relay's metrics and readiness.
@@ -50,7 +51,9 @@ impl Telemetry {
             .map(|r| (r.shard, r.metrics.snapshot(now)))
             .collect();
         let refs: Vec<_> = snapshots.iter().map(|(shard, s)| (*shard, s)).collect();
-        render_all(&refs)
+        let mut text = render_all(&refs);
+        text.push_str(&super::process::render(ProcessSnapshot::read().as_ref()));
+        text
     }
 
     pub fn liveness(&self) -> Result<(), String> {
@@ -136,7 +139,12 @@ mod tests {
                 .count(),
             1
         );
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
+        // The process's own metrics are the process's, not a shard's.
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.starts_with("process_"))
+            .filter(|l| !l.starts_with("outboxd_build_info"))
+        {
             assert!(line.contains("{shard=\""), "unlabelled sample {line}");
         }
     }

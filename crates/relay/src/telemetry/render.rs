@@ -164,6 +164,30 @@ pub fn render_all(relays: &[(Option<u32>, &MetricsSnapshot)]) -> String {
     );
     out.single(
         relays,
+        "acked_lsn",
+        "gauge",
+        "WAL position before which every event is acknowledged by Kafka (the slot is confirmed up to it after the publication check).",
+        |s| s.acked_lsn,
+    );
+    out.single(
+        relays,
+        "confirmed_bytes_total",
+        "counter",
+        "Bytes of WAL the confirmed position advanced in this process (its first position, where the slot stood, is not counted): rate() of it is the relay's throughput in WAL.",
+        |s| s.confirmed_bytes_total,
+    );
+    out.header(
+        "lag_breakdown_bytes",
+        "gauge",
+        "Where the lag is, by stage: receive = the server's WAL end minus what was received; ack = received, not yet acknowledged by Kafka; confirm = acknowledged, not yet confirmed to the slot.",
+    );
+    out.each(relays, |out, s| {
+        for (stage, bytes) in lag_breakdown(s) {
+            out.sample("lag_breakdown_bytes", Some(("stage", stage)), bytes);
+        }
+    });
+    out.single(
+        relays,
         "server_wal_end_lsn",
         "gauge",
         "Server WAL end reported by the last keepalive.",
@@ -270,6 +294,25 @@ pub fn render_all(relays: &[(Option<u32>, &MetricsSnapshot)]) -> String {
     out.text
 }
 
+/// The lag split into stages, server end → received → acked → confirmed. The positions
+/// are updated at different moments (confirmed with every ack, acked once a second,
+/// received with data only: idle keepalives move the others), so each is taken as at
+/// least the one after it: nothing is confirmed unacked, nor acked unreceived. All zero
+/// until the relay has confirmed a position.
+fn lag_breakdown(s: &MetricsSnapshot) -> [(&'static str, u64); 3] {
+    if s.confirmed_lsn == 0 {
+        return [("receive", 0), ("ack", 0), ("confirm", 0)];
+    }
+    let acked = s.acked_lsn.max(s.confirmed_lsn);
+    let received = s.received_lsn.max(acked);
+    let server_end = s.server_wal_end_lsn.max(received);
+    [
+        ("receive", server_end - received),
+        ("ack", received - acked),
+        ("confirm", acked - s.confirmed_lsn),
+    ]
+}
+
 /// Seconds with microsecond precision, without going through floats.
 fn micros_as_seconds(micros: u64) -> String {
     let frac = micros % 1_000_000;
@@ -361,6 +404,31 @@ mod tests {
     use super::*;
     use outbox_core::RowErrorKind;
     use std::time::UNIX_EPOCH;
+
+    #[test]
+    fn lag_breakdown_adds_up_and_never_goes_negative() {
+        let m = Metrics::new();
+        assert_eq!(
+            lag_breakdown(&m.snapshot(UNIX_EPOCH)),
+            [("receive", 0), ("ack", 0), ("confirm", 0)]
+        );
+        m.set_server_wal_end_lsn(1_000);
+        m.set_received_lsn(900);
+        m.set_acked_lsn(700);
+        m.set_confirmed_lsn(600);
+        assert_eq!(
+            lag_breakdown(&m.snapshot(UNIX_EPOCH)),
+            [("receive", 100), ("ack", 200), ("confirm", 100)]
+        );
+        // Idle: keepalives moved acked and confirmed past the last data received, and
+        // the acked gauge (once a second) trails the confirmed one.
+        m.set_confirmed_lsn(1_000);
+        m.set_acked_lsn(950);
+        assert_eq!(
+            lag_breakdown(&m.snapshot(UNIX_EPOCH)),
+            [("receive", 0), ("ack", 0), ("confirm", 0)]
+        );
+    }
 
     #[test]
     fn seconds_formatting() {

@@ -71,7 +71,7 @@ const LINEAGE_CHECK_EVERY: Duration = Duration::from_secs(30);
 impl Session<'_> {
     /// The record of what this session claims Kafka has.
     pub(super) fn progress_record(&mut self) -> ProgressRecord {
-        let (claim, lineage) = self.replay.claim_at(self.confirmed);
+        let (claim, lineage) = self.core.claim();
         ProgressRecord {
             publication: self.publication.as_ref().map(|w| w.last.clone()),
             ..ProgressRecord::of(claim, lineage)
@@ -108,7 +108,7 @@ impl Session<'_> {
         // nothing changed (a stuck partition holds everything still for a long time).
         let record = self.progress_record();
         let position = record.confirmed_lsn();
-        let lineages = self.replay.lineages();
+        let lineages = self.core.lineages();
         let obs = self.obs.clone();
         if let Some(p) = self.progress.as_mut() {
             let unacked = p.store.writes_acked() == p.acked_at_start;
@@ -165,12 +165,13 @@ impl Session<'_> {
     /// What this session claims Kafka has, and its lineage, for the next session of the
     /// process: proven against the replay like a progress record.
     pub(in crate::pipeline) fn delivered(&mut self) -> (DeliveredPosition, u64) {
-        self.replay.claim_at(self.confirmed)
+        self.core.claim()
     }
 
     /// Whether this session moved the confirmed position, or streamed for a good while:
     /// what allows the reconnect backoff to start over.
     pub(in crate::pipeline) fn made_progress(&self) -> bool {
-        self.confirmed > self.start || self.started_at.elapsed() >= STREAMED_LONG_ENOUGH
+        self.core.confirmed() > self.core.start()
+            || self.started_at.elapsed() >= STREAMED_LONG_ENOUGH
     }
 }

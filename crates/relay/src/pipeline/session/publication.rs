@@ -7,7 +7,7 @@
 //!
 //! Seeing it is not enough: the slot must not have been confirmed past the rows it hid.
 //! So the slot is confirmed only up to what was acknowledged when the last matching look
-//! began (`cap`): everything in it was received, and so written to the WAL, before that
+//! began (`SessionCore::raise_cap`): everything in it was received, and so written to the WAL, before that
 //! look read the catalog, and a change made before those rows would have shown.
 
 use std::time::Instant;
@@ -17,11 +17,6 @@ use pgoutput::{Lsn, PgTimestamp};
 use super::{bounded, Session};
 use crate::kafka::{ProgressError, PublicationSeen, SlotRecords};
 use crate::pipeline::error::RelayError;
-
-/// The prefix of the transactional message `sql/publication-guard.sql`'s event trigger
-/// emits in every transaction that changes a publication: the exact WAL position of the
-/// change, where polling the catalog only brackets it.
-pub const PUBLICATION_GUARD_PREFIX: &str = "outboxd.publication";
 
 /// The publication's identity now, with the server's WAL position and clock before it
 /// was read: a change committed after that position may be missing from the identity,
@@ -62,10 +57,9 @@ pub fn compare(
 
 /// What the session knows of the publication.
 pub(super) struct PublicationWatch {
-    /// The last look that matched.
+    /// The last look that matched; the slot is confirmed no further than what was acked
+    /// when it began (`SessionCore::raise_cap`, see the module's doc).
     pub(super) last: PublicationSeen,
-    /// The slot is confirmed no further (see the module's doc).
-    pub(super) cap: Lsn,
     pub(super) looked_at: Instant,
     /// The progress record could not be read at the start, so the start's look was not
     /// compared with the record's: until it is (read again in the background), the cap
@@ -79,10 +73,9 @@ pub(super) enum Baseline {
 }
 
 impl PublicationWatch {
-    pub(super) fn new(start_look: PublicationSeen, start: Lsn, compared: bool) -> Self {
+    pub(super) fn new(start_look: PublicationSeen, compared: bool) -> Self {
         PublicationWatch {
             last: start_look,
-            cap: start,
             looked_at: Instant::now(),
             baseline: if compared {
                 Baseline::Compared
@@ -106,7 +99,7 @@ impl Session<'_> {
         };
         let last = watch.last.clone();
         // Before the look: all of it was received, so written, before the look began.
-        let acked = self.ledger.watermark();
+        let acked = self.core.watermark();
         let table = &self.cfg.table;
         let now = bounded(
             "checking the publication",
@@ -122,7 +115,7 @@ impl Session<'_> {
             watch.last = now;
             watch.looked_at = Instant::now();
             if watch.compared() {
-                watch.cap = watch.cap.max(acked);
+                self.core.raise_cap(acked);
             }
         }
         Ok(())
@@ -138,13 +131,14 @@ impl Session<'_> {
     /// A guard message: the transaction it is in changed a publication. Rows after it
     /// are decoded by the new catalog, so look now; a change names this transaction's
     /// commit as where re-publishing starts.
-    pub(super) async fn on_publication_guard(&mut self) -> Result<(), RelayError> {
+    pub(super) async fn on_publication_guard(
+        &mut self,
+        commit: Option<(Lsn, PgTimestamp)>,
+    ) -> Result<(), RelayError> {
         let Some(watch) = self.publication.as_mut() else {
             return Ok(());
         };
-        let commit = self.txn.map_or((Lsn::ZERO, PgTimestamp::now()), |t| {
-            (t.commit_lsn, t.commit_time)
-        });
+        let commit = commit.unwrap_or((Lsn::ZERO, PgTimestamp::now()));
         // Kept on failure too: the next session of this process starts from this look.
         watch.last = PublicationSeen {
             identity: watch.last.identity.clone(),

@@ -28,9 +28,11 @@ impl Session<'_> {
         self.obs
             .status_updates_sent(sent.saturating_sub(self.status_updates_reported));
         self.status_updates_reported = sent;
-        self.obs.in_flight(self.ledger.len(), self.ledger.bytes());
-        self.obs
-            .oldest_unacked(self.ledger.oldest_commit_unix_micros());
+        let ledger = self.core.ledger();
+        self.obs.in_flight(ledger.len(), ledger.bytes());
+        // The lag breakdown's acked position (before the publication's cap).
+        self.obs.acked(ledger.watermark());
+        self.obs.oldest_unacked(ledger.oldest_commit_unix_micros());
         self.report_stuck_event();
         if self
             .progress
@@ -38,8 +40,10 @@ impl Session<'_> {
             .is_some_and(|p| p.store.foreign_writer())
         {
             // Another live copy records under this key: its claims prove nothing here.
-            let step = self.replay.doubt(outbox_core::Doubt::ForeignWriter);
-            self.apply(step).await?;
+            self.core
+                .doubt(outbox_core::Doubt::ForeignWriter)
+                .map_err(|e| super::lift(e, &self.cfg.slot))?;
+            self.send_queued().await?;
         }
         if let Some(Err(e)) = self
             .progress
@@ -111,17 +115,16 @@ impl Session<'_> {
     /// Logs the backlog's progress (see `catchup`) against the server's WAL end.
     fn report_catch_up(&mut self, server_wal: Lsn) {
         // How far back in time reading is: the newest commit read (0: none yet).
-        let commit_age = (self.last_commit_unix_micros > 0).then(|| {
-            let micros = PgTimestamp::now()
-                .unix_micros()
-                .saturating_sub(self.last_commit_unix_micros);
+        let last_commit = self.core.last_commit_unix_micros();
+        let commit_age = (last_commit > 0).then(|| {
+            let micros = PgTimestamp::now().unix_micros().saturating_sub(last_commit);
             Duration::from_micros(u64::try_from(micros).unwrap_or(0))
         });
         let sample = Sample {
             at: self.started_at.elapsed(),
             server_wal,
-            confirmed: self.confirmed,
-            events: self.events_acked,
+            confirmed: self.core.confirmed(),
+            events: self.core.events_acked(),
             commit_age,
         };
         let age = |a: Option<Duration>| a.map_or("?".to_owned(), catchup::human_duration);
@@ -168,7 +171,8 @@ impl Session<'_> {
     /// leader, a broker refusing writes) holds the slot back without any error: say which
     /// topic, every so often, so the on-call engineer does not have to guess.
     fn report_stuck_event(&mut self) {
-        let Some(oldest) = self.ledger.oldest() else {
+        let ledger = self.core.ledger();
+        let Some(oldest) = ledger.oldest() else {
             self.last_stuck_report = None;
             return;
         };
@@ -182,11 +186,11 @@ impl Session<'_> {
         if age >= STUCK_REPORT_EVERY && due {
             self.last_stuck_report = Some(Instant::now());
             tracing::warn!(
-                topic = self.ledger.topic_name(oldest),
-                unacked = self.ledger.len(),
+                topic = ledger.topic_name(oldest),
+                unacked = ledger.len(),
                 age_s = age.as_secs(),
                 "an event to topic {} has waited {} s for Kafka's ack, holding the slot back; check that the topic exists (or that brokers create topics) and that its partitions have a leader",
-                self.ledger.topic_name(oldest),
+                ledger.topic_name(oldest),
                 age.as_secs()
             );
         }

@@ -1,0 +1,750 @@
+//! The rules of one replication session, with no IO: decoded pgoutput messages,
+//! keepalives and delivery reports in; records to send, the position to confirm and the
+//! session's claim out. The relay's session (`crates/relay`) feeds it from the stream and
+//! the producer; the simulator (`crates/sim`) feeds it seeded histories and faults. Both
+//! run this code, so what the simulator checks is what the relay does.
+//!
+//! What it decides:
+//! - what each relation is (the outbox, a partition of it, another table);
+//! - which rows become which records, which are dead-lettered or stop the session
+//!   ([`BadRowPolicy`]), and which of a replay are already in Kafka ([`ReplayCore`]);
+//! - what is in flight and how far the slot may be confirmed ([`InFlightLedger`]),
+//!   capped at the publication's last matching look;
+//! - that a shutdown first finishes the open transaction ([`SessionCore::may_stop`]).
+//!
+//! Records go out through [`SessionCore::take_send`]; the caller hands each to the
+//! producer and answers [`SessionCore::sent`] (or [`SessionCore::send_failed`]) before
+//! the next input, since a record the producer refuses as too large becomes a dead letter
+//! in the same transaction.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use pgoutput::{Insert, LogicalMessage, Lsn, Message, PgTimestamp, Relation, TupleData};
+
+use crate::budget::InFlightCaps;
+use crate::delivered::{DeliveredPosition, Doubt, RowId, TxnId};
+use crate::dlq::{dead_letter_message, dead_letter_record};
+use crate::emit::EmitMapper;
+use crate::error::{AckError, RowError, ShapeError};
+use crate::ledger::{InFlightLedger, Outcome, Outgoing, Ticket};
+use crate::mapping::{BoundTable, TableSpec};
+use crate::record::{check_size, oversize_error, CommitContext, OutboxRecord};
+use crate::replay::{NextRow, PartialMismatch, ReplayCore, ReplayStart, Step};
+use crate::topic::TopicName;
+
+/// The prefix of the transactional message `sql/publication-guard.sql`'s event trigger
+/// emits in every transaction that changes a publication: the exact WAL position of the
+/// change, where polling the catalog only brackets it.
+pub const PUBLICATION_GUARD_PREFIX: &str = "outboxd.publication";
+
+/// What becomes of a row that cannot be published as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadRowPolicy {
+    DeadLetter,
+    Stop,
+}
+
+/// What the rules need of the relay's settings.
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    pub table: TableSpec,
+    /// false: only emitted messages are relayed.
+    pub relay_table: bool,
+    pub emit: Option<EmitMapper>,
+    pub dead_letter_topic: TopicName,
+    pub bad_row_policy: BadRowPolicy,
+    pub max_message_bytes: usize,
+    pub caps: InFlightCaps,
+    /// Keepalives may move the position over WAL with nothing for the relay.
+    pub idle_flush: bool,
+}
+
+impl CoreConfig {
+    /// The settings that decide what is published, as one number: a claim recorded under
+    /// other settings proves nothing (`heartbeat`: heartbeats are streamed; `publication`
+    /// and `catalog`: its name and catalog identity).
+    pub fn fingerprint(&self, heartbeat: bool, publication: &str, catalog: &str) -> u64 {
+        let on = |b: bool| if b { "on" } else { "off" };
+        crate::delivered::Fingerprint::default()
+            .add("table", &format!("{:?}", self.table))
+            .add("relay_table", on(self.relay_table))
+            .add("emit", &format!("{:?}", self.emit))
+            .add("heartbeat", on(heartbeat))
+            .add("dead_letter_topic", self.dead_letter_topic.as_str())
+            .add("bad_row_policy", &format!("{:?}", self.bad_row_policy))
+            .add("max_message_bytes", &self.max_message_bytes.to_string())
+            .add("publication", publication)
+            .add("publication_catalog", catalog)
+            .finish()
+    }
+}
+
+/// Why a session stops.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("ack tracking error: {0}")]
+    Ack(#[from] AckError),
+    #[error(transparent)]
+    Shape(#[from] ShapeError),
+    #[error("replication protocol error: {0}")]
+    Protocol(String),
+    #[error("the partly delivered transaction at {} came back with {} rows where {} were recorded", .0.commit_lsn, .0.read, .0.recorded)]
+    PartialReplay(PartialMismatch),
+    /// Under [`BadRowPolicy::Stop`]; the slot stays before `commit_lsn`.
+    #[error("bad outbox row: {error}")]
+    BadRow { error: RowError, commit_lsn: Lsn },
+    #[error("bad outbox row: {error}; its dead-letter record of {size} bytes does not fit")]
+    DeadLetterTooLarge { error: RowError, size: usize },
+    /// Inserts into a relation shaped like the outbox that the catalog does not call a
+    /// partition of it (one detached or dropped since its rows were written).
+    #[error("inserts into {relation}, shaped like {table} but not a partition of it")]
+    OutboxLikeRelation { relation: String, table: String },
+}
+
+/// A row left unpublished because Kafka has it.
+#[derive(Debug, Clone, Copy)]
+pub enum Skipped<'a> {
+    /// A held record of a replay proven delivered.
+    Held(&'a OutboxRecord),
+    /// A leading row of the partly delivered transaction, before it was mapped.
+    Row(&'a TupleData),
+    /// The same, for an emitted message.
+    Message(&'a Message),
+}
+
+/// What the rules report as they go: metrics and logs in the relay, checks in the
+/// simulator. Every method defaults to nothing.
+pub trait Observe {
+    fn skipped(&mut self, _what: Skipped<'_>) {}
+    /// A bad row's dead-letter record was queued (or held with its replay); under
+    /// [`BadRowPolicy::Stop`] nothing is: the row was not dead-lettered.
+    fn dead_lettered(&mut self, _error: &RowError, _topic: &TopicName) {}
+    /// The broker acknowledged a message of a transaction committed at this time.
+    fn acked(&mut self, _commit_unix_micros: i64) {}
+    fn delivery_failed(&mut self) {}
+    /// How many records the replay holds now.
+    fn held(&mut self, _n: usize) {}
+    fn doubt(&mut self, _d: Doubt, _held: usize) {}
+    /// A partly delivered transaction begins: its first `rows` rows are skipped.
+    fn resuming(&mut self, _txn: TxnId, _rows: u64) {}
+}
+
+/// A record to hand to the producer under `ticket`, answered with
+/// [`SessionCore::sent`] or [`SessionCore::send_failed`].
+#[derive(Debug)]
+pub struct ToSend {
+    pub ticket: Ticket,
+    pub record: OutboxRecord,
+    origin: Origin,
+    /// The non-transactional message's own ledger transaction ends with this send.
+    closes_own_txn: bool,
+}
+
+/// What a record came from, for the dead letter it becomes if it is refused.
+#[derive(Debug)]
+enum Origin {
+    Row {
+        table: Arc<BoundTable>,
+        tuple: TupleData,
+        ctx: CommitContext,
+        row: Option<RowId>,
+    },
+    Message {
+        message: Message,
+        ctx: CommitContext,
+        row: Option<RowId>,
+    },
+    DeadLetter {
+        error: RowError,
+    },
+    /// Held while its replay was proven, then doubted.
+    Released,
+}
+
+/// How the producer took a [`ToSend`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    Queued,
+    /// Refused for `message.max.bytes`, as the producer measured it: a bad row, since
+    /// the same record is refused on every replay.
+    TooLarge {
+        size: usize,
+    },
+}
+
+/// What the rules make of a relation of the stream.
+#[derive(Debug)]
+enum Role {
+    /// The outbox table, or a partition of it (any depth; bound by column names).
+    Outbox(Arc<BoundTable>),
+    /// Another published relation: its inserts are counted, not published.
+    Ignored { name: String, unreported: u64 },
+}
+
+/// What the caller does after a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum After {
+    Nothing,
+    /// A publication-guard message: the transaction it is in changed a publication, so
+    /// look at it now (`commit`: where re-publishing would start).
+    LookAtPublication {
+        commit: Option<(Lsn, PgTimestamp)>,
+    },
+}
+
+/// See the module docs.
+pub struct SessionCore<O> {
+    cfg: CoreConfig,
+    obs: O,
+    ledger: InFlightLedger,
+    relations: HashMap<u32, Role>,
+    txn: Option<CommitContext>,
+    /// End of the last transaction received, for emitted non-transactional messages.
+    last_end_lsn: Lsn,
+    confirmed: Lsn,
+    start: Lsn,
+    replay: ReplayCore<OutboxRecord>,
+    /// Confirm no further (`None`: no publication is watched).
+    cap: Option<Lsn>,
+    sends: VecDeque<ToSend>,
+    last_commit_unix_micros: i64,
+    events_acked: u64,
+}
+
+impl<O: Observe> SessionCore<O> {
+    /// `replay.start` is the slot's confirmed position; `watch_publication`: the slot is
+    /// confirmed only up to [`SessionCore::raise_cap`].
+    pub fn new(cfg: CoreConfig, replay: ReplayStart, watch_publication: bool, obs: O) -> Self {
+        let start = replay.start;
+        let mut core = SessionCore {
+            ledger: InFlightLedger::new(start, cfg.caps),
+            cfg,
+            obs,
+            relations: HashMap::new(),
+            txn: None,
+            last_end_lsn: start,
+            confirmed: start,
+            start,
+            replay: ReplayCore::new(replay),
+            cap: watch_publication.then_some(start),
+            sends: VecDeque::new(),
+            last_commit_unix_micros: 0,
+            events_acked: 0,
+        };
+        // What the claim's first look found (cut at the server's end, other settings).
+        core.report_doubts();
+        core
+    }
+
+    pub fn observer(&mut self) -> &mut O {
+        &mut self.obs
+    }
+
+    /// Whether the stream may be read: room in flight. A hold that fills it is given up
+    /// first (nothing held is ever acked, so waiting for room would wait forever); its
+    /// records are then in [`SessionCore::take_send`].
+    pub fn make_room(&mut self) -> Result<bool, SessionError> {
+        if self.replay.held_len() > 0 && !self.ledger.has_room() {
+            let step = self.replay.hold_full();
+            self.apply(step)?;
+        }
+        Ok(self.ledger.has_room())
+    }
+
+    /// The next record to hand to the producer.
+    pub fn take_send(&mut self) -> Option<ToSend> {
+        self.sends.pop_front()
+    }
+
+    /// A keepalive with the server's WAL end.
+    pub fn on_keepalive(&mut self, wal_end: Lsn) -> Result<(), SessionError> {
+        if self.txn.is_none() {
+            let step = self.replay.keepalive(wal_end);
+            self.apply(step)?;
+            if self.cfg.idle_flush {
+                self.ledger.on_keepalive(wal_end);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a Relation message needs the catalog's word on whether it is a partition of
+    /// the outbox, for [`SessionCore::on_relation`].
+    pub fn asks_parent(&self, r: &Relation) -> bool {
+        self.cfg.relay_table && !self.cfg.table.matches(r)
+    }
+
+    /// `partition_of_outbox`: the catalog's answer when [`SessionCore::asks_parent`].
+    pub fn on_relation(
+        &mut self,
+        r: &Relation,
+        partition_of_outbox: Option<bool>,
+    ) -> Result<(), SessionError> {
+        let table = &self.cfg.table;
+        let bound = if !self.cfg.relay_table {
+            None
+        } else if table.matches(r) {
+            Some(BoundTable::bind(r, table)?)
+        } else if partition_of_outbox.ok_or_else(|| {
+            SessionError::Protocol(format!(
+                "relation {} taken without the catalog's word on its parent",
+                r.rel_id
+            ))
+        })? {
+            Some(BoundTable::bind_partition(r, table)?)
+        } else if BoundTable::bind_partition(r, table).is_ok() {
+            // Shaped like the outbox but, in today's catalog, neither it nor a partition
+            // of it: ignoring it could drop events.
+            return Err(SessionError::OutboxLikeRelation {
+                relation: qualified_relation_name(r),
+                table: table.qualified_name(),
+            });
+        } else {
+            None
+        };
+        let role = match bound {
+            Some(bound) => Role::Outbox(Arc::new(bound)),
+            None => Role::Ignored {
+                name: qualified_relation_name(r),
+                // A re-sent Relation (after a schema change) keeps the count not reported.
+                unreported: match self.relations.get(&r.rel_id) {
+                    Some(Role::Ignored { unreported, .. }) => *unreported,
+                    _ => 0,
+                },
+            },
+        };
+        self.relations.insert(r.rel_id, role);
+        Ok(())
+    }
+
+    /// Any other message of the stream; `now` dates a non-transactional message.
+    pub fn on_message(
+        &mut self,
+        message: LogicalMessage,
+        now: PgTimestamp,
+    ) -> Result<After, SessionError> {
+        match message {
+            LogicalMessage::Begin(b) => {
+                self.ledger.begin()?;
+                let txn = TxnId::new(b.final_lsn, b.xid, b.commit_time);
+                self.txn = Some(CommitContext::new(b.final_lsn, b.commit_time));
+                self.last_commit_unix_micros = b.commit_time.unix_micros();
+                let step = self.replay.begin(txn);
+                if let Step::Resume { rows } = step {
+                    self.obs.resuming(txn, rows);
+                }
+                self.apply(step)?;
+            }
+            LogicalMessage::Commit(c) => {
+                // Before the ledger's: a mismatch must leave the transaction unconfirmed.
+                let step = self.replay.commit(c.end_lsn);
+                self.report_doubts();
+                let step = step.map_err(SessionError::PartialReplay)?;
+                self.ledger.commit(c.end_lsn)?;
+                self.txn = None;
+                self.last_end_lsn = self.last_end_lsn.max(c.end_lsn);
+                self.apply(step)?;
+            }
+            LogicalMessage::Relation(r) => {
+                if self.asks_parent(&r) {
+                    return Err(SessionError::Protocol(format!(
+                        "relation {} needs on_relation with its parent looked up",
+                        r.rel_id
+                    )));
+                }
+                self.on_relation(&r, None)?;
+            }
+            LogicalMessage::Insert(i) => self.on_insert(i)?,
+            LogicalMessage::Message(m) => return self.on_emitted(m, now),
+            // Deletes (insert-then-delete), updates and truncates are not events.
+            LogicalMessage::Update(_)
+            | LogicalMessage::Delete(_)
+            | LogicalMessage::Truncate(_)
+            | LogicalMessage::Origin(_)
+            | LogicalMessage::Type(_) => {}
+            other => {
+                return Err(SessionError::Protocol(format!(
+                    "unexpected pgoutput message {:?} (streaming and two-phase are not requested)",
+                    char::from(other.tag())
+                )))
+            }
+        }
+        Ok(After::Nothing)
+    }
+
+    fn on_insert(&mut self, ins: Insert) -> Result<(), SessionError> {
+        let table = match self.relations.get_mut(&ins.rel_id) {
+            Some(Role::Outbox(t)) => Arc::clone(t),
+            Some(Role::Ignored { unreported, .. }) => {
+                *unreported = unreported.saturating_add(1);
+                return Ok(());
+            }
+            None => {
+                return Err(SessionError::Protocol(format!(
+                    "insert into relation {} before its Relation message",
+                    ins.rel_id
+                )))
+            }
+        };
+        let ctx = self
+            .txn
+            .ok_or_else(|| SessionError::Protocol("insert outside a transaction".into()))?;
+        // Every outbox row is published: as its record or as a dead letter.
+        let row = match self.replay.next_row() {
+            NextRow::Publish(row) => row,
+            NextRow::InKafka => {
+                self.obs.skipped(Skipped::Row(&ins.new_tuple));
+                return Ok(());
+            }
+        };
+        let max = self.cfg.max_message_bytes;
+        let mapped = table
+            .map_insert(&ins.new_tuple, &ctx)
+            .and_then(|r| check_size(&r, max).map(|()| r));
+        match mapped {
+            Ok(record) => {
+                let origin = Origin::Row {
+                    table,
+                    tuple: ins.new_tuple,
+                    ctx,
+                    row,
+                };
+                self.produce(record, origin, ctx, row, false)
+            }
+            Err(error) => {
+                let dlq = dead_letter_record(
+                    &table,
+                    &ins.new_tuple,
+                    &error,
+                    &ctx,
+                    &self.cfg.dead_letter_topic,
+                    max,
+                );
+                self.bad_row(error, dlq, ctx, row, false)
+            }
+        }
+    }
+
+    fn on_emitted(&mut self, m: Message, now: PgTimestamp) -> Result<After, SessionError> {
+        if m.prefix == PUBLICATION_GUARD_PREFIX && m.is_transactional() {
+            let commit = self.txn.map(|t| (t.commit_lsn, t.commit_time));
+            return Ok(After::LookAtPublication { commit });
+        }
+        let Some(mapper) = self.cfg.emit.as_ref() else {
+            return Ok(After::Nothing);
+        };
+        if m.prefix != mapper.prefix() {
+            return Ok(After::Nothing);
+        }
+        // A non-transactional message arrives outside Begin/Commit; it gets a transaction
+        // of its own in the ledger that completes at the last commit end, so it holds
+        // the watermark until acked but never moves it past anything unseen.
+        let own_txn = self.txn.is_none();
+        let ctx = match self.txn {
+            Some(ctx) => ctx,
+            None => CommitContext::non_transactional(&m, now),
+        };
+        let max = self.cfg.max_message_bytes;
+        let mapped = mapper
+            .map_message(&m, &ctx)
+            .and_then(|r| r.map(|r| check_size(&r, max).map(|()| r)).transpose());
+        // Only what is published (a record or a dead letter) is a row of the transaction.
+        let Some(mapped) = mapped.transpose() else {
+            return Ok(After::Nothing);
+        };
+        let row = match self.replay.next_row() {
+            NextRow::Publish(row) => row,
+            NextRow::InKafka => {
+                self.obs.skipped(Skipped::Message(&m));
+                return Ok(After::Nothing);
+            }
+        };
+        if own_txn {
+            self.ledger.begin()?;
+        }
+        match mapped {
+            Ok(record) => {
+                let origin = Origin::Message {
+                    message: m,
+                    ctx,
+                    row,
+                };
+                self.produce(record, origin, ctx, row, own_txn)?;
+            }
+            Err(error) => {
+                let dlq = dead_letter_message(&m, &error, &ctx, &self.cfg.dead_letter_topic, max);
+                self.bad_row(error, dlq, ctx, row, own_txn)?;
+            }
+        }
+        Ok(After::Nothing)
+    }
+
+    fn bad_row(
+        &mut self,
+        error: RowError,
+        dead_letter: OutboxRecord,
+        ctx: CommitContext,
+        row: Option<RowId>,
+        closes_own_txn: bool,
+    ) -> Result<(), SessionError> {
+        match self.cfg.bad_row_policy {
+            // Not dead-lettered: the slot stays before it.
+            BadRowPolicy::Stop => Err(SessionError::BadRow {
+                error,
+                commit_lsn: ctx.commit_lsn,
+            }),
+            BadRowPolicy::DeadLetter => {
+                let origin = Origin::DeadLetter { error };
+                self.produce(dead_letter, origin, ctx, row, closes_own_txn)
+            }
+        }
+    }
+
+    /// Registers a record in flight, then holds it (a replay being proven) or queues it.
+    fn produce(
+        &mut self,
+        record: OutboxRecord,
+        origin: Origin,
+        ctx: CommitContext,
+        row: Option<RowId>,
+        closes_own_txn: bool,
+    ) -> Result<(), SessionError> {
+        let ticket = self.ledger.produced(Outgoing {
+            topic: &record.topic,
+            bytes: record.approx_size(),
+            commit_unix_micros: ctx.commit_time.unix_micros(),
+            row,
+        })?;
+        if self.replay.holding() {
+            if let Origin::DeadLetter { error } = &origin {
+                self.obs.dead_lettered(error, &self.cfg.dead_letter_topic);
+            }
+            self.replay.hold(ticket, record, row);
+            self.obs.held(self.replay.held_len());
+            if closes_own_txn {
+                self.ledger.commit(self.last_end_lsn)?;
+            }
+            return Ok(());
+        }
+        self.sends.push_back(ToSend {
+            ticket,
+            record,
+            origin,
+            closes_own_txn,
+        });
+        Ok(())
+    }
+
+    /// The producer's answer to a [`ToSend`] taken from [`SessionCore::take_send`].
+    pub fn sent(&mut self, send: ToSend, how: Sent) -> Result<(), SessionError> {
+        let size = match how {
+            Sent::Queued => {
+                if let Origin::DeadLetter { error } = &send.origin {
+                    self.obs.dead_lettered(error, &self.cfg.dead_letter_topic);
+                }
+                if send.closes_own_txn {
+                    self.ledger.commit(self.last_end_lsn)?;
+                }
+                return Ok(());
+            }
+            Sent::TooLarge { size } => size,
+        };
+        self.ledger.refused(send.ticket)?;
+        let max = self.cfg.max_message_bytes;
+        let own = send.closes_own_txn;
+        match send.origin {
+            // Only if the producer's measure ever differs from check_size's.
+            Origin::Row {
+                table,
+                tuple,
+                ctx,
+                row,
+            } => {
+                let error = oversize_error(&send.record, size, max);
+                let dlq =
+                    dead_letter_record(&table, &tuple, &error, &ctx, &self.cfg.dead_letter_topic, max);
+                self.bad_row(error, dlq, ctx, row, own)
+            }
+            Origin::Message { message, ctx, row } => {
+                let error = oversize_error(&send.record, size, max);
+                let dlq =
+                    dead_letter_message(&message, &error, &ctx, &self.cfg.dead_letter_topic, max);
+                self.bad_row(error, dlq, ctx, row, own)
+            }
+            // Dead letters are shrunk to fit: only a limit below what they can shrink to
+            // gets here. Stop rather than confirm past the row.
+            Origin::DeadLetter { error } => Err(SessionError::DeadLetterTooLarge { error, size }),
+            Origin::Released => Err(SessionError::Protocol(format!(
+                "a replayed record for topic {} was refused as too large ({size} bytes) after it was held; nothing past it is confirmed",
+                send.record.topic
+            ))),
+        }
+    }
+
+    /// The producer failed to take a [`ToSend`]: no report will come, and the session ends.
+    pub fn send_failed(&mut self, send: ToSend) -> Result<(), SessionError> {
+        self.ledger.delivered(send.ticket, Outcome::Failed)?;
+        Ok(())
+    }
+
+    /// A delivery report (`acked`: the broker has it). A failure freezes the position;
+    /// the caller ends the session.
+    pub fn on_delivery(&mut self, ticket: Ticket, acked: bool) -> Result<(), SessionError> {
+        if acked {
+            let entry = self.ledger.delivered(ticket, Outcome::Acked)?;
+            if let Some(row) = entry.row {
+                self.replay.acked(row);
+            }
+            self.events_acked = self.events_acked.saturating_add(1);
+            self.obs.acked(entry.commit_unix_micros);
+        } else {
+            self.ledger.delivered(ticket, Outcome::Failed)?;
+            self.obs.delivery_failed();
+        }
+        Ok(())
+    }
+
+    /// A doubt from outside the stream (another writer of the progress record).
+    pub fn doubt(&mut self, d: Doubt) -> Result<(), SessionError> {
+        let step = self.replay.doubt(d);
+        self.apply(step)
+    }
+
+    /// Carries out what the replay rules decided.
+    fn apply(&mut self, step: Step<OutboxRecord>) -> Result<(), SessionError> {
+        self.report_doubts();
+        match step {
+            Step::Nothing | Step::Resume { .. } => {}
+            Step::Drop(held) => {
+                for h in held {
+                    self.ledger.delivered(h.ticket, Outcome::Acked)?;
+                    self.obs.skipped(Skipped::Held(&h.record));
+                }
+            }
+            Step::Release(_, held) => {
+                for h in held {
+                    self.sends.push_back(ToSend {
+                        ticket: h.ticket,
+                        record: h.record,
+                        origin: Origin::Released,
+                        closes_own_txn: false,
+                    });
+                }
+            }
+        }
+        self.obs.held(self.replay.held_len());
+        Ok(())
+    }
+
+    fn report_doubts(&mut self) {
+        for d in self.replay.take_doubts() {
+            self.obs.doubt(d, self.replay.held_len());
+        }
+    }
+
+    /// The position to confirm, when it moved: every transaction up to it is acked,
+    /// and it is no further than the publication's last matching look.
+    pub fn advance(&mut self) -> Option<Lsn> {
+        let w = self.ledger.watermark();
+        let w = self.cap.map_or(w, |cap| w.min(cap));
+        (w > self.confirmed).then(|| {
+            self.confirmed = w;
+            w
+        })
+    }
+
+    /// After the server went away: what was acked counts as confirmed for the claim the
+    /// next session of the process starts from (nothing is sent with it).
+    pub fn settle_acked(&mut self) {
+        self.confirmed = self.confirmed.max(self.ledger.watermark());
+    }
+
+    /// A look at the publication matched, and began when this much was acked: the slot may
+    /// be confirmed that far.
+    pub fn raise_cap(&mut self, acked: Lsn) {
+        if let Some(cap) = self.cap.as_mut() {
+            *cap = (*cap).max(acked);
+        }
+    }
+
+    /// Whether a shutdown may end the stream now: an open transaction is finished first,
+    /// so its acked messages are confirmed and not sent again after the restart.
+    pub fn may_stop(&self) -> bool {
+        !self.ledger.in_transaction()
+    }
+
+    /// What this session claims Kafka has, and its lineage: the progress record's body.
+    pub fn claim(&mut self) -> (DeliveredPosition, u64) {
+        self.replay.claim_at(self.confirmed)
+    }
+
+    /// The lineages a record of this session may carry (see `ReplayCore::lineages`).
+    pub fn lineages(&self) -> (u64, u64) {
+        self.replay.lineages()
+    }
+
+    /// Takes the inserts of ignored relations counted since the last call.
+    pub fn take_ignored_rows(&mut self, mut report: impl FnMut(&str, u64)) {
+        for role in self.relations.values_mut() {
+            if let Role::Ignored { name, unreported } = role {
+                if *unreported > 0 {
+                    report(name, *unreported);
+                    *unreported = 0;
+                }
+            }
+        }
+    }
+
+    pub fn ledger(&self) -> &InFlightLedger {
+        &self.ledger
+    }
+
+    /// Messages in flight that will get a delivery report (held ones get none).
+    pub fn awaiting_reports(&self) -> usize {
+        self.ledger.len().saturating_sub(self.replay.held_len())
+    }
+
+    pub fn held_len(&self) -> usize {
+        self.replay.held_len()
+    }
+
+    pub fn confirmed(&self) -> Lsn {
+        self.confirmed
+    }
+
+    pub fn start(&self) -> Lsn {
+        self.start
+    }
+
+    /// The acked prefix: what a look at the publication beginning now may let be confirmed.
+    pub fn watermark(&self) -> Lsn {
+        self.ledger.watermark()
+    }
+
+    pub fn in_transaction(&self) -> bool {
+        self.txn.is_some()
+    }
+
+    pub fn last_commit_unix_micros(&self) -> i64 {
+        self.last_commit_unix_micros
+    }
+
+    pub fn events_acked(&self) -> u64 {
+        self.events_acked
+    }
+}
+
+fn qualified_relation_name(r: &Relation) -> String {
+    let namespace = if r.namespace.is_empty() {
+        "pg_catalog"
+    } else {
+        r.namespace.as_str()
+    };
+    format!("{namespace}.{}", r.name)
+}
+
+#[cfg(test)]
+#[path = "session_tests.rs"]
+mod tests;

@@ -1,0 +1,352 @@
+//! The session's rules on hand-built pgoutput messages: what is sent, dead-lettered and
+//! confirmed, and when. (The simulator runs the same rules over seeded histories.)
+
+use super::*;
+use crate::error::RowErrorKind;
+use crate::pgtype;
+use bytes::Bytes;
+use pgoutput::{Begin, Column, Commit, ReplicaIdentity, TupleValue};
+
+#[derive(Default)]
+struct Seen {
+    dead: Vec<RowErrorKind>,
+    acked: usize,
+}
+
+impl Observe for Seen {
+    fn dead_lettered(&mut self, error: &RowError, _topic: &TopicName) {
+        self.dead.push(error.kind());
+    }
+    fn acked(&mut self, _: i64) {
+        self.acked += 1;
+    }
+}
+
+fn rules(policy: BadRowPolicy) -> CoreConfig {
+    let topic = Arc::new(crate::topic::TopicTemplate::default());
+    CoreConfig {
+        table: TableSpec::default(),
+        relay_table: true,
+        emit: Some(EmitMapper::new("outbox", topic).expect("mapper")),
+        dead_letter_topic: TopicName::parse("dlq").expect("topic"),
+        bad_row_policy: policy,
+        max_message_bytes: 1 << 20,
+        caps: InFlightCaps {
+            max_messages: 100,
+            max_bytes: usize::MAX,
+        },
+        idle_flush: true,
+    }
+}
+
+fn core(policy: BadRowPolicy, watch_publication: bool) -> SessionCore<Seen> {
+    let start = ReplayStart {
+        timeline: 1,
+        start: Lsn(100),
+        server_end: Lsn(100),
+        claim: None,
+        fingerprint: 1,
+        foreign_writer: false,
+        new_lineage: 7,
+        doubt_lineage: 8,
+    };
+    SessionCore::new(rules(policy), start, watch_publication, Seen::default())
+}
+
+fn col(name: &str, type_oid: u32) -> Column {
+    Column {
+        flags: 0,
+        name: name.to_owned(),
+        type_oid,
+        type_modifier: -1,
+    }
+}
+
+fn relation(rel_id: u32, name: &str, columns: Vec<Column>) -> Relation {
+    Relation {
+        xid: None,
+        rel_id,
+        namespace: "public".to_owned(),
+        name: name.to_owned(),
+        replica_identity: ReplicaIdentity::Default,
+        columns,
+    }
+}
+
+fn outbox_columns() -> Vec<Column> {
+    vec![
+        col("id", pgtype::UUID),
+        col("aggregate_type", pgtype::TEXT),
+        col("aggregate_id", pgtype::TEXT),
+        col("event_type", pgtype::TEXT),
+        col("payload", pgtype::JSONB),
+    ]
+}
+
+fn t(s: &str) -> TupleValue {
+    TupleValue::Text(Bytes::copy_from_slice(s.as_bytes()))
+}
+
+fn row(agg: Option<&str>) -> TupleData {
+    TupleData {
+        columns: vec![
+            t("0b7e6a52-9d4f-4c1e-8f6a-1b2c3d4e5f60"),
+            t("Order"),
+            agg.map_or(TupleValue::Null, t),
+            t("Created"),
+            t("{}"),
+        ],
+    }
+}
+
+fn insert(rel_id: u32, tuple: TupleData) -> LogicalMessage {
+    LogicalMessage::Insert(Insert {
+        xid: None,
+        rel_id,
+        new_tuple: tuple,
+    })
+}
+
+fn begin(commit: u64) -> LogicalMessage {
+    LogicalMessage::Begin(Begin {
+        final_lsn: Lsn(commit),
+        commit_time: PgTimestamp(1_000),
+        xid: u32::try_from(commit).unwrap_or(0),
+    })
+}
+
+fn commit(commit: u64, end: u64) -> LogicalMessage {
+    LogicalMessage::Commit(Commit {
+        flags: 0,
+        commit_lsn: Lsn(commit),
+        end_lsn: Lsn(end),
+        commit_time: PgTimestamp(1_000),
+    })
+}
+
+fn emitted(transactional: bool, lsn: u64) -> LogicalMessage {
+    LogicalMessage::Message(Message {
+        xid: None,
+        flags: u8::from(transactional),
+        lsn: Lsn(lsn),
+        prefix: "outbox".to_owned(),
+        content: Bytes::from_static(
+            br#"{"id":"e1","aggregate_type":"Order","aggregate_id":"7","event_type":"E","payload":{}}"#,
+        ),
+    })
+}
+
+const NOW: PgTimestamp = PgTimestamp(5_000);
+
+fn feed(c: &mut SessionCore<Seen>, m: LogicalMessage) {
+    assert_eq!(c.on_message(m, NOW).expect("message"), After::Nothing);
+}
+
+/// Takes every queued record as the producer would, queued.
+fn send_all(c: &mut SessionCore<Seen>) -> Vec<(Ticket, OutboxRecord)> {
+    let mut out = Vec::new();
+    while let Some(s) = c.take_send() {
+        let (ticket, record) = (s.ticket, s.record.clone());
+        c.sent(s, Sent::Queued).expect("sent");
+        out.push((ticket, record));
+    }
+    out
+}
+
+fn with_outbox(policy: BadRowPolicy) -> SessionCore<Seen> {
+    let mut c = core(policy, false);
+    c.on_relation(&relation(1, "outbox", outbox_columns()), None)
+        .expect("relation");
+    c
+}
+
+#[test]
+fn confirmed_only_at_the_end_of_a_transaction_whose_rows_are_all_acked() {
+    let mut c = with_outbox(BadRowPolicy::DeadLetter);
+    feed(&mut c, begin(200));
+    feed(&mut c, insert(1, row(Some("a"))));
+    feed(&mut c, insert(1, row(Some("b"))));
+    assert!(
+        !c.may_stop(),
+        "a shutdown finishes the open transaction first"
+    );
+    feed(&mut c, commit(200, 224));
+    let sent = send_all(&mut c);
+    assert_eq!(sent.len(), 2);
+    assert_eq!(sent[0].1.key.as_deref(), Some(&b"a"[..]));
+    assert_eq!(c.advance(), None, "nothing acked");
+    c.on_delivery(sent[1].0, true).expect("ack");
+    assert_eq!(c.advance(), None, "one row of the transaction unacked");
+    c.on_delivery(sent[0].0, true).expect("ack");
+    assert_eq!(
+        c.advance(),
+        Some(Lsn(224)),
+        "its end_lsn, never commit_lsn or +1"
+    );
+    assert!(c.may_stop());
+}
+
+#[test]
+fn a_keepalive_moves_the_position_only_when_nothing_is_open_or_unacked() {
+    let mut c = with_outbox(BadRowPolicy::DeadLetter);
+    feed(&mut c, begin(200));
+    feed(&mut c, insert(1, row(Some("a"))));
+    c.on_keepalive(Lsn(500)).expect("keepalive");
+    feed(&mut c, commit(200, 224));
+    let sent = send_all(&mut c);
+    c.on_keepalive(Lsn(600)).expect("keepalive");
+    assert_eq!(c.advance(), None, "unacked: the keepalive does not pass it");
+    c.on_delivery(sent[0].0, true).expect("ack");
+    assert_eq!(c.advance(), Some(Lsn(224)));
+    c.on_keepalive(Lsn(700)).expect("keepalive");
+    assert_eq!(c.advance(), Some(Lsn(700)));
+}
+
+#[test]
+fn a_failed_delivery_freezes_the_position() {
+    let mut c = with_outbox(BadRowPolicy::DeadLetter);
+    for (commit_lsn, agg) in [(200, "a"), (300, "b")] {
+        feed(&mut c, begin(commit_lsn));
+        feed(&mut c, insert(1, row(Some(agg))));
+        feed(&mut c, commit(commit_lsn, commit_lsn + 24));
+    }
+    let sent = send_all(&mut c);
+    c.on_delivery(sent[0].0, false).expect("report");
+    c.on_delivery(sent[1].0, true).expect("report");
+    c.on_keepalive(Lsn(900)).expect("keepalive");
+    assert_eq!(c.advance(), None);
+}
+
+#[test]
+fn a_bad_row_is_dead_lettered_in_its_transaction_or_stops_before_it() {
+    let mut c = with_outbox(BadRowPolicy::DeadLetter);
+    feed(&mut c, begin(200));
+    feed(&mut c, insert(1, row(None)));
+    feed(&mut c, commit(200, 224));
+    let sent = send_all(&mut c);
+    assert_eq!(&*sent[0].1.topic, "dlq");
+    assert_eq!(c.observer().dead, vec![RowErrorKind::NullAggregateId]);
+    assert_eq!(c.advance(), None, "the dead letter is unacked");
+    c.on_delivery(sent[0].0, true).expect("ack");
+    assert_eq!(c.advance(), Some(Lsn(224)));
+
+    let mut c = with_outbox(BadRowPolicy::Stop);
+    feed(&mut c, begin(200));
+    match c.on_message(insert(1, row(None)), NOW) {
+        Err(SessionError::BadRow { commit_lsn, .. }) => assert_eq!(commit_lsn, Lsn(200)),
+        other => panic!("{other:?}"),
+    }
+    assert!(c.observer().dead.is_empty(), "stop dead-letters nothing");
+}
+
+#[test]
+fn a_record_the_producer_refuses_as_too_large_becomes_a_dead_letter() {
+    let mut c = with_outbox(BadRowPolicy::DeadLetter);
+    feed(&mut c, begin(200));
+    feed(&mut c, insert(1, row(Some("a"))));
+    let send = c.take_send().expect("queued");
+    c.sent(send, Sent::TooLarge { size: 5 << 20 })
+        .expect("sent");
+    let dead = c.take_send().expect("its dead letter");
+    assert_eq!(&*dead.record.topic, "dlq");
+    c.sent(dead, Sent::TooLarge { size: 5 << 20 })
+        .expect_err("a dead letter that does not fit stops the session");
+    assert_eq!(c.observer().dead, Vec::<RowErrorKind>::new());
+}
+
+#[test]
+fn a_non_transactional_message_holds_the_position_until_acked() {
+    let mut c = with_outbox(BadRowPolicy::DeadLetter);
+    feed(&mut c, begin(200));
+    feed(&mut c, insert(1, row(Some("a"))));
+    feed(&mut c, commit(200, 224));
+    feed(&mut c, emitted(false, 250));
+    let sent = send_all(&mut c);
+    assert_eq!(sent.len(), 2);
+    c.on_delivery(sent[0].0, true).expect("ack");
+    c.on_keepalive(Lsn(400)).expect("keepalive");
+    assert_eq!(c.advance(), Some(Lsn(224)), "not past the unacked message");
+    c.on_delivery(sent[1].0, true).expect("ack");
+    c.on_keepalive(Lsn(400)).expect("keepalive");
+    assert_eq!(c.advance(), Some(Lsn(400)));
+}
+
+#[test]
+fn the_position_waits_for_a_matching_look_at_the_publication() {
+    let mut c = core(BadRowPolicy::DeadLetter, true);
+    c.on_relation(&relation(1, "outbox", outbox_columns()), None)
+        .expect("relation");
+    feed(&mut c, begin(200));
+    feed(&mut c, insert(1, row(Some("a"))));
+    feed(&mut c, commit(200, 224));
+    let sent = send_all(&mut c);
+    c.on_delivery(sent[0].0, true).expect("ack");
+    assert_eq!(c.advance(), None, "acked, but no look since");
+    let acked = c.watermark();
+    c.raise_cap(acked);
+    assert_eq!(c.advance(), Some(Lsn(224)));
+    c.on_keepalive(Lsn(900)).expect("keepalive");
+    assert_eq!(c.advance(), None, "past the look: wait for the next");
+}
+
+#[test]
+fn partitions_are_bound_by_the_catalog_and_other_tables_counted() {
+    let mut c = with_outbox(BadRowPolicy::DeadLetter);
+    let mut reordered = outbox_columns();
+    reordered.reverse();
+    let part = relation(2, "outbox_p1", reordered.clone());
+    assert!(c.asks_parent(&part));
+    c.on_relation(&part, Some(true)).expect("partition");
+    let detached = relation(3, "outbox_old", reordered);
+    match c.on_relation(&detached, Some(false)) {
+        Err(SessionError::OutboxLikeRelation { relation, .. }) => {
+            assert_eq!(relation, "public.outbox_old");
+        }
+        other => panic!("{other:?}"),
+    }
+    let other = relation(4, "audit", vec![col("k", pgtype::INT4)]);
+    c.on_relation(&other, Some(false)).expect("other table");
+    feed(&mut c, begin(200));
+    let mut tuple = row(Some("a"));
+    tuple.columns.reverse();
+    feed(&mut c, insert(2, tuple));
+    feed(
+        &mut c,
+        insert(
+            4,
+            TupleData {
+                columns: vec![t("1")],
+            },
+        ),
+    );
+    feed(&mut c, commit(200, 224));
+    let sent = send_all(&mut c);
+    assert_eq!(
+        sent.len(),
+        1,
+        "the partition's row; the other table's is counted"
+    );
+    assert_eq!(sent[0].1.key.as_deref(), Some(&b"a"[..]));
+    let mut counted = Vec::new();
+    c.take_ignored_rows(|name, n| counted.push((name.to_owned(), n)));
+    assert_eq!(counted, vec![("public.audit".to_owned(), 1)]);
+}
+
+#[test]
+fn a_guard_message_asks_for_a_look_naming_its_transaction() {
+    let mut c = with_outbox(BadRowPolicy::DeadLetter);
+    feed(&mut c, begin(200));
+    let guard = LogicalMessage::Message(Message {
+        xid: None,
+        flags: 1,
+        lsn: Lsn(210),
+        prefix: PUBLICATION_GUARD_PREFIX.to_owned(),
+        content: Bytes::new(),
+    });
+    assert_eq!(
+        c.on_message(guard, NOW).expect("guard"),
+        After::LookAtPublication {
+            commit: Some((Lsn(200), PgTimestamp(1_000)))
+        }
+    );
+}
