@@ -2,7 +2,7 @@
 //!
 //! The option is per connection: the walsender then sends every column that has a send
 //! function in its binary form, whatever the column. outboxd decodes the binary forms
-//! of the types it reads (see [`crate::value`]) into exactly the bytes the text form
+//! of the types it reads (outbox-core's `value` module) into exactly the bytes the text form
 //! would have given, so a record is byte for byte the same in both modes, but only when
 //! every column it reads has such a type, and when the walsender's output settings are
 //! the ones the decoders reproduce (timestamptz in the ISO style at UTC, bytea as hex).
