@@ -163,6 +163,7 @@ pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
         publication_check_interval: s.publication_check_interval,
         cluster_name: s.cluster_name.clone(),
         shard: s.shard.clone(),
+        binary: s.pgoutput_binary,
     })
 }
 

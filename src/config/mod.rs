@@ -154,6 +154,9 @@ fn standby_list(env: &Env<'_>) -> Result<Vec<(String, Option<u16>)>, ConfigError
 /// `OUTBOXD_FAILOVER_SLOT`: the relay's own type, parsed here.
 pub use outboxd_relay::pipeline::FailoverSlot;
 
+/// `OUTBOXD_PGOUTPUT_BINARY`: outbox-core's type, parsed here.
+pub use outbox_core::BinaryMode;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
@@ -168,6 +171,7 @@ pub struct Settings {
     pub publication: String,
     pub create_slot: bool,
     pub failover_slot: FailoverSlot,
+    pub pgoutput_binary: BinaryMode,
     /// Standbys `outboxd check` verifies for failover: (host, port or the primary's).
     pub check_standbys: Vec<(String, Option<u16>)>,
     pub table_schema: String,
@@ -453,6 +457,21 @@ pub fn from_vars_for(
             }
         }
     };
+    let pgoutput_binary = {
+        let v = env.required("OUTBOXD_PGOUTPUT_BINARY", "auto, on or off")?;
+        match v.to_ascii_lowercase().as_str() {
+            "auto" => BinaryMode::Auto,
+            "on" | "true" => BinaryMode::On,
+            "off" | "false" => BinaryMode::Off,
+            _ => {
+                return Err(ConfigError::new(
+                    "OUTBOXD_PGOUTPUT_BINARY",
+                    &v,
+                    "auto (binary values when they give the same records), on or off",
+                ))
+            }
+        }
+    };
     let bad_row_policy = match env.required("OUTBOXD_BAD_ROW_POLICY", "a policy")?.as_str() {
         "dead-letter" => BadRowPolicy::DeadLetter,
         "stop" => BadRowPolicy::Stop,
@@ -529,6 +548,7 @@ pub fn from_vars_for(
         publication: env.identifier("OUTBOXD_PUBLICATION")?,
         create_slot: env.boolean("OUTBOXD_CREATE_SLOT")?,
         failover_slot,
+        pgoutput_binary,
         check_standbys: standby_list(&env)?,
         table_schema,
         table_name,

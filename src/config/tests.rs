@@ -22,6 +22,7 @@ fn defaults_apply_when_only_bootstrap_is_set() {
     );
     assert_eq!(s.topic_template, "outbox.{aggregate_type}");
     assert_eq!(s.bad_row_policy, BadRowPolicy::DeadLetter);
+    assert_eq!(s.pgoutput_binary, super::BinaryMode::Auto);
     assert_eq!(s.column_headers.as_deref(), Some("headers"));
     assert!(
         s.message_prefix.is_none(),
@@ -49,6 +50,11 @@ fn bad_values_name_the_variable_and_what_it_accepts() {
     let cases = [
         ("OUTBOXD_BAD_ROW_POLICY", "skip", "dead-letter or stop"),
         ("OUTBOXD_FAILOVER_SLOT", "maybe", "auto, true or false"),
+        (
+            "OUTBOXD_PGOUTPUT_BINARY",
+            "sometimes",
+            "auto (binary values",
+        ),
         ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "0", ">= 1"),
         ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "lots", "whole number"),
         ("PGSSLMODE", "maybe", "verify-full"),

@@ -77,6 +77,7 @@ pub const VARS: &[VarSpec] = &[
     // Flow control and progress
     var("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", Some("30000"), "cap on produced-but-unacked messages; at the cap outboxd stops reading WAL (status updates continue)"),
     var("OUTBOXD_MAX_IN_FLIGHT_BYTES", Some("268435456"), "cap on produced-but-unacked bytes"),
+    var("OUTBOXD_PGOUTPUT_BINARY", Some("auto"), "auto: ask pgoutput for binary column values (lighter for the walsender) when every column outboxd reads has a type it decodes to the same bytes (text, varchar, char, name, uuid, smallint, integer, bigint, boolean, json, jsonb, bytea, timestamptz) under the server's settings (timestamptz needs DateStyle ISO and a UTC TimeZone, printed bytea needs bytea_output hex), text otherwise; with OUTBOXD_BAD_ROW_POLICY=dead-letter every column is read. on: binary, and an error naming the column when it cannot be; off: text. Records are byte for byte the same in both modes"),
     var("OUTBOXD_STATUS_INTERVAL_MS", None, "status update interval; default min(10 s, wal_sender_timeout / 2)"),
     var("OUTBOXD_IDLE_FLUSH", Some("true"), "advance the slot from keepalives while nothing is open or unacked, so idle outboxes do not retain WAL"),
     var("OUTBOXD_HEARTBEAT_INTERVAL_MS", Some("0"), "if > 0, emit a transactional logical message this often so the slot advances even without keepalives"),

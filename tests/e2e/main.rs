@@ -11,6 +11,7 @@ mod support;
 mod ack_gating;
 mod bad_rows;
 mod big_transaction;
+mod binary_mode;
 mod bounded_memory;
 mod catch_up;
 mod compose_env;

@@ -398,6 +398,12 @@ async fn catchup_case(s: &Settings, cluster: &pgtest::PgCluster, case: &str) -> 
     for b in &brokers {
         slots.push(format!("s_outboxd_{}", b.name()));
     }
+    // BENCH_CATCHUP_TEXT=1: outboxd also drains with text pgoutput values
+    // (OUTBOXD_PGOUTPUT_BINARY=off) to the mock broker, right after its default drain.
+    let with_text = env_or("BENCH_CATCHUP_TEXT", "0") == "1";
+    if with_text {
+        slots.push("s_outboxd_mock_text".into());
+    }
     let with_dbz = s.debezium.is_some() && s.tansu.is_some();
     if with_dbz {
         slots.push("s_debezium_tansu".into());
@@ -455,6 +461,31 @@ async fn catchup_case(s: &Settings, cluster: &pgtest::PgCluster, case: &str) -> 
         match result {
             Ok(d) => drains.push(report_drain(d)),
             Err(e) => drains.push(failed("outboxd", b.name(), events, &e)),
+        }
+        if with_text && *b == BrokerKind::Mock {
+            const TEXT: &str = "outboxd (text values)";
+            let log = s.workdir.join(format!("outboxd-{case}-mock-text.log"));
+            let result = async {
+                let broker = broker::start(*b, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+                let off = [("OUTBOXD_PGOUTPUT_BINARY", "off")];
+                drain::outboxd_with(
+                    &t("s_outboxd_mock_text", 2000),
+                    &s.bins,
+                    &broker,
+                    &log,
+                    None,
+                    &off,
+                )
+                .await
+            }
+            .await;
+            match result {
+                Ok(mut d) => {
+                    d.tool = TEXT.into();
+                    drains.push(report_drain(d));
+                }
+                Err(e) => drains.push(failed(TEXT, b.name(), events, &e)),
+            }
         }
     }
     if let (true, Some(dbz)) = (with_dbz, s.debezium.as_ref()) {

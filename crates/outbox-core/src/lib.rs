@@ -47,10 +47,13 @@
 //!   to the exact counts of its slab.
 //! - **Reconnects** ([`backoff`]): capped exponential backoff with equal jitter, the random
 //!   source passed in by the relay.
+//! - **Binary values** ([`binary`]): whether a session may ask pgoutput for binary
+//!   column values, which decode to the same bytes as the text form.
 //! - Every error type has a [`ErrorClass`] (permanent or retryable) decided in one place.
 
 pub mod ack;
 pub mod backoff;
+pub mod binary;
 pub mod budget;
 pub mod delivered;
 pub mod dlq;
@@ -69,6 +72,7 @@ mod value;
 
 pub use ack::{AckTracker, TxnSeq};
 pub use backoff::Backoff;
+pub use binary::{text_only_column, BinaryMode, OutputSettings, ReadAs, TextOnly};
 pub use budget::InFlightCaps;
 pub use delivered::{
     Begin as ReplayBegin, DeliveredPosition, Doubt, Fingerprint, PartialTxn, ReplayProof, RowId,

@@ -77,6 +77,24 @@ pub(crate) fn text_of(value: &TupleValue, oid: u32) -> Result<Option<Bytes>, Val
     }
 }
 
+/// Whether [`text_of`] (and [`display_text`]) decode the binary form of `oid` to the
+/// bytes its text form has, given the output settings [`crate::binary`] checks.
+pub(crate) fn binary_reads_as_text(oid: u32) -> bool {
+    pgtype::is_textual(oid)
+        || matches!(
+            oid,
+            pgtype::JSON
+                | pgtype::JSONB
+                | pgtype::BYTEA
+                | pgtype::BOOL
+                | pgtype::INT2
+                | pgtype::INT4
+                | pgtype::INT8
+                | pgtype::UUID
+                | pgtype::TIMESTAMPTZ
+        )
+}
+
 fn binary_as_text(b: &Bytes, oid: u32) -> Result<Bytes, ValueProblem> {
     let wrong_len = || {
         ValueProblem::Unreadable(format!(
@@ -86,7 +104,21 @@ fn binary_as_text(b: &Bytes, oid: u32) -> Result<Bytes, ValueProblem> {
         ))
     };
     let text = match oid {
-        o if pgtype::is_textual(o) => return Ok(b.clone()),
+        o if pgtype::is_textual(o) || o == pgtype::JSON => return Ok(b.clone()),
+        pgtype::JSONB => return strip_jsonb_version(b),
+        // bytea_out in its default hex form; [`crate::binary`] keeps binary off when the
+        // walsender prints bytea in the escape form.
+        pgtype::BYTEA => bytea_hex(b),
+        pgtype::BOOL => match &b[..] {
+            [0] => "f".to_owned(),
+            [1] => "t".to_owned(),
+            _ => return Err(wrong_len()),
+        },
+        // timestamptz_out in the ISO style at UTC; [`crate::binary`] keeps binary off
+        // under any other DateStyle or TimeZone.
+        pgtype::TIMESTAMPTZ => <[u8; 8]>::try_from(&b[..])
+            .map(|a| timestamptz_iso_utc(i64::from_be_bytes(a)))
+            .map_err(|_| wrong_len())?,
         pgtype::INT2 => <[u8; 2]>::try_from(&b[..])
             .map(|a| i16::from_be_bytes(a).to_string())
             .map_err(|_| wrong_len())?,
@@ -101,13 +133,51 @@ fn binary_as_text(b: &Bytes, oid: u32) -> Result<Bytes, ValueProblem> {
             .map_err(|_| wrong_len())?,
         other => {
             return Err(ValueProblem::Unreadable(format!(
-                "binary format of type {} is not supported; turn off the binary \
-                 replication option or use a text, uuid or integer column",
+                "binary format of type {} is not supported; set \
+                 OUTBOXD_PGOUTPUT_BINARY=auto or off, or use a text, uuid or integer column",
                 pgtype::type_name(other)
             )))
         }
     };
     Ok(Bytes::from(text))
+}
+
+/// Microseconds since 2000-01-01 00:00 UTC (timestamptz_send) as timestamptz_out prints
+/// them with `DateStyle = ISO` and a UTC `TimeZone`: `2026-12-02 07:06:27.5+00`, the
+/// fraction without trailing zeros, years before 1 as `... BC`, and the two infinities.
+pub(crate) fn timestamptz_iso_utc(pg_micros: i64) -> String {
+    // DT_NOBEGIN and DT_NOEND.
+    match pg_micros {
+        i64::MIN => return "-infinity".to_owned(),
+        i64::MAX => return "infinity".to_owned(),
+        _ => {}
+    }
+    const PG_EPOCH_DAYS: i64 = 10_957; // 2000-01-01 in days since 1970-01-01.
+    let days = pg_micros.div_euclid(86_400_000_000);
+    let of_day = pg_micros.rem_euclid(86_400_000_000);
+    let (year, month, day) = crate::record::civil_from_days(days.saturating_add(PG_EPOCH_DAYS));
+    let secs = of_day / 1_000_000;
+    let fraction = of_day % 1_000_000;
+    let mut s = String::with_capacity(32);
+    // Astronomical year 0 is 1 BC.
+    let shown_year = if year > 0 { year } else { 1 - year };
+    let _ = write!(
+        s,
+        "{shown_year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    );
+    if fraction != 0 {
+        let digits = format!("{fraction:06}");
+        s.push('.');
+        s.push_str(digits.trim_end_matches('0'));
+    }
+    s.push_str("+00");
+    if year <= 0 {
+        s.push_str(" BC");
+    }
+    s
 }
 
 fn format_uuid(b: &[u8; 16]) -> String {
@@ -116,9 +186,17 @@ fn format_uuid(b: &[u8; 16]) -> String {
         if matches!(i, 4 | 6 | 8 | 10) {
             s.push('-');
         }
-        let _ = write!(s, "{byte:02x}");
+        push_hex(&mut s, *byte);
     }
     s
+}
+
+/// Two lower-case hex digits, by table: in binary mode every row's uuid id is printed
+/// here, and a formatting call per byte costs more than the lookup.
+fn push_hex(s: &mut String, byte: u8) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    s.push(char::from(DIGITS[usize::from(byte >> 4)]));
+    s.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
 }
 
 /// The payload bytes as stored. `None` = NULL.
@@ -228,7 +306,7 @@ pub(crate) fn bytea_hex(b: &[u8]) -> String {
     let mut s = String::with_capacity(2 + 2 * b.len());
     s.push_str("\\x");
     for byte in b {
-        let _ = write!(s, "{byte:02x}");
+        push_hex(&mut s, *byte);
     }
     s
 }
@@ -239,8 +317,6 @@ pub(crate) fn display_text(value: &TupleValue, oid: u32) -> Option<String> {
     let bytes = match value {
         TupleValue::Null | TupleValue::UnchangedToast => return None,
         TupleValue::Text(b) => b.clone(),
-        TupleValue::Binary(b) if oid == pgtype::BYTEA => return Some(bytea_hex(b)),
-        TupleValue::Binary(b) if oid == pgtype::JSON => b.clone(),
         TupleValue::Binary(b) if oid == pgtype::JSONB => {
             strip_jsonb_version(b).unwrap_or_else(|_| b.clone())
         }
@@ -377,6 +453,148 @@ mod tests {
             text_of(&TupleValue::UnchangedToast, pgtype::TEXT),
             Err(ValueProblem::UnchangedToast)
         );
+    }
+
+    /// timestamptz_send's bytes and timestamptz_out's text at TimeZone UTC, DateStyle
+    /// ISO, as PostgreSQL 15 printed them (`SELECT encode(timestamptz_send(t), 'hex'),
+    /// t::text`).
+    const TIMESTAMPTZ_GOLDEN: &[(&str, &str)] = &[
+        ("0000000000000000", "2000-01-01 00:00:00+00"),
+        ("ffffffffffffffff", "1999-12-31 23:59:59.999999+00"),
+        ("0003049b3b1054e0", "2026-12-02 01:21:27.5+00"),
+        ("fffca2fec4c82001", "1970-01-01 00:00:00.000001+00"),
+        ("ff1fe2ffc59c6000", "0001-01-01 00:00:00+00"),
+        ("ff1fe2ffc59c38f0", "0001-12-31 23:59:59.99+00 BC"),
+        ("fd0f7fbdaf17e000", "4713-01-01 00:00:00+00 BC"),
+        ("fd0f7cc1411fa000", "4714-11-24 00:00:00+00 BC"),
+        ("7fffff5bb3b29fff", "294276-12-31 23:59:59.999999+00"),
+        ("0487db00297bea40", "12345-06-07 08:09:10.12+00"),
+        ("fff4ce8ab9b61a64", "1900-02-28 16:04:56.0001+00"),
+        ("0002b58b26404890", "2024-02-29 22:00:00.25+00"),
+        ("7fffffffffffffff", "infinity"),
+        ("8000000000000000", "-infinity"),
+    ];
+
+    #[test]
+    fn timestamptz_as_postgresql_prints_it() {
+        for (hex, text) in TIMESTAMPTZ_GOLDEN {
+            let bytes = decode_hex(hex.as_bytes()).unwrap();
+            assert_eq!(
+                text_of(&b(&bytes), pgtype::TIMESTAMPTZ).unwrap(),
+                Some(Bytes::copy_from_slice(text.as_bytes())),
+                "{hex}"
+            );
+        }
+        assert!(text_of(&b(&[0; 7]), pgtype::TIMESTAMPTZ).is_err());
+    }
+
+    #[test]
+    fn other_binary_forms_read_as_text() {
+        assert_eq!(
+            text_of(&b(&[1]), pgtype::BOOL).unwrap(),
+            Some(Bytes::from_static(b"t"))
+        );
+        assert_eq!(
+            text_of(&b(&[0]), pgtype::BOOL).unwrap(),
+            Some(Bytes::from_static(b"f"))
+        );
+        assert!(text_of(&b(&[2]), pgtype::BOOL).is_err());
+        assert_eq!(
+            text_of(&b(&[0, 0xab]), pgtype::BYTEA).unwrap(),
+            Some(Bytes::from_static(b"\\x00ab"))
+        );
+        assert_eq!(
+            text_of(&b(b"\x01{\"a\": 1}"), pgtype::JSONB).unwrap(),
+            Some(Bytes::from_static(br#"{"a": 1}"#))
+        );
+        assert_eq!(
+            text_of(&b(b"{ \"a\":1 }"), pgtype::JSON).unwrap(),
+            Some(Bytes::from_static(br#"{ "a":1 }"#))
+        );
+        for oid in [pgtype::NUMERIC, pgtype::DATE, pgtype::TIMESTAMP, 1009] {
+            assert!(!binary_reads_as_text(oid), "{oid}");
+            assert!(text_of(&b(&[0; 8]), oid).is_err(), "{oid}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Each decoder against the type's text form, written here independently.
+        #[test]
+        fn binary_decoders_match_the_text_forms(
+            i2: i16, i4: i32, i8: i64, flag: bool,
+            uuid: [u8; 16],
+            raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            text in "\\PC{0,40}",
+        ) {
+            let as_text = |v: &[u8], oid| text_of(&b(v), oid).unwrap().unwrap();
+            proptest::prop_assert_eq!(as_text(&i2.to_be_bytes(), pgtype::INT2), i2.to_string());
+            proptest::prop_assert_eq!(as_text(&i4.to_be_bytes(), pgtype::INT4), i4.to_string());
+            proptest::prop_assert_eq!(as_text(&i8.to_be_bytes(), pgtype::INT8), i8.to_string());
+            proptest::prop_assert_eq!(as_text(&[u8::from(flag)], pgtype::BOOL), if flag { &b"t"[..] } else { &b"f"[..] });
+            let hex: String = uuid.iter().map(|x| format!("{x:02x}")).collect();
+            let dashed = format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..]);
+            proptest::prop_assert_eq!(as_text(&uuid, pgtype::UUID), dashed.as_bytes());
+            let mut bytea = String::from("\\x");
+            bytea.extend(raw.iter().map(|x| format!("{x:02x}")));
+            proptest::prop_assert_eq!(as_text(&raw, pgtype::BYTEA), bytea.as_bytes());
+            proptest::prop_assert_eq!(decode_bytea_text(bytea.as_bytes()).unwrap(), raw.clone());
+            for oid in [pgtype::TEXT, pgtype::VARCHAR, pgtype::JSON] {
+                proptest::prop_assert_eq!(as_text(text.as_bytes(), oid), text.as_bytes());
+            }
+            let mut jsonb = vec![1u8];
+            jsonb.extend_from_slice(text.as_bytes());
+            proptest::prop_assert_eq!(as_text(&jsonb, pgtype::JSONB), text.as_bytes());
+            proptest::prop_assert_eq!(display_text(&b(&jsonb), pgtype::JSONB), Some(text.clone()));
+            proptest::prop_assert_eq!(display_text(&b(&raw), pgtype::BYTEA), Some(bytea.clone()));
+        }
+
+        /// timestamptz: the text parses back to the same instant, over PostgreSQL's range.
+        #[test]
+        fn timestamptz_text_reads_back(
+            micros in -211_813_488_000_000_000i64..9_223_371_331_200_000_000i64,
+        ) {
+            let text = timestamptz_iso_utc(micros);
+            proptest::prop_assert_eq!(parse_iso_utc(&text), Some(micros), "{}", text);
+        }
+    }
+
+    /// Reads `timestamptz_iso_utc`'s output back (a test-only inverse, by a different
+    /// route: days counted from the year, not the year from days).
+    fn parse_iso_utc(text: &str) -> Option<i64> {
+        let (body, bc) = match text.strip_suffix(" BC") {
+            Some(b) => (b, true),
+            None => (text, false),
+        };
+        let body = body.strip_suffix("+00")?;
+        let (date, time) = body.split_once(' ')?;
+        let mut d = date.rsplitn(3, '-');
+        let (day, month, year): (i64, i64, i64) = (
+            d.next()?.parse().ok()?,
+            d.next()?.parse().ok()?,
+            d.next()?.parse().ok()?,
+        );
+        let year = if bc { 1 - year } else { year };
+        let (hms, fraction) = time.split_once('.').unwrap_or((time, ""));
+        if fraction.ends_with('0') || fraction.len() > 6 {
+            return None;
+        }
+        let mut t = hms.split(':').map(|p| p.parse::<i64>().ok());
+        let (h, mi, s) = (t.next()??, t.next()??, t.next()??);
+        let micros: i64 = format!("{fraction:0<6}").parse().ok()?;
+        let leap = |y: i64| (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+        let days_in = [31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+        let mut days = 0i64; // since 2000-01-01
+        if year >= 2000 {
+            days += (2000..year).map(|y| 365 + i64::from(leap(y))).sum::<i64>();
+        } else {
+            days -= (year..2000).map(|y| 365 + i64::from(leap(y))).sum::<i64>();
+        }
+        for m in 1..month {
+            let idx = usize::try_from(m - 1).ok()?;
+            days += days_in[idx] + i64::from(m == 2 && leap(year));
+        }
+        days += day - 1;
+        Some(((days * 24 + h) * 60 + mi) * 60_000_000 + s * 1_000_000 + micros)
     }
 
     #[test]

@@ -109,6 +109,13 @@ pub enum RelayError {
     RecordOfOtherCluster(Box<OtherClusterRecord>),
     #[error("OUTBOXD_FAILOVER_SLOT=true, but this server has no failover slots (PostgreSQL 17 or later); set OUTBOXD_FAILOVER_SLOT=auto or false")]
     FailoverUnsupported,
+    #[error("OUTBOXD_PGOUTPUT_BINARY=on, but {found}, so binary values would not give the bytes of the text form. Set OUTBOXD_PGOUTPUT_BINARY=auto (binary where the records are the same, text otherwise) or off")]
+    BinaryRuledOut { found: outbox_core::TextOnly },
+    #[error("the stream's Relation message for {relation} rules binary values out: {found}; reconnecting with text values (the records are the same bytes in both modes)")]
+    BinaryRuledOutByRelation {
+        relation: String,
+        found: outbox_core::TextOnly,
+    },
     #[error(transparent)]
     Shape(#[from] ShapeError),
     #[error("bad outbox row{}: {error}; OUTBOXD_BAD_ROW_POLICY=stop, so outboxd stopped without acknowledging it. The insert is in the WAL and the slot will deliver it again on every start, whatever happens to the row in the table now. To get past it: run once with OUTBOXD_BAD_ROW_POLICY=dead-letter (the row goes to OUTBOXD_DEAD_LETTER_TOPIC, later events follow), then switch back; or, accepting that this transaction's events are skipped and never published, stop outboxd and advance the slot past this transaction only with SELECT pg_replication_slot_advance('{slot}', '{commit_lsn}'::pg_lsn + 1), then restart", .error.event_id().map(|id| format!(" id={}", outbox_core::short_id(id))).unwrap_or_default())]
@@ -186,6 +193,7 @@ impl RelayError {
             | E::PublicationChanged { .. }
             | E::ServerSetting { .. }
             | E::FailoverUnsupported
+            | E::BinaryRuledOut { .. }
             | E::OtherCluster { .. }
             | E::RecordOfOtherCluster(_)
             | E::Protocol(_) => (Permanent, None),
@@ -217,6 +225,7 @@ impl RelayError {
             | E::SlotHistoryUnknown { .. }
             | E::SlotCreatedMeanwhile { .. }
             | E::InRecovery { .. }
+            | E::BinaryRuledOutByRelation { .. }
             | E::PartialReplay { .. } => (Retryable, None),
         }
     }

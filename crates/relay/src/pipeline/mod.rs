@@ -1,6 +1,7 @@
 //! The relay loop: sessions of replication → Kafka, reconnected with backoff on retryable
 //! errors, ended by a permanent error or a shutdown request.
 
+mod binary;
 mod catchup;
 mod error;
 mod observe;
@@ -11,7 +12,7 @@ mod slot_history;
 
 use std::time::Duration;
 
-use outbox_core::{Backoff, EmitMapper, TableSpec, TopicName};
+use outbox_core::{Backoff, BinaryMode, EmitMapper, TableSpec, TextOnly, TopicName};
 use pgrepl::{ConnectConfig, ReplicationConnection, StartOptions};
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -80,6 +81,8 @@ pub struct RelayConfig {
     /// Set when `table` is one shard (hash partition) of a sharded outbox: the layout is
     /// verified with the publication, so a partition no shard reads stops the relay.
     pub shard: Option<ShardSpec>,
+    /// `OUTBOXD_PGOUTPUT_BINARY`: whether sessions ask pgoutput for binary values.
+    pub binary: BinaryMode,
 }
 
 /// The event trigger of `sql/publication-guard.sql`.
@@ -144,6 +147,8 @@ struct Carry {
     /// look was compared with the record's: the next session compares with it, like with
     /// the progress record's.
     publication: Option<(PublicationSeen, bool)>,
+    /// A Relation ruled binary values out in an earlier session: later ones stream text.
+    binary_ruled_out: Option<TextOnly>,
 }
 
 /// What the coming replay may skip once the stream proves it: the claim of the previous
@@ -689,6 +694,7 @@ async fn run_session(
     // which the stream carries only when messages are asked for.
     let guarded = cfg.relay_table
         && pgrepl::preflight::event_trigger_enabled(&sql, PUBLICATION_GUARD_TRIGGER).await?;
+    let binary = binary::choose(cfg, &sql, &mut conn, carry.binary_ruled_out.as_ref()).await?;
     let options = StartOptions {
         slot: cfg.slot.clone(),
         // 0/0: the server starts at the slot's confirmed_flush_lsn.
@@ -698,7 +704,7 @@ async fn run_session(
         // transaction is empty and skipped (PG15+), and the slot would not advance.
         messages: cfg.emit.is_some() || cfg.heartbeat_interval.is_some() || guarded,
         proto_version: None,
-        binary: false,
+        binary: binary.is_some(),
         // Not `start`: the slot may have moved since it was read (another instance held
         // it until just now), and PostgreSQL <= 16 takes a lower flush as given. The
         // server ignores a flush of 0/0 until the real position is known below.
@@ -706,6 +712,7 @@ async fn run_session(
         status_interval: cfg.status_interval,
     };
     let mut stream = conn.start_replication(options).await?;
+    obs.pgoutput_binary(binary.is_some());
     let table = cfg
         .relay_table
         .then_some((cfg.table.schema.as_str(), cfg.table.table.as_str()));
@@ -776,9 +783,13 @@ async fn run_session(
             progress: progress.map(|p| (p.clone(), identity)),
             publication: publication.map(|p| (p, known.read)),
             server,
+            binary,
         },
     );
     let result = session.run(&mut stream, shutdown).await;
+    if let Err(RelayError::BinaryRuledOutByRelation { found, .. }) = &result {
+        carry.binary_ruled_out = Some(found.clone());
+    }
     if result.as_ref().is_err_and(RelayError::is_server_gone) {
         session.settle_in_flight(SETTLE_AFTER_SERVER_LOSS).await;
     }

@@ -40,6 +40,11 @@ impl Observer {
         self.metrics.set_server_wal_end_lsn(lsn.0);
     }
 
+    /// The session's stream carries binary column values.
+    pub(super) fn pgoutput_binary(&self, binary: bool) {
+        self.metrics.set_pgoutput_binary(binary);
+    }
+
     /// `delta` more standby status updates were sent.
     pub(super) fn status_updates_sent(&self, delta: u64) {
         for _ in 0..delta {

@@ -76,6 +76,8 @@ pub(super) struct Session<'a> {
     server: (String, u16),
     /// The progress topic's retention was found to delete records (logged once).
     durability_warned: bool,
+    /// Binary column values, and the settings they were chosen under (`binary.rs`).
+    binary: super::binary::Binary,
 }
 
 /// What the rules report, as metrics and logs.
@@ -144,6 +146,7 @@ pub(super) struct SessionStart {
     pub publication: Option<(crate::kafka::PublicationSeen, bool)>,
     /// The server streamed from (host, port).
     pub server: (String, u16),
+    pub binary: super::binary::Binary,
 }
 
 /// The relay's error for the rules' (`slot`: named in the way past a bad row).
@@ -213,6 +216,7 @@ impl<'a> Session<'a> {
             timeline,
             server: begin.server,
             durability_warned: false,
+            binary: begin.binary,
         }
     }
 
@@ -361,6 +365,11 @@ impl<'a> Session<'a> {
                             false => None,
                             true => Some(self.is_partition_of_outbox(r.rel_id).await?),
                         };
+                        if self.cfg.relay_table
+                            && (parent == Some(true) || self.cfg.table.matches(&r))
+                        {
+                            super::binary::verify_relation(self.cfg, &self.binary, &r)?;
+                        }
                         self.core.on_relation(&r, parent).map(|()| After::Nothing)
                     }
                     other => self.core.on_message(other, PgTimestamp::now()),

@@ -107,6 +107,7 @@ pub struct Metrics {
     slot_safe_wal_size: AtomicI64,
     slot_wal_status: AtomicU8,
     slot_failover_ready: AtomicBool,
+    pgoutput_binary: AtomicBool,
     /// Microseconds since the Unix epoch of the oldest unacked event's commit; 0 = none.
     /// A timestamp rather than an age so the age is current at scrape time, not at the
     /// last update.
@@ -150,6 +151,7 @@ impl Default for Metrics {
             slot_safe_wal_size: AtomicI64::new(i64::MIN),
             slot_wal_status: AtomicU8::new(SlotWalStatus::Unknown.to_u8()),
             slot_failover_ready: AtomicBool::new(false),
+            pgoutput_binary: AtomicBool::new(false),
             oldest_unacked_unix_micros: AtomicU64::new(0),
             replication_connected: AtomicBool::new(false),
             standby: AtomicBool::new(false),
@@ -200,6 +202,8 @@ pub struct MetricsSnapshot {
     /// The slot would survive a promotion of a standby (PG17+ failover slot, standby
     /// slots configured on the primary and connected).
     pub slot_failover_ready: bool,
+    /// The replication stream carries binary column values (`OUTBOXD_PGOUTPUT_BINARY`).
+    pub pgoutput_binary: bool,
     /// Age of the oldest unacked event at snapshot time; zero when nothing is unacked.
     pub oldest_unacked_age: Duration,
     pub replication_connected: bool,
@@ -334,6 +338,10 @@ impl Metrics {
         self.slot_failover_ready.store(ready, Ordering::Relaxed);
     }
 
+    pub fn set_pgoutput_binary(&self, binary: bool) {
+        self.pgoutput_binary.store(binary, Ordering::Relaxed);
+    }
+
     /// The commit time of the oldest event not yet acked by Kafka, `None` when all are.
     pub fn set_oldest_unacked(&self, since: Option<SystemTime>) {
         let micros = since.map_or(0, |t| unix_micros(t).max(1));
@@ -417,6 +425,7 @@ impl Metrics {
                 .filter(|v| *v != i64::MIN),
             slot_wal_status: SlotWalStatus::from_u8(self.slot_wal_status.load(Ordering::Relaxed)),
             slot_failover_ready: self.slot_failover_ready.load(Ordering::Relaxed),
+            pgoutput_binary: self.pgoutput_binary.load(Ordering::Relaxed),
             oldest_unacked_age,
             replication_connected: self.replication_connected.load(Ordering::Relaxed),
             standby: self.standby.load(Ordering::Relaxed),

@@ -238,6 +238,13 @@ pub fn render_all(relays: &[(Option<u32>, &MetricsSnapshot)]) -> String {
         "1 when the slot would survive a standby's promotion: a failover slot (PostgreSQL 17+), synchronized_standby_slots set on the primary and each listed standby slot connected.",
         |s| u64::from(s.slot_failover_ready),
     );
+    out.single(
+        relays,
+        "pgoutput_binary",
+        "gauge",
+        "1 when the replication stream carries binary column values (OUTBOXD_PGOUTPUT_BINARY), 0 for text.",
+        |s| u64::from(s.pgoutput_binary),
+    );
     out.header(
         "oldest_unacked_age_seconds",
         "gauge",
