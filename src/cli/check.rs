@@ -218,6 +218,13 @@ async fn check_postgres(r: &mut Report, s: &Settings, sql: &Client, replicates: 
                         "{} ({} in use)",
                         settings.max_wal_senders, settings.wal_senders_in_use
                     ),
+                    "idle_replication_slot_timeout" => {
+                        match settings.idle_replication_slot_timeout_s {
+                            Some(0) => "0 (off: an idle slot is kept)".into(),
+                            Some(t) => format!("{t}s"),
+                            None => "not supported (PostgreSQL < 18)".into(),
+                        }
+                    }
                     _ => settings.max_slot_wal_keep_size_mb.map_or_else(
                         || "not supported (PostgreSQL < 13)".into(),
                         |mb| format!("{mb}MB"),

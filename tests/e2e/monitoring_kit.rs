@@ -19,6 +19,7 @@ use support::ops;
 const DASHBOARD: &str = include_str!("../../deploy/grafana/outboxd.json");
 const ALERTS: &str = include_str!("../../deploy/prometheus/alerts.yaml");
 const RUNBOOK: &str = include_str!("../../docs/operations.md");
+const ALERT_TESTS: &str = include_str!("../../deploy/prometheus/alerts_test.yaml");
 
 /// Every `outboxd_[a-z0-9_]+` token: the metric names an expression uses.
 fn metric_names(text: &str) -> BTreeSet<String> {
@@ -167,6 +168,38 @@ fn every_rule_has_a_runbook_section() {
         assert!(
             anchors.contains(section),
             "{name}: docs/operations.md has no section #{section}"
+        );
+    }
+}
+
+/// Every rule has a promtool unit test that shows it firing and one that shows it quiet
+/// (`promtool test rules` runs them below when promtool is installed).
+#[test]
+fn every_rule_has_unit_tests() {
+    let doc: serde_yaml::Value = serde_yaml::from_str(ALERT_TESTS).expect("alerts_test.yaml");
+    let mut fires = BTreeSet::new();
+    let mut quiet = BTreeSet::new();
+    for test in doc["tests"].as_sequence().expect("tests") {
+        for case in test["alert_rule_test"]
+            .as_sequence()
+            .expect("alert_rule_test")
+        {
+            let name = case["alertname"].as_str().expect("alertname").to_owned();
+            match case["exp_alerts"].as_sequence() {
+                Some(alerts) if !alerts.is_empty() => fires.insert(name),
+                _ => quiet.insert(name),
+            };
+        }
+    }
+    for rule in alert_rules() {
+        let name = rule["alert"].as_str().expect("alert name");
+        assert!(
+            fires.contains(name),
+            "alerts_test.yaml never expects {name} to fire"
+        );
+        assert!(
+            quiet.contains(name),
+            "alerts_test.yaml never expects {name} to stay quiet"
         );
     }
 }

@@ -77,12 +77,13 @@ async fn no_walsender_allowed_fails_check_and_run_exits_3() {
 }
 
 /// The default max_slot_wal_keep_size (-1) is reported as a warning; a cap is reported
-/// with the slot's safe_wal_size.
+/// with the slot's safe_wal_size. On PostgreSQL 18+ idle_replication_slot_timeout too: its
+/// default (0) is fine, a timeout is a warning naming the fix.
 #[tokio::test(flavor = "multi_thread")]
 async fn wal_retention_is_reported() {
-    let db = PgCluster::shared()
-        .fresh_database("parity_keep_default")
-        .await;
+    let shared = PgCluster::shared();
+    let idle_timeout = shared.major_version() >= 18;
+    let db = shared.fresh_database("parity_keep_default").await;
     let outbox = schema::setup(&db).await;
     let broker = Broker::mock();
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
@@ -90,9 +91,19 @@ async fn wal_retention_is_reported() {
     assert_eq!(code, 0, "a warning does not fail the check:\n{out}");
     let keep = line(&out, "warn  ", "max_slot_wal_keep_size");
     assert!(keep.contains("-1"), "{keep}");
+    if idle_timeout {
+        let idle = line(&out, "ok    ", "idle_replication_slot_timeout");
+        assert!(idle.contains(": 0"), "{idle}");
+    } else {
+        assert!(!out.contains("idle_replication_slot_timeout"), "{out}");
+    }
 
+    let mut conf = vec!["max_slot_wal_keep_size = '64MB'".to_owned()];
+    if idle_timeout {
+        conf.push("idle_replication_slot_timeout = '1h'".into());
+    }
     let cluster = PgCluster::start(ClusterOptions {
-        conf: vec!["max_slot_wal_keep_size = '64MB'".into()],
+        conf,
         ..ClusterOptions::default()
     })
     .expect("cluster");
@@ -105,6 +116,14 @@ async fn wal_retention_is_reported() {
     assert!(keep.contains("64MB") || keep.contains("64 MB"), "{keep}");
     let slot = line(&out, "ok    ", "slot");
     assert!(slot.contains("safe_wal_size"), "{slot}");
+    if idle_timeout {
+        let idle = line(&out, "warn  ", "idle_replication_slot_timeout");
+        assert!(idle.contains("1h00m"), "{idle}");
+        assert!(
+            idle.contains("idle_replication_slot_timeout = 0"),
+            "names the fix: {idle}"
+        );
+    }
 }
 
 /// The REPLICATION attribute is not inherited, and providers grant replication in other

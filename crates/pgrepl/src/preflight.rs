@@ -54,6 +54,8 @@ pub struct ServerSettings {
     pub wal_senders_in_use: i64,
     /// `max_slot_wal_keep_size` in MB; -1 is no cap; `None` before PostgreSQL 13.
     pub max_slot_wal_keep_size_mb: Option<i64>,
+    /// `idle_replication_slot_timeout` in seconds; 0 is off; `None` before PostgreSQL 18.
+    pub idle_replication_slot_timeout_s: Option<i64>,
 }
 
 /// One query, readable by any role (pg_settings, pg_replication_slots, pg_stat_activity's
@@ -66,7 +68,8 @@ pub async fn server_settings(client: &Client) -> Result<ServerSettings, ReplErro
                     (SELECT count(*) FROM pg_catalog.pg_replication_slots), \
                     current_setting('max_wal_senders')::int4, \
                     (SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE backend_type = 'walsender'), \
-                    (SELECT setting::int8 FROM pg_catalog.pg_settings WHERE name = 'max_slot_wal_keep_size')",
+                    (SELECT setting::int8 FROM pg_catalog.pg_settings WHERE name = 'max_slot_wal_keep_size'), \
+                    (SELECT setting::int8 FROM pg_catalog.pg_settings WHERE name = 'idle_replication_slot_timeout')",
             &[],
         )
         .await?;
@@ -77,6 +80,7 @@ pub async fn server_settings(client: &Client) -> Result<ServerSettings, ReplErro
         max_wal_senders: row.try_get(3)?,
         wal_senders_in_use: row.try_get(4)?,
         max_slot_wal_keep_size_mb: row.try_get(5)?,
+        idle_replication_slot_timeout_s: row.try_get(6)?,
     })
 }
 

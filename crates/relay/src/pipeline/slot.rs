@@ -6,6 +6,9 @@ use tokio_postgres::Client;
 
 use outbox_core::TableSpec;
 
+use std::time::Duration;
+
+use super::catchup::human_duration;
 use super::error::RelayError;
 
 /// The slot as checked before START_REPLICATION.
@@ -89,7 +92,7 @@ pub async fn check_server(sql: &Client, slot: &str, first: bool) -> Result<(), R
 
 /// Every server-setting rule, named by the setting; `check` prints one line each.
 pub fn judge_server(s: &ServerSettings, slot_exists: bool) -> Vec<(&'static str, Verdict)> {
-    vec![
+    let mut rules = vec![
         ("wal_level", judge_wal_level(s)),
         (
             "max_replication_slots",
@@ -97,7 +100,15 @@ pub fn judge_server(s: &ServerSettings, slot_exists: bool) -> Vec<(&'static str,
         ),
         ("max_wal_senders", judge_wal_senders(s)),
         ("max_slot_wal_keep_size", judge_wal_keep(s)),
-    ]
+    ];
+    // PostgreSQL 18+ only: before, the setting does not exist and there is nothing to say.
+    if let Some(timeout_s) = s.idle_replication_slot_timeout_s {
+        rules.push((
+            "idle_replication_slot_timeout",
+            judge_idle_slot_timeout(timeout_s),
+        ));
+    }
+    rules
 }
 
 fn judge_wal_level(s: &ServerSettings) -> Verdict {
@@ -158,6 +169,24 @@ fn judge_wal_keep(s: &ServerSettings) -> Verdict {
         )),
         _ => Ok(None),
     }
+}
+
+/// A slot nobody streams from is invalidated once idle for this long: status updates keep
+/// the slot of a streaming relay alive (a standby waiting for it does not), so what it
+/// limits is how long every relay may be down before the slot and its events are lost.
+fn judge_idle_slot_timeout(timeout_s: i64) -> Verdict {
+    if timeout_s <= 0 {
+        return Ok(None);
+    }
+    let after = human_duration(Duration::from_secs(timeout_s.unsigned_abs()));
+    Ok(Some(format!(
+        "is {after}: PostgreSQL invalidates a slot no relay has streamed from for {after} \
+         (wal_status lost, outboxd exits 3, and the events since must be re-published). \
+         outboxd's status updates keep the slot alive while it streams, but a relay down \
+         (or only standing by) for longer than {after} loses it. Set \
+         idle_replication_slot_timeout = 0 for this cluster, or alert on the relay's \
+         absence (OutboxdAbsent, OutboxdNotStreaming) well before {after}"
+    )))
 }
 
 /// The one rule for "can outboxd stream from this existing slot", shared by `run` and
@@ -491,4 +520,47 @@ pub fn judge_publication(
          relayed: ALTER PUBLICATION {publication} ADD TABLE {table};{hint} \
          (or set OUTBOXD_RELAY_TABLE=false to relay only emitted logical messages)"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(idle_replication_slot_timeout_s: Option<i64>) -> ServerSettings {
+        ServerSettings {
+            wal_level: "logical".into(),
+            max_replication_slots: 10,
+            replication_slots_in_use: 1,
+            max_wal_senders: 10,
+            wal_senders_in_use: 1,
+            max_slot_wal_keep_size_mb: Some(1024),
+            idle_replication_slot_timeout_s,
+        }
+    }
+
+    fn idle_verdict(timeout_s: Option<i64>) -> Option<Verdict> {
+        judge_server(&settings(timeout_s), true)
+            .into_iter()
+            .find(|(name, _)| *name == "idle_replication_slot_timeout")
+            .map(|(_, verdict)| verdict)
+    }
+
+    #[test]
+    fn idle_slot_timeout_is_judged_only_where_it_exists() {
+        assert_eq!(idle_verdict(None), None, "before PostgreSQL 18");
+        assert_eq!(idle_verdict(Some(0)), Some(Ok(None)), "0 is off");
+    }
+
+    #[test]
+    fn a_set_idle_slot_timeout_warns_with_the_fix() {
+        let Some(Ok(Some(warning))) = idle_verdict(Some(3600)) else {
+            panic!("a warning: {:?}", idle_verdict(Some(3600)));
+        };
+        assert!(warning.contains("1h00m"), "{warning}");
+        assert!(
+            warning.contains("idle_replication_slot_timeout = 0"),
+            "names the fix: {warning}"
+        );
+        assert!(warning.contains("OutboxdAbsent"), "{warning}");
+    }
 }
