@@ -14,12 +14,7 @@ mod dead_letters;
 mod header_columns;
 
 fn col(name: &str, type_oid: u32) -> Column {
-    Column {
-        flags: 0,
-        name: name.to_owned(),
-        type_oid,
-        type_modifier: -1,
-    }
+    Column::new(name, type_oid)
 }
 
 fn relation(columns: Vec<Column>) -> Relation {

@@ -54,12 +54,7 @@ fn core(policy: BadRowPolicy, watch_publication: bool) -> SessionCore<Seen> {
 }
 
 fn col(name: &str, type_oid: u32) -> Column {
-    Column {
-        flags: 0,
-        name: name.to_owned(),
-        type_oid,
-        type_modifier: -1,
-    }
+    Column::new(name, type_oid)
 }
 
 fn relation(rel_id: u32, name: &str, columns: Vec<Column>) -> Relation {

@@ -116,6 +116,16 @@ pub struct Column {
 }
 
 impl Column {
+    /// A column outside the replica identity, with no type modifier.
+    pub fn new(name: &str, type_oid: u32) -> Self {
+        Column {
+            flags: 0,
+            name: name.to_owned(),
+            type_oid,
+            type_modifier: -1,
+        }
+    }
+
     pub fn is_key(&self) -> bool {
         self.flags & 1 == 1
     }

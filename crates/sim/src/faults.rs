@@ -208,14 +208,7 @@ impl Sim {
     /// The broker acks everything the session sent.
     fn ack_all(&mut self, life: &mut Life) -> Result<(), Violation> {
         for p in 0..PARTITIONS {
-            while let Some((ticket, w)) = life.queues[p].pop_front() {
-                self.kafka.write(w);
-                self.stats.events += 1;
-                self.stats.dead_letters += u64::from(w.dead);
-                life.core
-                    .on_delivery(ticket, true)
-                    .map_err(|e| Violation(format!("ack: {e}")))?;
-            }
+            while self.broker_acks(life, p)? {}
         }
         Ok(())
     }

@@ -242,21 +242,8 @@ impl Sim {
             changes.push(change);
         }
         self.clock += 1 + i64::try_from(self.rng.below(5000)).unwrap_or(0);
-        let cl = &mut self.clusters[c];
         let size = 40 * u64::try_from(n).unwrap_or(1) + self.rng.below(3) * 8;
-        let commit_lsn = Lsn(cl.wal_end.0 + size);
-        let end_lsn = Lsn(commit_lsn.0 + 24);
-        cl.wal_end = end_lsn;
-        cl.next_xid += 1;
-        cl.history.push(Txn {
-            commit_lsn,
-            end_lsn,
-            xid: cl.next_xid,
-            commit_time: self.clock,
-            changes,
-            bare,
-            hidden: !cl.outbox_published,
-        });
+        self.clusters[c].commit(changes, size, self.clock, bare);
     }
 
     /// Starts a relay session on every cluster that has none (a restart after a kill,
@@ -510,14 +497,25 @@ impl Sim {
     fn ack(&mut self) -> Result<(), Violation> {
         let c = self.rng.index(self.clusters.len());
         let p = self.rng.index(PARTITIONS);
-        let Some(life) = self.lives[c].as_mut() else {
+        let Some(mut life) = self.lives[c].take() else {
             return Ok(());
         };
+        let handed = match self.broker_acks(&mut life, p) {
+            Ok(true) => self.hand_on(&mut life),
+            other => other.map(|_| ()),
+        };
+        self.lives[c] = Some(life);
+        handed
+    }
+
+    /// The broker writes and acks the oldest message of partition `p` the session sent;
+    /// false: there was none.
+    fn broker_acks(&mut self, life: &mut Life, p: usize) -> Result<bool, Violation> {
         let Some((ticket, w)) = life.queues[p].pop_front() else {
-            return Ok(());
+            return Ok(false);
         };
         if self.trace {
-            eprintln!("  ack cluster {c} {w:?}");
+            eprintln!("  ack cluster {} {w:?}", life.cluster);
         }
         self.kafka.write(w);
         self.stats.events += 1;
@@ -525,11 +523,7 @@ impl Sim {
         life.core
             .on_delivery(ticket, true)
             .map_err(|e| Violation(format!("ack: {e}")))?;
-        if let Some(mut life) = self.lives[c].take() {
-            self.hand_on(&mut life)?;
-            self.lives[c] = Some(life);
-        }
-        Ok(())
+        Ok(true)
     }
 
     /// A status update: the slot moves to what the rules let it confirm.
@@ -602,19 +596,7 @@ impl Sim {
         }
         self.clock += 1;
         let size = 40 * u64::try_from(copies.len()).unwrap_or(1);
-        let commit_lsn = Lsn(cl.wal_end.0 + size);
-        let end_lsn = Lsn(commit_lsn.0 + 24);
-        cl.wal_end = end_lsn;
-        cl.next_xid += 1;
-        cl.history.push(Txn {
-            commit_lsn,
-            end_lsn,
-            xid: cl.next_xid,
-            commit_time: self.clock,
-            changes: copies,
-            bare: false,
-            hidden: false,
-        });
+        cl.commit(copies, size, self.clock, false);
     }
 
     /// The session writes its claim; checked against every history there ever was.

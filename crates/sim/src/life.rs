@@ -179,12 +179,7 @@ impl Life {
 }
 
 fn col(name: &str, type_oid: u32) -> Column {
-    Column {
-        flags: 0,
-        name: name.to_owned(),
-        type_oid,
-        type_modifier: -1,
-    }
+    Column::new(name, type_oid)
 }
 
 /// The outbox's columns; its partition has them in another order (bound by name).

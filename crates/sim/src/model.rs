@@ -68,6 +68,25 @@ pub(crate) struct Cluster {
     pub republished: HashSet<u64>,
 }
 
+impl Cluster {
+    /// A transaction (or a bare message) of `size` bytes of WAL commits at `commit_time`.
+    pub fn commit(&mut self, changes: Vec<Change>, size: u64, commit_time: i64, bare: bool) {
+        let commit_lsn = Lsn(self.wal_end.0 + size);
+        let end_lsn = Lsn(commit_lsn.0 + 24);
+        self.wal_end = end_lsn;
+        self.next_xid += 1;
+        self.history.push(Txn {
+            commit_lsn,
+            end_lsn,
+            xid: self.next_xid,
+            commit_time,
+            changes,
+            bare,
+            hidden: !self.outbox_published,
+        });
+    }
+}
+
 /// A relay's settings, as far as they decide what is published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Config {

@@ -10,13 +10,16 @@
 //! began (`SessionCore::raise_cap`): everything in it was received, and so written to the WAL, before that
 //! look read the catalog, and a change made before those rows would have shown.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pgoutput::{Lsn, PgTimestamp};
 
 use super::{bounded, Session};
 use crate::kafka::{ProgressError, PublicationSeen, SlotRecords};
 use crate::pipeline::error::RelayError;
+
+/// The shortest wait between looks taken early (see `Session::publication_look_due`).
+const EARLY_LOOK_AFTER: Duration = Duration::from_millis(500);
 
 /// The publication's identity now, with the server's WAL position and clock before it
 /// was read: a change committed after that position may be missing from the identity,
@@ -121,11 +124,19 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// Whether a look is due (`OUTBOXD_PUBLICATION_CHECK_INTERVAL_MS`).
+    /// Whether a look is due: every `OUTBOXD_PUBLICATION_CHECK_INTERVAL_MS`, and sooner
+    /// (at the next tick) once everything sent is acked but not yet confirmed: a drained
+    /// backlog or a lone transaction is then confirmed within about a second, not held
+    /// back for the rest of the interval.
     pub(super) fn publication_look_due(&self) -> bool {
-        self.publication
-            .as_ref()
-            .is_some_and(|w| w.looked_at.elapsed() >= self.cfg.publication_check_interval)
+        self.publication.as_ref().is_some_and(|w| {
+            let waited = w.looked_at.elapsed();
+            waited >= self.cfg.publication_check_interval
+                || (waited >= EARLY_LOOK_AFTER
+                    && w.compared()
+                    && self.core.awaiting_reports() == 0
+                    && self.core.watermark() > self.core.confirmed())
+        })
     }
 
     /// A guard message: the transaction it is in changed a publication. Rows after it
