@@ -229,6 +229,25 @@ fn assert_same_records(text: &[Received], binary: &[Received]) {
     }
 }
 
+/// A database whose sessions print timestamptz in `zone`, with the outbox of extra,
+/// unread columns of other types.
+async fn extra_columns(name: &str, zone: &str) -> (TestDb<'static>, Outbox) {
+    let db = PgCluster::shared().fresh_database(name).await;
+    set_time_zone(&db, zone).await;
+    let outbox = schema::setup_custom(&db, EXTRA_COLUMNS_DDL, Some("publish = 'insert'")).await;
+    (db, outbox)
+}
+
+async fn insert_extra_rows(db: &TestDb<'_>) {
+    insert_rows(
+        db,
+        "aggregate_type, aggregate_id, event_type, payload, amount, tags, grid, m, addr, \
+         price, at, created_at",
+        EXTRA_COLUMNS_ROWS,
+    )
+    .await;
+}
+
 async fn set_time_zone(db: &TestDb<'_>, zone: &str) {
     // New sessions (the relays' walsenders) print timestamptz in this zone.
     db.client()
@@ -294,18 +313,10 @@ async fn every_decoded_type_gives_the_same_bytes_as_text_mode() {
 #[tokio::test(flavor = "multi_thread")]
 async fn unread_columns_of_other_types_leave_binary_mode_usable() {
     let broker = Broker::default_for_tests();
-    let db = PgCluster::shared().fresh_database("binary_extra").await;
-    set_time_zone(&db, "UTC").await;
-    let text = schema::setup_custom(&db, EXTRA_COLUMNS_DDL, Some("publish = 'insert'")).await;
+    let (db, text) = extra_columns("binary_extra", "UTC").await;
     let binary = second_slot(&db, &text, "bin").await;
     let dead_letter = second_slot(&db, &text, "dl").await;
-    insert_rows(
-        &db,
-        "aggregate_type, aggregate_id, event_type, payload, amount, tags, grid, m, addr, \
-         price, at, created_at",
-        EXTRA_COLUMNS_ROWS,
-    )
-    .await;
+    insert_extra_rows(&db).await;
     let stop = [
         ("OUTBOXD_BAD_ROW_POLICY", "stop"),
         ("OUTBOXD_HEADER_COLUMNS", "created_at"),
@@ -323,17 +334,9 @@ async fn unread_columns_of_other_types_leave_binary_mode_usable() {
 #[tokio::test(flavor = "multi_thread")]
 async fn another_time_zone_keeps_text_mode() {
     let broker = Broker::default_for_tests();
-    let db = PgCluster::shared().fresh_database("binary_zone").await;
-    set_time_zone(&db, "Asia/Kathmandu").await;
-    let text = schema::setup_custom(&db, EXTRA_COLUMNS_DDL, Some("publish = 'insert'")).await;
+    let (db, text) = extra_columns("binary_zone", "Asia/Kathmandu").await;
     let auto = second_slot(&db, &text, "auto").await;
-    insert_rows(
-        &db,
-        "aggregate_type, aggregate_id, event_type, payload, amount, tags, grid, m, addr, \
-         price, at, created_at",
-        EXTRA_COLUMNS_ROWS,
-    )
-    .await;
+    insert_extra_rows(&db).await;
     let env = [
         ("OUTBOXD_BAD_ROW_POLICY", "stop"),
         ("OUTBOXD_HEADER_COLUMNS", "created_at"),
@@ -363,9 +366,7 @@ async fn another_time_zone_keeps_text_mode() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_column_retyped_mid_stream_switches_to_text_or_stops() {
     let broker = Broker::default_for_tests();
-    let db = PgCluster::shared().fresh_database("binary_retype").await;
-    set_time_zone(&db, "UTC").await;
-    let auto = schema::setup_custom(&db, EXTRA_COLUMNS_DDL, Some("publish = 'insert'")).await;
+    let (db, auto) = extra_columns("binary_retype", "UTC").await;
     let on = second_slot(&db, &auto, "on").await;
     let topics = vec![auto.topic("order")];
     broker.create_topics(&[&topics[0]], 2).await;
