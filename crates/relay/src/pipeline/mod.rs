@@ -31,8 +31,8 @@ pub use slot_history::{judge_missing_slot, Consent, Creation, History};
 use outbox_core::{DeliveredPosition, ReplayStart};
 
 use crate::kafka::{
-    build_producer, BrokerProbe, ProducerSettings, ProgressError, ProgressRecord, ProgressStore,
-    PublicationSeen, SlotIdentity, SlotRecords,
+    build_producer, BrokerProbe, ProducerSettings, ProgressError, ProgressStore, PublicationSeen,
+    SlotIdentity, SlotRecords,
 };
 use session::{Session, SessionStart};
 
@@ -316,93 +316,6 @@ fn check_server_version(version_num: u32) -> Result<(), RelayError> {
     Ok(())
 }
 
-/// Creates the missing slot, but only once the progress record and the table show that no
-/// earlier slot of this name existed (`slot_history`), and only after recording that this
-/// one will: a slot must never exist without a record, or its loss could go unnoticed.
-async fn create_slot_if_new(
-    cfg: &RelayConfig,
-    pg: &ConnectConfig,
-    sql: &tokio_postgres::Client,
-    progress: Option<&ProgressStore>,
-    identity: &SlotIdentity,
-    timeline: u32,
-    position: pgoutput::Lsn,
-) -> Result<SlotStart, RelayError> {
-    let Some(progress) = progress else {
-        // Without a record nothing can tell a first start from a lost slot.
-        return Err(RelayError::SlotMissing {
-            slot: cfg.slot.clone(),
-        });
-    };
-    let unknown = |e: ProgressError| RelayError::SlotHistoryUnknown {
-        slot: cfg.slot.clone(),
-        progress_topic: progress.topic().to_owned(),
-        reason: e.to_string(),
-    };
-    match progress.check_durable().await {
-        Err(e @ ProgressError::NotDurable { .. }) => return Err(RelayError::ProgressNotDurable(e)),
-        other => other.map_err(unknown)?,
-    }
-    let records = progress.read_slot(identity).await.map_err(unknown)?;
-    refuse_other_cluster(&records, progress, identity)?;
-    let relayed = cfg
-        .relay_table
-        .then_some((cfg.table.schema.as_str(), cfg.table.table.as_str()));
-    let rows = slot::outbox_rows(sql, relayed).await?;
-    let judged = judge_missing_slot(
-        &cfg.slot,
-        &cfg.table.qualified_name(),
-        progress.topic(),
-        History::Read(&records),
-        rows,
-        Consent::default(),
-    );
-    if let Err(refused) = judged {
-        // Another replica may have created it since this one looked (two starting at
-        // once): that one streams, this one stands by.
-        if pgrepl::preflight::slot_state(sql, &cfg.slot)
-            .await?
-            .is_some()
-        {
-            return Err(RelayError::SlotCreatedMeanwhile {
-                slot: cfg.slot.clone(),
-            });
-        }
-        return Err(refused);
-    }
-    if let Some(record) = records.creating.as_ref().or(records.ours.as_ref()) {
-        tracing::info!(
-            slot = %cfg.slot,
-            recorded_at = %record.recorded_at_text(),
-            "an earlier attempt to create the slot did not finish (no record of the slot after it); creating it now"
-        );
-    }
-    progress
-        .write_intent(
-            identity,
-            &ProgressRecord::before_creation(timeline, position),
-        )
-        .await
-        .map_err(unknown)?;
-    let start = slot::create(
-        pg,
-        sql,
-        &cfg.slot,
-        cfg.failover_slot,
-        cfg.relay_table.then_some(&cfg.table),
-    )
-    .await?;
-    // At once, not at the first tick: from here on a missing slot is a lost one.
-    progress
-        .write_and_wait(
-            identity,
-            &ProgressRecord::now(timeline, start.confirmed_flush),
-        )
-        .await
-        .map_err(unknown)?;
-    Ok(start)
-}
-
 /// The cluster this process streams from, as the first connection found it.
 #[derive(Debug, Clone)]
 struct SeenSystem {
@@ -678,7 +591,7 @@ async fn run_session(
             start
         }
         None => {
-            create_slot_if_new(
+            slot::create_if_new(
                 cfg,
                 pg,
                 &sql,

@@ -1,4 +1,5 @@
-//! The slot and publication as outboxd finds them at the start of each session.
+//! The slot and publication as outboxd finds them at the start of each session, and a
+//! missing slot created, when `slot_history`'s rule allows it.
 
 use pgrepl::preflight::{self, PublicationCoverage, ServerSettings, SlotState};
 use pgrepl::{ConnectConfig, Lsn, ReplicationConnection};
@@ -10,6 +11,9 @@ use std::time::Duration;
 
 use super::catchup::human_duration;
 use super::error::RelayError;
+use super::slot_history::{judge_missing_slot, Consent, History};
+use super::RelayConfig;
+use crate::kafka::{ProgressError, ProgressRecord, ProgressStore, SlotIdentity};
 
 /// The slot as checked before START_REPLICATION.
 #[derive(Debug, Clone, Copy)]
@@ -520,6 +524,90 @@ pub fn judge_publication(
          relayed: ALTER PUBLICATION {publication} ADD TABLE {table};{hint} \
          (or set OUTBOXD_RELAY_TABLE=false to relay only emitted logical messages)"
     ))
+}
+
+/// Creates the missing slot, but only once the progress record and the table show that no
+/// earlier slot of this name existed (`slot_history`), and only after recording that this
+/// one will: a slot must never exist without a record, or its loss could go unnoticed.
+pub(super) async fn create_if_new(
+    cfg: &RelayConfig,
+    pg: &ConnectConfig,
+    sql: &tokio_postgres::Client,
+    progress: Option<&ProgressStore>,
+    identity: &SlotIdentity,
+    timeline: u32,
+    position: pgoutput::Lsn,
+) -> Result<SlotStart, RelayError> {
+    let Some(progress) = progress else {
+        // Without a record nothing can tell a first start from a lost slot.
+        return Err(RelayError::SlotMissing {
+            slot: cfg.slot.clone(),
+        });
+    };
+    let unknown = |e: ProgressError| RelayError::SlotHistoryUnknown {
+        slot: cfg.slot.clone(),
+        progress_topic: progress.topic().to_owned(),
+        reason: e.to_string(),
+    };
+    match progress.check_durable().await {
+        Err(e @ ProgressError::NotDurable { .. }) => return Err(RelayError::ProgressNotDurable(e)),
+        other => other.map_err(unknown)?,
+    }
+    let records = progress.read_slot(identity).await.map_err(unknown)?;
+    super::refuse_other_cluster(&records, progress, identity)?;
+    let relayed = cfg
+        .relay_table
+        .then_some((cfg.table.schema.as_str(), cfg.table.table.as_str()));
+    let rows = outbox_rows(sql, relayed).await?;
+    let judged = judge_missing_slot(
+        &cfg.slot,
+        &cfg.table.qualified_name(),
+        progress.topic(),
+        History::Read(&records),
+        rows,
+        Consent::default(),
+    );
+    if let Err(refused) = judged {
+        // Another replica may have created it since this one looked (two starting at
+        // once): that one streams, this one stands by.
+        if preflight::slot_state(sql, &cfg.slot).await?.is_some() {
+            return Err(RelayError::SlotCreatedMeanwhile {
+                slot: cfg.slot.clone(),
+            });
+        }
+        return Err(refused);
+    }
+    if let Some(record) = records.creating.as_ref().or(records.ours.as_ref()) {
+        tracing::info!(
+            slot = %cfg.slot,
+            recorded_at = %record.recorded_at_text(),
+            "an earlier attempt to create the slot did not finish (no record of the slot after it); creating it now"
+        );
+    }
+    progress
+        .write_intent(
+            identity,
+            &ProgressRecord::before_creation(timeline, position),
+        )
+        .await
+        .map_err(unknown)?;
+    let start = create(
+        pg,
+        sql,
+        &cfg.slot,
+        cfg.failover_slot,
+        cfg.relay_table.then_some(&cfg.table),
+    )
+    .await?;
+    // At once, not at the first tick: from here on a missing slot is a lost one.
+    progress
+        .write_and_wait(
+            identity,
+            &ProgressRecord::now(timeline, start.confirmed_flush),
+        )
+        .await
+        .map_err(unknown)?;
+    Ok(start)
 }
 
 #[cfg(test)]
