@@ -388,7 +388,9 @@ impl<'a> Session<'a> {
 
     /// Hands the records the rules queued to the producer, answering each.
     async fn send_queued(&mut self) -> Result<(), RelayError> {
+        let mut sent_any = false;
         while let Some(send) = self.core.take_send() {
+            sent_any = true;
             let sent = self.send(&send.record, send.ticket).await;
             let answer = match sent {
                 Ok(how) => self.core.sent(send, how),
@@ -403,8 +405,11 @@ impl<'a> Session<'a> {
             };
             answer.map_err(|e| lift(e, &self.cfg.slot))?;
         }
-        self.obs
-            .in_flight(self.core.ledger().len(), self.core.ledger().bytes());
+        // Only after a send, as before the core existed: this runs after every message.
+        if sent_any {
+            self.obs
+                .in_flight(self.core.ledger().len(), self.core.ledger().bytes());
+        }
         Ok(())
     }
 
