@@ -208,7 +208,11 @@ impl Outboxd {
             .env("OUTBOXD_CREATE_SLOT", "true")
             .env("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS", bootstrap)
             .env("OUTBOXD_HTTP_ADDR", &http)
-            .env("OUTBOXD_LOG", "warn")
+            // BENCH_OUTBOXD_LOG=info: the relay's start-up and catch-up reports in its log.
+            .env(
+                "OUTBOXD_LOG",
+                std::env::var("BENCH_OUTBOXD_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .envs(extra.iter().copied())
             .stdin(Stdio::null())
             .stdout(logfile.try_clone()?)

@@ -130,9 +130,15 @@ impl Settings {
         ((n as f64 * self.scale).round() as u64).max(1)
     }
 
+    /// The catch-up drains' brokers: BENCH_CATCHUP_BROKERS (default mock,tansu), tansu
+    /// only where it is installed.
     fn brokers(&self) -> Vec<BrokerKind> {
-        let mut b = vec![BrokerKind::Mock];
-        if self.tansu.is_some() {
+        let wanted = list("BENCH_CATCHUP_BROKERS", "mock,tansu");
+        let mut b = Vec::new();
+        if wanted.iter().any(|w| w == "mock") {
+            b.push(BrokerKind::Mock);
+        }
+        if self.tansu.is_some() && wanted.iter().any(|w| w == "tansu") {
             b.push(BrokerKind::Tansu);
         }
         b
@@ -383,6 +389,19 @@ async fn progress_cost(s: &Settings, cluster: &pgtest::PgCluster, r: &mut Result
     Ok(())
 }
 
+/// Other outboxd builds to run beside this one (`var`: DIR or LABEL=DIR, comma-separated),
+/// e.g. the build before a change.
+fn compare_builds(var: &str) -> Vec<(String, PathBuf)> {
+    list(var, "")
+        .iter()
+        .enumerate()
+        .map(|(n, c)| match c.split_once('=') {
+            Some((l, d)) => (l.to_owned(), PathBuf::from(d)),
+            None => (format!("outboxd (compare {})", n + 1), PathBuf::from(c)),
+        })
+        .collect()
+}
+
 fn drain_timeout(events: u64, per_sec: u64) -> Duration {
     Duration::from_secs(120 + events / per_sec.max(1))
 }
@@ -403,6 +422,11 @@ async fn catchup_case(s: &Settings, cluster: &pgtest::PgCluster, case: &str) -> 
     let with_text = env_or("BENCH_CATCHUP_TEXT", "0") == "1";
     if with_text {
         slots.push("s_outboxd_mock_text".into());
+    }
+    // BENCH_CATCHUP_COMPARE: other builds drain after this one, mock broker.
+    let compare = compare_builds("BENCH_CATCHUP_COMPARE");
+    for n in 0..compare.len() {
+        slots.push(format!("s_outboxd_compare_{n}"));
     }
     let with_dbz = s.debezium.is_some() && s.tansu.is_some();
     if with_dbz {
@@ -486,6 +510,27 @@ async fn catchup_case(s: &Settings, cluster: &pgtest::PgCluster, case: &str) -> 
                 }
                 Err(e) => drains.push(failed(TEXT, b.name(), events, &e)),
             }
+        }
+    }
+    for (n, (label, dir)) in compare.iter().enumerate() {
+        let slot = format!("s_outboxd_compare_{n}");
+        let log = s.workdir.join(format!("outboxd-{case}-compare-{n}.log"));
+        let result = async {
+            let broker =
+                broker::start(BrokerKind::Mock, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+            let target = Target {
+                slot: &slot,
+                ..t("", 2000)
+            };
+            drain::outboxd(&target, dir, &broker, &log, None).await
+        }
+        .await;
+        match result {
+            Ok(mut d) => {
+                d.tool = label.clone();
+                drains.push(report_drain(d));
+            }
+            Err(e) => drains.push(failed(label, "mock", events, &e)),
         }
     }
     if let (true, Some(dbz)) = (with_dbz, s.debezium.as_ref()) {

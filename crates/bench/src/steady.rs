@@ -111,13 +111,8 @@ pub async fn run(s: &Settings, cluster: &PgCluster, tansu: &Path) -> Result<Vec<
         Tool::RecvLogical,
         Tool::Outboxd("outboxd".into(), s.bins.clone()),
     ];
-    // BENCH_STEADY_COMPARE: DIR or LABEL=DIR, comma-separated.
-    for (n, c) in crate::list("BENCH_STEADY_COMPARE", "").iter().enumerate() {
-        let (label, dir) = match c.split_once('=') {
-            Some((l, d)) => (l.to_owned(), d.to_owned()),
-            None => (format!("outboxd (compare {})", n + 1), c.clone()),
-        };
-        tools.push(Tool::Outboxd(label, PathBuf::from(dir)));
+    for (label, dir) in crate::compare_builds("BENCH_STEADY_COMPARE") {
+        tools.push(Tool::Outboxd(label, dir));
     }
     // BENCH_STEADY_TOOLS: a subset by name (load,recvlogical,outboxd,compare).
     let only = crate::list("BENCH_STEADY_TOOLS", "load,recvlogical,outboxd,compare");

@@ -207,57 +207,99 @@ pub async fn publication_identity(
     publication: &str,
     table: Option<(&str, &str)>,
 ) -> Result<Option<String>, ReplError> {
-    let qualified = table.map(|(schema, name)| {
-        format!(
-            "{}.{}",
-            crate::query::quote_ident(schema),
-            crate::query::quote_ident(name)
-        )
-    });
-    let namespaces = if server_version_num(client).await? >= 150_000 {
-        "|| ' n:' || coalesce((SELECT string_agg(pn.oid::text || '.' || pn.xmin::text, ',' \
-             ORDER BY pn.oid) FROM pg_catalog.pg_publication_namespace pn \
-             WHERE pn.pnpubid = p.oid AND pn.pnnspid IN (SELECT c.relnamespace \
-             FROM pg_catalog.pg_class c WHERE c.oid IN (SELECT relid FROM rels))), '')"
-    } else {
-        ""
-    };
-    let sql = format!(
-        "WITH t AS (SELECT to_regclass($2) AS oid), \
-         rels AS (SELECT oid AS relid FROM t WHERE oid IS NOT NULL \
-                  UNION SELECT relid FROM t, pg_catalog.pg_partition_tree(t.oid) \
-                  UNION SELECT relid FROM t, pg_catalog.pg_partition_ancestors(t.oid)) \
-         SELECT p.oid::text || '.' || p.xmin::text || ' ' || p.puballtables::text \
-             || p.pubinsert::text || p.pubviaroot::text \
-             || ' r:' || coalesce((SELECT string_agg(r.oid::text || '.' || r.xmin::text, ',' \
-                ORDER BY r.oid) FROM pg_catalog.pg_publication_rel r \
-                WHERE r.prpubid = p.oid AND r.prrelid IN (SELECT relid FROM rels)), '') \
-             {namespaces} \
-         FROM pg_catalog.pg_publication p WHERE p.pubname = $1"
-    );
-    let row = client
-        .query_opt(sql.as_str(), &[&publication, &qualified])
-        .await?;
-    row.map(|r| r.try_get::<_, String>(0))
-        .transpose()
-        .map_err(ReplError::from)
+    let probe = PublicationProbe::prepare(client, publication, table).await?;
+    Ok(probe.look(client).await?.identity)
 }
 
-/// The server's WAL insert position and its clock (Unix milliseconds), in one statement.
-pub async fn wal_lsn_and_clock(client: &Client) -> Result<(Lsn, u64), ReplError> {
-    let row = client
-        .query_one(
-            "SELECT pg_current_wal_lsn()::text, \
-             (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
-            &[],
-        )
-        .await?;
-    let lsn: String = row.try_get(0)?;
-    let ms: i64 = row.try_get(1)?;
-    let lsn = lsn
-        .parse::<Lsn>()
-        .map_err(|e| ReplError::Protocol(format!("pg_current_wal_lsn: {e}")))?;
-    Ok((lsn, u64::try_from(ms).unwrap_or(0)))
+/// [`publication_identity`] prepared once on a connection, for a session that looks
+/// again and again (several times a second while it confirms): Bind and Execute only,
+/// no parsing or planning on the primary.
+pub struct PublicationProbe {
+    clock: tokio_postgres::Statement,
+    identity: tokio_postgres::Statement,
+    publication: String,
+    qualified: Option<String>,
+}
+
+/// What one [`PublicationProbe::look`] saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicationLook {
+    /// The server's WAL insert position and clock (Unix milliseconds) before the catalog
+    /// was read: a change committed after that position may be missing from `identity`,
+    /// never one before.
+    pub wal_lsn: Lsn,
+    pub at_unix_ms: u64,
+    /// [`publication_identity`]; `None`: the publication does not exist.
+    pub identity: Option<String>,
+}
+
+impl PublicationProbe {
+    pub async fn prepare(
+        client: &Client,
+        publication: &str,
+        table: Option<(&str, &str)>,
+    ) -> Result<Self, ReplError> {
+        let qualified = table.map(|(schema, name)| {
+            format!(
+                "{}.{}",
+                crate::query::quote_ident(schema),
+                crate::query::quote_ident(name)
+            )
+        });
+        let namespaces = if server_version_num(client).await? >= 150_000 {
+            "|| ' n:' || coalesce((SELECT string_agg(pn.oid::text || '.' || pn.xmin::text, ',' \
+                 ORDER BY pn.oid) FROM pg_catalog.pg_publication_namespace pn \
+                 WHERE pn.pnpubid = p.oid AND pn.pnnspid IN (SELECT c.relnamespace \
+                 FROM pg_catalog.pg_class c WHERE c.oid IN (SELECT relid FROM rels))), '')"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "WITH t AS (SELECT to_regclass($2) AS oid), \
+             rels AS (SELECT oid AS relid FROM t WHERE oid IS NOT NULL \
+                      UNION SELECT relid FROM t, pg_catalog.pg_partition_tree(t.oid) \
+                      UNION SELECT relid FROM t, pg_catalog.pg_partition_ancestors(t.oid)) \
+             SELECT p.oid::text || '.' || p.xmin::text || ' ' || p.puballtables::text \
+                 || p.pubinsert::text || p.pubviaroot::text \
+                 || ' r:' || coalesce((SELECT string_agg(r.oid::text || '.' || r.xmin::text, ',' \
+                    ORDER BY r.oid) FROM pg_catalog.pg_publication_rel r \
+                    WHERE r.prpubid = p.oid AND r.prrelid IN (SELECT relid FROM rels)), '') \
+                 {namespaces} \
+             FROM pg_catalog.pg_publication p WHERE p.pubname = $1"
+        );
+        Ok(PublicationProbe {
+            clock: client
+                .prepare(
+                    "SELECT pg_current_wal_lsn()::text, \
+                     (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+                )
+                .await?,
+            identity: client.prepare(sql.as_str()).await?,
+            publication: publication.to_owned(),
+            qualified,
+        })
+    }
+
+    /// Reads the WAL position and clock, then the identity: two statements sent together
+    /// (one round trip), run one after the other, so the catalog is read by a snapshot
+    /// taken after the position.
+    pub async fn look(&self, client: &Client) -> Result<PublicationLook, ReplError> {
+        let clock = client.query_one(&self.clock, &[]);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+            [&self.publication, &self.qualified];
+        let identity = client.query_opt(&self.identity, &params);
+        let (clock, identity) = futures_util::future::try_join(clock, identity).await?;
+        let lsn: String = clock.try_get(0)?;
+        let ms: i64 = clock.try_get(1)?;
+        let wal_lsn = lsn
+            .parse::<Lsn>()
+            .map_err(|e| ReplError::Protocol(format!("pg_current_wal_lsn: {e}")))?;
+        Ok(PublicationLook {
+            wal_lsn,
+            at_unix_ms: u64::try_from(ms).unwrap_or(0),
+            identity: identity.map(|r| r.try_get::<_, String>(0)).transpose()?,
+        })
+    }
 }
 
 /// Whether an event trigger of this name exists and is enabled.

@@ -298,6 +298,7 @@ impl<'a> Session<'a> {
             let room = self.core.make_room().map_err(|e| lift(e, &self.cfg.slot))?;
             self.send_queued().await?;
             stream.set_reading_paused(!room);
+            let early_look = self.early_look_at().map(tokio::time::Instant::from_std);
             tokio::select! {
                 biased;
                 changed = shutdown.changed(), if !stopping => {
@@ -319,6 +320,8 @@ impl<'a> Session<'a> {
                     }
                 }
                 _ = async { match deadline { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {}
+                // Wakes the loop for the early look (after it, below).
+                _ = async { match early_look { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {}
                 _ = tick.tick() => {
                     ticks += 1;
                     self.on_tick(stream, ticks).await?;
@@ -336,6 +339,10 @@ impl<'a> Session<'a> {
                 }
             }
             self.advance();
+            if self.early_look_at().is_some_and(|at| at <= Instant::now()) {
+                self.watch_publication().await?;
+                self.advance();
+            }
             self.update_progress();
         }
     }

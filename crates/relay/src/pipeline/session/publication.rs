@@ -14,32 +14,34 @@ use std::time::{Duration, Instant};
 
 use pgoutput::{Lsn, PgTimestamp};
 
+use pgrepl::preflight::{PublicationLook, PublicationProbe};
+
 use super::{bounded, Session};
 use crate::kafka::{ProgressError, PublicationSeen, SlotRecords};
 use crate::pipeline::error::RelayError;
 
-/// The shortest wait between looks taken early (see `Session::publication_look_due`).
-const EARLY_LOOK_AFTER: Duration = Duration::from_millis(500);
+/// The shortest wait between looks taken early (see `Session::early_look_due`).
+const EARLY_LOOK_AFTER: Duration = Duration::from_millis(250);
 
 /// The publication's identity now, with the server's WAL position and clock before it
 /// was read: a change committed after that position may be missing from the identity,
 /// never one before. The server's clock, not ours: operators compare it with
-/// `created_at`.
+/// `created_at`. A session looks through its own prepared [`PublicationProbe`].
 pub async fn look(
     sql: &tokio_postgres::Client,
     publication: &str,
     table: Option<(&str, &str)>,
 ) -> Result<Option<PublicationSeen>, RelayError> {
-    let (wal_lsn, at_unix_ms) = pgrepl::preflight::wal_lsn_and_clock(sql).await?;
-    Ok(
-        pgrepl::preflight::publication_identity(sql, publication, table)
-            .await?
-            .map(|identity| PublicationSeen {
-                identity,
-                at_unix_ms,
-                wal_lsn,
-            }),
-    )
+    let probe = PublicationProbe::prepare(sql, publication, table).await?;
+    Ok(seen(probe.look(sql).await?))
+}
+
+fn seen(look: PublicationLook) -> Option<PublicationSeen> {
+    look.identity.map(|identity| PublicationSeen {
+        identity,
+        at_unix_ms: look.at_unix_ms,
+        wal_lsn: look.wal_lsn,
+    })
 }
 
 /// Stops when `now` is another publication than `last` (the last look that matched).
@@ -68,6 +70,8 @@ pub(super) struct PublicationWatch {
     /// compared with the record's: until it is (read again in the background), the cap
     /// stays at the start and no record is written (it would bury the record's look).
     pub(super) baseline: Baseline,
+    /// Prepared at the session's first look, on its side connection.
+    probe: Option<PublicationProbe>,
 }
 
 pub(super) enum Baseline {
@@ -85,6 +89,7 @@ impl PublicationWatch {
             } else {
                 Baseline::Pending(None)
             },
+            probe: None,
         }
     }
 
@@ -97,21 +102,24 @@ impl Session<'_> {
     /// Looks at the publication: the same one as at the last look, or the session stops
     /// before confirming anything received after that look.
     pub(super) async fn watch_publication(&mut self) -> Result<(), RelayError> {
-        let Some(watch) = self.publication.as_ref() else {
+        let Some(watch) = self.publication.as_mut() else {
             return Ok(());
         };
         let last = watch.last.clone();
         // Before the look: all of it was received, so written, before the look began.
         let acked = self.core.watermark();
-        let table = &self.cfg.table;
-        let now = bounded(
-            "checking the publication",
-            look(
-                &self.sql,
-                &self.cfg.publication,
-                Some((table.schema.as_str(), table.table.as_str())),
-            ),
-        )
+        let (sql, publication, table) = (&self.sql, &self.cfg.publication, &self.cfg.table);
+        let probe = &mut watch.probe;
+        let now = bounded("checking the publication", async {
+            if probe.is_none() {
+                let table = Some((table.schema.as_str(), table.table.as_str()));
+                *probe = Some(PublicationProbe::prepare(sql, publication, table).await?);
+            }
+            match probe {
+                Some(p) => Ok(seen(p.look(sql).await?)),
+                None => Ok(None),
+            }
+        })
         .await?;
         compare(&self.cfg.publication, &last, now.as_ref())?;
         if let (Some(watch), Some(now)) = (self.publication.as_mut(), now) {
@@ -124,19 +132,24 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// Whether a look is due: every `OUTBOXD_PUBLICATION_CHECK_INTERVAL_MS`, and sooner
-    /// (at the next tick) once everything sent is acked but not yet confirmed: a drained
-    /// backlog or a lone transaction is then confirmed within about a second, not held
-    /// back for the rest of the interval.
+    /// Whether the regular look is due: every `OUTBOXD_PUBLICATION_CHECK_INTERVAL_MS`.
     pub(super) fn publication_look_due(&self) -> bool {
-        self.publication.as_ref().is_some_and(|w| {
-            let waited = w.looked_at.elapsed();
-            waited >= self.cfg.publication_check_interval
-                || (waited >= EARLY_LOOK_AFTER
-                    && w.compared()
-                    && self.core.awaiting_reports() == 0
-                    && self.core.watermark() > self.core.confirmed())
-        })
+        self.publication
+            .as_ref()
+            .is_some_and(|w| w.looked_at.elapsed() >= self.cfg.publication_check_interval)
+    }
+
+    /// When to look before the regular look: once everything sent is acked and only the
+    /// last look holds the slot back, [`EARLY_LOOK_AFTER`] after that look. A drained
+    /// backlog or a lone transaction is then confirmed at once, not at the end of the
+    /// interval; under a steady load that is a few prepared statements a second on the
+    /// side connection. Asked at every turn of the session's loop: cheap tests first.
+    pub(super) fn early_look_at(&self) -> Option<Instant> {
+        if self.core.awaiting_reports() > 0 || self.core.watermark() <= self.core.confirmed() {
+            return None;
+        }
+        let watch = self.publication.as_ref().filter(|w| w.compared())?;
+        Some(watch.looked_at + EARLY_LOOK_AFTER)
     }
 
     /// A guard message: the transaction it is in changed a publication. Rows after it
