@@ -100,6 +100,7 @@ impl ReplicationConnection {
             finished: false,
             behind: false,
             pace: false,
+            in_txn: false,
         })
     }
 }
@@ -131,8 +132,12 @@ pub struct ReplicationStream {
     finished: bool,
     /// The last Begin committed long ago: a backlog is being read.
     behind: bool,
-    /// Wait a moment before the next socket read, so a backlog arrives in bursts.
+    /// The last read was small: wait a moment before the next one if more is surely
+    /// coming, so it arrives in bursts.
     pace: bool,
+    /// The last message decoded was inside a transaction (after its Begin, before its
+    /// Commit).
+    in_txn: bool,
 }
 
 impl std::fmt::Debug for ReplicationStream {
@@ -153,21 +158,17 @@ impl ReplicationStream {
     /// awaiting, so dropping this future loses nothing.
     pub async fn next(&mut self) -> Result<Option<ReplicationEvent>, ReplError> {
         loop {
-            if let Some(e) = self.shared.failure() {
-                return Err(ReplError::Io {
-                    context: "sending a status update",
-                    source: e,
-                });
-            }
-            while let Some((tag, body)) = wire::split_message(&mut self.rbuf)? {
-                if let Some(event) = self.handle(tag, body)? {
-                    return Ok(Some(event));
-                }
+            if let Some(event) = self.next_buffered()? {
+                return Ok(Some(event));
             }
             if self.finished {
                 return Ok(None);
             }
-            if std::mem::take(&mut self.pace) {
+            // A small read while behind, or one that stopped inside a transaction (known
+            // only now, with every whole message of it decoded): the rest is on its way,
+            // the walsender writing each message on its own, so let it gather for a
+            // moment and take it in one wake-up rather than one per message.
+            if std::mem::take(&mut self.pace) && (self.behind || self.in_txn) {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
             self.rbuf.reserve(64 * 1024);
@@ -178,11 +179,30 @@ impl ReplicationStream {
                     if n == 0 {
                         return Err(ReplError::Closed("reading the replication stream"));
                     }
-                    self.pace = self.behind && n < 32 * 1024;
+                    self.pace = n < 32 * 1024;
                 }
                 _ = shared.wait_failure() => {}
             }
         }
+    }
+
+    /// The next event already read from the socket, without waiting; `None` when the
+    /// buffer holds no whole one (then [`ReplicationStream::next`] reads). A caller
+    /// takes the rest of a burst in the same turn of its loop with it, rather than one
+    /// `select!` per message: the walsender writes every message on its own.
+    pub fn next_buffered(&mut self) -> Result<Option<ReplicationEvent>, ReplError> {
+        if let Some(e) = self.shared.failure() {
+            return Err(ReplError::Io {
+                context: "sending a status update",
+                source: e,
+            });
+        }
+        while let Some((tag, body)) = wire::split_message(&mut self.rbuf)? {
+            if let Some(event) = self.handle(tag, body)? {
+                return Ok(Some(event));
+            }
+        }
+        Ok(None)
     }
 
     fn handle(
@@ -195,11 +215,16 @@ impl ReplicationStream {
                 ReplicationFrame::XLogData(x) => {
                     self.shared.note_received(x.wal_end);
                     let message = self.decoder.decode(x.data)?;
-                    if let LogicalMessage::Begin(b) = &message {
-                        let lag = PgTimestamp::now()
-                            .unix_micros()
-                            .saturating_sub(b.commit_time.unix_micros());
-                        self.behind = lag > 200_000;
+                    match &message {
+                        LogicalMessage::Begin(b) => {
+                            let lag = PgTimestamp::now()
+                                .unix_micros()
+                                .saturating_sub(b.commit_time.unix_micros());
+                            self.behind = lag > 200_000;
+                            self.in_txn = true;
+                        }
+                        LogicalMessage::Commit(_) => self.in_txn = false,
+                        _ => {}
                     }
                     Ok(Some(ReplicationEvent::XLogData {
                         wal_start: x.wal_start,

@@ -64,7 +64,13 @@ impl ProducerContext for RelayContext {
             }),
             Err((error, _)) => Err(DeliveryFailure::from_kafka_error(error)),
         };
-        if self.sink.send(Delivery { ticket, outcome }).is_err() {
+        let at_unix_micros = super::delivery::unix_micros_now();
+        let report = Delivery {
+            ticket,
+            outcome,
+            at_unix_micros,
+        };
+        if self.sink.send(report).is_err() {
             // The pipeline dropped its receiver: it is abandoning this producer, and
             // purged messages are reported here one last time.
             tracing::debug!(target: "librdkafka", ticket, "delivery report after receiver closed");

@@ -23,6 +23,16 @@ pub struct Delivery {
     /// The ticket passed to `RelayProducer::send`.
     pub ticket: usize,
     pub outcome: Result<Delivered, DeliveryFailure>,
+    /// When librdkafka reported it (Unix microseconds): the pipeline takes reports in
+    /// batches, so its own clock would add the batch's wait to the commit-to-ack time.
+    pub at_unix_micros: i64,
+}
+
+/// The time now, in Unix microseconds (0 before 1970).
+pub fn unix_micros_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
 /// Where the broker stored the message.

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use outbox_core::RowErrorKind;
-use pgoutput::{Lsn, PgTimestamp};
+use pgoutput::Lsn;
 
 use super::slot::SlotStats;
 use crate::telemetry::{Health, Metrics, SlotWalStatus};
@@ -68,10 +68,11 @@ impl Observer {
         self.health.set_unacked(since.is_some(), Instant::now());
     }
 
-    pub(super) fn published(&self, commit_unix_micros: i64) {
+    /// One event acked by Kafka at `acked_unix_micros`.
+    pub(super) fn published(&self, commit_unix_micros: i64, acked_unix_micros: i64) {
         self.metrics.add_events_published(1);
-        let now = PgTimestamp::now().unix_micros();
-        let latency = u64::try_from(now.saturating_sub(commit_unix_micros)).unwrap_or(0);
+        let latency =
+            u64::try_from(acked_unix_micros.saturating_sub(commit_unix_micros)).unwrap_or(0);
         self.metrics
             .observe_commit_to_ack(Duration::from_micros(latency));
     }

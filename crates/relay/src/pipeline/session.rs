@@ -38,6 +38,14 @@ mod tick;
 
 use progress::ProgressWriter;
 
+/// The longest a delivery report waits to be taken when nothing else wakes the session
+/// (see `Session::run`): it holds back only the slot's confirmation.
+const REPORTS_WAIT: Duration = Duration::from_millis(10);
+
+/// Most events taken from the stream's buffer in one turn of the session's loop: enough
+/// to amortise the turn, few enough that a delivery report or a tick waits little.
+const BURST: usize = 256;
+
 /// The final progress record gets at least this long, even past the shutdown deadline.
 const FINAL_PROGRESS_WRITE_MIN: Duration = Duration::from_secs(1);
 
@@ -67,6 +75,8 @@ pub(super) struct Session<'a> {
     progress: Option<ProgressWriter>,
     /// When a stuck event was last reported.
     last_stuck_report: Option<Instant>,
+    /// When delivery reports were last taken from the channel.
+    reports_taken_at: Instant,
     catchup: CatchUp,
     /// The publication at the last look that matched (see `publication`); `None` when no
     /// table is relayed.
@@ -85,6 +95,8 @@ struct Reports {
     obs: Observer,
     /// A doubt was logged in this session (once is enough; the metric counts each).
     doubt_logged: bool,
+    /// When librdkafka reported the delivery being handed to the rules.
+    acked_at_unix_micros: i64,
 }
 
 impl Observe for Reports {
@@ -103,7 +115,8 @@ impl Observe for Reports {
     }
 
     fn acked(&mut self, commit_unix_micros: i64) {
-        self.obs.published(commit_unix_micros);
+        self.obs
+            .published(commit_unix_micros, self.acked_at_unix_micros);
     }
 
     fn delivery_failed(&mut self) {
@@ -189,6 +202,7 @@ impl<'a> Session<'a> {
         let reports = Reports {
             obs: obs.clone(),
             doubt_logged: false,
+            acked_at_unix_micros: 0,
         };
         Session {
             cfg,
@@ -206,6 +220,7 @@ impl<'a> Session<'a> {
             started_at: Instant::now(),
             status_updates_reported: 0,
             last_stuck_report: None,
+            reports_taken_at: Instant::now(),
             progress: begin
                 .progress
                 .map(|(store, identity)| ProgressWriter::new(store, identity)),
@@ -295,10 +310,21 @@ impl<'a> Session<'a> {
                     return self.drain(stream, at).await;
                 }
             }
+            // Reports that came meanwhile, without a wake-up of their own (see below).
+            self.take_reports()?;
             let room = self.core.make_room().map_err(|e| lift(e, &self.cfg.slot))?;
             self.send_queued().await?;
             stream.set_reading_paused(!room);
             let early_look = self.early_look_at().map(tokio::time::Instant::from_std);
+            // A delivery report wakes the loop only when it is needed at once: for room in
+            // flight, or to finish a shutdown. Otherwise reports wait for the next turn
+            // (the stream wakes it every transaction under load) or, at most
+            // REPORTS_WAIT after the last were taken, for a timer: one wake-up per batch
+            // of reports instead of one per ProduceResponse. Kafka's consumers see the
+            // records as early either way; only the slot's confirmation waits.
+            let reports_now = !room || stopping;
+            let reports_at = (!reports_now && self.core.awaiting_reports() > 0)
+                .then(|| tokio::time::Instant::from_std(self.reports_taken_at + REPORTS_WAIT));
             tokio::select! {
                 biased;
                 changed = shutdown.changed(), if !stopping => {
@@ -312,12 +338,13 @@ impl<'a> Session<'a> {
                 // (terminated walsender, partition). Carrying on would let a standby
                 // take over the slot while this instance still produces.
                 e = failure.wait() => return Err(RelayError::Postgres(e)),
-                d = self.deliveries.recv() => {
+                d = self.deliveries.recv(), if reports_now => {
                     let d = d.ok_or_else(|| RelayError::Protocol("the producer's delivery channel closed".into()))?;
                     self.on_delivery(d)?;
-                    while let Ok(d) = self.deliveries.try_recv() {
-                        self.on_delivery(d)?;
-                    }
+                    self.take_reports()?;
+                }
+                _ = async { match reports_at { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {
+                    self.take_reports()?;
                 }
                 _ = async { match deadline { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {}
                 // Wakes the loop for the early look (after it, below).
@@ -336,6 +363,7 @@ impl<'a> Session<'a> {
                         Some(ev) => self.on_event(ev).await?,
                         None => return Err(RelayError::StreamClosed),
                     }
+                    self.on_burst(stream).await?;
                 }
             }
             self.advance();
@@ -345,6 +373,45 @@ impl<'a> Session<'a> {
             }
             self.update_progress();
         }
+    }
+
+    /// Every delivery report waiting in the channel.
+    fn take_reports(&mut self) -> Result<(), RelayError> {
+        self.reports_taken_at = Instant::now();
+        loop {
+            match self.deliveries.try_recv() {
+                Ok(d) => self.on_delivery(d)?,
+                Err(tokio::sync::mpsc::error::TryRecvError::Empty) => return Ok(()),
+                Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
+                    return Err(RelayError::Protocol(
+                        "the producer's delivery channel closed".into(),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// The rest of what the stream has already read, up to [`BURST`] events, while there
+    /// is room: one turn of the loop per burst, not per message (each turn polls every
+    /// branch of the `select!` and registers their wake-ups again).
+    async fn on_burst(&mut self, stream: &mut ReplicationStream) -> Result<(), RelayError> {
+        for _ in 1..BURST {
+            // As at the top of the loop: a hold given up for room is sent before the next
+            // input (the rules' order).
+            let room = self.core.make_room().map_err(|e| lift(e, &self.cfg.slot))?;
+            self.send_queued().await?;
+            if !room {
+                break;
+            }
+            let ev = stream
+                .next_buffered()
+                .map_err(|e| RelayError::from_stream(e, &self.cfg.publication))?;
+            match ev {
+                Some(ev) => self.on_event(ev).await?,
+                None => break,
+            }
+        }
+        Ok(())
     }
 
     fn advance(&mut self) {
@@ -456,6 +523,7 @@ impl<'a> Session<'a> {
     }
 
     fn on_delivery(&mut self, d: Delivery) -> Result<(), RelayError> {
+        self.core.observer().acked_at_unix_micros = d.at_unix_micros;
         let ticket = Ticket::from_index(d.ticket);
         let acked = d.outcome.is_ok();
         self.core
