@@ -51,10 +51,10 @@ impl Goal {
 
     fn text(self) -> String {
         match self {
-            Goal::AtMost(g) => format!("≤ {g}"),
-            Goal::AtLeast(g) => format!("≥ {g}"),
-            Goal::PlusMs(g) => format!("≤ ref + {g} ms"),
-            Goal::MiB(g) => format!("outboxd ≤ {g} MiB"),
+            Goal::AtMost(g) => format!("≤ {g:.1}"),
+            Goal::AtLeast(g) => format!("≥ {g:.1}"),
+            Goal::PlusMs(g) => format!("≤ ref + {g:.0} ms"),
+            Goal::MiB(g) => format!("outboxd ≤ {g:.0} MiB"),
             Goal::Info => "–".into(),
         }
     }
@@ -106,7 +106,10 @@ pub fn cell(goal: Goal, pairs: &[(Option<f64>, Option<f64>)]) -> Cell {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     pub measure: String,
+    /// The load during the parts it came from (first part's start → last part's end).
     pub part: String,
+    /// Until `rows` fills in `part`: the names of those parts.
+    span: (String, String),
     pub goal: Goal,
     /// Digits of the values.
     pub digits: usize,
@@ -128,13 +131,14 @@ fn loadavg() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// The 1-minute load at the part's start → end.
-fn load_cell(parts: &[Part], name: &str) -> String {
+/// The 1-minute load at the start of part `from` → the end of part `to`.
+fn load_cell(parts: &[Part], from: &str, to: &str) -> String {
     let first = |l: &str| l.split_whitespace().next().unwrap_or("?").to_owned();
-    parts.iter().find(|p| p.name == name).map_or_else(
-        || "–".into(),
-        |p| format!("{} → {}", first(&p.before), first(&p.after)),
-    )
+    let find = |name: &str| parts.iter().find(|p| p.name == name);
+    match (find(from), find(to)) {
+        (Some(a), Some(b)) => format!("{} → {}", first(&a.before), first(&b.after)),
+        _ => "–".into(),
+    }
 }
 
 const PRIMARY: Load = Load {
@@ -253,7 +257,8 @@ pub fn rows(
                 .collect();
             Row {
                 measure: format!("{measure}, {}", load.label()),
-                part: steady_part(load),
+                part: String::new(),
+                span: (steady_part(load), steady_part(load)),
                 goal,
                 digits,
                 cells,
@@ -304,13 +309,14 @@ pub fn rows(
             .collect();
         out.push(Row {
             measure: format!("2. catch-up events/s, {}", case.label),
-            part: catchup_part(&case.name),
+            part: String::new(),
+            span: (catchup_part(&case.name), catchup_part(&case.name)),
             goal: Goal::AtLeast(1.5),
             digits: 0,
             cells,
         });
     }
-    if !cases.is_empty() {
+    if let (Some(first), Some(last)) = (cases.first(), cases.last()) {
         let cells = labels
             .iter()
             .map(|l| {
@@ -324,7 +330,8 @@ pub fn rows(
             .collect();
         out.push(Row {
             measure: "2. catch-up peak RSS (MiB), the largest of the shapes".into(),
-            part: catchup_part(&cases[0].name),
+            part: String::new(),
+            span: (catchup_part(&first.name), catchup_part(&last.name)),
             goal: Goal::MiB(64.0),
             digits: 1,
             cells,
@@ -366,7 +373,7 @@ pub fn rows(
         p99,
     ));
     for r in &mut out {
-        r.part = load_cell(parts, &r.part);
+        r.part = load_cell(parts, &r.span.0, &r.span.1);
     }
     out
 }
@@ -667,5 +674,23 @@ mod tests {
             t.lines().all(|l| l.matches('|').count() == header_cols),
             "{t}"
         );
+    }
+
+    #[test]
+    fn load_spans_from_the_first_parts_start_to_the_last_parts_end() {
+        let part = |name: &str, before: &str, after: &str| Part {
+            name: name.into(),
+            before: before.into(),
+            after: after.into(),
+        };
+        let parts = vec![
+            part("catch-up (a)", "1.00 0.50 0.20", "2.00 0.60 0.30"),
+            part("catch-up (c)", "3.00 0.70 0.40", "4.00 0.80 0.50"),
+        ];
+        assert_eq!(
+            load_cell(&parts, "catch-up (a)", "catch-up (c)"),
+            "1.00 → 4.00"
+        );
+        assert_eq!(load_cell(&parts, "catch-up (b)", "catch-up (c)"), "–");
     }
 }
