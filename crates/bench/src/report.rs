@@ -609,7 +609,7 @@ fn steady(w: &mut String, r: &Results) -> Result<()> {
                     1
                 ),
                 mine.iter()
-                    .map(|x| format!("{}/{}", opt(x.p50, 0), opt(x.p99, 0)))
+                    .map(|x| format!("{}/{}", opt(x.p50, 1), opt(x.p99, 1)))
                     .collect::<Vec<_>>()
                     .join(" · "),
                 joined(mine.iter().map(|x| x.peak_rss), 1),
