@@ -52,8 +52,12 @@ impl Load {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Tool {
     LoadOnly,
-    /// pg_recvlogical, its output read from a pipe for its commit→receive latency.
+    /// pg_recvlogical writing to /dev/null, as in the catch-up drains: its CPU.
     RecvLogical,
+    /// pg_recvlogical writing to a pipe the bench reads: its commit→receive latency. Not
+    /// its CPU: writing into a pipe (and waking its reader) costs it a quarter to a third
+    /// more than writing to /dev/null.
+    RecvLogicalPiped,
     /// An outboxd build: a label, the directory holding its binary, and extra
     /// environment (e.g. text pgoutput values).
     Outboxd {
@@ -89,6 +93,7 @@ impl Tool {
         match self {
             Tool::LoadOnly => LOAD_ONLY.into(),
             Tool::RecvLogical => RECVLOGICAL.into(),
+            Tool::RecvLogicalPiped => RECVLOGICAL_PIPED.into(),
             Tool::Outboxd { label, .. } => label.clone(),
         }
     }
@@ -96,6 +101,7 @@ impl Tool {
 
 pub const LOAD_ONLY: &str = "load only";
 pub const RECVLOGICAL: &str = "pg_recvlogical";
+pub const RECVLOGICAL_PIPED: &str = "pg_recvlogical (output read)";
 
 /// The name of a build's text-values runs.
 pub fn text_label(label: &str) -> String {
@@ -149,12 +155,17 @@ pub async fn run(s: &Settings, cluster: &PgCluster, tansu: &Path) -> Result<Vec<
         .collect::<Result<_>>()?;
     let default_secs = if s.scale < 1.0 { "20" } else { "60" };
     let (secs, repeats) = secs_and_repeats(default_secs)?;
-    // BENCH_STEADY_TOOLS: a subset by name (load,recvlogical,outboxd,text,compare);
-    // `text` is this build with text pgoutput values.
-    let only = crate::list("BENCH_STEADY_TOOLS", "load,recvlogical,outboxd,compare");
+    // BENCH_STEADY_TOOLS: a subset by name (load,recvlogical,piped,outboxd,text,compare);
+    // `text` is this build with text pgoutput values, `piped` pg_recvlogical read by the
+    // bench for its latency.
+    let only = crate::list(
+        "BENCH_STEADY_TOOLS",
+        "load,recvlogical,piped,outboxd,compare",
+    );
     let mut keyed = vec![
         ("load", Tool::LoadOnly),
         ("recvlogical", Tool::RecvLogical),
+        ("piped", Tool::RecvLogicalPiped),
         ("outboxd", Tool::outboxd("outboxd", &s.bins)),
         ("text", Tool::outboxd_text("outboxd", &s.bins)),
     ];
@@ -261,7 +272,7 @@ fn fmt(v: Option<f64>) -> String {
 
 enum Running {
     None,
-    RecvLogical(Child, Receiver),
+    RecvLogical(Child, Option<Receiver>),
     Outboxd(Outboxd),
 }
 
@@ -293,7 +304,8 @@ async fn one(
     }
     let running = match tool {
         Tool::LoadOnly => Running::None,
-        Tool::RecvLogical => {
+        Tool::RecvLogical | Tool::RecvLogicalPiped => {
+            let pipe = *tool == Tool::RecvLogicalPiped;
             let mut child = drain::recvlogical_args(
                 &mut Command::new(cluster.bindir().join("pg_recvlogical")),
                 cluster,
@@ -301,18 +313,15 @@ async fn one(
                 slot,
                 pg::PUBLICATION,
                 None,
-                "-",
+                if pipe { "-" } else { "/dev/null" },
             )
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
+            .stdout(if pipe { Stdio::piped() } else { Stdio::null() })
             .stderr(Stdio::null())
             .spawn()
             .context("starting pg_recvlogical")?;
-            let out = child
-                .stdout
-                .take()
-                .context("pg_recvlogical's stdout was not piped")?;
-            Running::RecvLogical(child, Receiver::start(out))
+            let rx = child.stdout.take().map(Receiver::start);
+            Running::RecvLogical(child, rx)
         }
         Tool::Outboxd { dir, env, .. } => {
             let log = s.workdir.join(format!("outboxd-steady-{slot}.log"));
@@ -344,7 +353,7 @@ async fn one(
                 let _ = c.kill();
                 let _ = c.wait();
             }
-            if let Some(reader) = rx.finish() {
+            if let Some(reader) = rx.and_then(Receiver::finish) {
                 if reader.errors > 0 || reader.pending() > 0 {
                     eprintln!(
                         "outboxd-bench:   pg_recvlogical's output: {} messages did not decode (last: {:?}), {} bytes of an unfinished one",
@@ -494,7 +503,8 @@ async fn measure(
     // Both in ms: the consumer's samples are whole ms, pg_recvlogical's µs.
     let (lat, unit_ms) = match running {
         Running::Outboxd(_) => (Some(stamper.window(from, to + 1)), 1.0),
-        Running::RecvLogical(_, rx) => (Some(rx.window(from, to + 1)), 1000.0),
+        Running::RecvLogical(_, Some(rx)) => (Some(rx.window(from, to + 1)), 1000.0),
+        Running::RecvLogical(_, None) => (None, 1.0),
         Running::None => (None, 1.0),
     };
     let (p50, p99) = match lat {
