@@ -55,8 +55,8 @@ pub enum Tool {
     /// pg_recvlogical writing to /dev/null, as in the catch-up drains: its CPU.
     RecvLogical,
     /// pg_recvlogical writing to a pipe the bench reads: its commit→receive latency. Not
-    /// its CPU: writing into a pipe (and waking its reader) costs it a quarter to a third
-    /// more than writing to /dev/null.
+    /// its CPU: writing into a pipe (and waking its reader) costs it more than writing to
+    /// /dev/null (A/B at 5,000 single-row events/s: 0.55-0.62 s against 0.79-0.92 s).
     RecvLogicalPiped,
     /// An outboxd build: a label, the directory holding its binary, and extra
     /// environment (e.g. text pgoutput values).
