@@ -73,6 +73,7 @@ pub async fn recvlogical(t: &Target<'_>) -> Result<DrainResult> {
         t.slot,
         pg::PUBLICATION,
         Some(t.end_lsn),
+        "/dev/null",
     )
     .stdin(Stdio::null())
     .stdout(Stdio::null())
@@ -128,7 +129,8 @@ pub async fn recvlogical(t: &Target<'_>) -> Result<DrainResult> {
 }
 
 /// pg_recvlogical's arguments for streaming `slot` of `db` through `publication` to
-/// /dev/null, until `end_lsn` when given (otherwise until it is stopped).
+/// `file` (`/dev/null`, or `-` for stdout), until `end_lsn` when given (otherwise until
+/// it is stopped).
 pub fn recvlogical_args<'c>(
     cmd: &'c mut Command,
     cluster: &PgCluster,
@@ -136,6 +138,7 @@ pub fn recvlogical_args<'c>(
     slot: &str,
     publication: &str,
     end_lsn: Option<&str>,
+    file: &str,
 ) -> &'c mut Command {
     cmd.args(["-h", cluster.host(), "-p", &cluster.port().to_string()])
         .args(["-U", cluster.superuser(), "-d", db, "--slot", slot])
@@ -143,10 +146,13 @@ pub fn recvlogical_args<'c>(
     if let Some(end) = end_lsn {
         cmd.args(["--endpos", end]);
     }
-    cmd.args(["-f", "/dev/null"])
+    cmd.args(["-f", file])
         .args(["-o", "proto_version=1", "-o"])
         .arg(format!("publication_names={publication}"))
 }
+
+/// outboxd's environment for text pgoutput values instead of its default binary ones.
+pub const TEXT_VALUES: [(&str, &str); 1] = [("OUTBOXD_PGOUTPUT_BINARY", "off")];
 
 /// A running `outboxd run`.
 pub struct Outboxd {

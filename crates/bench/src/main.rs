@@ -16,6 +16,8 @@ mod latency;
 mod pg;
 mod poll;
 mod procfs;
+mod ratios;
+mod recvstream;
 mod report;
 mod shards;
 mod steady;
@@ -262,8 +264,9 @@ async fn run() -> Result<()> {
     let cluster = pg::start_cluster()?;
     let versions = report::versions(&s, &cluster);
     if s.section("catchup") {
+        let compare = compare_builds("BENCH_CATCHUP_COMPARE");
         for case in s.cases.clone() {
-            match catchup_case(&s, &cluster, &case).await {
+            match catchup_case(&s, &cluster, &case, &compare).await {
                 Ok(c) => r.cases.push(c),
                 Err(e) => r.notes.push(format!("case ({case}) failed: {e:#}")),
             }
@@ -305,13 +308,25 @@ async fn run() -> Result<()> {
                 .push(format!("steady-load comparison failed: {e:#}")),
         }
     }
+    let mut ratios_failed = None;
+    if s.section("ratios") {
+        if let Err(e) = ratios::run(&s, &cluster).await {
+            r.notes.push(format!("ratios failed: {e:#}"));
+            ratios_failed = Some(e);
+        }
+    }
     r.load_after = shell("uptime");
     r.finished = shell("date -u '+%Y-%m-%d %H:%M:%S UTC'");
     for n in &r.notes {
         eprintln!("outboxd-bench: note: {n}");
     }
-    report::write(&s, &r, &versions)?;
-    eprintln!("outboxd-bench: wrote {}", s.out.display());
+    // A ratios-only run leaves the full report as it is.
+    if s.sections.iter().any(|x| x != "ratios") {
+        report::write(&s, &r, &versions)?;
+        eprintln!("outboxd-bench: wrote {}", s.out.display());
+    } else if let Some(e) = ratios_failed {
+        return Err(e.context("ratios"));
+    }
     Ok(())
 }
 
@@ -406,7 +421,13 @@ fn drain_timeout(events: u64, per_sec: u64) -> Duration {
     Duration::from_secs(120 + events / per_sec.max(1))
 }
 
-async fn catchup_case(s: &Settings, cluster: &pgtest::PgCluster, case: &str) -> Result<CaseResult> {
+/// One catch-up case; `compare`: other outboxd builds draining after this one (mock broker).
+async fn catchup_case(
+    s: &Settings,
+    cluster: &pgtest::PgCluster,
+    case: &str,
+    compare: &[(String, PathBuf)],
+) -> Result<CaseResult> {
     let (shape, label) = case_shape(s, case)?;
     let db = format!("bench_{case}");
     eprintln!("outboxd-bench: case {label}");
@@ -423,8 +444,6 @@ async fn catchup_case(s: &Settings, cluster: &pgtest::PgCluster, case: &str) -> 
     if with_text {
         slots.push("s_outboxd_mock_text".into());
     }
-    // BENCH_CATCHUP_COMPARE: other builds drain after this one, mock broker.
-    let compare = compare_builds("BENCH_CATCHUP_COMPARE");
     for n in 0..compare.len() {
         slots.push(format!("s_outboxd_compare_{n}"));
     }
@@ -491,14 +510,13 @@ async fn catchup_case(s: &Settings, cluster: &pgtest::PgCluster, case: &str) -> 
             let log = s.workdir.join(format!("outboxd-{case}-mock-text.log"));
             let result = async {
                 let broker = broker::start(*b, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
-                let off = [("OUTBOXD_PGOUTPUT_BINARY", "off")];
                 drain::outboxd_with(
                     &t("s_outboxd_mock_text", 2000),
                     &s.bins,
                     &broker,
                     &log,
                     None,
-                    &off,
+                    &drain::TEXT_VALUES,
                 )
                 .await
             }

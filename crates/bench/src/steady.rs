@@ -19,6 +19,7 @@ use crate::drain::{self, Outboxd};
 use crate::latency::{self, Stamper};
 use crate::pg;
 use crate::procfs;
+use crate::recvstream::Receiver;
 use crate::Settings;
 
 /// One paced load: `rate` events/s in transactions of `rows` rows.
@@ -51,25 +52,77 @@ impl Load {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Tool {
     LoadOnly,
+    /// pg_recvlogical writing to /dev/null, as in the catch-up drains: its CPU.
     RecvLogical,
-    /// An outboxd build: a label and the directory holding its binary.
-    Outboxd(String, PathBuf),
+    /// pg_recvlogical writing to a pipe the bench reads: its commit→receive latency. Not
+    /// its CPU: writing into a pipe (and waking its reader) costs it more than writing to
+    /// /dev/null (A/B at 5,000 single-row events/s: 0.55-0.62 s against 0.79-0.92 s).
+    RecvLogicalPiped,
+    /// An outboxd build: a label, the directory holding its binary, and extra
+    /// environment (e.g. text pgoutput values).
+    Outboxd {
+        label: String,
+        dir: PathBuf,
+        env: Vec<(String, String)>,
+    },
 }
 
 impl Tool {
-    pub fn name(&self) -> String {
-        match self {
-            Tool::LoadOnly => "load only".into(),
-            Tool::RecvLogical => "pg_recvlogical".into(),
-            Tool::Outboxd(label, _) => label.clone(),
+    /// An outboxd build with its defaults.
+    pub fn outboxd(label: &str, dir: &Path) -> Tool {
+        Tool::Outboxd {
+            label: label.to_owned(),
+            dir: dir.to_path_buf(),
+            env: Vec::new(),
         }
     }
+
+    /// The same build with text pgoutput values, labelled "`label` (text values)".
+    pub fn outboxd_text(label: &str, dir: &Path) -> Tool {
+        Tool::Outboxd {
+            label: text_label(label),
+            dir: dir.to_path_buf(),
+            env: drain::TEXT_VALUES
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            Tool::LoadOnly => LOAD_ONLY.into(),
+            Tool::RecvLogical => RECVLOGICAL.into(),
+            Tool::RecvLogicalPiped => RECVLOGICAL_PIPED.into(),
+            Tool::Outboxd { label, .. } => label.clone(),
+        }
+    }
+}
+
+pub const LOAD_ONLY: &str = "load only";
+pub const RECVLOGICAL: &str = "pg_recvlogical";
+pub const RECVLOGICAL_PIPED: &str = "pg_recvlogical (output read)";
+
+/// The name of a build's text-values runs.
+pub fn text_label(label: &str) -> String {
+    format!("{label} (text values)")
+}
+
+/// What one steady comparison runs: each load with its tools, alternating within each
+/// repeat.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub loads: Vec<(Load, Vec<Tool>)>,
+    pub secs: f64,
+    pub repeats: u32,
 }
 
 /// One measured run.
 #[derive(Debug, Clone)]
 pub struct SteadyRun {
     pub load: Load,
+    /// Which repeat of the load (0-based): runs of one repeat ran back to back.
+    pub repeat: u32,
     pub tool: String,
     pub events: u64,
     pub seconds: f64,
@@ -83,7 +136,8 @@ pub struct SteadyRun {
     pub tool_cpu: Option<f64>,
     /// outboxd: standby status updates sent during the run.
     pub status_updates: Option<f64>,
-    /// outboxd: commit→consume p50 and p99 (ms) of the run's events.
+    /// Commit→arrival p50 and p99 (ms) of the run's events: outboxd's at the consumer,
+    /// pg_recvlogical's at the bench reading its output.
     pub p50: Option<f64>,
     pub p99: Option<f64>,
     /// outboxd: peak RSS (MiB).
@@ -93,45 +147,63 @@ pub struct SteadyRun {
 /// BENCH_STEADY_LOADS (default 2000x10,1000x1,5000x1), BENCH_STEADY_SECS (default 60,
 /// 20 when scale < 1), BENCH_STEADY_REPEATS (default 2), BENCH_STEADY_COMPARE: a directory
 /// with another outboxd binary run alternately with this one (e.g. the build before a
-/// change).
+/// change), BENCH_STEADY_TOOLS (which of them).
 pub async fn run(s: &Settings, cluster: &PgCluster, tansu: &Path) -> Result<Vec<SteadyRun>> {
     let loads: Vec<Load> = crate::list("BENCH_STEADY_LOADS", "2000x10,1000x1,5000x1")
         .iter()
         .map(|l| Load::parse(l))
         .collect::<Result<_>>()?;
     let default_secs = if s.scale < 1.0 { "20" } else { "60" };
+    let (secs, repeats) = secs_and_repeats(default_secs)?;
+    // BENCH_STEADY_TOOLS: a subset by name (load,recvlogical,piped,outboxd,text,compare);
+    // `text` is this build with text pgoutput values, `piped` pg_recvlogical read by the
+    // bench for its latency.
+    let only = crate::list(
+        "BENCH_STEADY_TOOLS",
+        "load,recvlogical,piped,outboxd,compare",
+    );
+    let mut keyed = vec![
+        ("load", Tool::LoadOnly),
+        ("recvlogical", Tool::RecvLogical),
+        ("piped", Tool::RecvLogicalPiped),
+        ("outboxd", Tool::outboxd("outboxd", &s.bins)),
+        ("text", Tool::outboxd_text("outboxd", &s.bins)),
+    ];
+    for (label, dir) in crate::compare_builds("BENCH_STEADY_COMPARE") {
+        keyed.push(("compare", Tool::outboxd(&label, &dir)));
+    }
+    let tools: Vec<Tool> = keyed
+        .into_iter()
+        .filter(|(key, _)| only.iter().any(|o| o == key))
+        .map(|(_, t)| t)
+        .collect();
+    let plan = Plan {
+        loads: loads.into_iter().map(|l| (l, tools.clone())).collect(),
+        secs,
+        repeats,
+    };
+    run_plan(s, cluster, tansu, &plan).await
+}
+
+/// BENCH_STEADY_SECS (default `default_secs`) and BENCH_STEADY_REPEATS (default 2).
+pub fn secs_and_repeats(default_secs: &str) -> Result<(f64, u32)> {
     let secs: f64 = crate::env_or("BENCH_STEADY_SECS", default_secs)
         .parse()
         .context("BENCH_STEADY_SECS")?;
     let repeats: u32 = crate::env_or("BENCH_STEADY_REPEATS", "2")
         .parse()
         .context("BENCH_STEADY_REPEATS")?;
-    let mut tools = vec![
-        Tool::LoadOnly,
-        Tool::RecvLogical,
-        Tool::Outboxd("outboxd".into(), s.bins.clone()),
-    ];
-    for (label, dir) in crate::compare_builds("BENCH_STEADY_COMPARE") {
-        tools.push(Tool::Outboxd(label, dir));
-    }
-    // BENCH_STEADY_TOOLS: a subset by name (load,recvlogical,outboxd,compare).
-    let only = crate::list("BENCH_STEADY_TOOLS", "load,recvlogical,outboxd,compare");
-    let mut k = 0;
-    tools.retain(|t| {
-        let key = match t {
-            Tool::LoadOnly => "load",
-            Tool::RecvLogical => "recvlogical",
-            Tool::Outboxd(..) => {
-                k += 1;
-                if k == 1 {
-                    "outboxd"
-                } else {
-                    "compare"
-                }
-            }
-        };
-        only.iter().any(|o| o == key)
-    });
+    Ok((secs, repeats))
+}
+
+/// Runs `plan`: for each load, `repeats` rounds of its tools one after another.
+pub async fn run_plan(
+    s: &Settings,
+    cluster: &PgCluster,
+    tansu: &Path,
+    plan: &Plan,
+) -> Result<Vec<SteadyRun>> {
+    let secs = plan.secs;
     let db = "bench_steady";
     pg::create_database(cluster, db, false).await?;
     let sql = pg::connect(cluster, db).await?;
@@ -140,9 +212,10 @@ pub async fn run(s: &Settings, cluster: &PgCluster, tansu: &Path) -> Result<Vec<
     let mut out = Vec::new();
     let mut next_i: i64 = 0;
     let mut n = 0u32;
-    for load in loads {
-        for rep in 0..repeats {
-            for tool in &tools {
+    for (load, tools) in &plan.loads {
+        let load = *load;
+        for rep in 0..plan.repeats {
+            for tool in tools {
                 n += 1;
                 let slot = format!("s_steady_{n}");
                 let r = one(
@@ -157,7 +230,8 @@ pub async fn run(s: &Settings, cluster: &PgCluster, tansu: &Path) -> Result<Vec<
                     )
                     .await;
                 match r {
-                    Ok(run) => {
+                    Ok(mut run) => {
+                        run.repeat = rep;
                         eprintln!(
                             "outboxd-bench:   steady {} rep {rep} {:<22} pg cpu {:.2} s, walsender {}, side {}, client {} s, status updates {}, p50/p99 {}/{} ms",
                             load.label(),
@@ -198,7 +272,7 @@ fn fmt(v: Option<f64>) -> String {
 
 enum Running {
     None,
-    RecvLogical(Child),
+    RecvLogical(Child, Option<Receiver>),
     Outboxd(Outboxd),
 }
 
@@ -206,7 +280,7 @@ impl Running {
     fn pid(&self) -> Option<u32> {
         match self {
             Running::None => None,
-            Running::RecvLogical(c) => Some(c.id()),
+            Running::RecvLogical(c, _) => Some(c.id()),
             Running::Outboxd(o) => Some(o.pid()),
         }
     }
@@ -230,31 +304,38 @@ async fn one(
     }
     let running = match tool {
         Tool::LoadOnly => Running::None,
-        Tool::RecvLogical => Running::RecvLogical(
-            drain::recvlogical_args(
+        Tool::RecvLogical | Tool::RecvLogicalPiped => {
+            let pipe = *tool == Tool::RecvLogicalPiped;
+            let mut child = drain::recvlogical_args(
                 &mut Command::new(cluster.bindir().join("pg_recvlogical")),
                 cluster,
                 "bench_steady",
                 slot,
                 pg::PUBLICATION,
                 None,
+                if pipe { "-" } else { "/dev/null" },
             )
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(if pipe { Stdio::piped() } else { Stdio::null() })
             .stderr(Stdio::null())
             .spawn()
-            .context("starting pg_recvlogical")?,
-        ),
-        Tool::Outboxd(_, bins) => {
+            .context("starting pg_recvlogical")?;
+            let rx = child.stdout.take().map(Receiver::start);
+            Running::RecvLogical(child, rx)
+        }
+        Tool::Outboxd { dir, env, .. } => {
             let log = s.workdir.join(format!("outboxd-steady-{slot}.log"));
-            Running::Outboxd(Outboxd::spawn(
-                bins,
+            let env: Vec<(&str, &str)> =
+                env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            Running::Outboxd(Outboxd::spawn_with(
+                dir,
                 cluster,
                 "bench_steady",
                 slot,
                 &broker.bootstrap(),
                 &log,
                 None,
+                &env,
             )?)
         }
     };
@@ -264,13 +345,23 @@ async fn one(
     .await;
     match running {
         Running::None => {}
-        Running::RecvLogical(mut c) => {
+        Running::RecvLogical(mut c, rx) => {
             let _ = Command::new("kill")
                 .args(["-TERM", &c.id().to_string()])
                 .status();
             if !drain::wait_timeout(&mut c, Duration::from_secs(10))? {
                 let _ = c.kill();
                 let _ = c.wait();
+            }
+            if let Some(reader) = rx.and_then(Receiver::finish) {
+                if reader.errors > 0 || reader.pending() > 0 {
+                    eprintln!(
+                        "outboxd-bench:   pg_recvlogical's output: {} messages did not decode (last: {:?}), {} bytes of an unfinished one",
+                        reader.errors,
+                        reader.last_error,
+                        reader.pending()
+                    );
+                }
             }
         }
         Running::Outboxd(o) => o.stop()?,
@@ -409,25 +500,33 @@ async fn measure(
         Running::Outboxd(o) => procfs::peak_rss_mib(o.pid()),
         _ => None,
     };
-    let (p50, p99) = if matches!(running, Running::Outboxd(_)) {
-        let mut lat = stamper.window(from, to + 1);
-        lat.sort_unstable();
-        if (lat.len() as u64) < events {
-            eprintln!(
-                "outboxd-bench:   steady {}: only {} of {events} events arrived",
-                tool.name(),
-                lat.len()
-            );
+    // Both in ms: the consumer's samples are whole ms, pg_recvlogical's µs.
+    let (lat, unit_ms) = match running {
+        Running::Outboxd(_) => (Some(stamper.window(from, to + 1)), 1.0),
+        Running::RecvLogical(_, Some(rx)) => (Some(rx.window(from, to + 1)), 1000.0),
+        Running::RecvLogical(_, None) => (None, 1.0),
+        Running::None => (None, 1.0),
+    };
+    let (p50, p99) = match lat {
+        Some(mut lat) => {
+            lat.sort_unstable();
+            if (lat.len() as u64) < events {
+                eprintln!(
+                    "outboxd-bench:   steady {}: only {} of {events} events arrived",
+                    tool.name(),
+                    lat.len()
+                );
+            }
+            (
+                latency::percentile(&lat, 0.5).map(|v| v / unit_ms),
+                latency::percentile(&lat, 0.99).map(|v| v / unit_ms),
+            )
         }
-        (
-            latency::percentile(&lat, 0.5),
-            latency::percentile(&lat, 0.99),
-        )
-    } else {
-        (None, None)
+        None => (None, None),
     };
     Ok(SteadyRun {
         load,
+        repeat: 0,
         tool: tool.name(),
         events,
         seconds,
