@@ -9,10 +9,11 @@ mod config;
 mod logging;
 mod wiring;
 
-/// mimalloc for Rust and, through its `override` feature, for librdkafka's C code too:
-/// the producer's messages and headers are allocated on the relay's thread and freed on
-/// librdkafka's polling thread, and glibc's malloc serialises that on one arena lock (a
-/// fifth of the relay thread's time in a catch-up profile, half of it futex wake-ups).
+/// jemalloc for Rust and, as the process's `malloc` (`unprefixed_malloc_on_supported_platforms`),
+/// for librdkafka's C code too: the producer's messages and headers are allocated on the
+/// relay's thread and freed on librdkafka's polling thread, and glibc's malloc serialises
+/// that on one arena lock (a fifth of the relay thread's time in a catch-up profile, half
+/// of it futex wake-ups). Its settings: `.cargo/config.toml`; `MALLOC_CONF` overrides them.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -190,6 +190,90 @@ async fn sigterm_inside_a_big_transaction_finishes_it_first() {
     relay.kill();
 }
 
+/// SIGTERM while a backlog of small transactions is read in bursts: the relay stops at
+/// the open transaction's Commit, not at the end of what it had buffered or of the
+/// backlog, so it drains and confirms well within `OUTBOXD_SHUTDOWN_TIMEOUT_MS` and the
+/// restarted relay repeats nothing. (A burst that read on past the Commit kept reading
+/// until the deadline, which then left no time to drain: everything since the last look
+/// came again.)
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_during_a_backlog_of_small_transactions_stops_at_a_commit() {
+    // A small in-flight cap keeps the drain of the backlog far longer than the deadline.
+    let mut s = ops::streaming_relay(
+        "ops_stop_backlog",
+        &[
+            ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "200"),
+            ("OUTBOXD_SHUTDOWN_TIMEOUT_MS", "1500"),
+        ],
+    )
+    .await;
+    let (client, outbox, broker, topics, relay) =
+        (&s.client, &s.outbox, &s.broker, &s.topics, &mut s.relay);
+    relay.signal("TERM");
+    assert_eq!(relay.wait_exit(Duration::from_secs(60)).code(), Some(0));
+    // 6,000 transactions of 10 rows, committed one after another while no relay runs.
+    client
+        .batch_execute(&format!(
+            "DO $$ BEGIN FOR t IN 0..5999 LOOP \
+               INSERT INTO {table} (id, aggregate_type, aggregate_id, event_type, payload) \
+               SELECT gen_random_uuid(), 'order', 'agg-' || (g % 7), 'E', \
+                      jsonb_build_object('seq', t * 10 + g) FROM generate_series(0, 9) g; \
+               COMMIT; \
+             END LOOP; END $$",
+            table = outbox.table
+        ))
+        .await
+        .expect("backlog");
+    let events: Vec<Event> = client
+        .query(
+            &format!(
+                "SELECT id::text, aggregate_type, aggregate_id, event_type, payload::text \
+                 FROM {} ORDER BY (payload->>'seq')::int",
+                outbox.table
+            ),
+            &[],
+        )
+        .await
+        .expect("backlog rows")
+        .iter()
+        .map(|r| Event {
+            id: r.get(0),
+            aggregate_type: r.get(1),
+            aggregate_id: r.get(2),
+            event_type: r.get(3),
+            payload: r.get(4),
+        })
+        .collect();
+    relay.restart();
+    let published_at_signal = ops::wait_for(
+        "the relay to start publishing the backlog",
+        Duration::from_secs(60),
+        Duration::from_millis(5),
+        || async {
+            let (_, body) = relay.http_get("/metrics")?;
+            let n = ops::metric(&body, "outboxd_events_published_total")?;
+            (n >= 1.0).then_some(n)
+        },
+    )
+    .await;
+    relay.signal("TERM");
+    let status = relay.wait_exit(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(0), "log:\n{}", relay.log_text());
+    relay.restart();
+    let received = ops::read_all_blocking(
+        &broker.bootstrap(),
+        topics,
+        &events,
+        Duration::from_secs(120),
+    );
+    assert_each_once(&events, &received);
+    eprintln!(
+        "SIGTERM after {published_at_signal} of {} backlog events were acked: exited 0, restart re-sent nothing",
+        events.len()
+    );
+    relay.kill();
+}
+
 /// Two relays with the same settings on one slot: the second stands by quietly; when the
 /// active one is SIGKILLed under load, the standby streams within 5 s and nothing is lost.
 #[tokio::test(flavor = "multi_thread")]

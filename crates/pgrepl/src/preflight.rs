@@ -288,6 +288,8 @@ impl PublicationProbe {
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
             [&self.publication, &self.qualified];
         let identity = client.query_opt(&self.identity, &params);
+        // `try_join` polls `clock` first, and a prepared statement's request is queued
+        // on its future's first poll: the position's statement goes first.
         let (clock, identity) = futures_util::future::try_join(clock, identity).await?;
         let lsn: String = clock.try_get(0)?;
         let ms: i64 = clock.try_get(1)?;

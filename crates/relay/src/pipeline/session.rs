@@ -363,7 +363,7 @@ impl<'a> Session<'a> {
                         Some(ev) => self.on_event(ev).await?,
                         None => return Err(RelayError::StreamClosed),
                     }
-                    self.on_burst(stream).await?;
+                    self.on_burst(stream, stopping).await?;
                 }
             }
             self.advance();
@@ -394,8 +394,16 @@ impl<'a> Session<'a> {
     /// The rest of what the stream has already read, up to [`BURST`] events, while there
     /// is room: one turn of the loop per burst, not per message (each turn polls every
     /// branch of the `select!` and registers their wake-ups again).
-    async fn on_burst(&mut self, stream: &mut ReplicationStream) -> Result<(), RelayError> {
+    /// While `stopping`, only up to the open transaction's end (as the loop reads).
+    async fn on_burst(
+        &mut self,
+        stream: &mut ReplicationStream,
+        stopping: bool,
+    ) -> Result<(), RelayError> {
         for _ in 1..BURST {
+            if stopping && self.core.may_stop() {
+                break;
+            }
             // As at the top of the loop: a hold given up for room is sent before the next
             // input (the rules' order).
             let room = self.core.make_room().map_err(|e| lift(e, &self.cfg.slot))?;
