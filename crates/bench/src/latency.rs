@@ -33,7 +33,7 @@ impl Stamper {
             .set("bootstrap.servers", bootstrap)
             .set("group.id", "outboxd-bench-latency")
             .set("enable.auto.commit", "false")
-            .set("fetch.wait.max.ms", "5")
+            .set("fetch.wait.max.ms", "2")
             .set("fetch.min.bytes", "1")
             .create()?;
         let mut tpl = TopicPartitionList::new();

@@ -443,7 +443,7 @@ fn latency(w: &mut String, s: &Settings, r: &Results) -> Result<()> {
     writeln!(
         w,
         "Single-row transactions inserted at a fixed rate for {:.0} s per rate (4 pipelining connections), \
-         outboxd streaming them to the broker named in the table. *Consumer*: arrival time at a consumer with `fetch.wait.max.ms=5` \
+         outboxd streaming them to the broker named in the table. *Consumer*: arrival time at a consumer with `fetch.wait.max.ms=2` \
          minus the record header `outboxd.commit_time` (commit time in ms, so ±1 ms). *Histogram*: the \
          relay's own `outboxd_commit_to_ack_seconds` from `/metrics` (difference before/after the rate, \
          interpolated within its buckets 1, 2.5, 5, 10, 25, 50, 100 ms…, so coarse). Achieved below target means \
