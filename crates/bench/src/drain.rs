@@ -23,6 +23,8 @@ pub struct DrainResult {
     pub seconds_from_first: Option<f64>,
     pub pg_cpu_seconds: f64,
     pub tool_cpu_seconds: Option<f64>,
+    /// The broker process's CPU during the drain (it shares the machine's cores).
+    pub broker_cpu_seconds: Option<f64>,
     pub peak_rss_mib: Option<f64>,
     pub note: String,
 }
@@ -288,6 +290,8 @@ pub async fn outboxd_with(
 ) -> Result<DrainResult> {
     let sql = pg::connect(t.cluster, t.db).await?;
     let cpu0 = procfs::cluster_cpu_seconds(t.cluster.data_dir())?;
+    let broker_cpu = || broker.pid().and_then(procfs::cpu_seconds);
+    let broker0 = broker_cpu();
     let started = Instant::now();
     let relay = Outboxd::spawn_with(
         bins,
@@ -314,6 +318,7 @@ pub async fn outboxd_with(
     let seconds = started.elapsed().as_secs_f64();
     let cpu = procfs::cluster_cpu_seconds(t.cluster.data_dir())? - cpu0;
     let tool_cpu = procfs::cpu_seconds(pid);
+    let broker_cpu_seconds = broker_cpu().zip(broker0).map(|(a, b)| a - b);
     let rss = procfs::peak_rss_mib(pid);
     if std::env::var("BENCH_DIAG").is_ok() {
         for (name, cpu, vol, invol) in procfs::threads(pid) {
@@ -343,6 +348,7 @@ pub async fn outboxd_with(
         seconds,
         pg_cpu_seconds: cpu,
         tool_cpu_seconds: if perf_data.is_some() { None } else { tool_cpu },
+        broker_cpu_seconds,
         peak_rss_mib: if perf_data.is_some() { None } else { rss },
         note,
         ..DrainResult::default()
@@ -491,6 +497,7 @@ pub async fn debezium(
             seconds
         },
         seconds_from_first: first_ms.map(|f| ms_diff(acked, f)),
+        broker_cpu_seconds: None,
         pg_cpu_seconds: cpu,
         tool_cpu_seconds: tool_cpu,
         peak_rss_mib: rss,

@@ -635,12 +635,14 @@ async fn catchup_case(
 
 fn report_drain(d: DrainResult) -> DrainResult {
     eprintln!(
-        "outboxd-bench:   {:<15} {:<6} {:>9.0} events/s  {:.2} s  pg cpu {:.2} s  {}",
+        "outboxd-bench:   {:<15} {:<6} {:>9.0} events/s  {:.2} s  pg cpu {:.2} s  client cpu {}  broker cpu {}  {}",
         d.tool,
         d.broker,
         d.events_per_sec(),
         d.seconds,
         d.pg_cpu_seconds,
+        report::opt(d.tool_cpu_seconds, 2),
+        report::opt(d.broker_cpu_seconds, 2),
         d.note
     );
     d

@@ -208,14 +208,19 @@ fn catchup(w: &mut String, _s: &Settings, r: &Results) -> Result<()> {
          from JVM start until the last record is acked (its slot confirms lazily; the column *from first \
          record* leaves out JVM and connector start-up). *PG CPU* is user+system time of all PostgreSQL \
          processes of the cluster during the drain (the walsender decoding, mostly). pg_recvlogical drains \
-         twice, first and last (own slots); *vs pg_recvlogical* divides by the faster of the two.\n",
+         twice, first and last (own slots); *vs pg_recvlogical* divides by the faster of the two. *Broker \
+         CPU s*: the broker process's, which shares the machine's two cores with PostgreSQL and the \
+         consumer (pg_recvlogical has none).\n",
         pg::TOPIC
     )?;
     writeln!(
         w,
-        "| case | consumer | broker | events | seconds | events/s | vs pg_recvlogical | PG CPU s / 100k events | consumer CPU µs / event | peak RSS MiB | note |"
+        "| case | consumer | broker | events | seconds | events/s | vs pg_recvlogical | PG CPU s / 100k events | consumer CPU µs / event | broker CPU s | peak RSS MiB | note |"
     )?;
-    writeln!(w, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")?;
+    writeln!(
+        w,
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+    )?;
     for c in &r.cases {
         let base = c
             .drains
@@ -235,7 +240,7 @@ fn catchup(w: &mut String, _s: &Settings, r: &Results) -> Result<()> {
             };
             writeln!(
                 w,
-                "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} | {} |",
                 c.label,
                 d.tool,
                 d.broker,
@@ -252,6 +257,7 @@ fn catchup(w: &mut String, _s: &Settings, r: &Results) -> Result<()> {
                     d.tool_cpu_seconds.map(|c| c / d.events.max(1) as f64 * 1e6),
                     1
                 ),
+                opt(d.broker_cpu_seconds, 2),
                 opt(d.peak_rss_mib, 0),
                 d.note.replace('|', "/").replace('\n', " ")
             )?;

@@ -100,7 +100,6 @@ impl ReplicationConnection {
             finished: false,
             behind: false,
             pace: false,
-            in_txn: false,
         })
     }
 }
@@ -132,12 +131,8 @@ pub struct ReplicationStream {
     finished: bool,
     /// The last Begin committed long ago: a backlog is being read.
     behind: bool,
-    /// The last read was small: wait a moment before the next one if more is surely
-    /// coming, so it arrives in bursts.
+    /// Wait a moment before the next socket read, so a backlog arrives in bursts.
     pace: bool,
-    /// The last message decoded was inside a transaction (after its Begin, before its
-    /// Commit).
-    in_txn: bool,
 }
 
 impl std::fmt::Debug for ReplicationStream {
@@ -164,11 +159,10 @@ impl ReplicationStream {
             if self.finished {
                 return Ok(None);
             }
-            // A small read while behind, or one that stopped inside a transaction (known
-            // only now, with every whole message of it decoded): the rest is on its way,
-            // the walsender writing each message on its own, so let it gather for a
-            // moment and take it in one wake-up rather than one per message.
-            if std::mem::take(&mut self.pace) && (self.behind || self.in_txn) {
+            // Only while behind. Pausing also after a read that stopped inside a
+            // transaction at a steady load saved 4 % of the relay's CPU at 5,000 events/s
+            // and cost 3 ms of p99 (docs/benchmarks.md, "Issue 21, round 2"): not kept.
+            if std::mem::take(&mut self.pace) {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
             self.rbuf.reserve(64 * 1024);
@@ -179,7 +173,7 @@ impl ReplicationStream {
                     if n == 0 {
                         return Err(ReplError::Closed("reading the replication stream"));
                     }
-                    self.pace = n < 32 * 1024;
+                    self.pace = self.behind && n < 32 * 1024;
                 }
                 _ = shared.wait_failure() => {}
             }
@@ -215,16 +209,11 @@ impl ReplicationStream {
                 ReplicationFrame::XLogData(x) => {
                     self.shared.note_received(x.wal_end);
                     let message = self.decoder.decode(x.data)?;
-                    match &message {
-                        LogicalMessage::Begin(b) => {
-                            let lag = PgTimestamp::now()
-                                .unix_micros()
-                                .saturating_sub(b.commit_time.unix_micros());
-                            self.behind = lag > 200_000;
-                            self.in_txn = true;
-                        }
-                        LogicalMessage::Commit(_) => self.in_txn = false,
-                        _ => {}
+                    if let LogicalMessage::Begin(b) = &message {
+                        let lag = PgTimestamp::now()
+                            .unix_micros()
+                            .saturating_sub(b.commit_time.unix_micros());
+                        self.behind = lag > 200_000;
                     }
                     Ok(Some(ReplicationEvent::XLogData {
                         wal_start: x.wal_start,

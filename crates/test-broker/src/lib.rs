@@ -78,6 +78,14 @@ pub enum Broker {
 }
 
 impl Broker {
+    /// The broker's own process, when it runs as a child (tansu, `outboxd-dev broker`).
+    pub fn pid(&self) -> Option<u32> {
+        match self {
+            Broker::Process { child, .. } => Some(child.id()),
+            Broker::Mock { .. } | Broker::External(_) => None,
+        }
+    }
+
     /// The external broker of `OUTBOXD_TEST_BOOTSTRAP_SERVERS`, if that is set and not empty.
     pub fn from_env() -> Option<Broker> {
         match std::env::var(BOOTSTRAP_ENV) {
