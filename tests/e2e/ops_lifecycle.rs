@@ -117,6 +117,21 @@ async fn sigint_under_load_restart_loses_and_repeats_nothing() {
     graceful_stop_under_load("INT").await;
 }
 
+/// Waits until the relay has had its first events acked; how many it has by then.
+async fn first_acks(relay: &Relay, what: &str) -> f64 {
+    ops::wait_for(
+        &format!("the relay to start publishing {what}"),
+        Duration::from_secs(60),
+        Duration::from_millis(5),
+        || async {
+            let (_, body) = relay.http_get("/metrics")?;
+            let n = ops::metric(&body, "outboxd_events_published_total")?;
+            (n >= 1.0).then_some(n)
+        },
+    )
+    .await
+}
+
 fn make_events(n: usize, aggregates: usize) -> Vec<Event> {
     (0..n)
         .map(|i| {
@@ -150,17 +165,7 @@ async fn sigterm_inside_a_big_transaction_finishes_it_first() {
     support::load::try_insert(client, &outbox.table, &big)
         .await
         .expect("big transaction");
-    let published_at_signal = ops::wait_for(
-        "the relay to start publishing the big transaction",
-        Duration::from_secs(60),
-        Duration::from_millis(5),
-        || async {
-            let (_, body) = relay.http_get("/metrics")?;
-            let n = ops::metric(&body, "outboxd_events_published_total")?;
-            (n >= 1.0).then_some(n)
-        },
-    )
-    .await;
+    let published_at_signal = first_acks(relay, "the big transaction").await;
     relay.signal("TERM");
     let status = relay.wait_exit(Duration::from_secs(60));
     let log = relay.log_text();
@@ -227,8 +232,8 @@ async fn sigterm_during_a_backlog_of_small_transactions_stops_at_a_commit() {
     let events: Vec<Event> = client
         .query(
             &format!(
-                "SELECT id::text, aggregate_type, aggregate_id, event_type, payload::text \
-                 FROM {} ORDER BY (payload->>'seq')::int",
+                "SELECT {} FROM {} ORDER BY (payload->>'seq')::int",
+                support::load::EVENT_COLUMNS,
                 outbox.table
             ),
             &[],
@@ -236,26 +241,10 @@ async fn sigterm_during_a_backlog_of_small_transactions_stops_at_a_commit() {
         .await
         .expect("backlog rows")
         .iter()
-        .map(|r| Event {
-            id: r.get(0),
-            aggregate_type: r.get(1),
-            aggregate_id: r.get(2),
-            event_type: r.get(3),
-            payload: r.get(4),
-        })
+        .map(Event::from_row)
         .collect();
     relay.restart();
-    let published_at_signal = ops::wait_for(
-        "the relay to start publishing the backlog",
-        Duration::from_secs(60),
-        Duration::from_millis(5),
-        || async {
-            let (_, body) = relay.http_get("/metrics")?;
-            let n = ops::metric(&body, "outboxd_events_published_total")?;
-            (n >= 1.0).then_some(n)
-        },
-    )
-    .await;
+    let published_at_signal = first_acks(relay, "the backlog").await;
     relay.signal("TERM");
     let status = relay.wait_exit(Duration::from_secs(60));
     assert_eq!(status.code(), Some(0), "log:\n{}", relay.log_text());

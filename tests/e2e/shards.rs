@@ -355,20 +355,15 @@ async fn insert_dated(
          SELECT gen_random_uuid(), CASE WHEN g % 2 = 0 THEN 'order' ELSE 'customer' END, \
                 'agg-' || (g % 40), 'Changed', jsonb_build_object('g', g), $1::text::timestamptz \
          FROM generate_series(1, $2::int) g \
-         RETURNING id::text, aggregate_type, aggregate_id, event_type, payload::text"
+         RETURNING {}",
+        support::load::EVENT_COLUMNS
     );
     client
         .query(&sql, &[&at, &n])
         .await
         .expect("dated insert")
         .iter()
-        .map(|r| Event {
-            id: r.get(0),
-            aggregate_type: r.get(1),
-            aggregate_id: r.get(2),
-            event_type: r.get(3),
-            payload: r.get(4),
-        })
+        .map(Event::from_row)
         .collect()
 }
 

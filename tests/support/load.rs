@@ -13,6 +13,22 @@ pub struct Event {
     pub payload: String,
 }
 
+/// The columns [`Event::from_row`] reads, in its order.
+pub const EVENT_COLUMNS: &str = "id::text, aggregate_type, aggregate_id, event_type, payload::text";
+
+impl Event {
+    /// An outbox row read (or returned) as [`EVENT_COLUMNS`].
+    pub fn from_row(r: &tokio_postgres::Row) -> Event {
+        Event {
+            id: r.get(0),
+            aggregate_type: r.get(1),
+            aggregate_id: r.get(2),
+            event_type: r.get(3),
+            payload: r.get(4),
+        }
+    }
+}
+
 /// Inserts `total` events in transactions of random size 1..=max_txn over `aggregates`
 /// aggregates, one transaction after another, so the returned order is commit order.
 pub async fn insert_events(
