@@ -569,7 +569,10 @@ impl<'a> Session<'a> {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             match tokio::time::timeout(left, self.watch_publication()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(e @ RelayError::PublicationChanged { .. })) => return Err(e),
+                Ok(Err(
+                    e @ (RelayError::PublicationChanged { .. }
+                    | RelayError::PublicationDropped { .. }),
+                )) => return Err(e),
                 Ok(Err(e)) => tracing::warn!("the last look at the publication failed ({e}): the slot stays confirmed at the look before, and what was acked since is sent again after the restart"),
                 Err(_) => tracing::warn!("the last look at the publication timed out: the slot stays confirmed at the look before"),
             }

@@ -121,6 +121,14 @@ impl Session<'_> {
             }
         })
         .await?;
+        if now.is_none() {
+            // Gone, not changed: the error the stream gives at the next change (and the
+            // fix it names), which an early look now usually comes before.
+            return Err(RelayError::PublicationDropped {
+                publication: self.cfg.publication.clone(),
+                server: "a look at pg_publication found none of this name".into(),
+            });
+        }
         compare(&self.cfg.publication, &last, now.as_ref())?;
         if let (Some(watch), Some(now)) = (self.publication.as_mut(), now) {
             watch.last = now;
