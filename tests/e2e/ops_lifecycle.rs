@@ -117,6 +117,17 @@ async fn sigint_under_load_restart_loses_and_repeats_nothing() {
     graceful_stop_under_load("INT").await;
 }
 
+/// Reads `topics` until every one of `events` arrived, and asserts each came once.
+fn read_each_once(broker: &Broker, topics: &[String], events: &[Event]) {
+    let received = ops::read_all_blocking(
+        &broker.bootstrap(),
+        topics,
+        events,
+        Duration::from_secs(120),
+    );
+    assert_each_once(events, &received);
+}
+
 /// Waits until the relay has had its first events acked; how many it has by then.
 async fn first_acks(relay: &Relay, what: &str) -> f64 {
     ops::wait_for(
@@ -182,13 +193,7 @@ async fn sigterm_inside_a_big_transaction_finishes_it_first() {
     relay.restart();
     let mut events = big;
     events.extend(after);
-    let received = ops::read_all_blocking(
-        &broker.bootstrap(),
-        topics,
-        &events,
-        Duration::from_secs(120),
-    );
-    assert_each_once(&events, &received);
+    read_each_once(broker, topics, &events);
     eprintln!(
         "SIGTERM after {published_at_signal} of 50000 events of one transaction were acked: exited 0, restart re-sent nothing"
     );
@@ -249,13 +254,7 @@ async fn sigterm_during_a_backlog_of_small_transactions_stops_at_a_commit() {
     let status = relay.wait_exit(Duration::from_secs(60));
     assert_eq!(status.code(), Some(0), "log:\n{}", relay.log_text());
     relay.restart();
-    let received = ops::read_all_blocking(
-        &broker.bootstrap(),
-        topics,
-        &events,
-        Duration::from_secs(120),
-    );
-    assert_each_once(&events, &received);
+    read_each_once(broker, topics, &events);
     eprintln!(
         "SIGTERM after {published_at_signal} of {} backlog events were acked: exited 0, restart re-sent nothing",
         events.len()
