@@ -191,29 +191,11 @@ pub async fn current_wal_lsn(client: &Client) -> Result<Lsn, ReplError> {
     Lsn::from_str(&text).map_err(|e| ReplError::Protocol(e.to_string()))
 }
 
-/// What the catalog says of a publication today, as one line of text: which row version
-/// of `pg_publication` it is (oid and xmin: a dropped and recreated one, or one whose
-/// `publish` was changed, even changed back, is another) with its flags, and the row
-/// versions of its `pg_publication_rel` entries for `table`, its partitions and its
-/// ancestors (a table dropped from it and added back is another entry), and on PostgreSQL
-/// 15+ of its `pg_publication_namespace` entries for their schemas. Not other tables'
-/// entries: the relay publishes only the outbox's rows. `None`: it does not exist.
-///
-/// PostgreSQL decides what to send by the catalog as it was when each row was written, so
-/// a change undone before anyone looks leaves the flags as they were; the row versions do
-/// not go back.
-pub async fn publication_identity(
-    client: &Client,
-    publication: &str,
-    table: Option<(&str, &str)>,
-) -> Result<Option<String>, ReplError> {
-    let probe = PublicationProbe::prepare(client, publication, table).await?;
-    Ok(probe.look(client).await?.identity)
-}
-
-/// [`publication_identity`] prepared once on a connection, for a session that looks
-/// again and again (several times a second while it confirms): Bind and Execute only,
-/// no parsing or planning on the primary.
+/// Looks at a publication: the server's WAL position and clock, then what the catalog says
+/// of the publication today, as one line of text (its *identity*, [`PublicationLook`]).
+/// Prepared once on a connection, for a session that looks again and again (several times
+/// a second while it confirms): Bind and Execute only, no parsing or planning on the
+/// primary.
 pub struct PublicationProbe {
     clock: tokio_postgres::Statement,
     identity: tokio_postgres::Statement,
@@ -229,7 +211,17 @@ pub struct PublicationLook {
     /// never one before.
     pub wal_lsn: Lsn,
     pub at_unix_ms: u64,
-    /// [`publication_identity`]; `None`: the publication does not exist.
+    /// Which row version of `pg_publication` it is (oid and xmin: a dropped and recreated
+    /// one, or one whose `publish` was changed, even changed back, is another) with its
+    /// flags, and the row versions of its `pg_publication_rel` entries for the table, its
+    /// partitions and its ancestors (a table dropped from it and added back is another
+    /// entry), and on PostgreSQL 15+ of its `pg_publication_namespace` entries for their
+    /// schemas. Not other tables' entries: the relay publishes only the outbox's rows.
+    /// `None`: it does not exist.
+    ///
+    /// PostgreSQL decides what to send by the catalog as it was when each row was written,
+    /// so a change undone before anyone looks leaves the flags as they were; the row
+    /// versions do not go back.
     pub identity: Option<String>,
 }
 

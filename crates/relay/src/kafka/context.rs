@@ -64,7 +64,7 @@ impl ProducerContext for RelayContext {
             }),
             Err((error, _)) => Err(DeliveryFailure::from_kafka_error(error)),
         };
-        let at_unix_micros = super::delivery::unix_micros_now();
+        let at_unix_micros = pgoutput::PgTimestamp::now().unix_micros();
         let report = Delivery {
             ticket,
             outcome,

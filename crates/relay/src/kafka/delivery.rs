@@ -28,13 +28,6 @@ pub struct Delivery {
     pub at_unix_micros: i64,
 }
 
-/// The time now, in Unix microseconds (0 before 1970).
-pub fn unix_micros_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
-}
-
 /// Where the broker stored the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Delivered {

@@ -312,8 +312,7 @@ impl<'a> Session<'a> {
             }
             // Reports that came meanwhile, without a wake-up of their own (see below).
             self.take_reports()?;
-            let room = self.core.make_room().map_err(|e| lift(e, &self.cfg.slot))?;
-            self.send_queued().await?;
+            let room = self.room().await?;
             stream.set_reading_paused(!room);
             let early_look = self.early_look_at().map(tokio::time::Instant::from_std);
             // A delivery report wakes the loop only when it is needed at once: for room in
@@ -339,16 +338,13 @@ impl<'a> Session<'a> {
                 // take over the slot while this instance still produces.
                 e = failure.wait() => return Err(RelayError::Postgres(e)),
                 d = self.deliveries.recv(), if reports_now => {
-                    let d = d.ok_or_else(|| RelayError::Protocol("the producer's delivery channel closed".into()))?;
-                    self.on_delivery(d)?;
+                    self.on_delivery(d.ok_or_else(channel_closed)?)?;
                     self.take_reports()?;
                 }
-                _ = async { match reports_at { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {
-                    self.take_reports()?;
-                }
-                _ = async { match deadline { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {}
+                _ = sleep_until_some(reports_at) => self.take_reports()?,
+                _ = sleep_until_some(deadline) => {}
                 // Wakes the loop for the early look (after it, below).
-                _ = async { match early_look { Some(at) => tokio::time::sleep_until(at).await, None => std::future::pending().await } } => {}
+                _ = sleep_until_some(early_look) => {}
                 _ = tick.tick() => {
                     ticks += 1;
                     self.on_tick(stream, ticks).await?;
@@ -375,6 +371,14 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// Whether there is room in flight to read on. A hold given up for it is sent first:
+    /// the rules' records are answered before their next input.
+    async fn room(&mut self) -> Result<bool, RelayError> {
+        let room = self.core.make_room().map_err(|e| lift(e, &self.cfg.slot))?;
+        self.send_queued().await?;
+        Ok(room)
+    }
+
     /// Every delivery report waiting in the channel.
     fn take_reports(&mut self) -> Result<(), RelayError> {
         self.reports_taken_at = Instant::now();
@@ -383,9 +387,7 @@ impl<'a> Session<'a> {
                 Ok(d) => self.on_delivery(d)?,
                 Err(tokio::sync::mpsc::error::TryRecvError::Empty) => return Ok(()),
                 Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
-                    return Err(RelayError::Protocol(
-                        "the producer's delivery channel closed".into(),
-                    ))
+                    return Err(channel_closed())
                 }
             }
         }
@@ -404,11 +406,7 @@ impl<'a> Session<'a> {
             if stopping && self.core.may_stop() {
                 break;
             }
-            // As at the top of the loop: a hold given up for room is sent before the next
-            // input (the rules' order).
-            let room = self.core.make_room().map_err(|e| lift(e, &self.cfg.slot))?;
-            self.send_queued().await?;
-            if !room {
+            if !self.room().await? {
                 break;
             }
             let ev = stream
@@ -520,9 +518,7 @@ impl<'a> Session<'a> {
                 Err(SendError::QueueFull) => {
                     // librdkafka's own queue is full (its cap is at least ours, so rare):
                     // wait for one delivery and try again.
-                    let d = self.deliveries.recv().await.ok_or_else(|| {
-                        RelayError::Protocol("the producer's delivery channel closed".into())
-                    })?;
+                    let d = self.deliveries.recv().await.ok_or_else(channel_closed)?;
                     self.on_delivery(d)?;
                 }
                 Err(e) => return Err(e.into()),
@@ -601,6 +597,18 @@ impl<'a> Session<'a> {
         }
         Ok(SessionEnd::Shutdown)
     }
+}
+
+/// Sleeps until `at`; never wakes without one (a `select!` branch that is off).
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn channel_closed() -> RelayError {
+    RelayError::Protocol("the producer's delivery channel closed".into())
 }
 
 /// A side-connection query that gives up after [`SQL_TIMEOUT`].

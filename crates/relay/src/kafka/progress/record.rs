@@ -43,7 +43,7 @@ impl SlotIdentity {
 }
 
 /// The publication as a session last verified it: its catalog identity
-/// (`pgrepl::preflight::publication_identity`), and when and at which WAL position that
+/// (`pgrepl::preflight::PublicationLook::identity`), and when and at which WAL position that
 /// was. A later start that finds another identity stops: rows written after this point may
 /// never have been decoded for the slot.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! send by the catalog as it was when each row was written: a table dropped from the
 //! publication and added back, or `publish` changed and changed back, leaves today's
 //! catalog as it was and the rows in between never decoded. Their row versions do not go
-//! back (`pgrepl::preflight::publication_identity`), so any change since the last look is
+//! back (`pgrepl::preflight::PublicationLook::identity`), so any change since the last look is
 //! seen.
 //!
 //! Seeing it is not enough: the slot must not have been confirmed past the rows it hid.
@@ -20,7 +20,7 @@ use super::{bounded, Session};
 use crate::kafka::{ProgressError, PublicationSeen, SlotRecords};
 use crate::pipeline::error::RelayError;
 
-/// The shortest wait between looks taken early (see `Session::early_look_due`).
+/// The shortest wait between looks taken early (see `Session::early_look_at`).
 const EARLY_LOOK_AFTER: Duration = Duration::from_millis(250);
 
 /// The publication's identity now, with the server's WAL position and clock before it
@@ -111,14 +111,14 @@ impl Session<'_> {
         let (sql, publication, table) = (&self.sql, &self.cfg.publication, &self.cfg.table);
         let probe = &mut watch.probe;
         let now = bounded("checking the publication", async {
-            if probe.is_none() {
-                let table = Some((table.schema.as_str(), table.table.as_str()));
-                *probe = Some(PublicationProbe::prepare(sql, publication, table).await?);
-            }
-            match probe {
-                Some(p) => Ok(seen(p.look(sql).await?)),
-                None => Ok(None),
-            }
+            let p = match probe {
+                Some(p) => p,
+                None => {
+                    let table = Some((table.schema.as_str(), table.table.as_str()));
+                    probe.insert(PublicationProbe::prepare(sql, publication, table).await?)
+                }
+            };
+            Ok(seen(p.look(sql).await?))
         })
         .await?;
         if now.is_none() {
