@@ -26,8 +26,7 @@ struct Setup<'a> {
     topics: Vec<String>,
 }
 
-async fn setup(name: &str) -> Setup<'static> {
-    let broker = Broker::mock();
+async fn setup(name: &str, broker: Broker) -> Setup<'static> {
     let db = PgCluster::shared().fresh_database(name).await;
     let outbox = schema::setup(&db).await;
     let topics = vec![outbox.topic("order"), outbox.topic("customer")];
@@ -48,7 +47,7 @@ fn commit_lsn(r: &Received) -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn brokers_down_hold_the_slot_until_acked() {
-    let s = setup("ack_down").await;
+    let s = setup("ack_down", Broker::kafka(1)).await;
     let bootstrap = s.broker.bootstrap();
     let relay = Relay::start(Relay::env_for(&s.db, &s.outbox, &bootstrap, &[]), &["run"]);
     let client = s.db.client().await;
@@ -132,7 +131,7 @@ async fn produce_errors_lose_nothing(
     err: RDKafkaRespErr,
     count: usize,
 ) -> (Setup<'static>, Relay, usize) {
-    let s = setup(name).await;
+    let s = setup(name, Broker::mock()).await;
     let bootstrap = s.broker.bootstrap();
     // One Produce request in flight per connection. The mock cluster checks idempotent
     // sequence numbers only for transactional producers (rdkafka_mock.c,

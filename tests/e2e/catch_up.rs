@@ -51,7 +51,7 @@ fn lsn_field(doc: &Value, name: &str) -> u64 {
 async fn status_json_matches_pg_replication_slots() {
     let db = PgCluster::shared().fresh_database("status_json").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     ops::create_topics(&broker, &outbox).await;
     let client = db.client().await;
     // A backlog, so lag and retained WAL are not zero.
@@ -119,7 +119,7 @@ async fn status_json_matches_pg_replication_slots() {
 async fn a_backlog_logs_progress_then_caught_up() {
     let db = PgCluster::shared().fresh_database("catch_up").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let client = db.client().await;
     // Downtime: events committed while no relay ran, old enough to be a backlog.

@@ -288,12 +288,6 @@ async fn killed_at_random_moments_loses_nothing(broker: Broker, name: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn sigkill_during_load_mock_cluster() {
-    // The mock cluster lives in this process, so it survives every relay kill.
-    killed_at_random_moments_loses_nothing(Broker::mock(), "crash_mock").await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn sigkill_during_load_tansu() {
-    killed_at_random_moments_loses_nothing(Broker::tansu(), "crash_tansu").await;
+async fn sigkill_during_load() {
+    killed_at_random_moments_loses_nothing(Broker::default_for_tests(), "crash").await;
 }

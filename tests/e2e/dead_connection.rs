@@ -60,7 +60,7 @@ async fn a_partition_is_noticed_at_the_in_flight_cap_and_every_event_arrives_aft
         .fresh_database("dead_conn_partition")
         .await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::kafka(1);
     let topics = create_topics(&broker, &outbox).await;
     let proxy = Proxy::start(db.cluster().port());
     let port = proxy.port().to_string();
@@ -137,7 +137,7 @@ async fn a_terminated_walsender_is_noticed_at_the_in_flight_cap() {
         .fresh_database("dead_conn_terminate")
         .await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::kafka(1);
     let topics = create_topics(&broker, &outbox).await;
     let relay = Relay::start(
         Relay::env_for(

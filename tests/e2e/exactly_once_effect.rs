@@ -283,7 +283,7 @@ async fn exactly_once_effect_under_kill_9() {
             .unwrap();
     }
 
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let topic = format!("{}.account", outbox.topic_prefix);
     let partitions = 3;
     broker

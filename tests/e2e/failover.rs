@@ -128,7 +128,7 @@ async fn failover_once(round: usize, both_hosts: bool, shards: u32) -> bool {
     // unless it is given both hosts and has to find the primary itself.
     let relay_vip = (!both_hosts).then(|| Proxy::start(primary.port()));
     let load_vip = Proxy::start(primary.port());
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let (hosts, ports) = match &relay_vip {
         Some(vip) => ("127.0.0.1".to_owned(), vip.port().to_string()),
@@ -335,7 +335,7 @@ async fn the_primary_is_chosen_among_listed_hosts() {
     let standby = outbox_and_standby(&primary, &db).await;
     let client = db.client().await;
     let outbox = Outbox::for_db(&db);
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let dead = support::relay::free_port();
 
@@ -404,7 +404,7 @@ async fn a_slot_the_standby_lacks_stops_the_relay_after_promotion() {
     let client = db.client().await;
     let outbox = Outbox::for_db(&db);
     let vip = Proxy::start(primary.port());
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let port = vip.port().to_string();
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[("PGPORT", &port)]);
@@ -470,7 +470,7 @@ async fn check_names_each_missing_failover_setting() {
     )
     .await;
     let outbox = Outbox::for_db(&db);
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let standbys = format!("127.0.0.1:{}", standby.port());
     let env = Relay::env_for(
         &db,

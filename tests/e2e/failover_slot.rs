@@ -49,7 +49,7 @@ async fn init_creates_a_failover_slot_when_the_server_has_them() {
     let db = cluster.fresh_database("failover_init").await;
     let outbox = without_slot(&db).await;
     let client = db.client().await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["init"]);
     assert_eq!(code, 0, "{out}");
@@ -85,7 +85,7 @@ async fn false_creates_a_plain_slot_and_true_is_refused_before_17() {
     let db = cluster.fresh_database("failover_off").await;
     let outbox = without_slot(&db).await;
     let client = db.client().await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     if cluster.major_version() < FAILOVER_SLOTS {
         let env = Relay::env_for(
             &db,
@@ -155,7 +155,7 @@ async fn check_names_a_missing_standby_slot() {
     .expect("cluster");
     let db = cluster.fresh_database("failover_check").await;
     let outbox = without_slot(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["init"]);
     assert_eq!(code, 0, "{out}");

@@ -132,8 +132,3 @@ async fn publication_with_inserts_only() {
 async fn publication_with_every_operation_relay_ignores_non_inserts() {
     only_inserts_are_published("filters_all", true, Broker::default_for_tests()).await;
 }
-
-#[tokio::test(flavor = "multi_thread")]
-async fn tansu_publication_with_every_operation_relay_ignores_non_inserts() {
-    only_inserts_are_published("filters_tansu", true, Broker::tansu()).await;
-}

@@ -40,7 +40,7 @@ async fn slot_of_the_same_name_in_another_database_fails_check_and_run() {
     let mut outbox = schema::setup(&db).await;
     // The slot name the other database's relay uses.
     outbox.slot = other_outbox.slot.clone();
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["check"]);
     assert_eq!(code, 6, "{out}");
@@ -63,7 +63,7 @@ async fn no_walsender_allowed_fails_check_and_run_exits_3() {
     .expect("cluster");
     let db = cluster.fresh_database("parity_senders").await;
     let outbox = schema::setup_custom(&db, schema::OUTBOX_DDL, Some("publish = 'insert'")).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["check"]);
     assert_eq!(code, 6, "{out}");
@@ -85,7 +85,7 @@ async fn wal_retention_is_reported() {
     let idle_timeout = shared.major_version() >= 18;
     let db = shared.fresh_database("parity_keep_default").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["check"]);
     assert_eq!(code, 0, "a warning does not fail the check:\n{out}");
@@ -143,7 +143,7 @@ async fn replication_right_is_decided_by_a_real_replication_connection() {
         ))
         .await
         .expect("roles");
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let base = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let as_role = |role: &str| {
         let mut env = base.clone();

@@ -28,7 +28,7 @@ fn fail_line<'a>(out: &'a str, what: &str) -> &'a str {
 async fn check_passes_on_a_good_setup() {
     let db = PgCluster::shared().fresh_database("ops_check_ok").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["check"]);
     assert_eq!(code, 0, "{out}");
@@ -71,7 +71,7 @@ async fn check_reports_wrong_table_and_missing_publication() {
         )
         .await
         .expect("table");
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let env = Relay::env_for(&db, &names(&db), &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["check"]);
     assert_eq!(code, 6, "{out}");
@@ -126,7 +126,7 @@ async fn check_reports_wal_level() {
         .batch_execute(schema::OUTBOX_DDL)
         .await
         .expect("table");
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let env = Relay::env_for(&db, &names(&db), &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["check"]);
     assert_eq!(code, 6, "{out}");
@@ -140,7 +140,7 @@ async fn check_reports_wal_level() {
 #[tokio::test(flavor = "multi_thread")]
 async fn init_creates_everything_and_is_idempotent() {
     let db = PgCluster::shared().fresh_database("ops_init").await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let env = Relay::env_for(&db, &names(&db), &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["init"]);
     assert_eq!(code, 0, "{out}");
@@ -186,7 +186,7 @@ async fn init_creates_everything_and_is_idempotent() {
 async fn status_shows_lag_retained_wal_and_active_pid() {
     let db = PgCluster::shared().fresh_database("ops_status").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     ops::create_topics(&broker, &outbox).await;
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["status"]);
@@ -453,7 +453,7 @@ async fn second_signal_exits_130() {
         mut relay,
         client,
         ..
-    } = ops::streaming_relay("ops_second_signal", &[]).await;
+    } = ops::streaming_relay_on(Broker::kafka(1), "ops_second_signal", &[]).await;
     broker.set_all_down(true);
     support::load::insert_events(&client, &outbox.table, 5, 1, 5).await;
     ops::wait_for(

@@ -33,7 +33,7 @@ async fn postgres_restart_fast_and_immediate_loses_nothing() {
     let cluster = dedicated(&[]);
     let db = cluster.fresh_database("ops_pg_restart").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let mut relay = Relay::start(
         Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
@@ -85,7 +85,7 @@ async fn broker_down_60s_keeps_walsender_and_loses_nothing() {
     let cluster = dedicated(&["wal_sender_timeout = '5s'"]);
     let db = cluster.fresh_database("ops_broker_down").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::kafka(1);
     let topics = ops::create_topics(&broker, &outbox).await;
     let mut relay = Relay::start(
         Relay::env_for(
@@ -240,7 +240,7 @@ async fn invalidated_slot_exits_3() {
     let cluster = dedicated(&["max_slot_wal_keep_size = '16MB'"]);
     let db = cluster.fresh_database("ops_slot_lost").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let mut relay = Relay::start(env.clone(), &["run"]);

@@ -41,7 +41,12 @@ async fn metrics_health_and_readiness() {
         relay,
         client,
         ..
-    } = ops::streaming_relay("ops_http", &[("OUTBOXD_READY_STALL_MS", "3000")]).await;
+    } = ops::streaming_relay_on(
+        support::broker::Broker::kafka(1),
+        "ops_http",
+        &[("OUTBOXD_READY_STALL_MS", "3000")],
+    )
+    .await;
     let (code, _) = get(&relay, "/healthz");
     assert_eq!(code, 200);
     // Deadlines here are generous: each waits for something that takes well under a
@@ -302,7 +307,7 @@ async fn brokers_down_with_nothing_waiting_is_not_ready() {
         broker,
         mut relay,
         ..
-    } = ops::streaming_relay("ops_http_brokers", &[]).await;
+    } = ops::streaming_relay_on(support::broker::Broker::kafka(1), "ops_http_brokers", &[]).await;
     ops::wait_for(
         "/readyz 200 and brokers up",
         Duration::from_secs(60),
@@ -363,7 +368,7 @@ async fn safe_wal_size_is_exported_when_the_server_caps_slots() {
     .expect("dedicated cluster");
     let db = cluster.fresh_database("ops_http_safe_wal").await;
     let outbox = support::schema::setup(&db).await;
-    let broker = support::broker::Broker::mock();
+    let broker = support::broker::Broker::default_for_tests();
     ops::create_topics(&broker, &outbox).await;
     let relay = Relay::start(
         Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),

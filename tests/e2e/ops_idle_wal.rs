@@ -97,7 +97,7 @@ async fn idle_outbox_retains_no_more_wal_than_pg_recvlogical() {
         )
         .await
         .expect("second slot");
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     ops::create_topics(&broker, &outbox).await;
     let mut relay = Relay::start(
         Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
@@ -209,7 +209,7 @@ async fn idle_outbox_retains_no_more_wal_than_pg_recvlogical() {
 async fn heartbeat_advances_the_slot_without_idle_flush() {
     let db = PgCluster::shared().fresh_database("ops_heartbeat").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     ops::create_topics(&broker, &outbox).await;
     let mut relay = Relay::start(
         Relay::env_for(

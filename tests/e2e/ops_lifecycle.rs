@@ -41,7 +41,7 @@ async fn graceful_stop_under_load(signal: &str) {
         .fresh_database(&format!("ops_stop_{signal}"))
         .await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let mut relay = Relay::start(
         Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
@@ -268,7 +268,7 @@ async fn sigterm_during_a_backlog_of_small_transactions_stops_at_a_commit() {
 async fn standby_takes_over_within_5s_of_sigkill() {
     let db = PgCluster::shared().fresh_database("ops_takeover").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let env_a = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     // Same settings; only the HTTP port differs because both run on this host.
@@ -385,7 +385,8 @@ async fn standby_takes_over_within_5s_of_sigkill() {
 /// another to drain acks; nothing unacked was confirmed, so a restart relays it all.
 #[tokio::test(flavor = "multi_thread")]
 async fn shutdown_takes_at_most_the_shutdown_timeout() {
-    let s = ops::streaming_relay(
+    let s = ops::streaming_relay_on(
+        Broker::kafka(1),
         "ops_shutdown_deadline",
         &[
             ("OUTBOXD_SHUTDOWN_TIMEOUT_MS", "10000"),

@@ -23,7 +23,7 @@ async fn postgres_down_30s_backs_off_and_resumes() {
     let cluster = PgCluster::start(ClusterOptions::default()).expect("dedicated cluster");
     let db = cluster.fresh_database("ops_reconnect").await;
     let outbox = schema::setup(&db).await;
-    let broker = support::broker::Broker::mock();
+    let broker = support::broker::Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let relay = Relay::start(
         Relay::env_for(

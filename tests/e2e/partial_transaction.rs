@@ -21,7 +21,7 @@ const ROWS: usize = 200_000;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_relay_resumes_inside_a_partly_acked_transaction() {
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let db = PgCluster::shared().fresh_database("partial_txn").await;
     let outbox = schema::setup(&db).await;
     let topic = outbox.topic("big");

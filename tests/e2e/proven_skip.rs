@@ -116,7 +116,7 @@ async fn two_primaries(
     db: &TestDb<'_>,
     outbox: &Outbox,
 ) {
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let bootstrap = broker.bootstrap();
     let topics = ops::create_topics(&broker, outbox).await;
     let staging = format!("staging.{}", outbox.topic_prefix);
@@ -484,7 +484,7 @@ async fn proven_skip_clock_stepped_forward_and_back() {
         .expect("cluster with a fake clock");
     let db = cluster.fresh_database("proven_clock").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let bootstrap = broker.bootstrap();
     let topics = ops::create_topics(&broker, &outbox).await;
     let env = Relay::env_for(&db, &outbox, &bootstrap, &RELAY_ENV);
@@ -586,7 +586,7 @@ async fn proven_skip_same_timeline_restore_of_an_older_backup() {
     let cluster = PgCluster::start(ClusterOptions::default()).expect("original");
     let db = cluster.fresh_database("proven_restore").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let bootstrap = broker.bootstrap();
     let topics = ops::create_topics(&broker, &outbox).await;
     let env = Relay::env_for(&db, &outbox, &bootstrap, &RELAY_ENV);

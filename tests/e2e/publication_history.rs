@@ -205,7 +205,7 @@ async fn publish_changed_and_changed_back_while_streaming_stops_the_relay() {
 async fn a_change_made_while_stopped_is_seen_once_kafka_answers() {
     let db = PgCluster::shared().fresh_database("pub_kafka_down").await;
     let client = db.client().await;
-    let s = relayed_then_stopped(&db, &client, Broker::mock()).await;
+    let s = relayed_then_stopped(&db, &client, Broker::kafka(1)).await;
     let p = &s.outbox.publication;
     client
         .batch_execute(&format!(

@@ -137,7 +137,7 @@ fn assert_sized_as_intended(row: &Row, r: &Received) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn records_up_to_the_limit_are_published_and_larger_ones_dead_lettered() {
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let (db, outbox) = setup("record_size_dlq", &broker).await;
     let topic = outbox.topic("order");
     let dlq = outbox.dead_letter_topic();
@@ -265,7 +265,7 @@ async fn records_up_to_the_limit_are_published_and_larger_ones_dead_lettered() {
 /// the rows before it (up to exactly the limit) are published, and the slot is not
 /// confirmed past it. `bad` is the aggregate id of the bad row and its record size.
 async fn stop_case(name: &str, bad_aggregate_id: &str, bad_size: Option<usize>) {
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let (db, outbox) = setup(name, &broker).await;
     let topic = outbox.topic("order");
     let mut relay = Relay::start(relay_env(&db, &outbox, &broker, "stop"), &["run"]);

@@ -73,19 +73,14 @@ async fn ten_thousand_events_arrive_once_in_order(broker: Broker) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn ten_thousand_events_mock_cluster() {
+async fn ten_thousand_events() {
     ten_thousand_events_arrive_once_in_order(Broker::default_for_tests()).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn ten_thousand_events_tansu() {
-    ten_thousand_events_arrive_once_in_order(Broker::tansu()).await;
 }
 
 /// zstd is compiled into librdkafka: a producer configured for it starts and delivers.
 #[tokio::test(flavor = "multi_thread")]
 async fn zstd_compression_relays() {
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let db = PgCluster::shared().fresh_database("e2e_zstd").await;
     let outbox = schema::setup(&db).await;
     let topics = vec![outbox.topic("order"), outbox.topic("customer")];

@@ -24,7 +24,7 @@ async fn postgres_down_30s_then_back_sends_nothing_twice() {
     let cluster = PgCluster::start(ClusterOptions::default()).expect("dedicated cluster");
     let db = cluster.fresh_database("replay_pg_down").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let relay = Relay::start(
         Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
@@ -159,7 +159,7 @@ async fn a_relay_starting_behind_the_record_never_moves_it_back() {
     .expect("dedicated cluster");
     let db = cluster.fresh_database("replay_behind").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let mut first_relay = Relay::start(env.clone(), &["run"]);

@@ -83,7 +83,7 @@ async fn insert_and_deliver(
 async fn one_process_relays_three_shards_in_order_per_aggregate() {
     let db = PgCluster::shared().fresh_database("shards_three").await;
     let o = Outbox::for_db(&db);
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &o).await;
     let env = Relay::env_for(
         &db,
@@ -155,7 +155,7 @@ async fn the_sql_kit_makes_a_layout_check_and_run_accept() {
         publication: "outboxd".into(),
         ..Outbox::for_db(&db)
     };
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &o).await;
     let env = Relay::env_for(
         &db,
@@ -184,7 +184,7 @@ async fn the_sql_kit_makes_a_layout_check_and_run_accept() {
 async fn two_shard_processes_one_killed_mid_load_lose_nothing() {
     let db = PgCluster::shared().fresh_database("shards_kill").await;
     let o = Outbox::for_db(&db);
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &o).await;
     let bootstrap = broker.bootstrap();
     let base = [("OUTBOXD_SHARD_COUNT", "2")];
@@ -269,7 +269,7 @@ async fn a_partition_no_shard_reads_is_refused_by_check_init_and_run() {
     let o = Outbox::for_db(&db);
     let client = db.client().await;
     client.batch_execute(FOUR_PARTITIONS).await.unwrap();
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let env = Relay::env_for(
         &db,
         &o,
@@ -301,7 +301,7 @@ async fn repartitioning_while_running_stops_the_relay() {
         .fresh_database("shards_repartition")
         .await;
     let o = Outbox::for_db(&db);
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &o).await;
     let env = Relay::env_for(
         &db,
@@ -370,12 +370,12 @@ async fn insert_dated(
 /// Shards partitioned further by day, for retention (sql/shards.sql says this works):
 /// `check` and `run` accept the layout, rows of every daily partition (and of the default
 /// one, and of a day attached while running) are published under their shard, once each,
-/// in order per aggregate. Through tansu, so sharding also meets a broker process.
+/// in order per aggregate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shards_partitioned_by_day_publish_every_day_tansu() {
+async fn shards_partitioned_by_day_publish_every_day() {
     let db = PgCluster::shared().fresh_database("shards_by_day").await;
     let o = Outbox::for_db(&db);
-    let broker = Broker::tansu();
+    let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &o).await;
     let client = db.client().await;
     let today: String = client
@@ -491,7 +491,7 @@ fn standby_on_every_shard(relay: &Relay, shards: u32, value: f64) -> bool {
 async fn a_standby_takes_over_every_shard_when_the_active_process_dies() {
     let db = PgCluster::shared().fresh_database("shards_standby").await;
     let o = Outbox::for_db(&db);
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &o).await;
     let bootstrap = broker.bootstrap();
     // Each process its own HTTP port.

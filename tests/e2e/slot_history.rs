@@ -352,7 +352,8 @@ async fn an_interrupted_first_creation_is_not_a_lost_slot() {
 /// final confirmation is never sent and acked events are re-sent).
 #[tokio::test(flavor = "multi_thread")]
 async fn shutdown_with_kafka_down_keeps_its_deadline() {
-    let s = ops::streaming_relay(
+    let s = ops::streaming_relay_on(
+        Broker::kafka(1),
         "slot_progress_shutdown",
         &[("OUTBOXD_SHUTDOWN_TIMEOUT_MS", "2000")],
     )

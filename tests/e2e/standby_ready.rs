@@ -18,7 +18,7 @@ use support::schema;
 async fn standby_answers_ready_only_when_opted_in() {
     let db = PgCluster::shared().fresh_database("standby_ready").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     ops::create_topics(&broker, &outbox).await;
     // Each process its own HTTP port (env_for picks a free one per call).
     let env = |extra: &[(&str, &str)]| Relay::env_for(&db, &outbox, &broker.bootstrap(), extra);
@@ -86,7 +86,7 @@ async fn standby_answers_ready_only_when_opted_in() {
 async fn a_standby_waits_over_one_connection_and_says_so() {
     let db = PgCluster::shared().fresh_database("standby_conn").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     ops::create_topics(&broker, &outbox).await;
     // Each process its own HTTP port (env_for picks a free one per call).
     let env = |extra: &[(&str, &str)]| Relay::env_for(&db, &outbox, &broker.bootstrap(), extra);

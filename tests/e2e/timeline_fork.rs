@@ -29,7 +29,7 @@ async fn a_record_past_the_fork_point_skips_nothing_after_the_fork() {
     let primary = PgCluster::start(ClusterOptions::default()).expect("primary");
     let db = primary.fresh_database("timeline_fork").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let vip = Proxy::start(primary.port());
     let port = vip.port().to_string();

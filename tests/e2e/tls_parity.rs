@@ -413,7 +413,7 @@ async fn tls_modes_and_certificates_against_psql() {
     // in cleartext are warnings (the check still passes); verify-full with
     // PGREQUIREAUTH=scram-sha-256 draws neither.
     serve(&cluster, "good").await;
-    let broker = support::broker::Broker::mock();
+    let broker = support::broker::Broker::default_for_tests();
     let check = |mode: &str, require_auth: Option<&str>| {
         let mut env = vec![
             ("HOME".to_owned(), home.display().to_string()),

@@ -1,31 +1,47 @@
 //! The tests' face of `outboxd-test-broker`: a failure to start or reach a broker fails the
 //! test where it happens, so test bodies stay free of error plumbing.
+//!
+//! Which broker a test gets says what it needs:
+//! - [`Broker::default_for_tests`]: a real Apache Kafka node shared by the test process (or
+//!   the user's own broker from `OUTBOXD_TEST_BOOTSTRAP_SERVERS`); each test makes its own
+//!   topics. Every delivery guarantee is asserted here.
+//! - [`Broker::kafka`]: a Kafka cluster of the test's own (one node or three) that the test
+//!   kills, hangs and restarts.
+//! - [`Broker::mock`]: librdkafka's mock cluster, only for what a real broker cannot be made
+//!   to do on demand (injected Produce errors, a partition moved to a chosen broker).
 
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
+
+pub use outboxd_test_broker::kafka::KafkaCluster;
 
 pub struct Broker(outboxd_test_broker::Broker);
 
 impl Broker {
     /// The default broker of a test: OUTBOXD_TEST_BOOTSTRAP_SERVERS when set (e.g. Redpanda
-    /// from docker/), else a fresh 3-broker mock cluster.
+    /// from docker/), else the process's shared Apache Kafka node.
     pub fn default_for_tests() -> Broker {
         match outboxd_test_broker::Broker::from_env() {
             Some(b) => Broker(b),
-            None => Broker::mock(),
+            None => Broker(
+                outboxd_test_broker::Broker::shared_kafka()
+                    .unwrap_or_else(|e| panic!("starting the tests' Kafka: {e}")),
+            ),
         }
+    }
+
+    /// A fresh Apache Kafka cluster of `nodes` nodes (1 or 3) of this test's own: for
+    /// outages, hangs and leader changes. A user's external broker cannot be killed, so
+    /// these tests always start their own.
+    pub fn kafka(nodes: usize) -> Broker {
+        Broker(
+            outboxd_test_broker::Broker::kafka(nodes)
+                .unwrap_or_else(|e| panic!("starting a {nodes}-node Kafka: {e}")),
+        )
     }
 
     pub fn mock() -> Broker {
         Broker(outboxd_test_broker::Broker::mock(3).expect("librdkafka mock cluster"))
-    }
-
-    /// A tansu broker process on a free port, in-memory storage.
-    pub fn tansu() -> Broker {
-        let bin = outboxd_test_broker::find_tansu().unwrap_or_else(|| "tansu".into());
-        Broker(outboxd_test_broker::Broker::tansu(&bin).unwrap_or_else(|e| {
-            panic!("tansu ({e}): install it with `cargo install tansu --version 0.6.0 --features dynostore --locked` (or run .ci/run)")
-        }))
     }
 
     pub fn bootstrap(&self) -> String {
@@ -38,11 +54,20 @@ impl Broker {
             .expect("this test needs librdkafka's mock cluster for fault injection")
     }
 
-    pub fn set_all_down(&self, down: bool) {
-        self.0.set_all_down(down).expect("mock brokers down/up");
+    /// The test's own Kafka cluster, for kills, hangs and restarts.
+    pub fn kafka_cluster(&self) -> &KafkaCluster {
+        self.0
+            .kafka_cluster()
+            .expect("this test needs a Kafka cluster of its own (Broker::kafka)")
     }
 
-    /// Creates topics (the Java-compatible brokers do not all auto-create on produce).
+    /// Every broker down (mock: marked down; Kafka: kill -9) or back up (Kafka: restarted
+    /// on its ports with its logs, returning once every node is registered again).
+    pub fn set_all_down(&self, down: bool) {
+        self.0.set_all_down(down).expect("brokers down/up");
+    }
+
+    /// Creates topics (replicated to every node of an own three-node cluster).
     pub async fn create_topics(&self, topics: &[&str], partitions: i32) {
         self.0
             .create_topics(topics, partitions)

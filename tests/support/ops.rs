@@ -399,7 +399,7 @@ pub fn must_metric(body: &str, series: &str) -> f64 {
     metric(body, series).unwrap_or_else(|| panic!("metric {series} missing from:\n{body}"))
 }
 
-/// A relay streaming from a fresh database of the shared cluster to a fresh mock cluster.
+/// A relay streaming from a fresh database of the shared cluster to the tests' Kafka.
 /// Fields drop in order: the relay stops before its database goes (a destructuring `let`
 /// must bind `db`, e.g. `db: _db`, or the database goes at once).
 pub struct Streaming {
@@ -413,9 +413,13 @@ pub struct Streaming {
 
 /// Starts the relay with `extra` env and waits until its walsender holds the slot.
 pub async fn streaming_relay(name: &str, extra: &[(&str, &str)]) -> Streaming {
+    streaming_relay_on(Broker::default_for_tests(), name, extra).await
+}
+
+/// [`streaming_relay`] on a given broker (one the test takes down: `Broker::kafka(1)`).
+pub async fn streaming_relay_on(broker: Broker, name: &str, extra: &[(&str, &str)]) -> Streaming {
     let db = pgtest::PgCluster::shared().fresh_database(name).await;
     let outbox = super::schema::setup(&db).await;
-    let broker = Broker::mock();
     let topics = create_topics(&broker, &outbox).await;
     let relay = super::relay::Relay::start(
         super::relay::Relay::env_for(&db, &outbox, &broker.bootstrap(), extra),

@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use pgtest::TestDb;
@@ -17,52 +16,10 @@ pub struct Relay {
     env: Vec<(String, String)>,
 }
 
-/// A port that was free a moment ago and that no earlier call of this process returned.
-/// Not one the OS picks (port 0): it hands the same ephemeral ports to everything that
-/// binds port 0 (mock brokers, servers, clients' outgoing connections, other test
-/// processes), so a port probed and released was once taken by someone else before the
-/// relay bound it ("Address already in use", a test lost). These come from below the
-/// ephemeral range (32768+ on Linux), from a band of this process's own (by pid, so the
-/// matrix's concurrent processes mostly keep apart), each checked free before it is
-/// handed out, and reserved for the life of this process by a lock file: two test
-/// processes whose bands met (pids equal modulo the band count) handed one port to two
-/// relays, and one lost its address to the other ("Address already in use" on PG17).
+/// A port that was free a moment ago and that no earlier call of this process returned
+/// (see `outboxd_test_broker::free_port`: below the ephemeral range, reserved by a lock).
 pub fn free_port() -> u16 {
-    const FIRST: u32 = 20_000;
-    const BANDS: u32 = 48;
-    const BAND: u32 = 250;
-    static NEXT: Mutex<u32> = Mutex::new(0);
-    static RESERVED: Mutex<Vec<std::fs::File>> = Mutex::new(Vec::new());
-    let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
-    let band = FIRST + (std::process::id() % BANDS) * BAND;
-    for _ in 0..BANDS * BAND {
-        let candidate = FIRST + (band - FIRST + *next) % (BANDS * BAND);
-        *next += 1;
-        let Ok(port) = u16::try_from(candidate) else {
-            continue;
-        };
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
-            continue;
-        }
-        let path = std::env::temp_dir().join(format!("outboxd-test-port-{port}.lock"));
-        let Ok(file) = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-        else {
-            continue;
-        };
-        // Released by the OS when this process ends, however it ends.
-        if file.try_lock().is_ok() {
-            RESERVED
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(file);
-            return port;
-        }
-    }
-    panic!("no free port below the ephemeral range");
+    outboxd_test_broker::free_port().expect("a free port")
 }
 
 /// Numbers each relay's log file within this process.

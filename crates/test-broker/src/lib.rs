@@ -3,14 +3,18 @@
 //!
 //! - librdkafka's mock cluster, in this process (fault injection: brokers up and down) or
 //!   as an `outboxd-dev broker` child process (the benchmarks keep its CPU out of theirs);
+//! - Apache Kafka (KRaft) JVM processes, one node or three ([`kafka`]): the default of
+//!   every test that asserts a delivery guarantee;
 //! - a tansu broker process on a free port with in-memory storage;
 //! - an external broker named by `OUTBOXD_TEST_BOOTSTRAP_SERVERS` (e.g. Redpanda from
 //!   docker/).
 
+pub mod kafka;
+
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -53,11 +57,23 @@ pub enum Error {
     NoBootstrap(String),
     #[error("fault injection needs librdkafka's in-process mock cluster, not {0}")]
     NotMock(&'static str),
+    #[error("this fault needs a broker of the test's own (Broker::kafka), not {0}")]
+    NotOwned(&'static str),
+    #[error("Apache Kafka's jars are not in {0}: run `scripts/install-deps --kafka` (or set OUTBOXD_KAFKA_LIBS)")]
+    NoKafka(String),
+    #[error("`java` does not run: install a Java 17+ runtime (`scripts/install-deps --kafka` does) or set JAVA_HOME")]
+    NoJava,
+    #[error("no Kafka node {0} in this cluster")]
+    NoSuchNode(i32),
+    #[error("{what}: {detail}")]
+    KafkaCommand { what: String, detail: String },
+    #[error("no free port below the ephemeral range")]
+    NoFreePort,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
     let what = what.into();
     move |source| Error::Io { what, source }
 }
@@ -74,6 +90,12 @@ pub enum Broker {
         child: Child,
         bootstrap: String,
     },
+    /// Apache Kafka; `owned` when the test started it (faults allowed), not when it is
+    /// the process's shared node.
+    Kafka {
+        cluster: Arc<kafka::KafkaCluster>,
+        owned: bool,
+    },
     External(String),
 }
 
@@ -82,7 +104,35 @@ impl Broker {
     pub fn pid(&self) -> Option<u32> {
         match self {
             Broker::Process { child, .. } => Some(child.id()),
-            Broker::Mock { .. } | Broker::External(_) => None,
+            Broker::Mock { .. } | Broker::External(_) | Broker::Kafka { .. } => None,
+        }
+    }
+
+    /// A fresh Apache Kafka cluster of `nodes` nodes (1 or 3) of the caller's own, for
+    /// tests that kill, hang or restart brokers.
+    pub fn kafka(nodes: usize) -> Result<Broker> {
+        Ok(Broker::Kafka {
+            cluster: Arc::new(kafka::KafkaCluster::start(nodes)?),
+            owned: true,
+        })
+    }
+
+    /// The process's shared single-node Apache Kafka (started on first use).
+    pub fn shared_kafka() -> Result<Broker> {
+        Ok(Broker::Kafka {
+            cluster: kafka::KafkaCluster::shared()?,
+            owned: false,
+        })
+    }
+
+    /// The Kafka cluster behind this broker, if the test may inject faults into it.
+    pub fn kafka_cluster(&self) -> Result<&kafka::KafkaCluster> {
+        match self {
+            Broker::Kafka {
+                cluster,
+                owned: true,
+            } => Ok(cluster),
+            other => Err(Error::NotOwned(other.name())),
         }
     }
 
@@ -167,14 +217,16 @@ impl Broker {
         match self {
             Broker::Mock { cluster, .. } => cluster.bootstrap_servers(),
             Broker::Process { bootstrap, .. } => bootstrap.clone(),
+            Broker::Kafka { cluster, .. } => cluster.bootstrap(),
             Broker::External(s) => s.clone(),
         }
     }
 
-    /// "mock", "tansu" or "external", for reports.
+    /// "mock", "kafka", "tansu" or "external", for reports.
     pub fn name(&self) -> &'static str {
         match self {
             Broker::Mock { .. } => "mock",
+            Broker::Kafka { .. } => "kafka",
             Broker::Process { name, .. } => name,
             Broker::External(_) => "external",
         }
@@ -187,8 +239,12 @@ impl Broker {
         }
     }
 
-    /// Takes every broker of the in-process mock cluster down, or brings them all back.
+    /// Takes every broker down, or brings them all back: the in-process mock cluster's,
+    /// or an own Kafka cluster's (kill -9, then a restart on the same ports and logs).
     pub fn set_all_down(&self, down: bool) -> Result<()> {
+        if let Broker::Kafka { .. } = self {
+            return self.kafka_cluster()?.set_all_down(down);
+        }
         let Broker::Mock { cluster, brokers } = self else {
             return Err(Error::NotMock(self.name()));
         };
@@ -223,8 +279,8 @@ impl Broker {
         }
     }
 
-    /// Creates `topics` of `partitions` partitions, replication 1; one that exists already
-    /// is fine. Needed because not every Kafka-protocol broker auto-creates on produce, and
+    /// Creates `topics` of `partitions` partitions, replicated to every node of an own
+    /// Kafka cluster (up to 3) and once elsewhere; one that exists already is fine. Needed because not every Kafka-protocol broker auto-creates on produce, and
     /// the mock cluster has no CreateTopics API at all (it is told directly).
     pub async fn create_topics(&self, topics: &[&str], partitions: i32) -> Result<()> {
         if let Broker::Mock { cluster, .. } = self {
@@ -236,9 +292,15 @@ impl Broker {
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
             .set("bootstrap.servers", self.bootstrap())
             .create()?;
+        let replication = match self {
+            Broker::Kafka { cluster, .. } => {
+                i32::try_from(cluster.node_ids().len().min(3)).unwrap_or(1)
+            }
+            _ => 1,
+        };
         let new: Vec<NewTopic<'_>> = topics
             .iter()
-            .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
+            .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(replication)))
             .collect();
         let results = admin
             .create_topics(
@@ -266,13 +328,53 @@ impl Drop for Broker {
     }
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago (the OS picked it for a listener that
-/// is closed again); another process may take it before the caller binds it.
+/// A port on 127.0.0.1 that was free a moment ago and that no earlier call of this process
+/// returned. Not one the OS picks (port 0): it hands the same ephemeral ports to everything
+/// that binds port 0 (mock brokers, servers, clients' outgoing connections, other test
+/// processes), so a port probed and released was once taken by someone else before the
+/// relay or broker bound it ("Address already in use", a test lost). These come from below
+/// the ephemeral range (32768+ on Linux), from a band of this process's own (by pid, so the
+/// matrix's concurrent processes mostly keep apart), each checked free before it is handed
+/// out, and reserved for the life of this process by a lock file: two test processes whose
+/// bands met (pids equal modulo the band count) handed one port to two relays, and one lost
+/// its address to the other ("Address already in use" on PG17). A Kafka node keeps its
+/// port across a restart, so a port once handed out is never handed out again here.
 pub fn free_port() -> Result<u16> {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(io("binding 127.0.0.1:0"))
+    const FIRST: u32 = 20_000;
+    const BANDS: u32 = 48;
+    const BAND: u32 = 250;
+    static NEXT: Mutex<u32> = Mutex::new(0);
+    static RESERVED: Mutex<Vec<std::fs::File>> = Mutex::new(Vec::new());
+    let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
+    let band = FIRST + (std::process::id() % BANDS) * BAND;
+    for _ in 0..BANDS * BAND {
+        let candidate = FIRST + (band - FIRST + *next) % (BANDS * BAND);
+        *next += 1;
+        let Ok(port) = u16::try_from(candidate) else {
+            continue;
+        };
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
+        }
+        let path = std::env::temp_dir().join(format!("outboxd-test-port-{port}.lock"));
+        let Ok(file) = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+        else {
+            continue;
+        };
+        // Released by the OS when this process ends, however it ends.
+        if file.try_lock().is_ok() {
+            RESERVED
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(file);
+            return Ok(port);
+        }
+    }
+    Err(Error::NoFreePort)
 }
 
 /// The tansu binary: `TANSU_BIN`, else `~/.cargo/bin/tansu`, else `tansu` on PATH, if any.
@@ -341,6 +443,87 @@ mod tests {
             broker.set_all_down(true),
             Err(Error::NotMock("tansu"))
         ));
+    }
+
+    /// One node: it starts, refuses to create topics on produce, takes a topic, survives a
+    /// kill -9 and a restart on its ports with its log, and answers again after a hang.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn kafka_node_starts_restarts_and_keeps_its_records() {
+        if !kafka::available() {
+            panic!(
+                "{}",
+                kafka::find_libs()
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_else(|| Error::NoJava.to_string())
+            );
+        }
+        let broker = Broker::kafka(1).unwrap();
+        broker.create_topics(&["t_kafka"], 3).await.unwrap();
+        broker.create_topics(&["t_kafka"], 3).await.unwrap();
+        assert_eq!(partitions(&broker, "t_kafka"), 3);
+        let producer: rdkafka::producer::FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", broker.bootstrap())
+            .set("enable.idempotence", "true")
+            .create()
+            .unwrap();
+        let send = |key: &'static str| {
+            producer.send(
+                rdkafka::producer::FutureRecord::to("t_kafka")
+                    .key(key)
+                    .payload("v"),
+                Duration::from_secs(30),
+            )
+        };
+        send("a").await.unwrap();
+        // No auto-creation: a produce to an unknown topic fails.
+        let unknown = producer
+            .send(
+                rdkafka::producer::FutureRecord::<str, str>::to("t_missing").payload("v"),
+                Duration::from_secs(3),
+            )
+            .await;
+        assert!(unknown.is_err());
+        let cluster = broker.kafka_cluster().unwrap();
+        cluster.kill(1).unwrap();
+        cluster.restart(1, 1).unwrap();
+        send("b").await.unwrap();
+        cluster.set_paused(1, true).unwrap();
+        cluster.set_paused(1, false).unwrap();
+        send("c").await.unwrap();
+        assert_eq!(cluster.leader("t_kafka", 0).unwrap(), 1);
+        let shared = Broker::shared_kafka().unwrap();
+        assert!(matches!(
+            shared.set_all_down(true),
+            Err(Error::NotOwned("kafka"))
+        ));
+    }
+
+    /// Three nodes, one quorum: a topic replicated three times keeps taking writes with
+    /// its leader killed, and the killed node rejoins.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn kafka_three_nodes_survive_a_leader_kill() {
+        let broker = Broker::kafka(3).unwrap();
+        broker.create_topics(&["t3"], 1).await.unwrap();
+        let cluster = broker.kafka_cluster().unwrap();
+        let leader = cluster.leader("t3", 0).unwrap();
+        cluster.kill(leader).unwrap();
+        let producer: rdkafka::producer::FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", broker.bootstrap())
+            .set("enable.idempotence", "true")
+            .create()
+            .unwrap();
+        producer
+            .send(
+                rdkafka::producer::FutureRecord::to("t3")
+                    .key("k")
+                    .payload("v"),
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        assert_ne!(cluster.leader("t3", 0).unwrap(), leader);
+        cluster.restart(leader, 3).unwrap();
     }
 
     #[test]
