@@ -369,7 +369,9 @@ async fn a_column_retyped_mid_stream_switches_to_text_or_stops() {
     let (db, auto) = extra_columns("binary_retype", "UTC").await;
     let on = second_slot(&db, &auto, "on").await;
     let topics = vec![auto.topic("order")];
-    broker.create_topics(&[&topics[0]], 2).await;
+    broker
+        .create_topics(&[&topics[0], &on.topic("order")], 2)
+        .await;
     let env = [
         ("OUTBOXD_BAD_ROW_POLICY", "stop"),
         ("OUTBOXD_HEADER_COLUMNS", "created_at"),

@@ -2,7 +2,8 @@
 //! whose leader is unreachable while a busy topic keeps acking a heavy stream of small
 //! transactions (and transactions without events). The relay's resident memory must stay
 //! flat, and once the leader is back every event arrives and the slot catches up.
-//! Needs librdkafka's mock cluster.
+//! On a three-node Apache Kafka: the quiet topic's only replica is on the broker that is
+//! killed (a stuck RF 1 partition), the busy topics' on the others.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -30,9 +31,8 @@ const MAX_GROWTH_KB: u64 = 8 * 1024;
 /// Transactions per round trip: explicit BEGIN/COMMIT pairs in one simple query.
 const TXNS_PER_BATCH: usize = 200;
 const LOAD_PAUSE: Duration = Duration::from_millis(15);
-/// One transaction in this many carries an event; the rest carry none. The mock broker
-/// keeps only 5 MB per partition, so the busy topic cannot take one event per transaction
-/// for a minute.
+/// One transaction in this many carries an event; the rest carry none (many transactions
+/// acked behind the stuck one, without a minute's worth of events to read back).
 const EVENT_EVERY: usize = 8;
 const BUSY_PARTITIONS: i32 = 8;
 
@@ -110,23 +110,14 @@ async fn load(
 async fn rss_stays_flat_while_one_partition_is_stuck() {
     let db = PgCluster::shared().fresh_database("bounded_mem").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
+    let broker = Broker::kafka(3);
     let quiet = outbox.topic("quiet");
     let busy = outbox.topic("order");
     broker
-        .create_topics(&[&busy, &outbox.dead_letter_topic()], BUSY_PARTITIONS)
+        .create_topics_on(&[&busy, &outbox.dead_letter_topic()], BUSY_PARTITIONS, 1)
         .await;
-    broker.create_topics(&[&quiet], 1).await;
-    let mock = broker.mock_cluster();
-    mock.partition_leader(&quiet, 0, Some(STUCK_BROKER))
-        .expect("quiet leader");
-    for p in 0..BUSY_PARTITIONS {
-        let leader = 1 + p % 2;
-        mock.partition_leader(&busy, p, Some(leader))
-            .expect("busy leader");
-        mock.partition_leader(&outbox.dead_letter_topic(), p, Some(leader))
-            .expect("dead-letter leader");
-    }
+    broker.create_topics_on(&[&quiet], 1, STUCK_BROKER).await;
+    let cluster = broker.kafka_cluster();
     let bootstrap = broker.bootstrap();
     let relay = Relay::start(Relay::env_for(&db, &outbox, &bootstrap, &[]), &["run"]);
     let client = db.client().await;
@@ -143,7 +134,9 @@ async fn rss_stays_flat_while_one_partition_is_stuck() {
     insert_batch(&client, &outbox.table, &warm[1..]).await;
     ops::read_all_blocking(&bootstrap, &topics, &warm, Duration::from_secs(60));
 
-    mock.broker_down(STUCK_BROKER).expect("broker_down");
+    cluster
+        .kill(STUCK_BROKER)
+        .expect("kill the quiet topic's broker");
     let mut stuck = event(9, 2, 1);
     stuck.aggregate_type = "quiet".into();
     insert_batch(&client, &outbox.table, std::slice::from_ref(&stuck)).await;
@@ -242,7 +235,7 @@ async fn rss_stays_flat_while_one_partition_is_stuck() {
 
     // The leader is back: the stuck event and everything after it arrive, the slot
     // catches up.
-    mock.broker_up(STUCK_BROKER).expect("broker_up");
+    tokio::task::block_in_place(|| cluster.restart(STUCK_BROKER, 3)).expect("restart");
     let received = ops::read_all_blocking(&bootstrap, &topics, &events, Duration::from_secs(180));
     let delivery = check_delivery(&events, &received);
     schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(60)).await;

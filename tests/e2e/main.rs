@@ -22,6 +22,7 @@ mod failover;
 mod failover_slot;
 mod filters;
 mod header_formats;
+mod kafka_cluster;
 mod libpq_parity;
 mod logical_messages;
 mod monitoring_kit;

@@ -468,7 +468,9 @@ async fn partial_after_change(change: Change, scenario: &str) {
 }
 
 /// Scenario 4: the primary's clock (the server process alone, through libfaketime) steps
-/// two hours forward and back. Events committed meanwhile are stamped two hours ahead,
+/// forty minutes forward and back (less than the hour Kafka 4 accepts records stamped
+/// ahead of its clock: see the next test for more). Events committed meanwhile are
+/// stamped forty minutes ahead,
 /// and the relay's record keeps that as its newest delivered commit. An older copy of
 /// the cluster (taken before the step, slots kept) is then started as the primary on the
 /// same timeline, and its new events, stamped with the corrected clock, reuse positions
@@ -500,8 +502,8 @@ async fn proven_skip_clock_stepped_forward_and_back() {
     tokio::task::block_in_place(|| backup.stop(StopMode::Fast)).expect("stop the backup");
     let client = ops::connect(&db.conn_string()).await;
 
-    clock.set("+2h");
-    wait_server_clock(&client, 7200.0).await;
+    clock.set("+40m");
+    wait_server_clock(&client, 2400.0).await;
     let ahead = insert_events(&client, &outbox.table, 50, 5, 5).await;
     clock.set("+0");
     wait_server_clock(&client, 0.0).await;
@@ -799,6 +801,49 @@ async fn system_id(client: &Client) -> String {
         .get(0)
 }
 
+/// A primary whose clock runs two hours ahead of the broker's: Apache Kafka 4 refuses
+/// records stamped more than an hour ahead (`message.timestamp.after.max.ms`), and outboxd
+/// stamps each record with its commit time. outboxd stops (exit 5) with an error naming
+/// the clock and that topic setting; followed literally (the setting raised on the
+/// topics), a restart publishes every event: nothing was confirmed past them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_primary_clock_hours_ahead_stops_naming_the_fix_and_loses_nothing() {
+    assert!(
+        std::path::Path::new(LIBFAKETIME).exists(),
+        "{LIBFAKETIME} missing: apt-get install -y faketime"
+    );
+    let clock = FakeClock::new();
+    let cluster = PgCluster::start_with_server_env(ClusterOptions::default(), clock.env())
+        .expect("cluster with a fake clock");
+    let db = cluster.fresh_database("clock_ahead").await;
+    let outbox = schema::setup(&db).await;
+    let broker = Broker::default_for_tests();
+    let bootstrap = broker.bootstrap();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let client = db.client().await;
+    clock.set("+2h");
+    wait_server_clock(&client, 7200.0).await;
+    let events = insert_events(&client, &outbox.table, 20, 4, 5).await;
+    let env = Relay::env_for(&db, &outbox, &bootstrap, &RELAY_ENV);
+    let mut relay = Relay::start(env.clone(), &["run"]);
+    let status = relay.wait_exit(Duration::from_secs(120));
+    let log = relay.log_text();
+    assert_eq!(status.code(), Some(5), "{log}");
+    assert!(
+        log.contains("message.timestamp.after.max.ms") && log.contains("clock"),
+        "the error names neither the clock nor the topic setting:\n{log}"
+    );
+    for t in &topics {
+        broker
+            .set_topic_config(t, "message.timestamp.after.max.ms", "86400000")
+            .await;
+    }
+    let relay = Relay::start(env, &["run"]);
+    let received = read_all_blocking(&bootstrap, &topics, &events, Duration::from_secs(120));
+    check_delivery(&events, &received);
+    drop(relay);
+}
+
 /// The progress record's key: `system_id/database/slot`.
 async fn record_key(client: &Client, db: &TestDb<'_>, outbox: &Outbox) -> String {
     format!("{}/{}/{}", system_id(client).await, db.name, outbox.slot)
@@ -817,7 +862,10 @@ struct FakeClock {
 impl FakeClock {
     fn new() -> FakeClock {
         use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("outboxd-fakeclock-{}", std::process::id()));
+        static CLOCKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = CLOCKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("outboxd-fakeclock-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("clock dir");
         // The server runs as another user: it must read the file.
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");

@@ -66,17 +66,14 @@ async fn the_progress_record_never_runs_ahead_of_the_acks() {
         .fresh_database("replay_record_acks")
         .await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::mock();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let mock = broker.mock_cluster();
-    // The progress topic lives on broker 1; every event partition is led by broker 3.
-    mock.partition_leader("outboxd.progress", 0, Some(1))
-        .expect("progress leader");
-    for t in &topics {
-        for p in 0..3 {
-            mock.partition_leader(t, p, Some(3)).expect("leader");
-        }
-    }
+    let broker = Broker::kafka(3);
+    // Every event partition only on broker 3, so killing it leaves them without a leader,
+    // while the progress topic (made by the relay, replicated to all three) works.
+    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
+    broker
+        .create_topics_on(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 3, 3)
+        .await;
+    let cluster = broker.kafka_cluster();
     let relay = Relay::start(
         Relay::env_for(
             &db,
@@ -105,7 +102,7 @@ async fn the_progress_record_never_runs_ahead_of_the_acks() {
     )
     .await;
 
-    mock.broker_down(3).expect("broker down");
+    cluster.kill(3).expect("kill broker 3");
     let stuck = insert_events(&client, &outbox.table, 50, 5, 5).await;
     let after_stuck = schema::current_wal_lsn(&db).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -115,7 +112,7 @@ async fn the_progress_record_never_runs_ahead_of_the_acks() {
         "the record ({now:#x}) moved past unacked events (written up to {after_stuck:#x}; last acked record {recorded:#x})"
     );
 
-    mock.broker_up(3).expect("broker up");
+    tokio::task::block_in_place(|| cluster.restart(3, 3)).expect("restart broker 3");
     let all = [first, stuck].concat();
     let received = read_all_blocking(&broker.bootstrap(), &topics, &all, Duration::from_secs(60));
     check_delivery(&all, &received);

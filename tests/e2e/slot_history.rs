@@ -178,6 +178,10 @@ async fn a_progress_topic_with_several_partitions_still_guards_the_slot() {
     let topics = ops::create_topics(&broker, &outbox).await;
     let progress_topic = format!("{}.progress", outbox.topic_prefix);
     broker.create_topics(&[&progress_topic], 16).await;
+    // Compacted, as outboxd requires of a progress topic (a real broker shows the policy).
+    broker
+        .set_topic_config(&progress_topic, "cleanup.policy", "compact")
+        .await;
     let env = Relay::env_for(
         &db,
         &outbox,

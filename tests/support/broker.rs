@@ -67,6 +67,22 @@ impl Broker {
         self.0.set_all_down(down).expect("brokers down/up");
     }
 
+    /// Sets one topic config, as `kafka-configs --alter --add-config key=value` would.
+    pub async fn set_topic_config(&self, topic: &str, key: &str, value: &str) {
+        outboxd_test_broker::kafka::set_topic_config(&self.bootstrap(), topic, key, value)
+            .await
+            .unwrap_or_else(|e| panic!("{key}={value} on {topic}: {e}"));
+    }
+
+    /// Creates topics on an own Kafka cluster with every partition's only replica on `node`
+    /// (killing `node` then leaves them without a leader: a stuck partition).
+    pub async fn create_topics_on(&self, topics: &[&str], partitions: i32, node: i32) {
+        self.0
+            .create_topics_on(topics, partitions, node)
+            .await
+            .expect("create_topics_on");
+    }
+
     /// Creates topics (replicated to every node of an own three-node cluster).
     pub async fn create_topics(&self, topics: &[&str], partitions: i32) {
         self.0

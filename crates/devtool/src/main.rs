@@ -1,8 +1,9 @@
 //! `outboxd-dev`: tools for demos and development only, not a production broker.
 //!
 //! - `outboxd-dev broker`: librdkafka's in-memory mock Kafka cluster on loopback ports.
-//! - `outboxd-dev quickstart`: a throwaway PostgreSQL, the mock cluster, the real `outboxd`
-//!   relay, sample events, and a consumer that shows each one arriving.
+//! - `outboxd-dev quickstart`: a throwaway PostgreSQL, a throwaway Apache Kafka node (or the
+//!   mock cluster), the real `outboxd` relay, sample events, and a consumer that shows each
+//!   one arriving.
 //!
 //! Nothing here is meant for production: the broker keeps everything in memory and loses it
 //! at exit, and the quickstart database is deleted when the command ends.
@@ -22,9 +23,10 @@ USAGE:
       Prints `bootstrap.servers=<list>` on stdout. Topics are auto-created on first produce
       with 4 partitions; --topic pre-creates one with the given partition count (default 3).
 
-  outboxd-dev quickstart [--events N] [--seconds S]
-      Starts a throwaway PostgreSQL and the mock cluster, runs the `outboxd` binary found next
-      to this one, inserts N sample events (default 20) spread over S seconds (default N/4),
+  outboxd-dev quickstart [--events N] [--seconds S] [--mock]
+      Starts a throwaway PostgreSQL and a throwaway Apache Kafka node (its jars from
+      `scripts/install-deps --kafka`; the mock cluster when Java or the jars are missing, or
+      with --mock), runs the `outboxd` binary found next to this one, inserts N sample events (default 20) spread over S seconds (default N/4),
       prints each event as it arrives in Kafka, and exits 0 when every event arrived.
 
   outboxd-dev help

@@ -20,8 +20,7 @@ use pgtest::PgCluster;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio_postgres::Client;
 
@@ -100,9 +99,8 @@ impl Drop for ConsumerProcess {
     }
 }
 
-/// What the test reads of the group: its committed offsets, without joining it. (The mock
-/// cluster does not list groups' members: who owns what shows in the ledger's
-/// `applied_by`.)
+/// What the test reads of the group: its committed offsets, without joining it (who owns
+/// what shows in the ledger's `applied_by`).
 struct Watcher {
     consumer: BaseConsumer,
 }
@@ -299,9 +297,11 @@ async fn a_group_keeps_the_effect_exact_through_kill_9_rebalances_and_a_held_gap
     let started = Instant::now();
     let db = PgCluster::shared().fresh_database("inbox_rebalance").await;
     let client = db.client().await;
-    let cluster: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1).unwrap();
-    cluster.create_topic(TOPIC, PARTITIONS, 1).unwrap();
-    let bootstrap = cluster.bootstrap_servers();
+    // A real Kafka node of the test's own: its group coordinator runs the rebalances (the
+    // topic and group names are fixed by the example's settings).
+    let broker = outboxd_test_broker::Broker::kafka(1).expect("starting Kafka");
+    broker.create_topics(&[TOPIC], PARTITIONS).await.unwrap();
+    let bootstrap = broker.bootstrap();
     let watcher = Watcher {
         consumer: ClientConfig::new()
             .set("bootstrap.servers", &bootstrap)

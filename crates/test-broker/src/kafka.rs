@@ -530,28 +530,60 @@ log.cleaner.threads=1
             })
     }
 
-    /// Sets one topic config (e.g. `min.insync.replicas` above the live replicas, so
-    /// produce requests with acks=all fail with NOT_ENOUGH_REPLICAS).
+    /// Sets one topic config (e.g. `min.insync.replicas=2`); see [`set_topic_config`].
     pub async fn set_topic_config(&self, topic: &str, key: &str, value: &str) -> Result<()> {
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", &self.bootstrap)
-            .create()?;
-        let config = AlterConfig::new(ResourceSpecifier::Topic(topic)).set(key, value);
-        let results = admin
-            .alter_configs(
-                &[config],
-                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(20))),
+        set_topic_config(&self.bootstrap, topic, key, value).await
+    }
+}
+
+/// Sets one topic config on the cluster at `bootstrap` (IncrementalAlterConfigs is not
+/// in librdkafka's admin API; AlterConfigs replaces the topic's other overrides, which
+/// the tests' topics do not have).
+pub async fn set_topic_config(bootstrap: &str, topic: &str, key: &str, value: &str) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?;
+    let config = AlterConfig::new(ResourceSpecifier::Topic(topic)).set(key, value);
+    let results = admin
+        .alter_configs(
+            &[config],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(20))),
+        )
+        .await?;
+    for r in results {
+        if let Err((_, code)) = r {
+            return Err(Error::KafkaCommand {
+                what: format!("setting {key}={value} on {topic}"),
+                detail: format!("{code:?}"),
+            });
+        }
+    }
+    // The change reaches the brokers through the metadata log a moment after the answer:
+    // a client that describes the topic at once (outboxd checking its progress topic's
+    // cleanup.policy) could still see the old value.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let described = admin
+            .describe_configs(
+                &[ResourceSpecifier::Topic(topic)],
+                &AdminOptions::new().request_timeout(Some(Duration::from_secs(5))),
             )
             .await?;
-        for r in results {
-            if let Err((_, code)) = r {
-                return Err(Error::KafkaCommand {
-                    what: format!("setting {key}={value} on {topic}"),
-                    detail: format!("{code:?}"),
-                });
-            }
+        let seen = described.iter().flatten().any(|resource| {
+            resource
+                .get(key)
+                .is_some_and(|entry| entry.value.as_deref() == Some(value))
+        });
+        if seen {
+            return Ok(());
         }
-        Ok(())
+        if Instant::now() >= deadline {
+            return Err(Error::KafkaCommand {
+                what: format!("waiting for {key}={value} on {topic}"),
+                detail: "the brokers still describe another value".into(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -279,6 +279,28 @@ impl Broker {
         }
     }
 
+    /// Creates `topics` of `partitions` partitions on an own Kafka cluster with every
+    /// partition's only replica on `node`: killing that node leaves them without a leader
+    /// (a stuck partition) while the rest of the cluster answers.
+    pub async fn create_topics_on(
+        &self,
+        topics: &[&str],
+        partitions: i32,
+        node: i32,
+    ) -> Result<()> {
+        let cluster = self.kafka_cluster()?;
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap())
+            .create()?;
+        let replicas = [node];
+        let assignment: Vec<&[i32]> = (0..partitions).map(|_| &replicas[..]).collect();
+        let new: Vec<NewTopic<'_>> = topics
+            .iter()
+            .map(|t| NewTopic::new(t, partitions, TopicReplication::Variable(&assignment)))
+            .collect();
+        create(&admin, &new).await
+    }
+
     /// Creates `topics` of `partitions` partitions, replicated to every node of an own
     /// Kafka cluster (up to 3) and once elsewhere; one that exists already is fine. Needed because not every Kafka-protocol broker auto-creates on produce, and
     /// the mock cluster has no CreateTopics API at all (it is told directly).
@@ -302,21 +324,26 @@ impl Broker {
             .iter()
             .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(replication)))
             .collect();
-        let results = admin
-            .create_topics(
-                &new,
-                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(20))),
-            )
-            .await?;
-        for r in results {
-            if let Err((topic, code)) = r {
-                if code != RDKafkaErrorCode::TopicAlreadyExists {
-                    return Err(Error::CreateTopic { topic, code });
-                }
+        create(&admin, &new).await
+    }
+}
+
+/// CreateTopics; a topic that exists already is fine.
+async fn create(admin: &AdminClient<DefaultClientContext>, new: &[NewTopic<'_>]) -> Result<()> {
+    let results = admin
+        .create_topics(
+            new,
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(20))),
+        )
+        .await?;
+    for r in results {
+        if let Err((topic, code)) = r {
+            if code != RDKafkaErrorCode::TopicAlreadyExists {
+                return Err(Error::CreateTopic { topic, code });
             }
         }
-        Ok(())
     }
+    Ok(())
 }
 
 impl Drop for Broker {

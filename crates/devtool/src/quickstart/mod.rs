@@ -1,6 +1,8 @@
 //! `outboxd-dev quickstart`: outboxd working end to end in one command, for demos and
-//! development only. A throwaway PostgreSQL (pgtest), librdkafka's in-memory mock Kafka
-//! cluster, the real `outboxd run`, sample events, and a consumer printing each arrival.
+//! development only. A throwaway PostgreSQL (pgtest), a throwaway Apache Kafka node (the
+//! tests' harness; librdkafka's in-memory mock cluster where Java or Kafka's jars are
+//! missing, or with `--mock`), the real `outboxd run`, sample events, and a consumer
+//! printing each arrival.
 
 mod consume;
 mod events;
@@ -28,6 +30,79 @@ const PG14: i32 = 140_000;
 struct Options {
     events: usize,
     seconds: u64,
+    mock: bool,
+}
+
+/// The demo's broker; dropping it stops it.
+enum DemoBroker {
+    Kafka(outboxd_test_broker::Broker),
+    Mock(MockCluster<'static, rdkafka::producer::DefaultProducerContext>),
+}
+
+impl DemoBroker {
+    /// Apache Kafka when it can run here, else the mock cluster, saying which and why.
+    async fn start(mock: bool) -> Result<DemoBroker> {
+        let why_mock = if mock {
+            Some("--mock".to_owned())
+        } else {
+            match outboxd_test_broker::kafka::find_libs() {
+                Err(e) => Some(e.to_string()),
+                Ok(_) if !outboxd_test_broker::kafka::available() => {
+                    Some(outboxd_test_broker::Error::NoJava.to_string())
+                }
+                Ok(_) => None,
+            }
+        };
+        let Some(why) = why_mock else {
+            println!(
+                "quickstart: starting Apache Kafka {} (one KRaft node, a JVM process; a few seconds)",
+                outboxd_test_broker::kafka::KAFKA_VERSION
+            );
+            let broker = outboxd_test_broker::Broker::kafka(1).context("starting Apache Kafka")?;
+            broker
+                .create_topics(&TOPICS, PARTITIONS)
+                .await
+                .context("creating the demo topics")?;
+            println!(
+                "quickstart: Apache Kafka {} at {}; topics {} with {PARTITIONS} partitions each",
+                outboxd_test_broker::kafka::KAFKA_VERSION,
+                broker.bootstrap(),
+                TOPICS.join(", ")
+            );
+            return Ok(DemoBroker::Kafka(broker));
+        };
+        println!("quickstart: using the in-memory demo broker instead of Apache Kafka ({why})");
+        let cluster = MockCluster::new(3).context("starting librdkafka's mock cluster")?;
+        cluster
+            .create_topic(crate::broker::PROGRESS_TOPIC, 1, 1)
+            .context("creating the progress topic")?;
+        for topic in TOPICS {
+            cluster
+                .create_topic(topic, PARTITIONS, 1)
+                .with_context(|| format!("creating topic {topic}"))?;
+        }
+        println!(
+            "quickstart: in-memory demo Kafka (librdkafka mock cluster, 3 brokers; for demos only) at {}; \
+             topics {} with {PARTITIONS} partitions each",
+            cluster.bootstrap_servers(),
+            TOPICS.join(", ")
+        );
+        Ok(DemoBroker::Mock(cluster))
+    }
+
+    fn bootstrap(&self) -> String {
+        match self {
+            DemoBroker::Kafka(b) => b.bootstrap(),
+            DemoBroker::Mock(c) => c.bootstrap_servers(),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            DemoBroker::Kafka(_) => "Apache Kafka",
+            DemoBroker::Mock(_) => "the demo broker",
+        }
+    }
 }
 
 /// How long to wait for the relay to create its slot, and for the last events to arrive.
@@ -37,7 +112,9 @@ const ARRIVAL_LIMIT: Duration = Duration::from_secs(30);
 pub fn main(argv: &[String]) -> Result<ExitCode> {
     let mut events: usize = 20;
     let mut seconds: Option<u64> = None;
-    for (flag, value) in args::pairs(argv, &["--events", "--seconds"])? {
+    let mock = argv.iter().any(|a| a == "--mock");
+    let rest: Vec<String> = argv.iter().filter(|a| *a != "--mock").cloned().collect();
+    for (flag, value) in args::pairs(&rest, &["--events", "--seconds"])? {
         match flag.as_str() {
             "--events" => events = args::number(&flag, &value)?,
             _ => seconds = Some(args::number(&flag, &value)?),
@@ -49,6 +126,7 @@ pub fn main(argv: &[String]) -> Result<ExitCode> {
     let opts = Options {
         events,
         seconds: seconds.unwrap_or_else(|| u64::try_from(events.div_ceil(4)).unwrap_or(5)),
+        mock,
     };
     let bin = relay::binary()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -59,23 +137,10 @@ pub fn main(argv: &[String]) -> Result<ExitCode> {
 }
 
 async fn run(opts: Options, bin: PathBuf) -> Result<ExitCode> {
-    println!("quickstart: outboxd-dev is for demos and development only, not a production broker");
+    println!("quickstart: outboxd-dev is for demos and development only: its PostgreSQL and Kafka are throwaway");
     let mut pg = Postgres::start().await?;
-    let cluster = MockCluster::new(3).context("starting librdkafka's mock cluster")?;
-    cluster
-        .create_topic(crate::broker::PROGRESS_TOPIC, 1, 1)
-        .context("creating the progress topic")?;
-    for topic in TOPICS {
-        cluster
-            .create_topic(topic, PARTITIONS, 1)
-            .with_context(|| format!("creating topic {topic}"))?;
-    }
-    let bootstrap = cluster.bootstrap_servers();
-    println!(
-        "quickstart: in-memory demo Kafka (librdkafka mock cluster, 3 brokers) at {bootstrap}; \
-         topics {} with {PARTITIONS} partitions each",
-        TOPICS.join(", ")
-    );
+    let cluster = DemoBroker::start(opts.mock).await?;
+    let bootstrap = cluster.bootstrap();
     let mut relay = Relay::spawn(&bin, &pg.env(), &bootstrap)?;
     let outcome = tokio::select! {
         r = demo(&opts, &mut pg, &mut relay, &bootstrap) => r,
@@ -87,9 +152,10 @@ async fn run(opts: Options, bin: PathBuf) -> Result<ExitCode> {
         Ok(s) => println!("quickstart: outboxd exited: {s}"),
         Err(e) => eprintln!("quickstart: stopping outboxd: {e:#}"),
     }
+    let broker_name = cluster.name();
     drop(cluster);
     drop(pg);
-    println!("quickstart: PostgreSQL stopped and its directory deleted; demo broker stopped");
+    println!("quickstart: PostgreSQL stopped and its directory deleted; {broker_name} stopped");
     let missing = outcome?;
     if missing.is_empty() {
         println!("quickstart: OK: every event arrived in Kafka");

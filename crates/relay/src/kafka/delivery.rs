@@ -47,11 +47,36 @@ pub struct DeliveryFailure {
 impl DeliveryFailure {
     pub(crate) fn from_kafka_error(err: &KafkaError) -> Self {
         let code = err.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail);
+        let message = match fix(code) {
+            Some(fix) => format!("{err}: {fix}"),
+            None => err.to_string(),
+        };
         Self {
             code,
-            message: err.to_string(),
+            message,
             retriable: !is_permanent(code),
         }
+    }
+}
+
+/// What an operator does about a permanent error whose broker message does not say it.
+fn fix(code: RDKafkaErrorCode) -> Option<&'static str> {
+    match code {
+        // Apache Kafka 4's brokers refuse a record stamped more than an hour ahead of
+        // their clock by default, as INVALID_RECORD (seen with 4.4; older brokers and
+        // other settings answer INVALID_TIMESTAMP). outboxd stamps each record with its
+        // transaction's commit time, so a primary whose clock runs ahead stops here.
+        RDKafkaErrorCode::InvalidTimestamp | RDKafkaErrorCode::InvalidRecord => Some(
+            "the broker refused the record. outboxd stamps each record with its transaction's \
+             commit time on the primary, and Kafka refuses a timestamp further ahead of the \
+             broker's clock than the topic's message.timestamp.after.max.ms (Kafka 4: 1 hour \
+             by default) or older than message.timestamp.before.max.ms: compare the primary's \
+             clock with the broker's. Fix the clock, or raise that topic setting \
+             (kafka-configs --alter --entity-type topics --entity-name TOPIC --add-config \
+             message.timestamp.after.max.ms=86400000), then start outboxd again: nothing was \
+             confirmed past this transaction, so it is published then",
+        ),
+        _ => None,
     }
 }
 
@@ -117,6 +142,15 @@ mod tests {
         for (code, permanent) in table {
             assert_eq!(is_permanent(*code), *permanent, "{code:?}");
         }
+    }
+
+    #[test]
+    fn a_refused_timestamp_names_the_clock_and_the_topic_setting() {
+        let f =
+            DeliveryFailure::from_kafka_error(&KafkaError::MessageProduction(C::InvalidTimestamp));
+        assert!(!f.retriable);
+        assert!(f.message.contains("message.timestamp.after.max.ms"), "{f}");
+        assert!(f.message.contains("clock"), "{f}");
     }
 
     #[test]
