@@ -235,7 +235,7 @@ async fn rss_stays_flat_while_one_partition_is_stuck() {
 
     // The leader is back: the stuck event and everything after it arrive, the slot
     // catches up.
-    tokio::task::block_in_place(|| cluster.restart(STUCK_BROKER, 3)).expect("restart");
+    tokio::task::block_in_place(|| cluster.restart(&[STUCK_BROKER], 3)).expect("restart");
     let received = ops::read_all_blocking(&bootstrap, &topics, &events, Duration::from_secs(180));
     let delivery = check_delivery(&events, &received);
     schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(60)).await;

@@ -90,7 +90,7 @@ async fn a_partition_leader_killed_mid_stream_loses_nothing() {
     eprintln!("killed broker {leader}, the leader of {}/0", topics[0]);
     load.wait_committed(killed_at + 1_000, Duration::from_secs(120))
         .await;
-    tokio::task::block_in_place(|| cluster.restart(leader, 3)).expect("the broker rejoins");
+    tokio::task::block_in_place(|| cluster.restart(&[leader], 3)).expect("the broker rejoins");
     load.wait_committed(load.committed() + 300, Duration::from_secs(60))
         .await;
     let events = load.stop().await;
@@ -160,11 +160,7 @@ async fn two_brokers_down_the_relay_waits_and_resumes_on_its_own() {
         confirmed.iter().all(|c| *c <= down_wal),
         "the slot was confirmed past {down_wal:X}, though no write could be acknowledged: {confirmed:X?}"
     );
-    for id in down {
-        tokio::task::block_in_place(|| cluster.restart(id, 1)).expect("restart");
-    }
-    tokio::task::block_in_place(|| cluster.wait_brokers(3, Duration::from_secs(120)))
-        .expect("all three brokers back");
+    tokio::task::block_in_place(|| cluster.restart(&down, 3)).expect("all three brokers back");
     let events = load.stop().await;
     let wal_after = ops::current_wal(&client).await;
     let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(240));

@@ -315,23 +315,21 @@ async fn partial_after_change(change: Change, scenario: &str) {
         ))
         .await
         .expect("the narrower publication");
-    let broker = Broker::mock();
+    // A three-node Kafka: the events' and the progress topics' only replicas on broker 1,
+    // the stuck topic's on broker 3, which is down until the relay has been killed.
+    let broker = Broker::kafka(3);
     let bootstrap = broker.bootstrap();
     let ok_topic = outbox.topic("order");
     let stuck_topic = outbox.topic("stuck");
     let dead = outbox.dead_letter_topic();
-    broker.create_topics(&[&ok_topic, &dead], 4).await;
-    broker.create_topics(&[&stuck_topic], 1).await;
-    let mock = broker.mock_cluster();
-    mock.partition_leader(PROGRESS_TOPIC, 0, Some(1))
-        .expect("progress leader");
-    for p in 0..4 {
-        mock.partition_leader(&ok_topic, p, Some(1))
-            .expect("leader");
-        mock.partition_leader(&dead, p, Some(1)).expect("leader");
-    }
-    mock.partition_leader(&stuck_topic, 0, None)
-        .expect("no leader");
+    broker.create_topics_on(&[&ok_topic, &dead], 4, 1).await;
+    broker.create_topics_on(&[PROGRESS_TOPIC], 1, 1).await;
+    broker
+        .set_topic_config(PROGRESS_TOPIC, "cleanup.policy", "compact")
+        .await;
+    broker.create_topics_on(&[&stuck_topic], 1, 3).await;
+    let cluster = broker.kafka_cluster();
+    cluster.kill(3).expect("the stuck topic's broker down");
 
     let mut first_env: Vec<(&str, &str)> = RELAY_ENV.to_vec();
     match change {
@@ -415,8 +413,8 @@ async fn partial_after_change(change: Change, scenario: &str) {
     drop(relay);
     eprintln!("proven_skip: {scenario}: killed with the record {record}");
 
-    mock.partition_leader(&stuck_topic, 0, Some(1))
-        .expect("stuck partition gets a leader");
+    tokio::task::block_in_place(|| cluster.restart(&[3], 3))
+        .expect("stuck partition's broker back");
     // Neither the heartbeat nor a prefix now: pgoutput sends no messages.
     let mut second_env: Vec<(&str, &str)> = RELAY_ENV.to_vec();
     if change == Change::PublicationSwitched {

@@ -112,7 +112,7 @@ async fn the_progress_record_never_runs_ahead_of_the_acks() {
         "the record ({now:#x}) moved past unacked events (written up to {after_stuck:#x}; last acked record {recorded:#x})"
     );
 
-    tokio::task::block_in_place(|| cluster.restart(3, 3)).expect("restart broker 3");
+    tokio::task::block_in_place(|| cluster.restart(&[3], 3)).expect("restart broker 3");
     let all = [first, stuck].concat();
     let received = read_all_blocking(&broker.bootstrap(), &topics, &all, Duration::from_secs(60));
     check_delivery(&all, &received);

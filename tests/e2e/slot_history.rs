@@ -235,20 +235,17 @@ async fn a_first_progress_write_that_failed_is_retried() {
         )
         .await
         .expect("slot");
-    let broker = Broker::mock();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    // The progress topic on broker 1, the events' partitions on broker 3.
-    let mock = broker.mock_cluster();
-    mock.partition_leader("outboxd.progress", 0, Some(1))
-        .expect("progress leader");
-    for t in topics
-        .iter()
-        .chain(std::iter::once(&outbox.dead_letter_topic()))
-    {
-        for p in 0..4 {
-            mock.partition_leader(t, p, Some(3)).expect("event leader");
-        }
-    }
+    // A three-node Kafka: the progress topic's only replica on broker 1, the events'
+    // partitions' on broker 3; all three killed before the relay starts.
+    let broker = Broker::kafka(3);
+    let topics = [outbox.topic("order"), outbox.topic("customer")];
+    broker
+        .create_topics_on(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 4, 3)
+        .await;
+    broker.create_topics_on(&["outboxd.progress"], 1, 1).await;
+    broker
+        .set_topic_config("outboxd.progress", "cleanup.policy", "compact")
+        .await;
     broker.set_all_down(true);
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let mut relay = Relay::start(env.clone(), &["run"]);
@@ -260,8 +257,8 @@ async fn a_first_progress_write_that_failed_is_retried() {
         .await;
     // Kafka comes back, but not the events' partitions' leader: nothing is confirmed,
     // while the progress topic is writable again. The record is written all the same.
-    mock.broker_up(1).expect("broker_up");
-    mock.broker_up(2).expect("broker_up");
+    let cluster = broker.kafka_cluster();
+    tokio::task::block_in_place(|| cluster.restart(&[1, 2], 2)).expect("brokers 1 and 2 back");
     relay
         .wait_metric_at_least("outboxd_progress_recorded_lsn", 1.0)
         .await;

@@ -483,10 +483,13 @@ log.cleaner.threads=1
         Ok(())
     }
 
-    /// Starts a killed node again on its ports and log directory, and waits until the
-    /// cluster lists `expect_brokers` brokers.
-    pub fn restart(&self, id: i32, expect_brokers: usize) -> Result<()> {
-        self.spawn(id)?;
+    /// Starts killed nodes again on their ports and log directories, all at once (one node
+    /// of a cluster that lost its quorum cannot register alone), and waits until every
+    /// running node lists `expect_brokers` brokers.
+    pub fn restart(&self, ids: &[i32], expect_brokers: usize) -> Result<()> {
+        for &id in ids {
+            self.spawn(id)?;
+        }
         self.wait_brokers(expect_brokers, START_LIMIT)
     }
 

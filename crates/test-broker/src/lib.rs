@@ -513,7 +513,7 @@ mod tests {
         assert!(unknown.is_err());
         let cluster = broker.kafka_cluster().unwrap();
         cluster.kill(1).unwrap();
-        cluster.restart(1, 1).unwrap();
+        cluster.restart(&[1], 1).unwrap();
         send("b").await.unwrap();
         cluster.set_paused(1, true).unwrap();
         cluster.set_paused(1, false).unwrap();
@@ -550,7 +550,7 @@ mod tests {
             .await
             .unwrap();
         assert_ne!(cluster.leader("t3", 0).unwrap(), leader);
-        cluster.restart(leader, 3).unwrap();
+        cluster.restart(&[leader], 3).unwrap();
     }
 
     #[test]
