@@ -114,9 +114,16 @@ async fn rss_stays_flat_while_one_partition_is_stuck() {
     let quiet = outbox.topic("quiet");
     let busy = outbox.topic("order");
     broker
-        .create_topics_on(&[&busy, &outbox.dead_letter_topic()], BUSY_PARTITIONS, 1)
+        .create_topics_on(
+            &[&busy, &outbox.dead_letter_topic()],
+            BUSY_PARTITIONS,
+            1,
+            &[],
+        )
         .await;
-    broker.create_topics_on(&[&quiet], 1, STUCK_BROKER).await;
+    broker
+        .create_topics_on(&[&quiet], 1, STUCK_BROKER, &[])
+        .await;
     let cluster = broker.kafka_cluster();
     let bootstrap = broker.bootstrap();
     let relay = Relay::start(Relay::env_for(&db, &outbox, &bootstrap, &[]), &["run"]);

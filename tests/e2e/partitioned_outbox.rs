@@ -512,3 +512,71 @@ async fn a_row_filter_or_column_list_on_the_publication_is_refused() {
         assert_eq!(status.code(), Some(3), "{name}: {}", relay.log_text());
     }
 }
+
+/// A partition of the outbox made UNLOGGED writes its rows to no WAL: no publication can
+/// send them. `check` fails and `run` refuses to start, naming the partition; a partition
+/// made unlogged while running stops the relay at its next look, with nothing confirmed
+/// past the rows before it. The printed fix, run literally, brings every row to Kafka.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unlogged_partition_is_refused_and_its_printed_fix_loses_nothing() {
+    let db = PgCluster::shared().fresh_database("part_unlogged").await;
+    let outbox = partitioned(&db, "publish = 'insert', publish_via_partition_root = true").await;
+    let broker = Broker::default_for_tests();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let mut client = db.client().await;
+
+    // Made unlogged while the relay runs: it stops.
+    let mut relay = Relay::start(env.clone(), &["run"]);
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let before = insert_dated(&mut client, 60, &[2025, 2026]).await;
+    read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &before,
+        Duration::from_secs(60),
+    );
+    client
+        .batch_execute("ALTER TABLE public.outbox_2025 SET UNLOGGED")
+        .await
+        .expect("set unlogged");
+    let hidden = insert_dated(&mut client, 60, &[2025, 2026]).await;
+    assert_eq!(
+        relay.wait_exit(Duration::from_secs(60)).code(),
+        Some(3),
+        "a running relay stops at an unlogged partition: {}",
+        relay.log_text()
+    );
+
+    // check and run refuse it, naming the partition and the fix.
+    let (code, out) = run_to_end(&env, &["check"]);
+    assert_eq!(code, 6, "{out}");
+    let fail = out
+        .lines()
+        .find(|l| l.starts_with("FAIL  publication"))
+        .unwrap_or_else(|| panic!("no publication failure:\n{out}"));
+    assert!(fail.contains("public.outbox_2025"), "{fail}");
+    let (code, out) = run_to_end(&env, &["run"]);
+    assert_eq!(code, 3, "{out}");
+    // The fix as printed: every statement after the last colon of the message.
+    let fix = fail
+        .rsplit_once(": ALTER TABLE")
+        .map(|(_, rest)| format!("ALTER TABLE{rest}"))
+        .unwrap_or_else(|| panic!("no ALTER TABLE in the fix: {fail}"));
+    client.batch_execute(&fix).await.expect("the printed fix");
+
+    let after = insert_dated(&mut client, 60, &[2025, 2026]).await;
+    let relay = Relay::start(env, &["run"]);
+    let all = [before, hidden, after].concat();
+    let received = read_all_blocking(&broker.bootstrap(), &topics, &all, Duration::from_secs(120));
+    // Re-published rows of the partition come again after later events of their
+    // aggregates (documented), so only arrival is checked here, not order.
+    let arrived: std::collections::HashSet<&str> =
+        received.iter().filter_map(|r| r.header("id")).collect();
+    let lost: Vec<&Event> = all
+        .iter()
+        .filter(|e| !arrived.contains(e.id.as_str()))
+        .collect();
+    assert!(lost.is_empty(), "{} events lost: {lost:?}", lost.len());
+    drop(relay);
+}

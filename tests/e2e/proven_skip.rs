@@ -322,12 +322,13 @@ async fn partial_after_change(change: Change, scenario: &str) {
     let ok_topic = outbox.topic("order");
     let stuck_topic = outbox.topic("stuck");
     let dead = outbox.dead_letter_topic();
-    broker.create_topics_on(&[&ok_topic, &dead], 4, 1).await;
-    broker.create_topics_on(&[PROGRESS_TOPIC], 1, 1).await;
     broker
-        .set_topic_config(PROGRESS_TOPIC, "cleanup.policy", "compact")
+        .create_topics_on(&[&ok_topic, &dead], 4, 1, &[])
         .await;
-    broker.create_topics_on(&[&stuck_topic], 1, 3).await;
+    broker
+        .create_topics_on(&[PROGRESS_TOPIC], 1, 1, &[("cleanup.policy", "compact")])
+        .await;
+    broker.create_topics_on(&[&stuck_topic], 1, 3, &[]).await;
     let cluster = broker.kafka_cluster();
     cluster.kill(3).expect("the stuck topic's broker down");
 
@@ -815,9 +816,19 @@ async fn a_primary_clock_hours_ahead_stops_naming_the_fix_and_loses_nothing() {
         .expect("cluster with a fake clock");
     let db = cluster.fresh_database("clock_ahead").await;
     let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
+    // A Kafka of its own, with Kafka 4's limit set explicitly (a user's broker from
+    // OUTBOXD_TEST_BOOTSTRAP_SERVERS may have none).
+    let broker = Broker::kafka(1);
     let bootstrap = broker.bootstrap();
     let topics = ops::create_topics(&broker, &outbox).await;
+    for t in topics
+        .iter()
+        .chain(std::iter::once(&outbox.dead_letter_topic()))
+    {
+        broker
+            .set_topic_config(t, "message.timestamp.after.max.ms", "3600000")
+            .await;
+    }
     let client = db.client().await;
     clock.set("+2h");
     wait_server_clock(&client, 7200.0).await;
@@ -831,7 +842,11 @@ async fn a_primary_clock_hours_ahead_stops_naming_the_fix_and_loses_nothing() {
         log.contains("message.timestamp.after.max.ms") && log.contains("clock"),
         "the error names neither the clock nor the topic setting:\n{log}"
     );
-    for t in &topics {
+    // Followed literally: every outboxd topic (events and dead letters).
+    for t in topics
+        .iter()
+        .chain(std::iter::once(&outbox.dead_letter_topic()))
+    {
         broker
             .set_topic_config(t, "message.timestamp.after.max.ms", "86400000")
             .await;

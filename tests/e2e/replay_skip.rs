@@ -68,10 +68,23 @@ async fn the_progress_record_never_runs_ahead_of_the_acks() {
     let outbox = schema::setup(&db).await;
     let broker = Broker::kafka(3);
     // Every event partition only on broker 3, so killing it leaves them without a leader,
-    // while the progress topic (made by the relay, replicated to all three) works.
+    // while the progress topic (only on broker 1) keeps taking records.
     let topics = vec![outbox.topic("order"), outbox.topic("customer")];
     broker
-        .create_topics_on(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 3, 3)
+        .create_topics_on(
+            &[&topics[0], &topics[1], &outbox.dead_letter_topic()],
+            3,
+            3,
+            &[],
+        )
+        .await;
+    broker
+        .create_topics_on(
+            &["outboxd.progress"],
+            1,
+            1,
+            &[("cleanup.policy", "compact")],
+        )
         .await;
     let cluster = broker.kafka_cluster();
     let relay = Relay::start(
@@ -105,6 +118,11 @@ async fn the_progress_record_never_runs_ahead_of_the_acks() {
     cluster.kill(3).expect("kill broker 3");
     let stuck = insert_events(&client, &outbox.table, 50, 5, 5).await;
     let after_stuck = schema::current_wal_lsn(&db).await;
+    // Once the relay has read the stuck events, 25 record intervals in which a record that
+    // ran ahead of the acks would be written (the progress topic takes writes throughout).
+    relay
+        .wait_metric_at_least("outboxd_received_lsn", after_stuck as f64)
+        .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let now = latest_record_lsn(&broker.bootstrap(), &db.slot).expect("record");
     assert!(

@@ -240,11 +240,20 @@ async fn a_first_progress_write_that_failed_is_retried() {
     let broker = Broker::kafka(3);
     let topics = [outbox.topic("order"), outbox.topic("customer")];
     broker
-        .create_topics_on(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 4, 3)
+        .create_topics_on(
+            &[&topics[0], &topics[1], &outbox.dead_letter_topic()],
+            4,
+            3,
+            &[],
+        )
         .await;
-    broker.create_topics_on(&["outboxd.progress"], 1, 1).await;
     broker
-        .set_topic_config("outboxd.progress", "cleanup.policy", "compact")
+        .create_topics_on(
+            &["outboxd.progress"],
+            1,
+            1,
+            &[("cleanup.policy", "compact")],
+        )
         .await;
     broker.set_all_down(true);
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);

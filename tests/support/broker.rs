@@ -75,10 +75,17 @@ impl Broker {
     }
 
     /// Creates topics on an own Kafka cluster with every partition's only replica on `node`
-    /// (killing `node` then leaves them without a leader: a stuck partition).
-    pub async fn create_topics_on(&self, topics: &[&str], partitions: i32, node: i32) {
+    /// (killing `node` then leaves them without a leader: a stuck partition), with topic
+    /// `configs` set at creation (no window in which a reader sees the defaults).
+    pub async fn create_topics_on(
+        &self,
+        topics: &[&str],
+        partitions: i32,
+        node: i32,
+        configs: &[(&str, &str)],
+    ) {
         self.0
-            .create_topics_on(topics, partitions, node)
+            .create_topics_on(topics, partitions, node, configs)
             .await
             .expect("create_topics_on");
     }

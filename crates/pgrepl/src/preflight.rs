@@ -447,6 +447,10 @@ pub struct PublicationCoverage {
     pub row_filtered: bool,
     /// A column list (PostgreSQL 15+) on the same: the other columns are never sent.
     pub column_listed: bool,
+    /// The table or any of its partitions (any depth) that is UNLOGGED, as quoted
+    /// `schema.name`, comma-separated: their rows are never written to the WAL, so no
+    /// publication can send them.
+    pub unlogged: Option<String>,
 }
 
 /// `None` when the publication does not exist.
@@ -489,7 +493,14 @@ pub async fn publication_coverage(
                    JOIN pg_catalog.pg_publication_tables pt ON pt.pubname = p.pubname \
                     AND pt.schemaname = an.nspname AND pt.tablename = ac.relname)), \
                EXISTS (SELECT 1 FROM r WHERE r.prpubid = p.oid AND r.prqual IS NOT NULL), \
-               EXISTS (SELECT 1 FROM r WHERE r.prpubid = p.oid AND r.prattrs IS NOT NULL) \
+               EXISTS (SELECT 1 FROM r WHERE r.prpubid = p.oid AND r.prattrs IS NOT NULL), \
+               (SELECT pg_catalog.string_agg(pg_catalog.format('%I.%I', un.nspname, uc.relname), ', ' \
+                         ORDER BY un.nspname, uc.relname) \
+                  FROM pg_catalog.pg_class uc \
+                  JOIN pg_catalog.pg_namespace un ON un.oid = uc.relnamespace \
+                 WHERE uc.relpersistence = 'u' AND uc.relkind IN ('r', 'p') \
+                   AND (uc.oid = (SELECT oid FROM t) OR uc.oid IN ( \
+                        SELECT l.relid FROM pg_catalog.pg_partition_tree((SELECT oid FROM t)) l))) \
              FROM pg_catalog.pg_publication p WHERE p.pubname = $1",
             &[&publication, &schema, &table],
         )
@@ -506,6 +517,7 @@ pub async fn publication_coverage(
         leaves_unlisted: row.try_get(5)?,
         row_filtered: row.try_get(6)?,
         column_listed: row.try_get(7)?,
+        unlogged: row.try_get(8)?,
     }))
 }
 

@@ -11,7 +11,8 @@
 //! broker on a host keeps its address and disk: a restarted node recovers its log and
 //! rejoins, and clients find it where it was.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -46,10 +47,13 @@ appender.stdout.layout.type = PatternLayout
 appender.stdout.layout.pattern = [%d] %p %m (%c)%n
 ";
 
-/// The jar directory, or an error naming the command that installs it.
+/// The jar directory, or an error naming the command that installs it:
+/// `$OUTBOXD_KAFKA_LIBS`, else `$OUTBOXD_KAFKA_ROOT/<version>/libs` (where
+/// `scripts/install-deps --kafka` put them), else the default root's.
 pub fn find_libs() -> Result<PathBuf> {
-    let dir = match std::env::var(LIBS_ENV) {
-        Ok(p) if !p.is_empty() => PathBuf::from(p),
+    let dir = match (std::env::var(LIBS_ENV), std::env::var("OUTBOXD_KAFKA_ROOT")) {
+        (Ok(p), _) if !p.is_empty() => PathBuf::from(p),
+        (_, Ok(root)) if !root.is_empty() => Path::new(&root).join(KAFKA_VERSION).join("libs"),
         _ => PathBuf::from(DEFAULT_LIBS),
     };
     let has_broker = std::fs::read_dir(&dir)
@@ -80,13 +84,40 @@ fn java() -> PathBuf {
     }
 }
 
+/// `java -version` runs and says 17 or later (Kafka 4's brokers need 17).
 fn java_runs() -> bool {
-    Command::new(java())
-        .arg("-version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    let Ok(out) = Command::new(java()).arg("-version").output() else {
+        return false;
+    };
+    // `openjdk version "17.0.15" 2025-04-15` (on stderr); "1.8.0_x" for Java 8.
+    let text = String::from_utf8_lossy(&out.stderr);
+    let major = text
+        .split('"')
+        .nth(1)
+        .and_then(|v| v.split('.').next())
+        .and_then(|m| m.parse::<u32>().ok());
+    out.status.success() && major.is_some_and(|m| m >= 17)
+}
+
+/// Removes the directories of clusters whose test process is gone (killed before its
+/// nodes' wrappers existed, e.g. while formatting).
+fn sweep_stale_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("outboxd-kafka-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !alive(pid) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// A Kafka cluster id: 16 random bytes, base64url without padding (what
@@ -178,6 +209,7 @@ impl KafkaCluster {
         if !java_runs() {
             return Err(Error::NoJava);
         }
+        sweep_stale_dirs();
         let root = std::env::temp_dir().join(format!(
             "outboxd-kafka-{}-{}",
             std::process::id(),
@@ -224,8 +256,8 @@ transaction.state.log.num.partitions=4
 share.coordinator.state.topic.replication.factor={replication}
 share.coordinator.state.topic.min.isr={min_isr}
 group.initial.rebalance.delay.ms=0
-broker.heartbeat.interval.ms=500
-broker.session.timeout.ms=6000
+broker.heartbeat.interval.ms=1000
+broker.session.timeout.ms=9000
 num.network.threads=2
 num.io.threads=4
 num.recovery.threads.per.data.dir=1
@@ -315,6 +347,9 @@ log.cleaner.threads=1
             "-XX:+UseSerialGC",
             "-Djava.awt.headless=true",
         ])
+        // A JVM killed -9 leaves its native libraries' copies in its temporary directory:
+        // the cluster's own, removed with it.
+        .arg(format!("-Djava.io.tmpdir={}", self.root.display()))
         .arg(format!(
             "-Dlog4j2.configurationFile={}",
             self.root.join("log4j2.properties").display()
@@ -367,17 +402,19 @@ log.cleaner.threads=1
         line.extend(java.get_args().map(|a| a.to_string_lossy().into_owned()));
         line.push(node.properties().display().to_string());
         let quoted: Vec<String> = line.iter().map(|a| shell_quote(a)).collect();
-        // The JVM reads nothing; the wrapper waits for its own stdin to close, then kills
-        // the JVM and, if the test process is gone (it ran no destructor), removes the
-        // files. A node killed by the test keeps them for its restart.
+        // The JVM reads nothing; the wrapper waits for its own stdin to end, then kills
+        // the JVM and removes the cluster's files, unless the test said `keep` first (a
+        // node it kills to restart later). Its own process group: a Ctrl-C to the test
+        // run must not kill the wrapper before it kills the JVM (sh starts background
+        // jobs with SIGINT ignored, so the JVM would outlive everything).
         let script = format!(
-            "{java} </dev/null >>{log} 2>&1 & j=$!; echo $j; cat >/dev/null; kill -9 $j 2>/dev/null; wait $j 2>/dev/null; kill -0 {test} 2>/dev/null || rm -rf {root}",
+            "{java} </dev/null >>{log} 2>&1 & j=$!; echo $j; word=; IFS= read -r word; cat >/dev/null; kill -9 $j 2>/dev/null; wait $j 2>/dev/null; [ \"$word\" = keep ] || rm -rf {root}",
             java = quoted.join(" "),
             log = shell_quote(&node.log().display().to_string()),
-            test = std::process::id(),
             root = shell_quote(&self.root.display().to_string()),
         );
         let mut wrapper = Command::new("sh")
+            .process_group(0)
             .args(["-c", &script])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -477,6 +514,8 @@ log.cleaner.threads=1
         };
         if let Some(mut r) = running {
             signal("KILL", r.java_pid)?;
+            // Keep the files for a restart.
+            let _ = r.lifeline.write_all(b"keep\n");
             drop(r.lifeline);
             let _ = r.wrapper.wait();
         }

@@ -281,12 +281,14 @@ impl Broker {
 
     /// Creates `topics` of `partitions` partitions on an own Kafka cluster with every
     /// partition's only replica on `node`: killing that node leaves them without a leader
-    /// (a stuck partition) while the rest of the cluster answers.
+    /// (a stuck partition) while the rest of the cluster answers; `configs` are set at
+    /// creation.
     pub async fn create_topics_on(
         &self,
         topics: &[&str],
         partitions: i32,
         node: i32,
+        configs: &[(&str, &str)],
     ) -> Result<()> {
         let cluster = self.kafka_cluster()?;
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
@@ -296,7 +298,12 @@ impl Broker {
         let assignment: Vec<&[i32]> = (0..partitions).map(|_| &replicas[..]).collect();
         let new: Vec<NewTopic<'_>> = topics
             .iter()
-            .map(|t| NewTopic::new(t, partitions, TopicReplication::Variable(&assignment)))
+            .map(|t| {
+                configs.iter().fold(
+                    NewTopic::new(t, partitions, TopicReplication::Variable(&assignment)),
+                    |topic, (k, v)| topic.set(k, v),
+                )
+            })
             .collect();
         create(&admin, &new).await
     }

@@ -61,20 +61,36 @@ impl DeliveryFailure {
 
 /// What an operator does about a permanent error whose broker message does not say it.
 fn fix(code: RDKafkaErrorCode) -> Option<&'static str> {
+    // outboxd stamps each record with its transaction's commit time, and Kafka refuses a
+    // timestamp further ahead of the broker's clock than the topic's
+    // message.timestamp.after.max.ms (one hour by default since Kafka 4). Against Apache
+    // Kafka 4.4, librdkafka 2.12 reported that refusal as INVALID_RECORD; other brokers
+    // and versions say INVALID_TIMESTAMP.
+    const TIMESTAMP: &str = "outboxd stamps each record with its transaction's commit time \
+        on the primary, and Kafka refuses a timestamp further ahead of the broker's clock than \
+        the topic's message.timestamp.after.max.ms (Kafka 4: 1 hour by default), or older \
+        than message.timestamp.before.max.ms. Compare the primary's clock with the broker's. \
+        Transactions already committed keep their commit times, so fixing the clock alone \
+        does not let them through: raise the setting on every outboxd topic (the event topics \
+        and the dead-letter topic), e.g. kafka-configs --bootstrap-server BROKER --alter \
+        --entity-type topics --entity-name TOPIC --add-config \
+        message.timestamp.after.max.ms=86400000, fix the clock, and start outboxd again: \
+        nothing was confirmed past this transaction, so it is published then";
     match code {
-        // Apache Kafka 4's brokers refuse a record stamped more than an hour ahead of
-        // their clock by default, as INVALID_RECORD (seen with 4.4; older brokers and
-        // other settings answer INVALID_TIMESTAMP). outboxd stamps each record with its
-        // transaction's commit time, so a primary whose clock runs ahead stops here.
-        RDKafkaErrorCode::InvalidTimestamp | RDKafkaErrorCode::InvalidRecord => Some(
-            "the broker refused the record. outboxd stamps each record with its transaction's \
-             commit time on the primary, and Kafka refuses a timestamp further ahead of the \
-             broker's clock than the topic's message.timestamp.after.max.ms (Kafka 4: 1 hour \
-             by default) or older than message.timestamp.before.max.ms: compare the primary's \
-             clock with the broker's. Fix the clock, or raise that topic setting \
-             (kafka-configs --alter --entity-type topics --entity-name TOPIC --add-config \
-             message.timestamp.after.max.ms=86400000), then start outboxd again: nothing was \
-             confirmed past this transaction, so it is published then",
+        RDKafkaErrorCode::InvalidTimestamp => Some(TIMESTAMP),
+        RDKafkaErrorCode::InvalidRecord => Some(
+            "the broker refused the record. If the primary's clock runs ahead of the \
+             broker's, this is the timestamp check: outboxd stamps each record with its \
+             transaction's commit time on the primary, and Kafka refuses a timestamp further \
+             ahead of the broker's clock than the topic's message.timestamp.after.max.ms \
+             (Kafka 4: 1 hour by default). Transactions already committed keep their commit \
+             times, so fixing the clock alone does not let them through: raise the setting \
+             on every outboxd topic (the event topics and the dead-letter topic), e.g. \
+             kafka-configs --bootstrap-server BROKER --alter --entity-type topics \
+             --entity-name TOPIC --add-config message.timestamp.after.max.ms=86400000, fix \
+             the clock, and start outboxd again: nothing was confirmed past this \
+             transaction, so it is published then. Otherwise the broker's log names the \
+             record validation that failed (a policy or a record validator of the cluster)",
         ),
         _ => None,
     }

@@ -485,6 +485,27 @@ pub fn judge_publication(
              ALTER PUBLICATION {publication} ADD TABLE {table};"
         ));
     }
+    if let Some(unlogged) = &c.unlogged {
+        // Checked before the listing: no publication can send what the WAL never had.
+        let fix: Vec<String> = unlogged
+            .split(", ")
+            .map(|t| {
+                format!(
+                    "ALTER TABLE {t} SET LOGGED; \
+                     WITH moved AS (DELETE FROM {t} RETURNING *) INSERT INTO {t} SELECT * FROM moved;"
+                )
+            })
+            .collect();
+        return Err(format!(
+            "{unlogged} (the outbox table or a partition of it) is UNLOGGED: its rows are \
+             never written to the WAL, so outboxd cannot see them, and rows inserted there \
+             since it became unlogged were never relayed. Make it logged and re-publish what \
+             it holds (deleted and inserted again in one statement, with their own ids: \
+             consumers dedup what they had; docs/operations.md, \"An UNLOGGED outbox \
+             partition\"): {}",
+            fix.join(" ")
+        ));
+    }
     let partitioned = kind == "p";
     if c.table_listed {
         return Ok(None);
