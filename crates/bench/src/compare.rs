@@ -231,10 +231,12 @@ async fn drain_one(
     let mut relay = Relay::spawn(s, connect, cluster, db, slot, &broker.bootstrap(), tool)?;
     let timeout = Duration::from_secs(180 + events / 200);
     let mut note = String::new();
+    let mut polls = 0u64;
     loop {
         if watch.count() >= events {
             break;
         }
+        polls += 1;
         if started.elapsed() > timeout {
             note = format!(
                 "timed out after {:.0} s with {} of {events} records",
@@ -243,12 +245,15 @@ async fn drain_one(
             );
             break;
         }
-        if let Some(status) = relay.exited()? {
-            bail!(
-                "{} exited early ({status}); log: {}",
-                tool.name(),
-                drain::tail(&relay.log)
-            );
+        // Once a second: Connect's check reads its log.
+        if polls % 100 == 0 {
+            if let Some(status) = relay.exited()? {
+                bail!(
+                    "{} failed ({status}); log: {}",
+                    tool.name(),
+                    drain::tail(&relay.log)
+                );
+            }
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -287,7 +292,7 @@ async fn drain_one(
 fn stamped_insert() -> String {
     format!(
         "INSERT INTO public.outbox ({}) VALUES (gen_random_uuid(), '{}', 'order-' || ($1::bigint % 1000), 'OrderCreated', \
-         jsonb_build_object('t', (extract(epoch FROM clock_timestamp()) * 1000)::bigint, 'orderId', $1::bigint, \
+         jsonb_build_object('t', floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, 'orderId', $1::bigint, \
          'customerId', 'customer-' || ($1::bigint % 5000), 'amount', ($1::bigint % 100000) / 100.0, 'currency', 'EUR', \
          'sku', md5($1::bigint::text), 'note', 'outboxd benchmark event'))",
         pg::COLUMNS,
@@ -327,7 +332,7 @@ async fn latency_runs(
             }
             if let Some(status) = relay.exited()? {
                 bail!(
-                    "{} exited ({status}); log: {}",
+                    "{} failed ({status}); log: {}",
                     tool.name(),
                     drain::tail(&relay.log)
                 );
@@ -400,7 +405,8 @@ async fn latency_runs(
 
 /// `outboxd run`, or a Kafka Connect standalone worker running the Debezium connector.
 struct Relay {
-    kind: RelayKind,
+    /// None once stopped.
+    kind: Option<RelayKind>,
     log: PathBuf,
 }
 
@@ -424,7 +430,7 @@ impl Relay {
                 let log = s.workdir.join(format!("outboxd-{slot}.log"));
                 let o = Outboxd::spawn(&s.bins, cluster, db, slot, bootstrap, &log, None)?;
                 Ok(Relay {
-                    kind: RelayKind::Outboxd(o),
+                    kind: Some(RelayKind::Outboxd(o)),
                     log,
                 })
             }
@@ -435,7 +441,7 @@ impl Relay {
                 let log = dir.join("connect.log");
                 let child = spawn_connect(connect, cluster, db, slot, bootstrap, &dir, &log)?;
                 Ok(Relay {
-                    kind: RelayKind::Connect(child),
+                    kind: Some(RelayKind::Connect(child)),
                     log,
                 })
             }
@@ -444,23 +450,42 @@ impl Relay {
 
     fn pid(&self) -> u32 {
         match &self.kind {
-            RelayKind::Outboxd(o) => o.pid(),
-            RelayKind::Connect(c) => c.id(),
+            Some(RelayKind::Outboxd(o)) => o.pid(),
+            Some(RelayKind::Connect(c)) => c.id(),
+            None => 0,
         }
     }
 
+    /// Why the relay is of no more use, if it is not: its process ended, or (Connect) its
+    /// connector or task failed, which leaves the worker running with nothing to do.
     fn exited(&mut self) -> Result<Option<String>> {
         let child = match &mut self.kind {
-            RelayKind::Outboxd(o) => &mut o.child,
-            RelayKind::Connect(c) => c,
+            Some(RelayKind::Outboxd(o)) => &mut o.child,
+            Some(RelayKind::Connect(c)) => c,
+            None => return Ok(Some("stopped".into())),
         };
-        Ok(child.try_wait()?.map(|s| s.to_string()))
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status.to_string()));
+        }
+        if matches!(self.kind, Some(RelayKind::Connect(_))) {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let failed = [
+                "unrecoverable exception",
+                "Failed to start connector",
+                "Failed to create connector",
+            ];
+            if let Some(f) = failed.iter().find(|f| log.contains(*f)) {
+                return Ok(Some(format!("the Connect worker logged {f:?}")));
+            }
+        }
+        Ok(None)
     }
 
-    fn stop(self) -> Result<()> {
-        match self.kind {
-            RelayKind::Outboxd(o) => o.stop(),
-            RelayKind::Connect(mut c) => {
+    fn stop(mut self) -> Result<()> {
+        match self.kind.take() {
+            None => Ok(()),
+            Some(RelayKind::Outboxd(o)) => o.stop(),
+            Some(RelayKind::Connect(mut c)) => {
                 let _ = Command::new("kill")
                     .args(["-TERM", &c.id().to_string()])
                     .status();
@@ -471,6 +496,19 @@ impl Relay {
                 Ok(())
             }
         }
+    }
+}
+
+/// A relay left behind by an early return (a failed run) must not run on into the next.
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let child = match &mut self.kind {
+            Some(RelayKind::Outboxd(o)) => &mut o.child,
+            Some(RelayKind::Connect(c)) => c,
+            None => return,
+        };
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 
@@ -702,25 +740,37 @@ fn cell(v: Option<f64>, digits: usize) -> String {
 
 /// The comparison's section of the report, between markers so that [`splice`] can replace
 /// it alone.
-pub fn markdown(s: &Settings, c: &Comparison) -> String {
+/// `run`: when and under what load, for a section run on its own.
+pub fn markdown(s: &Settings, c: &Comparison, run: Option<&str>) -> String {
     let mut w = String::new();
-    let _ = write_markdown(&mut w, s, c);
+    let _ = write_markdown(&mut w, s, c, run);
     w
 }
 
-fn write_markdown(w: &mut String, s: &Settings, c: &Comparison) -> std::fmt::Result {
+fn write_markdown(
+    w: &mut String,
+    s: &Settings,
+    c: &Comparison,
+    run: Option<&str>,
+) -> std::fmt::Result {
     writeln!(w, "{BEGIN}")?;
     writeln!(w, "## outboxd vs Debezium on Apache Kafka\n")?;
+    if let Some(run) = run {
+        writeln!(w, "*{run}*\n")?;
+    }
     writeln!(
         w,
         "One run, one machine (2 cores shared by PostgreSQL, the broker, the relay, the load and the consumer), \
          scale {} (`BENCH_SCALE`; 1 = 100k events per backlog). Broker: Apache Kafka {} (one KRaft node, a fresh JVM \
-         per run, topic `{}` with {PARTITIONS} partitions created beforehand). Debezium: {} in a Kafka Connect {} \
-         standalone worker (`ConnectStandalone`, heap and GC flags of `connect-standalone.sh`, String converters, \
+         per run, topic `{}` with {PARTITIONS} partitions created beforehand). Debezium: {} \
+         (debezium-connector-postgres) in a Kafka Connect {} standalone worker (`ConnectStandalone`, heap and GC flags of `connect-standalone.sh`, String converters, \
          file offsets), PostgresConnector with pgoutput on an existing slot and publication, `snapshot.mode=no_data`, \
          {}, Outbox Event Router SMT routing by aggregate_type to `outbox.${{routedByValue}}` keyed by aggregate_id; \
-         the worker's producer at Connect's defaults. outboxd: `outboxd run` at its defaults. Each reads the same \
-         publication through its own slot.\n",
+         the worker's producer at Connect's defaults. Debezium 3.6.1 is built against Kafka 4.3 and calls \
+         `org.apache.kafka.common.utils.Sanitizer`, which 4.4 moved to `…utils.internals`: without a \
+         one-class forwarder on the worker's classpath (`scripts/kafka/compat/`) its task dies at start. \
+         outboxd: `outboxd run` at its defaults (it creates its progress topic on the fresh broker at \
+         start). Each reads the same publication through its own slot.\n",
         s.scale,
         outboxd_test_broker::kafka::KAFKA_VERSION,
         pg::TOPIC,
@@ -848,14 +898,11 @@ pub fn splice(s: &Settings, r: &Results) -> Result<()> {
     let Some(c) = &r.compare else {
         bail!("no comparison to write: {}", r.notes.join("; "));
     };
-    let mut section = markdown(s, c);
-    section.insert_str(
-        BEGIN.len() + 1,
-        &format!(
-            "\n*Run {} → {}, on its own (`BENCH_SECTIONS=debezium`); load before `{}`, after `{}`.*\n\n",
-            r.started, r.finished, r.load_before, r.load_after
-        ),
+    let run = format!(
+        "Run {} → {}, on its own (`BENCH_SECTIONS=debezium`); load before `{}`, after `{}`.",
+        r.started, r.finished, r.load_before, r.load_after
     );
+    let section = markdown(s, c, Some(&run));
     let old = std::fs::read_to_string(&s.out).unwrap_or_default();
     let new = match (old.find(BEGIN), old.find(END)) {
         (Some(b), Some(e)) if e > b => {

@@ -158,7 +158,7 @@ pub fn write(s: &Settings, r: &Results, v: &Versions) -> Result<()> {
     )?;
     catchup(w, s, r)?;
     if let Some(c) = &r.compare {
-        w.push_str(&crate::compare::markdown(s, c));
+        w.push_str(&crate::compare::markdown(s, c, None));
     }
     progress(w, r)?;
     shards(w, r)?;
