@@ -246,7 +246,7 @@ async fn drain_one(
             break;
         }
         // Once a second: Connect's check reads its log.
-        if polls % 100 == 0 {
+        if polls.is_multiple_of(100) {
             if let Some(status) = relay.exited()? {
                 bail!(
                     "{} failed ({status}); log: {}",

@@ -349,7 +349,6 @@ pub async fn outboxd_with(
         broker_cpu_seconds,
         peak_rss_mib: if perf_data.is_some() { None } else { rss },
         note,
-        ..DrainResult::default()
     })
 }
 
