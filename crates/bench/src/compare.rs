@@ -784,21 +784,32 @@ fn write_markdown(
             "### Catch-up: process start to the last record at the consumer\n\n\
              The backlog is generated first; then the relay process starts (outboxd; the Connect JVM, which \
              also starts the connector) and a read_committed consumer, assigned to every partition before \
-             the start, counts records until all have arrived. *Relay CPU*: the relay process's user+system \
+             the start, counts records until all have arrived. *events/s first → last*: the rate once \
+             records flow, without either relay's start-up (the JVM's and the connector's, outboxd's \
+             connections and progress topic). *Relay CPU*: the relay process's user+system \
              time over its whole life (start-up included), from /proc. *Broker CPU*: the Kafka JVM's over the \
              same span, **not** included in the relay's. *PG CPU*: every PostgreSQL process of the cluster.\n"
         )?;
-        writeln!(w, "| backlog | relay | seconds to last record | events/s | first record after s | relay CPU s | relay CPU µs / event | broker CPU s | PG CPU s | peak RSS MiB | note |")?;
-        writeln!(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
+        writeln!(w, "| backlog | relay | seconds to last record | events/s | first record after s | events/s first → last | relay CPU s | relay CPU µs / event | broker CPU s | PG CPU s | peak RSS MiB | note |")?;
+        writeln!(
+            w,
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        )?;
         for d in &c.drains {
+            let streaming = d
+                .seconds
+                .zip(d.first)
+                .filter(|(l, f)| l > f)
+                .map(|(l, f)| drain::rate(d.events.saturating_sub(1), l - f));
             writeln!(
                 w,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
                 d.case,
                 d.tool.name(),
                 cell(d.seconds, 2),
                 cell(d.seconds.map(|x| drain::rate(d.events, x)), 0),
                 cell(d.first, 2),
+                cell(streaming, 0),
                 cell(d.relay_cpu, 2),
                 cell(d.relay_cpu.map(|x| x / d.events.max(1) as f64 * 1e6), 1),
                 cell(d.broker_cpu, 2),

@@ -476,6 +476,9 @@ async fn latency_suite(
     let db = "bench_lat";
     eprintln!("outboxd-bench: latency on {}", kind.name());
     pg::create_database(cluster, db, false).await?;
+    // The slot before the relay: the warm-up inserts at once, and outboxd refuses to
+    // create a slot over rows it would skip.
+    pg::create_slots(&pg::connect(cluster, db).await?, &["s_latency".to_owned()]).await?;
     let broker = broker::start(kind, &s.bins, &[pg::TOPIC]).await?;
     let stamper = latency::Stamper::start(&broker.bootstrap(), pg::TOPIC)?;
     let log = s.workdir.join("outboxd-latency.log");
