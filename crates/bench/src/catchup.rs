@@ -1,5 +1,6 @@
 //! One catch-up case: a backlog generated once, drained by pg_recvlogical (first and last),
-//! outboxd (each broker, text values, other builds) and Debezium, each through its own slot.
+//! outboxd (each broker, text values, other builds), each through its own slot. Debezium is
+//! in its own section (compare.rs), on real Kafka through Kafka Connect.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,7 +10,7 @@ use anyhow::Result;
 use crate::broker::{self, BrokerKind};
 use crate::drain::{self, DrainResult, Target};
 use crate::pg::{self, Shape};
-use crate::{env_or, report, CaseResult, Settings, DBZ_TUNED};
+use crate::{env_or, report, CaseResult, Settings};
 
 pub(crate) fn case_shape(s: &Settings, case: &str) -> Result<(Shape, String)> {
     Ok(match case {
@@ -54,7 +55,7 @@ pub(crate) async fn catchup_case(
     eprintln!("outboxd-bench: case {label}");
     pg::create_database(cluster, &db, false).await?;
     let sql = pg::connect(cluster, &db).await?;
-    let brokers = s.brokers();
+    let brokers = s.catchup_brokers.clone();
     let mut slots = vec!["s_recvlogical".to_owned(), "s_recvlogical_last".to_owned()];
     for b in &brokers {
         slots.push(format!("s_outboxd_{}", b.name()));
@@ -67,13 +68,6 @@ pub(crate) async fn catchup_case(
     }
     for n in 0..compare.len() {
         slots.push(format!("s_outboxd_compare_{n}"));
-    }
-    let with_dbz = s.debezium.is_some() && s.tansu.is_some();
-    if with_dbz {
-        slots.push("s_debezium_tansu".into());
-        if case == "b" {
-            slots.push("s_debezium_defaults".into());
-        }
     }
     let profile = s.section("profile") && case != "c";
     if profile {
@@ -113,12 +107,12 @@ pub(crate) async fn catchup_case(
     }
     for b in &brokers {
         let slot: &'static str = match b {
+            BrokerKind::Kafka => "s_outboxd_kafka",
             BrokerKind::Mock => "s_outboxd_mock",
-            BrokerKind::Tansu => "s_outboxd_tansu",
         };
         let log = s.workdir.join(format!("outboxd-{case}-{}.log", b.name()));
         let result = async {
-            let broker = broker::start(*b, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+            let broker = broker::start(*b, &s.bins, &[pg::TOPIC]).await?;
             drain::outboxd(&t(slot, 2000), &s.bins, &broker, &log, None).await
         }
         .await;
@@ -130,7 +124,7 @@ pub(crate) async fn catchup_case(
             const TEXT: &str = "outboxd (text values)";
             let log = s.workdir.join(format!("outboxd-{case}-mock-text.log"));
             let result = async {
-                let broker = broker::start(*b, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+                let broker = broker::start(*b, &s.bins, &[pg::TOPIC]).await?;
                 drain::outboxd_with(
                     &t("s_outboxd_mock_text", 2000),
                     &s.bins,
@@ -155,8 +149,7 @@ pub(crate) async fn catchup_case(
         let slot = format!("s_outboxd_compare_{n}");
         let log = s.workdir.join(format!("outboxd-{case}-compare-{n}.log"));
         let result = async {
-            let broker =
-                broker::start(BrokerKind::Mock, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+            let broker = broker::start(BrokerKind::Mock, &s.bins, &[pg::TOPIC]).await?;
             let target = Target {
                 slot: &slot,
                 ..t("", 2000)
@@ -170,45 +163,6 @@ pub(crate) async fn catchup_case(
                 drains.push(report_drain(d));
             }
             Err(e) => drains.push(failed(label, "mock", events, &e)),
-        }
-    }
-    if let (true, Some(dbz)) = (with_dbz, s.debezium.as_ref()) {
-        let result = async {
-            let broker =
-                broker::start(BrokerKind::Tansu, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
-            drain::debezium(
-                &t("s_debezium_tansu", 500),
-                dbz,
-                &broker,
-                &s.workdir,
-                Some(DBZ_TUNED),
-            )
-            .await
-        }
-        .await;
-        match result {
-            Ok(d) => drains.push(report_drain(d)),
-            Err(e) => drains.push(failed("Debezium", "tansu", events, &e)),
-        }
-        if case == "b" {
-            let result = async {
-                let broker =
-                    broker::start(BrokerKind::Tansu, &s.bins, &s.tansu_path(), &[pg::TOPIC])
-                        .await?;
-                drain::debezium(
-                    &t("s_debezium_defaults", 200),
-                    dbz,
-                    &broker,
-                    &s.workdir,
-                    None,
-                )
-                .await
-            }
-            .await;
-            match result {
-                Ok(d) => drains.push(report_drain(d)),
-                Err(e) => drains.push(failed("Debezium (defaults)", "tansu", events, &e)),
-            }
         }
     }
     // pg_recvlogical once more, after everything else: the baseline is the faster of the
@@ -225,8 +179,7 @@ pub(crate) async fn catchup_case(
         let data = s.workdir.join(format!("perf-{case}.data"));
         let log = s.workdir.join(format!("outboxd-{case}-perf.log"));
         let result = async {
-            let broker =
-                broker::start(BrokerKind::Mock, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+            let broker = broker::start(BrokerKind::Mock, &s.bins, &[pg::TOPIC]).await?;
             drain::outboxd(&t("s_profile", 1000), &s.bins, &broker, &log, Some(&data)).await
         }
         .await;

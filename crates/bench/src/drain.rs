@@ -1,8 +1,8 @@
-//! Draining a backlog: pg_recvlogical (the one-slot limit), outboxd and Debezium.
+//! Draining a backlog: pg_recvlogical (the one-slot limit) and outboxd.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -19,8 +19,6 @@ pub struct DrainResult {
     pub broker: String,
     pub events: u64,
     pub seconds: f64,
-    /// Debezium: from the first record instead of process start.
-    pub seconds_from_first: Option<f64>,
     pub pg_cpu_seconds: f64,
     pub tool_cpu_seconds: Option<f64>,
     /// The broker process's CPU during the drain (it shares the machine's cores).
@@ -290,7 +288,7 @@ pub async fn outboxd_with(
 ) -> Result<DrainResult> {
     let sql = pg::connect(t.cluster, t.db).await?;
     let cpu0 = procfs::cluster_cpu_seconds(t.cluster.data_dir())?;
-    let broker_cpu = || broker.pid().and_then(procfs::cpu_seconds);
+    let broker_cpu = || crate::broker::pid(broker).and_then(procfs::cpu_seconds);
     let broker0 = broker_cpu();
     let started = Instant::now();
     let relay = Outboxd::spawn_with(
@@ -351,7 +349,6 @@ pub async fn outboxd_with(
         broker_cpu_seconds,
         peak_rss_mib: if perf_data.is_some() { None } else { rss },
         note,
-        ..DrainResult::default()
     })
 }
 
@@ -368,146 +365,6 @@ pub fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(15)..].join("\n")
-}
-
-/// How to run the Debezium program: java, classpath.
-#[derive(Debug, Clone)]
-pub struct Debezium {
-    pub classpath: String,
-    pub version: String,
-}
-
-/// Debezium engine settings of one run: `None` = Debezium's defaults
-/// (poll.interval.ms 500, max.batch.size 2048, max.queue.size 8192).
-#[derive(Debug, Clone, Copy)]
-pub struct DbzTuning {
-    pub poll_interval_ms: u32,
-    pub max_batch_size: u32,
-}
-
-pub async fn debezium(
-    t: &Target<'_>,
-    dbz: &Debezium,
-    broker: &crate::broker::Broker,
-    workdir: &Path,
-    tuning: Option<DbzTuning>,
-) -> Result<DrainResult> {
-    let sql = pg::connect(t.cluster, t.db).await?;
-    let offsets: PathBuf = workdir.join(format!("dbz-offsets-{}.dat", t.slot));
-    let _ = std::fs::remove_file(&offsets);
-    let log = workdir.join(format!("dbz-{}.log", t.slot));
-    let cpu0 = procfs::cluster_cpu_seconds(t.cluster.data_dir())?;
-    let spawned_ms = unix_ms();
-    let started = Instant::now();
-    let mut child = Command::new("java")
-        .args(["-Xmx2g", "-cp", &dbz.classpath, "OutboxBench"])
-        .arg(format!("host={}", t.cluster.host()))
-        .arg(format!("port={}", t.cluster.port()))
-        .arg(format!("db={}", t.db))
-        .arg(format!("slot={}", t.slot))
-        .arg(format!("publication={}", pg::PUBLICATION))
-        .arg(format!("bootstrap={}", broker.bootstrap()))
-        .arg(format!("expected={}", t.events))
-        .arg(format!("offsets_file={}", offsets.display()))
-        .args(tuning.map_or_else(Vec::new, |t| {
-            vec![
-                format!("poll_interval_ms={}", t.poll_interval_ms),
-                format!("max_batch_size={}", t.max_batch_size),
-            ]
-        }))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()
-        .context("starting java OutboxBench")?;
-    let pid = child.id();
-    let stdout = child.stdout.take().context("java stdout")?;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut first_ms: Option<i64> = None;
-    let mut acked_ms: Option<i64> = None;
-    let deadline = tokio::time::Instant::now() + t.timeout;
-    while acked_ms.is_none() {
-        let line = tokio::select! {
-            l = rx.recv() => l,
-            _ = tokio::time::sleep_until(deadline) => None,
-        };
-        let Some(line) = line else { break };
-        let mut parts = line.split_whitespace();
-        match parts.next() {
-            Some("FIRST") => first_ms = parts.next().and_then(|v| v.parse().ok()),
-            Some("ACKED") => acked_ms = parts.nth(1).and_then(|v| v.parse().ok()),
-            Some("ENGINE_STOPPED") => break,
-            _ => {}
-        }
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    let tool_cpu = procfs::cpu_seconds(pid);
-    let rss = procfs::peak_rss_mib(pid);
-    // Give the engine a moment to commit its offsets to the slot, for the note.
-    let mut slot_note = String::new();
-    if acked_ms.is_some() {
-        let mut ok = false;
-        for _ in 0..50 {
-            if pg::slot_reached(&sql, t.slot, t.end_lsn).await? {
-                ok = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        if !ok {
-            slot_note = format!(
-                "slot at {} (end {}) 5 s after the last ack",
-                pg::slot_confirmed(&sql, t.slot).await?,
-                t.end_lsn
-            );
-        }
-    }
-    let cpu = procfs::cluster_cpu_seconds(t.cluster.data_dir())? - cpu0;
-    let _ = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status();
-    if !wait_timeout(&mut child, Duration::from_secs(20))? {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    let Some(acked) = acked_ms else {
-        bail!("Debezium did not ack all events; log: {}", tail(&log));
-    };
-    let secs_total = ms_diff(acked, spawned_ms);
-    Ok(DrainResult {
-        tool: match tuning {
-            Some(t) => format!(
-                "Debezium (poll.interval.ms={}, max.batch.size={})",
-                t.poll_interval_ms, t.max_batch_size
-            ),
-            None => "Debezium (defaults)".into(),
-        },
-        broker: broker.name().into(),
-        events: t.events,
-        seconds: if secs_total > 0.0 {
-            secs_total
-        } else {
-            seconds
-        },
-        seconds_from_first: first_ms.map(|f| ms_diff(acked, f)),
-        broker_cpu_seconds: None,
-        pg_cpu_seconds: cpu,
-        tool_cpu_seconds: tool_cpu,
-        peak_rss_mib: rss,
-        note: slot_note,
-    })
-}
-
-fn ms_diff(a: i64, b: i64) -> f64 {
-    // millisecond differences of one run are far inside f64's exact range
-    (a - b) as f64 / 1000.0
 }
 
 pub fn unix_ms() -> i64 {

@@ -119,11 +119,7 @@ pub async fn load_txns(
     secs: f64,
     start_i: i64,
 ) -> Result<(u64, f64)> {
-    let conns = 4usize;
     let rows = rows.max(1);
-    // Transactions per second and in total; event i of the run is row i of the sequence.
-    let txn_rate = rate as f64 / rows as f64;
-    let total = (txn_rate * secs) as u64;
     let sql = if rows == 1 {
         format!(
             "INSERT INTO public.outbox ({}) VALUES ({})",
@@ -138,6 +134,24 @@ pub async fn load_txns(
             rows - 1
         )
     };
+    load_sql(cluster, db, rate, rows, secs, start_i, sql).await
+}
+
+/// [`load_txns`] with the statement given: it inserts `rows` rows from `$1::bigint` on.
+pub async fn load_sql(
+    cluster: &PgCluster,
+    db: &str,
+    rate: u64,
+    rows: u64,
+    secs: f64,
+    start_i: i64,
+    sql: String,
+) -> Result<(u64, f64)> {
+    let conns = 4usize;
+    let rows = rows.max(1);
+    // Transactions per second and in total; event i of the run is row i of the sequence.
+    let txn_rate = rate as f64 / rows as f64;
+    let total = (txn_rate * secs) as u64;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for j in 0..conns {

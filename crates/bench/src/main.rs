@@ -1,5 +1,5 @@
 //! outboxd-bench: the benchmark suite behind docs/benchmarks.md. Run it with
-//! `scripts/bench`, which builds the binaries, prepares the Debezium classpath and sets
+//! `scripts/bench`, which builds the binaries, fetches Kafka Connect and Debezium and sets
 //! the environment described in `Settings::from_env`.
 
 // Rates, percentiles and scaled sizes are computed in f64 and rounded back; the values
@@ -12,6 +12,7 @@
 
 mod broker;
 mod catchup;
+mod compare;
 mod drain;
 mod latency;
 mod pg;
@@ -53,17 +54,21 @@ pub struct Settings {
     pub latency_secs: f64,
     /// BENCH_LATENCY_RATES: events/s (default 1000,5000,20000).
     pub latency_rates: Vec<u64>,
-    /// BENCH_DEBEZIUM_CP / BENCH_DEBEZIUM_VERSION: the Java program's classpath.
-    pub debezium: Option<drain::Debezium>,
+    /// BENCH_CONNECT_CP / BENCH_DEBEZIUM_VERSION: the Kafka Connect worker's classpath
+    /// with Debezium's PostgreSQL connector, for the `debezium` section.
+    pub connect: Option<compare::Connect>,
     /// BENCH_DEBEZIUM_SKIP_REASON: why there is no classpath, for the report.
     pub debezium_skip: String,
-    pub tansu: Option<PathBuf>,
     /// BENCH_COMMAND: how the suite was started, for the report.
     pub command: String,
-    /// BENCH_POLL_BROKERS: brokers for the polling comparison (default mock,tansu).
-    pub poll_brokers: Vec<String>,
-    /// BENCH_LATENCY_BROKERS: brokers for the latency runs (default tansu,mock).
-    pub latency_brokers: Vec<String>,
+    /// BENCH_CATCHUP_BROKERS: the catch-up drains' brokers (default kafka,mock).
+    pub catchup_brokers: Vec<BrokerKind>,
+    /// BENCH_POLL_BROKERS: brokers for the polling comparison (default kafka,mock).
+    pub poll_brokers: Vec<BrokerKind>,
+    /// BENCH_LATENCY_BROKERS: brokers for the latency runs (default kafka,mock).
+    pub latency_brokers: Vec<BrokerKind>,
+    /// BENCH_STEADY_BROKER: the steady-load and ratios runs' broker (default kafka).
+    pub steady_broker: BrokerKind,
 }
 
 fn env_or(name: &str, default: &str) -> String {
@@ -93,10 +98,10 @@ impl Settings {
             .filter(|v| !v.is_empty())
             .map_or(exe_dir, PathBuf::from);
         let latency_default = if scale < 1.0 { "30" } else { "60" };
-        let debezium = std::env::var("BENCH_DEBEZIUM_CP")
+        let connect = std::env::var("BENCH_CONNECT_CP")
             .ok()
             .filter(|v| !v.is_empty())
-            .map(|classpath| drain::Debezium {
+            .map(|classpath| compare::Connect {
                 classpath,
                 version: env_or("BENCH_DEBEZIUM_VERSION", "unknown"),
             });
@@ -107,7 +112,7 @@ impl Settings {
             workdir: PathBuf::from(env_or("BENCH_WORKDIR", "/tmp/outboxd-bench")),
             sections: list(
                 "BENCH_SECTIONS",
-                "catchup,progress,poll,latency,profile,steady,shards",
+                "catchup,debezium,progress,poll,latency,profile,steady,shards",
             ),
             cases: list("BENCH_CASES", "a,b,c"),
             latency_secs: env_or("BENCH_LATENCY_SECS", latency_default)
@@ -117,12 +122,14 @@ impl Settings {
                 .iter()
                 .map(|r| r.parse().context("BENCH_LATENCY_RATES"))
                 .collect::<Result<_>>()?,
-            debezium,
-            debezium_skip: env_or("BENCH_DEBEZIUM_SKIP_REASON", "BENCH_DEBEZIUM_CP not set"),
-            tansu: broker::find_tansu(),
+            connect,
+            debezium_skip: env_or("BENCH_DEBEZIUM_SKIP_REASON", "BENCH_CONNECT_CP not set"),
             command: env_or("BENCH_COMMAND", "outboxd-bench"),
-            poll_brokers: list("BENCH_POLL_BROKERS", "mock,tansu"),
-            latency_brokers: list("BENCH_LATENCY_BROKERS", "tansu,mock"),
+            catchup_brokers: broker::kinds("BENCH_CATCHUP_BROKERS", "kafka,mock")?,
+            poll_brokers: broker::kinds("BENCH_POLL_BROKERS", "kafka,mock")?,
+            latency_brokers: broker::kinds("BENCH_LATENCY_BROKERS", "kafka,mock")?,
+            steady_broker: BrokerKind::parse(&env_or("BENCH_STEADY_BROKER", "kafka"))
+                .context("BENCH_STEADY_BROKER")?,
         })
     }
 
@@ -133,32 +140,7 @@ impl Settings {
     fn scaled(&self, n: u64) -> u64 {
         ((n as f64 * self.scale).round() as u64).max(1)
     }
-
-    /// The catch-up drains' brokers: BENCH_CATCHUP_BROKERS (default mock,tansu), tansu
-    /// only where it is installed.
-    fn brokers(&self) -> Vec<BrokerKind> {
-        let wanted = list("BENCH_CATCHUP_BROKERS", "mock,tansu");
-        let mut b = Vec::new();
-        if wanted.iter().any(|w| w == "mock") {
-            b.push(BrokerKind::Mock);
-        }
-        if self.tansu.is_some() && wanted.iter().any(|w| w == "tansu") {
-            b.push(BrokerKind::Tansu);
-        }
-        b
-    }
-
-    fn tansu_path(&self) -> PathBuf {
-        self.tansu.clone().unwrap_or_else(|| PathBuf::from("tansu"))
-    }
 }
-
-/// Debezium settings for throughput (its defaults, 500 ms / 2048, are run once more on
-/// case (b)): a short poll interval and larger batches.
-const DBZ_TUNED: drain::DbzTuning = drain::DbzTuning {
-    poll_interval_ms: 10,
-    max_batch_size: 8192,
-};
 
 /// One catch-up case and everything measured on it.
 #[derive(Debug, Clone)]
@@ -200,6 +182,7 @@ pub struct Results {
     pub poll: Vec<PollResult>,
     pub latency: Vec<LatencyResult>,
     pub shards: Vec<shards::ShardResult>,
+    pub compare: Option<compare::Comparison>,
     /// (broker, current RSS, peak RSS) of an idle outboxd, MiB.
     pub idle: Vec<(String, Option<f64>, Option<f64>)>,
     /// (broker, peak RSS after the latency runs), MiB.
@@ -252,13 +235,7 @@ async fn run() -> Result<()> {
         started: shell("date -u '+%Y-%m-%d %H:%M:%S UTC'"),
         ..Results::default()
     };
-    if s.tansu.is_none() {
-        r.notes.push(
-            "tansu not found (~/.cargo/bin/tansu, TANSU_BIN or PATH): every tansu row is missing"
-                .into(),
-        );
-    }
-    if s.debezium.is_none() {
+    if s.connect.is_none() && s.section("debezium") {
         r.notes
             .push(format!("Debezium skipped: {}", s.debezium_skip));
     }
@@ -271,6 +248,14 @@ async fn run() -> Result<()> {
             match catchup_case(&s, &cluster, &case, &compare).await {
                 Ok(c) => r.cases.push(c),
                 Err(e) => r.notes.push(format!("case ({case}) failed: {e:#}")),
+            }
+        }
+    }
+    if s.section("debezium") {
+        if let Some(connect) = &s.connect {
+            match compare::run(&s, &cluster, connect).await {
+                Ok(c) => r.compare = Some(c),
+                Err(e) => r.notes.push(format!("outboxd vs Debezium failed: {e:#}")),
             }
         }
     }
@@ -292,10 +277,7 @@ async fn run() -> Result<()> {
         }
     }
     if s.section("latency") {
-        for kind in s.brokers() {
-            if !s.latency_brokers.iter().any(|b| b == kind.name()) {
-                continue;
-            }
+        for kind in s.latency_brokers.clone() {
             if let Err(e) = latency_suite(&s, &cluster, kind, &mut r).await {
                 r.notes
                     .push(format!("latency suite on {} failed: {e:#}", kind.name()));
@@ -303,7 +285,7 @@ async fn run() -> Result<()> {
         }
     }
     if s.section("steady") {
-        match steady::run(&s, &cluster, &s.tansu_path()).await {
+        match steady::run(&s, &cluster).await {
             Ok(runs) => r.steady = runs,
             Err(e) => r
                 .notes
@@ -322,8 +304,15 @@ async fn run() -> Result<()> {
     for n in &r.notes {
         eprintln!("outboxd-bench: note: {n}");
     }
-    // A ratios-only run leaves the full report as it is.
-    if s.sections.iter().any(|x| x != "ratios") {
+    // A ratios-only run leaves the full report as it is; a debezium-only run replaces its
+    // own section of it, so the comparison can be rerun without the 40-minute suite.
+    if s.sections.iter().all(|x| x == "debezium") {
+        compare::splice(&s, &r)?;
+        eprintln!(
+            "outboxd-bench: updated the Debezium section of {}",
+            s.out.display()
+        );
+    } else if s.sections.iter().any(|x| x != "ratios") {
         report::write(&s, &r, &versions)?;
         eprintln!("outboxd-bench: wrote {}", s.out.display());
     } else if let Some(e) = ratios_failed {
@@ -371,8 +360,7 @@ async fn progress_cost(s: &Settings, cluster: &pgtest::PgCluster, r: &mut Result
             &[("OUTBOXD_PROGRESS_TOPIC", "")]
         };
         // outboxd-dev's mock broker makes the progress topic itself.
-        let broker =
-            broker::start(BrokerKind::Mock, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+        let broker = broker::start(BrokerKind::Mock, &s.bins, &[pg::TOPIC]).await?;
         let d = report_drain(drain::outboxd_with(&t, &s.bins, &broker, &log, None, extra).await?);
         r.progress.push((format!("run {}", i / 2 + 1), on, d));
     }
@@ -401,11 +389,7 @@ async fn polling(s: &Settings, cluster: &pgtest::PgCluster, r: &mut Results) -> 
     eprintln!("outboxd-bench: polling vs CDC on {events} events in transactions of 100 rows");
     pg::create_database(cluster, db, true).await?;
     let sql = pg::connect(cluster, db).await?;
-    let kinds: Vec<BrokerKind> = s
-        .brokers()
-        .into_iter()
-        .filter(|b| s.poll_brokers.iter().any(|p| p == b.name()))
-        .collect();
+    let kinds = s.poll_brokers.clone();
     let slots: Vec<String> = kinds
         .iter()
         .map(|b| format!("s_poll_cdc_{}", b.name()))
@@ -417,7 +401,7 @@ async fn polling(s: &Settings, cluster: &pgtest::PgCluster, r: &mut Results) -> 
     sql.batch_execute("CHECKPOINT").await?;
     for (b, slot) in kinds.iter().zip(&slots) {
         let log = s.workdir.join(format!("outboxd-poll-cdc-{}.log", b.name()));
-        let broker = broker::start(*b, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+        let broker = broker::start(*b, &s.bins, &[pg::TOPIC]).await?;
         let t = Target {
             cluster,
             db,
@@ -442,7 +426,7 @@ async fn polling(s: &Settings, cluster: &pgtest::PgCluster, r: &mut Results) -> 
     for b in &kinds {
         for workers in [1usize, 4] {
             poll::reset(cluster, db).await?;
-            let broker = broker::start(*b, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+            let broker = broker::start(*b, &s.bins, &[pg::TOPIC]).await?;
             let cpu0 = procfs::cluster_cpu_seconds(cluster.data_dir())?;
             let out = poll::run(cluster, db, &broker.bootstrap(), workers).await?;
             let cpu = procfs::cluster_cpu_seconds(cluster.data_dir())? - cpu0;
@@ -492,7 +476,10 @@ async fn latency_suite(
     let db = "bench_lat";
     eprintln!("outboxd-bench: latency on {}", kind.name());
     pg::create_database(cluster, db, false).await?;
-    let broker = broker::start(kind, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+    // The slot before the relay: the warm-up inserts at once, and outboxd refuses to
+    // create a slot over rows it would skip.
+    pg::create_slots(&pg::connect(cluster, db).await?, &["s_latency".to_owned()]).await?;
+    let broker = broker::start(kind, &s.bins, &[pg::TOPIC]).await?;
     let stamper = latency::Stamper::start(&broker.bootstrap(), pg::TOPIC)?;
     let log = s.workdir.join("outboxd-latency.log");
     let relay = drain::Outboxd::spawn(

@@ -217,13 +217,3 @@ pub async fn slot_reached(c: &Client, slot: &str, lsn: &str) -> Result<bool> {
         .await?;
     Ok(row.map(|r| r.get::<_, bool>(0)).unwrap_or(false))
 }
-
-pub async fn slot_confirmed(c: &Client, slot: &str) -> Result<String> {
-    let row = c
-        .query_opt(
-            "SELECT coalesce(confirmed_flush_lsn::text, '') FROM pg_replication_slots WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await?;
-    Ok(row.map(|r| r.get::<_, String>(0)).unwrap_or_default())
-}

@@ -161,7 +161,7 @@ async fn outboxd_all(
     timeout: Duration,
     log: &std::path::Path,
 ) -> Result<DrainResult> {
-    let broker = broker::start(BrokerKind::Mock, &s.bins, &s.tansu_path(), &[pg::TOPIC]).await?;
+    let broker = broker::start(BrokerKind::Mock, &s.bins, &[pg::TOPIC]).await?;
     let cpu0 = procfs::cluster_cpu_seconds(cluster.data_dir())?;
     let started = Instant::now();
     let shard_count = n.to_string();

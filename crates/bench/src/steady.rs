@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use pgtest::PgCluster;
 use tokio_postgres::Client;
 
-use crate::broker::{self, Broker, BrokerKind};
+use crate::broker::{self, Broker};
 use crate::drain::{self, Outboxd};
 use crate::latency::{self, Stamper};
 use crate::pg;
@@ -148,7 +148,7 @@ pub struct SteadyRun {
 /// 20 when scale < 1), BENCH_STEADY_REPEATS (default 2), BENCH_STEADY_COMPARE: a directory
 /// with another outboxd binary run alternately with this one (e.g. the build before a
 /// change), BENCH_STEADY_TOOLS (which of them).
-pub async fn run(s: &Settings, cluster: &PgCluster, tansu: &Path) -> Result<Vec<SteadyRun>> {
+pub async fn run(s: &Settings, cluster: &PgCluster) -> Result<Vec<SteadyRun>> {
     let loads: Vec<Load> = crate::list("BENCH_STEADY_LOADS", "2000x10,1000x1,5000x1")
         .iter()
         .map(|l| Load::parse(l))
@@ -182,7 +182,7 @@ pub async fn run(s: &Settings, cluster: &PgCluster, tansu: &Path) -> Result<Vec<
         secs,
         repeats,
     };
-    run_plan(s, cluster, tansu, &plan).await
+    run_plan(s, cluster, &plan).await
 }
 
 /// BENCH_STEADY_SECS (default `default_secs`) and BENCH_STEADY_REPEATS (default 2).
@@ -197,17 +197,12 @@ pub fn secs_and_repeats(default_secs: &str) -> Result<(f64, u32)> {
 }
 
 /// Runs `plan`: for each load, `repeats` rounds of its tools one after another.
-pub async fn run_plan(
-    s: &Settings,
-    cluster: &PgCluster,
-    tansu: &Path,
-    plan: &Plan,
-) -> Result<Vec<SteadyRun>> {
+pub async fn run_plan(s: &Settings, cluster: &PgCluster, plan: &Plan) -> Result<Vec<SteadyRun>> {
     let secs = plan.secs;
     let db = "bench_steady";
     pg::create_database(cluster, db, false).await?;
     let sql = pg::connect(cluster, db).await?;
-    let broker = broker::start(BrokerKind::Mock, &s.bins, tansu, &[pg::TOPIC]).await?;
+    let broker = broker::start(s.steady_broker, &s.bins, &[pg::TOPIC]).await?;
     let stamper = Stamper::start(&broker.bootstrap(), pg::TOPIC)?;
     let mut out = Vec::new();
     let mut next_i: i64 = 0;
