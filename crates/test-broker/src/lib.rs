@@ -5,14 +5,13 @@
 //!   as an `outboxd-dev broker` child process (the benchmarks keep its CPU out of theirs);
 //! - Apache Kafka (KRaft) JVM processes, one node or three ([`kafka`]): the default of
 //!   every test that asserts a delivery guarantee;
-//! - a tansu broker process on a free port with in-memory storage;
 //! - an external broker named by `OUTBOXD_TEST_BOOTSTRAP_SERVERS` (e.g. Redpanda from
 //!   docker/).
 
 pub mod kafka;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,10 +30,6 @@ pub const BOOTSTRAP_ENV: &str = "OUTBOXD_TEST_BOOTSTRAP_SERVERS";
 
 /// outboxd's progress topic; made up front on the mock cluster, which has no CreateTopics.
 pub const PROGRESS_TOPIC: &str = "outboxd.progress";
-
-/// How long a freshly started broker process may take to answer a metadata request
-/// (a second or two when quiet; generous for a loaded CI machine).
-const START_LIMIT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -84,7 +79,7 @@ pub enum Broker {
         cluster: MockCluster<'static, DefaultProducerContext>,
         brokers: i32,
     },
-    /// A broker child process (tansu, `outboxd-dev broker`), killed on drop.
+    /// A broker child process (`outboxd-dev broker`), killed on drop.
     Process {
         name: &'static str,
         child: Child,
@@ -100,7 +95,7 @@ pub enum Broker {
 }
 
 impl Broker {
-    /// The broker's own process, when it runs as a child (tansu, `outboxd-dev broker`).
+    /// The broker's own process, when it runs as a child (`outboxd-dev broker`).
     pub fn pid(&self) -> Option<u32> {
         match self {
             Broker::Process { child, .. } => Some(child.id()),
@@ -190,29 +185,6 @@ impl Broker {
         })
     }
 
-    /// A tansu broker process (`tansu` is its binary, see [`find_tansu`]) on a free port
-    /// with in-memory storage, once it answers metadata requests.
-    pub fn tansu(tansu: &Path) -> Result<Broker> {
-        let port = free_port()?;
-        let url = format!("tcp://127.0.0.1:{port}");
-        let child = Command::new(tansu)
-            .args(["broker", "--storage-engine", "memory://tansu/"])
-            .args(["--listener-url", &url, "--advertised-listener-url", &url])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(io(format!("starting {}", tansu.display())))?;
-        // Built before the wait so that a broker that never comes up is still killed.
-        let broker = Broker::Process {
-            name: "tansu",
-            child,
-            bootstrap: format!("127.0.0.1:{port}"),
-        };
-        broker.wait_reachable(START_LIMIT)?;
-        Ok(broker)
-    }
-
     pub fn bootstrap(&self) -> String {
         match self {
             Broker::Mock { cluster, .. } => cluster.bootstrap_servers(),
@@ -222,7 +194,7 @@ impl Broker {
         }
     }
 
-    /// "mock", "kafka", "tansu" or "external", for reports.
+    /// "mock", "kafka" or "external", for reports.
     pub fn name(&self) -> &'static str {
         match self {
             Broker::Mock { .. } => "mock",
@@ -411,27 +383,6 @@ pub fn free_port() -> Result<u16> {
     Err(Error::NoFreePort)
 }
 
-/// The tansu binary: `TANSU_BIN`, else `~/.cargo/bin/tansu`, else `tansu` on PATH, if any.
-pub fn find_tansu() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("TANSU_BIN") {
-        if !p.is_empty() {
-            return Some(PathBuf::from(p));
-        }
-    }
-    let home = std::env::var("HOME").unwrap_or_default();
-    let cargo_bin = PathBuf::from(format!("{home}/.cargo/bin/tansu"));
-    if cargo_bin.is_file() {
-        return Some(cargo_bin);
-    }
-    let on_path = Command::new("tansu")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    on_path.then(|| PathBuf::from("tansu"))
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -460,23 +411,6 @@ mod tests {
         broker.set_all_down(true).unwrap();
         broker.set_all_down(false).unwrap();
         assert_eq!(broker.name(), "mock");
-    }
-
-    #[tokio::test]
-    async fn tansu_starts_on_a_free_port_and_creates_topics() {
-        let Some(bin) = find_tansu() else {
-            eprintln!("tansu not installed: skipped");
-            return;
-        };
-        let broker = Broker::tansu(&bin).unwrap();
-        broker.create_topics(&["t_tansu"], 2).await.unwrap();
-        // A second creation of the same topic is not an error.
-        broker.create_topics(&["t_tansu"], 2).await.unwrap();
-        assert_eq!(partitions(&broker, "t_tansu"), 2);
-        assert!(matches!(
-            broker.set_all_down(true),
-            Err(Error::NotMock("tansu"))
-        ));
     }
 
     /// One node: it starts, refuses to create topics on produce, takes a topic, survives a
