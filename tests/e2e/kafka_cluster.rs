@@ -55,6 +55,37 @@ fn start_relay(db: &pgtest::TestDb<'_>, outbox: &Outbox, broker: &Broker) -> Rel
     )
 }
 
+/// Samples the slot every second for `window` of an outage that began when the server's
+/// WAL was at `ceiling`: the same walsender throughout (status updates kept it alive,
+/// wal_sender_timeout 5 s), and never confirmed past `ceiling` (nothing after it could be
+/// acknowledged).
+async fn watch_outage(
+    pg: &PgCluster,
+    client: &tokio_postgres::Client,
+    slot: &str,
+    pid: i32,
+    ceiling: u64,
+    window: Duration,
+) {
+    let start = Instant::now();
+    let mut pids = Vec::new();
+    while start.elapsed() < window {
+        let row = ops::slot_row(client, slot).await.expect("slot");
+        pids.push(row.active_pid);
+        let confirmed = row.confirmed_flush.unwrap_or(0);
+        assert!(
+            confirmed <= ceiling,
+            "the slot was confirmed at {confirmed:X}, past {ceiling:X}, though Kafka could acknowledge nothing after it"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(
+        pids.iter().all(|p| *p == Some(pid)),
+        "the walsender changed or went away during the outage: {pids:?}\nserver log:\n{}",
+        pg.log()
+    );
+}
+
 fn paced() -> LoadShape {
     LoadShape {
         pause: Duration::from_millis(15),
@@ -154,24 +185,15 @@ async fn two_brokers_down_the_relay_waits_and_resumes_on_its_own() {
     let committed_at_outage = load.committed();
     load.wait_committed(committed_at_outage + 300, Duration::from_secs(60))
         .await;
-    let mut pids = Vec::new();
-    let mut confirmed = Vec::new();
-    let outage = Instant::now();
-    while outage.elapsed() < Duration::from_secs(20) {
-        let row = ops::slot_row(&client, &outbox.slot).await.expect("slot");
-        pids.push(row.active_pid);
-        confirmed.push(row.confirmed_flush.unwrap_or(0));
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    assert!(
-        pids.iter().all(|p| *p == Some(pid)),
-        "the walsender changed or went away with two brokers down (wal_sender_timeout 5 s): {pids:?}\nserver log:\n{}",
-        pg.log()
-    );
-    assert!(
-        confirmed.iter().all(|c| *c <= down_wal),
-        "the slot was confirmed past {down_wal:X}, though no write could be acknowledged: {confirmed:X?}"
-    );
+    watch_outage(
+        &pg,
+        &client,
+        &outbox.slot,
+        pid,
+        down_wal,
+        Duration::from_secs(20),
+    )
+    .await;
     tokio::task::block_in_place(|| cluster.restart(&down, 3)).expect("all three brokers back");
     let events = load.stop().await;
     let wal_after = ops::current_wal(&client).await;
@@ -211,23 +233,15 @@ async fn a_hung_broker_then_a_relay_crash_and_a_broker_crash_lose_nothing() {
     let at_hang = load.committed();
     load.wait_committed(at_hang + 300, Duration::from_secs(60))
         .await;
-    let mut pids = Vec::new();
-    let hang = Instant::now();
-    while hang.elapsed() < Duration::from_secs(15) {
-        let row = ops::slot_row(&client, &outbox.slot).await.expect("slot");
-        pids.push(row.active_pid);
-        let confirmed = row.confirmed_flush.unwrap_or(0);
-        assert!(
-            confirmed <= hung_wal,
-            "confirmed {confirmed:X} past {hung_wal:X} while the broker was hung"
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    assert!(
-        pids.iter().all(|p| *p == Some(pid)),
-        "the walsender changed or went away while the broker hung: {pids:?}\nserver log:\n{}",
-        pg.log()
-    );
+    watch_outage(
+        &pg,
+        &client,
+        &outbox.slot,
+        pid,
+        hung_wal,
+        Duration::from_secs(15),
+    )
+    .await;
     relay.kill();
     cluster.kill(1).expect("kill -9 the hung broker");
     tokio::task::block_in_place(|| cluster.restart(&[1], 1)).expect("restart the broker");

@@ -29,8 +29,6 @@ use support::relay::{run_to_end, Relay};
 use support::schema::{self, Outbox};
 use tokio_postgres::Client;
 
-const PROGRESS_TOPIC: &str = "outboxd.progress";
-
 /// Settings of every relay here: records often, and a restart really reads the record.
 const RELAY_ENV: [(&str, &str); 2] = [
     ("OUTBOXD_PROGRESS_INTERVAL_MS", "200"),
@@ -325,9 +323,7 @@ async fn partial_after_change(change: Change, scenario: &str) {
     broker
         .create_topics_on(&[&ok_topic, &dead], 4, 1, &[])
         .await;
-    broker
-        .create_topics_on(&[PROGRESS_TOPIC], 1, 1, &[("cleanup.policy", "compact")])
-        .await;
+    broker.create_progress_topic_on(1).await;
     broker.create_topics_on(&[&stuck_topic], 1, 3, &[]).await;
     let cluster = broker.kafka_cluster();
     cluster.kill(3).expect("the stuck topic's broker down");
@@ -476,13 +472,7 @@ async fn partial_after_change(change: Change, scenario: &str) {
 /// below the record: every one must arrive.
 #[tokio::test(flavor = "multi_thread")]
 async fn proven_skip_clock_stepped_forward_and_back() {
-    assert!(
-        std::path::Path::new(LIBFAKETIME).exists(),
-        "{LIBFAKETIME} missing: apt-get install -y faketime"
-    );
-    let clock = FakeClock::new();
-    let cluster = PgCluster::start_with_server_env(ClusterOptions::default(), clock.env())
-        .expect("cluster with a fake clock");
+    let (clock, cluster) = FakeClock::cluster();
     let db = cluster.fresh_database("proven_clock").await;
     let outbox = schema::setup(&db).await;
     let broker = Broker::default_for_tests();
@@ -807,13 +797,7 @@ async fn system_id(client: &Client) -> String {
 /// topics), a restart publishes every event: nothing was confirmed past them.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_primary_clock_hours_ahead_stops_naming_the_fix_and_loses_nothing() {
-    assert!(
-        std::path::Path::new(LIBFAKETIME).exists(),
-        "{LIBFAKETIME} missing: apt-get install -y faketime"
-    );
-    let clock = FakeClock::new();
-    let cluster = PgCluster::start_with_server_env(ClusterOptions::default(), clock.env())
-        .expect("cluster with a fake clock");
+    let (clock, cluster) = FakeClock::cluster();
     let db = cluster.fresh_database("clock_ahead").await;
     let outbox = schema::setup(&db).await;
     // A Kafka of its own, with Kafka 4's limit set explicitly (a user's broker from
@@ -873,6 +857,19 @@ struct FakeClock {
 }
 
 impl FakeClock {
+    /// A fresh PostgreSQL cluster whose server processes read their clock from a new
+    /// fake clock.
+    fn cluster() -> (FakeClock, PgCluster) {
+        assert!(
+            std::path::Path::new(LIBFAKETIME).exists(),
+            "{LIBFAKETIME} missing: apt-get install -y faketime"
+        );
+        let clock = FakeClock::new();
+        let cluster = PgCluster::start_with_server_env(ClusterOptions::default(), clock.env())
+            .expect("cluster with a fake clock");
+        (clock, cluster)
+    }
+
     fn new() -> FakeClock {
         use std::os::unix::fs::PermissionsExt;
         static CLOCKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);

@@ -69,23 +69,8 @@ async fn the_progress_record_never_runs_ahead_of_the_acks() {
     let broker = Broker::kafka(3);
     // Every event partition only on broker 3, so killing it leaves them without a leader,
     // while the progress topic (only on broker 1) keeps taking records.
-    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
-    broker
-        .create_topics_on(
-            &[&topics[0], &topics[1], &outbox.dead_letter_topic()],
-            3,
-            3,
-            &[],
-        )
-        .await;
-    broker
-        .create_topics_on(
-            &["outboxd.progress"],
-            1,
-            1,
-            &[("cleanup.policy", "compact")],
-        )
-        .await;
+    let topics = ops::create_topics_on(&broker, &outbox, 3, 3).await;
+    broker.create_progress_topic_on(1).await;
     let cluster = broker.kafka_cluster();
     let relay = Relay::start(
         Relay::env_for(

@@ -238,23 +238,8 @@ async fn a_first_progress_write_that_failed_is_retried() {
     // A three-node Kafka: the progress topic's only replica on broker 1, the events'
     // partitions' on broker 3; all three killed before the relay starts.
     let broker = Broker::kafka(3);
-    let topics = [outbox.topic("order"), outbox.topic("customer")];
-    broker
-        .create_topics_on(
-            &[&topics[0], &topics[1], &outbox.dead_letter_topic()],
-            4,
-            3,
-            &[],
-        )
-        .await;
-    broker
-        .create_topics_on(
-            &["outboxd.progress"],
-            1,
-            1,
-            &[("cleanup.policy", "compact")],
-        )
-        .await;
+    ops::create_topics_on(&broker, &outbox, 4, 3).await;
+    broker.create_progress_topic_on(1).await;
     broker.set_all_down(true);
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let mut relay = Relay::start(env.clone(), &["run"]);

@@ -90,6 +90,18 @@ impl Broker {
             .expect("create_topics_on");
     }
 
+    /// outboxd's progress topic, compacted, with its only replica on `node` of an own
+    /// Kafka cluster (it stays writable while other nodes are down).
+    pub async fn create_progress_topic_on(&self, node: i32) {
+        self.create_topics_on(
+            &[outboxd_test_broker::PROGRESS_TOPIC],
+            1,
+            node,
+            &[("cleanup.policy", "compact")],
+        )
+        .await;
+    }
+
     /// Creates topics (replicated to every node of an own three-node cluster).
     pub async fn create_topics(&self, topics: &[&str], partitions: i32) {
         self.0

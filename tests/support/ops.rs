@@ -149,6 +149,25 @@ pub async fn create_topics(broker: &Broker, outbox: &Outbox) -> Vec<String> {
     topics
 }
 
+/// [`create_topics`] on an own Kafka cluster, every partition's only replica on `node`.
+pub async fn create_topics_on(
+    broker: &Broker,
+    outbox: &Outbox,
+    partitions: i32,
+    node: i32,
+) -> Vec<String> {
+    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
+    broker
+        .create_topics_on(
+            &[&topics[0], &topics[1], &outbox.dead_letter_topic()],
+            partitions,
+            node,
+            &[],
+        )
+        .await;
+    topics
+}
+
 /// What the load generator inserts.
 #[derive(Debug, Clone)]
 pub struct LoadShape {

@@ -695,15 +695,7 @@ impl Watch {
 
     /// Latencies (ms) of records inserted within [from, to).
     fn window(&self, from: i64, to: i64) -> Vec<i64> {
-        self.samples
-            .lock()
-            .map(|g| {
-                g.iter()
-                    .filter(|(t, _)| *t >= from && *t < to)
-                    .map(|(t, a)| a - t)
-                    .collect()
-            })
-            .unwrap_or_default()
+        crate::latency::window(&self.samples, from, to)
     }
 }
 

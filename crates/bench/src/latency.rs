@@ -76,16 +76,22 @@ impl Stamper {
 
     /// Latencies (ms) of records committed within [from, to).
     pub fn window(&self, from: i64, to: i64) -> Vec<i64> {
-        self.samples
-            .lock()
-            .map(|g| {
-                g.iter()
-                    .filter(|(c, _)| *c >= from && *c < to)
-                    .map(|(c, a)| a - c)
-                    .collect()
-            })
-            .unwrap_or_default()
+        window(&self.samples, from, to)
     }
+}
+
+/// Latencies (ms, arrival − stamp) of the `(stamp, arrival)` samples stamped within
+/// [from, to).
+pub fn window(samples: &Mutex<Vec<(i64, i64)>>, from: i64, to: i64) -> Vec<i64> {
+    samples
+        .lock()
+        .map(|g| {
+            g.iter()
+                .filter(|(c, _)| *c >= from && *c < to)
+                .map(|(c, a)| a - c)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 impl Drop for Stamper {
