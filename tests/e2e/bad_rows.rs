@@ -313,3 +313,51 @@ async fn bad_setting_exits_2_naming_the_variable() {
         "the message shows the rejected value: {out}"
     );
 }
+
+/// A row whose topic does not exist, on a broker that creates no topics (as production
+/// brokers don't): outboxd stops (exit 5) naming the topic, rather than re-sending
+/// everything behind it every 30 s. Creating the topic, as the error says, and starting
+/// again delivers every event, with the rows before the missing topic's published at most
+/// twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_topic_stops_the_relay_naming_it() {
+    let db = PgCluster::shared()
+        .fresh_database("bad_missing_topic")
+        .await;
+    let outbox = schema::setup(&db).await;
+    let broker = Broker::default_for_tests();
+    let order = outbox.topic("order");
+    let missing = outbox.topic("customer");
+    broker
+        .create_topics(&[&order, &outbox.dead_letter_topic()], 2)
+        .await;
+    let client = db.client().await;
+    let events = support::load::insert_events(&client, &outbox.table, 20, 4, 5).await;
+    let env = support::relay::Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let mut relay = Relay::start(env.clone(), &["run"]);
+    let status = relay.wait_exit(Duration::from_secs(120));
+    let log = relay.log_text();
+    assert_eq!(status.code(), Some(5), "{log}");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("outboxd stopped") && l.contains(&missing)),
+        "the error does not name the topic {missing}:\n{log}"
+    );
+    broker.create_topics(&[&missing], 2).await;
+    let relay = Relay::start(env, &["run"]);
+    let topics = vec![order, missing];
+    let received = support::ops::read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &events,
+        Duration::from_secs(120),
+    );
+    let report = support::consume::check_delivery(&events, &received);
+    assert!(
+        report.duplicates <= events.len(),
+        "{} duplicates of {} events",
+        report.duplicates,
+        events.len()
+    );
+    drop(relay);
+}

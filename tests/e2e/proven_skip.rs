@@ -745,6 +745,7 @@ fn read_until_all(
                 out.push(r);
                 last_new = Instant::now();
             }
+            Some(Err(e)) if support::consume::transient(&e) => {}
             Some(Err(e)) => panic!("consumer error: {e}"),
             None => {}
         }

@@ -103,10 +103,11 @@ async fn the_progress_record_never_runs_ahead_of_the_acks() {
     cluster.kill(3).expect("kill broker 3");
     let stuck = insert_events(&client, &outbox.table, 50, 5, 5).await;
     let after_stuck = schema::current_wal_lsn(&db).await;
-    // Once the relay has read the stuck events, 25 record intervals in which a record that
-    // ran ahead of the acks would be written (the progress topic takes writes throughout).
+    // Once the relay has sent the stuck events (they wait in flight for a leader), 25
+    // record intervals in which a record that ran ahead of the acks would be written (the
+    // progress topic takes writes throughout).
     relay
-        .wait_metric_at_least("outboxd_received_lsn", after_stuck as f64)
+        .wait_metric_at_least("outboxd_in_flight_messages", stuck.len() as f64)
         .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let now = latest_record_lsn(&broker.bootstrap(), &db.slot).expect("record");

@@ -92,7 +92,20 @@ pub fn read_topics(
     out
 }
 
-/// A consumer assigned to every partition of `topics`, from the beginning.
+/// A broker of the cluster unreachable for now (a test killed it, or it restarts): the
+/// consumer reads on from the others and retries, as it does on its own.
+pub fn transient(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e,
+        KafkaError::MessageConsumption(C::BrokerTransportFailure | C::AllBrokersDown)
+    )
+}
+
+/// A consumer assigned to every partition of `topics`, from the beginning. A topic created
+/// a moment before may not be in the brokers' metadata yet: it is asked again (bounded)
+/// until it lists partitions, never assigned as empty.
 pub fn assigned_consumer(bootstrap: &str, topics: &[String]) -> BaseConsumer {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
@@ -103,14 +116,30 @@ pub fn assigned_consumer(bootstrap: &str, topics: &[String]) -> BaseConsumer {
         .expect("consumer");
     let mut tpl = TopicPartitionList::new();
     for topic in topics {
-        let md = consumer
-            .fetch_metadata(Some(topic), Duration::from_secs(10))
-            .expect("metadata");
-        for t in md.topics() {
-            for p in t.partitions() {
-                tpl.add_partition_offset(t.name(), p.id(), Offset::Beginning)
-                    .expect("tpl");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let partitions: Vec<i32> = loop {
+            let found = consumer
+                .fetch_metadata(Some(topic), Duration::from_secs(10))
+                .ok()
+                .and_then(|md| {
+                    md.topics()
+                        .iter()
+                        .find(|t| t.name() == topic && t.error().is_none())
+                        .map(|t| t.partitions().iter().map(|p| p.id()).collect::<Vec<_>>())
+                })
+                .filter(|p| !p.is_empty());
+            if let Some(p) = found {
+                break p;
             }
+            assert!(
+                Instant::now() < deadline,
+                "topic {topic} has no partitions in the brokers' metadata"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        for p in partitions {
+            tpl.add_partition_offset(topic, p, Offset::Beginning)
+                .expect("tpl");
         }
     }
     consumer.assign(&tpl).expect("assign");
@@ -140,6 +169,7 @@ pub fn stream_topics(
                     break;
                 }
             }
+            Some(Err(e)) if transient(&e) => {}
             Some(Err(e)) => panic!("consumer error: {e}"),
             None => {}
         }
@@ -208,6 +238,7 @@ pub fn read_until_ids(
                     done_at = Some(Instant::now());
                 }
             }
+            Some(Err(e)) if transient(&e) => {}
             Some(Err(e)) => panic!("consumer error: {e}"),
             None => {
                 if missing.is_empty() && done_at.is_none() {

@@ -348,6 +348,7 @@ pub fn read_all(
                 }
                 out.push(r);
             }
+            Some(Err(e)) if super::consume::transient(&e) => {}
             Some(Err(e)) => panic!("consumer error: {e}"),
             None => {}
         }
@@ -494,6 +495,7 @@ pub fn latest_progress_record(bootstrap: &str, key: &str) -> Option<serde_json::
             }
             Some(Ok(_)) => {}
             Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => break,
+            Some(Err(e)) if super::consume::transient(&e) => {}
             Some(Err(e)) => panic!("progress topic: {e}"),
             None => {}
         }

@@ -59,10 +59,11 @@ impl ConsumerProcess {
             std::process::id()
         ));
         let out = std::fs::File::create(&log).unwrap();
-        // Short sessions so that a killed member leaves the group in seconds; frequent
-        // commits so that the committed offsets are quick to check.
+        // The shortest session a Kafka broker accepts by default (group.min.session.timeout.ms)
+        // so that a killed member leaves the group in seconds; frequent commits so that the
+        // committed offsets are quick to check.
         let kafka = format!(
-            "client.id={name},session.timeout.ms=3000,heartbeat.interval.ms=300,\
+            "client.id={name},session.timeout.ms=6000,heartbeat.interval.ms=500,\
              max.poll.interval.ms=10000,auto.commit.interval.ms=100"
         );
         let child = Command::new(env!("CARGO_BIN_EXE_inbox-example"))

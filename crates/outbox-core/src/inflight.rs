@@ -92,6 +92,11 @@ impl InFlight {
         Some(entry)
     }
 
+    /// The entry of an index in flight, left in place.
+    pub fn get(&self, index: usize) -> Option<&InFlightEntry> {
+        self.slots.get(index)?.as_ref()
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }

@@ -177,6 +177,12 @@ impl InFlightLedger {
         self.slab.oldest_commit_unix_micros()
     }
 
+    /// The topic of the in-flight message `ticket` (before its report is taken), for an
+    /// error that names it.
+    pub fn topic_of(&self, ticket: Ticket) -> Option<&str> {
+        self.slab.get(ticket.0).map(|e| self.topics.name(e.topic))
+    }
+
     /// The topic of an in-flight message, or a placeholder past the bound on the names
     /// kept (a template over the aggregate id could name millions).
     pub fn topic_name(&self, entry: &InFlightEntry) -> &str {

@@ -366,8 +366,10 @@ log.cleaner.threads=1
         let mut children = Vec::new();
         for node in self.lock().iter() {
             let mut cmd = self.java_command("kafka.tools.StorageTool");
-            cmd.args(["format", "-t", &id, "-c"])
-                .arg(node.properties())
+            // `=`: a cluster id may start with '-', which the tool would read as an option.
+            cmd.arg("format")
+                .arg(format!("--cluster-id={id}"))
+                .arg(format!("--config={}", node.properties().display()))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped());

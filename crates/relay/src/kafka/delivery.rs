@@ -45,6 +45,32 @@ pub struct DeliveryFailure {
 }
 
 impl DeliveryFailure {
+    /// Whether the code is one a topic that does not exist gives (it is also what a
+    /// partition without a leader for now gives, so it alone proves nothing).
+    pub fn may_be_a_missing_topic(&self) -> bool {
+        matches!(
+            self.code,
+            RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic
+        )
+    }
+
+    /// The failure once the brokers said `topic` does not exist: a configuration error.
+    /// Retrying would re-send every message behind it on each attempt, forever.
+    pub fn missing_topic(self, topic: &str) -> Self {
+        Self {
+            message: format!(
+                "{}: topic {topic:?} does not exist, and the brokers do not create topics on \
+                 first use. Create it (kafka-topics --bootstrap-server BROKER --create --topic \
+                 {topic} --partitions N --replication-factor R), or fix OUTBOXD_TOPIC if the \
+                 name is wrong, then start outboxd again: nothing was confirmed past this \
+                 event, so it is published then",
+                self.message
+            ),
+            retriable: false,
+            ..self
+        }
+    }
+
     pub(crate) fn from_kafka_error(err: &KafkaError) -> Self {
         let code = err.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail);
         let message = match fix(code) {
@@ -158,6 +184,18 @@ mod tests {
         for (code, permanent) in table {
             assert_eq!(is_permanent(*code), *permanent, "{code:?}");
         }
+    }
+
+    #[test]
+    fn a_missing_topic_is_permanent_and_named() {
+        let f = DeliveryFailure::from_kafka_error(&KafkaError::MessageProduction(
+            C::UnknownTopicOrPartition,
+        ));
+        assert!(f.retriable && f.may_be_a_missing_topic());
+        let f = f.missing_topic("outbox.order");
+        assert!(!f.retriable);
+        assert!(f.message.contains("\"outbox.order\" does not exist"), "{f}");
+        assert!(f.message.contains("--create --topic outbox.order"), "{f}");
     }
 
     #[test]

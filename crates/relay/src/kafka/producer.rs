@@ -250,6 +250,32 @@ impl RelayProducer {
         drop(self);
     }
 
+    /// Whether the brokers say `topic` does not exist: a metadata answer that names it
+    /// with UNKNOWN_TOPIC_OR_PARTITION. `false` when they cannot be asked, or know it
+    /// (perhaps without a leader for now). Blocks up to `timeout`.
+    pub async fn topic_is_missing(&self, topic: &str, timeout: Duration) -> bool {
+        let inner = Arc::clone(&self.inner);
+        let topic = topic.to_owned();
+        // librdkafka's metadata call blocks: off the runtime's only thread.
+        tokio::task::spawn_blocking(move || {
+            let Ok(metadata) = inner.client().fetch_metadata(Some(&topic), timeout) else {
+                return false;
+            };
+            metadata.topics().iter().any(|t| {
+                t.name() == topic
+                    && matches!(
+                        t.error().map(RDKafkaErrorCode::from),
+                        Some(
+                            RDKafkaErrorCode::UnknownTopicOrPartition
+                                | RDKafkaErrorCode::UnknownTopic
+                        )
+                    )
+            })
+        })
+        .await
+        .unwrap_or(false)
+    }
+
     /// Fetches cluster metadata, proving the brokers are reachable with these settings.
     /// Blocks up to `timeout`.
     pub fn check_broker_reachable(&self, timeout: Duration) -> Result<BrokerInfo, KafkaSetupError> {

@@ -699,7 +699,10 @@ async fn run_session(
             binary,
         },
     );
-    let result = session.run(&mut stream, shutdown).await;
+    let result = match session.run(&mut stream, shutdown).await {
+        Err(e) => Err(session.explain(e).await),
+        ok => ok,
+    };
     if let Err(RelayError::BinaryRuledOutByRelation { found, .. }) = &result {
         carry.binary_ruled_out = Some(found.clone());
     }

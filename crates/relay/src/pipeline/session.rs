@@ -42,6 +42,11 @@ use progress::ProgressWriter;
 /// (see `Session::run`): it holds back only the slot's confirmation.
 const REPORTS_WAIT: Duration = Duration::from_millis(10);
 
+/// How long asking the brokers whether a topic exists may take, after a delivery failed
+/// with "unknown topic or partition" (status updates wait meanwhile: well under half of
+/// any sane wal_sender_timeout).
+const TOPIC_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Most events taken from the stream's buffer in one turn of the session's loop: enough
 /// to amortise the turn, few enough that a delivery report or a tick waits little.
 const BURST: usize = 256;
@@ -88,6 +93,8 @@ pub(super) struct Session<'a> {
     durability_warned: bool,
     /// Binary column values, and the settings they were chosen under (`binary.rs`).
     binary: super::binary::Binary,
+    /// The topic of the message whose delivery failed, for an error that names it.
+    failed_topic: Option<String>,
 }
 
 /// What the rules report, as metrics and logs.
@@ -231,6 +238,7 @@ impl<'a> Session<'a> {
             timeline,
             server: begin.server,
             durability_warned: false,
+            failed_topic: None,
             binary: begin.binary,
         }
     }
@@ -530,12 +538,36 @@ impl<'a> Session<'a> {
         self.core.observer().acked_at_unix_micros = d.at_unix_micros;
         let ticket = Ticket::from_index(d.ticket);
         let acked = d.outcome.is_ok();
+        if d.outcome.is_err() {
+            self.failed_topic = self.core.ledger().topic_of(ticket).map(str::to_owned);
+        }
         self.core
             .on_delivery(ticket, acked)
             .map_err(|e| lift(e, &self.cfg.slot))?;
         match d.outcome {
             Ok(_) => Ok(()),
             Err(failure) => Err(RelayError::Delivery(failure)),
+        }
+    }
+
+    /// The session's error, told apart where the brokers can say more than the code:
+    /// "unknown topic or partition" is also what a partition without a leader for now
+    /// gives, so a topic is called missing only when the brokers' metadata says so.
+    /// Retrying a missing topic would re-send every message behind it on each attempt.
+    pub(super) async fn explain(&self, e: RelayError) -> RelayError {
+        match (e, &self.failed_topic) {
+            (RelayError::Delivery(f), Some(topic)) if f.may_be_a_missing_topic() => {
+                if self
+                    .producer
+                    .topic_is_missing(topic, TOPIC_LOOKUP_TIMEOUT)
+                    .await
+                {
+                    RelayError::Delivery(f.missing_topic(topic))
+                } else {
+                    RelayError::Delivery(f)
+                }
+            }
+            (e, _) => e,
         }
     }
 
