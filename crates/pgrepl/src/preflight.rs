@@ -448,7 +448,7 @@ pub struct PublicationCoverage {
     /// A column list (PostgreSQL 15+) on the same: the other columns are never sent.
     pub column_listed: bool,
     /// The table or any of its partitions (any depth) that is UNLOGGED, as quoted
-    /// `schema.name`, comma-separated: their rows are never written to the WAL, so no
+    /// `schema.name`, one a line: their rows are never written to the WAL, so no
     /// publication can send them.
     pub unlogged: Option<String>,
 }
@@ -494,7 +494,7 @@ pub async fn publication_coverage(
                     AND pt.schemaname = an.nspname AND pt.tablename = ac.relname)), \
                EXISTS (SELECT 1 FROM r WHERE r.prpubid = p.oid AND r.prqual IS NOT NULL), \
                EXISTS (SELECT 1 FROM r WHERE r.prpubid = p.oid AND r.prattrs IS NOT NULL), \
-               (SELECT pg_catalog.string_agg(pg_catalog.format('%I.%I', un.nspname, uc.relname), ', ' \
+               (SELECT pg_catalog.string_agg(pg_catalog.format('%I.%I', un.nspname, uc.relname), E'\\n' \
                          ORDER BY un.nspname, uc.relname) \
                   FROM pg_catalog.pg_class uc \
                   JOIN pg_catalog.pg_namespace un ON un.oid = uc.relnamespace \

@@ -488,7 +488,7 @@ pub fn judge_publication(
     if let Some(unlogged) = &c.unlogged {
         // Checked before the listing: no publication can send what the WAL never had.
         let fix: Vec<String> = unlogged
-            .split(", ")
+            .lines()
             .map(|t| {
                 format!(
                     "ALTER TABLE {t} SET LOGGED; \
@@ -497,12 +497,13 @@ pub fn judge_publication(
             })
             .collect();
         return Err(format!(
-            "{unlogged} (the outbox table or a partition of it) is UNLOGGED: its rows are \
+            "{} (the outbox table or a partition of it) is UNLOGGED: its rows are \
              never written to the WAL, so outboxd cannot see them, and rows inserted there \
              since it became unlogged were never relayed. Make it logged and re-publish what \
              it holds (deleted and inserted again in one statement, with their own ids: \
              consumers dedup what they had; docs/operations.md, \"An UNLOGGED outbox \
              partition\"): {}",
+            unlogged.lines().collect::<Vec<_>>().join(", "),
             fix.join(" ")
         ));
     }
@@ -671,5 +672,34 @@ mod tests {
             "names the fix: {warning}"
         );
         assert!(warning.contains("OutboxdAbsent"), "{warning}");
+    }
+
+    #[test]
+    fn an_unlogged_partition_is_refused_whatever_the_listing_with_its_fix() {
+        let c = PublicationCoverage {
+            publishes_insert: true,
+            via_partition_root: true,
+            table_kind: Some("p".into()),
+            table_listed: true,
+            partitions_listed: 0,
+            leaves_unlisted: 0,
+            row_filtered: false,
+            column_listed: false,
+            unlogged: Some("public.outbox_2025\n\"Odd, name\".\"p 1\"".into()),
+        };
+        let problem = judge_publication(&c, "pub", "public.outbox").expect_err("refused");
+        assert!(
+            problem.starts_with("public.outbox_2025, \"Odd, name\".\"p 1\" "),
+            "{problem}"
+        );
+        assert!(
+            problem.contains("ALTER TABLE \"Odd, name\".\"p 1\" SET LOGGED; WITH moved AS (DELETE FROM \"Odd, name\".\"p 1\" RETURNING *) INSERT INTO \"Odd, name\".\"p 1\" SELECT * FROM moved;"),
+            "{problem}"
+        );
+        let logged = PublicationCoverage {
+            unlogged: None,
+            ..c
+        };
+        assert_eq!(judge_publication(&logged, "pub", "public.outbox"), Ok(None));
     }
 }
