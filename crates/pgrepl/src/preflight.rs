@@ -498,7 +498,7 @@ pub async fn publication_coverage(
                          ORDER BY un.nspname, uc.relname) \
                   FROM pg_catalog.pg_class uc \
                   JOIN pg_catalog.pg_namespace un ON un.oid = uc.relnamespace \
-                 WHERE uc.relpersistence = 'u' AND uc.relkind IN ('r', 'p') \
+                 WHERE uc.relpersistence = 'u' AND uc.relkind = 'r' \
                    AND (uc.oid = (SELECT oid FROM t) OR uc.oid IN ( \
                         SELECT l.relid FROM pg_catalog.pg_partition_tree((SELECT oid FROM t)) l))) \
              FROM pg_catalog.pg_publication p WHERE p.pubname = $1",

@@ -61,9 +61,10 @@ impl DeliveryFailure {
             message: format!(
                 "{}: topic {topic:?} does not exist, and the brokers do not create topics on \
                  first use. Create it (kafka-topics --bootstrap-server BROKER --create --topic \
-                 {topic} --partitions N --replication-factor R), or fix OUTBOXD_TOPIC if the \
-                 name is wrong, then start outboxd again: nothing was confirmed past this \
-                 event, so it is published then",
+                 {topic} --partitions N --replication-factor R), or fix the setting that named \
+                 it if the name is wrong (OUTBOXD_TOPIC, or OUTBOXD_DEAD_LETTER_TOPIC for dead \
+                 letters), then start outboxd again: nothing was confirmed past this event, so \
+                 it is published then",
                 self.message
             ),
             retriable: false,
@@ -94,8 +95,9 @@ fn fix(code: RDKafkaErrorCode) -> Option<&'static str> {
     // and versions say INVALID_TIMESTAMP.
     const TIMESTAMP: &str = "outboxd stamps each record with its transaction's commit time \
         on the primary, and Kafka refuses a timestamp further ahead of the broker's clock than \
-        the topic's message.timestamp.after.max.ms (Kafka 4: 1 hour by default), or older \
-        than message.timestamp.before.max.ms. Compare the primary's clock with the broker's. \
+        the topic's message.timestamp.after.max.ms (Kafka 3.6+; 1 hour by default from Kafka \
+        4), or older than message.timestamp.before.max.ms (raise that one for an old backlog). \
+        Compare the primary's clock with the broker's. \
         Transactions already committed keep their commit times, so fixing the clock alone \
         does not let them through: raise the setting on every outboxd topic (the event topics \
         and the dead-letter topic), e.g. kafka-configs --bootstrap-server BROKER --alter \
@@ -115,8 +117,10 @@ fn fix(code: RDKafkaErrorCode) -> Option<&'static str> {
              kafka-configs --bootstrap-server BROKER --alter --entity-type topics \
              --entity-name TOPIC --add-config message.timestamp.after.max.ms=86400000, fix \
              the clock, and start outboxd again: nothing was confirmed past this \
-             transaction, so it is published then. Otherwise the broker's log names the \
-             record validation that failed (a policy or a record validator of the cluster)",
+             transaction, so it is published then. Otherwise: a record without a key on a \
+             compacted topic (dead letters of rows without an aggregate id have none: the \
+             dead-letter topic must not be compacted), or a record validator of the cluster; \
+             the broker's log names it",
         ),
         _ => None,
     }

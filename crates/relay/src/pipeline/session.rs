@@ -46,6 +46,8 @@ const REPORTS_WAIT: Duration = Duration::from_millis(10);
 /// with "unknown topic or partition" (status updates wait meanwhile: well under half of
 /// any sane wal_sender_timeout).
 const TOPIC_LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
+/// The pause before asking a second time (metadata reaches every broker within it).
+const TOPIC_LOOKUP_AGAIN: Duration = Duration::from_secs(2);
 
 /// Most events taken from the stream's buffer in one turn of the session's loop: enough
 /// to amortise the turn, few enough that a delivery report or a tick waits little.
@@ -557,11 +559,14 @@ impl<'a> Session<'a> {
     pub(super) async fn explain(&self, e: RelayError) -> RelayError {
         match (e, &self.failed_topic) {
             (RelayError::Delivery(f), Some(topic)) if f.may_be_a_missing_topic() => {
-                if self
-                    .producer
-                    .topic_is_missing(topic, TOPIC_LOOKUP_TIMEOUT)
-                    .await
-                {
+                // Twice, a moment apart: one broker that has not yet learned of a topic
+                // (just created, or recreated) must not stop a healthy relay.
+                let lookup = || self.producer.topic_is_missing(topic, TOPIC_LOOKUP_TIMEOUT);
+                let missing = lookup().await && {
+                    tokio::time::sleep(TOPIC_LOOKUP_AGAIN).await;
+                    lookup().await
+                };
+                if missing {
                     RelayError::Delivery(f.missing_topic(topic))
                 } else {
                     RelayError::Delivery(f)

@@ -485,30 +485,34 @@ pub fn judge_publication(
              ALTER PUBLICATION {publication} ADD TABLE {table};"
         ));
     }
-    if let Some(unlogged) = &c.unlogged {
-        // Checked before the listing: no publication can send what the WAL never had.
-        let fix: Vec<String> = unlogged
-            .lines()
-            .map(|t| {
-                format!(
-                    "ALTER TABLE {t} SET LOGGED; \
-                     WITH moved AS (DELETE FROM {t} RETURNING *) INSERT INTO {t} SELECT * FROM moved;"
-                )
-            })
-            .collect();
-        return Err(format!(
-            "{} (the outbox table or a partition of it) is UNLOGGED: its rows are \
-             never written to the WAL, so outboxd cannot see them, and rows inserted there \
-             since it became unlogged were never relayed. Make it logged and re-publish what \
-             it holds (deleted and inserted again in one statement, with their own ids: \
-             consumers dedup what they had; docs/operations.md, \"An UNLOGGED outbox \
-             partition\"): {}",
-            unlogged.lines().collect::<Vec<_>>().join(", "),
-            fix.join(" ")
-        ));
-    }
     let partitioned = kind == "p";
     if c.table_listed {
+        if let Some(unlogged) = &c.unlogged {
+            // Judged once the publication covers the table: the re-inserts of the printed fix
+            // must be published, so a publication fix (printed first) comes before it.
+            let fix: Vec<String> = unlogged
+                .lines()
+                .map(|t| {
+                    format!(
+                        "ALTER TABLE {t} SET LOGGED; \
+                         WITH moved AS (DELETE FROM {t} RETURNING *) \
+                         INSERT INTO {t} OVERRIDING SYSTEM VALUE SELECT * FROM moved;"
+                    )
+                })
+                .collect();
+            return Err(format!(
+                "{} (the outbox table or a partition of it) is UNLOGGED: its rows are \
+                 never written to the WAL, so outboxd cannot see them, and rows inserted there \
+                 since it became unlogged were never relayed. Make it logged and re-publish what \
+                 it holds, before any PostgreSQL restart or failover (crash recovery empties an \
+                 unlogged table and a standby has none of its rows; rows already deleted cannot \
+                 be recovered), deleted and inserted again in one statement with their own ids \
+                 (consumers dedup what they had; docs/operations.md, \"An UNLOGGED outbox \
+                 partition\"): {}",
+                unlogged.lines().collect::<Vec<_>>().join(", "),
+                fix.join(" ")
+            ));
+        }
         return Ok(None);
     }
     if partitioned && c.partitions_listed > 0 && c.leaves_unlisted > 0 {
@@ -693,9 +697,22 @@ mod tests {
             "{problem}"
         );
         assert!(
-            problem.contains("ALTER TABLE \"Odd, name\".\"p 1\" SET LOGGED; WITH moved AS (DELETE FROM \"Odd, name\".\"p 1\" RETURNING *) INSERT INTO \"Odd, name\".\"p 1\" SELECT * FROM moved;"),
+            problem.contains("ALTER TABLE \"Odd, name\".\"p 1\" SET LOGGED; WITH moved AS (DELETE FROM \"Odd, name\".\"p 1\" RETURNING *) INSERT INTO \"Odd, name\".\"p 1\" OVERRIDING SYSTEM VALUE SELECT * FROM moved;"),
             "{problem}"
         );
+        // Not covered by the publication: its fix first (the fix's re-inserts must be
+        // published), the unlogged partition at the next start.
+        let unlisted = PublicationCoverage {
+            table_listed: false,
+            via_partition_root: false,
+            ..c.clone()
+        };
+        let problem = judge_publication(&unlisted, "pub", "public.outbox").expect_err("refused");
+        assert!(
+            problem.contains("ALTER PUBLICATION pub ADD TABLE"),
+            "{problem}"
+        );
+        assert!(!problem.contains("UNLOGGED"), "{problem}");
         let logged = PublicationCoverage {
             unlogged: None,
             ..c
