@@ -17,10 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use pgtest::PgCluster;
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::{Offset, TopicPartitionList};
 
 use crate::broker::{self, BrokerKind, PARTITIONS};
 use crate::drain::{self, unix_ms, wait_timeout, Outboxd};
@@ -635,19 +632,7 @@ struct Watch {
 
 impl Watch {
     fn start(bootstrap: &str, topic: &str) -> Result<Watch> {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .set("group.id", "outboxd-bench-compare")
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
-            .set("fetch.wait.max.ms", "2")
-            .set("fetch.min.bytes", "1")
-            .create()?;
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..PARTITIONS {
-            tpl.add_partition_offset(topic, p, Offset::Beginning)?;
-        }
-        consumer.assign(&tpl)?;
+        let consumer = latency::latency_consumer(bootstrap, topic, "outboxd-bench-compare")?;
         let count = Arc::new(AtomicU64::new(0));
         let times = Arc::new(Mutex::new((None, None)));
         let samples = Arc::new(Mutex::new(Vec::new()));

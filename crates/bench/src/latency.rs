@@ -29,18 +29,7 @@ pub struct Stamper {
 
 impl Stamper {
     pub fn start(bootstrap: &str, topic: &str) -> Result<Stamper> {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .set("group.id", "outboxd-bench-latency")
-            .set("enable.auto.commit", "false")
-            .set("fetch.wait.max.ms", "2")
-            .set("fetch.min.bytes", "1")
-            .create()?;
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..PARTITIONS {
-            tpl.add_partition_offset(topic, p, Offset::Beginning)?;
-        }
-        consumer.assign(&tpl)?;
+        let consumer = latency_consumer(bootstrap, topic, "outboxd-bench-latency")?;
         let samples = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (s2, stop2) = (Arc::clone(&samples), Arc::clone(&stop));
@@ -78,6 +67,25 @@ impl Stamper {
     pub fn window(&self, from: i64, to: i64) -> Vec<i64> {
         window(&self.samples, from, to)
     }
+}
+
+/// A consumer of every partition of `topic` from the beginning, `read_committed`, that
+/// answers a fetch as soon as one record is there (its wait is part of what it measures).
+pub fn latency_consumer(bootstrap: &str, topic: &str, group: &str) -> Result<BaseConsumer> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("fetch.wait.max.ms", "2")
+        .set("fetch.min.bytes", "1")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    Ok(consumer)
 }
 
 /// Latencies (ms, arrival − stamp) of the `(stamp, arrival)` samples stamped within
