@@ -57,10 +57,3 @@ pub async fn start(kind: BrokerKind, bins: &Path, topics: &[&str]) -> Result<Bro
         .with_context(|| format!("creating topics on {}", broker.name()))?;
     Ok(broker)
 }
-
-/// The broker's process, for its CPU: the mock's child, or the Kafka node's JVM.
-pub fn pid(broker: &Broker) -> Option<u32> {
-    broker
-        .pid()
-        .or_else(|| broker.kafka_cluster().ok().and_then(|c| c.pid(1)))
-}

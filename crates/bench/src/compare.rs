@@ -221,7 +221,7 @@ async fn drain_one(
 ) -> Result<DrainRow> {
     let broker = broker::start(BrokerKind::Kafka, &s.bins, &[pg::TOPIC]).await?;
     let watch = Watch::start(&broker.bootstrap(), pg::TOPIC)?;
-    let broker_pid = broker::pid(&broker);
+    let broker_pid = broker.pid();
     let broker0 = broker_pid.and_then(procfs::cpu_seconds);
     let pg0 = procfs::cluster_cpu_seconds(cluster.data_dir())?;
     let started = Instant::now();
@@ -315,7 +315,7 @@ async fn latency_runs(
         pg::create_slots(&sql, std::slice::from_ref(&slot)).await?;
         let broker = broker::start(BrokerKind::Kafka, &s.bins, &[pg::TOPIC]).await?;
         let watch = Watch::start(&broker.bootstrap(), pg::TOPIC)?;
-        let broker_pid = broker::pid(&broker);
+        let broker_pid = broker.pid();
         let mut relay = Relay::spawn(s, connect, cluster, db, &slot, &broker.bootstrap(), tool)?;
         // Warm-up: one record end to end (the worker's start-up is not latency).
         let deadline = Instant::now() + Duration::from_secs(180);

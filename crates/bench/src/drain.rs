@@ -288,7 +288,7 @@ pub async fn outboxd_with(
 ) -> Result<DrainResult> {
     let sql = pg::connect(t.cluster, t.db).await?;
     let cpu0 = procfs::cluster_cpu_seconds(t.cluster.data_dir())?;
-    let broker_cpu = || crate::broker::pid(broker).and_then(procfs::cpu_seconds);
+    let broker_cpu = || broker.pid().and_then(procfs::cpu_seconds);
     let broker0 = broker_cpu();
     let started = Instant::now();
     let relay = Outboxd::spawn_with(

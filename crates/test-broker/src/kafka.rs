@@ -316,16 +316,6 @@ log.cleaner.threads=1
         self.lock().iter().map(|n| n.id).collect()
     }
 
-    /// `host:port` of one node's client listener.
-    pub fn node_address(&self, id: i32) -> Result<String> {
-        let nodes = self.lock();
-        let node = nodes
-            .iter()
-            .find(|n| n.id == id)
-            .ok_or(Error::NoSuchNode(id))?;
-        Ok(format!("127.0.0.1:{}", node.port))
-    }
-
     /// The JVM's pid of a running node (for a test's own signals).
     pub fn pid(&self, id: i32) -> Option<u32> {
         self.lock()

@@ -95,10 +95,12 @@ pub enum Broker {
 }
 
 impl Broker {
-    /// The broker's own process, when it runs as a child (`outboxd-dev broker`).
+    /// The broker's own process, when it is one child process: `outboxd-dev broker`, or
+    /// the JVM of a one-node Kafka (a cluster has no single process).
     pub fn pid(&self) -> Option<u32> {
         match self {
             Broker::Process { child, .. } => Some(child.id()),
+            Broker::Kafka { cluster, .. } if cluster.node_ids() == [1] => cluster.pid(1),
             Broker::Mock { .. } | Broker::External(_) | Broker::Kafka { .. } => None,
         }
     }

@@ -86,42 +86,39 @@ impl DeliveryFailure {
     }
 }
 
+/// The timestamp check's cause and fix, said once for both codes that carry it.
+// outboxd stamps each record with its transaction's commit time, and Kafka refuses a
+// timestamp further ahead of the broker's clock than the topic's
+// message.timestamp.after.max.ms (one hour by default since Kafka 4). Against Apache Kafka
+// 4.4, librdkafka 2.12 reported that refusal as INVALID_RECORD; other brokers and versions
+// say INVALID_TIMESTAMP.
+macro_rules! timestamp_fix {
+    () => {
+        "outboxd stamps each record with its transaction's commit time on the primary, and \
+         Kafka refuses a timestamp further ahead of the broker's clock than the topic's \
+         message.timestamp.after.max.ms (Kafka 3.6+; 1 hour by default from Kafka 4), or \
+         older than message.timestamp.before.max.ms (raise that one for an old backlog). \
+         Compare the primary's clock with the broker's. Transactions already committed keep \
+         their commit times, so fixing the clock alone does not let them through: raise the \
+         setting on every outboxd topic (the event topics and the dead-letter topic), e.g. \
+         kafka-configs --bootstrap-server BROKER --alter --entity-type topics --entity-name \
+         TOPIC --add-config message.timestamp.after.max.ms=86400000, fix the clock, and start \
+         outboxd again: nothing was confirmed past this transaction, so it is published then"
+    };
+}
+
 /// What an operator does about a permanent error whose broker message does not say it.
 fn fix(code: RDKafkaErrorCode) -> Option<&'static str> {
-    // outboxd stamps each record with its transaction's commit time, and Kafka refuses a
-    // timestamp further ahead of the broker's clock than the topic's
-    // message.timestamp.after.max.ms (one hour by default since Kafka 4). Against Apache
-    // Kafka 4.4, librdkafka 2.12 reported that refusal as INVALID_RECORD; other brokers
-    // and versions say INVALID_TIMESTAMP.
-    const TIMESTAMP: &str = "outboxd stamps each record with its transaction's commit time \
-        on the primary, and Kafka refuses a timestamp further ahead of the broker's clock than \
-        the topic's message.timestamp.after.max.ms (Kafka 3.6+; 1 hour by default from Kafka \
-        4), or older than message.timestamp.before.max.ms (raise that one for an old backlog). \
-        Compare the primary's clock with the broker's. \
-        Transactions already committed keep their commit times, so fixing the clock alone \
-        does not let them through: raise the setting on every outboxd topic (the event topics \
-        and the dead-letter topic), e.g. kafka-configs --bootstrap-server BROKER --alter \
-        --entity-type topics --entity-name TOPIC --add-config \
-        message.timestamp.after.max.ms=86400000, fix the clock, and start outboxd again: \
-        nothing was confirmed past this transaction, so it is published then";
     match code {
-        RDKafkaErrorCode::InvalidTimestamp => Some(TIMESTAMP),
-        RDKafkaErrorCode::InvalidRecord => Some(
+        RDKafkaErrorCode::InvalidTimestamp => Some(timestamp_fix!()),
+        RDKafkaErrorCode::InvalidRecord => Some(concat!(
             "the broker refused the record. If the primary's clock runs ahead of the \
-             broker's, this is the timestamp check: outboxd stamps each record with its \
-             transaction's commit time on the primary, and Kafka refuses a timestamp further \
-             ahead of the broker's clock than the topic's message.timestamp.after.max.ms \
-             (Kafka 4: 1 hour by default). Transactions already committed keep their commit \
-             times, so fixing the clock alone does not let them through: raise the setting \
-             on every outboxd topic (the event topics and the dead-letter topic), e.g. \
-             kafka-configs --bootstrap-server BROKER --alter --entity-type topics \
-             --entity-name TOPIC --add-config message.timestamp.after.max.ms=86400000, fix \
-             the clock, and start outboxd again: nothing was confirmed past this \
-             transaction, so it is published then. Otherwise: a record without a key on a \
-             compacted topic (dead letters of rows without an aggregate id have none: the \
-             dead-letter topic must not be compacted), or a record validator of the cluster; \
-             the broker's log names it",
-        ),
+             broker's, this is the timestamp check: ",
+            timestamp_fix!(),
+            ". Otherwise: a record without a key on a compacted topic (dead letters of rows \
+             without an aggregate id have none: the dead-letter topic must not be compacted), \
+             or a record validator of the cluster; the broker's log names it"
+        )),
         _ => None,
     }
 }
@@ -204,11 +201,12 @@ mod tests {
 
     #[test]
     fn a_refused_timestamp_names_the_clock_and_the_topic_setting() {
-        let f =
-            DeliveryFailure::from_kafka_error(&KafkaError::MessageProduction(C::InvalidTimestamp));
-        assert!(!f.retriable);
-        assert!(f.message.contains("message.timestamp.after.max.ms"), "{f}");
-        assert!(f.message.contains("clock"), "{f}");
+        for code in [C::InvalidTimestamp, C::InvalidRecord] {
+            let f = DeliveryFailure::from_kafka_error(&KafkaError::MessageProduction(code));
+            assert!(!f.retriable);
+            assert!(f.message.contains("message.timestamp.after.max.ms"), "{f}");
+            assert!(f.message.contains("clock"), "{f}");
+        }
     }
 
     #[test]

@@ -679,7 +679,7 @@ mod tests {
     }
 
     #[test]
-    fn an_unlogged_partition_is_refused_whatever_the_listing_with_its_fix() {
+    fn an_unlogged_partition_is_refused_once_the_publication_covers_the_table() {
         let c = PublicationCoverage {
             publishes_insert: true,
             via_partition_root: true,
