@@ -254,7 +254,7 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
             } else {
                 say!("ok  slot {} (exists)", s.slot);
             }
-            state.confirmed_flush_lsn
+            (state.confirmed_flush_lsn, None)
         }
         None => {
             // Read before creating: a slot that existed must not come back silently.
@@ -285,10 +285,10 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
             match &creation {
                 Creation::FirstStart => {}
                 Creation::Recreate(old) => say!(
-                    "warn slot {} existed (last confirmed {}, recorded {}): rows committed since then are not relayed; re-publish them (docs/operations.md, \"A lost slot: re-publishing\")",
+                    "warn slot {} existed (last confirmed {}): rows committed since then are not relayed; re-publish {} (docs/operations.md, \"A lost slot: re-publishing\")",
                     s.slot,
                     old.confirmed_lsn(),
-                    old.confirmed_since_text()
+                    old.republish_text()
                 ),
                 Creation::OverRows => say!(
                     "warn slot {}: rows already in {table} are not relayed (--skip-existing-rows)",
@@ -304,7 +304,7 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
             if creation != Creation::FirstStart {
                 renew = true;
             }
-            Some(created.consistent_point)
+            (Some(created.consistent_point), Some(created.since))
         }
     };
     record_cluster(s, sql, shared, position, renew).await?;
@@ -322,7 +322,7 @@ async fn record_cluster(
     s: &Settings,
     sql: &Client,
     shared: &mut Shared<'_>,
-    position: Option<Lsn>,
+    (position, created_since): (Option<Lsn>, Option<i64>),
     renew: bool,
 ) -> Result<(), InitError> {
     let Some(topic) = &s.progress_topic else {
@@ -374,7 +374,17 @@ async fn record_cluster(
     // Only the slot's own position: the record never claims more than the slot has
     // confirmed (a slot created here starts where nothing before it is relayed anyway),
     // and names no transaction, so it proves no replay delivered.
-    let mut record = ProgressRecord::now(system.timeline, position.unwrap_or(Lsn::ZERO));
+    let position = position.unwrap_or(Lsn::ZERO);
+    // The time to re-publish from should the slot be lost: a new slot's creation, or
+    // what the replaced record said of a position at or before this one (a later one
+    // would name a time past rows this position has not relayed).
+    let since = created_since.or_else(|| {
+        replaced
+            .as_ref()
+            .filter(|old| old.confirmed_lsn() <= position)
+            .and_then(|old| old.claim.since)
+    });
+    let mut record = ProgressRecord::slot_created(system.timeline, position, since);
     // The publication as it is now: the baseline `run` compares it with. A record
     // replaced over a slot that stays must not accept a change unseen (only
     // `--accept-publication-change` does); a new slot starts a new history.

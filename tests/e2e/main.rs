@@ -25,6 +25,7 @@ mod header_formats;
 mod kafka_cluster;
 mod libpq_parity;
 mod logical_messages;
+mod lost_slot_time;
 mod monitoring_kit;
 mod ops_check_parity;
 mod ops_cli;

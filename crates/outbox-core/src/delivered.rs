@@ -111,6 +111,13 @@ pub struct DeliveredPosition {
     pub partial: Option<PartialTxn>,
     /// The writer's [`Fingerprint`]: a claim made under other settings proves nothing.
     pub fingerprint: u64,
+    /// A server time no transaction past `lsn` committed before (PostgreSQL's microseconds
+    /// since 2000-01-01): the commit time of the newest mark, or the server's clock just
+    /// before the slot was created. What an operator re-publishes from when the slot is
+    /// lost. Only ever read from a commit or the server, never the writer's clock: a
+    /// record rewritten later with the same position must not name a later time. `None`:
+    /// unknown (re-publish everything that may be missing).
+    pub since: Option<i64>,
 }
 
 impl DeliveredPosition {
@@ -124,6 +131,7 @@ impl DeliveredPosition {
             marks: Vec::new(),
             partial: None,
             fingerprint,
+            since: None,
         }
     }
 
@@ -142,6 +150,9 @@ impl DeliveredPosition {
             xid: txn.xid,
             commit_time: txn.commit_time,
         });
+        // The newest, not the latest clock reading: after a clock step back, a later
+        // transaction may carry an earlier time, and the bound must stay below it.
+        self.since = Some(txn.commit_time);
         self.marks.retain(|m| keeps(m.seq, seq));
     }
 
@@ -165,6 +176,7 @@ impl DeliveredPosition {
             timeline: self.timeline,
             lsn: marks.last().map_or(self.base, |m| m.end_lsn),
             base: self.base.min(server_end),
+            since: marks.last().map(|m| m.commit_time),
             marks,
             partial: None,
             fingerprint: self.fingerprint,

@@ -148,8 +148,14 @@ impl<R> ReplayCore<R> {
                     // its exact identity.
                     // Its position proves nothing either, but keeping it keeps the record
                     // from moving back (it is within this server's WAL).
+                    // Its time still bounds what came after its position, which the
+                    // new claim's is at or past.
                     None if !proof.holding() => {
-                        (proof, fresh(s.start.max(known.lsn)), s.new_lineage)
+                        let at = DeliveredPosition {
+                            since: known.since,
+                            ..fresh(s.start.max(known.lsn))
+                        };
+                        (proof, at, s.new_lineage)
                     }
                     None => {
                         let lineage = if lineage == 0 { s.new_lineage } else { lineage };
@@ -439,5 +445,28 @@ mod tests {
         assert!(!c.holding());
         let (claim, lineage) = c.claim_at(Lsn(600));
         assert_eq!((claim.base, claim.marks.len(), lineage), (Lsn(600), 0, 9));
+        // It names no transaction, but still the time of the last one before its
+        // position: nothing it has not relayed committed before that.
+        assert_eq!(claim.since, Some(1000));
+    }
+
+    #[test]
+    fn the_time_to_republish_from_is_the_newest_confirmed_commit_and_a_doubt_forgets_it() {
+        let mut c = start(100, 1, 2);
+        // Same position, another commit time: another history.
+        let step = c.begin(id(500, 100, 3000));
+        assert!(matches!(step, Step::Release(Doubt::Mismatch, _)));
+        let (claim, _) = c.claim_at(Lsn(100));
+        assert_eq!(
+            claim.since, None,
+            "a doubted claim's time is another history's"
+        );
+        assert!(c.commit(Lsn(510)).is_ok());
+        let (claim, _) = c.claim_at(Lsn(510));
+        assert_eq!(claim.since, Some(3000));
+        // A later transaction with an earlier time (the server's clock stepped back).
+        let _ = c.begin(id(800, 6, 2500));
+        assert!(c.commit(Lsn(810)).is_ok());
+        assert_eq!(c.claim_at(Lsn(810)).0.since, Some(2500));
     }
 }

@@ -308,6 +308,18 @@ pub async fn event_trigger_enabled(client: &Client, name: &str) -> Result<bool, 
     Ok(row.try_get(0)?)
 }
 
+/// The server's clock now, in PostgreSQL's microseconds since 2000-01-01: the clock
+/// commit times are read from, so a time an operator compares with `created_at`.
+pub async fn server_clock(client: &Client) -> Result<i64, ReplError> {
+    let row = client
+        .query_one(
+            "SELECT ((pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) - 946684800) * 1000000)::pg_catalog.int8",
+            &[],
+        )
+        .await?;
+    Ok(row.try_get::<_, i64>(0)?)
+}
+
 /// Whether the table has rows in an exported snapshot (a slot's consistent point: the rows
 /// it shows are the ones the slot never decodes). `None`: the role may not read the table.
 /// The snapshot must still be valid: its replication connection idle.

@@ -36,7 +36,7 @@ impl ConsumerContext for LogContext {}
 mod record;
 
 use record::SlotScan;
-pub use record::{ProgressRecord, PublicationSeen, SlotIdentity, SlotRecords};
+pub use record::{pg_time_text, ProgressRecord, PublicationSeen, SlotIdentity, SlotRecords};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProgressError {

@@ -38,8 +38,13 @@ pub enum RelayError {
     SlotMissing { slot: String },
     #[error("replication slot {slot:?} was dropped while outboxd was using it; events committed since its last confirmed position may not be relayed. Recreating it silently would skip them: re-publish the affected outbox rows if needed, then recreate the slot with `outboxd init` and restart")]
     SlotDropped { slot: String },
-    #[error("replication slot {slot:?} was invalidated ({reason}); the WAL it needed is gone. Re-publish outbox rows committed since its confirmed_flush_lsn, drop the slot and recreate it (`outboxd init`); raise max_slot_wal_keep_size or keep outboxd running to avoid this")]
-    SlotInvalidated { slot: String, reason: String },
+    #[error("replication slot {slot:?} was invalidated ({reason}); the WAL it needed is gone, so rows committed since its last confirmed position{since} are not relayed. Drop it (SELECT pg_drop_replication_slot('{slot}')), then run `outboxd init`: from the progress record it names the time to re-publish the outbox rows from, and `outboxd init --recreate-lost-slot` creates the slot again (docs/operations.md, \"A lost slot: re-publishing\"). Raise max_slot_wal_keep_size or keep outboxd running to avoid this")]
+    SlotInvalidated {
+        slot: String,
+        reason: String,
+        /// `" (committed since …)"` when the relay knows it, else empty.
+        since: String,
+    },
     #[error("replication slot {slot:?} is not usable by outboxd: {problem}")]
     SlotUnusable { slot: String, problem: String },
     #[error("publication {publication:?} does not exist in this database: create it with CREATE PUBLICATION {publication} FOR TABLE <outbox table> WITH (publish = 'insert') (see sql/publication.sql), before the slot")]
@@ -52,12 +57,13 @@ pub enum RelayError {
         table: String,
         problem: String,
     },
-    #[error("replication slot {slot:?} does not exist, but the progress record in Kafka topic {progress_topic:?} says it did (last confirmed position {last_confirmed}, the transaction there committed at {recorded_at}): it was dropped or lost (for example in a failover without failover slots). Creating it again would silently skip every event committed since then, so outboxd will not. Create it explicitly with `outboxd init --recreate-lost-slot`, then re-publish the outbox rows committed since {recorded_at}, minus your longest transaction (created_at is a transaction's start; docs/operations.md, \"A lost slot: re-publishing\"), and start outboxd again")]
+    #[error("replication slot {slot:?} does not exist, but the progress record in Kafka topic {progress_topic:?} says it did (last confirmed position {last_confirmed}): it was dropped or lost (for example in a failover without failover slots). Creating it again would silently skip every event committed since then, so outboxd will not. Create it explicitly with `outboxd init --recreate-lost-slot`, then re-publish {republish} (docs/operations.md, \"A lost slot: re-publishing\"), and start outboxd again")]
     SlotLost {
         slot: String,
         progress_topic: String,
         last_confirmed: pgoutput::Lsn,
-        recorded_at: String,
+        /// What to re-publish (`ProgressRecord::republish_text`).
+        republish: String,
     },
     #[error("replication slot {slot:?} does not exist and {table} {rows}{history}: a slot created now starts after them, and any not relayed yet would be skipped without a trace. If every row in it was published already (by an earlier relay), or is not meant to be, create the slot with `outboxd init --skip-existing-rows`; if a slot of this name existed and was lost, create it with `outboxd init --recreate-lost-slot` and re-publish the rows committed since it went (docs/operations.md, \"A lost slot: re-publishing\")")]
     RowsBeforeSlot {

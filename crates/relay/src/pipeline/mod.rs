@@ -298,7 +298,9 @@ pub fn refuse_other_cluster(
                 found: identity.system_id.clone(),
                 recorded: recorded.clone(),
                 last_confirmed: record.confirmed_lsn(),
-                recorded_at: record.confirmed_since_text(),
+                recorded_at: record
+                    .since_text()
+                    .unwrap_or_else(|| record.recorded_at_text()),
             },
         ))),
     }

@@ -22,6 +22,21 @@ pub struct SlotStart {
     /// start, which is read again once the slot is ours (`confirmed_flush`), because
     /// another instance may advance it until then.
     pub confirmed_flush: Lsn,
+    /// For a slot this process created: the server's clock just before (see
+    /// [`CreatedSlot::since`]).
+    pub since: Option<i64>,
+}
+
+/// A slot just created.
+#[derive(Debug, Clone, Copy)]
+pub struct CreatedSlot {
+    /// Its initial `confirmed_flush_lsn`.
+    pub consistent_point: Lsn,
+    /// The server's clock read just before it was created (PostgreSQL's microseconds
+    /// since 2000-01-01): nothing the slot decodes committed before it, so its first
+    /// record names it as the time to re-publish from should the slot be lost before a
+    /// transaction is confirmed.
+    pub since: i64,
 }
 
 /// Checks the publication and the slot. `Ok(None)`: the slot does not exist and may be
@@ -68,6 +83,7 @@ pub async fn prepare(
         tracing::warn!(slot, "{warning}");
     }
     Ok(Some(SlotStart {
+        since: None,
         confirmed_flush: state.confirmed_flush_lsn.unwrap_or(Lsn::ZERO),
     }))
 }
@@ -227,6 +243,7 @@ pub fn judge_slot(
         Some("lost") => Err(RelayError::SlotInvalidated {
             slot: slot.to_owned(),
             reason: "wal_status = lost".into(),
+            since: String::new(),
         }),
         Some("unreserved") => Ok(Some(format!(
             "slot {slot} has wal_status = unreserved: WAL it needs is past \
@@ -286,6 +303,7 @@ pub async fn create(
     );
     Ok(SlotStart {
         confirmed_flush: created.consistent_point,
+        since: Some(created.since),
     })
 }
 
@@ -318,13 +336,20 @@ pub async fn create_checked(
     slot: &str,
     failover: bool,
     table: Option<(&str, &str)>,
-) -> Result<pgrepl::SlotCreated, RelayError> {
+) -> Result<CreatedSlot, RelayError> {
+    let since = preflight::server_clock(sql).await?;
+    let made = |c: pgrepl::SlotCreated| CreatedSlot {
+        consistent_point: c.consistent_point,
+        since,
+    };
     let Some((schema, name)) = table else {
-        return Ok(conn.create_logical_slot_with(slot, false, failover).await?);
+        return Ok(made(
+            conn.create_logical_slot_with(slot, false, failover).await?,
+        ));
     };
     let created = conn.create_logical_slot_exported(slot, failover).await?;
     let Some(snapshot) = &created.snapshot_name else {
-        return Ok(created);
+        return Ok(made(created));
     };
     if preflight::rows_in_snapshot(sql, snapshot, schema, name).await? == Some(true) {
         conn.drop_slot(slot, false).await?;
@@ -335,7 +360,7 @@ pub async fn create_checked(
             history: "; the slot was dropped again".to_owned(),
         });
     }
-    Ok(created)
+    Ok(made(created))
 }
 
 /// Makes an existing slot a failover slot when wanted and it is not one yet, before the
@@ -629,7 +654,7 @@ pub(super) async fn create_if_new(
     progress
         .write_and_wait(
             identity,
-            &ProgressRecord::now(timeline, start.confirmed_flush),
+            &ProgressRecord::slot_created(timeline, start.confirmed_flush, start.since),
         )
         .await
         .map_err(unknown)?;

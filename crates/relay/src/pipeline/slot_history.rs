@@ -64,7 +64,7 @@ pub fn judge_missing_slot(
                 slot: slot.to_owned(),
                 progress_topic: progress_topic.to_owned(),
                 last_confirmed: record.confirmed_lsn(),
-                recorded_at: record.confirmed_since_text(),
+                republish: record.republish_text(),
             });
         }
     }

@@ -136,6 +136,14 @@ impl ProgressRecord {
         self.claim.lsn
     }
 
+    /// The record of a slot just created at `position`: nothing committed after it
+    /// committed before `server_time`, the server's clock read just before the creation.
+    pub fn slot_created(timeline: u32, position: Lsn, server_time: Option<i64>) -> Self {
+        let mut record = ProgressRecord::now(timeline, position);
+        record.claim.since = server_time;
+        record
+    }
+
     /// The record written before the slot is created.
     pub fn before_creation(timeline: u32, position: Lsn) -> Self {
         ProgressRecord {
@@ -178,6 +186,7 @@ impl ProgressRecord {
                 "commit_time": p.txn.commit_time,
                 "rows": p.rows,
             })),
+            "since": c.since,
             "fingerprint": format!("{:016x}", c.fingerprint),
             "lineage": format!("{:016x}", self.lineage),
             "writer": self.writer,
@@ -250,6 +259,19 @@ impl ProgressRecord {
         };
         let fingerprint = hex("fingerprint");
         let base = v.get("base_lsn").and_then(lsn_of);
+        // A record from before `since` was written: its newest transaction at or before
+        // its position is the bound (a mark is read from a commit). Never `recorded_at`:
+        // that is the writer's clock at a write, later than rows it did not relay.
+        let since = v
+            .get("since")
+            .and_then(serde_json::Value::as_i64)
+            .or_else(|| {
+                marks
+                    .iter()
+                    .filter(|m| m.end_lsn <= confirmed_lsn)
+                    .max_by_key(|m| m.end_lsn)
+                    .map(|m| m.commit_time)
+            });
         let (marks, partial, base) = match (fingerprint, base) {
             (Some(_), Some(base)) => (marks, partial, base),
             _ => (Vec::new(), None, confirmed_lsn),
@@ -262,6 +284,7 @@ impl ProgressRecord {
                 marks,
                 partial,
                 fingerprint: fingerprint.unwrap_or(0),
+                since,
             },
             recorded_at_unix_ms,
             slot_created,
@@ -300,24 +323,27 @@ impl ProgressRecord {
         rfc3339_of_ms(self.recorded_at_unix_ms)
     }
 
-    /// From when rows may not have been relayed, as RFC 3339 UTC text: the commit time
-    /// (the server's clock) of the newest transaction the record names at or before its
-    /// confirmed position. Not `recorded_at`: an idle or stuck slot's record is rewritten
-    /// with an old position and a new time. Without such a transaction, `recorded_at`.
-    pub fn confirmed_since_text(&self) -> String {
-        self.claim
-            .marks
-            .iter()
-            .filter(|m| m.end_lsn <= self.claim.lsn)
-            .max_by_key(|m| m.end_lsn)
-            .map_or_else(
-                || self.recorded_at_text(),
-                |m| {
-                    let unix = pgoutput::PgTimestamp(m.commit_time).unix_micros();
-                    outbox_core::rfc3339_utc_seconds(unix.div_euclid(1_000_000))
-                },
-            )
+    /// From when rows may not have been relayed, as RFC 3339 UTC text (the server's
+    /// clock): see `DeliveredPosition::since`. `None`: the record cannot say.
+    pub fn since_text(&self) -> Option<String> {
+        self.claim.since.map(pg_time_text)
     }
+
+    /// What to re-publish, as the errors and `init` say it: from `since_text`, minus the
+    /// longest transaction (`created_at` is a transaction's start), or everything.
+    pub fn republish_text(&self) -> String {
+        match self.since_text() {
+            Some(at) => format!("the outbox rows committed since {at}, minus your longest transaction (created_at is a transaction's start)"),
+            None => "every outbox row that may not be in Kafka (the progress record names no time to start from: it was written by an older outboxd, or after a doubted claim; all rows still in the table, if unsure)".to_owned(),
+        }
+    }
+}
+
+/// A PostgreSQL timestamp (microseconds since 2000-01-01) as RFC 3339 UTC text, to the
+/// second, rounded down (an earlier bound is the safe one).
+pub fn pg_time_text(pg_micros: i64) -> String {
+    let unix = pgoutput::PgTimestamp(pg_micros).unix_micros();
+    outbox_core::rfc3339_utc_seconds(unix.div_euclid(1_000_000))
 }
 
 /// What the progress topic holds for one database and slot name.
@@ -503,6 +529,7 @@ mod tests {
                     rows: 12,
                 }),
                 fingerprint: 0xfeed_beef_0000_0001,
+                since: Some(817_000_000_123_456),
             },
             recorded_at_unix_ms: 1_764_590_400_000,
             slot_created: true,
@@ -540,6 +567,17 @@ mod tests {
             (0, None, 0)
         );
         assert_eq!(r.recorded_at_text(), "2025-12-01T12:00:00Z");
+        // The time to re-publish from is the commit's (2025-11-21), never the write's.
+        assert_eq!(r.since_text().as_deref(), Some("2025-11-21T00:26:40Z"));
+        assert!(r.republish_text().contains("since 2025-11-21T00:26:40Z"));
+        // A record written before `since` existed: its newest mark at or before its
+        // position; none, and it cannot say (not the write's time).
+        let mut older: serde_json::Value = serde_json::from_str(&json).unwrap();
+        older.as_object_mut().unwrap().remove("since");
+        let older = ProgressRecord::from_json(older.to_string().as_bytes()).unwrap();
+        assert_eq!(older.claim.since, Some(817_000_000_123_456));
+        assert_eq!(old.since_text(), None);
+        assert!(old.republish_text().starts_with("every outbox row"));
         assert!(ProgressRecord::from_json(b"{}").is_err());
     }
 

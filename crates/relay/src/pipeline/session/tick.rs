@@ -94,9 +94,13 @@ impl Session<'_> {
             match stats {
                 Some(stats) => {
                     if stats.wal_status.as_deref() == Some("lost") {
+                        let since = self.core.claim().0.since.map_or_else(String::new, |t| {
+                            format!(" (committed since {})", crate::kafka::pg_time_text(t))
+                        });
                         return Err(RelayError::SlotInvalidated {
                             slot: self.cfg.slot.clone(),
                             reason: "wal_status = lost".into(),
+                            since,
                         });
                     }
                     self.obs.slot_stats(&stats);

@@ -1,0 +1,195 @@
+//! The time a lost-slot error names, followed literally. The rows committed after the
+//! slot's last confirmed position must all have committed at or after it, whatever
+//! wrote the record last: a session that published nothing, or `outboxd init`
+//! replacing the record. Each test commits rows the relay could not publish, loses the
+//! slot, runs `outboxd run` to read its error, runs `outboxd init --recreate-lost-slot`
+//! and re-publishes the rows committed since the time the error named (minus the
+//! longest transaction, here under a second), then reads every row from the topics.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::support;
+
+use std::time::Duration;
+
+use pgtest::PgCluster;
+use support::broker::Broker;
+use support::consume::check_delivery;
+use support::load::{insert_events, Event};
+use support::ops::{self, read_all_blocking, wait_active_pid, wait_for};
+use support::relay::{run_to_end, Relay};
+use support::schema::{self, Outbox};
+
+/// The time after "committed since " in an error or `init`'s output.
+fn named_time(text: &str) -> String {
+    text.match_indices("committed since ")
+        .map(|(at, lead)| &text[at + lead.len()..])
+        .find(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+        .and_then(|rest| rest.split([',', ' ', ')']).next())
+        .unwrap_or_else(|| panic!("no time to re-publish from in: {text}"))
+        .to_owned()
+}
+
+/// From the lost slot on, as the operator does it: `run` refuses naming a time,
+/// `init --recreate-lost-slot`, start, re-publish since that time minus a second;
+/// every row arrives.
+async fn follow_the_error(
+    client: &tokio_postgres::Client,
+    outbox: &Outbox,
+    broker: &Broker,
+    env: &[(String, String)],
+    topics: &[String],
+    all: &[Event],
+    pending: usize,
+) {
+    client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&outbox.slot])
+        .await
+        .expect("drop slot");
+    let (code, out) = run_to_end(env, &["run"]);
+    assert_eq!(code, 3, "{out}");
+    let since = named_time(&out);
+    let (code, out) = run_to_end(env, &["init", "--recreate-lost-slot"]);
+    assert_eq!(code, 0, "{out}");
+    let relay = Relay::start(env.to_vec(), &["run"]);
+    wait_active_pid(client, &outbox.slot, Duration::from_secs(120)).await;
+    let from: String = client
+        .query_one(
+            "SELECT ($1::text::timestamptz - interval '1 second')::text",
+            &[&since],
+        )
+        .await
+        .expect("time")
+        .get(0);
+    let moved = schema::republish_since(client, &from).await;
+    assert!(
+        moved >= u64::try_from(pending).unwrap(),
+        "re-publishing since {since} (as the error said) moved {moved} rows; {pending} were never relayed"
+    );
+    check_delivery(
+        all,
+        &read_all_blocking(&broker.bootstrap(), topics, all, Duration::from_secs(60)),
+    );
+    drop(relay);
+}
+
+/// A relay that relayed a batch and stopped cleanly, then rows it has not seen.
+async fn relayed_then_pending(
+    db: &pgtest::TestDb<'_>,
+    client: &tokio_postgres::Client,
+    broker: &Broker,
+) -> (Outbox, ops::FirstBatch, Vec<Event>) {
+    let outbox = schema::setup_without_slot(db).await;
+    let mut batch = ops::relay_first_batch(db, client, &outbox, broker, &[], 10).await;
+    batch.stop();
+    let pending = insert_events(client, &outbox.table, 20, 3, 3).await;
+    // Anything written from here on is seconds after the rows: a time taken from it is
+    // told apart from theirs, whatever the second it is rounded to and the one taken off.
+    wait_for(
+        "the server's clock to pass the pending rows by 3 s",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let row = client
+                .query_one(
+                    "SELECT clock_timestamp() > max(created_at) + interval '3 seconds' FROM public.outbox",
+                    &[],
+                )
+                .await
+                .ok()?;
+            row.get::<_, bool>(0).then_some(())
+        },
+    )
+    .await;
+    (outbox, batch, pending)
+}
+
+async fn record_key(
+    db: &pgtest::TestDb<'_>,
+    client: &tokio_postgres::Client,
+    slot: &str,
+) -> String {
+    let system: String = client
+        .query_one(
+            "SELECT system_identifier::text FROM pg_control_system()",
+            &[],
+        )
+        .await
+        .expect("system identifier")
+        .get(0);
+    format!("{system}/{}/{slot}", db.name)
+}
+
+/// Restarted while its topics refuse every write (the progress topic still takes its
+/// record): the session publishes nothing and its record names no transaction, yet the
+/// rows it could not publish came before the time it writes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_that_published_nothing_keeps_the_time_to_republish_from() {
+    let db = PgCluster::shared()
+        .fresh_database("lost_time_session")
+        .await;
+    let client = db.client().await;
+    let broker = Broker::default_for_tests();
+    let (outbox, batch, pending) = relayed_then_pending(&db, &client, &broker).await;
+    let key = record_key(&db, &client, &outbox.slot).await;
+    let before = ops::latest_progress_record(&broker.bootstrap(), &key).expect("record");
+    // One replica short of what every write needs: each send fails until it times out.
+    for topic in &batch.topics {
+        broker
+            .set_topic_config(topic, "min.insync.replicas", "2")
+            .await;
+    }
+    let mut stuck = Relay::start(batch.env.clone(), &["run"]);
+    wait_for(
+        "the restarted relay's progress record",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let now = ops::latest_progress_record(&broker.bootstrap(), &key)?;
+            (now["writer"] != before["writer"]).then_some(())
+        },
+    )
+    .await;
+    stuck.kill();
+    for topic in &batch.topics {
+        broker
+            .set_topic_config(topic, "min.insync.replicas", "1")
+            .await;
+    }
+    let all = [batch.first.clone(), pending.clone()].concat();
+    follow_the_error(
+        &client,
+        &outbox,
+        &broker,
+        &batch.env,
+        &batch.topics,
+        &all,
+        pending.len(),
+    )
+    .await;
+}
+
+/// `outboxd init --replace-progress-record` over a slot with rows not yet relayed: the
+/// record it writes names no transaction, yet must not name a time after those rows.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replaced_record_keeps_the_time_to_republish_from() {
+    let db = PgCluster::shared()
+        .fresh_database("lost_time_replaced")
+        .await;
+    let client = db.client().await;
+    let broker = Broker::default_for_tests();
+    let (outbox, batch, pending) = relayed_then_pending(&db, &client, &broker).await;
+    let (code, out) = run_to_end(&batch.env, &["init", "--replace-progress-record"]);
+    assert_eq!(code, 0, "{out}");
+    let all = [batch.first.clone(), pending.clone()].concat();
+    follow_the_error(
+        &client,
+        &outbox,
+        &broker,
+        &batch.env,
+        &batch.topics,
+        &all,
+        pending.len(),
+    )
+    .await;
+}
