@@ -4,8 +4,8 @@ use outbox_core::BoundTable;
 use outboxd_relay::kafka::{build_producer, ProgressStore};
 use outboxd_relay::pipeline::{
     compare_publication, judge_missing_slot, judge_publication, judge_server, judge_slot,
-    look_at_publication, outbox_rows, refuse_other_cluster, verify_shard_layout, Consent, History,
-    MIN_SERVER_VERSION_NUM,
+    judge_unrecorded_publication, look_at_publication, outbox_rows, refuse_other_cluster,
+    verify_shard_layout, Consent, History, RelayError, MIN_SERVER_VERSION_NUM,
 };
 use pgoutput::{Column, Relation, ReplicaIdentity};
 use pgrepl::{
@@ -383,6 +383,16 @@ async fn check_record(r: &mut Report, s: &Settings, sql: &Client, system: &Syste
     };
     if let Err(e) = store.check_durable().await {
         return r.fail(what, e);
+    }
+    if s.relay_table && found.ours.as_ref().is_none_or(|r| r.publication.is_none()) {
+        // Nothing to compare with: the slot's catalog horizon decides, as `run` does.
+        match judge_unrecorded_publication(sql, &s.publication, &s.slot, identity.key(), topic)
+            .await
+        {
+            Err(e @ RelayError::PublicationUnverified { .. }) => r.fail("publication unchanged", e),
+            Err(e) => r.warn("publication unchanged", e),
+            Ok(()) => {}
+        }
     }
     let Some(record) = &found.ours else {
         return r.ok(

@@ -103,9 +103,24 @@ async fn now_text(client: &tokio_postgres::Client) -> String {
 /// The stopped relay's publication is changed, 20 rows are committed, and the change is
 /// undone, before the relay starts again.
 async fn changed_while_stopped(name: &str, change: &str, undo: &str, recovery: Recovery) {
+    changed_while_stopped_then(name, change, undo, recovery, &[]).await;
+}
+
+/// The same, restarted with `restart_env` added (a new progress key or topic).
+async fn changed_while_stopped_then(
+    name: &str,
+    change: &str,
+    undo: &str,
+    recovery: Recovery,
+    restart_env: &[(&str, &str)],
+) {
     let db = PgCluster::shared().fresh_database(name).await;
     let client = db.client().await;
-    let s = relayed_then_stopped(&db, &client, Broker::default_for_tests()).await;
+    let mut s = relayed_then_stopped(&db, &client, Broker::default_for_tests()).await;
+    for (k, v) in restart_env {
+        s.env.retain(|(key, _)| key != k);
+        s.env.push(((*k).to_owned(), (*v).to_owned()));
+    }
     let publication = &s.outbox.publication;
     let since = now_text(&client).await;
     client
@@ -148,6 +163,33 @@ async fn a_table_dropped_from_the_publication_and_added_back_while_stopped_is_se
         "ALTER PUBLICATION \"{p}\" DROP TABLE public.outbox",
         "ALTER PUBLICATION \"{p}\" ADD TABLE public.outbox",
         Recovery::Accept,
+    )
+    .await;
+}
+
+/// Restarted under a new progress key (`OUTBOXD_CLUSTER_NAME` set for the first time,
+/// as the docs advise for copies) or a new progress topic: no record holds a look to
+/// compare with, so the slot's catalog horizon tells.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_made_while_stopped_is_seen_under_a_new_progress_key() {
+    changed_while_stopped_then(
+        "pub_new_key",
+        "ALTER PUBLICATION \"{p}\" DROP TABLE public.outbox",
+        "ALTER PUBLICATION \"{p}\" ADD TABLE public.outbox",
+        Recovery::Accept,
+        &[("OUTBOXD_CLUSTER_NAME", "renamed")],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_made_while_stopped_is_seen_under_a_new_progress_topic() {
+    changed_while_stopped_then(
+        "pub_new_topic",
+        "ALTER PUBLICATION \"{p}\" SET (publish = 'update')",
+        "ALTER PUBLICATION \"{p}\" SET (publish = 'insert')",
+        Recovery::Accept,
+        &[("OUTBOXD_PROGRESS_TOPIC", "outboxd.progress.pub_new_topic")],
     )
     .await;
 }

@@ -98,6 +98,43 @@ pub async fn role_can_replicate(client: &Client, user: &str) -> Result<bool, Rep
     })
 }
 
+/// Whether publication `publication` may have changed since slot `slot` last decoded:
+/// one of its catalog rows (the publication's own, a table's or a schema's in it) was
+/// written by a transaction at or after the slot's `catalog_xmin`, the oldest transaction
+/// whose catalog changes the slot may still have to decode with. Older rows are from
+/// before anything the slot has not confirmed. Conservative: a change just before the
+/// slot's last confirmed position counts too, and a frozen row (`age` of a frozen xmin is
+/// the largest) never does. A table dropped from it leaves no row: the publication then
+/// no longer covers it, which the start refuses anyway. Only for a slot that has decoded
+/// a transaction (`pg_stat_replication_slots.total_txns`): a new one's `catalog_xmin` is
+/// the oldest transaction running when it was made, often older than a publication made
+/// just before it, and it has decoded nothing under another publication anyway (stats
+/// lost in a crash or reset also skip the check). `false` without such a slot or
+/// publication. Every name is schema-qualified and every operator is on exact
+/// pg_catalog types (`xid` through `age`, `oid = oid`), so nothing in the search path is
+/// called.
+pub async fn publication_changed_since_slot(
+    client: &Client,
+    publication: &str,
+    slot: &str,
+) -> Result<bool, ReplError> {
+    let namespaces = if server_version_num(client).await? >= 150_000 {
+        " OR EXISTS (SELECT 1 FROM pg_catalog.pg_publication_namespace n WHERE n.pnpubid OPERATOR(pg_catalog.=) p.oid AND pg_catalog.age(n.xmin) OPERATOR(pg_catalog.<=) pg_catalog.age(s.catalog_xmin))"
+    } else {
+        ""
+    };
+    let sql = format!(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots s, pg_catalog.pg_publication p, pg_catalog.pg_stat_replication_slots st \
+         WHERE s.slot_name OPERATOR(pg_catalog.=) $1::pg_catalog.name AND p.pubname OPERATOR(pg_catalog.=) $2::pg_catalog.name \
+         AND st.slot_name OPERATOR(pg_catalog.=) s.slot_name AND st.total_txns OPERATOR(pg_catalog.>) 0::pg_catalog.int8 \
+         AND s.catalog_xmin IS NOT NULL \
+         AND (pg_catalog.age(p.xmin) OPERATOR(pg_catalog.<=) pg_catalog.age(s.catalog_xmin) \
+         OR EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel r WHERE r.prpubid OPERATOR(pg_catalog.=) p.oid AND pg_catalog.age(r.xmin) OPERATOR(pg_catalog.<=) pg_catalog.age(s.catalog_xmin)){namespaces}))"
+    );
+    let row = client.query_one(&sql, &[&slot, &publication]).await?;
+    Ok(row.try_get(0)?)
+}
+
 pub async fn publication_exists(client: &Client, name: &str) -> Result<bool, ReplError> {
     Ok(client
         .query_one(

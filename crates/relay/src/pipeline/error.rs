@@ -89,6 +89,13 @@ pub enum RelayError {
         since: String,
         since_lsn: pgoutput::Lsn,
     },
+    #[error("publication {publication:?} changed after replication slot {slot:?} last confirmed a position (its catalog rows are newer than the slot's catalog_xmin), and the progress record under key {key:?} in Kafka topic {progress_topic:?} holds no earlier look to tell what it was (a new OUTBOXD_CLUSTER_NAME or OUTBOXD_PROGRESS_TOPIC, or a record deleted). Outbox rows committed while it did not publish them were never sent, and can never be decoded again, so outboxd stopped before relaying anything. Make sure it publishes the outbox's inserts (`outboxd check`), re-publish the outbox rows committed since the change, minus your longest transaction (if you do not know when: since the time the last progress record under the old key or topic names; docs/operations.md, \"The publication changed\"), then run `outboxd init --accept-publication-change` and start outboxd")]
+    PublicationUnverified {
+        publication: String,
+        slot: String,
+        key: String,
+        progress_topic: String,
+    },
     #[error("cannot tell whether replication slot {slot:?} existed before: reading the progress record from Kafka topic {progress_topic:?} failed ({reason}); outboxd creates a missing slot only when it knows no earlier slot is being replaced. Retry once Kafka answers; `outboxd init --recreate-lost-slot` creates it regardless")]
     SlotHistoryUnknown {
         slot: String,
@@ -197,6 +204,7 @@ impl RelayError {
             | E::ProgressNotDurable(_)
             | E::TimelineWentBack { .. }
             | E::PublicationChanged { .. }
+            | E::PublicationUnverified { .. }
             | E::ServerSetting { .. }
             | E::FailoverUnsupported
             | E::BinaryRuledOut { .. }

@@ -19,7 +19,10 @@ use tracing::Instrument;
 
 pub use error::{DecidingCode, ErrorClass, OtherClusterRecord, RelayError};
 pub use observe::Observer;
-pub use session::publication::{compare as compare_publication, look as look_at_publication};
+pub use session::publication::{
+    compare as compare_publication, judge_unrecorded as judge_unrecorded_publication,
+    look as look_at_publication,
+};
 pub use session::SessionEnd;
 pub use shard::{judge_shard_layout, verify_shard_layout, ShardSpec};
 pub use slot::{
@@ -587,6 +590,8 @@ async fn run_session(
         cfg.relay_table.then_some(&cfg.table),
     )
     .await?;
+    // Not created by this process: it may have decoded under another publication.
+    let slot_existed = prepared.is_some();
     let start = match prepared {
         Some(start) => {
             slot::ensure_failover(&sql, &mut conn, &cfg.slot, cfg.failover_slot).await?;
@@ -664,6 +669,29 @@ async fn run_session(
     if let (Some(last), Some(_)) = (&known.publication, table) {
         session::publication::compare(&cfg.publication, last, publication.as_ref())?;
     }
+    // No look to compare with (a new key or topic, a deleted record): the slot's own
+    // catalog horizon tells whether the publication may have changed since it decoded.
+    let unrecorded = known.publication.is_none() || !known.read;
+    let changed_since_slot = match progress {
+        Some(p) if slot_existed && table.is_some() && unrecorded => {
+            let judged = session::publication::judge_unrecorded(
+                &sql,
+                &cfg.publication,
+                &cfg.slot,
+                identity.key(),
+                p.topic(),
+            )
+            .await;
+            match judged {
+                // Read, with nothing to compare with: decided now.
+                Err(e) if known.read => return Err(e),
+                // Not read yet: decided once the record shows whether it holds a look.
+                Err(_) => true,
+                Ok(()) => false,
+            }
+        }
+        _ => false,
+    };
     let claim = known.claim;
     let replay = ReplayStart {
         timeline: system.timeline,
@@ -697,6 +725,7 @@ async fn run_session(
             replay,
             progress: progress.map(|p| (p.clone(), identity)),
             publication: publication.map(|p| (p, known.read)),
+            publication_changed_since_slot: changed_since_slot,
             server,
             binary,
         },

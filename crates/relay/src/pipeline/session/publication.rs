@@ -60,6 +60,28 @@ pub fn compare(
     }
 }
 
+/// With no earlier look to compare with (no record under this key, or one without a
+/// look): whether the slot's own catalog horizon says the publication may have changed
+/// since the slot decoded (`pgrepl::preflight::publication_changed_since_slot`).
+/// `key` and `progress_topic` name where the look was looked for. `run` and `check`.
+pub async fn judge_unrecorded(
+    sql: &tokio_postgres::Client,
+    publication: &str,
+    slot: &str,
+    key: String,
+    progress_topic: &str,
+) -> Result<(), RelayError> {
+    if pgrepl::preflight::publication_changed_since_slot(sql, publication, slot).await? {
+        return Err(RelayError::PublicationUnverified {
+            publication: publication.to_owned(),
+            slot: slot.to_owned(),
+            key,
+            progress_topic: progress_topic.to_owned(),
+        });
+    }
+    Ok(())
+}
+
 /// What the session knows of the publication.
 pub(super) struct PublicationWatch {
     /// The last look that matched; the slot is confirmed no further than what was acked
@@ -72,6 +94,9 @@ pub(super) struct PublicationWatch {
     pub(super) baseline: Baseline,
     /// Prepared at the session's first look, on its side connection.
     probe: Option<PublicationProbe>,
+    /// The catalog says the publication changed after the slot's `catalog_xmin`: a
+    /// record that turns out to hold no look to compare with cannot clear it.
+    changed_since_slot: bool,
 }
 
 pub(super) enum Baseline {
@@ -80,8 +105,13 @@ pub(super) enum Baseline {
 }
 
 impl PublicationWatch {
-    pub(super) fn new(start_look: PublicationSeen, compared: bool) -> Self {
+    pub(super) fn new(
+        start_look: PublicationSeen,
+        compared: bool,
+        changed_since_slot: bool,
+    ) -> Self {
         PublicationWatch {
+            changed_since_slot,
             last: start_look,
             looked_at: Instant::now(),
             baseline: if compared {
@@ -206,10 +236,20 @@ impl Session<'_> {
                 return Ok(());
             }
         };
-        if let Some(record) = &records.ours {
-            if let Some(recorded) = &record.publication {
-                compare(&self.cfg.publication, recorded, Some(&watch.last))?;
+        let recorded = records.ours.as_ref().and_then(|r| r.publication.as_ref());
+        match recorded {
+            Some(recorded) => compare(&self.cfg.publication, recorded, Some(&watch.last))?,
+            None if watch.changed_since_slot => {
+                return Err(RelayError::PublicationUnverified {
+                    publication: self.cfg.publication.clone(),
+                    slot: self.cfg.slot.clone(),
+                    key: p.identity.key(),
+                    progress_topic: p.store.topic().to_owned(),
+                })
             }
+            None => {}
+        }
+        if let Some(record) = &records.ours {
             crate::pipeline::refuse_older_timeline(
                 record.claim.timeline,
                 self.timeline,
