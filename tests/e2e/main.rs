@@ -39,6 +39,7 @@ mod ops_reconnect;
 mod partial_transaction;
 mod partitioned_outbox;
 mod pgoutput_versions;
+mod progress_record_trust;
 mod proven_skip;
 mod publication_history;
 mod record_size;

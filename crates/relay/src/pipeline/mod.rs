@@ -205,6 +205,15 @@ async fn replay_claim(
                 read: true,
             })
         }
+        Err(ProgressError::Unreadable(why)) => {
+            // Not a record outboxd writes: read, and holding nothing. Waiting for a
+            // readable one would hold the slot, and the primary's WAL, forever.
+            unreadable_record(obs, identity, p.topic(), &why);
+            Ok(Known {
+                read: true,
+                ..Known::default()
+            })
+        }
         Err(e) => {
             obs.progress_record_unread();
             tracing::warn!(
@@ -213,6 +222,16 @@ async fn replay_claim(
             Ok(Known::default())
         }
     }
+}
+
+/// Says that the slot's record is not one outboxd writes, which then counts as none.
+pub(super) fn unreadable_record(obs: &Observer, identity: &SlotIdentity, topic: &str, why: &str) {
+    obs.progress_record_invalid();
+    tracing::error!(
+        key = %identity.key(),
+        progress_topic = %topic,
+        "this slot's progress record is not one outboxd writes ({why}): nothing is skipped on it, the publication is compared with the slot instead, and the next write replaces it. Something other than outboxd writes this topic: only outboxd's Kafka principal may (docs/operations.md, \"OutboxdProgressRecordInvalid\")"
+    );
 }
 
 /// What the last session of this process, or the progress record, knew.

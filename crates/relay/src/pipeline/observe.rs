@@ -103,6 +103,11 @@ impl Observer {
         self.metrics.inc_progress_record_unread();
     }
 
+    /// The slot's record is not one outboxd writes (see [`crate::kafka::ProgressError::Unreadable`]).
+    pub(super) fn progress_record_invalid(&self) {
+        self.metrics.inc_progress_record_invalid();
+    }
+
     /// A replayed event Kafka already had was not published again.
     pub(super) fn replay_doubt(&self, reason: outbox_core::Doubt) {
         self.metrics.inc_replay_doubt(reason);

@@ -84,6 +84,7 @@ pub struct Metrics {
     kafka_brokers_up: AtomicU64,
     events_skipped: AtomicU64,
     progress_record_unread: AtomicU64,
+    progress_record_invalid: AtomicU64,
     progress_write_errors: AtomicU64,
     replay_doubts: [AtomicU64; Doubt::ALL.len()],
     progress_foreign_writes: AtomicU64,
@@ -131,6 +132,7 @@ impl Default for Metrics {
             kafka_brokers_up: AtomicU64::new(0),
             events_skipped: AtomicU64::new(0),
             progress_record_unread: AtomicU64::new(0),
+            progress_record_invalid: AtomicU64::new(0),
             progress_write_errors: AtomicU64::new(0),
             replay_doubts: Default::default(),
             progress_foreign_writes: AtomicU64::new(0),
@@ -173,6 +175,7 @@ pub struct MetricsSnapshot {
     /// Replayed events not published again because Kafka already had them.
     pub events_skipped_total: u64,
     pub progress_record_unread_total: u64,
+    pub progress_record_invalid_total: u64,
     pub progress_write_errors_total: u64,
     /// Replays published instead of skipped, by the doubt that stopped the proof.
     pub replay_doubts_total: Vec<(Doubt, u64)>,
@@ -244,6 +247,10 @@ impl Metrics {
 
     pub fn inc_progress_record_unread(&self) {
         add(&self.progress_record_unread, 1);
+    }
+
+    pub fn inc_progress_record_invalid(&self) {
+        add(&self.progress_record_invalid, 1);
     }
 
     pub fn inc_replay_doubt(&self, reason: Doubt) {
@@ -401,6 +408,7 @@ impl Metrics {
             kafka_brokers_up: load(&self.kafka_brokers_up),
             events_skipped_total: load(&self.events_skipped),
             progress_record_unread_total: load(&self.progress_record_unread),
+            progress_record_invalid_total: load(&self.progress_record_invalid),
             progress_write_errors_total: load(&self.progress_write_errors),
             replay_doubts_total: Doubt::ALL
                 .into_iter()

@@ -68,6 +68,13 @@ pub fn render_all(relays: &[(Option<u32>, &MetricsSnapshot)]) -> String {
         "Stream starts that could not read the progress record in time (3 s) or at all: what PostgreSQL sent again was published again.",
         |s| s.progress_record_unread_total,
     );
+    out.single(
+        relays,
+        "progress_record_invalid_total",
+        "counter",
+        "Reads that found this slot's progress record unreadable (not a record outboxd writes): nothing is skipped on it, the slot is confirmed as usual, and the next write replaces it. Someone else writes the topic.",
+        |s| s.progress_record_invalid_total,
+    );
     out.header(
         "replay_doubts_total",
         "counter",

@@ -231,6 +231,10 @@ impl Session<'_> {
         let records = match rx.try_recv() {
             Err(tokio::sync::oneshot::error::TryRecvError::Empty) => return Ok(()),
             Ok(Ok(records)) => records,
+            Ok(Err(ProgressError::Unreadable(why))) => {
+                crate::pipeline::unreadable_record(self.obs, &p.identity, p.store.topic(), &why);
+                SlotRecords::default()
+            }
             Ok(Err(_)) | Err(_) => {
                 *read = None;
                 return Ok(());
