@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use pgtest::PgCluster;
 use support::broker::Broker;
-use support::ops;
+use support::consume::check_delivery;
+use support::load::insert_events;
+use support::ops::{self, read_all_blocking};
 use support::relay::Relay;
 use support::schema;
 
@@ -161,4 +163,69 @@ async fn sessions(c: &tokio_postgres::Client, db: &str) -> i64 {
     .await
     .unwrap()
     .get::<_, i64>(0)
+}
+
+/// A standby that cannot reach Kafka does not take the slot when the active instance
+/// dies: it would hold it, relaying nothing, while one that reaches Kafka waits. The
+/// healthy instance started after it takes the slot and relays.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_standby_that_cannot_reach_kafka_leaves_the_slot_to_one_that_can() {
+    let db = PgCluster::shared().fresh_database("standby_no_kafka").await;
+    let outbox = schema::setup(&db).await;
+    let broker = Broker::default_for_tests();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let env = |bootstrap: &str| Relay::env_for(&db, &outbox, bootstrap, &[]);
+    let mut active = Relay::start(env(&broker.bootstrap()), &["run"]);
+    let client = db.client().await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    // A port that accepts connections and never answers (a hung broker, or a network
+    // that drops this instance's traffic): no broker answers this one.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("listener");
+    let unreachable = silent.local_addr().expect("address").to_string();
+    let mut cut_off = Relay::start(env(&unreachable), &["run"]);
+    ops::wait_for(
+        "the cut-off instance to stand by",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { (cut_off.metric("outboxd_standby") == Some(1.0)).then_some(()) },
+    )
+    .await;
+    active.kill();
+    // The cut-off standby looks every second: once the slot is free, give it three
+    // looks to take it (the bug this test guards against), then start a healthy one. A
+    // slow machine only makes the test weaker (the healthy one may come first), never
+    // fail a correct relay.
+    ops::wait_for(
+        "the killed instance to release the slot",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            ops::slot_row(&client, &outbox.slot)
+                .await
+                .filter(|r| r.active_pid.is_none())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let healthy = Relay::start(env(&broker.bootstrap()), &["run"]);
+    ops::wait_for(
+        "the healthy instance to take the slot",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async { (healthy.metric("outboxd_replication_connected") == Some(1.0)).then_some(()) },
+    )
+    .await;
+    let events = insert_events(&client, &outbox.table, 10, 3, 3).await;
+    check_delivery(
+        &events,
+        &read_all_blocking(
+            &broker.bootstrap(),
+            &topics,
+            &events,
+            Duration::from_secs(60),
+        ),
+    );
+    assert!(cut_off.is_running(), "{}", cut_off.log_text());
+    assert_eq!(cut_off.metric("outboxd_replication_connected"), Some(0.0));
+    drop(silent);
 }

@@ -466,6 +466,8 @@ async fn relay_loop(
     let mut carry = Carry::default();
     // A standby's one connection for watching the slot, kept across attempts.
     let mut watcher: Option<tokio_postgres::Client> = None;
+    // A standby's way to ask whether Kafka answers it, made at its first takeover.
+    let mut probe: Option<std::sync::Arc<BrokerProbe>> = None;
     loop {
         carry.progressed = false;
         let result = run_session(cfg, obs, progress, shutdown, &mut carry).await;
@@ -487,7 +489,7 @@ async fn relay_loop(
                         carry.standing_by = true;
                     }
                     obs.standby(true);
-                    if wait_for_slot_release(cfg, &mut watcher, shutdown).await {
+                    if wait_for_takeover(cfg, &mut watcher, &mut probe, shutdown).await? {
                         return Ok(());
                     }
                     continue;
@@ -509,6 +511,38 @@ async fn relay_loop(
 
 /// How often a standby looks at the slot it waits for.
 const STANDBY_POLL: Duration = Duration::from_secs(1);
+
+/// A standby waits until the slot is released and a Kafka broker answers it: one that
+/// cannot reach Kafka would take the slot and hold it, relaying nothing, while another
+/// standby that can waits. Returns true on shutdown.
+async fn wait_for_takeover(
+    cfg: &RelayConfig,
+    watcher: &mut Option<tokio_postgres::Client>,
+    probe: &mut Option<std::sync::Arc<BrokerProbe>>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<bool, RelayError> {
+    let mut said = false;
+    loop {
+        if wait_for_slot_release(cfg, watcher, shutdown).await {
+            return Ok(true);
+        }
+        let p = match probe {
+            Some(p) => std::sync::Arc::clone(p),
+            None => std::sync::Arc::clone(
+                probe.insert(std::sync::Arc::new(BrokerProbe::new(&cfg.producer)?)),
+            ),
+        };
+        let up = tokio::task::spawn_blocking(move || p.brokers_up(STANDBY_POLL * 2))
+            .await
+            .unwrap_or(0);
+        if up > 0 {
+            return Ok(false);
+        }
+        if !std::mem::replace(&mut said, true) {
+            tracing::warn!("the slot is free, but no Kafka broker answers this instance: not taking it (another instance that reaches Kafka may), standing by");
+        }
+    }
+}
 
 /// A standby waits here, over one SQL connection kept in `watcher`, until the slot it
 /// waits for is no longer active (or the connection fails, or the slot is gone: the next
