@@ -5,6 +5,10 @@ DO $$ BEGIN
 EXCEPTION WHEN duplicate_object THEN NULL;
 END $$;
 GRANT CONNECT ON DATABASE postgres TO outboxd;     -- use your database's name
+-- Only pg_catalog's operators and functions for this role, whatever is planted in public
+-- (docs/sql.md). outboxd pins this on its own connections anyway; this covers a session
+-- someone opens as the role by hand. It names tables schema-qualified, so nothing breaks.
+ALTER ROLE outboxd SET search_path = pg_catalog, pg_temp;
 -- `outboxd check` and `outboxd status` read pg_replication_slots and settings, which
 -- LOGIN REPLICATION is enough for.
 -- `outboxd init` creates the table and publication: run it as the table owner, or run

@@ -191,7 +191,10 @@ fn check_connection_security(r: &mut Report, pg: &ConnectConfig) {
 async fn check_postgres(r: &mut Report, s: &Settings, sql: &Client, replicates: bool) {
     // The same rules `run` applies before it opens the replication connection.
     match sql
-        .query_one("SELECT current_setting('server_version_num')::int4", &[])
+        .query_one(
+            "SELECT pg_catalog.current_setting('server_version_num')::int4",
+            &[],
+        )
         .await
         .and_then(|row| row.try_get::<_, i32>(0))
     {

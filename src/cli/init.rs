@@ -451,7 +451,7 @@ async fn create_table(
     let schema = quote_ident(&s.table_schema);
     let can_create: Option<bool> = sql
         .query_opt(
-            "SELECT has_schema_privilege(n.oid, 'CREATE') FROM pg_catalog.pg_namespace n \
+            "SELECT pg_catalog.has_schema_privilege(n.oid, 'CREATE'::text) FROM pg_catalog.pg_namespace n \
              WHERE n.nspname = $1",
             &[&s.table_schema],
         )
@@ -498,7 +498,7 @@ async fn create_table(
     };
     // IF NOT EXISTS only for a concurrent `init`: the table was looked for above.
     let mut ddl = format!(
-        "CREATE TABLE IF NOT EXISTS {table} (\n    {key},\n    {} text NOT NULL,\n    {aggregate_id} text NOT NULL,\n    {} text NOT NULL,\n    {} jsonb NOT NULL{headers},\n    created_at timestamptz NOT NULL DEFAULT now(){partitioning}\n)",
+        "CREATE TABLE IF NOT EXISTS {table} (\n    {key},\n    {} text NOT NULL,\n    {aggregate_id} text NOT NULL,\n    {} text NOT NULL,\n    {} jsonb NOT NULL{headers},\n    created_at timestamptz NOT NULL DEFAULT pg_catalog.now(){partitioning}\n)",
         quote_ident(&s.column_aggregate_type),
         quote_ident(&s.column_event_type),
         quote_ident(&s.column_payload),
@@ -526,9 +526,9 @@ async fn create_publication(
 ) -> Result<(), InitError> {
     let row = sql
         .query_one(
-            "SELECT current_database()::text, \
-                    has_database_privilege(current_database(), 'CREATE'), \
-                    (SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_catalog.pg_class c \
+            "SELECT pg_catalog.current_database()::text, \
+                    pg_catalog.has_database_privilege(pg_catalog.current_database()::text, 'CREATE'::text), \
+                    (SELECT pg_catalog.pg_has_role(c.relowner, 'USAGE'::text) FROM pg_catalog.pg_class c \
                        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
                       WHERE n.nspname = $1 AND c.relname = $2), \
                     (SELECT c.relowner::regrole::text FROM pg_catalog.pg_class c \

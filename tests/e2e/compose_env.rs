@@ -4,8 +4,9 @@
 //! `outboxd probe`, and the Kubernetes manifests parse and fit together: active + standby
 //! replicas, probes on /readyz and /healthz, the password from a Secret the kustomization
 //! does not overwrite, a PodDisruptionBudget, a NetworkPolicy and a PodMonitor selecting
-//! the pods, resource requests, the verify-full variant's CA mount and the sharded
-//! variant's shard count taken from its replicas. With `kubectl` on the PATH each
+//! the pods, resource requests, verify-full against the mounted CA with only SCRAM answered
+//! in every workload (the weaker TLS variant labelled an example, still SCRAM-only), and the
+//! sharded variant's shard count taken from its replicas. With `kubectl` on the PATH each
 //! kustomization is also rendered (`kubectl kustomize`) and checked.
 
 use std::collections::BTreeSet;
@@ -41,8 +42,9 @@ const KUBERNETES: &[(&str, &str)] = &[
     ),
 ];
 const PODMONITOR: &str = include_str!("../../deploy/kubernetes/podmonitor.yaml");
-const TLS_VERIFY_FULL: &str =
-    include_str!("../../deploy/kubernetes/tls-verify-full/kustomization.yaml");
+const EXAMPLE_TLS_WITHOUT_CA: &str =
+    include_str!("../../deploy/kubernetes/example-tls-without-ca/kustomization.yaml");
+const STATEFULSET: &str = include_str!("../../deploy/kubernetes/sharded/statefulset.yaml");
 const SHARDED: &str = include_str!("../../deploy/kubernetes/sharded/kustomization.yaml");
 
 /// Every `OUTBOXD_[A-Z0-9_]+` in `text`.
@@ -412,12 +414,77 @@ fn compose_waits_for_the_drain_and_probes_readiness() {
     assert!(DOCKERFILE.contains("COPY --from=builder /out/outboxd /usr/local/bin/outboxd"));
 }
 
-/// deploy/kubernetes/tls-verify-full: verify-full with the CA file mounted where
-/// PGSSLROOTCERT points.
+/// The files a pod template mounts from ConfigMaps into its first container, as paths.
+fn configmap_files(pod: &serde_yaml::Value) -> Vec<String> {
+    let volumes = pod["spec"]["volumes"]
+        .as_sequence()
+        .cloned()
+        .unwrap_or_default();
+    let mounts = pod["spec"]["containers"][0]["volumeMounts"]
+        .as_sequence()
+        .cloned()
+        .unwrap_or_default();
+    let mut files = Vec::new();
+    for mount in &mounts {
+        let Some(volume) = volumes.iter().find(|v| v["name"] == mount["name"]) else {
+            panic!("volumeMount {:?} names no volume", mount["name"]);
+        };
+        let dir = str_of(&mount["mountPath"], "mountPath");
+        for item in volume["configMap"]["items"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+        {
+            files.push(format!("{dir}/{}", str_of(&item["path"], "item path")));
+        }
+    }
+    files
+}
+
+/// The ConfigMap's TLS and authentication settings are the safe ones, and `pod` mounts
+/// the CA file PGSSLROOTCERT names.
+fn assert_verifies_the_server(data: &serde_yaml::Value, pod: &serde_yaml::Value, what: &str) {
+    assert_eq!(data["PGSSLMODE"].as_str(), Some("verify-full"), "{what}");
+    assert_eq!(
+        data["PGREQUIREAUTH"].as_str(),
+        Some("scram-sha-256"),
+        "{what}: a server asking for a cleartext password must be refused"
+    );
+    let root = str_of(&data["PGSSLROOTCERT"], "PGSSLROOTCERT");
+    assert!(
+        configmap_files(pod).iter().any(|f| f == root),
+        "{what}: PGSSLROOTCERT {root} is a mounted file"
+    );
+}
+
+/// The default kit (the Deployment and the sharded StatefulSet): verify-full against the
+/// CA mounted where PGSSLROOTCERT points, and only SCRAM answered. With `require` and no
+/// PGREQUIREAUTH, a man in the middle with any certificate got the password in cleartext.
 #[test]
-fn the_verify_full_variant_mounts_the_ca_it_names() {
-    let k: serde_yaml::Value = serde_yaml::from_str(TLS_VERIFY_FULL).expect("kustomization");
-    let patches: Vec<serde_yaml::Value> = k["patches"]
+fn the_kit_verifies_the_server_and_answers_only_scram() {
+    let docs = kubernetes_documents();
+    let data = &kind(&docs, "ConfigMap")["data"];
+    assert_verifies_the_server(data, &kind(&docs, "Deployment")["spec"]["template"], "base");
+    let sharded: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(STATEFULSET)
+        .map(|de| serde_yaml::Value::deserialize(de).expect("valid YAML"))
+        .collect();
+    let set = sharded
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("StatefulSet"))
+        .expect("a StatefulSet");
+    assert_verifies_the_server(data, &set["spec"]["template"], "sharded");
+}
+
+/// deploy/kubernetes/example-tls-without-ca: labelled a weaker example, and still never
+/// sends the password (SCRAM only, bound to the TLS channel).
+#[test]
+fn the_weaker_tls_variant_is_a_labelled_example_that_keeps_scram() {
+    assert!(
+        EXAMPLE_TLS_WITHOUT_CA.starts_with("# EXAMPLE ONLY, WEAKER THAN THE DEFAULT"),
+        "the variant says what it is on its first line"
+    );
+    let k: serde_yaml::Value = serde_yaml::from_str(EXAMPLE_TLS_WITHOUT_CA).expect("kustomization");
+    let ops: Vec<serde_yaml::Value> = k["patches"]
         .as_sequence()
         .expect("patches")
         .iter()
@@ -427,25 +494,16 @@ fn the_verify_full_variant_mounts_the_ca_it_names() {
         })
         .collect();
     let value = |path: &str| {
-        patches
-            .iter()
+        ops.iter()
             .find(|op| op["path"].as_str() == Some(path))
-            .map(|op| op["value"].clone())
-            .unwrap_or_else(|| panic!("a patch of {path}"))
+            .and_then(|op| op["value"].as_str())
     };
-    assert_eq!(value("/data/PGSSLMODE").as_str(), Some("verify-full"));
-    let root = value("/data/PGSSLROOTCERT");
-    let root = str_of(&root, "PGSSLROOTCERT");
-    let mount = &value("/spec/template/spec/containers/0/volumeMounts")[0];
-    let dir = str_of(&mount["mountPath"], "mountPath");
-    assert_eq!(mount["readOnly"].as_bool(), Some(true));
-    let volume = &value("/spec/template/spec/volumes")[0];
-    assert_eq!(volume["name"], mount["name"]);
-    let item = &volume["configMap"]["items"][0];
-    assert_eq!(
-        format!("{dir}/{}", str_of(&item["path"], "item path")),
-        root,
-        "PGSSLROOTCERT is the mounted file"
+    assert_eq!(value("/data/PGSSLMODE"), Some("require"));
+    assert_eq!(value("/data/PGCHANNELBINDING"), Some("require"));
+    assert!(
+        ops.iter()
+            .all(|op| op["path"].as_str() != Some("/data/PGREQUIREAUTH")),
+        "PGREQUIREAUTH=scram-sha-256 of the base is kept"
     );
 }
 
@@ -461,7 +519,7 @@ fn kustomizations_render() {
         eprintln!("kubectl is not installed: skipping `kubectl kustomize deploy/kubernetes/...`");
         return;
     };
-    for dir in ["", "/sharded", "/tls-verify-full"] {
+    for dir in ["", "/sharded", "/example-tls-without-ca"] {
         let out = Command::new(&kubectl)
             .args(["kustomize", &format!("deploy/kubernetes{dir}")])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -477,6 +535,25 @@ fn kustomizations_render() {
             .map(|de| serde_yaml::Value::deserialize(de).expect("valid YAML"))
             .collect();
         assert!(docs.iter().all(|d| d["kind"].as_str() != Some("Secret")));
+        let data = &docs
+            .iter()
+            .find(|d| d["kind"].as_str() == Some("ConfigMap"))
+            .expect("the ConfigMap")["data"];
+        let workload = docs
+            .iter()
+            .find(|d| matches!(d["kind"].as_str(), Some("Deployment" | "StatefulSet")))
+            .expect("the workload");
+        if dir == "/example-tls-without-ca" {
+            assert_eq!(data["PGREQUIREAUTH"].as_str(), Some("scram-sha-256"));
+            assert_eq!(data["PGCHANNELBINDING"].as_str(), Some("require"));
+            assert!(data.get("PGSSLROOTCERT").is_none(), "{text}");
+            assert!(
+                configmap_files(&workload["spec"]["template"]).is_empty(),
+                "no CA ConfigMap to wait for: {text}"
+            );
+        } else {
+            assert_verifies_the_server(data, &workload["spec"]["template"], dir);
+        }
         if dir == "/sharded" {
             let set = docs
                 .iter()

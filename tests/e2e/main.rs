@@ -49,6 +49,7 @@ mod republish;
 mod shards;
 mod slot_history;
 mod slot_lifecycle;
+mod sql_immunity;
 mod standby_ready;
 mod timeline_fork;
 mod tls_parity;

@@ -49,7 +49,11 @@ CREATE OR REPLACE FUNCTION public.inbox_prune(
     keep          interval,
     max_rows      integer  DEFAULT 10000,
     processed     regclass DEFAULT 'public.inbox_processed'
-) RETURNS bigint LANGUAGE plpgsql AS $$
+) RETURNS bigint LANGUAGE plpgsql
+-- Pinned: whoever may create in a schema on the caller's search_path cannot stand in for
+-- an operator or function below (docs/sql.md); `processed` is a regclass, printed
+-- schema-qualified under this path, so it still names the caller's table.
+SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     deleted bigint;
 BEGIN
@@ -58,7 +62,7 @@ BEGIN
     END IF;
     EXECUTE format(
         'WITH gone AS (DELETE FROM %s WHERE ctid = ANY (ARRAY('
-        '  SELECT ctid FROM %s WHERE consumer = $1 AND processed_at < now() - $2'
+        '  SELECT ctid FROM %s WHERE consumer = $1 AND processed_at < pg_catalog.now() - $2'
         '  ORDER BY processed_at LIMIT $3)) RETURNING 1) '
         'SELECT count(*) FROM gone', processed, processed)
         INTO deleted USING consumer_name, keep, max_rows;

@@ -315,7 +315,7 @@ impl Inbox {
     pub async fn install(client: &mut Client) -> Result<(), InboxError> {
         let tx = client.transaction().await?;
         tx.execute(
-            "SELECT pg_advisory_xact_lock(hashtext('outboxd_inbox.install'))",
+            "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('outboxd_inbox.install'::text))",
             &[],
         )
         .await?;
@@ -473,7 +473,7 @@ impl Inbox {
         if let Some((aggregate_type, aggregate_id, version)) = versioned {
             tx.execute(
                 &format!(
-                    "UPDATE {} SET version = $4, updated_at = now() WHERE consumer = $1 \
+                    "UPDATE {} SET version = $4, updated_at = pg_catalog.now() WHERE consumer = $1 \
                      AND aggregate_type = $2 AND aggregate_id = $3",
                     self.versions_table
                 ),
@@ -608,7 +608,7 @@ impl Inbox {
         }
         let row = client
             .query_one(
-                "SELECT public.inbox_prune($1, make_interval(secs => $2), $3, $4::text::regclass)",
+                "SELECT public.inbox_prune($1, pg_catalog.make_interval(secs => $2), $3, $4::text::regclass)",
                 &[
                     &self.consumer,
                     &keep.as_secs_f64(),

@@ -391,6 +391,13 @@ pub struct ConnectConfig {
     pub connect_timeout: Duration,
 }
 
+/// Startup option of both connections: the session's search_path is pg_catalog only
+/// (pg_temp named last so it is never searched first), so no object planted in `public`
+/// or another schema, nor an `ALTER ROLE/DATABASE ... SET search_path`, can stand in for
+/// an operator or function a statement of outboxd names (docs/sql.md). A startup option
+/// outranks role and database settings; PGOPTIONS is refused, so nothing overrides it.
+pub const PINNED_SEARCH_PATH: &str = "-c search_path=pg_catalog,pg_temp";
+
 impl ConnectConfig {
     /// A config with libpq-like defaults for everything but host, user and database.
     pub fn new(
@@ -536,6 +543,7 @@ impl ConnectConfig {
             .user(&self.user)
             .dbname(&self.dbname)
             .application_name(&self.application_name)
+            .options(PINNED_SEARCH_PATH)
             .channel_binding(match self.channel_binding {
                 ChannelBinding::Disable => T::Disable,
                 ChannelBinding::Prefer => T::Prefer,
@@ -636,7 +644,8 @@ impl ConnectConfig {
 async fn sql_server_state(client: &tokio_postgres::Client) -> Result<ServerState, ReplError> {
     let row = client
         .query_one(
-            "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'",
+            "SELECT pg_catalog.pg_is_in_recovery(), \
+                    pg_catalog.current_setting('transaction_read_only') = 'on'",
             &[],
         )
         .await?;

@@ -122,6 +122,7 @@ impl ReplicationConnection {
             ("replication", "database"),
             ("application_name", cfg.application_name.as_str()),
             ("client_encoding", "UTF8"),
+            ("options", crate::config::PINNED_SEARCH_PATH),
         ];
         conn.send("sending the startup message", |buf| {
             frontend::startup_message(params.iter().copied(), buf)

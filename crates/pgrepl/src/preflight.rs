@@ -37,7 +37,10 @@ pub async fn wal_level(client: &Client) -> Result<String, ReplError> {
 /// `max_replication_slots`.
 pub async fn max_replication_slots(client: &Client) -> Result<i32, ReplError> {
     Ok(client
-        .query_one("SELECT current_setting('max_replication_slots')::int4", &[])
+        .query_one(
+            "SELECT pg_catalog.current_setting('max_replication_slots')::int4",
+            &[],
+        )
         .await?
         .try_get(0)?)
 }
@@ -63,11 +66,11 @@ pub struct ServerSettings {
 pub async fn server_settings(client: &Client) -> Result<ServerSettings, ReplError> {
     let row = client
         .query_one(
-            "SELECT current_setting('wal_level'), \
-                    current_setting('max_replication_slots')::int4, \
-                    (SELECT count(*) FROM pg_catalog.pg_replication_slots), \
-                    current_setting('max_wal_senders')::int4, \
-                    (SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE backend_type = 'walsender'), \
+            "SELECT pg_catalog.current_setting('wal_level'), \
+                    pg_catalog.current_setting('max_replication_slots')::int4, \
+                    (SELECT pg_catalog.count(*) FROM pg_catalog.pg_replication_slots), \
+                    pg_catalog.current_setting('max_wal_senders')::int4, \
+                    (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity WHERE backend_type = 'walsender'), \
                     (SELECT setting::int8 FROM pg_catalog.pg_settings WHERE name = 'max_slot_wal_keep_size'), \
                     (SELECT setting::int8 FROM pg_catalog.pg_settings WHERE name = 'idle_replication_slot_timeout')",
             &[],
@@ -276,7 +279,7 @@ impl PublicationProbe {
             )
         });
         let namespaces = if server_version_num(client).await? >= 150_000 {
-            "|| ' n:' || coalesce((SELECT string_agg(pn.oid::text || '.' || pn.xmin::text, ',' \
+            "|| ' n:' || coalesce((SELECT pg_catalog.string_agg(pn.oid::text || '.' || pn.xmin::text, ',' \
                  ORDER BY pn.oid) FROM pg_catalog.pg_publication_namespace pn \
                  WHERE pn.pnpubid = p.oid AND pn.pnnspid IN (SELECT c.relnamespace \
                  FROM pg_catalog.pg_class c WHERE c.oid IN (SELECT relid FROM rels))), '')"
@@ -284,13 +287,13 @@ impl PublicationProbe {
             ""
         };
         let sql = format!(
-            "WITH t AS (SELECT to_regclass($2) AS oid), \
-             rels AS (SELECT oid AS relid FROM t WHERE oid IS NOT NULL \
-                      UNION SELECT relid FROM t, pg_catalog.pg_partition_tree(t.oid) \
-                      UNION SELECT relid FROM t, pg_catalog.pg_partition_ancestors(t.oid)) \
+            "WITH t AS (SELECT pg_catalog.to_regclass($2::text) AS oid), \
+             rels AS (SELECT oid::oid AS relid FROM t WHERE oid IS NOT NULL \
+                      UNION SELECT relid::oid FROM t, pg_catalog.pg_partition_tree(t.oid) \
+                      UNION SELECT relid::oid FROM t, pg_catalog.pg_partition_ancestors(t.oid)) \
              SELECT p.oid::text || '.' || p.xmin::text || ' ' || p.puballtables::text \
                  || p.pubinsert::text || p.pubviaroot::text \
-                 || ' r:' || coalesce((SELECT string_agg(r.oid::text || '.' || r.xmin::text, ',' \
+                 || ' r:' || coalesce((SELECT pg_catalog.string_agg(r.oid::text || '.' || r.xmin::text, ',' \
                     ORDER BY r.oid) FROM pg_catalog.pg_publication_rel r \
                     WHERE r.prpubid = p.oid AND r.prrelid IN (SELECT relid FROM rels)), '') \
                  {namespaces} \
@@ -299,8 +302,8 @@ impl PublicationProbe {
         Ok(PublicationProbe {
             clock: client
                 .prepare(
-                    "SELECT pg_current_wal_lsn()::text, \
-                     (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+                    "SELECT pg_catalog.pg_current_wal_lsn()::text, \
+                     (extract(epoch FROM pg_catalog.clock_timestamp()) * 1000::numeric)::bigint",
                 )
                 .await?,
             identity: client.prepare(sql.as_str()).await?,
@@ -421,17 +424,17 @@ pub async fn table_rows(
         crate::query::quote_ident(table)
     );
     // Every table of the tree: the table itself, and its partitions at any depth.
-    let tree = "(SELECT to_regclass($1) AS relid \
-                 UNION SELECT relid FROM pg_catalog.pg_partition_tree(to_regclass($1))) t \
+    let tree = "(SELECT pg_catalog.to_regclass($1::text) AS relid \
+                 UNION SELECT relid FROM pg_catalog.pg_partition_tree(pg_catalog.to_regclass($1::text))) t \
                  WHERE t.relid IS NOT NULL";
     let row = match client
         .query_one(
             &format!(
-                "SELECT to_regclass($1) IS NOT NULL, \
-                 coalesce(bool_or(pg_catalog.row_security_active(t.relid)), false), \
-                 coalesce(sum(pg_catalog.pg_relation_size(t.relid)), 0)::bigint, \
-                 coalesce((SELECT sum(s.n_tup_ins) FROM pg_catalog.pg_stat_all_tables s \
-                           WHERE s.relid IN (SELECT t.relid FROM {tree})), 0)::bigint \
+                "SELECT pg_catalog.to_regclass($1::text) IS NOT NULL, \
+                 coalesce(pg_catalog.bool_or(pg_catalog.row_security_active(t.relid)), false), \
+                 coalesce(pg_catalog.sum(pg_catalog.pg_relation_size(t.relid)), 0::numeric)::bigint, \
+                 coalesce((SELECT pg_catalog.sum(s.n_tup_ins) FROM pg_catalog.pg_stat_all_tables s \
+                           WHERE s.relid IN (SELECT t.relid::oid FROM {tree})), 0::numeric)::bigint \
                  FROM {tree}"
             ),
             &[&name],
@@ -516,28 +519,28 @@ pub async fn publication_coverage(
                JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
                WHERE n.nspname = $2 AND c.relname = $3), \
              r AS ( \
-               SELECT pr.prpubid, to_jsonb(pr) ->> 'prqual' AS prqual, \
-                      to_jsonb(pr) ->> 'prattrs' AS prattrs \
+               SELECT pr.prpubid, pg_catalog.to_jsonb(pr) ->> 'prqual'::text AS prqual, \
+                      pg_catalog.to_jsonb(pr) ->> 'prattrs'::text AS prattrs \
                FROM pg_catalog.pg_publication_rel pr \
                WHERE pr.prrelid = (SELECT oid FROM t) \
                   OR EXISTS (SELECT 1 FROM pg_catalog.pg_partition_ancestors(pr.prrelid) a \
-                             WHERE a.relid = (SELECT oid FROM t)) \
+                             WHERE a.relid::oid = (SELECT oid FROM t)) \
                   OR EXISTS (SELECT 1 FROM pg_catalog.pg_partition_ancestors((SELECT oid FROM t)) a \
-                             WHERE a.relid = pr.prrelid)) \
+                             WHERE a.relid::oid = pr.prrelid)) \
              SELECT p.pubinsert, p.pubviaroot, (SELECT relkind FROM t), \
                EXISTS (SELECT 1 FROM pg_catalog.pg_publication_tables pt \
                        WHERE pt.pubname = p.pubname AND pt.schemaname = $2 AND pt.tablename = $3), \
-               (SELECT count(*) FROM pg_catalog.pg_publication_tables pt \
+               (SELECT pg_catalog.count(*) FROM pg_catalog.pg_publication_tables pt \
                   JOIN pg_catalog.pg_namespace pn ON pn.nspname = pt.schemaname \
                   JOIN pg_catalog.pg_class pc ON pc.relnamespace = pn.oid AND pc.relname = pt.tablename \
                  WHERE pt.pubname = p.pubname AND pc.relispartition \
                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_partition_ancestors(pc.oid) a \
-                               WHERE a.relid = (SELECT oid FROM t))), \
-               (SELECT count(*) FROM pg_catalog.pg_partition_tree((SELECT oid FROM t)) l \
-                 JOIN pg_catalog.pg_class lc ON lc.oid = l.relid AND lc.relkind = 'r' \
-                 WHERE l.isleaf AND l.relid <> (SELECT oid FROM t) AND NOT EXISTS ( \
+                               WHERE a.relid::oid = (SELECT oid FROM t))), \
+               (SELECT pg_catalog.count(*) FROM pg_catalog.pg_partition_tree((SELECT oid FROM t)) l \
+                 JOIN pg_catalog.pg_class lc ON lc.oid = l.relid::oid AND lc.relkind = 'r' \
+                 WHERE l.isleaf AND l.relid::oid <> (SELECT oid FROM t) AND NOT EXISTS ( \
                    SELECT 1 FROM pg_catalog.pg_partition_ancestors(l.relid) a \
-                   JOIN pg_catalog.pg_class ac ON ac.oid = a.relid \
+                   JOIN pg_catalog.pg_class ac ON ac.oid = a.relid::oid \
                    JOIN pg_catalog.pg_namespace an ON an.oid = ac.relnamespace \
                    JOIN pg_catalog.pg_publication_tables pt ON pt.pubname = p.pubname \
                     AND pt.schemaname = an.nspname AND pt.tablename = ac.relname)), \
@@ -549,7 +552,7 @@ pub async fn publication_coverage(
                   JOIN pg_catalog.pg_namespace un ON un.oid = uc.relnamespace \
                  WHERE uc.relpersistence = 'u' AND uc.relkind = 'r' \
                    AND (uc.oid = (SELECT oid FROM t) OR uc.oid IN ( \
-                        SELECT l.relid FROM pg_catalog.pg_partition_tree((SELECT oid FROM t)) l))) \
+                        SELECT l.relid::oid FROM pg_catalog.pg_partition_tree((SELECT oid FROM t)) l))) \
              FROM pg_catalog.pg_publication p WHERE p.pubname = $1",
             &[&publication, &schema, &table],
         )
@@ -583,9 +586,9 @@ pub async fn is_partition_of(
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class pc \
                CROSS JOIN LATERAL pg_catalog.pg_partition_ancestors(pc.oid) a \
-               JOIN pg_catalog.pg_class c ON c.oid = a.relid \
+               JOIN pg_catalog.pg_class c ON c.oid = a.relid::oid \
                JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-              WHERE pc.oid = $1 AND pc.relispartition AND a.relid <> pc.oid \
+              WHERE pc.oid = $1 AND pc.relispartition AND a.relid::oid <> pc.oid \
                 AND n.nspname = $2 AND c.relname = $3)",
             &[&rel_id, &schema, &table],
         )
@@ -603,8 +606,8 @@ pub async fn emit_message_functions_public_can_execute(
         .query(
             "SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p \
              WHERE p.proname = 'pg_logical_emit_message' \
-               AND p.pronamespace = 'pg_catalog'::regnamespace \
-               AND has_function_privilege('public', p.oid, 'EXECUTE') \
+               AND p.pronamespace = 'pg_catalog'::regnamespace::oid \
+               AND pg_catalog.has_function_privilege('public'::text, p.oid, 'EXECUTE'::text) \
              ORDER BY 1",
             &[],
         )

@@ -204,7 +204,7 @@ impl Session<'_> {
     /// the slot advance even when keepalives alone would not (e.g. idle flush disabled).
     pub(super) async fn emit_heartbeat(&mut self) -> Result<(), RelayError> {
         let emit = self.sql.execute(
-            "SELECT pg_logical_emit_message(true, 'outboxd.heartbeat', '')",
+            "SELECT pg_catalog.pg_logical_emit_message(true, 'outboxd.heartbeat'::text, ''::text)",
             &[],
         );
         tokio::time::timeout(SQL_TIMEOUT, emit)
