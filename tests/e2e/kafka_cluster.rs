@@ -261,3 +261,83 @@ async fn a_hung_broker_then_a_relay_crash_and_a_broker_crash_lose_nothing() {
     );
     relay.kill();
 }
+
+/// Issue 30 item 13a: one broker of three down, leading no partition of the progress topic
+/// nor of the outbox's topics. A relay restarted after a PostgreSQL crash (which may replay
+/// what was relayed since the slot was last saved) must still read its progress record:
+/// nothing is published twice, and events committed after the start are confirmed
+/// promptly (an unread record holds the slot at its start until a read succeeds).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broker_leading_nothing_down_does_not_stop_the_progress_read() {
+    use support::load::insert_events;
+    let pg = PgCluster::start(ClusterOptions {
+        // No checkpoint of its own in the test: the crash replays everything relayed.
+        conf: vec!["checkpoint_timeout = '1h'".to_owned()],
+        ..ClusterOptions::default()
+    })
+    .expect("dedicated cluster");
+    let db = pg.fresh_database("progress_read_one_broker_down").await;
+    let outbox = schema::setup(&db).await;
+    let broker = Broker::kafka(3);
+    let bootstrap = broker.bootstrap();
+    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
+    let dead = outbox.dead_letter_topic();
+    broker
+        .create_topics_on(&[&topics[0], &topics[1], &dead], 4, 1, &[])
+        .await;
+    broker.create_progress_topic_on(1).await;
+    let env = Relay::env_for(
+        &db,
+        &outbox,
+        &bootstrap,
+        &[("OUTBOXD_PROGRESS_INTERVAL_MS", "200")],
+    );
+    let mut relay = Relay::start(env.clone(), &["run"]);
+    let client = db.client().await;
+    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    client
+        .batch_execute("CHECKPOINT")
+        .await
+        .expect("a checkpoint before the events");
+    let events = insert_events(&client, &outbox.table, 2000, 10, 20).await;
+    let end = schema::current_wal_lsn(&db).await;
+    schema::wait_confirmed_at_least(&db, end, Duration::from_secs(120)).await;
+    relay
+        .wait_metrics("the progress record at the end", |body| {
+            ops::metric(body, "outboxd_progress_recorded_lsn").filter(|l| *l >= end as f64)
+        })
+        .await;
+    relay.kill();
+    drop(relay);
+    drop(client);
+    broker.kafka_cluster().kill(3).expect("broker 3 down");
+    tokio::task::block_in_place(|| pg.stop(pgtest::StopMode::Immediate)).expect("crash");
+    tokio::task::block_in_place(|| pg.start_again()).expect("start");
+
+    let started = Instant::now();
+    let relay = Relay::start(env, &["run"]);
+    let client = ops::connect(&db.conn_string()).await;
+    let more = insert_events(&client, &outbox.table, 200, 10, 20).await;
+    let end = schema::current_wal_lsn(&db).await;
+    schema::wait_confirmed_at_least(&db, end, Duration::from_secs(120)).await;
+    let confirmed_after = started.elapsed();
+    let events = [events, more].concat();
+    let received = ops::read_all_blocking(&bootstrap, &topics, &events, Duration::from_secs(120));
+    let report = support::consume::check_delivery(&events, &received);
+    let unread = relay
+        .metric("outboxd_progress_record_unread_total")
+        .expect("outboxd_progress_record_unread_total exported");
+    let skipped = relay.metric("outboxd_events_skipped_total").unwrap_or(-1.0);
+    eprintln!(
+        "kafka_cluster: one broker down at start: slot confirmed after {confirmed_after:?}, \
+         {skipped} skipped, {} duplicates, record unread {unread} times",
+        report.duplicates
+    );
+    assert_eq!(unread, 0.0, "the progress record was not read");
+    assert_eq!(report.duplicates, 0, "the replay was published again");
+    assert!(
+        confirmed_after < Duration::from_secs(15),
+        "the slot was confirmed {confirmed_after:?} after the start"
+    );
+    drop(relay);
+}

@@ -462,6 +462,135 @@ async fn partial_after_change(change: Change, scenario: &str) {
     drop(relay);
 }
 
+/// Issue 30 item 5: whoever may write the progress topic raises the partly acked
+/// transaction's row count. One transaction of 20 events whose 11th goes to a partition
+/// without a leader: the first 10 are acked and recorded as its leading rows. The relay
+/// is killed, the test rewrites the record with `rows: 20`, the partition gets its
+/// leader back and the relay restarts: the replayed rows' digest is not the recorded
+/// one, so nothing is skipped on the count alone, and all 20 arrive.
+#[tokio::test(flavor = "multi_thread")]
+async fn proven_skip_partial_count_raised_by_another_writer() {
+    let scenario = "partial count raised";
+    let db = PgCluster::shared()
+        .fresh_database("proven_partial_forged")
+        .await;
+    let outbox = schema::setup(&db).await;
+    let client = db.client().await;
+    let broker = Broker::kafka(3);
+    let bootstrap = broker.bootstrap();
+    let ok_topic = outbox.topic("order");
+    let stuck_topic = outbox.topic("stuck");
+    let dead = outbox.dead_letter_topic();
+    broker
+        .create_topics_on(&[&ok_topic, &dead], 4, 1, &[])
+        .await;
+    broker.create_progress_topic_on(1).await;
+    broker.create_topics_on(&[&stuck_topic], 1, 3, &[]).await;
+    let cluster = broker.kafka_cluster();
+    cluster.kill(3).expect("the stuck topic's broker down");
+
+    let mut relay = Relay::start(
+        Relay::env_for(&db, &outbox, &bootstrap, &RELAY_ENV),
+        &["run"],
+    );
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let events: Vec<Event> = (1..=20)
+        .map(|n| Event {
+            id: uuid::Uuid::new_v4().to_string(),
+            aggregate_type: if n == 11 { "stuck" } else { "order" }.into(),
+            // Its own aggregate: order is per aggregate, and its topic is another one.
+            aggregate_id: if n == 11 {
+                "agg-stuck".into()
+            } else {
+                format!("agg-{}", n % 3)
+            },
+            event_type: "Changed".into(),
+            payload: format!("{{\"n\": {n}}}"),
+        })
+        .collect();
+    let mut sql = String::from("BEGIN;");
+    for e in &events {
+        sql.push_str(&format!(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('{}', '{}', '{}', '{}', '{}');",
+            e.id, e.aggregate_type, e.aggregate_id, e.event_type, e.payload
+        ));
+    }
+    sql.push_str("COMMIT;");
+    client.batch_execute(&sql).await.expect("the transaction");
+    let end = schema::current_wal_lsn(&db).await;
+    let key = record_key(&client, &db, &outbox).await;
+    let mut record = wait_for(
+        "a progress record naming the first 10 rows acked",
+        Duration::from_secs(60),
+        Duration::from_millis(300),
+        || async {
+            ops::latest_progress_record(&bootstrap, &key)
+                .filter(|r| r["partial"]["rows"].as_u64() == Some(10))
+        },
+    )
+    .await;
+    relay.kill();
+    drop(relay);
+
+    // Another principal with write access to the topic raises the count.
+    record["partial"]["rows"] = serde_json::json!(20);
+    write_record(&bootstrap, &key, &record.to_string());
+    let forged = ops::latest_progress_record(&bootstrap, &key).expect("the forged record");
+    assert_eq!(forged["partial"]["rows"].as_u64(), Some(20), "{forged}");
+
+    tokio::task::block_in_place(|| cluster.restart(&[3], 3))
+        .expect("stuck partition's broker back");
+    let relay = Relay::start(
+        Relay::env_for(&db, &outbox, &bootstrap, &RELAY_ENV),
+        &["run"],
+    );
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    schema::wait_confirmed_at_least(&db, end, Duration::from_secs(120)).await;
+    let report = expect_arrived(
+        scenario,
+        &relay,
+        &bootstrap,
+        &[ok_topic, stuck_topic],
+        &events,
+        &events,
+        "of the transaction whose record was forged",
+    );
+    assert_record_read(scenario, &relay);
+    let doubts = relay
+        .metric_series("outboxd_replay_doubts_total{reason=\"partial_digest\"}")
+        .unwrap_or(0.0);
+    assert!(
+        doubts >= 1.0,
+        "the forged partial counted as a doubt: {doubts}"
+    );
+    eprintln!(
+        "proven_skip: {scenario}: 0 lost, {} duplicates ({} skipped)",
+        report.duplicates,
+        relay.metric("outboxd_events_skipped_total").unwrap_or(-1.0)
+    );
+    drop(relay);
+}
+
+/// Writes a progress record under `key`, as any principal allowed to write the topic can.
+fn write_record(bootstrap: &str, key: &str, value: &str) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("producer");
+    producer
+        .send(
+            BaseRecord::to(outboxd_test_broker::PROGRESS_TOPIC)
+                .partition(0)
+                .key(key)
+                .payload(value),
+        )
+        .map_err(|(e, _)| e)
+        .expect("send");
+    producer.flush(Duration::from_secs(10)).expect("flush");
+}
+
 /// Scenario 4: the primary's clock (the server process alone, through libfaketime) steps
 /// forty minutes forward and back (less than the hour Kafka 4 accepts records stamped
 /// ahead of its clock: see the next test for more). Events committed meanwhile are

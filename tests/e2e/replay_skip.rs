@@ -13,7 +13,7 @@ use rdkafka::consumer::Consumer;
 use rdkafka::message::Message;
 use support::broker::Broker;
 use support::consume::check_delivery;
-use support::load::insert_events;
+use support::load::{insert_events, Event};
 use support::ops::{self, read_all_blocking, wait_active_pid};
 use support::relay::Relay;
 use support::schema;
@@ -207,4 +207,158 @@ async fn a_relay_starting_behind_the_record_never_moves_it_back() {
     let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(60));
     assert_eq!(report.duplicates, 0, "the replay was skipped");
     drop(second_relay);
+}
+
+/// Issue 30 item 13b: a big transaction acked whole but not confirmed yet (here held back
+/// by an earlier transaction stuck on a partition without a leader) is still named by
+/// the progress record, so a relay killed -9 then does not publish it again. Marker: a
+/// later transaction partly acked (one row acked, one stuck) shows the record was
+/// written after the big one was acked whole; the relay is killed as soon as the record
+/// names either, and the test counts the big transaction's events read twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_acked_whole_but_not_confirmed_is_not_published_again() {
+    const BIG: usize = 10_000;
+    let db = PgCluster::shared()
+        .fresh_database("acked_unconfirmed")
+        .await;
+    let outbox = schema::setup(&db).await;
+    let mut client = db.client().await;
+    let broker = Broker::kafka(3);
+    let bootstrap = broker.bootstrap();
+    let ok_topic = outbox.topic("order");
+    let stuck_topic = outbox.topic("stuck");
+    let dead = outbox.dead_letter_topic();
+    broker
+        .create_topics_on(&[&ok_topic, &dead], 4, 1, &[])
+        .await;
+    broker.create_progress_topic_on(1).await;
+    broker.create_topics_on(&[&stuck_topic], 1, 3, &[]).await;
+    let cluster = broker.kafka_cluster();
+    cluster.kill(3).expect("the stuck topic's broker down");
+    let env = Relay::env_for(
+        &db,
+        &outbox,
+        &bootstrap,
+        &[
+            ("OUTBOXD_PROGRESS_INTERVAL_MS", "100"),
+            ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
+        ],
+    );
+    let mut relay = Relay::start(env.clone(), &["run"]);
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+
+    let event = |n: usize, stuck: bool, aggregate_id: String| Event {
+        id: uuid::Uuid::new_v4().to_string(),
+        aggregate_type: if stuck { "stuck" } else { "order" }.into(),
+        aggregate_id,
+        event_type: "Changed".into(),
+        payload: format!("{{\"n\": {n}}}"),
+    };
+    // Holds the confirmed position back: its only row waits for broker 3.
+    let held_back = vec![event(0, true, "agg-stuck-0".into())];
+    let big: Vec<Event> = (1..=BIG)
+        .map(|n| event(n, false, format!("agg-{}", n % 8)))
+        .collect();
+    let marker = vec![
+        event(BIG + 1, false, "agg-marker".into()),
+        event(BIG + 2, true, "agg-stuck-1".into()),
+    ];
+    xid_of_insert(&mut client, &outbox.table, &held_back).await;
+    let big_xid = xid_of_insert(&mut client, &outbox.table, &big).await;
+    relay
+        .wait_metric_at_least("outboxd_events_published_total", BIG as f64)
+        .await;
+    let marker_xid = xid_of_insert(&mut client, &outbox.table, &marker).await;
+    let end = schema::current_wal_lsn(&db).await;
+    let key = format!(
+        "{}/{}/{}",
+        client
+            .query_one(
+                "SELECT system_identifier::text FROM pg_control_system()",
+                &[]
+            )
+            .await
+            .expect("system identifier")
+            .get::<_, String>(0),
+        db.name,
+        outbox.slot
+    );
+    let record = ops::wait_for(
+        "a progress record written after the big transaction was acked whole",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            ops::latest_progress_record(&bootstrap, &key).filter(|r| {
+                let p = &r["partial"];
+                let (xid, rows) = (p["xid"].as_u64(), p["rows"].as_u64());
+                (xid == Some(marker_xid) && rows == Some(1))
+                    || (xid == Some(big_xid) && rows == Some(BIG as u64))
+            })
+        },
+    )
+    .await;
+    relay.kill();
+    drop(relay);
+    let slot = ops::slot_row(&client, &outbox.slot)
+        .await
+        .expect("the slot");
+    eprintln!(
+        "replay_skip: killed with the slot confirmed at {:?} and the record's partial {}",
+        slot.confirmed_flush, record["partial"]
+    );
+
+    tokio::task::block_in_place(|| cluster.restart(&[3], 3))
+        .expect("the stuck topic's broker back");
+    let relay = Relay::start(env, &["run"]);
+    schema::wait_confirmed_at_least(&db, end, Duration::from_secs(120)).await;
+    let committed: Vec<Event> = held_back
+        .iter()
+        .chain(&big)
+        .chain(&marker)
+        .cloned()
+        .collect();
+    let received = read_all_blocking(
+        &bootstrap,
+        &[ok_topic, stuck_topic],
+        &committed,
+        Duration::from_secs(120),
+    );
+    let report = check_delivery(&committed, &received);
+    let counts = ops::id_counts(&received);
+    let big_again = big.iter().filter(|e| counts[&e.id] > 1).count();
+    eprintln!(
+        "replay_skip: acked whole, not confirmed: {big_again} of {BIG} published again \
+         ({} duplicates in all, {} skipped)",
+        report.duplicates,
+        relay.metric("outboxd_events_skipped_total").unwrap_or(-1.0)
+    );
+    assert_eq!(big_again, 0, "the big transaction was published again");
+    drop(relay);
+}
+
+/// Inserts `batch` in one transaction; its xid.
+async fn xid_of_insert(client: &mut tokio_postgres::Client, table: &str, batch: &[Event]) -> u64 {
+    let tx = client.transaction().await.expect("begin");
+    let xid: i64 = tx
+        .query_one("SELECT txid_current()::bigint", &[])
+        .await
+        .expect("xid")
+        .get(0);
+    let ids: Vec<&str> = batch.iter().map(|e| e.id.as_str()).collect();
+    let types: Vec<&str> = batch.iter().map(|e| e.aggregate_type.as_str()).collect();
+    let aggs: Vec<&str> = batch.iter().map(|e| e.aggregate_id.as_str()).collect();
+    let payloads: Vec<&str> = batch.iter().map(|e| e.payload.as_str()).collect();
+    tx.execute(
+        &format!(
+            "INSERT INTO {table} (id, aggregate_type, aggregate_id, event_type, payload) \
+             SELECT i::uuid, t, a, 'Changed', p::jsonb \
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) \
+             WITH ORDINALITY AS u(i, t, a, p, n) ORDER BY n"
+        ),
+        &[&ids, &types, &aggs, &payloads],
+    )
+    .await
+    .expect("insert");
+    tx.commit().await.expect("commit");
+    u64::try_from(xid).expect("an xid of this cluster's first epoch")
 }

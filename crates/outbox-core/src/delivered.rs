@@ -20,7 +20,9 @@
 //! - No clock takes part: commit times are only compared for equality.
 //! - Inside the transaction the claim was partly acked in ([`PartialTxn`]), only its first
 //!   published rows are skipped, counted over the rows the relay publishes (records and
-//!   dead letters), never over changes it ignores, and only under the same fingerprint.
+//!   dead letters), never over changes it ignores, and only under the same fingerprint;
+//!   and only when the replayed leading rows have the recorded [`RowDigest`] (a count alone
+//!   proves nothing: anyone who may write the progress topic could raise it).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -70,6 +72,55 @@ impl TxnId {
 pub struct PartialTxn {
     pub txn: TxnId,
     pub rows: u64,
+    /// The [`RowDigest`] of those rows; `None` (a record written before digests) proves
+    /// nothing, so nothing of it is skipped.
+    pub digest: Option<u64>,
+}
+
+/// FNV-1a, the hash of fingerprints and row digests: stable across builds and platforms
+/// (they are compared with what another process wrote).
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+fn fnv(mut h: u64, bytes: impl IntoIterator<Item = u8>) -> u64 {
+    for b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(FNV_PRIME);
+    }
+    h
+}
+
+/// The identity of one published row, as a replay sees it again before mapping it: for
+/// an outbox row the raw value of its id column (the outbox's primary key), for an
+/// emitted message its WAL position. Cheap (a few dozen bytes hashed) and exact: the
+/// same transaction on the same history gives the same identities.
+pub fn row_identity(tag: u8, bytes: &[u8]) -> u64 {
+    fnv(
+        FNV_OFFSET,
+        std::iter::once(tag).chain(bytes.iter().copied()),
+    )
+}
+
+/// A transaction's leading published rows' identities, folded in order: what a
+/// [`PartialTxn`] proves its row count with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowDigest(u64);
+
+impl Default for RowDigest {
+    fn default() -> Self {
+        RowDigest(FNV_OFFSET)
+    }
+}
+
+impl RowDigest {
+    #[must_use]
+    pub fn push(self, identity: u64) -> Self {
+        RowDigest(fnv(self.0, identity.to_le_bytes()))
+    }
+
+    pub fn value(self) -> u64 {
+        self.0
+    }
 }
 
 /// Marks kept at every write, and again at each coarser level (see `keeps`).
@@ -206,6 +257,9 @@ pub enum Doubt {
     ForeignWriter,
     /// The partly acked transaction came back with fewer published rows than recorded.
     PartialRows,
+    /// The partly acked transaction's leading rows are not the recorded ones (their
+    /// digest differs), or the record names none (written before digests).
+    PartialDigest,
 }
 
 impl Doubt {
@@ -218,10 +272,11 @@ impl Doubt {
             Doubt::HoldFull => "hold_full",
             Doubt::ForeignWriter => "foreign_writer",
             Doubt::PartialRows => "partial_rows",
+            Doubt::PartialDigest => "partial_digest",
         }
     }
 
-    pub const ALL: [Doubt; 7] = [
+    pub const ALL: [Doubt; 8] = [
         Doubt::Fingerprint,
         Doubt::PastServerEnd,
         Doubt::Mismatch,
@@ -229,6 +284,7 @@ impl Doubt {
         Doubt::HoldFull,
         Doubt::ForeignWriter,
         Doubt::PartialRows,
+        Doubt::PartialDigest,
     ];
 
     /// What it means, for the one log line a session writes about it.
@@ -241,6 +297,7 @@ impl Doubt {
             Doubt::HoldFull => "the replay held back reached the in-flight caps before a recorded transaction proved it delivered",
             Doubt::ForeignWriter => "another relay writes this slot's progress record (two live copies of one cluster share one Kafka); set OUTBOXD_CLUSTER_NAME differently on each copy",
             Doubt::PartialRows => "the partly delivered transaction came back with fewer published rows than recorded",
+            Doubt::PartialDigest => "the leading rows of the partly delivered transaction are not the ones the progress record names (a record from before row digests, or one written by another principal: only outboxd's may write OUTBOXD_PROGRESS_TOPIC, see docs/replay-skip.md)",
         }
     }
 }
@@ -254,8 +311,10 @@ pub enum Begin {
     Hold,
     /// Release what is held (publish it), for this reason, and publish these too.
     Release(Doubt),
-    /// Its first `n` published rows are in Kafka: drop those, publish the rest.
-    SkipRows(u64),
+    /// Its first `rows` published rows are in Kafka if their [`RowDigest`] is `digest`:
+    /// drop those (the caller checks the digest before anything past them), publish the
+    /// rest.
+    SkipRows { rows: u64, digest: u64 },
 }
 
 /// What becomes of the records held so far.
@@ -356,7 +415,17 @@ impl ReplayProof {
         match self.partial {
             Some(p) if p.txn == txn => {
                 self.partial = None;
-                Begin::SkipRows(p.rows)
+                match p.digest {
+                    Some(digest) => Begin::SkipRows {
+                        rows: p.rows,
+                        digest,
+                    },
+                    // A count alone proves nothing.
+                    None => {
+                        self.doubt();
+                        Begin::Release(Doubt::PartialDigest)
+                    }
+                }
             }
             Some(p) if txn.commit_lsn >= p.txn.commit_lsn => {
                 // Past it (or another transaction in its place): nothing more to skip.
@@ -400,22 +469,18 @@ pub struct Fingerprint(u64);
 
 impl Default for Fingerprint {
     fn default() -> Self {
-        Fingerprint(0xcbf2_9ce4_8422_2325)
+        Fingerprint(FNV_OFFSET)
     }
 }
 
 impl Fingerprint {
-    pub fn add(mut self, name: &str, value: &str) -> Self {
-        for b in name
+    pub fn add(self, name: &str, value: &str) -> Self {
+        let bytes = name
             .bytes()
             .chain([0u8])
             .chain(value.bytes())
-            .chain([0xffu8])
-        {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        self
+            .chain([0xffu8]);
+        Fingerprint(fnv(self.0, bytes))
     }
 
     pub fn finish(self) -> u64 {
@@ -438,19 +503,43 @@ struct TxnRows {
     read: u64,
     /// Rows 0..done are all done (acked, or already in Kafka).
     done: u64,
+    /// The digest of rows 0..done.
+    digest: RowDigest,
+    /// The identities of rows done..read, in order (at most the rows in flight).
+    pending: VecDeque<u64>,
     /// Done rows past the first not done one.
     ahead: BTreeSet<u64>,
     committed: bool,
 }
 
+impl TxnRows {
+    fn advance(&mut self) {
+        self.done += 1;
+        if let Some(identity) = self.pending.pop_front() {
+            self.digest = self.digest.push(identity);
+        }
+    }
+
+    fn partial(&self) -> PartialTxn {
+        PartialTxn {
+            txn: self.txn,
+            rows: self.done,
+            digest: Some(self.digest.value()),
+        }
+    }
+}
+
 /// Which leading published rows of each transaction with rows in flight are done. An
-/// entry leaves as soon as its transaction is committed and all its rows are done (then
-/// the watermark, not this ledger, covers it), so it holds no more entries than there are
-/// transactions with messages in flight, plus the open one.
+/// entry leaves as soon as its transaction is committed and all its rows are done, so it
+/// holds no more entries than there are transactions with messages in flight, plus the
+/// open one. The biggest of those that left is kept as `finished` until the confirmed
+/// position passes it: until then the watermark does not cover it, and a record that
+/// named neither would make a restart publish it whole.
 #[derive(Debug, Default)]
 pub struct RowLedger {
     txns: BTreeMap<Lsn, TxnRows>,
     open: Option<Lsn>,
+    finished: Option<PartialTxn>,
 }
 
 impl RowLedger {
@@ -460,19 +549,30 @@ impl RowLedger {
             txn,
             read: 0,
             done: 0,
+            digest: RowDigest::default(),
+            pending: VecDeque::new(),
             ahead: BTreeSet::new(),
             committed: false,
         });
         self.open = Some(txn.commit_lsn);
     }
 
-    /// The next published row of the open transaction (`None` outside one).
-    pub fn next_row(&mut self) -> Option<RowId> {
+    /// The next published row of the open transaction, with its [`row_identity`] (`None`
+    /// outside one).
+    pub fn next_row(&mut self, identity: u64) -> Option<RowId> {
         let commit_lsn = self.open?;
         let t = self.txns.get_mut(&commit_lsn)?;
         let index = t.read;
         t.read += 1;
+        t.pending.push_back(identity);
         Some(RowId { commit_lsn, index })
+    }
+
+    /// The open transaction's done rows and their digest.
+    pub fn open_done(&self) -> Option<PartialTxn> {
+        self.open
+            .and_then(|lsn| self.txns.get(&lsn))
+            .map(TxnRows::partial)
     }
 
     /// Published rows of the open transaction so far.
@@ -488,15 +588,15 @@ impl RowLedger {
             return;
         };
         if row.index == t.done {
-            t.done += 1;
+            t.advance();
             while t.ahead.remove(&t.done) {
-                t.done += 1;
+                t.advance();
             }
         } else if row.index > t.done {
             t.ahead.insert(row.index);
         }
         if t.committed && t.done == t.read {
-            self.txns.remove(&row.commit_lsn);
+            self.finish(row.commit_lsn);
         }
     }
 
@@ -506,23 +606,38 @@ impl RowLedger {
             if let Some(t) = self.txns.get_mut(&lsn) {
                 t.committed = true;
                 if t.done == t.read {
-                    self.txns.remove(&lsn);
+                    self.finish(lsn);
                 }
             }
         }
     }
 
+    /// A committed transaction with every row done leaves; the biggest is remembered.
+    fn finish(&mut self, lsn: Lsn) {
+        let Some(t) = self.txns.remove(&lsn) else {
+            return;
+        };
+        if t.done > 0 && self.finished.is_none_or(|f| t.done >= f.rows) {
+            self.finished = Some(t.partial());
+        }
+    }
+
+    /// Forgets the finished transaction once `confirmed` covers it.
+    pub fn confirmed(&mut self, confirmed: Lsn) {
+        if self.finished.is_some_and(|f| f.txn.commit_lsn < confirmed) {
+            self.finished = None;
+        }
+    }
+
     /// The transaction at or past `confirmed` with the most leading rows done (the one
-    /// worth resuming inside), if any has some.
+    /// worth resuming inside, or one done whole but not confirmed yet), if any has some.
     pub fn partial(&self, confirmed: Lsn) -> Option<PartialTxn> {
         self.txns
             .range(confirmed..)
             .filter(|(_, t)| t.done > 0)
-            .max_by_key(|(_, t)| t.done)
-            .map(|(_, t)| PartialTxn {
-                txn: t.txn,
-                rows: t.done,
-            })
+            .map(|(_, t)| t.partial())
+            .chain(self.finished.filter(|f| f.txn.commit_lsn >= confirmed))
+            .max_by_key(|p| p.rows)
     }
 
     pub fn len(&self) -> usize {
@@ -637,6 +752,7 @@ mod tests {
         two.partial = Some(PartialTxn {
             txn: id(950, 1),
             rows: 2,
+            digest: Some(5),
         });
         assert_eq!(two.within(Lsn(10_000)), None);
         let cut = two.within(Lsn(600)).unwrap();
@@ -652,11 +768,15 @@ mod tests {
         known.partial = Some(PartialTxn {
             txn: id(800, 9),
             rows: 3,
+            digest: Some(5),
         });
         let (mut p, _) = ReplayProof::new(&known, 7, Lsn(510));
         assert!(!p.holding());
         assert_eq!(p.on_begin(id(700, 8)), Begin::Publish);
-        assert_eq!(p.on_begin(id(800, 9)), Begin::SkipRows(3));
+        assert_eq!(
+            p.on_begin(id(800, 9)),
+            Begin::SkipRows { rows: 3, digest: 5 }
+        );
         assert_eq!(p.on_begin(id(800, 9)), Begin::Publish, "once");
         let (mut p, _) = ReplayProof::new(&known, 7, Lsn(510));
         assert_eq!(
@@ -666,6 +786,12 @@ mod tests {
             }),
             Begin::Publish
         );
+        assert_eq!(p.partial(), None);
+        // A count without a digest (a record from before digests) proves nothing.
+        let mut undigested = known.clone();
+        undigested.partial = undigested.partial.map(|p| PartialTxn { digest: None, ..p });
+        let (mut p, _) = ReplayProof::new(&undigested, 7, Lsn(510));
+        assert_eq!(p.on_begin(id(800, 9)), Begin::Release(Doubt::PartialDigest));
         assert_eq!(p.partial(), None);
         // Behind an unproven mark: the mark decides first.
         let (mut p, _) = ReplayProof::new(&known, 7, Lsn(100));
@@ -720,19 +846,24 @@ mod tests {
     fn the_ledger_counts_only_the_leading_done_rows() {
         let mut l = RowLedger::default();
         l.begin(id(100, 1));
-        let rows: Vec<RowId> = (0..5).map(|_| l.next_row().unwrap()).collect();
+        let rows: Vec<RowId> = (0..5).map(|i| l.next_row(i).unwrap()).collect();
         assert_eq!(l.open_rows(), 5);
         assert_eq!(l.partial(Lsn(0)), None);
         l.done(rows[1]);
         l.done(rows[2]);
         assert_eq!(l.partial(Lsn(0)), None, "row 0 is not acked yet");
         l.done(rows[0]);
+        let digest = |ids: std::ops::Range<u64>| {
+            Some(ids.fold(RowDigest::default(), RowDigest::push).value())
+        };
         assert_eq!(
             l.partial(Lsn(0)),
             Some(PartialTxn {
                 txn: id(100, 1),
-                rows: 3
-            })
+                rows: 3,
+                digest: digest(0..3),
+            }),
+            "acked out of order, digested in order"
         );
         assert_eq!(l.partial(Lsn(101)), None, "covered by the watermark");
         l.commit();
@@ -740,6 +871,31 @@ mod tests {
         assert_eq!(l.partial(Lsn(0)).map(|p| p.rows), Some(3));
         l.done(rows[3]);
         assert!(l.is_empty(), "a finished transaction leaves the ledger");
-        assert_eq!(l.next_row(), None, "outside a transaction");
+        assert_eq!(l.next_row(9), None, "outside a transaction");
+        // Until the confirmed position passes it, it is still named, whole.
+        let whole = Some(PartialTxn {
+            txn: id(100, 1),
+            rows: 5,
+            digest: digest(0..5),
+        });
+        assert_eq!(l.partial(Lsn(0)), whole);
+        l.confirmed(Lsn(50));
+        assert_eq!(l.partial(Lsn(50)), whole);
+        l.confirmed(Lsn(110));
+        assert_eq!(l.partial(Lsn(0)), None, "confirmed: forgotten");
+    }
+
+    #[test]
+    fn a_digest_depends_on_every_identity_and_their_order() {
+        let d = |ids: &[u64]| {
+            ids.iter()
+                .copied()
+                .fold(RowDigest::default(), RowDigest::push)
+        };
+        assert_ne!(d(&[1, 2, 3]), d(&[1, 2]));
+        assert_ne!(d(&[1, 2, 3]), d(&[1, 3, 2]));
+        assert_ne!(d(&[1, 2, 3]), d(&[1, 2, 3, 4]));
+        assert_eq!(d(&[1, 2, 3]), d(&[1, 2, 3]));
+        assert_ne!(row_identity(b't', b"1"), row_identity(b'b', b"1"));
     }
 }

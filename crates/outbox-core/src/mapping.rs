@@ -305,6 +305,19 @@ impl BoundTable {
         &self.topic
     }
 
+    /// The row's [`crate::delivered::row_identity`]: its id column's raw value as the
+    /// stream carries it (the outbox's primary key), whatever else the row holds.
+    pub fn row_identity(&self, tuple: &TupleData) -> u64 {
+        use crate::delivered::row_identity;
+        match tuple.columns.get(self.id.index) {
+            Some(TupleValue::Text(b)) => row_identity(b't', b),
+            Some(TupleValue::Binary(b)) => row_identity(b'b', b),
+            Some(TupleValue::Null) => row_identity(b'n', &[]),
+            Some(TupleValue::UnchangedToast) => row_identity(b'u', &[]),
+            None => row_identity(b'-', &[]),
+        }
+    }
+
     /// Turn an inserted row into a Kafka record. See the module docs for the mapping.
     pub fn map_insert(
         &self,

@@ -57,12 +57,15 @@ pub enum NextRow {
 }
 
 /// The partly delivered transaction came back with fewer published rows than its claim
-/// counted: the session must end before anything past it is confirmed.
+/// counted ([`Doubt::PartialRows`]), or with other leading rows ([`Doubt::PartialDigest`]):
+/// the rows skipped so far may not be in Kafka, so the session must end before anything
+/// of it is confirmed, and the next one publishes it whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartialMismatch {
     pub commit_lsn: Lsn,
     pub recorded: u64,
     pub read: u64,
+    pub reason: Doubt,
 }
 
 /// How a session starts: what it was told, and where it is.
@@ -104,6 +107,9 @@ pub struct ReplayCore<R> {
     skip_rows: u64,
     /// The recorded row count of the open, partly delivered transaction, for its Commit.
     partial_rows: Option<u64>,
+    /// The recorded partial transaction while its skipped rows' digest is not checked
+    /// yet: until then it, and not what the skipped rows count as done, is the claim.
+    verifying: Option<PartialTxn>,
     /// Doubts met (each is counted; the caller logs the first).
     doubts: Vec<Doubt>,
     /// Whether the open transaction's records are held.
@@ -179,6 +185,7 @@ impl<R> ReplayCore<R> {
             rows: RowLedger::default(),
             skip_rows: 0,
             partial_rows: None,
+            verifying: None,
             doubts,
             hold_open: false,
             start: s.start,
@@ -216,30 +223,64 @@ impl<R> ReplayCore<R> {
         self.rows.begin(txn);
         self.skip_rows = 0;
         self.partial_rows = None;
+        self.verifying = None;
         let verdict = self.proof.on_begin(txn);
         self.hold_open = verdict == Begin::Hold;
         match verdict {
             Begin::Hold | Begin::Publish => Step::Nothing,
-            Begin::SkipRows(rows) => {
+            Begin::SkipRows { rows, digest } => {
                 self.skip_rows = rows;
                 self.partial_rows = Some(rows);
+                self.verifying = Some(PartialTxn {
+                    txn,
+                    rows,
+                    digest: Some(digest),
+                });
                 Step::Resume { rows }
             }
             Begin::Release(d) => self.settle(Settle::Release(d)),
         }
     }
 
-    /// Takes the next published row (a record or a dead letter) of the open transaction.
-    pub fn next_row(&mut self) -> NextRow {
-        let row = self.rows.next_row();
+    /// Takes the next published row (a record or a dead letter) of the open transaction,
+    /// with its [`crate::delivered::row_identity`]. An error: the rows skipped are not the
+    /// recorded ones, and the transaction must not be confirmed.
+    pub fn next_row(&mut self, identity: u64) -> Result<NextRow, PartialMismatch> {
+        let row = self.rows.next_row(identity);
         if self.skip_rows == 0 {
-            return NextRow::Publish(row);
+            return Ok(NextRow::Publish(row));
         }
         self.skip_rows -= 1;
         if let Some(row) = row {
             self.rows.done(row);
         }
-        NextRow::InKafka
+        if self.skip_rows == 0 {
+            if let Some(recorded) = self.verifying.take() {
+                let replayed = self.rows.open_done();
+                if replayed.and_then(|r| r.digest) != recorded.digest {
+                    return Err(self.partial_mismatch(recorded, Doubt::PartialDigest));
+                }
+            }
+        }
+        Ok(NextRow::InKafka)
+    }
+
+    /// The partly delivered transaction is not what its claim says: the claim is given
+    /// up, and the rows skipped count as done, so no claim may name it partly delivered
+    /// again.
+    fn partial_mismatch(&mut self, recorded: PartialTxn, reason: Doubt) -> PartialMismatch {
+        let read = self.rows.open_rows();
+        self.rows = RowLedger::default();
+        self.verifying = None;
+        self.partial_rows = None;
+        self.skip_rows = 0;
+        self.doubted(reason);
+        PartialMismatch {
+            commit_lsn: recorded.txn.commit_lsn,
+            recorded: recorded.rows,
+            read,
+            reason,
+        }
     }
 
     /// A record registered in the ledger while [`ReplayCore::holding`].
@@ -261,17 +302,13 @@ impl<R> ReplayCore<R> {
     pub fn commit(&mut self, end_lsn: Lsn) -> Result<Step<R>, PartialMismatch> {
         let txn = self.open.take();
         if let (Some(recorded), Some(txn)) = (self.partial_rows.take(), txn) {
-            let read = self.rows.open_rows();
-            if read < recorded {
-                // Its skipped rows counted as done: no claim may name it partly
-                // delivered again.
-                self.rows = RowLedger::default();
-                self.doubted(Doubt::PartialRows);
-                return Err(PartialMismatch {
-                    commit_lsn: txn.commit_lsn,
-                    recorded,
-                    read,
-                });
+            if self.rows.open_rows() < recorded {
+                let recorded = PartialTxn {
+                    txn,
+                    rows: recorded,
+                    digest: None,
+                };
+                return Err(self.partial_mismatch(recorded, Doubt::PartialRows));
             }
         }
         self.rows.commit();
@@ -349,8 +386,8 @@ impl<R> ReplayCore<R> {
 
     /// The partly acked transaction worth recording at `lsn`.
     fn partial_at(&self, lsn: Lsn) -> Option<PartialTxn> {
-        self.rows
-            .partial(lsn)
+        self.verifying
+            .or_else(|| self.rows.partial(lsn))
             .or(self.proof.partial().filter(|p| p.txn.commit_lsn >= lsn))
     }
 
@@ -371,6 +408,7 @@ impl<R> ReplayCore<R> {
             self.claim.push_mark(txn, end);
         }
         self.claim.lsn = self.claim.lsn.max(confirmed);
+        self.rows.confirmed(self.claim.lsn);
         self.claim.partial = self.partial_at(self.claim.lsn);
         (self.claim.clone(), self.lineage)
     }
@@ -423,7 +461,7 @@ mod tests {
         let mut c = start(100, 1, 2);
         assert!(matches!(c.begin(id(200, 1, 10)), Step::Nothing));
         assert!(c.holding());
-        let NextRow::Publish(row) = c.next_row() else {
+        let Ok(NextRow::Publish(row)) = c.next_row(0) else {
             panic!("no partial skip here");
         };
         c.hold(Ticket::from_index(0), 1, row);
@@ -437,6 +475,112 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(!c.holding(), "every mark proven");
+    }
+
+    /// One session reads `rows` rows of the transaction at 700 (identities 0, 1, …),
+    /// acks the first `acked`, and returns the claim it writes.
+    fn partly_delivered(rows: u64, acked: u64) -> DeliveredPosition {
+        let mut c = start(600, 9, 10);
+        assert!(matches!(c.begin(id(700, 7, 70)), Step::Nothing));
+        let ids: Vec<RowId> = (0..rows)
+            .map(|i| match c.next_row(i) {
+                Ok(NextRow::Publish(Some(row))) => row,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        for row in &ids[..usize::try_from(acked).unwrap()] {
+            c.acked(*row);
+        }
+        c.claim_at(Lsn(600)).0
+    }
+
+    fn resume(claim: DeliveredPosition) -> ReplayCore<u32> {
+        ReplayCore::new(ReplayStart {
+            timeline: 1,
+            start: Lsn(600),
+            server_end: Lsn(1_000_000),
+            claim: Some((claim, 42)),
+            fingerprint: 7,
+            foreign_writer: false,
+            new_lineage: 1,
+            doubt_lineage: 2,
+        })
+    }
+
+    #[test]
+    fn the_leading_rows_of_a_partial_transaction_are_skipped_only_with_their_digest() {
+        let claim = partly_delivered(5, 3);
+        let p = claim.partial.unwrap();
+        assert_eq!((p.rows, p.digest.is_some()), (3, true));
+        // The genuine claim: the first three are in Kafka, the rest are published.
+        let mut c = resume(claim.clone());
+        assert!(matches!(c.begin(id(700, 7, 70)), Step::Resume { rows: 3 }));
+        let verdicts: Vec<bool> = (0..5)
+            .map(|i| matches!(c.next_row(i), Ok(NextRow::InKafka)))
+            .collect();
+        assert_eq!(verdicts, [true, true, true, false, false]);
+        assert!(c.take_doubts().is_empty());
+        // Its count raised by someone who may write the record: the digest of the first
+        // five is not the recorded one, so the session ends before confirming any of it,
+        // and the claim is given up (the next session publishes the transaction whole).
+        let mut forged = claim.clone();
+        forged.partial = Some(PartialTxn { rows: 5, ..p });
+        let mut c = resume(forged);
+        assert!(matches!(c.begin(id(700, 7, 70)), Step::Resume { rows: 5 }));
+        for i in 0..4 {
+            assert!(matches!(c.next_row(i), Ok(NextRow::InKafka)));
+        }
+        let mismatch = c.next_row(4).unwrap_err();
+        assert_eq!(
+            (mismatch.reason, mismatch.recorded, mismatch.read),
+            (Doubt::PartialDigest, 5, 5)
+        );
+        assert_eq!(c.take_doubts(), [Doubt::PartialDigest]);
+        let (next, _) = c.claim_at(Lsn(600));
+        assert_eq!(next.partial, None, "the forged partial is not written back");
+        let mut c = resume(next);
+        assert!(matches!(c.begin(id(700, 7, 70)), Step::Nothing));
+        assert!(matches!(c.next_row(0), Ok(NextRow::Publish(_))));
+        // Other rows under the recorded count (another history's, or forged): the same.
+        let mut c = resume(claim.clone());
+        assert!(matches!(c.begin(id(700, 7, 70)), Step::Resume { rows: 3 }));
+        assert!(matches!(c.next_row(0), Ok(NextRow::InKafka)));
+        assert!(matches!(c.next_row(1), Ok(NextRow::InKafka)));
+        assert!(c.next_row(99).is_err());
+        // While the skipped rows are not checked yet, the record names what it read.
+        let mut c = resume(claim);
+        let _ = c.begin(id(700, 7, 70));
+        assert!(matches!(c.next_row(0), Ok(NextRow::InKafka)));
+        assert_eq!(c.claim_at(Lsn(600)).0.partial, Some(p));
+    }
+
+    #[test]
+    fn a_transaction_acked_whole_is_named_until_it_is_confirmed() {
+        let mut c = start(600, 9, 10);
+        let _ = c.begin(id(700, 7, 70));
+        let rows: Vec<RowId> = (0..4)
+            .map(|i| match c.next_row(i) {
+                Ok(NextRow::Publish(Some(row))) => row,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert!(matches!(c.commit(Lsn(800)), Ok(Step::Nothing)));
+        for row in rows {
+            c.acked(row);
+        }
+        // Acked whole, not confirmed yet (the confirmed position waits for a look at the
+        // publication): a restart now must not publish it again.
+        let claim = c.claim_at(Lsn(600)).0;
+        let p = claim.partial.unwrap();
+        assert_eq!((p.txn, p.rows), (id(700, 7, 70), 4));
+        let mut r = resume(claim);
+        assert!(matches!(r.begin(id(700, 7, 70)), Step::Resume { rows: 4 }));
+        assert!((0..4).all(|i| matches!(r.next_row(i), Ok(NextRow::InKafka))));
+        assert!(matches!(r.commit(Lsn(800)), Ok(Step::Nothing)));
+        // Confirmed: the mark names it, the partial is gone.
+        let claim = c.claim_at(Lsn(800)).0;
+        assert_eq!(claim.partial, None);
+        assert_eq!(claim.newest_mark().map(|m| m.end_lsn), Some(Lsn(800)));
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use pgoutput::{Insert, LogicalMessage, Lsn, Message, PgTimestamp, Relation, TupleData};
 
 use crate::budget::InFlightCaps;
-use crate::delivered::{DeliveredPosition, Doubt, RowId, TxnId};
+use crate::delivered::{row_identity, DeliveredPosition, Doubt, RowId, TxnId};
 use crate::dlq::{dead_letter_message, dead_letter_record};
 use crate::emit::EmitMapper;
 use crate::error::{AckError, RowError, ShapeError};
@@ -90,7 +90,7 @@ pub enum SessionError {
     Shape(#[from] ShapeError),
     #[error("replication protocol error: {0}")]
     Protocol(String),
-    #[error("the partly delivered transaction at {} came back with {} rows where {} were recorded", .0.commit_lsn, .0.read, .0.recorded)]
+    #[error("the partly delivered transaction at {} came back with {} rows where {} were recorded ({})", .0.commit_lsn, .0.read, .0.recorded, .0.reason.explain())]
     PartialReplay(PartialMismatch),
     /// Under [`BadRowPolicy::Stop`]; the slot stays before `commit_lsn`.
     #[error("bad outbox row: {error}")]
@@ -408,7 +408,10 @@ impl<O: Observe> SessionCore<O> {
             .txn
             .ok_or_else(|| SessionError::Protocol("insert outside a transaction".into()))?;
         // Every outbox row is published: as its record or as a dead letter.
-        let row = match self.replay.next_row() {
+        let identity = table.row_identity(&ins.new_tuple);
+        let next = self.replay.next_row(identity);
+        self.report_doubts();
+        let row = match next.map_err(SessionError::PartialReplay)? {
             NextRow::Publish(row) => row,
             NextRow::InKafka => {
                 self.obs.skipped(Skipped::Row(&ins.new_tuple));
@@ -470,7 +473,11 @@ impl<O: Observe> SessionCore<O> {
         let Some(mapped) = mapped.transpose() else {
             return Ok(After::Nothing);
         };
-        let row = match self.replay.next_row() {
+        // Its position is where it is in the WAL: the same on every replay.
+        let identity = row_identity(b'm', &m.lsn.0.to_be_bytes());
+        let next = self.replay.next_row(identity);
+        self.report_doubts();
+        let row = match next.map_err(SessionError::PartialReplay)? {
             NextRow::Publish(row) => row,
             NextRow::InKafka => {
                 self.obs.skipped(Skipped::Message(&m));

@@ -86,6 +86,19 @@ struct Inner {
 /// The rule for a topic's retention settings as DescribeConfigs gives them: kept for good
 /// only when compacted alone (`compact,delete` still deletes old segments), or when
 /// neither time nor size deletes anything.
+/// A broker the reader could not connect to. librdkafka reports every broker of the
+/// cluster it fails to reach, also one that leads nothing this read needs: the read goes
+/// on with the partition's leader, bounded by its deadline (which names the timeout if
+/// the leader itself is what is down).
+fn broker_unreachable(e: &KafkaError) -> bool {
+    matches!(
+        e,
+        KafkaError::MessageConsumption(
+            RDKafkaErrorCode::BrokerTransportFailure | RDKafkaErrorCode::AllBrokersDown
+        )
+    )
+}
+
 fn judge_retention(
     policy: Option<String>,
     retention_ms: Option<String>,
@@ -471,6 +484,7 @@ impl ProgressStore {
             match consumer.poll(remaining.min(Duration::from_millis(500))) {
                 None => continue,
                 Some(Err(KafkaError::PartitionEOF(_))) => continue,
+                Some(Err(e)) if broker_unreachable(&e) => continue,
                 Some(Err(e)) => return Err(ProgressError::Kafka(s.scrub(&e.to_string()))),
                 Some(Ok(m)) => {
                     if let Some(k) = m.key() {

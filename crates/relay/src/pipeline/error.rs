@@ -152,11 +152,16 @@ pub enum RelayError {
     Ack(#[from] AckError),
     #[error("the server closed the replication stream")]
     StreamClosed,
-    #[error("the partly delivered transaction committing at {commit_lsn} came back with {read} published rows where the progress record counted {recorded} delivered: it is published again whole from the slot (duplicates, never a loss)")]
+    #[error("the partly delivered transaction committing at {commit_lsn} {}: it is published again whole from the slot (duplicates, never a loss){}",
+        if *digest_differs { format!("came back with other leading rows than the {recorded} the progress record names") }
+        else { format!("came back with {read} published rows where the progress record counted {recorded} delivered") },
+        if *digest_differs { "; likely a record outboxd did not write: allow only outboxd's own Kafka principal to write OUTBOXD_PROGRESS_TOPIC (docs/replay-skip.md#who-may-write-the-progress-topic)" } else { "" })]
     PartialReplay {
         commit_lsn: pgoutput::Lsn,
         recorded: u64,
         read: u64,
+        /// The rows' digest differs (not their count): a record written by someone else.
+        digest_differs: bool,
     },
 }
 

@@ -186,6 +186,7 @@ fn lift(e: SessionError, slot: &str) -> RelayError {
             commit_lsn: m.commit_lsn,
             recorded: m.recorded,
             read: m.read,
+            digest_differs: m.reason == outbox_core::Doubt::PartialDigest,
         },
         SessionError::BadRow { error, commit_lsn } => RelayError::BadRow {
             error,

@@ -185,6 +185,7 @@ impl ProgressRecord {
                 "xid": p.txn.xid,
                 "commit_time": p.txn.commit_time,
                 "rows": p.rows,
+                "digest": p.digest.map(|d| format!("{d:016x}")),
             })),
             "since": c.since,
             "fingerprint": format!("{:016x}", c.fingerprint),
@@ -250,6 +251,11 @@ impl ProgressRecord {
                     commit_time: p.get("commit_time")?.as_i64()?,
                 },
                 rows: p.get("rows")?.as_u64()?,
+                // Absent before row digests: such a partial proves nothing.
+                digest: p
+                    .get("digest")
+                    .and_then(serde_json::Value::as_str)
+                    .and_then(|t| u64::from_str_radix(t, 16).ok()),
             })
         });
         let hex = |name: &str| {
@@ -527,6 +533,7 @@ mod tests {
                         commit_time: 817_000_000_223_456,
                     },
                     rows: 12,
+                    digest: Some(0x8000_0000_0000_0001),
                 }),
                 fingerprint: 0xfeed_beef_0000_0001,
                 since: Some(817_000_000_123_456),
@@ -543,6 +550,14 @@ mod tests {
         };
         let json = r.to_json(&id);
         assert_eq!(ProgressRecord::from_json(json.as_bytes()), Ok(r.clone()));
+        // A partial from before row digests reads with none (and so proves nothing).
+        let undigested = json.replace(r#","digest":"8000000000000001""#, "");
+        assert_ne!(undigested, json);
+        let read = ProgressRecord::from_json(undigested.as_bytes()).unwrap();
+        assert_eq!(
+            read.claim.partial.map(|p| (p.rows, p.digest)),
+            Some((12, None))
+        );
         let mut whole = r.clone();
         whole.claim.partial = None;
         assert_eq!(
