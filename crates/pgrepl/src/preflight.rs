@@ -353,7 +353,7 @@ pub async fn event_trigger_enabled(client: &Client, name: &str) -> Result<bool, 
 pub async fn server_clock(client: &Client) -> Result<i64, ReplError> {
     let row = client
         .query_one(
-            "SELECT ((pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) - 946684800) * 1000000)::pg_catalog.int8",
+            "SELECT ((pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.-) 946684800::pg_catalog.float8) OPERATOR(pg_catalog.*) 1000000::pg_catalog.float8)::pg_catalog.int8",
             &[],
         )
         .await?;
