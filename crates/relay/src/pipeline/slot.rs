@@ -23,7 +23,7 @@ pub struct SlotStart {
     /// another instance may advance it until then.
     pub confirmed_flush: Lsn,
     /// For a slot this process created: the server's clock just before (see
-    /// [`CreatedSlot::since`]).
+    /// `CreatedSlot::since`).
     pub since: Option<i64>,
 }
 
