@@ -378,10 +378,12 @@ async fn record_cluster(
     // The time to re-publish from should the slot be lost: a new slot's creation, or
     // what the replaced record said of a position at or before this one (a later one
     // would name a time past rows this position has not relayed).
+    // Not over `--replace-progress-record`: a record replaced as wrong (another copy's,
+    // or not outboxd's) names no time worth trusting.
     let since = created_since.or_else(|| {
         replaced
             .as_ref()
-            .filter(|old| old.confirmed_lsn() <= position)
+            .filter(|old| flags.accept_publication && old.confirmed_lsn() <= position)
             .and_then(|old| old.claim.since)
     });
     let mut record = ProgressRecord::slot_created(system.timeline, position, since);

@@ -431,3 +431,105 @@ async fn a_column_retyped_mid_stream_switches_to_text_or_stops() {
         })
         .await;
 }
+
+/// A configuration reload that changes TimeZone while binary values stream: the walsender
+/// prints timestamptz at the new zone from then on, so the binary session ends. `auto`
+/// goes on with text values (the records are then those of text mode), `on` stops with
+/// exit 3 (binary values would no longer give the text form's bytes). A cluster of its
+/// own: ALTER SYSTEM is cluster-wide.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_that_changes_the_time_zone_ends_the_binary_session() {
+    let cluster = PgCluster::start(pgtest::ClusterOptions::default()).expect("cluster");
+    let db = cluster.fresh_database("binary_reload").await;
+    let client = db.client().await;
+    for sql in [
+        "ALTER SYSTEM SET timezone = 'UTC'",
+        "SELECT pg_reload_conf()",
+    ] {
+        client.batch_execute(sql).await.expect("UTC");
+    }
+    let auto = schema::setup(&db).await;
+    let on = second_slot(&db, &auto, "on").await;
+    let broker = Broker::default_for_tests();
+    let topics = support::ops::create_topics(&broker, &auto).await;
+    support::ops::create_topics(&broker, &on).await;
+    let env = |outbox: &Outbox, mode: &str| {
+        let mut env = Relay::env_for(
+            &db,
+            outbox,
+            &broker.bootstrap(),
+            &[("OUTBOXD_HEADER_COLUMNS", "created_at")],
+        );
+        env.push(("OUTBOXD_PGOUTPUT_BINARY".into(), mode.into()));
+        env
+    };
+    let auto_relay = Relay::start(env(&auto, "auto"), &["run"]);
+    let mut on_relay = Relay::start(env(&on, "on"), &["run"]);
+    for r in [&auto_relay, &on_relay] {
+        support::ops::wait_for(
+            "binary values streamed",
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || async { (r.metric("outboxd_pgoutput_binary") == Some(1.0)).then_some(()) },
+        )
+        .await;
+    }
+    let before = support::load::insert_events(&client, &auto.table, 3, 1, 1).await;
+    let first = support::ops::read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &before,
+        Duration::from_secs(60),
+    );
+    for e in &before {
+        assert!(created_at(&first, &e.id).ends_with("+00"));
+    }
+
+    for sql in [
+        "ALTER SYSTEM SET timezone = 'Asia/Kathmandu'",
+        "SELECT pg_reload_conf()",
+    ] {
+        client.batch_execute(sql).await.expect("reload");
+    }
+    support::ops::wait_for(
+        "auto to stream text values",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async { (auto_relay.metric("outboxd_pgoutput_binary") == Some(0.0)).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        on_relay.wait_exit(Duration::from_secs(60)).code(),
+        Some(3),
+        "{}",
+        on_relay.log_text()
+    );
+    let after = support::load::insert_events(&client, &auto.table, 3, 1, 1).await;
+    let got = support::ops::read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &after,
+        Duration::from_secs(60),
+    );
+    // Every copy of each (a replay may publish one again): all at the new zone.
+    for e in &after {
+        let stamps: Vec<&str> = got
+            .iter()
+            .filter(|r| r.header("id") == Some(e.id.as_str()))
+            .filter_map(|r| r.header("created_at"))
+            .collect();
+        assert!(
+            !stamps.is_empty() && stamps.iter().all(|t| t.ends_with("+05:45")),
+            "{stamps:?}"
+        );
+    }
+}
+
+/// The `created_at` header of event `id`'s first record in `got`.
+fn created_at(got: &[Received], id: &str) -> String {
+    got.iter()
+        .find(|r| r.header("id") == Some(id))
+        .and_then(|r| r.header("created_at"))
+        .unwrap_or_else(|| panic!("event {id} with created_at in {got:?}"))
+        .to_owned()
+}

@@ -20,8 +20,12 @@ use support::ops::{self, read_all_blocking, wait_active_pid, wait_for};
 use support::relay::{run_to_end, Relay};
 use support::schema::{self, Outbox};
 
-/// The time after "committed since " in an error or `init`'s output.
+/// What the error says to re-publish from: the time after "committed since ", or, when it
+/// names none, every row (`-infinity`).
 fn named_time(text: &str) -> String {
+    if text.contains("re-publish every outbox row that may not be in Kafka") {
+        return "-infinity".to_owned();
+    }
     text.match_indices("committed since ")
         .map(|(at, lead)| &text[at + lead.len()..])
         .find(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
@@ -169,17 +173,26 @@ async fn a_session_that_published_nothing_keeps_the_time_to_republish_from() {
     .await;
 }
 
-/// `outboxd init --replace-progress-record` over a slot with rows not yet relayed: the
+/// `outboxd init --accept-publication-change` over a slot with rows not yet relayed: the
 /// record it writes names no transaction, yet must not name a time after those rows.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_replaced_record_keeps_the_time_to_republish_from() {
-    let db = PgCluster::shared()
-        .fresh_database("lost_time_replaced")
-        .await;
+    replaced_then_lost("lost_time_accepted", "--accept-publication-change").await;
+}
+
+/// `outboxd init --replace-progress-record` replaces a record as wrong: its time is not
+/// trusted, and the error says to re-publish every row that may be missing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_record_replaced_as_wrong_names_no_time_and_loses_nothing() {
+    replaced_then_lost("lost_time_replaced", "--replace-progress-record").await;
+}
+
+async fn replaced_then_lost(name: &str, flag: &str) {
+    let db = PgCluster::shared().fresh_database(name).await;
     let client = db.client().await;
     let broker = Broker::default_for_tests();
     let (outbox, batch, pending) = relayed_then_pending(&db, &client, &broker).await;
-    let (code, out) = run_to_end(&batch.env, &["init", "--replace-progress-record"]);
+    let (code, out) = run_to_end(&batch.env, &["init", flag]);
     assert_eq!(code, 0, "{out}");
     let all = [batch.first.clone(), pending.clone()].concat();
     follow_the_error(

@@ -155,10 +155,11 @@ impl<R> ReplayCore<R> {
                     // Its position proves nothing either, but keeping it keeps the record
                     // from moving back (it is within this server's WAL).
                     // Its time still bounds what came after its position, which the
-                    // new claim's is at or past.
+                    // new claim's is at or past; not when another live copy writes the
+                    // record (its time is that copy's).
                     None if !proof.holding() => {
                         let at = DeliveredPosition {
-                            since: known.since,
+                            since: known.since.filter(|_| !s.foreign_writer),
                             ..fresh(s.start.max(known.lsn))
                         };
                         (proof, at, s.new_lineage)

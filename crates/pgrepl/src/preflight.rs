@@ -106,8 +106,9 @@ pub async fn role_can_replicate(client: &Client, user: &str) -> Result<bool, Rep
 /// written by a transaction at or after the slot's `catalog_xmin`, the oldest transaction
 /// whose catalog changes the slot may still have to decode with. Older rows are from
 /// before anything the slot has not confirmed. Conservative: a change just before the
-/// slot's last confirmed position counts too, and a frozen row (`age` of a frozen xmin is
-/// the largest) never does. A table dropped from it leaves no row: the publication then
+/// slot's last confirmed position counts too. A row 2^31 transactions old or more has a
+/// negative `age` (frozen rows keep their xmin) and never counts; one exactly 2^32 old
+/// would alias a new one. A table dropped from it leaves no row: the publication then
 /// no longer covers it, which the start refuses anyway. Only for a slot that has decoded
 /// a transaction (`pg_stat_replication_slots.total_txns`): a new one's `catalog_xmin` is
 /// the oldest transaction running when it was made, often older than a publication made
@@ -122,7 +123,7 @@ pub async fn publication_changed_since_slot(
     slot: &str,
 ) -> Result<bool, ReplError> {
     let namespaces = if server_version_num(client).await? >= 150_000 {
-        " OR EXISTS (SELECT 1 FROM pg_catalog.pg_publication_namespace n WHERE n.pnpubid OPERATOR(pg_catalog.=) p.oid AND pg_catalog.age(n.xmin) OPERATOR(pg_catalog.<=) pg_catalog.age(s.catalog_xmin))"
+        " OR EXISTS (SELECT 1 FROM pg_catalog.pg_publication_namespace n WHERE n.pnpubid OPERATOR(pg_catalog.=) p.oid AND pg_catalog.age(n.xmin) OPERATOR(pg_catalog.>=) 0 AND pg_catalog.age(n.xmin) OPERATOR(pg_catalog.<=) pg_catalog.age(s.catalog_xmin))"
     } else {
         ""
     };
@@ -131,8 +132,8 @@ pub async fn publication_changed_since_slot(
          WHERE s.slot_name OPERATOR(pg_catalog.=) $1::pg_catalog.name AND p.pubname OPERATOR(pg_catalog.=) $2::pg_catalog.name \
          AND st.slot_name OPERATOR(pg_catalog.=) s.slot_name AND st.total_txns OPERATOR(pg_catalog.>) 0::pg_catalog.int8 \
          AND s.catalog_xmin IS NOT NULL \
-         AND (pg_catalog.age(p.xmin) OPERATOR(pg_catalog.<=) pg_catalog.age(s.catalog_xmin) \
-         OR EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel r WHERE r.prpubid OPERATOR(pg_catalog.=) p.oid AND pg_catalog.age(r.xmin) OPERATOR(pg_catalog.<=) pg_catalog.age(s.catalog_xmin)){namespaces}))"
+         AND ((pg_catalog.age(p.xmin) OPERATOR(pg_catalog.>=) 0 AND pg_catalog.age(p.xmin) OPERATOR(pg_catalog.<=) pg_catalog.age(s.catalog_xmin)) \
+         OR EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel r WHERE r.prpubid OPERATOR(pg_catalog.=) p.oid AND pg_catalog.age(r.xmin) OPERATOR(pg_catalog.>=) 0 AND pg_catalog.age(r.xmin) OPERATOR(pg_catalog.<=) pg_catalog.age(s.catalog_xmin)){namespaces}))"
     );
     let row = client.query_one(&sql, &[&slot, &publication]).await?;
     Ok(row.try_get(0)?)
@@ -346,6 +347,19 @@ pub async fn event_trigger_enabled(client: &Client, name: &str) -> Result<bool, 
         )
         .await?;
     Ok(row.try_get(0)?)
+}
+
+/// `TimeZone`, `DateStyle` and `bytea_output` as this session has them: what a text-mode
+/// value's bytes depend on. A configuration reload changes them in every session that did
+/// not set them itself, the walsender's included.
+pub async fn output_settings(client: &Client) -> Result<[String; 3], ReplError> {
+    let row = client
+        .query_one(
+            "SELECT pg_catalog.current_setting('TimeZone'::pg_catalog.text), pg_catalog.current_setting('DateStyle'::pg_catalog.text), pg_catalog.current_setting('bytea_output'::pg_catalog.text)",
+            &[],
+        )
+        .await?;
+    Ok([row.try_get(0)?, row.try_get(1)?, row.try_get(2)?])
 }
 
 /// The server's clock now, in PostgreSQL's microseconds since 2000-01-01: the clock

@@ -129,6 +129,8 @@ pub enum RelayError {
         relation: String,
         found: outbox_core::TextOnly,
     },
+    #[error("the server's output settings changed while binary values were streamed (TimeZone, DateStyle, bytea_output: {was} before, {now} now; a configuration reload): reconnecting, so that the values are chosen again for the new settings (records between the reload and this check carry the old text form)")]
+    OutputSettingsChanged { was: String, now: String },
     #[error(transparent)]
     Shape(#[from] ShapeError),
     #[error("bad outbox row{}: {error}; OUTBOXD_BAD_ROW_POLICY=stop, so outboxd stopped without acknowledging it. The insert is in the WAL and the slot will deliver it again on every start, whatever happens to the row in the table now. To get past it: run once with OUTBOXD_BAD_ROW_POLICY=dead-letter (the row goes to OUTBOXD_DEAD_LETTER_TOPIC, later events follow), then switch back; or, accepting that this transaction's events are skipped and never published, stop outboxd and advance the slot past this transaction only with SELECT pg_replication_slot_advance('{slot}', '{commit_lsn}'::pg_lsn + 1), then restart", .error.event_id().map(|id| format!(" id={}", outbox_core::short_id(id))).unwrap_or_default())]
@@ -245,6 +247,7 @@ impl RelayError {
             | E::SlotCreatedMeanwhile { .. }
             | E::InRecovery { .. }
             | E::BinaryRuledOutByRelation { .. }
+            | E::OutputSettingsChanged { .. }
             | E::PartialReplay { .. } => (Retryable, None),
         }
     }

@@ -512,9 +512,16 @@ async fn relay_loop(
 /// How often a standby looks at the slot it waits for.
 const STANDBY_POLL: Duration = Duration::from_secs(1);
 
+/// How long a released slot may stay free, no broker answering this standby, before it
+/// takes the slot anyway: another standby that reaches Kafka has had time to take it, and
+/// an outage of Kafka for every instance (credentials, certificates) must surface as the
+/// session's own Kafka errors rather than a wait that holds WAL without a word.
+const TAKE_UNANSWERED_SLOT_AFTER: Duration = Duration::from_secs(60);
+
 /// A standby waits until the slot is released and a Kafka broker answers it: one that
 /// cannot reach Kafka would take the slot and hold it, relaying nothing, while another
-/// standby that can waits. Returns true on shutdown.
+/// standby that can waits (at most [`TAKE_UNANSWERED_SLOT_AFTER`]). Returns true on
+/// shutdown.
 async fn wait_for_takeover(
     cfg: &RelayConfig,
     watcher: &mut Option<tokio_postgres::Client>,
@@ -522,9 +529,20 @@ async fn wait_for_takeover(
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<bool, RelayError> {
     let mut said = false;
+    let mut free_since: Option<std::time::Instant> = None;
     loop {
+        let asked = std::time::Instant::now();
         if wait_for_slot_release(cfg, watcher, shutdown).await {
             return Ok(true);
+        }
+        if asked.elapsed() > STANDBY_POLL * 3 {
+            // Held again meanwhile (another standby took it): a new release.
+            free_since = None;
+        }
+        let free = *free_since.get_or_insert_with(std::time::Instant::now);
+        if free.elapsed() >= TAKE_UNANSWERED_SLOT_AFTER {
+            tracing::warn!("the slot stayed free for {TAKE_UNANSWERED_SLOT_AFTER:?} with no Kafka broker answering this instance: taking it");
+            return Ok(false);
         }
         let p = match probe {
             Some(p) => std::sync::Arc::clone(p),
@@ -668,6 +686,25 @@ async fn run_session(
     let guarded = cfg.relay_table
         && pgrepl::preflight::event_trigger_enabled(&sql, PUBLICATION_GUARD_TRIGGER).await?;
     let binary = binary::choose(cfg, &sql, &mut conn, carry.binary_ruled_out.as_ref()).await?;
+    // The side connection takes every reload the walsender takes: its settings from now
+    // on stand for the walsender's (see `Session::watch_output_settings`).
+    let output_settings = match &binary {
+        Some(walsender) => {
+            let side = pgrepl::preflight::output_settings(&sql).await?;
+            let shown = [
+                &walsender.time_zone,
+                &walsender.date_style,
+                &walsender.bytea_output,
+            ];
+            if side.iter().zip(shown).any(|(a, b)| a != b) {
+                // Set per connection somewhere (or a reload just now): a change from
+                // here on still shows.
+                tracing::warn!(side = ?side, walsender = ?shown, "the SQL connection's output settings differ from the replication connection's");
+            }
+            Some(side)
+        }
+        None => None,
+    };
     let options = StartOptions {
         slot: cfg.slot.clone(),
         // 0/0: the server starts at the slot's confirmed_flush_lsn.
@@ -737,9 +774,10 @@ async fn run_session(
             .await;
             match judged {
                 // Read, with nothing to compare with: decided now.
-                Err(e) if known.read => return Err(e),
+                Err(e @ RelayError::PublicationUnverified { .. }) if known.read => return Err(e),
                 // Not read yet: decided once the record shows whether it holds a look.
-                Err(_) => true,
+                Err(RelayError::PublicationUnverified { .. }) => true,
+                Err(e) => return Err(e),
                 Ok(()) => false,
             }
         }
@@ -781,6 +819,7 @@ async fn run_session(
             publication_changed_since_slot: changed_since_slot,
             server,
             binary,
+            output_settings,
         },
     );
     let result = match session.run(&mut stream, shutdown).await {

@@ -95,6 +95,9 @@ pub(super) struct Session<'a> {
     durability_warned: bool,
     /// Binary column values, and the settings they were chosen under (`binary.rs`).
     binary: super::binary::Binary,
+    /// With binary values: the side connection's output settings at the start. A reload
+    /// that changes them changes the walsender's too, and ends the session (`tick`).
+    output_settings: Option<[String; 3]>,
     /// The topic of the message whose delivery failed, for an error that names it.
     failed_topic: Option<String>,
 }
@@ -173,6 +176,8 @@ pub(super) struct SessionStart {
     /// The server streamed from (host, port).
     pub server: (String, u16),
     pub binary: super::binary::Binary,
+    /// See `Session::output_settings`.
+    pub output_settings: Option<[String; 3]>,
 }
 
 /// The relay's error for the rules' (`slot`: named in the way past a bad row).
@@ -251,6 +256,7 @@ impl<'a> Session<'a> {
             durability_warned: false,
             failed_topic: None,
             binary: begin.binary,
+            output_settings: begin.output_settings,
         }
     }
 

@@ -88,6 +88,10 @@ pub fn writer_id() -> &'static str {
     })
 }
 
+/// How far ahead of the record's writing its `since` may be: the server's clock (of the
+/// commit) against the writer's (of the write).
+const CLOCK_SKEW_MICROS: i64 = 10 * 60 * 1_000_000;
+
 /// What a record says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProgressRecord {
@@ -268,16 +272,22 @@ impl ProgressRecord {
         // A record from before `since` was written: its newest transaction at or before
         // its position is the bound (a mark is read from a commit). Never `recorded_at`:
         // that is the writer's clock at a write, later than rows it did not relay.
-        let since = v
-            .get("since")
-            .and_then(serde_json::Value::as_i64)
-            .or_else(|| {
-                marks
-                    .iter()
-                    .filter(|m| m.end_lsn <= confirmed_lsn)
-                    .max_by_key(|m| m.end_lsn)
-                    .map(|m| m.commit_time)
-            });
+        // Never later than the newest transaction it names, nor than its own writing
+        // (give or take the writer's clock against the server's): a time past either was
+        // not read from a commit before it.
+        let newest = marks
+            .iter()
+            .filter(|m| m.end_lsn <= confirmed_lsn)
+            .max_by_key(|m| m.end_lsn)
+            .map(|m| m.commit_time);
+        let written = i64::try_from(recorded_at_unix_ms.saturating_mul(1000))
+            .ok()
+            .map(|unix| unix.saturating_sub(pgoutput::time::PG_EPOCH_OFFSET_MICROS));
+        let since = match (v.get("since").and_then(serde_json::Value::as_i64), newest) {
+            (Some(s), Some(n)) => Some(s.min(n)),
+            (s, n) => s.or(n),
+        }
+        .filter(|s| written.is_none_or(|w| *s <= w.saturating_add(CLOCK_SKEW_MICROS)));
         let (marks, partial, base) = match (fingerprint, base) {
             (Some(_), Some(base)) => (marks, partial, base),
             _ => (Vec::new(), None, confirmed_lsn),

@@ -59,6 +59,7 @@ impl Session<'_> {
         }
         // A change undone since the last look leaves the coverage as it was.
         self.compare_with_record()?;
+        self.watch_output_settings().await?;
         if self.publication_look_due() {
             self.watch_publication().await?;
         }
@@ -212,6 +213,26 @@ impl Session<'_> {
             .map_err(|_| {
                 RelayError::Postgres(pgrepl::ReplError::Timeout("emitting a heartbeat"))
             })??;
+        Ok(())
+    }
+
+    /// Binary values give the bytes of the text form under the settings they were chosen
+    /// under; a reload that changes them (seen on the side connection, which takes the
+    /// same reload) ends the session, and the next one chooses again.
+    async fn watch_output_settings(&mut self) -> Result<(), RelayError> {
+        let Some(was) = &self.output_settings else {
+            return Ok(());
+        };
+        let now = bounded("reading the output settings", async {
+            Ok(pgrepl::preflight::output_settings(&self.sql).await?)
+        })
+        .await?;
+        if &now != was {
+            return Err(RelayError::OutputSettingsChanged {
+                was: was.join(", "),
+                now: now.join(", "),
+            });
+        }
         Ok(())
     }
 }
