@@ -721,6 +721,26 @@ async fn run_session(
         initial_flush: pgoutput::Lsn::ZERO,
         status_interval: cfg.status_interval,
     };
+    // Before streaming: the walsender's decoding counts in `total_txns` at once, and a
+    // slot made by hand just before this start must not pass for one that decoded.
+    let slot_verdict = match progress {
+        Some(p) if slot_existed && cfg.relay_table => Some(
+            match session::publication::judge_unrecorded(
+                &sql,
+                &cfg.publication,
+                &cfg.slot,
+                identity.key(),
+                p.topic(),
+            )
+            .await
+            {
+                Err(e @ RelayError::PublicationUnverified { .. }) => Err(e),
+                Err(e) => return Err(e),
+                Ok(()) => Ok(()),
+            },
+        ),
+        _ => None,
+    };
     let mut stream = conn.start_replication(options).await?;
     obs.pgoutput_binary(binary.is_some());
     let table = cfg
@@ -761,26 +781,12 @@ async fn run_session(
     }
     // No look to compare with (a new key or topic, a deleted record): the slot's own
     // catalog horizon tells whether the publication may have changed since it decoded.
+    // Without a recorded look the slot's verdict decides: at once when the record was
+    // read, once it is read otherwise (a record with a look clears it).
     let unrecorded = known.publication.is_none() || !known.read;
-    let changed_since_slot = match progress {
-        Some(p) if slot_existed && table.is_some() && unrecorded => {
-            let judged = session::publication::judge_unrecorded(
-                &sql,
-                &cfg.publication,
-                &cfg.slot,
-                identity.key(),
-                p.topic(),
-            )
-            .await;
-            match judged {
-                // Read, with nothing to compare with: decided now.
-                Err(e @ RelayError::PublicationUnverified { .. }) if known.read => return Err(e),
-                // Not read yet: decided once the record shows whether it holds a look.
-                Err(RelayError::PublicationUnverified { .. }) => true,
-                Err(e) => return Err(e),
-                Ok(()) => false,
-            }
-        }
+    let changed_since_slot = match (slot_verdict, progress) {
+        (Some(Err(e)), Some(_)) if unrecorded && known.read => return Err(e),
+        (Some(Err(_)), Some(_)) => unrecorded,
         _ => false,
     };
     let claim = known.claim;

@@ -651,11 +651,20 @@ pub(super) async fn create_if_new(
     )
     .await?;
     // At once, not at the first tick: from here on a missing slot is a lost one.
-    progress
-        .write_and_wait(
-            identity,
-            &ProgressRecord::slot_created(timeline, start.confirmed_flush, start.since),
+    // With the publication as it is now: the first look a later start compares with, so
+    // a process that stops before its first record is not taken for a slot of unknown
+    // history (`RelayError::PublicationUnverified`).
+    let mut record = ProgressRecord::slot_created(timeline, start.confirmed_flush, start.since);
+    if let Some(t) = cfg.relay_table.then_some(&cfg.table) {
+        record.publication = super::session::publication::look(
+            sql,
+            &cfg.publication,
+            Some((t.schema.as_str(), t.table.as_str())),
         )
+        .await?;
+    }
+    progress
+        .write_and_wait(identity, &record)
         .await
         .map_err(unknown)?;
     Ok(start)
