@@ -108,22 +108,6 @@ async fn relayed_then_pending(
     (outbox, batch, pending)
 }
 
-async fn record_key(
-    db: &pgtest::TestDb<'_>,
-    client: &tokio_postgres::Client,
-    slot: &str,
-) -> String {
-    let system: String = client
-        .query_one(
-            "SELECT system_identifier::text FROM pg_control_system()",
-            &[],
-        )
-        .await
-        .expect("system identifier")
-        .get(0);
-    format!("{system}/{}/{slot}", db.name)
-}
-
 /// Restarted while its topics refuse every write (the progress topic still takes its
 /// record): the session publishes nothing and its record names no transaction, yet the
 /// rows it could not publish came before the time it writes.
@@ -135,7 +119,7 @@ async fn a_session_that_published_nothing_keeps_the_time_to_republish_from() {
     let client = db.client().await;
     let broker = Broker::default_for_tests();
     let (outbox, batch, pending) = relayed_then_pending(&db, &client, &broker).await;
-    let key = record_key(&db, &client, &outbox.slot).await;
+    let key = ops::progress_key(&client, &db.name, &outbox.slot).await;
     let before = ops::latest_progress_record(&broker.bootstrap(), &key).expect("record");
     // One replica short of what every write needs: each send fails until it times out.
     for topic in &batch.topics {

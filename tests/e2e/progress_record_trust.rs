@@ -17,26 +17,6 @@ use support::ops::{self, read_all_blocking, wait_active_pid};
 use support::relay::Relay;
 use support::schema;
 
-/// Writes `value` under `key` to the default progress topic, as any principal allowed to
-/// write it could.
-fn overwrite_record(bootstrap: &str, key: &str, value: &str) {
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let producer: BaseProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .expect("producer");
-    producer
-        .send(
-            BaseRecord::to("outboxd.progress")
-                .partition(0)
-                .key(key)
-                .payload(value),
-        )
-        .map_err(|(e, _)| e)
-        .expect("send");
-    producer.flush(Duration::from_secs(10)).expect("flush");
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unreadable_record_holds_nothing_back_and_is_replaced() {
     let db = PgCluster::shared()
@@ -47,16 +27,8 @@ async fn an_unreadable_record_holds_nothing_back_and_is_replaced() {
     let broker = Broker::default_for_tests();
     let mut batch = ops::relay_first_batch(&db, &client, &outbox, &broker, &[], 10).await;
     batch.stop();
-    let system: String = client
-        .query_one(
-            "SELECT system_identifier::text FROM pg_control_system()",
-            &[],
-        )
-        .await
-        .expect("system identifier")
-        .get(0);
-    let key = format!("{system}/{}/{}", db.name, outbox.slot);
-    overwrite_record(&broker.bootstrap(), &key, r#"{"forged":true}"#);
+    let key = ops::progress_key(&client, &db.name, &outbox.slot).await;
+    ops::write_progress_record(&broker.bootstrap(), &key, r#"{"forged":true}"#);
     assert!(
         ops::latest_progress_record(&broker.bootstrap(), &key)
             .is_some_and(|r| r.get("confirmed_lsn").is_none()),

@@ -62,7 +62,10 @@ async fn proven_skip_two_live_primaries_on_one_timeline() {
         1,
         "the copy runs on the same timeline"
     );
-    assert_eq!(system_id(&oc).await, system_id(&cc).await);
+    assert_eq!(
+        ops::system_identifier(&oc).await,
+        ops::system_identifier(&cc).await
+    );
     two_primaries(
         "two live primaries, timeline 1",
         (&original, &oc),
@@ -94,7 +97,10 @@ async fn proven_skip_two_primaries_both_on_timeline_2() {
             "each restore ends recovery on timeline 2"
         );
     }
-    assert_eq!(system_id(&fc).await, system_id(&sc).await);
+    assert_eq!(
+        ops::system_identifier(&fc).await,
+        ops::system_identifier(&sc).await
+    );
     two_primaries(
         "two primaries, both on timeline 2",
         (&first, &fc),
@@ -182,7 +188,7 @@ async fn two_primaries(
         "{}",
         copy_relay.log_text()
     );
-    let key = record_key(oc, db, outbox).await;
+    let key = ops::progress_key(oc, &db.name, &outbox.slot).await;
     let record = ops::latest_progress_record(&bootstrap, &key).expect("the copy's progress record");
     let recorded = record_lsn(&record);
     assert!(
@@ -386,7 +392,7 @@ async fn partial_after_change(change: Change, scenario: &str) {
     // only): then at least the five events.
     let messages_sent = matches!(change, Change::HeartbeatOff | Change::PrefixRemoved);
     let v1_leading = 6 + u64::from(messages_sent);
-    let key = record_key(&client, &db, &outbox).await;
+    let key = ops::progress_key(&client, &db.name, &outbox.slot).await;
     let record = wait_for(
         "a progress record naming the partly acked transaction",
         Duration::from_secs(60),
@@ -519,7 +525,7 @@ async fn proven_skip_partial_count_raised_by_another_writer() {
     sql.push_str("COMMIT;");
     client.batch_execute(&sql).await.expect("the transaction");
     let end = schema::current_wal_lsn(&db).await;
-    let key = record_key(&client, &db, &outbox).await;
+    let key = ops::progress_key(&client, &db.name, &outbox.slot).await;
     let mut record = wait_for(
         "a progress record naming the first 10 rows acked",
         Duration::from_secs(60),
@@ -535,7 +541,7 @@ async fn proven_skip_partial_count_raised_by_another_writer() {
 
     // Another principal with write access to the topic raises the count.
     record["partial"]["rows"] = serde_json::json!(20);
-    write_record(&bootstrap, &key, &record.to_string());
+    ops::write_progress_record(&bootstrap, &key, &record.to_string());
     let forged = ops::latest_progress_record(&bootstrap, &key).expect("the forged record");
     assert_eq!(forged["partial"]["rows"].as_u64(), Some(20), "{forged}");
 
@@ -570,25 +576,6 @@ async fn proven_skip_partial_count_raised_by_another_writer() {
         relay.metric("outboxd_events_skipped_total").unwrap_or(-1.0)
     );
     drop(relay);
-}
-
-/// Writes a progress record under `key`, as any principal allowed to write the topic can.
-fn write_record(bootstrap: &str, key: &str, value: &str) {
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let producer: BaseProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .expect("producer");
-    producer
-        .send(
-            BaseRecord::to(outboxd_test_broker::PROGRESS_TOPIC)
-                .partition(0)
-                .key(key)
-                .payload(value),
-        )
-        .map_err(|(e, _)| e)
-        .expect("send");
-    producer.flush(Duration::from_secs(10)).expect("flush");
 }
 
 /// Scenario 4: the primary's clock (the server process alone, through libfaketime) steps
@@ -633,7 +620,7 @@ async fn proven_skip_clock_stepped_forward_and_back() {
     read_all_blocking(&bootstrap, &topics, &delivered, Duration::from_secs(120));
     let original_end = ops::current_wal(&client).await;
     wait_slot_confirmed(&client, &outbox.slot, original_end).await;
-    let key = record_key(&client, &db, &outbox).await;
+    let key = ops::progress_key(&client, &db.name, &outbox.slot).await;
     let record = wait_for(
         "the record past the original's WAL",
         Duration::from_secs(60),
@@ -729,7 +716,7 @@ async fn proven_skip_same_timeline_restore_of_an_older_backup() {
     );
     let original_end = ops::current_wal(&client).await;
     wait_slot_confirmed(&client, &outbox.slot, original_end).await;
-    let key = record_key(&client, &db, &outbox).await;
+    let key = ops::progress_key(&client, &db.name, &outbox.slot).await;
     wait_for(
         "the record past the original's WAL",
         Duration::from_secs(60),
@@ -909,17 +896,6 @@ async fn wait_slot_confirmed(client: &Client, slot: &str, lsn: u64) {
     .await;
 }
 
-async fn system_id(client: &Client) -> String {
-    client
-        .query_one(
-            "SELECT system_identifier::text FROM pg_control_system()",
-            &[],
-        )
-        .await
-        .expect("system identifier")
-        .get(0)
-}
-
 /// A primary whose clock runs two hours ahead of the broker's: Apache Kafka 4 refuses
 /// records stamped more than an hour ahead (`message.timestamp.after.max.ms`), and outboxd
 /// stamps each record with its commit time. outboxd stops (exit 5) with an error naming
@@ -972,10 +948,6 @@ async fn a_primary_clock_hours_ahead_stops_naming_the_fix_and_loses_nothing() {
 }
 
 /// The progress record's key: `system_id/database/slot`.
-async fn record_key(client: &Client, db: &TestDb<'_>, outbox: &Outbox) -> String {
-    format!("{}/{}/{}", system_id(client).await, db.name, outbox.slot)
-}
-
 fn record_lsn(record: &serde_json::Value) -> u64 {
     schema::parse_lsn(record["confirmed_lsn"].as_str().expect("confirmed_lsn"))
 }

@@ -472,6 +472,43 @@ impl Streaming {
     }
 }
 
+/// The cluster's system identifier, as progress record keys carry it.
+pub async fn system_identifier(client: &Client) -> String {
+    client
+        .query_one(
+            "SELECT system_identifier::text FROM pg_control_system()",
+            &[],
+        )
+        .await
+        .expect("system identifier")
+        .get(0)
+}
+
+/// The progress record key of `slot` in `database` (no cluster name).
+pub async fn progress_key(client: &Client, database: &str, slot: &str) -> String {
+    format!("{}/{database}/{slot}", system_identifier(client).await)
+}
+
+/// Writes `value` under `key` to the default progress topic, as any principal allowed to
+/// write it could.
+pub fn write_progress_record(bootstrap: &str, key: &str, value: &str) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("producer");
+    producer
+        .send(
+            BaseRecord::to(outboxd_test_broker::PROGRESS_TOPIC)
+                .partition(0)
+                .key(key)
+                .payload(value),
+        )
+        .map_err(|(e, _)| e)
+        .expect("send");
+    producer.flush(Duration::from_secs(10)).expect("flush");
+}
+
 /// The newest progress record under `key`: `None` when there is none, or the newest is
 /// a tombstone.
 pub fn latest_progress_record(bootstrap: &str, key: &str) -> Option<serde_json::Value> {
