@@ -282,7 +282,7 @@ async fn invalidated_slot_exits_3() {
     assert_eq!(code, 3, "run on a lost slot:\n{out}");
     assert!(out.contains("invalidated"), "{out}");
     assert!(out.contains("outboxd init"), "the fix is named:\n{out}");
-    assert!(out.contains("Re-publish"), "{out}");
+    assert!(out.contains("re-publish"), "{out}");
     let (code, out) = support::relay::run_to_end(&env, &["status"]);
     assert_eq!(code, 3, "status on a lost slot:\n{out}");
     assert!(out.contains("lost"), "{out}");
