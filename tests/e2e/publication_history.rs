@@ -171,6 +171,7 @@ async fn a_table_dropped_from_the_publication_and_added_back_while_stopped_is_se
 /// as the docs advise for copies) or a new progress topic: no record holds a look to
 /// compare with, so the slot's catalog horizon tells.
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "issue 30 item 4: run does not judge the publication against the slot (false positives on young slots)"]
 async fn a_change_made_while_stopped_is_seen_under_a_new_progress_key() {
     changed_while_stopped_then(
         "pub_new_key",
@@ -183,6 +184,7 @@ async fn a_change_made_while_stopped_is_seen_under_a_new_progress_key() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "issue 30 item 4: run does not judge the publication against the slot (false positives on young slots)"]
 async fn a_change_made_while_stopped_is_seen_under_a_new_progress_topic() {
     changed_while_stopped_then(
         "pub_new_topic",
