@@ -117,7 +117,7 @@ async fn init_does_not_recreate_a_lost_slot_without_being_told() {
     let slot = slot_row(&client, &l.outbox.slot).await.expect("slot");
     let key = format!(
         "{}/{}/{}",
-        system_identifier(&client).await,
+        ops::system_identifier(&client).await,
         db.name,
         l.outbox.slot
     );
@@ -343,15 +343,4 @@ async fn an_old_primary_left_running_is_not_streamed_from() {
         "a restarted outboxd streamed from the abandoned timeline: {}",
         restarted.log_text()
     );
-}
-
-async fn system_identifier(client: &tokio_postgres::Client) -> String {
-    client
-        .query_one(
-            "SELECT system_identifier::text FROM pg_control_system()",
-            &[],
-        )
-        .await
-        .expect("system identifier")
-        .get(0)
 }

@@ -764,7 +764,6 @@ async fn run_session(
     // publication made just before it until it has confirmed for a while, so a restart
     // before the first record with a look was taken for a changed publication (43 tests
     // stopped). `check` reports it as a warning.
-    let changed_since_slot = false;
     let claim = known.claim;
     let replay = ReplayStart {
         timeline: system.timeline,
@@ -798,7 +797,6 @@ async fn run_session(
             replay,
             progress: progress.map(|p| (p.clone(), identity)),
             publication: publication.map(|p| (p, known.read)),
-            publication_changed_since_slot: changed_since_slot,
             server,
             binary,
             output_settings,

@@ -169,10 +169,6 @@ pub(super) struct SessionStart {
     /// The publication as looked at before streaming, and whether it was compared with
     /// the record's (false: the record could not be read in time).
     pub publication: Option<(crate::kafka::PublicationSeen, bool)>,
-    /// The publication's catalog changed after the slot's `catalog_xmin`
-    /// (`pgrepl::preflight::publication_changed_since_slot`): a record read late with no
-    /// look to compare with stops the session.
-    pub publication_changed_since_slot: bool,
     /// The server streamed from (host, port).
     pub server: (String, u16),
     pub binary: super::binary::Binary,
@@ -244,13 +240,9 @@ impl<'a> Session<'a> {
                 .progress
                 .map(|(store, identity)| ProgressWriter::new(store, identity)),
             catchup: CatchUp::default(),
-            publication: begin.publication.map(|(look, compared)| {
-                publication::PublicationWatch::new(
-                    look,
-                    compared,
-                    begin.publication_changed_since_slot,
-                )
-            }),
+            publication: begin
+                .publication
+                .map(|(look, compared)| publication::PublicationWatch::new(look, compared)),
             timeline,
             server: begin.server,
             durability_warned: false,

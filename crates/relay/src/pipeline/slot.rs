@@ -652,8 +652,7 @@ pub(super) async fn create_if_new(
     .await?;
     // At once, not at the first tick: from here on a missing slot is a lost one.
     // With the publication as it is now: the first look a later start compares with, so
-    // a process that stops before its first record is not taken for a slot of unknown
-    // history (`RelayError::PublicationUnverified`).
+    // a process that stops before its first record leaves one to compare with.
     let mut record = ProgressRecord::slot_created(timeline, start.confirmed_flush, start.since);
     if let Some(t) = cfg.relay_table.then_some(&cfg.table) {
         record.publication = super::session::publication::look(

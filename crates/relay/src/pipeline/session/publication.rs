@@ -94,9 +94,6 @@ pub(super) struct PublicationWatch {
     pub(super) baseline: Baseline,
     /// Prepared at the session's first look, on its side connection.
     probe: Option<PublicationProbe>,
-    /// The catalog says the publication changed after the slot's `catalog_xmin`: a
-    /// record that turns out to hold no look to compare with cannot clear it.
-    changed_since_slot: bool,
 }
 
 pub(super) enum Baseline {
@@ -105,13 +102,8 @@ pub(super) enum Baseline {
 }
 
 impl PublicationWatch {
-    pub(super) fn new(
-        start_look: PublicationSeen,
-        compared: bool,
-        changed_since_slot: bool,
-    ) -> Self {
+    pub(super) fn new(start_look: PublicationSeen, compared: bool) -> Self {
         PublicationWatch {
-            changed_since_slot,
             last: start_look,
             looked_at: Instant::now(),
             baseline: if compared {
@@ -240,18 +232,8 @@ impl Session<'_> {
                 return Ok(());
             }
         };
-        let recorded = records.ours.as_ref().and_then(|r| r.publication.as_ref());
-        match recorded {
-            Some(recorded) => compare(&self.cfg.publication, recorded, Some(&watch.last))?,
-            None if watch.changed_since_slot => {
-                return Err(RelayError::PublicationUnverified {
-                    publication: self.cfg.publication.clone(),
-                    slot: self.cfg.slot.clone(),
-                    key: p.identity.key(),
-                    progress_topic: p.store.topic().to_owned(),
-                })
-            }
-            None => {}
+        if let Some(recorded) = records.ours.as_ref().and_then(|r| r.publication.as_ref()) {
+            compare(&self.cfg.publication, recorded, Some(&watch.last))?;
         }
         if let Some(record) = &records.ours {
             crate::pipeline::refuse_older_timeline(
