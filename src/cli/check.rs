@@ -118,7 +118,7 @@ pub async fn check(s: &Settings) -> i32 {
         for view in &shards {
             check_table(&mut r, view, sql).await;
             check_publication(&mut r, view, sql).await;
-            check_slot(&mut r, view, sql, system.as_ref()).await;
+            check_slot(&mut r, view, (&pg, sql), system.as_ref()).await;
             check_failover(&mut r, view, sql).await;
         }
     }
@@ -270,7 +270,12 @@ async fn check_postgres(r: &mut Report, s: &Settings, sql: &Client, replicates: 
 /// The slot as `run` judges it at start-up, including whether it would create a missing
 /// one: only with OUTBOXD_CREATE_SLOT=true, a progress topic, and no record of an earlier
 /// slot of this name.
-async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&SystemInfo>) {
+async fn check_slot(
+    r: &mut Report,
+    s: &Settings,
+    (pg, sql): (&ConnectConfig, &Client),
+    system: Option<&SystemInfo>,
+) {
     let what = "slot";
     let state = match preflight::slot_state(sql, &s.slot).await {
         Ok(state) => state,
@@ -278,7 +283,7 @@ async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&
     };
     if let Some(st) = state {
         if let Some(system) = system {
-            check_record(r, s, sql, system).await;
+            check_record(r, s, (pg, sql), system).await;
         }
         return match judge_slot(&st, &s.slot, &s.pg.dbname) {
             Ok(warning) => {
@@ -361,7 +366,12 @@ async fn check_slot(r: &mut Report, s: &Settings, sql: &Client, system: Option<&
 /// (no position past this server's WAL end) by one lineage at a time. Either failing
 /// only costs duplicates (replays are published when not proven), but it means another
 /// copy of the cluster records under the same key, and the operator should know.
-async fn check_record(r: &mut Report, s: &Settings, sql: &Client, system: &SystemInfo) {
+async fn check_record(
+    r: &mut Report,
+    s: &Settings,
+    (pg, sql): (&ConnectConfig, &Client),
+    system: &SystemInfo,
+) {
     let what = "progress record";
     let Some(topic) = &s.progress_topic else {
         return;
@@ -407,9 +417,9 @@ async fn check_record(r: &mut Report, s: &Settings, sql: &Client, system: &Syste
         let table = s
             .relay_table
             .then_some((s.table_schema.as_str(), s.table_name.as_str()));
-        let compared = look_at_publication(sql, &s.publication, table)
+        let compared = look_at_publication(sql, (pg, &mut None), &s.publication, table)
             .await
-            .map(|now| compare_publication(&s.publication, last, now.as_ref()));
+            .map(|now| compare_publication(&s.publication, last, now.seen.as_ref()));
         match compared {
             Ok(Err(changed)) if table.is_some() => return r.fail("publication unchanged", changed),
             Ok(_) => r.ok(

@@ -334,6 +334,7 @@ async fn record_cluster(
     }
     let flags = shared.flags;
     let replace_record = flags.replace_record || flags.accept_publication || renew;
+    let pg = shared.pg;
     let Records { system, read } = shared.records(s, topic).await?;
     let identity = super::slot_identity(s, &system.system_id);
     let warn = |e: &dyn std::fmt::Display| {
@@ -393,9 +394,19 @@ async fn record_cluster(
     let table = s
         .relay_table
         .then_some((s.table_schema.as_str(), s.table_name.as_str()));
-    let now = look_at_publication(sql, &s.publication, table)
+    let looked = look_at_publication(sql, (pg, &mut None), &s.publication, table)
         .await
         .map_err(|e| InitError::Refused(e.to_string()))?;
+    if !looked.settled {
+        // Recorded, this look would be where a change it could not see is re-published
+        // from: too late.
+        return Err(InitError::Refused(format!(
+            "the synchronous standbys (synchronous_standby_names) did not confirm a commit within {:?}: a transaction committed but still waiting for them is invisible to queries, and it may change publication {:?} unseen. Bring the standbys back, or empty synchronous_standby_names and reload, then run `outboxd init` again",
+            pgrepl::preflight::SETTLE_TIMEOUT,
+            s.publication
+        )));
+    }
+    let now = looked.seen;
     let recorded = replaced.as_ref().and_then(|old| old.publication.as_ref());
     if let (Some(last), false, false, true) =
         (recorded, flags.accept_publication, renew, table.is_some())

@@ -264,7 +264,26 @@ pub struct PublicationLook {
     /// so a change undone before anyone looks leaves the flags as they were; the row
     /// versions do not go back.
     pub identity: Option<String>,
+    /// Whether every commit in the WAL before `wal_lsn` was visible to the catalog read.
+    /// A commit waiting for a synchronous standby is in the WAL, so decoded, and changes
+    /// what the walsender sends, before any query sees it (`pg_xact_status` says "in
+    /// progress" meanwhile). So with `synchronous_standby_names` set, the look first
+    /// commits a transaction of its own that waits for the standbys to apply it: waiters
+    /// are released in WAL order, so once it returns every commit before it has been too.
+    /// If it waits longer than [`SETTLE_TIMEOUT`], the look is not settled, nor when it
+    /// had no [`Settler`] to wait on (then `synchronous` says why). An open transaction,
+    /// even one idle for hours, has no commit in the WAL and holds nothing.
+    pub settled: bool,
+    /// `synchronous_standby_names` was set.
+    pub synchronous: bool,
+    /// Where the WAL ended after that transaction (`None`: none was needed). The stream
+    /// passes it, so what it acks up to there is the look's own doing, not new rows.
+    pub settle_end: Option<Lsn>,
 }
+
+/// How long a look waits for the synchronous standbys (see [`PublicationLook::settled`]):
+/// about a round trip when they are healthy.
+pub const SETTLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl PublicationProbe {
     pub async fn prepare(
@@ -304,7 +323,8 @@ impl PublicationProbe {
             clock: client
                 .prepare(
                     "SELECT pg_catalog.pg_current_wal_lsn()::text, \
-                     (extract(epoch FROM pg_catalog.clock_timestamp()) * 1000::numeric)::bigint",
+                     (extract(epoch FROM pg_catalog.clock_timestamp()) * 1000::numeric)::bigint, \
+                     pg_catalog.current_setting('synchronous_standby_names'::pg_catalog.text) OPERATOR(pg_catalog.<>) ''::pg_catalog.text",
                 )
                 .await?,
             identity: client.prepare(sql.as_str()).await?,
@@ -315,26 +335,123 @@ impl PublicationProbe {
 
     /// Reads the WAL position and clock, then the identity: two statements sent together
     /// (one round trip), run one after the other, so the catalog is read by a snapshot
-    /// taken after the position.
-    pub async fn look(&self, client: &Client) -> Result<PublicationLook, ReplError> {
+    /// taken after the position. With synchronous standbys, the identity is read again
+    /// after waiting for them (see [`PublicationLook::settled`]).
+    pub async fn look(
+        &self,
+        client: &Client,
+        settler: Option<&Settler>,
+    ) -> Result<PublicationLook, ReplError> {
         let clock = client.query_one(&self.clock, &[]);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
             [&self.publication, &self.qualified];
         let identity = client.query_opt(&self.identity, &params);
         // `try_join` polls `clock` first, and a prepared statement's request is queued
         // on its future's first poll: the position's statement goes first.
-        let (clock, identity) = futures_util::future::try_join(clock, identity).await?;
+        let (clock, mut identity) = futures_util::future::try_join(clock, identity).await?;
         let lsn: String = clock.try_get(0)?;
         let ms: i64 = clock.try_get(1)?;
+        let synchronous: bool = clock.try_get(2)?;
         let wal_lsn = lsn
             .parse::<Lsn>()
             .map_err(|e| ReplError::Protocol(format!("pg_current_wal_lsn: {e}")))?;
+        let (mut settled, mut settle_end) = (true, None);
+        if synchronous {
+            (settled, settle_end) = match settler {
+                Some(settler) => {
+                    let (settled, end) = settler.settle(client).await?;
+                    (settled, Some(end))
+                }
+                None => (false, None),
+            };
+            identity = client.query_opt(&self.identity, &params).await?;
+        }
         Ok(PublicationLook {
             wal_lsn,
             at_unix_ms: u64::try_from(ms).unwrap_or(0),
             identity: identity.map(|r| r.try_get::<_, String>(0)).transpose()?,
+            settled,
+            synchronous,
+            settle_end,
         })
     }
+}
+
+/// A connection of its own on which a look waits for the synchronous standbys (see
+/// [`PublicationLook::settled`]). A commit's wait for them ignores `statement_timeout`,
+/// so a look that gives up cancels it from the side connection, by process id (a role
+/// may cancel its own backends): the wait ends, the commit stands (a warning).
+pub struct Settler {
+    client: Client,
+    pid: i32,
+}
+
+/// How long a cancelled wait may take to end before the connection counts as broken.
+const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Settler {
+    pub async fn new(client: Client) -> Result<Self, ReplError> {
+        let pid = client
+            .query_one("SELECT pg_catalog.pg_backend_pid()", &[])
+            .await?
+            .try_get(0)?;
+        Ok(Settler { client, pid })
+    }
+
+    /// Commits a transaction that waits for the standbys to apply it; whether it
+    /// returned within [`SETTLE_TIMEOUT`], and where the WAL ended after it. `side`
+    /// cancels it when it does not.
+    async fn settle(&self, side: &Client) -> Result<(bool, Lsn), ReplError> {
+        let mut wait = std::pin::pin!(commit_and_wait(&self.client));
+        match tokio::time::timeout(SETTLE_TIMEOUT, &mut wait).await {
+            Ok(end) => Ok((true, end?)),
+            Err(_) => {
+                side.execute("SELECT pg_catalog.pg_cancel_backend($1)", &[&self.pid])
+                    .await?;
+                let end = tokio::time::timeout(CANCEL_WAIT, wait)
+                    .await
+                    .map_err(|_| {
+                        ReplError::Timeout("cancelling a wait for the synchronous standbys")
+                    })??;
+                Ok((false, end))
+            }
+        }
+    }
+}
+
+/// A transaction that wrote no WAL does not wait for the standbys, so it writes a logical
+/// message (of a prefix the relay ignores): the function heartbeats use. READ WRITE: a
+/// role whose transactions default to read-only can still write it. `remote_apply`: the
+/// standbys' apply position is behind their flush and write ones, so waiters of every
+/// level before it are released too.
+async fn commit_and_wait(client: &Client) -> Result<Lsn, ReplError> {
+    let answer = client
+        .simple_query(
+            "BEGIN READ WRITE; SET LOCAL synchronous_commit = remote_apply; \
+             SELECT pg_catalog.pg_logical_emit_message(true, 'outboxd.settle'::pg_catalog.text, ''::pg_catalog.text); \
+             COMMIT; SELECT pg_catalog.pg_current_wal_lsn()::pg_catalog.text",
+        )
+        .await
+        .map_err(|e| {
+            if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
+                ReplError::Config(format!(
+                    "synchronous_standby_names is set, so each look at the publication commits a logical message that waits for the standbys (a publication change waiting for them is decoded before any query sees it), and this role may not: {}. GRANT EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean, text, text) TO the role outboxd connects as (sql/role.sql)",
+                    crate::error_chain(&e)
+                ))
+            } else {
+                ReplError::Sql(e)
+            }
+        })?;
+    answer
+        .iter()
+        .rev()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0),
+            _ => None,
+        })
+        .ok_or_else(|| ReplError::Protocol("pg_current_wal_lsn returned no row".into()))?
+        .parse::<Lsn>()
+        .map_err(|e| ReplError::Protocol(format!("pg_current_wal_lsn: {e}")))
 }
 
 /// Whether an event trigger of this name exists and is enabled.

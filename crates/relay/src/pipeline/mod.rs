@@ -741,10 +741,16 @@ async fn run_session(
     }
     // This look is the session's baseline: a change since the record's last look shows
     // here, and a later one at the ticks (or at once, at a guard message).
-    let publication = match table {
-        Some(table) => session::publication::look(&sql, &cfg.publication, Some(table)).await?,
+    let mut settler = None;
+    let looked = match table {
+        Some(table) => Some(
+            session::publication::look(&sql, (pg, &mut settler), &cfg.publication, Some(table))
+                .await?,
+        ),
         None => None,
     };
+    let settled = looked.as_ref().is_none_or(|l| l.settled);
+    let mut publication = looked.and_then(|l| l.seen);
     let fingerprint = fingerprint(
         cfg,
         publication.as_ref().map_or("", |p| p.identity.as_str()),
@@ -756,6 +762,11 @@ async fn run_session(
     }
     if let (Some(last), Some(_)) = (&known.publication, table) {
         session::publication::compare(&cfg.publication, last, publication.as_ref())?;
+        if !settled {
+            // A commit not yet visible may have changed it before this look: a change
+            // seen later is named from the recorded look, not from this one.
+            publication = Some(last.clone());
+        }
     }
     // No look to compare with (a new key or topic, a deleted record): the slot's own
     // catalog horizon tells whether the publication may have changed since it decoded.
@@ -797,6 +808,7 @@ async fn run_session(
             replay,
             progress: progress.map(|p| (p.clone(), identity)),
             publication: publication.map(|p| (p, known.read)),
+            settling: (pg.clone(), settler),
             server,
             binary,
             output_settings,

@@ -108,6 +108,11 @@ impl Observer {
         self.metrics.inc_progress_record_invalid();
     }
 
+    /// A look at the publication could not count: see `PublicationLook::settled`.
+    pub(super) fn publication_look_unsettled(&self) {
+        self.metrics.inc_publication_looks_unsettled();
+    }
+
     /// A replayed event Kafka already had was not published again.
     pub(super) fn replay_doubt(&self, reason: outbox_core::Doubt) {
         self.metrics.inc_replay_doubt(reason);

@@ -169,6 +169,9 @@ pub(super) struct SessionStart {
     /// The publication as looked at before streaming, and whether it was compared with
     /// the record's (false: the record could not be read in time).
     pub publication: Option<(crate::kafka::PublicationSeen, bool)>,
+    /// The server streamed from, and the connection the start's look waited for its
+    /// synchronous standbys on (see `publication::look`).
+    pub settling: (pgrepl::ConnectConfig, Option<pgrepl::preflight::Settler>),
     /// The server streamed from (host, port).
     pub server: (String, u16),
     pub binary: super::binary::Binary,
@@ -240,9 +243,9 @@ impl<'a> Session<'a> {
                 .progress
                 .map(|(store, identity)| ProgressWriter::new(store, identity)),
             catchup: CatchUp::default(),
-            publication: begin
-                .publication
-                .map(|(look, compared)| publication::PublicationWatch::new(look, compared)),
+            publication: begin.publication.map(|(look, compared)| {
+                publication::PublicationWatch::new(look, compared, begin.settling)
+            }),
             timeline,
             server: begin.server,
             durability_warned: false,

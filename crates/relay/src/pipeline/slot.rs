@@ -657,10 +657,12 @@ pub(super) async fn create_if_new(
     if let Some(t) = cfg.relay_table.then_some(&cfg.table) {
         record.publication = super::session::publication::look(
             sql,
+            (pg, &mut None),
             &cfg.publication,
             Some((t.schema.as_str(), t.table.as_str())),
         )
-        .await?;
+        .await?
+        .seen;
     }
     progress
         .write_and_wait(identity, &record)

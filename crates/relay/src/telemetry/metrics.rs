@@ -85,6 +85,7 @@ pub struct Metrics {
     events_skipped: AtomicU64,
     progress_record_unread: AtomicU64,
     progress_record_invalid: AtomicU64,
+    publication_looks_unsettled: AtomicU64,
     progress_write_errors: AtomicU64,
     replay_doubts: [AtomicU64; Doubt::ALL.len()],
     progress_foreign_writes: AtomicU64,
@@ -133,6 +134,7 @@ impl Default for Metrics {
             events_skipped: AtomicU64::new(0),
             progress_record_unread: AtomicU64::new(0),
             progress_record_invalid: AtomicU64::new(0),
+            publication_looks_unsettled: AtomicU64::new(0),
             progress_write_errors: AtomicU64::new(0),
             replay_doubts: Default::default(),
             progress_foreign_writes: AtomicU64::new(0),
@@ -176,6 +178,9 @@ pub struct MetricsSnapshot {
     pub events_skipped_total: u64,
     pub progress_record_unread_total: u64,
     pub progress_record_invalid_total: u64,
+    /// Looks at the publication that could not count: a commit was in the WAL that no
+    /// query saw yet (waiting for a synchronous standby).
+    pub publication_looks_unsettled_total: u64,
     pub progress_write_errors_total: u64,
     /// Replays published instead of skipped, by the doubt that stopped the proof.
     pub replay_doubts_total: Vec<(Doubt, u64)>,
@@ -251,6 +256,10 @@ impl Metrics {
 
     pub fn inc_progress_record_invalid(&self) {
         add(&self.progress_record_invalid, 1);
+    }
+
+    pub fn inc_publication_looks_unsettled(&self) {
+        add(&self.publication_looks_unsettled, 1);
     }
 
     pub fn inc_replay_doubt(&self, reason: Doubt) {
@@ -409,6 +418,7 @@ impl Metrics {
             events_skipped_total: load(&self.events_skipped),
             progress_record_unread_total: load(&self.progress_record_unread),
             progress_record_invalid_total: load(&self.progress_record_invalid),
+            publication_looks_unsettled_total: load(&self.publication_looks_unsettled),
             progress_write_errors_total: load(&self.progress_write_errors),
             replay_doubts_total: Doubt::ALL
                 .into_iter()

@@ -75,6 +75,13 @@ pub fn render_all(relays: &[(Option<u32>, &MetricsSnapshot)]) -> String {
         "Reads that found this slot's progress record unreadable (not a record outboxd writes): nothing is skipped on it, the slot is confirmed as usual, and the next write replaces it. Someone else writes the topic.",
         |s| s.progress_record_invalid_total,
     );
+    out.single(
+        relays,
+        "publication_looks_unsettled_total",
+        "counter",
+        "Looks at the publication that could not count: a transaction was committed in the WAL but not yet visible to queries (a commit waiting for a synchronous standby). The slot is not confirmed past such a look until the commit is visible; rising for long means synchronous replication is stuck.",
+        |s| s.publication_looks_unsettled_total,
+    );
     out.header(
         "replay_doubts_total",
         "counter",

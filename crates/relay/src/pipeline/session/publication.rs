@@ -9,12 +9,19 @@
 //! So the slot is confirmed only up to what was acknowledged when the last matching look
 //! began (`SessionCore::raise_cap`): everything in it was received, and so written to the WAL, before that
 //! look read the catalog, and a change made before those rows would have shown.
+//!
+//! Shown, that is, once it is visible. A commit waiting for a synchronous standby is in
+//! the WAL, and decoded, before any query sees it: a look taken meanwhile matches the old
+//! catalog while the walsender already follows the new one. Such a look does not count
+//! (`PublicationLook::settled`): the cap stays, and so does the last matching look,
+//! which a change seen later names as where re-publishing starts.
 
 use std::time::{Duration, Instant};
 
 use pgoutput::{Lsn, PgTimestamp};
 
-use pgrepl::preflight::{PublicationLook, PublicationProbe};
+use pgrepl::preflight::{PublicationLook, PublicationProbe, Settler};
+use pgrepl::ConnectConfig;
 
 use super::{bounded, Session};
 use crate::kafka::{ProgressError, PublicationSeen, SlotRecords};
@@ -27,21 +34,58 @@ const EARLY_LOOK_AFTER: Duration = Duration::from_millis(250);
 /// was read: a change committed after that position may be missing from the identity,
 /// never one before. The server's clock, not ours: operators compare it with
 /// `created_at`. A session looks through its own prepared [`PublicationProbe`].
+///
+/// With synchronous standbys, a look waits for them on a connection of its own to `pg`
+/// (the server `sql` is connected to), opened at the first look that needs it and kept
+/// in `settler` for the next ones.
 pub async fn look(
     sql: &tokio_postgres::Client,
+    (pg, settler): (&ConnectConfig, &mut Option<Settler>),
     publication: &str,
     table: Option<(&str, &str)>,
-) -> Result<Option<PublicationSeen>, RelayError> {
+) -> Result<Looked, RelayError> {
     let probe = PublicationProbe::prepare(sql, publication, table).await?;
-    Ok(seen(probe.look(sql).await?))
+    look_through(&probe, sql, pg, settler).await
 }
 
-fn seen(look: PublicationLook) -> Option<PublicationSeen> {
-    look.identity.map(|identity| PublicationSeen {
-        identity,
-        at_unix_ms: look.at_unix_ms,
-        wal_lsn: look.wal_lsn,
-    })
+async fn look_through(
+    probe: &PublicationProbe,
+    sql: &tokio_postgres::Client,
+    pg: &ConnectConfig,
+    settler: &mut Option<Settler>,
+) -> Result<Looked, RelayError> {
+    let look = probe.look(sql, settler.as_ref()).await?;
+    if !look.synchronous || settler.is_some() {
+        return Ok(Looked::from(look));
+    }
+    let opened = settler.insert(Settler::new(pg.connect_sql().await?).await?);
+    Ok(Looked::from(probe.look(sql, Some(opened)).await?))
+}
+
+/// A look, and whether it vouches for the WAL before it.
+#[derive(Debug)]
+pub struct Looked {
+    /// `None`: the publication does not exist.
+    pub seen: Option<PublicationSeen>,
+    /// No commit was in the WAL that the look's snapshot did not see: a change made
+    /// before `seen.wal_lsn` would have shown.
+    pub settled: bool,
+    /// The end of the WAL the look wrote to settle (`PublicationLook::settle_end`).
+    pub settle_end: Option<Lsn>,
+}
+
+impl From<PublicationLook> for Looked {
+    fn from(look: PublicationLook) -> Self {
+        Looked {
+            settled: look.settled,
+            settle_end: look.settle_end,
+            seen: look.identity.map(|identity| PublicationSeen {
+                identity,
+                at_unix_ms: look.at_unix_ms,
+                wal_lsn: look.wal_lsn,
+            }),
+        }
+    }
 }
 
 /// Stops when `now` is another publication than `last` (the last look that matched).
@@ -94,6 +138,15 @@ pub(super) struct PublicationWatch {
     pub(super) baseline: Baseline,
     /// Prepared at the session's first look, on its side connection.
     probe: Option<PublicationProbe>,
+    /// Since when looks have not counted (a commit not yet visible); logged once.
+    unsettled_since: Option<Instant>,
+    /// Where the last look's own WAL ended: acks up to it call for no early look, or
+    /// each look's commit would call for the next.
+    own_wal_end: Lsn,
+    /// The server looked at, and the connection a look waits for its synchronous
+    /// standbys on (see [`look`]).
+    pg: ConnectConfig,
+    settler: Option<Settler>,
 }
 
 pub(super) enum Baseline {
@@ -102,7 +155,11 @@ pub(super) enum Baseline {
 }
 
 impl PublicationWatch {
-    pub(super) fn new(start_look: PublicationSeen, compared: bool) -> Self {
+    pub(super) fn new(
+        start_look: PublicationSeen,
+        compared: bool,
+        (pg, settler): (ConnectConfig, Option<Settler>),
+    ) -> Self {
         PublicationWatch {
             last: start_look,
             looked_at: Instant::now(),
@@ -112,6 +169,10 @@ impl PublicationWatch {
                 Baseline::Pending(None)
             },
             probe: None,
+            unsettled_since: None,
+            own_wal_end: Lsn::ZERO,
+            pg,
+            settler,
         }
     }
 
@@ -131,7 +192,7 @@ impl Session<'_> {
         // Before the look: all of it was received, so written, before the look began.
         let acked = self.core.watermark();
         let (sql, publication, table) = (&self.sql, &self.cfg.publication, &self.cfg.table);
-        let probe = &mut watch.probe;
+        let (probe, pg, settler) = (&mut watch.probe, &watch.pg, &mut watch.settler);
         let now = bounded("checking the publication", async {
             let p = match probe {
                 Some(p) => p,
@@ -140,9 +201,14 @@ impl Session<'_> {
                     probe.insert(PublicationProbe::prepare(sql, publication, table).await?)
                 }
             };
-            Ok(seen(p.look(sql).await?))
+            look_through(p, sql, pg, settler).await
         })
         .await?;
+        let Looked {
+            seen: now,
+            settled,
+            settle_end,
+        } = now;
         if now.is_none() {
             // Gone, not changed: the error the stream gives at the next change (and the
             // fix it names), which an early look now usually comes before.
@@ -153,6 +219,27 @@ impl Session<'_> {
         }
         compare(&self.cfg.publication, &last, now.as_ref())?;
         if let (Some(watch), Some(now)) = (self.publication.as_mut(), now) {
+            watch.own_wal_end = settle_end.unwrap_or(Lsn::ZERO);
+            if !settled {
+                // Not `last`: a change this look could not see is named from the look
+                // before it. Looked at again at the interval, or early while acks wait.
+                self.obs.publication_look_unsettled();
+                watch.looked_at = Instant::now();
+                if watch.unsettled_since.is_none() {
+                    watch.unsettled_since = Some(Instant::now());
+                    tracing::warn!(
+                        publication = %self.cfg.publication,
+                        "the synchronous standbys (synchronous_standby_names) do not confirm commits: a transaction committed but still waiting for them is invisible to queries, and may have changed the publication unseen, so the slot is not confirmed past what was acknowledged at the last look before they stopped, until they confirm again (or synchronous_standby_names is emptied)"
+                    );
+                }
+                return Ok(());
+            }
+            if let Some(since) = watch.unsettled_since.take() {
+                tracing::info!(
+                    waited = ?since.elapsed(),
+                    "the synchronous standbys confirm commits again: the publication looks count"
+                );
+            }
             watch.last = now;
             watch.looked_at = Instant::now();
             if watch.compared() {
@@ -178,7 +265,11 @@ impl Session<'_> {
         if self.core.awaiting_reports() > 0 || self.core.watermark() <= self.core.confirmed() {
             return None;
         }
-        let watch = self.publication.as_ref().filter(|w| w.compared())?;
+        // Not while looks do not settle: each waits for the synchronous standbys, and
+        // the regular interval is often enough to see them back.
+        let watch = self.publication.as_ref().filter(|w| {
+            w.compared() && w.unsettled_since.is_none() && self.core.watermark() > w.own_wal_end
+        })?;
         Some(watch.looked_at + EARLY_LOOK_AFTER)
     }
 

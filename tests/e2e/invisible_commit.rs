@@ -1,0 +1,204 @@
+//! A publication change committed but not yet visible (issue 30, item 2). With
+//! synchronous replication, a commit waits for the standby after it is in the WAL: the
+//! walsender decodes it, and the rows after it by the new catalog, while every query still
+//! sees the old one. A look at the catalog taken meanwhile matches, yet cannot vouch for
+//! the WAL before it: the slot must not be confirmed past the rows the change hid, and
+//! the error that follows, once the change is visible, must name a time they are after.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::support;
+
+use std::time::Duration;
+
+use pgtest::PgCluster;
+use support::broker::Broker;
+use support::consume::check_delivery;
+use support::load::insert_events;
+use support::ops::{self, read_all_blocking, wait_active_pid, wait_for};
+use support::relay::{run_to_end, Relay};
+use support::schema;
+
+/// The error's "re-publish the outbox rows committed since {since}".
+fn republish_since_in(log: &str) -> String {
+    let (_, rest) = log
+        .split_once("re-publish the outbox rows committed since ")
+        .unwrap_or_else(|| panic!("no re-publish time in the relay's error: {log}"));
+    rest.split([',', ' ']).next().expect("a time").to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_waiting_for_a_synchronous_standby_hides_no_rows() {
+    // Every commit waits for a standby that never comes, except where a session asks for
+    // less: the test's own work commits locally.
+    let cluster = PgCluster::start(pgtest::ClusterOptions {
+        conf: vec![
+            "synchronous_standby_names = 'ghost'".into(),
+            "synchronous_commit = local".into(),
+        ],
+        ..Default::default()
+    })
+    .expect("cluster");
+    let db = cluster.fresh_database("invisible_commit").await;
+    let client = db.client().await;
+    let outbox = schema::setup_without_slot(&db).await;
+    let broker = Broker::default_for_tests();
+    let extra = [("OUTBOXD_PUBLICATION_CHECK_INTERVAL_MS", "1000")];
+    let ops::FirstBatch {
+        mut relay,
+        env,
+        topics,
+        first,
+    } = ops::relay_first_batch(&db, &client, &outbox, &broker, &extra, 10).await;
+
+    // The change, committed and in the WAL, waiting for the standby: invisible.
+    let ddl = db.client().await;
+    let ddl_pid: i32 = ddl
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("pid")
+        .get(0);
+    let p = outbox.publication.clone();
+    let change = tokio::spawn(async move {
+        ddl.batch_execute(&format!(
+            "SET synchronous_commit = on; ALTER PUBLICATION \"{p}\" DROP TABLE public.outbox"
+        ))
+        .await
+        .expect("the change commits once the wait is cancelled");
+    });
+    wait_for(
+        "the change to wait for the standby",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || async {
+            let row = client
+                .query_one(
+                    "SELECT coalesce(wait_event, '') FROM pg_stat_activity WHERE pid = $1",
+                    &[&ddl_pid],
+                )
+                .await
+                .expect("activity");
+            (row.get::<_, String>(0) == "SyncRep").then_some(())
+        },
+    )
+    .await;
+    let before_rows = schema::current_wal_lsn(&db).await;
+    let hidden = insert_events(&client, &outbox.table, 20, 3, 3).await;
+    // Seconds later (a look's time names whole seconds), more WAL, in a table nobody
+    // publishes.
+    wait_for(
+        "the server's clock to pass the rows by 3 s",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            let row = client
+                .query_one(
+                    "SELECT clock_timestamp() > max(created_at) + interval '3 seconds' FROM public.outbox",
+                    &[],
+                )
+                .await
+                .expect("clock");
+            row.get::<_, bool>(0).then_some(())
+        },
+    )
+    .await;
+    client
+        .batch_execute("CREATE TABLE later AS SELECT 1 AS x")
+        .await
+        .expect("more WAL");
+    let past_rows = schema::current_wal_lsn(&db).await;
+
+    // The stream has gone past the rows (keepalives: the walsender sent none of them).
+    // Looks keep matching the old catalog; unfixed, the next one confirmed the slot past
+    // the rows, and named a time after them once the change was seen.
+    relay
+        .wait_metric_at_least("outboxd_acked_lsn", past_rows as f64)
+        .await;
+    wait_for(
+        "the slot confirmed past the rows, or two looks that could not count",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || async {
+            let confirmed = relay.metric("outboxd_confirmed_lsn").unwrap_or(0.0);
+            let unsettled = relay
+                .metric("outboxd_publication_looks_unsettled_total")
+                .unwrap_or(0.0);
+            (confirmed >= past_rows as f64 || unsettled >= 2.0).then_some(())
+        },
+    )
+    .await;
+    let confirmed = schema::confirmed_flush_lsn(&db).await;
+    assert!(
+        confirmed < before_rows,
+        "the slot was confirmed to {confirmed:#x}, past the change's commit (before {before_rows:#x}) while it was invisible"
+    );
+
+    // The standby's wait is given up: the change is visible, and the relay stops.
+    client
+        .execute("SELECT pg_cancel_backend($1)", &[&ddl_pid])
+        .await
+        .expect("cancel the wait");
+    change.await.expect("the change");
+    assert_eq!(
+        relay.wait_exit(Duration::from_secs(60)).code(),
+        Some(3),
+        "the change must stop outboxd: {}",
+        relay.log_text()
+    );
+    let since = republish_since_in(&relay.log_text());
+
+    // Its error, followed literally: make sure the publication publishes the outbox's
+    // inserts, re-publish the rows committed since `since` minus the longest transaction
+    // (a second here), accept, start.
+    let (code, out) = run_to_end(&env, &["check"]);
+    assert_ne!(code, 0, "check must fail on the changed publication: {out}");
+    client
+        .batch_execute(&format!(
+            "ALTER PUBLICATION \"{}\" ADD TABLE public.outbox",
+            outbox.publication
+        ))
+        .await
+        .expect("publish the outbox again");
+    let from: String = client
+        .query_one(
+            "SELECT ($1::text::timestamptz - interval '1 second')::text",
+            &[&since],
+        )
+        .await
+        .expect("since")
+        .get(0);
+    schema::republish_since(&client, &from).await;
+    // The standby is still missing: no look can vouch for the catalog, and `init` says
+    // so; its fix followed (the standby list emptied), it accepts.
+    let (code, out) = run_to_end(&env, &["init", "--accept-publication-change"]);
+    assert_ne!(code, 0, "{out}");
+    for sql in [
+        "ALTER SYSTEM SET synchronous_standby_names = ''",
+        "SELECT pg_reload_conf()",
+    ] {
+        client
+            .batch_execute(sql)
+            .await
+            .expect("no synchronous standbys");
+    }
+    let (code, out) = ops::wait_for(
+        "init to accept once the reload is seen",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let (code, out) = run_to_end(&env, &["init", "--accept-publication-change"]);
+            (code == 0).then_some((code, out))
+        },
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let relay = Relay::start(env.clone(), &["run"]);
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let after = insert_events(&client, &outbox.table, 5, 3, 3).await;
+    let all = [first, hidden, after].concat();
+    check_delivery(
+        &all,
+        &read_all_blocking(&broker.bootstrap(), &topics, &all, Duration::from_secs(60)),
+    );
+    drop(relay);
+}
