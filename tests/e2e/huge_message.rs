@@ -2,7 +2,8 @@
 //! through, not held whole. A 300 MB logical message of another prefix between outbox
 //! rows is passed over (every event arrives, the slot moves past it); a 300 MB outbox row
 //! stops the relay under `stop` (exit 4, naming the fix), and following that fix
-//! literally dead-letters it with nothing lost. Throughout, the relay's peak resident
+//! literally dead-letters it with nothing lost; one with outboxd's own prefix is
+//! dead-lettered. Throughout, the relay's peak resident
 //! memory stays far below the message's size.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -188,6 +189,59 @@ async fn a_huge_outbox_row_stops_or_is_dead_lettered() {
         "the key is the row's aggregate id"
     );
     assert!(dead.wire_size() <= 1_000_000);
+    schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(60)).await;
+    assert!(
+        relay.is_running(),
+        "the relay exited; log:\n{}",
+        relay.log_text()
+    );
+    assert_peak_rss_bounded(&relay);
+}
+
+/// A huge message with outboxd's own prefix would be published whole: read through, it
+/// is dead-lettered without its content, and the events around it follow.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_huge_emitted_message_of_ours_is_dead_lettered() {
+    let broker = Broker::default_for_tests();
+    let (db, outbox) = setup("huge_own_message", &broker).await;
+    let topic = outbox.topic("order");
+    let dlq = outbox.dead_letter_topic();
+    let mut relay = Relay::start(
+        Relay::env_for(
+            &db,
+            &outbox,
+            &broker.bootstrap(),
+            &[("OUTBOXD_MESSAGE_PREFIX", "outbox")],
+        ),
+        &["run"],
+    );
+    let client = db.client().await;
+    let before = insert(&client, "a-1", None).await;
+    client
+        .execute(
+            "SELECT pg_logical_emit_message(true, 'outbox', repeat('m', $1::bigint::int))",
+            &[&HUGE],
+        )
+        .await
+        .expect("huge logical message");
+    let after = insert(&client, "a-1", None).await;
+    let wal_after = schema::current_wal_lsn(&db).await;
+
+    let want: HashSet<String> = [before.clone(), after.clone()].into();
+    let got = read(&broker, &[topic.clone(), dlq.clone()], &want);
+    assert_eq!(ids_on(&got, &topic), vec![before.as_str(), after.as_str()]);
+    let dead: Vec<&Received> = got.iter().filter(|r| r.topic == dlq).collect();
+    assert_eq!(dead.len(), 1, "{dead:#?}");
+    assert_eq!(dead[0].header("outboxd.error_kind"), Some("oversize"));
+    assert_eq!(dead[0].header("outboxd.source_prefix"), Some("outbox"));
+    assert_eq!(dead[0].header("outboxd.omitted_columns"), Some("content"));
+    assert!(
+        dead[0]
+            .header("outboxd.error")
+            .is_some_and(|e| e.contains("the message with prefix \"outbox\"")
+                && e.contains("OUTBOXD_MAX_MESSAGE_BYTES")),
+        "{dead:#?}"
+    );
     schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(60)).await;
     assert!(
         relay.is_running(),

@@ -172,7 +172,8 @@ impl ReplicationStream {
     /// Cancel-safe, so it can be one branch of a `select!`: each await (the pacing sleep,
     /// the read into the stream's own buffer, the wait for a writer failure) may be
     /// dropped without losing bytes, and a frame is split off and decoded without
-    /// awaiting, so dropping this future loses nothing.
+    /// awaiting (the tail of an oversized one is dropped by a counter kept in the
+    /// stream, not in this future), so dropping this future loses nothing.
     pub async fn next(&mut self) -> Result<Option<ReplicationEvent>, ReplError> {
         loop {
             if let Some(event) = self.next_buffered()? {
