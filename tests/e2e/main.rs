@@ -22,6 +22,7 @@ mod failover;
 mod failover_slot;
 mod filters;
 mod header_formats;
+mod huge_message;
 mod invisible_commit;
 mod kafka_cluster;
 mod libpq_parity;

@@ -81,6 +81,13 @@ pub fn dead_letter_record(
         Cow::Borrowed(header::SOURCE_TABLE),
         Bytes::from(table.table_name().to_owned()),
     ));
+    // A row read through for its size has only its leading columns: the rest are
+    // listed as left out, not shown as null.
+    let omitted = texts
+        .iter()
+        .skip(tuple.columns.len())
+        .map(|(name, _)| *name)
+        .collect();
     let columns = texts
         .into_iter()
         .map(|(name, t)| (name, t.map(|t| json_string(&t))))
@@ -92,7 +99,7 @@ pub fn dead_letter_record(
             columns,
             payload: table.payload_index(),
         },
-        omitted: Vec::new(),
+        omitted,
         cut: Vec::new(),
         short_omitted: false,
     };
@@ -109,6 +116,36 @@ pub fn dead_letter_message(
     topic: &TopicName,
     max_bytes: usize,
 ) -> OutboxRecord {
+    message_dead_letter(
+        message,
+        Some(&message.content),
+        error,
+        ctx,
+        topic,
+        max_bytes,
+    )
+}
+
+/// The same for a message read through for its size, whose content was not kept: it is
+/// listed as left out (`content`).
+pub fn dead_letter_message_head(
+    message: &Message,
+    error: &RowError,
+    ctx: &CommitContext,
+    topic: &TopicName,
+    max_bytes: usize,
+) -> OutboxRecord {
+    message_dead_letter(message, None, error, ctx, topic, max_bytes)
+}
+
+fn message_dead_letter(
+    message: &Message,
+    content: Option<&Bytes>,
+    error: &RowError,
+    ctx: &CommitContext,
+    topic: &TopicName,
+    max_bytes: usize,
+) -> OutboxRecord {
     let mut headers = base_headers(error, ctx, error.event_id());
     headers.push((
         Cow::Borrowed(header::SOURCE_PREFIX),
@@ -117,8 +154,12 @@ pub fn dead_letter_message(
     let draft = Draft {
         key: None,
         headers,
-        value: Value::Content(Some(message.content.clone())),
-        omitted: Vec::new(),
+        value: Value::Content(content.cloned()),
+        omitted: if content.is_none() {
+            vec!["content"]
+        } else {
+            Vec::new()
+        },
         cut: Vec::new(),
         short_omitted: false,
     };

@@ -78,7 +78,7 @@ pub use delivered::{
     Begin as ReplayBegin, DeliveredPosition, Doubt, Fingerprint, PartialTxn, ReplayProof, RowId,
     RowLedger, Settle, TxnId, TxnMark,
 };
-pub use dlq::{dead_letter_message, dead_letter_record};
+pub use dlq::{dead_letter_message, dead_letter_message_head, dead_letter_record};
 pub use emit::EmitMapper;
 pub use error::{
     short_id, AckError, ColumnRole, ConfigError, ErrorClass, RowError, RowErrorKind, ShapeError,
@@ -88,9 +88,9 @@ pub use inflight::InFlightEntry;
 pub use ledger::{InFlightLedger, Outcome, Outgoing, Ticket};
 pub use mapping::{BoundTable, OutboxColumns, TableSpec};
 pub use record::{
-    check_size, header, oversize_error, record_wire_size, rfc3339_utc, rfc3339_utc_seconds,
-    CommitContext, HeaderFormat, HeaderName, OutboxRecord, CLOUDEVENTS_SPEC_VERSION,
-    RECORD_MAX_OVERHEAD,
+    check_size, frame_limit, header, oversize_error, oversize_row_error, record_wire_size,
+    rfc3339_utc, rfc3339_utc_seconds, CommitContext, HeaderFormat, HeaderName, OutboxRecord,
+    CLOUDEVENTS_SPEC_VERSION, RECORD_MAX_OVERHEAD,
 };
 pub use replay::{Held, NextRow, PartialMismatch, ReplayCore, ReplayStart, Step};
 pub use session::{

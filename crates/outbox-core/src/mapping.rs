@@ -418,6 +418,17 @@ impl BoundTable {
         self.aggregate_id.index
     }
 
+    /// The row's id as text, when `tuple` holds it readably (for a row read through for
+    /// its size, which has only its leading columns).
+    pub(crate) fn event_id_text(&self, tuple: &TupleData) -> Option<String> {
+        let oid = self.column_types.get(self.id.index).copied()?;
+        tuple
+            .columns
+            .get(self.id.index)
+            .and_then(|v| crate::value::display_text(v, oid))
+            .filter(|t| !t.is_empty())
+    }
+
     pub(crate) fn id_index(&self) -> usize {
         self.id.index
     }

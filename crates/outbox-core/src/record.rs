@@ -239,6 +239,37 @@ pub fn check_size(record: &OutboxRecord, max_bytes: usize) -> Result<(), RowErro
     Err(oversize_error(record, size, max_bytes))
 }
 
+/// The smallest frame limit; below it, rows whose unused columns are large would be cut
+/// for no memory worth saving.
+const MIN_FRAME_LIMIT: usize = 16 << 20;
+
+/// The longest replication message held whole, for a record limit of `max_bytes`
+/// (`OUTBOXD_MAX_MESSAGE_BYTES`): four times it, at least 16 MiB. A row's text form
+/// on the stream is at most about twice its record (bytea's hex is the widest), so a
+/// row over this cannot become a record within `max_bytes`, unless columns the record
+/// does not use make up most of it; it is read through and dealt with as a bad row of
+/// kind [`RowErrorKind::Oversize`] (see [`oversize_row_error`]), never buffered.
+pub fn frame_limit(max_bytes: usize) -> usize {
+    max_bytes.saturating_mul(4).max(MIN_FRAME_LIMIT)
+}
+
+/// The [`RowErrorKind::Oversize`] error for a row or emitted message of `len` bytes on
+/// the replication stream, over [`frame_limit`]: it was read through, not held.
+pub fn oversize_row_error(what: &str, len: usize, max_bytes: usize) -> RowError {
+    RowError::new(
+        RowErrorKind::Oversize,
+        format!(
+            "{what} is {len} bytes on the replication stream, over the {limit}-byte limit of \
+             what outboxd holds whole (4 x OUTBOXD_MAX_MESSAGE_BYTES, at least 16 MiB), so its \
+             Kafka record would be over the {max_bytes}-byte limit; it was read through \
+             without being kept. Fix: make the event smaller, or raise \
+             OUTBOXD_MAX_MESSAGE_BYTES together with the broker's message.max.bytes and the \
+             topic's max.message.bytes",
+            limit = frame_limit(max_bytes),
+        ),
+    )
+}
+
 /// The [`RowErrorKind::Oversize`] error for `record`, measured at `size` bytes (by
 /// [`check_size`], or by the producer when it refused the record).
 pub fn oversize_error(record: &OutboxRecord, size: usize, max_bytes: usize) -> RowError {

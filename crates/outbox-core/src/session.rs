@@ -21,16 +21,19 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use pgoutput::{Insert, LogicalMessage, Lsn, Message, PgTimestamp, Relation, TupleData};
+use pgoutput::{
+    Insert, LogicalMessage, Lsn, Message, PgTimestamp, Relation, Truncated, TruncatedMessage,
+    TupleData,
+};
 
 use crate::budget::InFlightCaps;
 use crate::delivered::{row_identity, DeliveredPosition, Doubt, RowId, TxnId};
-use crate::dlq::{dead_letter_message, dead_letter_record};
+use crate::dlq::{dead_letter_message, dead_letter_message_head, dead_letter_record};
 use crate::emit::EmitMapper;
 use crate::error::{AckError, RowError, ShapeError};
 use crate::ledger::{InFlightLedger, Outcome, Outgoing, Ticket};
 use crate::mapping::{BoundTable, TableSpec};
-use crate::record::{check_size, oversize_error, CommitContext, OutboxRecord};
+use crate::record::{check_size, oversize_error, oversize_row_error, CommitContext, OutboxRecord};
 use crate::replay::{NextRow, PartialMismatch, ReplayCore, ReplayStart, Step};
 use crate::topic::TopicName;
 
@@ -373,7 +376,7 @@ impl<O: Observe> SessionCore<O> {
                 self.on_relation(&r, None)?;
             }
             LogicalMessage::Insert(i) => self.on_insert(i)?,
-            LogicalMessage::Message(m) => return self.on_emitted(m, now),
+            LogicalMessage::Message(m) => return self.on_emitted(m, None, now),
             // Deletes (insert-then-delete), updates and truncates are not events.
             LogicalMessage::Update(_)
             | LogicalMessage::Delete(_)
@@ -390,33 +393,99 @@ impl<O: Observe> SessionCore<O> {
         Ok(After::Nothing)
     }
 
-    fn on_insert(&mut self, ins: Insert) -> Result<(), SessionError> {
-        let table = match self.relations.get_mut(&ins.rel_id) {
+    /// A message too long to hold whole, read through with only its start kept (see
+    /// [`crate::record::frame_limit`]): treated as its whole version would be, except
+    /// that what would be published cannot be, so it is a bad row of kind
+    /// [`crate::RowErrorKind::Oversize`].
+    pub fn on_truncated(
+        &mut self,
+        message: TruncatedMessage,
+        now: PgTimestamp,
+    ) -> Result<After, SessionError> {
+        match &message.kind {
+            Truncated::Insert {
+                rel_id, leading, ..
+            } => {
+                let Some((table, ctx)) = self.outbox_insert(*rel_id)? else {
+                    return Ok(After::Nothing);
+                };
+                let identity = table.row_identity(leading);
+                let Some(row) = self.next_row(identity, Skipped::Row(leading))? else {
+                    return Ok(After::Nothing);
+                };
+                let max = self.cfg.max_message_bytes;
+                let error = oversize_row_error("the row", message.len, max)
+                    .with_event_id(table.event_id_text(leading).as_deref());
+                let dlq = dead_letter_record(
+                    &table,
+                    leading,
+                    &error,
+                    &ctx,
+                    &self.cfg.dead_letter_topic,
+                    max,
+                );
+                self.bad_row(error, dlq, ctx, row, false)?;
+                Ok(After::Nothing)
+            }
+            // As for whole ones: not events.
+            Truncated::Update { .. } | Truncated::Delete { .. } => Ok(After::Nothing),
+            // A prefix longer than the head kept is neither outboxd's nor the guard's.
+            Truncated::Message { .. } => match message.kind.as_message() {
+                Some(m) => self.on_emitted(m, Some(message.len), now),
+                None => Ok(After::Nothing),
+            },
+        }
+    }
+
+    /// The table and transaction of an insert into `rel_id` when it is an outbox row;
+    /// `None` (counted) for an ignored relation.
+    fn outbox_insert(
+        &mut self,
+        rel_id: u32,
+    ) -> Result<Option<(Arc<BoundTable>, CommitContext)>, SessionError> {
+        let table = match self.relations.get_mut(&rel_id) {
             Some(Role::Outbox(t)) => Arc::clone(t),
             Some(Role::Ignored { unreported, .. }) => {
                 *unreported = unreported.saturating_add(1);
-                return Ok(());
+                return Ok(None);
             }
             None => {
                 return Err(SessionError::Protocol(format!(
-                    "insert into relation {} before its Relation message",
-                    ins.rel_id
+                    "insert into relation {rel_id} before its Relation message"
                 )))
             }
         };
         let ctx = self
             .txn
             .ok_or_else(|| SessionError::Protocol("insert outside a transaction".into()))?;
-        // Every outbox row is published: as its record or as a dead letter.
-        let identity = table.row_identity(&ins.new_tuple);
+        Ok(Some((table, ctx)))
+    }
+
+    /// The replay's word on the next published row: `None` if Kafka has it (skipped).
+    fn next_row(
+        &mut self,
+        identity: u64,
+        skipped: Skipped<'_>,
+    ) -> Result<Option<Option<RowId>>, SessionError> {
         let next = self.replay.next_row(identity);
         self.report_doubts();
-        let row = match next.map_err(SessionError::PartialReplay)? {
-            NextRow::Publish(row) => row,
+        match next.map_err(SessionError::PartialReplay)? {
+            NextRow::Publish(row) => Ok(Some(row)),
             NextRow::InKafka => {
-                self.obs.skipped(Skipped::Row(&ins.new_tuple));
-                return Ok(());
+                self.obs.skipped(skipped);
+                Ok(None)
             }
+        }
+    }
+
+    fn on_insert(&mut self, ins: Insert) -> Result<(), SessionError> {
+        let Some((table, ctx)) = self.outbox_insert(ins.rel_id)? else {
+            return Ok(());
+        };
+        // Every outbox row is published: as its record or as a dead letter.
+        let identity = table.row_identity(&ins.new_tuple);
+        let Some(row) = self.next_row(identity, Skipped::Row(&ins.new_tuple))? else {
+            return Ok(());
         };
         let max = self.cfg.max_message_bytes;
         let mapped = table
@@ -446,7 +515,14 @@ impl<O: Observe> SessionCore<O> {
         }
     }
 
-    fn on_emitted(&mut self, m: Message, now: PgTimestamp) -> Result<After, SessionError> {
+    /// `whole_len`: the message was read through for its size, this long, and `m` has
+    /// no content.
+    fn on_emitted(
+        &mut self,
+        m: Message,
+        whole_len: Option<usize>,
+        now: PgTimestamp,
+    ) -> Result<After, SessionError> {
         if m.prefix == PUBLICATION_GUARD_PREFIX && m.is_transactional() {
             let commit = self.txn.map(|t| (t.commit_lsn, t.commit_time));
             return Ok(After::LookAtPublication { commit });
@@ -466,23 +542,25 @@ impl<O: Observe> SessionCore<O> {
             None => CommitContext::non_transactional(&m, now),
         };
         let max = self.cfg.max_message_bytes;
-        let mapped = mapper
-            .map_message(&m, &ctx)
-            .and_then(|r| r.map(|r| check_size(&r, max).map(|()| r)).transpose());
+        let mapped = match whole_len {
+            // The prefix is ours: published whole, it would be a record or a dead letter.
+            Some(len) => Err(oversize_row_error(
+                &format!("the message with prefix {:?} at {}", m.prefix, m.lsn),
+                len,
+                max,
+            )),
+            None => mapper
+                .map_message(&m, &ctx)
+                .and_then(|r| r.map(|r| check_size(&r, max).map(|()| r)).transpose()),
+        };
         // Only what is published (a record or a dead letter) is a row of the transaction.
         let Some(mapped) = mapped.transpose() else {
             return Ok(After::Nothing);
         };
         // Its position is where it is in the WAL: the same on every replay.
         let identity = row_identity(b'm', &m.lsn.0.to_be_bytes());
-        let next = self.replay.next_row(identity);
-        self.report_doubts();
-        let row = match next.map_err(SessionError::PartialReplay)? {
-            NextRow::Publish(row) => row,
-            NextRow::InKafka => {
-                self.obs.skipped(Skipped::Message(&m));
-                return Ok(After::Nothing);
-            }
+        let Some(row) = self.next_row(identity, Skipped::Message(&m))? else {
+            return Ok(After::Nothing);
         };
         if own_txn {
             self.ledger.begin()?;
@@ -497,7 +575,11 @@ impl<O: Observe> SessionCore<O> {
                 self.produce(record, origin, ctx, row, own_txn)?;
             }
             Err(error) => {
-                let dlq = dead_letter_message(&m, &error, &ctx, &self.cfg.dead_letter_topic, max);
+                let topic = &self.cfg.dead_letter_topic;
+                let dlq = match whole_len {
+                    Some(_) => dead_letter_message_head(&m, &error, &ctx, topic, max),
+                    None => dead_letter_message(&m, &error, &ctx, topic, max),
+                };
                 self.bad_row(error, dlq, ctx, row, own_txn)?;
             }
         }

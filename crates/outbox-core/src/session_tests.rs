@@ -358,3 +358,180 @@ fn a_dead_letter_refused_as_too_large_stops_before_its_row() {
     c.on_keepalive(Lsn(900)).expect("keepalive");
     assert_eq!(c.advance(), None, "never past the row that went nowhere");
 }
+
+fn truncated(len: usize, kind: Truncated) -> TruncatedMessage {
+    TruncatedMessage { len, kind }
+}
+
+fn truncated_insert(rel_id: u32, leading: usize) -> TruncatedMessage {
+    let mut tuple = row(Some("a"));
+    tuple.columns.truncate(leading);
+    truncated(
+        300 << 20,
+        Truncated::Insert {
+            xid: None,
+            rel_id,
+            column_count: 5,
+            leading: tuple,
+        },
+    )
+}
+
+fn truncated_message(prefix: Option<&str>, transactional: bool) -> TruncatedMessage {
+    truncated(
+        300 << 20,
+        Truncated::Message {
+            xid: None,
+            flags: u8::from(transactional),
+            lsn: Lsn(210),
+            prefix: prefix.map(str::to_owned),
+            content_len: prefix.map(|_| 300 << 20),
+        },
+    )
+}
+
+fn feed_truncated(c: &mut SessionCore<Seen>, m: TruncatedMessage) {
+    assert_eq!(c.on_truncated(m, NOW).expect("truncated"), After::Nothing);
+}
+
+#[test]
+fn an_outbox_row_read_through_for_its_size_is_dead_lettered_with_its_leading_columns() {
+    let mut c = with_outbox(BadRowPolicy::DeadLetter);
+    feed(&mut c, begin(200));
+    feed(&mut c, insert(1, row(Some("a"))));
+    feed_truncated(&mut c, truncated_insert(1, 4));
+    feed(&mut c, insert(1, row(Some("b"))));
+    feed(&mut c, commit(200, 224));
+    let sent = send_all(&mut c);
+    assert_eq!(
+        sent.len(),
+        3,
+        "every row: published, dead-lettered, published"
+    );
+    let dead = &sent[1].1;
+    assert_eq!(&*dead.topic, "dlq");
+    assert_eq!(c.observer().dead, vec![RowErrorKind::Oversize]);
+    assert_eq!(
+        dead.key.as_deref(),
+        Some(&b"a"[..]),
+        "the aggregate id was kept"
+    );
+    assert_eq!(
+        dead.header("id").map(|v| &v[..]),
+        Some(&b"0b7e6a52-9d4f-4c1e-8f6a-1b2c3d4e5f60"[..])
+    );
+    assert_eq!(
+        dead.header(crate::header::OMITTED_COLUMNS).map(|v| &v[..]),
+        Some(&b"payload"[..]),
+        "the column not read is listed, not shown as null"
+    );
+    let error = dead.header(crate::header::ERROR).expect("error header");
+    let error = std::str::from_utf8(error).expect("utf-8");
+    assert!(error.contains("314572800 bytes"), "{error}");
+    assert!(error.contains("OUTBOXD_MAX_MESSAGE_BYTES"), "{error}");
+    assert_eq!(&*sent[2].1.topic, &*sent[0].1.topic);
+    for (ticket, _) in &sent {
+        c.on_delivery(*ticket, true).expect("ack");
+    }
+    assert_eq!(
+        c.advance(),
+        Some(Lsn(224)),
+        "the slot moves past it once dealt with"
+    );
+}
+
+#[test]
+fn an_outbox_row_read_through_for_its_size_stops_under_stop_naming_it() {
+    let mut c = with_outbox(BadRowPolicy::Stop);
+    feed(&mut c, begin(200));
+    match c.on_truncated(truncated_insert(1, 1), NOW) {
+        Err(SessionError::BadRow { error, commit_lsn }) => {
+            assert_eq!(commit_lsn, Lsn(200));
+            assert_eq!(error.kind(), RowErrorKind::Oversize);
+            assert_eq!(
+                error.event_id(),
+                Some("0b7e6a52-9d4f-4c1e-8f6a-1b2c3d4e5f60")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Without even its id: still refused, never passed over.
+    let mut c = with_outbox(BadRowPolicy::Stop);
+    feed(&mut c, begin(200));
+    assert!(matches!(
+        c.on_truncated(truncated_insert(1, 0), NOW),
+        Err(SessionError::BadRow { .. })
+    ));
+}
+
+#[test]
+fn what_would_be_ignored_whole_is_ignored_read_through() {
+    let mut c = with_outbox(BadRowPolicy::Stop);
+    c.on_relation(
+        &relation(2, "other", vec![col("x", pgtype::TEXT)]),
+        Some(false),
+    )
+    .expect("relation");
+    feed(&mut c, begin(200));
+    feed_truncated(&mut c, truncated_insert(2, 0));
+    feed_truncated(
+        &mut c,
+        truncated(
+            1 << 30,
+            Truncated::Update {
+                xid: None,
+                rel_id: 1,
+            },
+        ),
+    );
+    feed_truncated(
+        &mut c,
+        truncated(
+            1 << 30,
+            Truncated::Delete {
+                xid: None,
+                rel_id: 1,
+            },
+        ),
+    );
+    feed_truncated(&mut c, truncated_message(Some("other"), true));
+    feed_truncated(&mut c, truncated_message(None, true));
+    feed(&mut c, commit(200, 224));
+    assert!(c.take_send().is_none());
+    assert_eq!(c.advance(), Some(Lsn(224)));
+    let mut ignored = Vec::new();
+    c.take_ignored_rows(|name, n| ignored.push((name.to_owned(), n)));
+    assert_eq!(ignored, vec![("public.other".to_owned(), 1)]);
+}
+
+#[test]
+fn an_emitted_message_of_ours_read_through_is_a_bad_row() {
+    let mut c = with_outbox(BadRowPolicy::DeadLetter);
+    feed(&mut c, begin(200));
+    feed_truncated(&mut c, truncated_message(Some("outbox"), true));
+    feed(&mut c, commit(200, 224));
+    let sent = send_all(&mut c);
+    assert_eq!(sent.len(), 1);
+    let dead = &sent[0].1;
+    assert_eq!(&*dead.topic, "dlq");
+    assert_eq!(dead.value, None);
+    assert_eq!(
+        dead.header(crate::header::OMITTED_COLUMNS).map(|v| &v[..]),
+        Some(&b"content"[..])
+    );
+    assert_eq!(c.observer().dead, vec![RowErrorKind::Oversize]);
+
+    // Non-transactional too (it would be published in a transaction of its own).
+    let mut c = with_outbox(BadRowPolicy::Stop);
+    assert!(matches!(
+        c.on_truncated(truncated_message(Some("outbox"), false), NOW),
+        Err(SessionError::BadRow { .. })
+    ));
+    // The publication guard's, whole or not, is a look at the publication.
+    let mut c = with_outbox(BadRowPolicy::Stop);
+    feed(&mut c, begin(200));
+    assert!(matches!(
+        c.on_truncated(truncated_message(Some(PUBLICATION_GUARD_PREFIX), true), NOW),
+        Ok(After::LookAtPublication { .. })
+    ));
+}

@@ -8,13 +8,47 @@
 
 use bytes::{Bytes, BytesMut};
 use pgoutput::{
-    LogicalMessage, MessageDecoder, ReplicationFrame, StandbyStatusUpdate, StreamState,
+    LogicalMessage, MessageDecoder, ReplicationFrame, StandbyStatusUpdate, StreamState, Truncated,
+    TruncatedMessage,
 };
 
 fn message_in_both_states(data: &Bytes) {
     for state in [StreamState::Outside, StreamState::InsideStream] {
-        if let Ok(msg) = LogicalMessage::decode(data.clone(), state) {
+        let whole = LogicalMessage::decode(data.clone(), state).ok();
+        if let Some(msg) = &whole {
             assert_eq!(msg.to_bytes(), *data, "{msg:?}");
+        }
+        // Every head of the input decodes without a panic, and a head of a message that
+        // decodes whole agrees with it: nothing read from a head is guessed.
+        for at in 0..data.len() {
+            let Ok(head) = TruncatedMessage::decode(data.slice(..at), data.len(), state) else {
+                continue;
+            };
+            match (&whole, &head.kind) {
+                (
+                    Some(LogicalMessage::Insert(i)),
+                    Truncated::Insert {
+                        rel_id,
+                        leading,
+                        column_count,
+                        ..
+                    },
+                ) => {
+                    assert_eq!(
+                        (*rel_id, *column_count),
+                        (i.rel_id, i.new_tuple.columns.len())
+                    );
+                    assert!(
+                        i.new_tuple.columns.starts_with(&leading.columns),
+                        "{head:?}"
+                    );
+                }
+                (Some(LogicalMessage::Message(m)), Truncated::Message { prefix, lsn, .. }) => {
+                    assert_eq!(*lsn, m.lsn);
+                    assert!(prefix.as_ref().is_none_or(|p| *p == m.prefix), "{head:?}");
+                }
+                _ => {}
+            }
         }
     }
 }

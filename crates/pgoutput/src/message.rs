@@ -299,3 +299,62 @@ pub struct RollbackPrepared {
     pub xid: u32,
     pub gid: String,
 }
+
+/// The start of a pgoutput message too long to be held whole: what could be read from
+/// its first bytes (see [`TruncatedMessage::decode`]). Only row changes and logical
+/// messages can be this long; every other message is small.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TruncatedMessage {
+    /// The whole message's length in bytes, its tag included.
+    pub len: usize,
+    pub kind: Truncated,
+}
+
+/// What a [`TruncatedMessage`] is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Truncated {
+    /// `I`: the row's leading columns that lay wholly inside the bytes kept.
+    Insert {
+        xid: Option<u32>,
+        rel_id: u32,
+        /// How many columns the whole row has.
+        column_count: usize,
+        leading: TupleData,
+    },
+    /// `U`
+    Update { xid: Option<u32>, rel_id: u32 },
+    /// `D`
+    Delete { xid: Option<u32>, rel_id: u32 },
+    /// `M`. `prefix` is `None` when it does not end inside the bytes kept (so it is longer
+    /// than they are); `content_len` likewise.
+    Message {
+        xid: Option<u32>,
+        flags: u8,
+        lsn: Lsn,
+        prefix: Option<String>,
+        content_len: Option<usize>,
+    },
+}
+
+impl Truncated {
+    /// The message with the whole one's fields and an empty content, for
+    /// [`Truncated::Message`] with a known prefix.
+    pub fn as_message(&self) -> Option<Message> {
+        match self {
+            Truncated::Message {
+                xid,
+                flags,
+                lsn,
+                prefix: Some(prefix),
+                ..
+            } => Some(Message {
+                xid: *xid,
+                flags: *flags,
+                lsn: *lsn,
+                prefix: prefix.clone(),
+                content: Bytes::new(),
+            }),
+            _ => None,
+        }
+    }
+}

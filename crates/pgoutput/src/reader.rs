@@ -8,6 +8,7 @@ use bytes::{Buf, Bytes};
 
 use crate::{DecodeError, Lsn, PgTimestamp};
 
+#[derive(Clone)]
 pub(crate) struct Reader {
     buf: Bytes,
 }

@@ -41,6 +41,6 @@ pub use options::StartOptions;
 pub use preflight::SlotState;
 pub use query::{SlotCreated, SystemInfo, FAILOVER_SLOTS_VERSION};
 pub use status_writer::FlushHandle;
-pub use stream::{ReplicationEvent, ReplicationStream, StreamFailure};
+pub use stream::{ReplicationEvent, ReplicationStream, StreamFailure, HEAD_LEN};
 
 pub use pgoutput::{LogicalMessage, Lsn};

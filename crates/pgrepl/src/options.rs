@@ -33,6 +33,11 @@ pub struct StartOptions {
     pub initial_flush: Lsn,
     /// `None`: min(10 s, wal_sender_timeout / 2), read from the server.
     pub status_interval: Option<Duration>,
+    /// The longest CopyData payload held whole. A longer one is read through keeping
+    /// only its first [`crate::HEAD_LEN`] bytes, and comes out as
+    /// [`crate::ReplicationEvent::Oversized`]: one message costs at most this much
+    /// memory, whatever its size. PostgreSQL's own cap (1 GiB) by default.
+    pub frame_limit: usize,
 }
 
 impl StartOptions {
@@ -46,6 +51,7 @@ impl StartOptions {
             binary: false,
             initial_flush: Lsn::ZERO,
             status_interval: None,
+            frame_limit: crate::wire::MAX_MESSAGE_LEN,
         }
     }
 }

@@ -6,8 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Buf;
 use bytes::BytesMut;
-use pgoutput::{LogicalMessage, Lsn, MessageDecoder, PgTimestamp, ReplicationFrame};
+use pgoutput::{
+    LogicalMessage, Lsn, MessageDecoder, PgTimestamp, ReplicationFrame, TruncatedMessage,
+};
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf};
 use tokio::sync::{mpsc, oneshot};
@@ -18,7 +21,12 @@ use crate::error::{ReplError, ServerError};
 use crate::options::{start_replication_sql, status_interval, StartOptions};
 use crate::socket::BoxStream;
 use crate::status_writer::{Command, FlushHandle, Shared, Writer};
-use crate::wire::{self, Backend};
+use crate::wire::{self, Backend, Split};
+
+/// What is kept of a CopyData over [`StartOptions::frame_limit`]: the XLogData header,
+/// the pgoutput message's header and a row's leading columns (its id, aggregate and
+/// event type in the usual column order), or a logical message's prefix.
+pub const HEAD_LEN: usize = 64 * 1024;
 
 /// How long [`ReplicationStream::stop`] waits for the server to end the COPY.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -33,6 +41,14 @@ pub enum ReplicationEvent {
         wal_end: Lsn,
         send_time: PgTimestamp,
         message: LogicalMessage,
+    },
+    /// A pgoutput message longer than [`StartOptions::frame_limit`]: its start only, the
+    /// rest was read and discarded. Positions as for `XLogData`.
+    Oversized {
+        wal_start: Lsn,
+        wal_end: Lsn,
+        send_time: PgTimestamp,
+        message: TruncatedMessage,
     },
     /// A primary keepalive. Replies are sent by the writer; `wal_end` is exposed for idle
     /// advancement (ack it only with no transaction open or unacked).
@@ -96,6 +112,8 @@ impl ReplicationConnection {
             commands,
             writer: Some(writer),
             decoder: MessageDecoder::new(),
+            frame_limit: opts.frame_limit.max(HEAD_LEN),
+            discard: 0,
             slot: opts.slot,
             finished: false,
             behind: false,
@@ -127,6 +145,10 @@ pub struct ReplicationStream {
     commands: mpsc::Sender<Command>,
     writer: Option<JoinHandle<()>>,
     decoder: MessageDecoder,
+    /// See [`StartOptions::frame_limit`].
+    frame_limit: usize,
+    /// Bytes of an oversized CopyData still to read and drop before the next message.
+    discard: usize,
     slot: String,
     finished: bool,
     /// The last Begin committed long ago: a backlog is being read.
@@ -150,7 +172,8 @@ impl ReplicationStream {
     /// Cancel-safe, so it can be one branch of a `select!`: each await (the pacing sleep,
     /// the read into the stream's own buffer, the wait for a writer failure) may be
     /// dropped without losing bytes, and a frame is split off and decoded without
-    /// awaiting, so dropping this future loses nothing.
+    /// awaiting (the tail of an oversized one is dropped by a counter kept in the
+    /// stream, not in this future), so dropping this future loses nothing.
     pub async fn next(&mut self) -> Result<Option<ReplicationEvent>, ReplError> {
         loop {
             if let Some(event) = self.next_buffered()? {
@@ -191,12 +214,59 @@ impl ReplicationStream {
                 source: e,
             });
         }
-        while let Some((tag, body)) = wire::split_message(&mut self.rbuf)? {
-            if let Some(event) = self.handle(tag, body)? {
-                return Ok(Some(event));
+        while let Some(split) = self.split_next()? {
+            let event = match split {
+                Split::Whole(tag, body) => self.handle(tag, body)?,
+                Split::Head { head, len } => Some(self.handle_head(head, len)?),
+            };
+            if event.is_some() {
+                return Ok(event);
             }
         }
         Ok(None)
+    }
+
+    /// The next message (or head of one) in the buffer, after dropping what is left of
+    /// an oversized one. Never awaits, so the stream stays cancel-safe.
+    fn split_next(&mut self) -> Result<Option<Split>, ReplError> {
+        if self.discard > 0 {
+            let n = self.discard.min(self.rbuf.len());
+            self.rbuf.advance(n);
+            self.discard -= n;
+            if self.discard > 0 {
+                return Ok(None);
+            }
+        }
+        let split = wire::split_stream_message(&mut self.rbuf, self.frame_limit, HEAD_LEN)?;
+        if let Some(Split::Head { head, len }) = &split {
+            self.discard = len.saturating_sub(head.len());
+        }
+        Ok(split)
+    }
+
+    /// The head of a CopyData of `len` bytes: an XLogData, as nothing else is that long.
+    fn handle_head(
+        &mut self,
+        head: bytes::Bytes,
+        len: usize,
+    ) -> Result<ReplicationEvent, ReplError> {
+        let kept = head.len();
+        let ReplicationFrame::XLogData(x) = ReplicationFrame::decode(head)? else {
+            return Err(ReplError::Protocol(format!(
+                "a {len}-byte CopyData that is not XLogData on the replication stream"
+            )));
+        };
+        self.shared.note_received(x.wal_end);
+        // The XLogData header is the part of what was kept before the message.
+        let message_len = len.saturating_sub(kept.saturating_sub(x.data.len()));
+        let message = self.decoder.decode_truncated(x.data, message_len)?;
+        tracing::debug!(len, wal_end = %x.wal_end, "read through a message over the frame limit");
+        Ok(ReplicationEvent::Oversized {
+            wal_start: x.wal_start,
+            wal_end: x.wal_end,
+            send_time: x.send_time,
+            message,
+        })
     }
 
     fn handle(
@@ -340,11 +410,13 @@ impl ReplicationStream {
         let drain = async {
             while !self.finished {
                 self.rbuf.reserve(64 * 1024);
-                while let Some((tag, body)) = wire::split_message(&mut self.rbuf)? {
-                    if tag == b'd' {
-                        continue;
+                while let Some(split) = self.split_next()? {
+                    match split {
+                        Split::Whole(b'd', _) | Split::Head { .. } => {}
+                        Split::Whole(tag, body) => {
+                            self.handle(tag, body)?;
+                        }
                     }
-                    self.handle(tag, body)?;
                 }
                 if self.finished {
                     break;

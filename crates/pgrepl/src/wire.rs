@@ -9,7 +9,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use crate::error::{ReplError, ServerError};
 
 /// PostgreSQL refuses messages over 1 GiB; anything larger is a corrupt stream.
-const MAX_MESSAGE_LEN: usize = 1 << 30;
+pub(crate) const MAX_MESSAGE_LEN: usize = 1 << 30;
 
 /// One backend message, bodies kept as shared `Bytes`.
 #[derive(Debug)]
@@ -65,8 +65,18 @@ impl Backend {
     }
 }
 
-/// Splits one complete message off the front of `buf`, or `Ok(None)` if more bytes are needed.
-pub(crate) fn split_message(buf: &mut BytesMut) -> Result<Option<(u8, Bytes)>, ReplError> {
+/// What [`split_stream_message`] split off.
+#[derive(Debug)]
+pub(crate) enum Split {
+    /// A whole message: its tag and body.
+    Whole(u8, Bytes),
+    /// The first bytes of a CopyData body of `len` bytes, over the frame limit; the rest
+    /// is still to be read (and discarded) after them.
+    Head { head: Bytes, len: usize },
+}
+
+/// The tag and body length of the message at the front of `buf`, once its header is in.
+fn header(buf: &BytesMut) -> Result<Option<(u8, usize)>, ReplError> {
     let Some(header) = buf.get(..5) else {
         return Ok(None);
     };
@@ -81,7 +91,40 @@ pub(crate) fn split_message(buf: &mut BytesMut) -> Result<Option<(u8, Bytes)>, R
                 char::from(tag)
             ))
         })?;
-    let total = len + 1;
+    Ok(Some((tag, len - 4)))
+}
+
+/// Like [`split_message`], but a CopyData body longer than `frame_limit` is not waited
+/// for whole: only its first `head_len` bytes are split off, as [`Split::Head`]. The
+/// caller then reads through the rest without keeping it, so one huge message costs
+/// `head_len` bytes of memory, not its size.
+pub(crate) fn split_stream_message(
+    buf: &mut BytesMut,
+    frame_limit: usize,
+    head_len: usize,
+) -> Result<Option<Split>, ReplError> {
+    let Some((tag, len)) = header(buf)? else {
+        return Ok(None);
+    };
+    if tag != b'd' || len <= frame_limit || len <= head_len {
+        return Ok(split_message(buf)?.map(|(tag, body)| Split::Whole(tag, body)));
+    }
+    let total = 5 + head_len;
+    if buf.len() < total {
+        buf.reserve(total - buf.len());
+        return Ok(None);
+    }
+    let mut head = buf.split_to(total).freeze();
+    head.advance(5);
+    Ok(Some(Split::Head { head, len }))
+}
+
+/// Splits one complete message off the front of `buf`, or `Ok(None)` if more bytes are needed.
+pub(crate) fn split_message(buf: &mut BytesMut) -> Result<Option<(u8, Bytes)>, ReplError> {
+    let Some((tag, body_len)) = header(buf)? else {
+        return Ok(None);
+    };
+    let total = body_len + 5;
     if buf.len() < total {
         buf.reserve(total - buf.len());
         return Ok(None);
@@ -272,6 +315,37 @@ mod tests {
         let (tag, body) = split_message(&mut buf).unwrap().unwrap();
         assert_eq!((tag, &body[..]), (b'd', &b"kpayload"[..]));
         assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn splits_only_the_head_of_a_copydata_over_the_limit() {
+        let big = [b'w'; 100];
+        let bytes = [
+            frame(b'd', &big),
+            frame(b'd', b"small"),
+            frame(b'E', &[b'x'; 50]),
+        ]
+        .concat();
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&bytes[..10]);
+        assert!(split_stream_message(&mut buf, 40, 8).unwrap().is_none());
+        buf.extend_from_slice(&bytes[10..20]);
+        let Some(Split::Head { head, len }) = split_stream_message(&mut buf, 40, 8).unwrap() else {
+            panic!("not a head");
+        };
+        assert_eq!((&head[..], len), (&big[..8], 100));
+        // The rest of the body is left for the caller to discard.
+        assert_eq!(buf.len(), 20 - 5 - 8);
+        let mut buf = BytesMut::from(&bytes[105..]);
+        let Some(Split::Whole(b'd', body)) = split_stream_message(&mut buf, 40, 8).unwrap() else {
+            panic!("not whole");
+        };
+        assert_eq!(&body[..], b"small");
+        // Only CopyData is cut: anything else over the limit is taken whole.
+        let Some(Split::Whole(b'E', body)) = split_stream_message(&mut buf, 40, 8).unwrap() else {
+            panic!("not whole");
+        };
+        assert_eq!(body.len(), 50);
     }
 
     #[test]

@@ -85,6 +85,100 @@ impl LogicalMessage {
     }
 }
 
+impl TruncatedMessage {
+    /// Decodes what `head`, the first bytes of a pgoutput message `len` bytes long, says
+    /// of it: its kind and relation, an Insert's leading columns that end inside `head`, a
+    /// logical message's flags, LSN and prefix. Anything cut off is left out, never
+    /// guessed; a message of another kind is an error, since PostgreSQL never sends one
+    /// this long.
+    pub fn decode(
+        head: Bytes,
+        len: usize,
+        stream: StreamState,
+    ) -> Result<TruncatedMessage, DecodeError> {
+        if head.len() >= len {
+            return Err(DecodeError::InvalidLength {
+                what: "truncated pgoutput message (as long as the whole)",
+                length: i64::try_from(len).unwrap_or(i64::MAX),
+            });
+        }
+        let mut r = Reader::new(head);
+        let kind = match r.get_u8("pgoutput message tag")? {
+            tags::INSERT => {
+                let xid = stream_xid(&mut r, stream, "Insert xid")?;
+                let rel_id = r.get_u32("Insert rel_id")?;
+                match r.get_u8("Insert tuple marker")? {
+                    b'N' => {}
+                    tag => {
+                        return Err(DecodeError::UnknownTag {
+                            what: "Insert tuple marker",
+                            tag,
+                        })
+                    }
+                }
+                let column_count = r.get_count_i16("TupleData column count")?;
+                let mut columns = Vec::new();
+                while columns.len() < column_count {
+                    // A value cut off by the end of `head` ends the leading columns.
+                    let mut attempt = r.clone();
+                    match tuple_value(&mut attempt) {
+                        Ok(v) => {
+                            columns.push(v);
+                            r = attempt;
+                        }
+                        Err(DecodeError::Truncated { .. }) => break,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Truncated::Insert {
+                    xid,
+                    rel_id,
+                    column_count,
+                    leading: TupleData { columns },
+                }
+            }
+            tags::UPDATE => Truncated::Update {
+                xid: stream_xid(&mut r, stream, "Update xid")?,
+                rel_id: r.get_u32("Update rel_id")?,
+            },
+            tags::DELETE => Truncated::Delete {
+                xid: stream_xid(&mut r, stream, "Delete xid")?,
+                rel_id: r.get_u32("Delete rel_id")?,
+            },
+            tags::MESSAGE => {
+                let xid = stream_xid(&mut r, stream, "Message xid")?;
+                let flags = r.get_u8("Message flags")?;
+                let lsn = r.get_lsn("Message lsn")?;
+                let prefix = match r.get_cstr("Message prefix") {
+                    Ok(p) => Some(p),
+                    Err(DecodeError::UnterminatedString { .. }) => None,
+                    Err(e) => return Err(e),
+                };
+                let content_len = match prefix {
+                    Some(_) if r.remaining() >= 4 => {
+                        Some(r.get_count_i32("Message content length")?)
+                    }
+                    _ => None,
+                };
+                Truncated::Message {
+                    xid,
+                    flags,
+                    lsn,
+                    prefix,
+                    content_len,
+                }
+            }
+            tag => {
+                return Err(DecodeError::UnknownTag {
+                    what: "pgoutput message too long to hold whole (only row changes and logical messages can be)",
+                    tag,
+                })
+            }
+        };
+        Ok(TruncatedMessage { len, kind })
+    }
+}
+
 /// Tracks Stream Start / Stream Stop so each message is decoded with the right
 /// [`StreamState`]; feed it every pgoutput message of one replication connection, in order.
 #[derive(Debug, Clone, Default)]
@@ -113,6 +207,16 @@ impl MessageDecoder {
             _ => {}
         }
         Ok(msg)
+    }
+
+    /// Decodes the start of a message too long to hold whole (see
+    /// [`TruncatedMessage::decode`]); such a message never changes the stream state.
+    pub fn decode_truncated(
+        &self,
+        head: Bytes,
+        len: usize,
+    ) -> Result<TruncatedMessage, DecodeError> {
+        TruncatedMessage::decode(head, len, self.stream)
     }
 }
 
@@ -203,27 +307,30 @@ fn tuple_data(r: &mut Reader) -> Result<TupleData, DecodeError> {
     let count = r.get_count_i16("TupleData column count")?;
     let mut columns = Vec::with_capacity(r.capacity_for(count, MIN_TUPLE_VALUE_LEN));
     for _ in 0..count {
-        let value = match r.get_u8("TupleData column kind")? {
-            b'n' => TupleValue::Null,
-            b'u' => TupleValue::UnchangedToast,
-            b't' => {
-                let len = r.get_count_i32("TupleData text length")?;
-                TupleValue::Text(r.get_bytes(len, "TupleData text value")?)
-            }
-            b'b' => {
-                let len = r.get_count_i32("TupleData binary length")?;
-                TupleValue::Binary(r.get_bytes(len, "TupleData binary value")?)
-            }
-            tag => {
-                return Err(DecodeError::UnknownTag {
-                    what: "TupleData column kind",
-                    tag,
-                })
-            }
-        };
-        columns.push(value);
+        columns.push(tuple_value(r)?);
     }
     Ok(TupleData { columns })
+}
+
+fn tuple_value(r: &mut Reader) -> Result<TupleValue, DecodeError> {
+    Ok(match r.get_u8("TupleData column kind")? {
+        b'n' => TupleValue::Null,
+        b'u' => TupleValue::UnchangedToast,
+        b't' => {
+            let len = r.get_count_i32("TupleData text length")?;
+            TupleValue::Text(r.get_bytes(len, "TupleData text value")?)
+        }
+        b'b' => {
+            let len = r.get_count_i32("TupleData binary length")?;
+            TupleValue::Binary(r.get_bytes(len, "TupleData binary value")?)
+        }
+        tag => {
+            return Err(DecodeError::UnknownTag {
+                what: "TupleData column kind",
+                tag,
+            })
+        }
+    })
 }
 
 fn insert(r: &mut Reader, stream: StreamState) -> Result<Insert, DecodeError> {

@@ -718,6 +718,9 @@ async fn run_session(
         // server ignores a flush of 0/0 until the real position is known below.
         initial_flush: pgoutput::Lsn::ZERO,
         status_interval: cfg.status_interval,
+        // A longer message is read through, not held: one message's size never sets
+        // the memory used.
+        frame_limit: outbox_core::frame_limit(cfg.max_message_bytes),
     };
     let mut stream = conn.start_replication(options).await?;
     obs.pgoutput_binary(binary.is_some());

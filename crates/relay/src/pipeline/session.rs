@@ -474,16 +474,27 @@ impl<'a> Session<'a> {
                     }
                     other => self.core.on_message(other, PgTimestamp::now()),
                 };
-                match after.map_err(|e| lift(e, &self.cfg.slot))? {
-                    After::Nothing => {}
-                    After::LookAtPublication { commit } => {
-                        self.send_queued().await?;
-                        self.on_publication_guard(commit).await?;
-                    }
-                }
+                self.after(after).await?;
+            }
+            ReplicationEvent::Oversized {
+                wal_end, message, ..
+            } => {
+                self.obs.received(wal_end);
+                let after = self.core.on_truncated(message, PgTimestamp::now());
+                self.after(after).await?;
             }
         }
         self.send_queued().await
+    }
+
+    async fn after(&mut self, after: Result<After, SessionError>) -> Result<(), RelayError> {
+        match after.map_err(|e| lift(e, &self.cfg.slot))? {
+            After::Nothing => Ok(()),
+            After::LookAtPublication { commit } => {
+                self.send_queued().await?;
+                self.on_publication_guard(commit).await
+            }
+        }
     }
 
     /// Hands the records the rules queued to the producer, answering each.
