@@ -102,6 +102,25 @@ impl Broker {
         .await;
     }
 
+    /// Every topic the brokers list (one metadata request for all topics, which creates
+    /// none), to see what a command left behind.
+    pub fn topic_names(&self) -> std::collections::BTreeSet<String> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .set("allow.auto.create.topics", "false")
+            .create()
+            .expect("metadata consumer");
+        let md = consumer
+            .fetch_metadata(None, std::time::Duration::from_secs(10))
+            .expect("topic metadata");
+        md.topics()
+            .iter()
+            .filter(|t| t.error().is_none())
+            .map(|t| t.name().to_owned())
+            .collect()
+    }
+
     /// Creates topics (replicated to every node of an own three-node cluster).
     pub async fn create_topics(&self, topics: &[&str], partitions: i32) {
         self.0
