@@ -5,9 +5,9 @@ use std::collections::BTreeSet;
 use outbox_core::{BoundTable, EventFields, TableSpec, TopicField};
 use outboxd_relay::kafka::{build_producer, ProgressStore, RelayProducer};
 use outboxd_relay::pipeline::{
-    compare_publication, BadRowPolicy, judge_missing_slot, judge_publication, judge_server, judge_slot,
+    compare_publication, judge_missing_slot, judge_publication, judge_server, judge_slot,
     judge_unrecorded_publication, look_at_publication, outbox_rows, refuse_other_cluster,
-    verify_shard_layout, Consent, History, MIN_SERVER_VERSION_NUM,
+    verify_shard_layout, BadRowPolicy, Consent, History, MIN_SERVER_VERSION_NUM,
 };
 use pgoutput::{Column, Relation, ReplicaIdentity};
 use pgrepl::{
@@ -773,7 +773,12 @@ impl Placeholders {
                 (f, column.clone())
             })
             .collect();
-        let columns = spec.topic.columns().into_iter().map(str::to_owned).collect();
+        let columns = spec
+            .topic
+            .columns()
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
         Placeholders { fields, columns }
     }
 
@@ -851,13 +856,16 @@ async fn check_kafka(r: &mut Report, s: &Settings, event_topics: &BTreeSet<Strin
         );
     } else if !missing.is_empty() {
         let names = list(missing.iter(), 20);
-        let absent = format!("{names} not in the brokers' metadata (missing, or this principal may not Describe it)");
+        let absent = format!(
+            "missing from the brokers' metadata (they do not exist, or this principal may not Describe them): {names}"
+        );
         match creates.verdict().await {
             Ok(true) => r.warn("event topics", format!("{absent}; the brokers create topics on first use (auto.create.topics.enable=true), so the relay's first write creates each with the brokers' defaults (num.partitions, default.replication.factor): create them yourself to choose")),
             creates_or_not => r.fail(
                 "event topics",
                 format!(
-                    "{absent}: the relay stops (exit 5) at the first event for a missing topic. Fix: create it with the partitions and replication you want (kafka-topics.sh --create --topic <name> --partitions <n> --replication-factor <r>), and let outboxd's principal Write it{}",
+                    "{absent}: the relay stops (exit 5) at the first event for a missing topic. Fix: create each with the partitions and replication you want (kafka-topics.sh --create --topic {} --partitions <n> --replication-factor <r>), and let outboxd's principal Write it{}",
+                    missing[0],
                     unknown_auto_create(creates_or_not)
                 ),
             ),
@@ -916,12 +924,17 @@ impl AutoCreate<'_> {
 fn unknown_auto_create(verdict: Result<bool, String>) -> String {
     match verdict {
         Ok(_) => String::new(),
-        Err(e) => format!(" (whether the brokers create topics on first use could not be read: {e})"),
+        Err(e) => {
+            format!(" (whether the brokers create topics on first use could not be read: {e})")
+        }
     }
 }
 
 /// Up to `max` names, comma-separated, and how many more.
-fn list<'a>(names: impl ExactSizeIterator<Item = &'a (impl std::fmt::Display + 'a)>, max: usize) -> String {
+fn list<'a>(
+    names: impl ExactSizeIterator<Item = &'a (impl std::fmt::Display + 'a)>,
+    max: usize,
+) -> String {
     let total = names.len();
     let shown: Vec<String> = names.take(max).map(ToString::to_string).collect();
     if total > max {

@@ -40,6 +40,15 @@ impl Broker {
         )
     }
 
+    /// [`Broker::kafka`] with brokers that create a topic when a client first asks for it
+    /// (`auto.create.topics.enable=true`): to show a command creates none.
+    pub fn kafka_auto_creating(nodes: usize) -> Broker {
+        Broker(
+            outboxd_test_broker::Broker::kafka_auto_creating(nodes)
+                .unwrap_or_else(|e| panic!("starting an auto-creating {nodes}-node Kafka: {e}")),
+        )
+    }
+
     pub fn mock() -> Broker {
         Broker(outboxd_test_broker::Broker::mock(3).expect("librdkafka mock cluster"))
     }
