@@ -1044,7 +1044,53 @@ fn conninfo_has_dbname(info: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::conninfo_has_dbname;
+    use super::{conninfo_has_dbname, list, Placeholders};
+    use outbox_core::{OutboxColumns, TableSpec, TopicTemplate};
+    use std::sync::Arc;
+
+    fn spec(template: &str) -> TableSpec {
+        TableSpec {
+            columns: OutboxColumns {
+                aggregate_type: "kind".to_owned(),
+                ..OutboxColumns::default()
+            },
+            topic: Arc::new(TopicTemplate::parse(template).unwrap()),
+            ..TableSpec::default()
+        }
+    }
+
+    #[test]
+    fn placeholders_read_the_configured_columns_and_render_as_the_relay() {
+        let spec = spec("outbox.{tenant}.{aggregate_type}");
+        let p = Placeholders::of(&spec);
+        // The logical field by its configured column, then the template's own columns.
+        assert_eq!(p.columns(), vec!["kind", "tenant"]);
+        let row = |kind: Option<&str>, tenant: Option<&str>| {
+            vec![kind.map(str::to_owned), tenant.map(str::to_owned)]
+        };
+        let rendered = p.render(&spec, &row(Some("Order"), Some("acme")));
+        assert_eq!(rendered.unwrap().unwrap(), "outbox.acme.Order");
+        // A NULL column placeholder or an invalid name: the relay's row error.
+        let e = p
+            .render(&spec, &row(Some("Order"), None))
+            .unwrap()
+            .unwrap_err();
+        assert!(e.to_string().contains("\"tenant\""), "{e}");
+        let e = p
+            .render(&spec, &row(Some("Order Lines"), Some("acme")))
+            .unwrap()
+            .unwrap_err();
+        assert!(e.to_string().contains("not a valid Kafka topic"), "{e}");
+        // A NULL logical field: refused before the topic is rendered.
+        assert!(p.render(&spec, &row(None, Some("acme"))).is_none());
+    }
+
+    #[test]
+    fn long_lists_are_cut() {
+        let names: Vec<String> = (0..5).map(|i| format!("t{i}")).collect();
+        assert_eq!(list(names.iter(), 10), "t0, t1, t2, t3, t4");
+        assert_eq!(list(names.iter(), 2), "t0, t1 and 3 more");
+    }
 
     #[test]
     fn dbname_in_conninfo() {
