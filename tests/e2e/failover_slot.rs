@@ -50,6 +50,10 @@ async fn init_creates_a_failover_slot_when_the_server_has_them() {
     let outbox = without_slot(&db).await;
     let client = db.client().await;
     let broker = Broker::default_for_tests();
+    // check fails without the dead-letter topic the relay would need.
+    broker
+        .create_topics(&[&outbox.dead_letter_topic()], 1)
+        .await;
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["init"]);
     assert_eq!(code, 0, "{out}");

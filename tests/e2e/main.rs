@@ -14,6 +14,7 @@ mod big_transaction;
 mod binary_mode;
 mod bounded_memory;
 mod catch_up;
+mod check_topics;
 mod compose_env;
 mod crash;
 mod dead_connection;

@@ -86,6 +86,10 @@ async fn wal_retention_is_reported() {
     let db = shared.fresh_database("parity_keep_default").await;
     let outbox = schema::setup(&db).await;
     let broker = Broker::default_for_tests();
+    // check fails without the dead-letter topic the relay would need.
+    broker
+        .create_topics(&[&outbox.dead_letter_topic()], 1)
+        .await;
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["check"]);
     assert_eq!(code, 0, "a warning does not fail the check:\n{out}");
@@ -109,6 +113,9 @@ async fn wal_retention_is_reported() {
     .expect("cluster");
     let db = cluster.fresh_database("parity_keep_cap").await;
     let outbox = schema::setup(&db).await;
+    broker
+        .create_topics(&[&outbox.dead_letter_topic()], 1)
+        .await;
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["check"]);
     assert_eq!(code, 0, "{out}");
@@ -144,6 +151,10 @@ async fn replication_right_is_decided_by_a_real_replication_connection() {
         .await
         .expect("roles");
     let broker = Broker::default_for_tests();
+    // check fails without the dead-letter topic the relay would need.
+    broker
+        .create_topics(&[&outbox.dead_letter_topic()], 1)
+        .await;
     let base = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let as_role = |role: &str| {
         let mut env = base.clone();

@@ -29,6 +29,10 @@ async fn check_passes_on_a_good_setup() {
     let db = PgCluster::shared().fresh_database("ops_check_ok").await;
     let outbox = schema::setup(&db).await;
     let broker = Broker::default_for_tests();
+    // check fails without the dead-letter topic the relay would need.
+    broker
+        .create_topics(&[&outbox.dead_letter_topic()], 1)
+        .await;
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["check"]);
     assert_eq!(code, 0, "{out}");
@@ -72,7 +76,12 @@ async fn check_reports_wrong_table_and_missing_publication() {
         .await
         .expect("table");
     let broker = Broker::default_for_tests();
-    let env = Relay::env_for(&db, &names(&db), &broker.bootstrap(), &[]);
+    let outbox = names(&db);
+    // check fails without the dead-letter topic the relay would need.
+    broker
+        .create_topics(&[&outbox.dead_letter_topic()], 1)
+        .await;
+    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["check"]);
     assert_eq!(code, 6, "{out}");
     let table = fail_line(&out, "outbox table");
@@ -141,6 +150,10 @@ async fn check_reports_wal_level() {
 async fn init_creates_everything_and_is_idempotent() {
     let db = PgCluster::shared().fresh_database("ops_init").await;
     let broker = Broker::default_for_tests();
+    // check fails without the dead-letter topic the relay would need.
+    broker
+        .create_topics(&[&names(&db).dead_letter_topic()], 1)
+        .await;
     let env = Relay::env_for(&db, &names(&db), &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["init"]);
     assert_eq!(code, 0, "{out}");

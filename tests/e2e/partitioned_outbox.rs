@@ -190,6 +190,10 @@ async fn init_publishes_via_the_partition_root() {
         .expect("partitioned table");
     let outbox = Outbox::for_db(&db);
     let broker = Broker::default_for_tests();
+    // check fails without the dead-letter topic the relay would need.
+    broker
+        .create_topics(&[&outbox.dead_letter_topic()], 1)
+        .await;
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let (code, out) = run_to_end(&env, &["init"]);
     assert_eq!(code, 0, "{out}");

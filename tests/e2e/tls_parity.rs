@@ -414,6 +414,10 @@ async fn tls_modes_and_certificates_against_psql() {
     // PGREQUIREAUTH=scram-sha-256 draws neither.
     serve(&cluster, "good").await;
     let broker = support::broker::Broker::default_for_tests();
+    // check fails without the dead-letter topic the relay would need.
+    broker
+        .create_topics(&[&outbox.dead_letter_topic()], 1)
+        .await;
     let check = |mode: &str, require_auth: Option<&str>| {
         let mut env = vec![
             ("HOME".to_owned(), home.display().to_string()),
@@ -427,6 +431,10 @@ async fn tls_modes_and_certificates_against_psql() {
             ("OUTBOXD_SLOT".into(), outbox.slot.clone()),
             ("OUTBOXD_PUBLICATION".into(), outbox.publication.clone()),
             ("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS".into(), broker.bootstrap()),
+            (
+                "OUTBOXD_DEAD_LETTER_TOPIC".into(),
+                outbox.dead_letter_topic(),
+            ),
         ];
         if let Some(r) = require_auth {
             env.push(("PGREQUIREAUTH".into(), r.to_owned()));

@@ -40,6 +40,15 @@ impl Broker {
         )
     }
 
+    /// [`Broker::kafka`] with brokers that create a topic when a client first asks for it
+    /// (`auto.create.topics.enable=true`): to show a command creates none.
+    pub fn kafka_auto_creating(nodes: usize) -> Broker {
+        Broker(
+            outboxd_test_broker::Broker::kafka_auto_creating(nodes)
+                .unwrap_or_else(|e| panic!("starting an auto-creating {nodes}-node Kafka: {e}")),
+        )
+    }
+
     pub fn mock() -> Broker {
         Broker(outboxd_test_broker::Broker::mock(3).expect("librdkafka mock cluster"))
     }
@@ -100,6 +109,25 @@ impl Broker {
             &[("cleanup.policy", "compact")],
         )
         .await;
+    }
+
+    /// Every topic the brokers list (one metadata request for all topics, which creates
+    /// none), to see what a command left behind.
+    pub fn topic_names(&self) -> std::collections::BTreeSet<String> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .set("allow.auto.create.topics", "false")
+            .create()
+            .expect("metadata consumer");
+        let md = consumer
+            .fetch_metadata(None, std::time::Duration::from_secs(10))
+            .expect("topic metadata");
+        md.topics()
+            .iter()
+            .filter(|t| t.error().is_none())
+            .map(|t| t.name().to_owned())
+            .collect()
     }
 
     /// Creates topics (replicated to every node of an own three-node cluster).

@@ -606,6 +606,52 @@ pub async fn table_rows(
     })
 }
 
+/// The distinct combinations of `columns`' text values (as pgoutput's text format sends
+/// them; NULL as `None`) among the rows of `schema.table` and its partitions, at most
+/// `limit` of them, and whether there were more. For `check`, which renders the topic
+/// template over them. A statement timeout of `timeout_ms` bounds the scan, which
+/// distinct values over a large table cost.
+pub async fn distinct_values(
+    client: &Client,
+    schema: &str,
+    table: &str,
+    columns: &[&str],
+    limit: usize,
+    timeout_ms: u32,
+) -> Result<(Vec<Vec<Option<String>>>, bool), ReplError> {
+    use tokio_postgres::SimpleQueryMessage;
+    let name = format!(
+        "{}.{}",
+        crate::query::quote_ident(schema),
+        crate::query::quote_ident(table)
+    );
+    let list: Vec<String> = columns
+        .iter()
+        .map(|c| format!("{}::pg_catalog.text", crate::query::quote_ident(c)))
+        .collect();
+    // One query string, so SET LOCAL lasts exactly as long as the scan: the session's
+    // own settings are left as they were. Identifiers quoted above.
+    let text = format!(
+        "SET LOCAL statement_timeout = {timeout_ms}; \
+         SELECT DISTINCT {} FROM {name} LIMIT {}",
+        list.join(", "),
+        limit.saturating_add(1)
+    );
+    let mut rows = Vec::new();
+    for message in client.simple_query(&text).await? {
+        if let SimpleQueryMessage::Row(row) = message {
+            rows.push(
+                (0..columns.len())
+                    .map(|i| row.try_get(i).map(|v| v.map(str::to_owned)))
+                    .collect::<Result<Vec<_>, _>>()?,
+            );
+        }
+    }
+    let cut = rows.len() > limit;
+    rows.truncate(limit);
+    Ok((rows, cut))
+}
+
 /// How a publication covers the outbox table, from `pg_publication` and
 /// `pg_publication_tables`: what decides whether the table's inserts reach the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]

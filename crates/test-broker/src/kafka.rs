@@ -205,6 +205,13 @@ impl KafkaCluster {
     /// (min ISR 2 with three), so transactions work on one node and survive one lost
     /// node of three; topics are never created automatically.
     pub fn start(nodes: usize) -> Result<KafkaCluster> {
+        Self::start_with(nodes, "")
+    }
+
+    /// [`KafkaCluster::start`] with `extra` lines of server.properties, which override
+    /// the defaults (e.g. `auto.create.topics.enable=true`, a broker like a
+    /// development one).
+    pub fn start_with(nodes: usize, extra: &str) -> Result<KafkaCluster> {
         let libs = find_libs()?;
         if !java_runs() {
             return Err(Error::NoJava);
@@ -262,6 +269,7 @@ num.network.threads=2
 num.io.threads=4
 num.recovery.threads.per.data.dir=1
 log.cleaner.threads=1
+{extra}
 ",
                 data = dir.join("data").display(),
             );

@@ -114,6 +114,18 @@ impl Broker {
         })
     }
 
+    /// [`Broker::kafka`] whose brokers create a topic when a client first asks for it
+    /// (`auto.create.topics.enable=true`), as development brokers do.
+    pub fn kafka_auto_creating(nodes: usize) -> Result<Broker> {
+        Ok(Broker::Kafka {
+            cluster: Arc::new(kafka::KafkaCluster::start_with(
+                nodes,
+                "auto.create.topics.enable=true",
+            )?),
+            owned: true,
+        })
+    }
+
     /// The process's shared single-node Apache Kafka (started on first use).
     pub fn shared_kafka() -> Result<Broker> {
         Ok(Broker::Kafka {

@@ -1,11 +1,12 @@
 //! The relay's one producer: built from settings, sends borrowed records with a ticket,
 //! and reports each ticket exactly once through the delivery sink.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, PurgeConfig};
@@ -75,6 +76,9 @@ pub struct BrokerInfo {
     pub answered_by: String,
     pub brokers: Vec<BrokerAddress>,
     pub topic_count: usize,
+    /// The topics the brokers listed without an error: those that exist and that this
+    /// principal may Describe.
+    pub topics: BTreeSet<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -277,7 +281,8 @@ impl RelayProducer {
     }
 
     /// Fetches cluster metadata, proving the brokers are reachable with these settings.
-    /// Blocks up to `timeout`.
+    /// Blocks up to `timeout`. One request for all topics: asking for a named topic is
+    /// what makes a broker with `auto.create.topics.enable` create it.
     pub fn check_broker_reachable(&self, timeout: Duration) -> Result<BrokerInfo, KafkaSetupError> {
         let client = self.inner.client();
         let metadata =
@@ -301,7 +306,44 @@ impl RelayProducer {
             answered_by: metadata.orig_broker_name().to_owned(),
             brokers,
             topic_count: metadata.topics().len(),
+            topics: metadata
+                .topics()
+                .iter()
+                .filter(|t| t.error().is_none())
+                .map(|t| t.name().to_owned())
+                .collect(),
         })
+    }
+
+    /// Whether broker `id` creates a topic when a client first asks for it
+    /// (`auto.create.topics.enable`), as its configuration says (DescribeConfigs on the
+    /// cluster). The relay's producer asks for every topic it writes, so on such brokers
+    /// a missing topic is created with the brokers' defaults rather than refused.
+    pub async fn broker_creates_topics(
+        &self,
+        id: i32,
+        timeout: Duration,
+    ) -> Result<bool, KafkaSetupError> {
+        let admin: AdminClient<LogContext> = admin_config(&self.settings)?
+            .create_with_context(LogContext)
+            .map_err(|e| KafkaSetupError::Client(self.settings.scrub(&e.to_string())))?;
+        let options = AdminOptions::new().request_timeout(Some(timeout));
+        let described = admin
+            .describe_configs(&[ResourceSpecifier::Broker(id)], &options)
+            .await
+            .map_err(|e| KafkaSetupError::Admin(self.settings.scrub(&e.to_string())))?;
+        match described.into_iter().next() {
+            Some(Ok(resource)) => Ok(resource
+                .get("auto.create.topics.enable")
+                .and_then(|e| e.value.as_deref())
+                .is_some_and(|v| v.eq_ignore_ascii_case("true"))),
+            Some(Err(code)) => Err(KafkaSetupError::Admin(format!(
+                "describing broker {id}'s configuration: {code} ({code:?})"
+            ))),
+            None => Err(KafkaSetupError::Admin(format!(
+                "describing broker {id}'s configuration: no answer"
+            ))),
+        }
     }
 
     /// Creates missing topics (existing ones are left as they are). For tests and

@@ -56,6 +56,20 @@ pub enum ProgressError {
     },
 }
 
+impl ProgressError {
+    /// Whether the brokers refused for want of a permission: an ACL is the fix.
+    pub fn is_denied(&self) -> bool {
+        matches!(
+            self,
+            ProgressError::Setup(KafkaSetupError::TopicCreation {
+                code: RDKafkaErrorCode::TopicAuthorizationFailed
+                    | RDKafkaErrorCode::ClusterAuthorizationFailed,
+                ..
+            })
+        )
+    }
+}
+
 /// Reads and writes progress records. Cheap to clone.
 #[derive(Clone)]
 pub struct ProgressStore {
@@ -369,14 +383,41 @@ impl ProgressStore {
         ))
     }
 
-    async fn create_topic(&self) -> Result<(), ProgressError> {
-        let s = &self.inner.settings;
-        let admin: AdminClient<LogContext> = admin_config(s)?
-            .create_with_context(LogContext)
-            .map_err(|e| KafkaSetupError::Client(s.scrub(&e.to_string())))?;
+    /// From now on this store never creates its topic: it reads what exists (none: no
+    /// record). For `outboxd check`, which changes nothing.
+    pub fn never_create_topic(&self) {
+        self.inner.topic_ready.store(true, Ordering::Release);
+    }
+
+    /// Whether the brokers would let [`ProgressStore`] create its missing topic: the
+    /// first definition it tries, sent as a validate-only CreateTopics, which proves the
+    /// Create permission without creating anything.
+    pub async fn may_create_topic(&self) -> Result<(), ProgressError> {
         let options = AdminOptions::new()
             .operation_timeout(Some(ADMIN_TIMEOUT))
-            .request_timeout(Some(ADMIN_TIMEOUT));
+            .request_timeout(Some(ADMIN_TIMEOUT))
+            .validate_only(true);
+        let [first, ..] = self.topic_definitions();
+        let results = self
+            .admin()?
+            .create_topics(&[first], &options)
+            .await
+            .map_err(|e| ProgressError::Kafka(self.inner.settings.scrub(&e.to_string())))?;
+        match results.into_iter().next() {
+            Some(Ok(_)) | Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) | None => Ok(()),
+            Some(Err((topic, code))) => Err(KafkaSetupError::TopicCreation { topic, code }.into()),
+        }
+    }
+
+    fn admin(&self) -> Result<AdminClient<LogContext>, KafkaSetupError> {
+        let s = &self.inner.settings;
+        admin_config(s)?
+            .create_with_context(LogContext)
+            .map_err(|e| KafkaSetupError::Client(s.scrub(&e.to_string())))
+    }
+
+    /// The topic as outboxd creates it, in order of preference.
+    fn topic_definitions(&self) -> [NewTopic<'_>; 3] {
         // Compaction never touches the active segment, and a record is written every
         // interval while the slot moves: a 10-minute segment keeps what a start-up reads
         // to ~10 minutes of records per slot (a week's, at Kafka's default).
@@ -390,7 +431,16 @@ impl ProgressStore {
         let kept = NewTopic::new(&self.inner.topic, 1, TopicReplication::Fixed(-1))
             .set("retention.ms", "-1")
             .set("retention.bytes", "-1");
-        for topic in [compacted_rolled, compacted, kept] {
+        [compacted_rolled, compacted, kept]
+    }
+
+    async fn create_topic(&self) -> Result<(), ProgressError> {
+        let s = &self.inner.settings;
+        let admin = self.admin()?;
+        let options = AdminOptions::new()
+            .operation_timeout(Some(ADMIN_TIMEOUT))
+            .request_timeout(Some(ADMIN_TIMEOUT));
+        for topic in self.topic_definitions() {
             let results = admin
                 .create_topics(&[topic], &options)
                 .await
