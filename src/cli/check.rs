@@ -405,7 +405,7 @@ async fn check_record(
     if let Err(e) = store.check_durable().await {
         return r.fail(what, e);
     }
-    if s.relay_table && found.ours.as_ref().is_none_or(|r| r.publication.is_none()) {
+    if s.relay_table && found.last_look().is_none() {
         // Nothing to compare with: the slot's catalog horizon says whether the publication
         // may have changed since it decoded. A warning only: it also flags a publication
         // made just before a slot that has not confirmed for long (docs/operations.md).
@@ -415,13 +415,7 @@ async fn check_record(
             r.warn("publication unchanged", e);
         }
     }
-    let Some(record) = &found.ours else {
-        return r.ok(
-            what,
-            format!("none yet in {topic} (`outboxd run` writes it)"),
-        );
-    };
-    if let Some(last) = &record.publication {
+    if let Some(last) = found.last_look() {
         let table = s
             .relay_table
             .then_some((s.table_schema.as_str(), s.table_name.as_str()));
@@ -441,6 +435,12 @@ async fn check_record(
             Err(e) => r.warn("publication unchanged", e),
         }
     }
+    let Some(record) = &found.ours else {
+        return r.ok(
+            what,
+            format!("none yet in {topic} (`outboxd run` writes it)"),
+        );
+    };
     let fix = "set OUTBOXD_CLUSTER_NAME to a different value on each copy of the cluster (or give each its own OUTBOXD_PROGRESS_TOPIC); after restoring an older backup, run `outboxd init --replace-progress-record`";
     if found.writers_alternate() {
         return r.fail(

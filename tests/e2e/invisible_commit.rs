@@ -29,13 +29,9 @@ fn republish_since_in(log: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_change_waiting_for_a_synchronous_standby_hides_no_rows() {
-    // Every commit waits for a standby that never comes, except where a session asks for
-    // less: the test's own work commits locally.
+    // Sessions that do not ask for more commit locally: the test's own work never waits.
     let cluster = PgCluster::start(pgtest::ClusterOptions {
-        conf: vec![
-            "synchronous_standby_names = 'ghost'".into(),
-            "synchronous_commit = local".into(),
-        ],
+        conf: vec!["synchronous_commit = local".into()],
         ..Default::default()
     })
     .expect("cluster");
@@ -50,6 +46,14 @@ async fn a_change_waiting_for_a_synchronous_standby_hides_no_rows() {
         topics,
         first,
     } = ops::relay_first_batch(&db, &client, &outbox, &broker, &extra, 10).await;
+
+    // The synchronous standby goes away: every commit that asks for it waits.
+    for sql in [
+        "ALTER SYSTEM SET synchronous_standby_names = 'ghost'",
+        "SELECT pg_reload_conf()",
+    ] {
+        client.batch_execute(sql).await.expect("a synchronous standby");
+    }
 
     // The change, committed and in the WAL, waiting for the standby: invisible.
     let ddl = db.client().await;

@@ -599,6 +599,30 @@ impl ConnectConfig {
         }
     }
 
+    /// Asks the server to cancel what `token`'s connection runs now, over a connection of
+    /// its own (libpq's `PQcancel`): what a connection busy waiting cannot send itself.
+    pub async fn cancel(&self, token: &tokio_postgres::CancelToken) -> Result<(), ReplError> {
+        let send = async {
+            let transport = crate::socket::open(self).await?;
+            let guard = AuthGuard::new(
+                transport.stream,
+                self,
+                transport.cert_hash.is_some(),
+                Arc::new(Mutex::new(None)),
+            );
+            let tls = Negotiated {
+                cert_hash: transport.cert_hash,
+            };
+            token
+                .cancel_query_raw(guard, tls)
+                .await
+                .map_err(ReplError::Sql)
+        };
+        tokio::time::timeout(self.connect_timeout, send)
+            .await
+            .map_err(|_| ReplError::Timeout("sending a cancel request"))?
+    }
+
     /// tokio-postgres's startup errors in the replication connection's terms, so both
     /// connections classify a failure alike: a refused credential, a missing password and
     /// a broken authentication sequence are permanent. (TLS and network failures come

@@ -324,7 +324,8 @@ impl PublicationProbe {
                 .prepare(
                     "SELECT pg_catalog.pg_current_wal_lsn()::text, \
                      (extract(epoch FROM pg_catalog.clock_timestamp()) * 1000::numeric)::bigint, \
-                     pg_catalog.current_setting('synchronous_standby_names'::pg_catalog.text) OPERATOR(pg_catalog.<>) ''::pg_catalog.text",
+                     pg_catalog.current_setting('synchronous_standby_names'::pg_catalog.text) OPERATOR(pg_catalog.<>) ''::pg_catalog.text, \
+                     pg_catalog.current_setting('synchronous_commit'::pg_catalog.text) OPERATOR(pg_catalog.=) 'remote_apply'::pg_catalog.text",
                 )
                 .await?,
             identity: client.prepare(sql.as_str()).await?,
@@ -352,16 +353,17 @@ impl PublicationProbe {
         let lsn: String = clock.try_get(0)?;
         let ms: i64 = clock.try_get(1)?;
         let synchronous: bool = clock.try_get(2)?;
+        let apply: bool = clock.try_get(3)?;
         let wal_lsn = lsn
             .parse::<Lsn>()
             .map_err(|e| ReplError::Protocol(format!("pg_current_wal_lsn: {e}")))?;
         let (mut settled, mut settle_end) = (true, None);
-        if synchronous {
+        // Once a settler exists, every look settles, also with the setting emptied: a
+        // reload reaches this session before the checkpointer has released the waiters,
+        // and only a commit of our own that does not wait proves it has.
+        if synchronous || settler.is_some() {
             (settled, settle_end) = match settler {
-                Some(settler) => {
-                    let (settled, end) = settler.settle(client).await?;
-                    (settled, Some(end))
-                }
+                Some(settler) => settler.settle(apply).await?,
                 None => (false, None),
             };
             identity = client.query_opt(&self.identity, &params).await?;
@@ -379,58 +381,95 @@ impl PublicationProbe {
 
 /// A connection of its own on which a look waits for the synchronous standbys (see
 /// [`PublicationLook::settled`]). A commit's wait for them ignores `statement_timeout`,
-/// so a look that gives up cancels it from the side connection, by process id (a role
-/// may cancel its own backends): the wait ends, the commit stands (a warning).
+/// and a backend waiting for them never notices its client gone: a wait given up, or a
+/// settle dropped mid-wait (a session ending), is cancelled with a cancel request (the
+/// wait ends, the commit stands, with a warning), or the backend would wait on, holding
+/// its transaction id (and vacuum's horizon) and a connection, until the standbys return.
 pub struct Settler {
     client: Client,
-    pid: i32,
+    pg: crate::ConnectConfig,
 }
 
 /// How long a cancelled wait may take to end before the connection counts as broken.
-const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Settler {
-    pub async fn new(client: Client) -> Result<Self, ReplError> {
-        let pid = client
-            .query_one("SELECT pg_catalog.pg_backend_pid()", &[])
-            .await?
-            .try_get(0)?;
-        Ok(Settler { client, pid })
+    pub async fn new(pg: &crate::ConnectConfig) -> Result<Self, ReplError> {
+        Ok(Settler {
+            client: pg.connect_sql().await?,
+            pg: pg.clone(),
+        })
     }
 
-    /// Commits a transaction that waits for the standbys to apply it; whether it
-    /// returned within [`SETTLE_TIMEOUT`], and where the WAL ended after it. `side`
-    /// cancels it when it does not.
-    async fn settle(&self, side: &Client) -> Result<(bool, Lsn), ReplError> {
-        let mut wait = std::pin::pin!(commit_and_wait(&self.client));
-        match tokio::time::timeout(SETTLE_TIMEOUT, &mut wait).await {
-            Ok(end) => Ok((true, end?)),
+    /// Commits a transaction that waits for the standbys (`apply`: until they apply it,
+    /// the server's default level; otherwise until they flush it, which also releases
+    /// `remote_write` waiters). Whether it returned within [`SETTLE_TIMEOUT`], and where
+    /// the WAL ended after it (`None`: the cancel ended the settle before it said).
+    async fn settle(&self, apply: bool) -> Result<(bool, Option<Lsn>), ReplError> {
+        let mut guard = CancelOnDrop {
+            pg: Some(self.pg.clone()),
+            token: self.client.cancel_token(),
+        };
+        let mut wait = std::pin::pin!(commit_and_wait(&self.client, apply));
+        let outcome = match tokio::time::timeout(SETTLE_TIMEOUT, &mut wait).await {
+            Ok(end) => end.map(|end| (true, Some(end))),
             Err(_) => {
-                side.execute("SELECT pg_catalog.pg_cancel_backend($1)", &[&self.pid])
-                    .await?;
-                let end = tokio::time::timeout(CANCEL_WAIT, wait)
+                self.pg.cancel(&guard.token).await?;
+                tokio::time::timeout(CANCEL_WAIT, wait)
                     .await
                     .map_err(|_| {
                         ReplError::Timeout("cancelling a wait for the synchronous standbys")
-                    })??;
-                Ok((false, end))
+                    })?
+                    .map(|end| (false, Some(end)))
             }
+        };
+        guard.pg = None;
+        match outcome {
+            // The cancel came as the wait ended, and cut a statement around it: not
+            // settled, and the transaction it left open is rolled back.
+            Err(ReplError::Sql(e))
+                if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) =>
+            {
+                self.client.batch_execute("ROLLBACK").await?;
+                Ok((false, None))
+            }
+            other => other,
         }
+    }
+}
+
+/// Cancels the settler's wait when a settle is dropped before it ended.
+struct CancelOnDrop {
+    pg: Option<crate::ConnectConfig>,
+    token: tokio_postgres::CancelToken,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let (Some(pg), Ok(runtime)) = (self.pg.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let token = self.token.clone();
+        runtime.spawn(async move {
+            if let Err(e) = pg.cancel(&token).await {
+                tracing::warn!(error = %e, "could not cancel a wait for the synchronous standbys: its backend waits until they answer");
+            }
+        });
     }
 }
 
 /// A transaction that wrote no WAL does not wait for the standbys, so it writes a logical
 /// message (of a prefix the relay ignores): the function heartbeats use. READ WRITE: a
-/// role whose transactions default to read-only can still write it. `remote_apply`: the
-/// standbys' apply position is behind their flush and write ones, so waiters of every
-/// level before it are released too.
-async fn commit_and_wait(client: &Client) -> Result<Lsn, ReplError> {
+/// role whose transactions default to read-only can still write it.
+async fn commit_and_wait(client: &Client, apply: bool) -> Result<Lsn, ReplError> {
+    let level = if apply { "remote_apply" } else { "on" };
     let answer = client
-        .simple_query(
-            "BEGIN READ WRITE; SET LOCAL synchronous_commit = remote_apply; \
+        .simple_query(&format!(
+            "BEGIN READ WRITE; SET LOCAL synchronous_commit = {level}; \
              SELECT pg_catalog.pg_logical_emit_message(true, 'outboxd.settle'::pg_catalog.text, ''::pg_catalog.text); \
-             COMMIT; SELECT pg_catalog.pg_current_wal_lsn()::pg_catalog.text",
-        )
+             COMMIT; SELECT pg_catalog.pg_current_wal_lsn()::pg_catalog.text"
+        ))
         .await
         .map_err(|e| {
             if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
@@ -452,6 +491,26 @@ async fn commit_and_wait(client: &Client) -> Result<Lsn, ReplError> {
         .ok_or_else(|| ReplError::Protocol("pg_current_wal_lsn returned no row".into()))?
         .parse::<Lsn>()
         .map_err(|e| ReplError::Protocol(format!("pg_current_wal_lsn: {e}")))
+}
+
+/// The sync state (`sync`, `quorum`, `potential`, `async`) of the walsender streaming
+/// `slot`, as `pg_stat_replication` shows it to the role that runs it.
+pub async fn walsender_sync_state(
+    client: &Client,
+    slot: &str,
+) -> Result<Option<String>, ReplError> {
+    let row = client
+        .query_opt(
+            "SELECT r.sync_state FROM pg_catalog.pg_stat_replication r \
+             JOIN pg_catalog.pg_replication_slots s ON s.active_pid OPERATOR(pg_catalog.=) r.pid \
+             WHERE s.slot_name OPERATOR(pg_catalog.=) $1::pg_catalog.text",
+            &[&slot],
+        )
+        .await?;
+    Ok(row
+        .map(|r| r.try_get::<_, Option<String>>(0))
+        .transpose()?
+        .flatten())
 }
 
 /// Whether an event trigger of this name exists and is enabled.

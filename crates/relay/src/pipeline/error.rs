@@ -81,6 +81,8 @@ pub enum RelayError {
     },
     #[error("{0}")]
     ProgressNotDurable(crate::kafka::ProgressError),
+    #[error("the synchronous standbys (synchronous_standby_names) do not confirm commits, and no look at publication {publication:?} taken before they stopped is recorded to start from: a transaction committed but still waiting for them may have changed it unseen, so outboxd does not stream from this look. It retries; bring the standbys back, or empty synchronous_standby_names and reload")]
+    StandbysUnsettled { publication: String },
     #[error("replication slot {slot:?} was created by another instance while this one was deciding whether to create it; streaming from it (or standing by) on the next attempt")]
     SlotCreatedMeanwhile { slot: String },
     #[error("publication {publication:?} changed since outboxd last looked at it ({since}, WAL position {since_lsn}). PostgreSQL decodes each row with the publication as it was when the row was written, so outbox rows committed while it did not publish them were never sent, and can never be decoded again; outboxd stopped before confirming anything after that look. Make sure it publishes the outbox's inserts (`outboxd check`), re-publish the outbox rows committed since {since}, minus your longest transaction (docs/operations.md, \"The publication changed\"), then run `outboxd init --accept-publication-change` and start outboxd")]
@@ -245,6 +247,7 @@ impl RelayError {
             E::StreamClosed
             | E::SlotHistoryUnknown { .. }
             | E::SlotCreatedMeanwhile { .. }
+            | E::StandbysUnsettled { .. }
             | E::InRecovery { .. }
             | E::BinaryRuledOutByRelation { .. }
             | E::OutputSettingsChanged { .. }

@@ -196,7 +196,7 @@ async fn replay_claim(
                 obs.progress_foreign_write();
                 warn_foreign_writer(identity, p.topic());
             }
-            let publication = records.ours.as_ref().and_then(|r| r.publication.clone());
+            let publication = records.last_look().cloned();
             let timeline = records.ours.as_ref().map(|r| r.claim.timeline);
             Ok(Known {
                 claim: records.ours.map(|r| (r.claim, r.lineage)),
@@ -763,13 +763,19 @@ async fn run_session(
     if let Some(recorded) = known.timeline {
         refuse_older_timeline(recorded, system.timeline, &server)?;
     }
+    let mut start_settled = settled;
     if let (Some(last), Some(_)) = (&known.publication, table) {
         session::publication::compare(&cfg.publication, last, publication.as_ref())?;
         if !settled {
             // A commit not yet visible may have changed it before this look: a change
             // seen later is named from the recorded look, not from this one.
             publication = Some(last.clone());
+            start_settled = true;
         }
+    } else if !settled && known.read && table.is_some() {
+        return Err(RelayError::StandbysUnsettled {
+            publication: cfg.publication.clone(),
+        });
     }
     // No look to compare with (a new key or topic, a deleted record): the slot's own
     // catalog horizon tells whether the publication may have changed since it decoded.
@@ -811,7 +817,11 @@ async fn run_session(
             replay,
             progress: progress.map(|p| (p.clone(), identity)),
             publication: publication.map(|p| (p, known.read)),
-            settling: (pg.clone(), settler),
+            settling: session::publication::Settling {
+                pg: pg.clone(),
+                settler,
+                start_settled,
+            },
             server,
             binary,
             output_settings,

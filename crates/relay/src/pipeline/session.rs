@@ -171,7 +171,7 @@ pub(super) struct SessionStart {
     pub publication: Option<(crate::kafka::PublicationSeen, bool)>,
     /// The server streamed from, and the connection the start's look waited for its
     /// synchronous standbys on (see `publication::look`).
-    pub settling: (pgrepl::ConnectConfig, Option<pgrepl::preflight::Settler>),
+    pub settling: publication::Settling,
     /// The server streamed from (host, port).
     pub server: (String, u16),
     pub binary: super::binary::Binary,

@@ -661,8 +661,10 @@ pub(super) async fn create_if_new(
             &cfg.publication,
             Some((t.schema.as_str(), t.table.as_str())),
         )
-        .await?
-        .seen;
+        .await
+        // A look the synchronous standbys did not settle is no baseline: none is
+        // recorded, and the start's look decides (`RelayError::StandbysUnsettled`).
+        .map(|l| l.seen.filter(|_| l.settled))?;
     }
     progress
         .write_and_wait(identity, &record)

@@ -371,6 +371,10 @@ pub struct SlotRecords {
     /// identifier, record): the relay streamed from another cluster before, or another
     /// cluster's relay shares the topic.
     pub other_clusters: Vec<(String, ProgressRecord)>,
+    /// Records of this slot on this cluster (same system identifier) under another
+    /// `OUTBOXD_CLUSTER_NAME`: this cluster before its name was set or changed, or a copy
+    /// named apart.
+    pub renamed: Vec<ProgressRecord>,
     /// Lineages of this slot's most recent records still in the topic (the last few
     /// runs), oldest first, repeats in a row folded: `[a, b, a]` means two live writers
     /// take turns.
@@ -396,6 +400,24 @@ impl SlotRecords {
 }
 
 impl SlotRecords {
+    /// The publication look to compare the publication with: ours, or with no record of
+    /// ours, the newest one recorded under another name of this cluster. Without it a
+    /// name set for the first time (as the docs advise for copies) would start with no
+    /// look, and a change made while outboxd was stopped would go unseen. A copy named
+    /// apart whose publication changed since it was copied stops the first start under
+    /// the new name, naming its look: re-publishing from there costs duplicates only.
+    pub fn last_look(&self) -> Option<&PublicationSeen> {
+        match &self.ours {
+            Some(ours) => ours.publication.as_ref(),
+            None => self
+                .renamed
+                .iter()
+                .filter(|r| r.publication.is_some())
+                .max_by_key(|r| r.recorded_at_unix_ms)
+                .and_then(|r| r.publication.as_ref()),
+        }
+    }
+
     /// The record saying that the slot existed, if one does.
     pub fn slot_existed(&self) -> Option<&ProgressRecord> {
         self.ours.as_ref().filter(|r| r.slot_created)
@@ -482,21 +504,23 @@ impl SlotScan {
         };
         // Another cluster's records only count when they say so themselves; an
         // unreadable one is not ours to judge.
-        let other_clusters = self
-            .others
-            .into_values()
-            .flatten()
-            .filter_map(|bytes| {
-                let (owner, record) = ProgressRecord::owner_from_json(&bytes)?;
-                // A record of this system identifier under another OUTBOXD_CLUSTER_NAME is
-                // another copy of this cluster, named apart on purpose: neither ours nor
-                // another cluster's.
-                (owner.database == id.database
-                    && owner.slot == id.slot
-                    && owner.system_id != id.system_id)
-                    .then_some((owner.system_id, record))
-            })
-            .collect();
+        let (mut other_clusters, mut renamed) = (Vec::new(), Vec::new());
+        for bytes in self.others.into_values().flatten() {
+            let Some((owner, record)) = ProgressRecord::owner_from_json(&bytes) else {
+                continue;
+            };
+            if owner.database != id.database || owner.slot != id.slot {
+                continue;
+            }
+            // A record of this system identifier under another OUTBOXD_CLUSTER_NAME is
+            // this cluster renamed, or another copy of it named apart on purpose: never
+            // another cluster's.
+            if owner.system_id == id.system_id {
+                renamed.push(record);
+            } else {
+                other_clusters.push((owner.system_id, record));
+            }
+        }
         // An unreadable intent is only an intent: it never says the slot existed.
         let creating = self
             .creating
@@ -505,6 +529,7 @@ impl SlotScan {
         Ok(SlotRecords {
             ours,
             other_clusters,
+            renamed,
             lineages: self.lineages,
             creating,
             topic_had_records,
@@ -639,6 +664,35 @@ mod tests {
             ["9999"],
             "the unnamed copy of 7312 is not another cluster"
         );
+        // Its record is this cluster's under its old name: no look in it, none to
+        // compare with; a look in it, and the new name starts from it.
+        assert_eq!(found.renamed.len(), 1);
+        assert_eq!(found.last_look(), None);
+        let look = PublicationSeen {
+            identity: "16384.750 truetruefalse r:".into(),
+            at_unix_ms: 1_764_000_000_000,
+            wal_lsn: Lsn(0x10),
+        };
+        let mut looked = record.clone();
+        looked.publication = Some(look.clone());
+        let mut scan = SlotScan::new(&named);
+        scan.see(
+            unnamed.key().as_bytes(),
+            Some(looked.to_json(&unnamed).as_bytes()),
+        );
+        let found = scan.records(&named, true).unwrap();
+        assert_eq!(found.last_look(), Some(&look));
+        // Once the new name has a record of its own, only that one counts.
+        let mut scan = SlotScan::new(&named);
+        scan.see(
+            unnamed.key().as_bytes(),
+            Some(looked.to_json(&unnamed).as_bytes()),
+        );
+        scan.see(
+            named.key().as_bytes(),
+            Some(record.to_json(&named).as_bytes()),
+        );
+        assert_eq!(scan.records(&named, true).unwrap().last_look(), None);
     }
 
     #[test]

@@ -58,7 +58,7 @@ async fn look_through(
     if !look.synchronous || settler.is_some() {
         return Ok(Looked::from(look));
     }
-    let opened = settler.insert(Settler::new(pg.connect_sql().await?).await?);
+    let opened = settler.insert(Settler::new(pg).await?);
     Ok(Looked::from(probe.look(sql, Some(opened)).await?))
 }
 
@@ -147,6 +147,17 @@ pub(super) struct PublicationWatch {
     /// standbys on (see [`look`]).
     pg: ConnectConfig,
     settler: Option<Settler>,
+    /// The start's look did not settle: it stands only until the record's look (the
+    /// same catalog, recorded before) replaces it once read, or stops the session.
+    start_unsettled: bool,
+}
+
+/// What a session's looks settle with (see [`look`]): the server, the settler the
+/// start's look opened, and whether that look settled.
+pub(in crate::pipeline) struct Settling {
+    pub pg: ConnectConfig,
+    pub settler: Option<Settler>,
+    pub start_settled: bool,
 }
 
 pub(super) enum Baseline {
@@ -155,11 +166,7 @@ pub(super) enum Baseline {
 }
 
 impl PublicationWatch {
-    pub(super) fn new(
-        start_look: PublicationSeen,
-        compared: bool,
-        (pg, settler): (ConnectConfig, Option<Settler>),
-    ) -> Self {
+    pub(super) fn new(start_look: PublicationSeen, compared: bool, settling: Settling) -> Self {
         PublicationWatch {
             last: start_look,
             looked_at: Instant::now(),
@@ -171,8 +178,9 @@ impl PublicationWatch {
             probe: None,
             unsettled_since: None,
             own_wal_end: Lsn::ZERO,
-            pg,
-            settler,
+            pg: settling.pg,
+            settler: settling.settler,
+            start_unsettled: !settling.start_settled,
         }
     }
 
@@ -222,11 +230,24 @@ impl Session<'_> {
             watch.own_wal_end = settle_end.unwrap_or(Lsn::ZERO);
             if !settled {
                 // Not `last`: a change this look could not see is named from the look
-                // before it. Looked at again at the interval, or early while acks wait.
+                // before it. Looked at again at the interval.
                 self.obs.publication_look_unsettled();
                 watch.looked_at = Instant::now();
                 if watch.unsettled_since.is_none() {
                     watch.unsettled_since = Some(Instant::now());
+                    // Its own walsender as the synchronous standby: the look's commit
+                    // waits for a confirmation that waits for the look. Never settles.
+                    let state =
+                        pgrepl::preflight::walsender_sync_state(&self.sql, &self.cfg.slot).await?;
+                    if let Some(state) = state.filter(|s| s == "sync" || s == "quorum") {
+                        return Err(RelayError::ServerSetting {
+                            setting: "synchronous_standby_names",
+                            problem: format!(
+                                "outboxd's own walsender (slot {:?}) is a synchronous standby ({state}): commits then wait for Kafka's acks, and outboxd's looks at the publication wait for themselves. List only the physical standbys by name (not `*`), and set application_name (PGAPPNAME) of outboxd to a name not listed",
+                                self.cfg.slot
+                            ),
+                        });
+                    }
                     tracing::warn!(
                         publication = %self.cfg.publication,
                         "the synchronous standbys (synchronous_standby_names) do not confirm commits: a transaction committed but still waiting for them is invisible to queries, and may have changed the publication unseen, so the slot is not confirmed past what was acknowledged at the last look before they stopped, until they confirm again (or synchronous_standby_names is emptied)"
@@ -323,8 +344,21 @@ impl Session<'_> {
                 return Ok(());
             }
         };
-        if let Some(recorded) = records.ours.as_ref().and_then(|r| r.publication.as_ref()) {
-            compare(&self.cfg.publication, recorded, Some(&watch.last))?;
+        match records.last_look() {
+            Some(recorded) => {
+                compare(&self.cfg.publication, recorded, Some(&watch.last))?;
+                if std::mem::take(&mut watch.start_unsettled) {
+                    // The same catalog, recorded before the standbys stopped: a change
+                    // the start's look could not see is named from there.
+                    watch.last = recorded.clone();
+                }
+            }
+            None if watch.start_unsettled => {
+                return Err(RelayError::StandbysUnsettled {
+                    publication: self.cfg.publication.clone(),
+                });
+            }
+            None => {}
         }
         if let Some(record) = &records.ours {
             crate::pipeline::refuse_older_timeline(
