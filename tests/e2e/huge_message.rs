@@ -80,6 +80,17 @@ fn ids_on<'a>(got: &'a [Received], topic: &str) -> Vec<&'a str> {
         .collect()
 }
 
+/// The slot confirmed past `wal_after`, the relay still running, its memory bounded.
+async fn assert_relayed_past(db: &TestDb<'_>, relay: &mut Relay, wal_after: u64) {
+    schema::wait_confirmed_at_least(db, wal_after, Duration::from_secs(60)).await;
+    assert!(
+        relay.is_running(),
+        "the relay exited; log:\n{}",
+        relay.log_text()
+    );
+    assert_peak_rss_bounded(relay);
+}
+
 fn assert_peak_rss_bounded(relay: &Relay) {
     let peak = relay.peak_rss_kb();
     eprintln!("relay peak RSS: {peak} kB");
@@ -119,13 +130,7 @@ async fn a_huge_logical_message_of_another_prefix_is_read_through() {
     let want: HashSet<String> = [before.clone(), after.clone()].into();
     let got = read(&broker, std::slice::from_ref(&topic), &want);
     assert_eq!(ids_on(&got, &topic), vec![before.as_str(), after.as_str()]);
-    schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(60)).await;
-    assert!(
-        relay.is_running(),
-        "the relay exited; log:\n{}",
-        relay.log_text()
-    );
-    assert_peak_rss_bounded(&relay);
+    assert_relayed_past(&db, &mut relay, wal_after).await;
 }
 
 /// Under `stop` the huge row stops the relay (exit 4) with the row named and the slot
@@ -189,13 +194,7 @@ async fn a_huge_outbox_row_stops_or_is_dead_lettered() {
         "the key is the row's aggregate id"
     );
     assert!(dead.wire_size() <= 1_000_000);
-    schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(60)).await;
-    assert!(
-        relay.is_running(),
-        "the relay exited; log:\n{}",
-        relay.log_text()
-    );
-    assert_peak_rss_bounded(&relay);
+    assert_relayed_past(&db, &mut relay, wal_after).await;
 }
 
 /// A huge message with outboxd's own prefix would be published whole: read through, it
@@ -242,11 +241,5 @@ async fn a_huge_emitted_message_of_ours_is_dead_lettered() {
                 && e.contains("OUTBOXD_MAX_MESSAGE_BYTES")),
         "{dead:#?}"
     );
-    schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(60)).await;
-    assert!(
-        relay.is_running(),
-        "the relay exited; log:\n{}",
-        relay.log_text()
-    );
-    assert_peak_rss_bounded(&relay);
+    assert_relayed_past(&db, &mut relay, wal_after).await;
 }

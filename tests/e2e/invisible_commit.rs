@@ -52,7 +52,10 @@ async fn a_change_waiting_for_a_synchronous_standby_hides_no_rows() {
         "ALTER SYSTEM SET synchronous_standby_names = 'ghost'",
         "SELECT pg_reload_conf()",
     ] {
-        client.batch_execute(sql).await.expect("a synchronous standby");
+        client
+            .batch_execute(sql)
+            .await
+            .expect("a synchronous standby");
     }
 
     // The change, committed and in the WAL, waiting for the standby: invisible.
@@ -90,22 +93,7 @@ async fn a_change_waiting_for_a_synchronous_standby_hides_no_rows() {
     let hidden = insert_events(&client, &outbox.table, 20, 3, 3).await;
     // Seconds later (a look's time names whole seconds), more WAL, in a table nobody
     // publishes.
-    wait_for(
-        "the server's clock to pass the rows by 3 s",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async {
-            let row = client
-                .query_one(
-                    "SELECT clock_timestamp() > max(created_at) + interval '3 seconds' FROM public.outbox",
-                    &[],
-                )
-                .await
-                .expect("clock");
-            row.get::<_, bool>(0).then_some(())
-        },
-    )
-    .await;
+    ops::wait_clock_past_rows(&client).await;
     client
         .batch_execute("CREATE TABLE later AS SELECT 1 AS x")
         .await

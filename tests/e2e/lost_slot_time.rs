@@ -87,24 +87,8 @@ async fn relayed_then_pending(
     let mut batch = ops::relay_first_batch(db, client, &outbox, broker, &[], 10).await;
     batch.stop();
     let pending = insert_events(client, &outbox.table, 20, 3, 3).await;
-    // Anything written from here on is seconds after the rows: a time taken from it is
-    // told apart from theirs, whatever the second it is rounded to and the one taken off.
-    wait_for(
-        "the server's clock to pass the pending rows by 3 s",
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        || async {
-            let row = client
-                .query_one(
-                    "SELECT clock_timestamp() > max(created_at) + interval '3 seconds' FROM public.outbox",
-                    &[],
-                )
-                .await
-                .ok()?;
-            row.get::<_, bool>(0).then_some(())
-        },
-    )
-    .await;
+    // Anything written from here on is seconds after the rows.
+    ops::wait_clock_past_rows(client).await;
     (outbox, batch, pending)
 }
 

@@ -20,6 +20,28 @@ use super::consume::{check_delivery, DeliveryReport, Received};
 use super::load::Event;
 use super::schema::Outbox;
 
+/// Waits until the server's clock is 3 s past the newest `created_at` of
+/// `public.outbox`: a time read from a later look or write is then told apart from the
+/// rows', whatever second it is rounded to and the one taken off it.
+pub async fn wait_clock_past_rows(client: &Client) {
+    wait_for(
+        "the server's clock to pass the rows by 3 s",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let row = client
+                .query_one(
+                    "SELECT clock_timestamp() > max(created_at) + interval '3 seconds' FROM public.outbox",
+                    &[],
+                )
+                .await
+                .ok()?;
+            row.get::<_, bool>(0).then_some(())
+        },
+    )
+    .await;
+}
+
 /// Polls `probe` every `every` until it yields a value; panics with `what` after `limit`.
 pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, every: Duration, mut probe: F) -> T
 where
