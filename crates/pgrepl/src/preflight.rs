@@ -268,8 +268,9 @@ pub struct PublicationLook {
     /// A commit waiting for a synchronous standby is in the WAL, so decoded, and changes
     /// what the walsender sends, before any query sees it (`pg_xact_status` says "in
     /// progress" meanwhile). So with `synchronous_standby_names` set, the look first
-    /// commits a transaction of its own that waits for the standbys to apply it: waiters
-    /// are released in WAL order, so once it returns every commit before it has been too.
+    /// commits a transaction of its own that waits for the standbys (on a [`Settler`]):
+    /// waiters are released in WAL order, so once it returns every commit before it has
+    /// been too.
     /// If it waits longer than [`SETTLE_TIMEOUT`], the look is not settled, nor when it
     /// had no [`Settler`] to wait on (then `synchronous` says why). An open transaction,
     /// even one idle for hours, has no commit in the WAL and holds nothing.
@@ -336,44 +337,50 @@ impl PublicationProbe {
 
     /// Reads the WAL position and clock, then the identity: two statements sent together
     /// (one round trip), run one after the other, so the catalog is read by a snapshot
-    /// taken after the position. With synchronous standbys, the identity is read again
-    /// after waiting for them (see [`PublicationLook::settled`]).
+    /// taken after the position. With a [`Settler`], the clock, the wait for the
+    /// standbys and the identity, in that order (see [`PublicationLook::settled`]).
     pub async fn look(
         &self,
         client: &Client,
         settler: Option<&Settler>,
     ) -> Result<PublicationLook, ReplError> {
-        let clock = client.query_one(&self.clock, &[]);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
             [&self.publication, &self.qualified];
-        let identity = client.query_opt(&self.identity, &params);
-        // `try_join` polls `clock` first, and a prepared statement's request is queued
-        // on its future's first poll: the position's statement goes first.
-        let (clock, mut identity) = futures_util::future::try_join(clock, identity).await?;
+        let clock = client.query_one(&self.clock, &[]);
+        // Once a settler exists, every look settles, also with the setting emptied: a
+        // reload reaches this session before the checkpointer has released the waiters,
+        // and only a commit of our own that does not wait proves it has. The identity is
+        // then read after the settle, so not sent with the clock.
+        let (clock, identity, settled, settle_end) = match settler {
+            Some(settler) => {
+                let clock = clock.await?;
+                let apply: bool = clock.try_get(3)?;
+                let (settled, end) = settler.settle(apply).await?;
+                let identity = client.query_opt(&self.identity, &params).await?;
+                (clock, identity, settled, end)
+            }
+            None => {
+                let identity = client.query_opt(&self.identity, &params);
+                // `try_join` polls `clock` first, and a prepared statement's request is
+                // queued on its future's first poll: the position's statement goes first.
+                let (clock, identity) = futures_util::future::try_join(clock, identity).await?;
+                // With synchronous standbys and no settler, not settled: the caller
+                // opens one and looks again.
+                let synchronous: bool = clock.try_get(2)?;
+                (clock, identity, !synchronous, None)
+            }
+        };
         let lsn: String = clock.try_get(0)?;
         let ms: i64 = clock.try_get(1)?;
-        let synchronous: bool = clock.try_get(2)?;
-        let apply: bool = clock.try_get(3)?;
         let wal_lsn = lsn
             .parse::<Lsn>()
             .map_err(|e| ReplError::Protocol(format!("pg_current_wal_lsn: {e}")))?;
-        let (mut settled, mut settle_end) = (true, None);
-        // Once a settler exists, every look settles, also with the setting emptied: a
-        // reload reaches this session before the checkpointer has released the waiters,
-        // and only a commit of our own that does not wait proves it has.
-        if synchronous || settler.is_some() {
-            (settled, settle_end) = match settler {
-                Some(settler) => settler.settle(apply).await?,
-                None => (false, None),
-            };
-            identity = client.query_opt(&self.identity, &params).await?;
-        }
         Ok(PublicationLook {
             wal_lsn,
             at_unix_ms: u64::try_from(ms).unwrap_or(0),
             identity: identity.map(|r| r.try_get::<_, String>(0)).transpose()?,
             settled,
-            synchronous,
+            synchronous: clock.try_get(2)?,
             settle_end,
         })
     }
