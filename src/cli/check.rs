@@ -407,12 +407,11 @@ async fn check_record(
     }
     if s.relay_table && found.last_look().is_none() {
         // Nothing to compare with: the slot's catalog horizon says whether the publication
-        // may have changed since it decoded. A warning only: it also flags a publication
-        // made just before a slot that has not confirmed for long (docs/operations.md).
+        // may have changed since it decoded, as `run` judges it.
         if let Err(e) =
             judge_unrecorded_publication(sql, &s.publication, &s.slot, identity.key(), topic).await
         {
-            r.warn("publication unchanged", e);
+            return r.fail("publication unchanged", e);
         }
     }
     if let Some(last) = found.last_look() {

@@ -12,7 +12,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use pgtest::PgCluster;
+use pgtest::{ClusterOptions, PgCluster};
 use support::broker::Broker;
 use support::consume::check_delivery;
 use support::load::{insert_events, Event};
@@ -53,6 +53,20 @@ async fn follow_the_error(
     let (code, out) = run_to_end(env, &["run"]);
     assert_eq!(code, 3, "{out}");
     let since = named_time(&out);
+    recreate_and_republish(client, outbox, broker, (env, topics), all, pending, &since).await;
+}
+
+/// `init --recreate-lost-slot`, start, re-publish since `since` minus a second (the
+/// longest transaction here); every row arrives.
+async fn recreate_and_republish(
+    client: &tokio_postgres::Client,
+    outbox: &Outbox,
+    broker: &Broker,
+    (env, topics): (&[(String, String)], &[String]),
+    all: &[Event],
+    pending: usize,
+    since: &str,
+) {
     let (code, out) = run_to_end(env, &["init", "--recreate-lost-slot"]);
     assert_eq!(code, 0, "{out}");
     let relay = Relay::start(env.to_vec(), &["run"]);
@@ -137,6 +151,43 @@ async fn a_session_that_published_nothing_keeps_the_time_to_republish_from() {
         &batch.topics,
         &all,
         pending.len(),
+    )
+    .await;
+}
+
+/// A slot invalidated by `max_slot_wal_keep_size` while the relay was stopped, with rows it
+/// never saw. `run`'s error is followed as written: drop the slot, run `outboxd init` for
+/// the time to re-publish from, `init --recreate-lost-slot`, re-publish.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_invalidated_slot_is_followed_to_every_row() {
+    let cluster = PgCluster::start(ClusterOptions {
+        conf: vec!["max_slot_wal_keep_size = '16MB'".to_owned()],
+        ..ClusterOptions::default()
+    })
+    .expect("dedicated cluster");
+    let db = cluster.fresh_database("lost_time_invalidated").await;
+    let client = db.client().await;
+    let broker = Broker::default_for_tests();
+    let (outbox, batch, pending) = relayed_then_pending(&db, &client, &broker).await;
+    ops::invalidate_slot(&client, &outbox.slot).await;
+
+    let (code, out) = run_to_end(&batch.env, &["run"]);
+    assert_eq!(code, 3, "run on an invalidated slot: {out}");
+    let drop = format!("SELECT pg_drop_replication_slot('{}')", outbox.slot);
+    assert!(out.contains(&drop), "the error names how to drop it: {out}");
+    client.batch_execute(&drop).await.expect("drop slot");
+    let (code, out) = run_to_end(&batch.env, &["init"]);
+    assert_ne!(code, 0, "init must not create the lost slot unasked: {out}");
+    let since = named_time(&out);
+    let all = [batch.first.clone(), pending.clone()].concat();
+    recreate_and_republish(
+        &client,
+        &outbox,
+        &broker,
+        (&batch.env, &batch.topics),
+        &all,
+        pending.len(),
+        &since,
     )
     .await;
 }

@@ -258,25 +258,7 @@ async fn invalidated_slot_exits_3() {
     assert_eq!(relay.wait_exit(Duration::from_secs(30)).code(), Some(0));
 
     // ~80 MB of WAL past the slot, then a checkpoint invalidates it.
-    client
-        .batch_execute("CREATE TABLE filler (pad text)")
-        .await
-        .expect("filler");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        client
-            .batch_execute(
-                "INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 2000); \
-                 SELECT pg_switch_wal(); CHECKPOINT;",
-            )
-            .await
-            .expect("generate WAL");
-        let row = ops::slot_row(&client, &outbox.slot).await.expect("slot");
-        if row.wal_status.as_deref() == Some("lost") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "slot not invalidated: {row:?}");
-    }
+    ops::invalidate_slot(&client, &outbox.slot).await;
 
     let (code, out) = support::relay::run_to_end(&env, &["run"]);
     assert_eq!(code, 3, "run on a lost slot:\n{out}");

@@ -183,7 +183,7 @@ async fn a_change_made_while_stopped_is_seen_under_a_new_progress_key() {
 
 /// Restarted under a new progress topic: no record there holds a look to compare with.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 30 item 4: with a new progress topic run has no look to compare with; the slot's catalog horizon flags young slots too, so only `check` warns"]
+
 async fn a_change_made_while_stopped_is_seen_under_a_new_progress_topic() {
     changed_while_stopped_then(
         "pub_new_topic",

@@ -110,6 +110,34 @@ fn to_u64(v: Option<i64>) -> Option<u64> {
 }
 
 /// `None` when the slot does not exist.
+/// Writes WAL past the slot, switching segments and checkpointing, until the server
+/// invalidates it (`wal_status = 'lost'`; the cluster needs a small
+/// `max_slot_wal_keep_size`).
+pub async fn invalidate_slot(client: &Client, slot: &str) {
+    client
+        .batch_execute("CREATE TABLE IF NOT EXISTS filler (pad text)")
+        .await
+        .expect("filler");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        client
+            .batch_execute(
+                "INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 2000); \
+                 SELECT pg_switch_wal(); CHECKPOINT;",
+            )
+            .await
+            .expect("generate WAL");
+        let row = slot_row(client, slot).await.expect("slot");
+        if row.wal_status.as_deref() == Some("lost") {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "slot not invalidated: {row:?}"
+        );
+    }
+}
+
 pub async fn slot_row(client: &Client, slot: &str) -> Option<SlotRow> {
     let row = client
         .query_opt(

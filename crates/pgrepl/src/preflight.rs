@@ -197,6 +197,21 @@ pub async fn table_columns(
     Ok(Some(columns))
 }
 
+/// Whether the slot has decoded any transaction (`pg_stat_replication_slots.total_txns`;
+/// PostgreSQL forgets it after a crash or `pg_stat_reset_replication_slot()`). Read before
+/// streaming: the walsender counts what it decodes from then on.
+pub async fn slot_decoded(client: &Client, slot: &str) -> Result<bool, ReplError> {
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_replication_slots \
+             WHERE slot_name OPERATOR(pg_catalog.=) $1::pg_catalog.name \
+             AND total_txns OPERATOR(pg_catalog.>) 0::pg_catalog.int8)",
+            &[&slot],
+        )
+        .await?;
+    Ok(row.try_get(0)?)
+}
+
 /// The slot's row in `pg_replication_slots`, or `None` when it does not exist.
 pub async fn slot_state(client: &Client, name: &str) -> Result<Option<SlotState>, ReplError> {
     let row = client

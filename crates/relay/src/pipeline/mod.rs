@@ -34,8 +34,8 @@ pub use slot_history::{judge_missing_slot, Consent, Creation, History};
 use outbox_core::{DeliveredPosition, ReplayStart};
 
 use crate::kafka::{
-    build_producer, BrokerProbe, ProducerSettings, ProgressError, ProgressStore, PublicationSeen,
-    SlotIdentity, SlotRecords,
+    build_producer, BrokerProbe, ProducerSettings, ProgressError, ProgressRecord, ProgressStore,
+    PublicationSeen, SlotIdentity, SlotRecords,
 };
 use session::{Session, SessionStart};
 
@@ -175,6 +175,7 @@ async fn replay_claim(
             publication,
             timeline: None,
             read,
+            unrecorded: None,
         });
     }
     let Some(p) = progress else {
@@ -199,6 +200,10 @@ async fn replay_claim(
             let publication = records.last_look().cloned();
             let timeline = records.ours.as_ref().map(|r| r.claim.timeline);
             Ok(Known {
+                unrecorded: Some(Unrecorded {
+                    no_record: records.ours.is_none(),
+                })
+                .filter(|_| publication.is_none()),
                 claim: records.ours.map(|r| (r.claim, r.lineage)),
                 publication,
                 timeline,
@@ -211,6 +216,7 @@ async fn replay_claim(
             unreadable_record(obs, identity, p.topic(), &why);
             Ok(Known {
                 read: true,
+                unrecorded: Some(Unrecorded { no_record: true }),
                 ..Known::default()
             })
         }
@@ -222,6 +228,47 @@ async fn replay_claim(
             Ok(Known::default())
         }
     }
+}
+
+/// No look to compare the publication with (a new progress topic, a deleted record): the
+/// slot's own catalog horizon says whether it may have changed since the slot last
+/// decoded (`session::publication::judge_unrecorded`). A slot that had decoded nothing
+/// before this start passes (a slot made by hand just after its publication keeps an
+/// older `catalog_xmin` for a while), and with no record at all `look` is recorded at once: a process killed before
+/// its first record leaves a look to compare with, not a young slot to be judged.
+async fn adopt_unrecorded(
+    cfg: &RelayConfig,
+    sql: &tokio_postgres::Client,
+    progress: &ProgressStore,
+    identity: &SlotIdentity,
+    (unrecorded, decoded_before): (Unrecorded, bool),
+    mut record: ProgressRecord,
+    look: &PublicationSeen,
+) -> Result<(), RelayError> {
+    if decoded_before {
+        session::publication::judge_unrecorded(
+            sql,
+            &cfg.publication,
+            &cfg.slot,
+            identity.key(),
+            progress.topic(),
+        )
+        .await?;
+    }
+    if !unrecorded.no_record {
+        return Ok(());
+    }
+    record.publication = Some(look.clone());
+    let wait = cfg.progress_read_wait;
+    match tokio::time::timeout(wait, progress.write_and_wait(identity, &record)).await {
+        Ok(Ok(())) => {}
+        // Not a loss: without it a later start judges the slot's horizon again.
+        Ok(Err(e)) => tracing::warn!("could not record the publication as first seen: {e}"),
+        Err(_) => tracing::warn!(
+            "could not record the publication as first seen: Kafka did not acknowledge within {wait:?}"
+        ),
+    }
+    Ok(())
 }
 
 /// Says that the slot's record is not one outboxd writes, which then counts as none.
@@ -244,6 +291,15 @@ struct Known {
     /// Whether the record (or the last session) was read: if not, the publication is
     /// compared once it is (see `session::publication`).
     read: bool,
+    /// The record was read and holds no look at the publication for this slot, under
+    /// any name of this cluster.
+    unrecorded: Option<Unrecorded>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Unrecorded {
+    /// No record of this slot at all (or an unreadable one): the start writes one.
+    no_record: bool,
 }
 
 /// Refuses a server on an older timeline than the one recorded: a primary left running
@@ -722,6 +778,11 @@ async fn run_session(
         // the memory used.
         frame_limit: outbox_core::frame_limit(cfg.max_message_bytes),
     };
+    // Before the stream starts: from then on the walsender counts what it decodes.
+    let decoded_before = match (cfg.relay_table, progress) {
+        (true, Some(_)) => pgrepl::preflight::slot_decoded(&sql, &cfg.slot).await?,
+        _ => false,
+    };
     let mut stream = conn.start_replication(options).await?;
     obs.pgoutput_binary(binary.is_some());
     let table = cfg
@@ -777,13 +838,20 @@ async fn run_session(
             publication: cfg.publication.clone(),
         });
     }
-    // No look to compare with (a new key or topic, a deleted record): the slot's own
-    // catalog horizon tells whether the publication may have changed since it decoded.
-    // The slot's catalog horizon (`session::publication::judge_unrecorded`) is not asked
-    // here: a slot made while other transactions ran keeps a `catalog_xmin` older than a
-    // publication made just before it until it has confirmed for a while, so a restart
-    // before the first record with a look was taken for a changed publication (43 tests
-    // stopped). `check` reports it as a warning.
+    if let (Some(unrecorded), Some(p), Some(seen), true) =
+        (known.unrecorded, progress, &publication, settled)
+    {
+        adopt_unrecorded(
+            cfg,
+            &sql,
+            p,
+            &identity,
+            (unrecorded, decoded_before),
+            ProgressRecord::slot_created(system.timeline, confirmed_flush, None),
+            seen,
+        )
+        .await?;
+    }
     let claim = known.claim;
     let replay = ReplayStart {
         timeline: system.timeline,
