@@ -98,7 +98,13 @@ pub enum RelayError {
         key: String,
         progress_topic: String,
     },
-    #[error("cannot tell whether replication slot {slot:?} existed before: reading the progress record from Kafka topic {progress_topic:?} failed ({reason}); outboxd creates a missing slot only when it knows no earlier slot is being replaced. Retry once Kafka answers; `outboxd init --recreate-lost-slot` creates it regardless")]
+    #[error("cannot record publication {publication:?} as first seen in Kafka topic {progress_topic:?} ({reason}): with no look recorded, a later start could not tell whether it changed while outboxd was stopped, so outboxd does not stream until it is recorded; retrying. outboxd's Kafka principal needs Write on that topic (docs/operations.md, \"Kafka ACLs for outboxd's principal\")")]
+    FirstLookUnrecorded {
+        publication: String,
+        progress_topic: String,
+        reason: String,
+    },
+    #[error("cannot tell whether replication slot {slot:?} existed before: reading the progress record from Kafka topic {progress_topic:?} failed ({reason}); outboxd creates a missing slot only when it knows no earlier slot is being replaced. Retry once Kafka answers. A record outboxd did not write stays unreadable: then `outboxd init --recreate-lost-slot` creates the slot and replaces it, and, if a slot of this name existed, re-publish every outbox row that may not be in Kafka (docs/operations.md, \"A lost slot: re-publishing\")")]
     SlotHistoryUnknown {
         slot: String,
         progress_topic: String,
@@ -246,6 +252,7 @@ impl RelayError {
             // about to be promoted.
             E::StreamClosed
             | E::SlotHistoryUnknown { .. }
+            | E::FirstLookUnrecorded { .. }
             | E::SlotCreatedMeanwhile { .. }
             | E::StandbysUnsettled { .. }
             | E::InRecovery { .. }

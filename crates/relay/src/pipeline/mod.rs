@@ -175,7 +175,7 @@ async fn replay_claim(
             publication,
             timeline: None,
             read,
-            unrecorded: None,
+            unrecorded: false,
         });
     }
     let Some(p) = progress else {
@@ -200,10 +200,7 @@ async fn replay_claim(
             let publication = records.last_look().cloned();
             let timeline = records.ours.as_ref().map(|r| r.claim.timeline);
             Ok(Known {
-                unrecorded: Some(Unrecorded {
-                    no_record: records.ours.is_none(),
-                })
-                .filter(|_| publication.is_none()),
+                unrecorded: publication.is_none(),
                 claim: records.ours.map(|r| (r.claim, r.lineage)),
                 publication,
                 timeline,
@@ -216,7 +213,7 @@ async fn replay_claim(
             unreadable_record(obs, identity, p.topic(), &why);
             Ok(Known {
                 read: true,
-                unrecorded: Some(Unrecorded { no_record: true }),
+                unrecorded: true,
                 ..Known::default()
             })
         }
@@ -230,46 +227,61 @@ async fn replay_claim(
     }
 }
 
-/// No look to compare the publication with (a new progress topic, a deleted record): the
-/// slot's own catalog horizon says whether it may have changed since the slot last
-/// decoded (`session::publication::judge_unrecorded`). A slot that had decoded nothing
-/// before this start passes (a slot made by hand just after its publication keeps an
-/// older `catalog_xmin` for a while), and with no record at all `look` is recorded at once: a process killed before
-/// its first record leaves a look to compare with, not a young slot to be judged.
-async fn adopt_unrecorded(
+/// A slot that has decoded nothing yet (a slot made by hand, or its statistics reset by
+/// a crash): before its first stream, a look at the publication is recorded unless the
+/// record holds one, so that no stream of this slot ever runs without a look to compare
+/// with. Without it a later start could only judge the slot's catalog horizon, which
+/// flags a slot made just after its publication (it keeps an older `catalog_xmin` until
+/// it confirms) as changed. Until Kafka answers, the slot is not streamed: nothing could
+/// be published anyway.
+async fn record_first_look(
     cfg: &RelayConfig,
-    sql: &tokio_postgres::Client,
+    (pg, sql): (&ConnectConfig, &tokio_postgres::Client),
     progress: &ProgressStore,
     identity: &SlotIdentity,
-    (unrecorded, decoded_before): (Unrecorded, bool),
-    mut record: ProgressRecord,
-    look: &PublicationSeen,
+    obs: &Observer,
+    record: ProgressRecord,
 ) -> Result<(), RelayError> {
-    if decoded_before {
-        session::publication::judge_unrecorded(
-            sql,
-            &cfg.publication,
-            &cfg.slot,
-            identity.key(),
-            progress.topic(),
-        )
-        .await?;
-    }
-    if !unrecorded.no_record {
+    let failed = |reason: String| RelayError::FirstLookUnrecorded {
+        publication: cfg.publication.clone(),
+        progress_topic: progress.topic().to_owned(),
+        reason,
+    };
+    let waited = |what: &str| failed(format!("{what} within {FIRST_LOOK_WAIT:?}"));
+    let records = match tokio::time::timeout(FIRST_LOOK_WAIT, progress.read_slot(identity)).await {
+        Ok(Ok(records)) => records,
+        Ok(Err(ProgressError::Unreadable(why))) => {
+            unreadable_record(obs, identity, progress.topic(), &why);
+            SlotRecords::default()
+        }
+        Ok(Err(e)) => return Err(failed(e.to_string())),
+        Err(_) => return Err(waited("Kafka did not answer the read")),
+    };
+    refuse_other_cluster(&records, progress, identity)?;
+    if records.last_look().is_some() || records.ours.is_some() {
         return Ok(());
     }
-    record.publication = Some(look.clone());
-    let wait = cfg.progress_read_wait;
-    match tokio::time::timeout(wait, progress.write_and_wait(identity, &record)).await {
-        Ok(Ok(())) => {}
-        // Not a loss: without it a later start judges the slot's horizon again.
-        Ok(Err(e)) => tracing::warn!("could not record the publication as first seen: {e}"),
-        Err(_) => tracing::warn!(
-            "could not record the publication as first seen: Kafka did not acknowledge within {wait:?}"
-        ),
+    let table = (cfg.table.schema.as_str(), cfg.table.table.as_str());
+    let looked =
+        session::publication::look(sql, (pg, &mut None), &cfg.publication, Some(table)).await?;
+    let Some(seen) = looked.seen.filter(|_| looked.settled) else {
+        // Unsettled: the start's own look decides as before (`StandbysUnsettled`); no
+        // publication: the session stops on it.
+        return Ok(());
+    };
+    let record = ProgressRecord {
+        publication: Some(seen),
+        ..record
+    };
+    match tokio::time::timeout(FIRST_LOOK_WAIT, progress.write_and_wait(identity, &record)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(failed(e.to_string())),
+        Err(_) => Err(waited("Kafka did not acknowledge the write")),
     }
-    Ok(())
 }
+
+/// How long a slot's first start waits for Kafka to read and record its first look.
+const FIRST_LOOK_WAIT: Duration = Duration::from_secs(30);
 
 /// Says that the slot's record is not one outboxd writes, which then counts as none.
 pub(super) fn unreadable_record(obs: &Observer, identity: &SlotIdentity, topic: &str, why: &str) {
@@ -293,13 +305,7 @@ struct Known {
     read: bool,
     /// The record was read and holds no look at the publication for this slot, under
     /// any name of this cluster.
-    unrecorded: Option<Unrecorded>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Unrecorded {
-    /// No record of this slot at all (or an unreadable one): the start writes one.
-    no_record: bool,
+    unrecorded: bool,
 }
 
 /// Refuses a server on an older timeline than the one recorded: a primary left running
@@ -780,7 +786,19 @@ async fn run_session(
     };
     // Before the stream starts: from then on the walsender counts what it decodes.
     let decoded_before = match (cfg.relay_table, progress) {
-        (true, Some(_)) => pgrepl::preflight::slot_decoded(&sql, &cfg.slot).await?,
+        (true, Some(p)) => {
+            let decoded = pgrepl::preflight::slot_decoded(&sql, &cfg.slot).await?;
+            // A slot held by another instance: this one stands by (at the stream's start)
+            // and records nothing.
+            let held = pgrepl::preflight::slot_state(&sql, &cfg.slot)
+                .await?
+                .is_some_and(|s| s.active);
+            if !decoded && !held && carry.delivered.is_none() {
+                let at = ProgressRecord::slot_created(system.timeline, start.confirmed_flush, None);
+                record_first_look(cfg, (pg, &sql), p, &identity, obs, at).await?;
+            }
+            decoded
+        }
         _ => false,
     };
     let mut stream = conn.start_replication(options).await?;
@@ -838,17 +856,18 @@ async fn run_session(
             publication: cfg.publication.clone(),
         });
     }
-    if let (Some(unrecorded), Some(p), Some(seen), true) =
-        (known.unrecorded, progress, &publication, settled)
+    // No look recorded though the slot decoded before (a new progress topic, a record
+    // deleted): the slot's catalog horizon says whether the publication may have changed
+    // since it last decoded.
+    if let (Some(p), true, true, true) =
+        (progress, known.unrecorded, decoded_before, table.is_some())
     {
-        adopt_unrecorded(
-            cfg,
+        session::publication::judge_unrecorded(
             &sql,
-            p,
-            &identity,
-            (unrecorded, decoded_before),
-            ProgressRecord::slot_created(system.timeline, confirmed_flush, None),
-            seen,
+            &cfg.publication,
+            &cfg.slot,
+            identity.key(),
+            p.topic(),
         )
         .await?;
     }
