@@ -388,15 +388,19 @@ func run(s *settings) error {
 	}
 	defer cl.Close()
 	fmt.Printf("inbox-example: consuming %v as group %s\n", s.topics, s.group)
-	lastCommit, nextPrune := time.Now(), time.Now()
+	lastCommit, nextPrune, dirty := time.Now(), time.Now(), false
 	for {
-		fetches := cl.PollFetches(ctx)
+		// Bounded, so that the commit below also runs when no record comes.
+		poll, stopPoll := context.WithTimeout(ctx, 500*time.Millisecond)
+		fetches := cl.PollFetches(poll)
+		stopPoll()
 		if ctx.Err() != nil {
 			break
 		}
 		var fetchErr error
 		fetches.EachError(func(t string, p int32, err error) {
-			if fetchErr == nil && !errors.Is(err, context.Canceled) {
+			if fetchErr == nil && !errors.Is(err, context.Canceled) &&
+				!errors.Is(err, context.DeadlineExceeded) {
 				fetchErr = fmt.Errorf("fetching %s/%d: %w", t, p, err)
 			}
 		})
@@ -412,11 +416,14 @@ func run(s *settings) error {
 		if handleErr != nil {
 			return handleErr
 		}
-		if time.Since(lastCommit) >= s.commitEvery {
+		if !fetches.Empty() {
+			dirty = true
+		}
+		if dirty && time.Since(lastCommit) >= s.commitEvery {
 			if err := c.commit(ctx, cl, nil); err != nil {
 				return err
 			}
-			lastCommit = time.Now()
+			lastCommit, dirty = time.Now(), false
 		}
 		if s.keepHours > 0 && time.Now().After(nextPrune) {
 			nextPrune = time.Now().Add(5 * time.Minute)
