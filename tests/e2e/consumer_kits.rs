@@ -158,7 +158,7 @@ impl Lang {
 }
 
 /// One example process, killed or stopped by the test.
-pub(crate) struct Instance {
+struct Instance {
     command: Vec<String>,
     env: Vec<(String, String)>,
     child: Option<Child>,
@@ -407,7 +407,7 @@ async fn kit_scenario(lang: Lang) {
     // Transfers flow until the test has seen the kill and the rebalance through.
     let stop = Arc::new(AtomicBool::new(false));
     let conn = producer_db.conn_string();
-    let stop_load = stop.clone();
+    let stop_load = Arc::clone(&stop);
     let load = tokio::spawn(async move {
         let mut client = connect(&conn).await;
         let mut rng = rand::rngs::StdRng::seed_from_u64(32);
