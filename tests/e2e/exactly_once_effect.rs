@@ -26,12 +26,12 @@ use support::relay::Relay;
 use support::schema;
 use tokio_postgres::{Client, NoTls, Transaction};
 
-const ACCOUNTS: i64 = 20;
-const START_BALANCE: i64 = 1_000;
+pub(crate) const ACCOUNTS: i64 = 20;
+pub(crate) const START_BALANCE: i64 = 1_000;
 const TRANSFERS: usize = 1_500;
 const KILLS_EACH: usize = 10;
 
-const OUTBOX_DDL: &str = "CREATE TABLE public.outbox (
+pub(crate) const OUTBOX_DDL: &str = "CREATE TABLE public.outbox (
     id              uuid   PRIMARY KEY DEFAULT gen_random_uuid(),
     aggregate_type  text   NOT NULL,
     aggregate_id    text   NOT NULL,
@@ -52,7 +52,7 @@ const CONSUMER_DDL: &str = "CREATE TABLE balances (account text PRIMARY KEY, bal
 CREATE TABLE applied (seq bigserial PRIMARY KEY, account text NOT NULL, version bigint NOT NULL, key text NOT NULL);";
 
 /// (text, bigint) rows as a map.
-async fn rows(client: &Client, sql: &str) -> BTreeMap<String, i64> {
+pub(crate) async fn rows(client: &Client, sql: &str) -> BTreeMap<String, i64> {
     client
         .query(sql, &[])
         .await
@@ -62,7 +62,7 @@ async fn rows(client: &Client, sql: &str) -> BTreeMap<String, i64> {
         .collect()
 }
 
-async fn connect(conn: &str) -> Client {
+pub(crate) async fn connect(conn: &str) -> Client {
     let (client, connection) = tokio_postgres::connect(conn, NoTls).await.expect("connect");
     tokio::spawn(async move {
         let _ = connection.await;
@@ -216,7 +216,7 @@ impl Drop for ConsumerProcess {
 }
 
 /// One transfer: both accounts' rows and both events in one transaction.
-async fn transfer(client: &mut Client, n: usize, from: i64, to: i64, amount: i64) {
+pub(crate) async fn transfer(client: &mut Client, n: usize, from: i64, to: i64, amount: i64) {
     let tx = client.transaction().await.unwrap();
     // Lock in id order: the producer is single-threaded, but keep it deadlock-free anyway.
     let (first, second) = if from < to { (from, to) } else { (to, from) };

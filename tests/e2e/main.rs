@@ -16,6 +16,7 @@ mod bounded_memory;
 mod catch_up;
 mod check_topics;
 mod compose_env;
+mod consumer_kits;
 mod crash;
 mod dead_connection;
 mod exactly_once_effect;

@@ -10,6 +10,7 @@
 
 mod args;
 mod broker;
+mod conformance;
 mod quickstart;
 
 use std::process::ExitCode;
@@ -29,6 +30,18 @@ USAGE:
       with --mock), runs the `outboxd` binary found next to this one, inserts N sample events (default 20) spread over S seconds (default N/4),
       prints each event as it arrives in Kafka, and exits 0 when every event arrived.
 
+  outboxd-dev conformance --bootstrap-servers HOST:PORT --topic NAME --database URL
+                          [--consumer NAME] [--group ID] [--effect-query SQL]
+                          [--aggregate-type NAME] [--seconds S]
+      Checks an inbox consumer (docs/inbox.md) that reads --topic: writes a scripted run of
+      outboxd-shaped records with duplicates, a replayed batch, a re-inserted event, a stale
+      version and an out-of-order version; waits (default 60 s) until group --group (default
+      --consumer, default balances) committed past them; then checks --database's
+      inbox_processed and inbox_versions rows of --consumer, and the effect: --effect-query
+      takes the run's aggregate ids as $1 (text[]) and returns (id text, amount bigint) rows,
+      the sum of the amounts applied (default: SELECT account, balance FROM balances WHERE
+      account = ANY($1), the examples' table). Exits 0 when every check passed, 1 otherwise.
+
   outboxd-dev help
 ";
 
@@ -39,6 +52,7 @@ fn main() -> ExitCode {
     let result = match command.as_deref() {
         Some("broker") => broker::main(&rest),
         Some("quickstart") => quickstart::main(&rest),
+        Some("conformance") => conformance::main(&rest),
         Some("help" | "-h" | "--help") | None => {
             print!("{USAGE}");
             return if command.is_none() {
