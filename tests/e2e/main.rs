@@ -41,6 +41,7 @@ mod ops_lifecycle;
 mod ops_reconnect;
 mod partial_transaction;
 mod partitioned_outbox;
+mod partitioner_handover;
 mod pgoutput_versions;
 mod progress_record_trust;
 mod proven_skip;
