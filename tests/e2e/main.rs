@@ -9,6 +9,7 @@
 mod support;
 
 mod ack_gating;
+mod adopt_diagnostics;
 mod bad_rows;
 mod big_transaction;
 mod binary_mode;

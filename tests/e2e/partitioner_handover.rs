@@ -124,10 +124,10 @@ async fn handover(name: &str, partitioner: &str, outboxd: Option<&str>) -> BTree
     let before =
         partitions_by_aggregate(&received, &created.iter().map(|e| e.id.as_str()).collect());
     let after = partitions_by_aggregate(&received, &paid.iter().map(|e| e.id.as_str()).collect());
-    let moved: Vec<(&String, &BTreeSet<i32>, Option<&BTreeSet<i32>>)> = before
+    let moved: Vec<String> = before
         .iter()
         .filter(|(agg, p)| after.get(*agg) != Some(*p))
-        .map(|(agg, p)| (agg, p, after.get(agg)))
+        .map(|(agg, p)| format!("{agg}: {p:?} -> {:?}", after.get(agg)))
         .collect();
     assert!(
         moved.is_empty(),
