@@ -194,7 +194,7 @@ fn health_row_shows_down_and_a_lost_slot_in_red() {
 fn rules_require_no_job() {
     for rule in alert_rules() {
         let expr = rule["expr"].as_str().expect("expr");
-        assert!(!expr.contains("job="), "{}: {expr}", rule["alert"]);
+        assert!(!expr.contains("job="), "{:?}: {expr}", rule["alert"]);
     }
 }
 
