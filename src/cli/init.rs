@@ -556,7 +556,7 @@ async fn verify_existing_publication(s: &Settings, sql: &Client) -> Result<(), I
     match judge_publication(&coverage, &s.publication, &table, &candidates) {
         Ok(None) => {
             say!(
-                "ok  publication {} (exists; publishes the inserts of {table})",
+                "ok  publication {} (exists): publishes the inserts of {table}",
                 s.publication
             );
             Ok(())
