@@ -6,8 +6,9 @@ use outbox_core::{BoundTable, EventFields, TableSpec, TopicField};
 use outboxd_relay::kafka::{build_producer, ProgressStore, RelayProducer};
 use outboxd_relay::pipeline::{
     compare_publication, judge_missing_slot, judge_publication, judge_server, judge_slot,
-    judge_unrecorded_publication, look_at_publication, outbox_rows, refuse_other_cluster,
-    verify_shard_layout, BadRowPolicy, Consent, History, MIN_SERVER_VERSION_NUM,
+    judge_unrecorded_publication, look_at_publication, missing_table, outbox_rows,
+    refuse_other_cluster, table_candidates, verify_shard_layout, BadRowPolicy, Consent, History,
+    MIN_SERVER_VERSION_NUM,
 };
 use pgoutput::{Column, Relation, ReplicaIdentity};
 use pgrepl::{
@@ -563,7 +564,11 @@ async fn check_publication(r: &mut Report, s: &Settings, sql: &Client) {
         );
     }
     let table = format!("{}.{}", s.table_schema, s.table_name);
-    match judge_publication(&coverage, &s.publication, &table) {
+    let candidates = match table_candidates(sql, &coverage, &s.column_aggregate_id).await {
+        Ok(c) => c,
+        Err(e) => return r.fail(what, e),
+    };
+    match judge_publication(&coverage, &s.publication, &table, &candidates) {
         Ok(None) => r.ok(
             what,
             format!(
@@ -656,13 +661,16 @@ async fn check_table(r: &mut Report, s: &Settings, sql: &Client) {
                 s.message_prefix.as_deref().unwrap_or("")
             ),
         ),
-        Ok(None) => r.fail(
-            what,
-            format!(
-                "{}.{} does not exist: run `outboxd init` or sql/outbox.sql",
-                s.table_schema, s.table_name
-            ),
-        ),
+        Ok(None) => {
+            let candidates = preflight::tables_with_column(sql, &s.column_aggregate_id).await;
+            r.fail(
+                what,
+                missing_table(
+                    &format!("{}.{}", s.table_schema, s.table_name),
+                    &candidates.unwrap_or_default(),
+                ),
+            )
+        }
         Err(e) => r.fail(what, e),
     }
 }

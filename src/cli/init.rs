@@ -8,8 +8,9 @@ use std::collections::BTreeMap;
 
 use outboxd_relay::kafka::{ProgressRecord, ProgressStore, SlotIdentity, SlotRecords};
 use outboxd_relay::pipeline::{
-    compare_publication, create_checked, judge_missing_slot, judge_slot, look_at_publication,
-    outbox_rows, verify_shard_layout, Consent, Creation, History,
+    compare_publication, create_checked, judge_missing_slot, judge_publication, judge_slot,
+    look_at_publication, outbox_rows, table_candidates, verify_shard_layout, Consent, Creation,
+    History,
 };
 use pgoutput::Lsn;
 use pgrepl::{preflight, ConnectConfig, ReplError, ReplicationConnection};
@@ -229,7 +230,7 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
         quote_ident(&s.table_name)
     );
     if preflight::publication_exists(sql, &s.publication).await? {
-        say!("ok  publication {} (exists)", s.publication);
+        verify_existing_publication(s, sql).await?;
     } else {
         create_publication(s, sql, &table, &user).await?;
         say!("ok  publication {} (created)", s.publication);
@@ -528,6 +529,47 @@ async fn create_table(
     match sql.batch_execute(&ddl).await {
         Err(e) if e.code().map(|c| c.code()) == Some("42501") => Err(refused()),
         other => Ok(other?),
+    }
+}
+
+/// An existing publication is left as it is (it may serve other subscribers, and its
+/// owner decides what it publishes): init says whether it delivers the outbox's inserts,
+/// by the rule `run` applies, and stops with the fix when it does not.
+async fn verify_existing_publication(s: &Settings, sql: &Client) -> Result<(), InitError> {
+    if !s.relay_table {
+        say!("ok  publication {} (exists)", s.publication);
+        return Ok(());
+    }
+    let table = format!("{}.{}", s.table_schema, s.table_name);
+    let coverage =
+        preflight::publication_coverage(sql, &s.publication, &s.table_schema, &s.table_name)
+            .await?
+            .ok_or_else(|| {
+                InitError::Refused(format!(
+                    "publication {} was dropped while init ran: run `outboxd init` again",
+                    s.publication
+                ))
+            })?;
+    let candidates = table_candidates(sql, &coverage, &s.column_aggregate_id)
+        .await
+        .map_err(|e| InitError::Refused(e.to_string()))?;
+    match judge_publication(&coverage, &s.publication, &table, &candidates) {
+        Ok(None) => {
+            say!(
+                "ok  publication {} (exists): publishes the inserts of {table}",
+                s.publication
+            );
+            Ok(())
+        }
+        Ok(Some(warning)) => {
+            say!("warn publication {} (exists): {warning}", s.publication);
+            Ok(())
+        }
+        Err(problem) => Err(InitError::Refused(format!(
+            "publication {} exists but does not deliver the inserts of {table}: {problem}. \
+             Then run `outboxd init` again",
+            s.publication
+        ))),
     }
 }
 

@@ -9,6 +9,7 @@
 mod support;
 
 mod ack_gating;
+mod adopt_diagnostics;
 mod bad_rows;
 mod big_transaction;
 mod binary_mode;
@@ -42,6 +43,7 @@ mod ops_lifecycle;
 mod ops_reconnect;
 mod partial_transaction;
 mod partitioned_outbox;
+mod partitioner_handover;
 mod pgoutput_versions;
 mod progress_record_trust;
 mod proven_skip;

@@ -135,6 +135,69 @@ fn dashboard_and_rules_cover_what_on_call_watches() {
     assert_eq!(dead["labels"]["severity"].as_str(), Some("page"));
 }
 
+/// Issue 32: the health row says "down" (red) when no relay reports, instead of "No data",
+/// and shows a lost slot by name in red, not as a green 1.
+#[test]
+fn health_row_shows_down_and_a_lost_slot_in_red() {
+    let doc: serde_json::Value = serde_json::from_str(DASHBOARD).expect("dashboard is JSON");
+    let panels = doc["panels"].as_array().expect("panels");
+    let stat = |title: &str| {
+        panels
+            .iter()
+            .find(|p| p["type"] == "stat" && p["title"] == title)
+            .unwrap_or_else(|| panic!("no stat panel {title:?}"))
+    };
+    // The text and colour a stat shows for `value` through its value mappings.
+    let shown = |panel: &serde_json::Value, value: &str| -> (String, String) {
+        let mappings = panel["fieldConfig"]["defaults"]["mappings"]
+            .as_array()
+            .expect("mappings");
+        let m = mappings
+            .iter()
+            .find_map(|m| m["options"].get(value))
+            .unwrap_or_else(|| panic!("{}: no mapping for {value}", panel["title"]));
+        (
+            m["text"].as_str().unwrap_or("").to_owned(),
+            m["color"].as_str().unwrap_or("").to_owned(),
+        )
+    };
+    for title in [
+        "Streaming (any instance)",
+        "Kafka producer healthy",
+        "Slot wal_status",
+        "Kafka brokers up",
+    ] {
+        let panel = stat(title);
+        let expr = panel["targets"][0]["expr"].as_str().expect("expr");
+        assert!(expr.ends_with("or on () vector(-1)"), "{title}: {expr}");
+        assert_eq!(shown(panel, "-1"), ("down".into(), "red".into()), "{title}");
+    }
+    let wal = stat("Slot wal_status");
+    let expr = wal["targets"][0]["expr"].as_str().expect("expr");
+    for (status, code, color) in [
+        ("reserved", "0", "green"),
+        ("extended", "1", "orange"),
+        ("unreserved", "2", "red"),
+        ("lost", "3", "red"),
+    ] {
+        assert!(
+            expr.contains(&format!("status=\"{status}\"}} == 1) * {code}")),
+            "{status}: {expr}"
+        );
+        assert_eq!(shown(wal, code), (status.into(), color.into()), "{status}");
+    }
+}
+
+/// Issue 32: common pod scraping gives the relay another job than "outboxd"; the rules
+/// must not require one (the promtool tests run them under job="kubernetes-pods").
+#[test]
+fn rules_require_no_job() {
+    for rule in alert_rules() {
+        let expr = rule["expr"].as_str().expect("expr");
+        assert!(!expr.contains("job="), "{:?}: {expr}", rule["alert"]);
+    }
+}
+
 /// A heading's anchor as GitHub and GitLab make it: lower case, punctuation dropped,
 /// spaces to hyphens.
 fn anchor(heading: &str) -> String {

@@ -344,3 +344,25 @@ async fn an_old_primary_left_running_is_not_streamed_from() {
         restarted.log_text()
     );
 }
+
+/// A slot `run` creates has nothing to replay: its first start counts no replay doubt
+/// (it counted `past_server_end` and warned of a cloned cluster on every first start).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_first_start_that_creates_the_slot_doubts_nothing() {
+    let db = PgCluster::shared().fresh_database("first_start").await;
+    let client = db.client().await;
+    let outbox = schema::setup_without_slot(&db).await;
+    let broker = Broker::default_for_tests();
+    let mut batch = ops::relay_first_batch(&db, &client, &outbox, &broker, &[], 10).await;
+    batch
+        .relay
+        .wait_metric_at_least("outboxd_events_published_total", 10.0)
+        .await;
+    assert!(slot_row(&client, &outbox.slot).await.is_some());
+    assert_eq!(
+        batch.relay.metric("outboxd_replay_doubts_total"),
+        Some(0.0),
+        "replay doubts on a first start"
+    );
+    batch.stop();
+}

@@ -761,6 +761,31 @@ pub struct PublicationCoverage {
     /// `schema.name`, one a line: their rows are never written to the WAL, so no
     /// publication can send them.
     pub unlogged: Option<String>,
+    /// Tables that inherit from the table (`INHERITS`, not partitions), as quoted
+    /// `schema.name`, one a line: rows inserted into one are its own, named after it in the
+    /// stream, and not the outbox's.
+    pub inheritance_children: Option<String>,
+}
+
+/// Tables (plain or partitioned, not partitions) outside the system schemas that have a
+/// column named `column`, as quoted `schema.name`, at most five (an error message names
+/// them): what the outbox table may be called when the configured one does not exist.
+pub async fn tables_with_column(client: &Client, column: &str) -> Result<Vec<String>, ReplError> {
+    let rows = client
+        .query(
+            "SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) \
+             FROM pg_catalog.pg_attribute a \
+             JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE a.attname = $1 AND a.attnum > 0 AND NOT a.attisdropped \
+               AND c.relkind IN ('r', 'p') AND NOT c.relispartition \
+               AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+               AND n.nspname NOT LIKE 'pg\\_%' \
+             ORDER BY 1 LIMIT 5",
+            &[&column],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
 /// `None` when the publication does not exist.
@@ -810,7 +835,13 @@ pub async fn publication_coverage(
                   JOIN pg_catalog.pg_namespace un ON un.oid = uc.relnamespace \
                  WHERE uc.relpersistence = 'u' AND uc.relkind = 'r' \
                    AND (uc.oid = (SELECT oid FROM t) OR uc.oid IN ( \
-                        SELECT l.relid::oid FROM pg_catalog.pg_partition_tree((SELECT oid FROM t)) l))) \
+                        SELECT l.relid::oid FROM pg_catalog.pg_partition_tree((SELECT oid FROM t)) l))), \
+               (SELECT pg_catalog.string_agg(pg_catalog.format('%I.%I', cn.nspname, cc.relname), E'\\n' \
+                         ORDER BY cn.nspname, cc.relname) \
+                  FROM pg_catalog.pg_inherits i \
+                  JOIN pg_catalog.pg_class cc ON cc.oid = i.inhrelid \
+                  JOIN pg_catalog.pg_namespace cn ON cn.oid = cc.relnamespace \
+                 WHERE i.inhparent = (SELECT oid FROM t) AND NOT cc.relispartition) \
              FROM pg_catalog.pg_publication p WHERE p.pubname = $1",
             &[&publication, &schema, &table],
         )
@@ -828,6 +859,7 @@ pub async fn publication_coverage(
         row_filtered: row.try_get(6)?,
         column_listed: row.try_get(7)?,
         unlogged: row.try_get(8)?,
+        inheritance_children: row.try_get(9)?,
     }))
 }
 

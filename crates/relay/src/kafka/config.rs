@@ -7,10 +7,13 @@
 //!   `delivery.timeout.ms`, `queuing.strategy`, `retries`/`message.send.max.retries`,
 //!   `delivery.report.only.error`: accepted only with the value the relay sets itself.
 //! - `max.in.flight(.requests.per.connection)`: 1..=5 (idempotent ordering limit).
-//! - `partitioner`: only `murmur2` or `murmur2_random`. Both put a keyed record where
-//!   Java clients would; they differ only for null keys. Any other partitioner moves
-//!   aggregates to other partitions than the events already written, so a consumer would
-//!   see an aggregate's events out of order across the switch.
+//! - `partitioner`: any of librdkafka's deterministic ones ([`KEYED_PARTITIONERS`]), so
+//!   that outboxd can take over from a poller that used another client's default and
+//!   keep each aggregate on its partition; `random` is refused. The `_random` variants
+//!   differ from their plain ones only for NULL keys (and `consistent_random` for empty
+//!   ones), and every record the relay writes to an outbox topic has a non-empty key (an
+//!   empty or NULL aggregate id is dead-lettered), so each of them maps one key to one
+//!   partition.
 //! - `transactional.id`: refused: the relay has no transactional (exactly-once) mode.
 //! - `bootstrap.servers`, `message.max.bytes`, `queue.buffering.max.messages`: come from
 //!   the relay's own settings; an override must agree with them.
@@ -34,6 +37,17 @@ const MAX_IDEMPOTENT_IN_FLIGHT: u32 = 5;
 const MESSAGE_MAX_BYTES_RANGE: std::ops::RangeInclusive<usize> = 1000..=1_000_000_000;
 /// librdkafka's bound for `queue.buffering.max.messages`.
 const QUEUE_MAX_MESSAGES_MAX: usize = 2_147_483_647;
+
+/// librdkafka partitioners that send a non-empty key to the same partition every time
+/// (CONFIGURATION.md, `partitioner`).
+const KEYED_PARTITIONERS: [&str; 6] = [
+    "murmur2",
+    "murmur2_random",
+    "consistent",
+    "consistent_random",
+    "fnv1a",
+    "fnv1a_random",
+];
 
 const ORDERING_REASON: &str = "the relay needs the idempotent producer (acks=all, FIFO, unlimited retries, no message timeout) so that every acked event is durable and each key's events stay in order without gaps";
 
@@ -191,8 +205,8 @@ fn check_override(s: &ProducerSettings, name: &str, value: &str) -> Result<(), K
             "the idempotent producer keeps order only with 1 to 5 requests in flight",
         ),
         "partitioner" => require(
-            v == "murmur2" || v == "murmur2_random",
-            "keys must go to the partition Java clients choose (murmur2); another partitioner moves aggregates to other partitions and breaks their order",
+            KEYED_PARTITIONERS.contains(&v.as_str()),
+            "each aggregate's events must go to one partition: use the partitioner your earlier producer used, one of murmur2, murmur2_random (Java clients, franz-go, kafka-python, kafkajs), consistent_random, consistent (librdkafka-based clients' CRC32 default), fnv1a, fnv1a_random (sarama's default); `random` scatters an aggregate's events",
         ),
         "delivery.report.only.error" => require(
             v == "false",
@@ -259,9 +273,8 @@ mod tests {
             ("retries", "3"),
             ("message.send.max.retries", "10"),
             ("queuing.strategy", "lifo"),
-            ("partitioner", "consistent_random"),
             ("partitioner", "random"),
-            ("partitioner", "fnv1a"),
+            ("partitioner", "crc32"),
             ("transactional.id", "relay-1"),
             ("delivery.report.only.error", "true"),
             ("bootstrap.servers", "elsewhere:9092"),
@@ -302,6 +315,10 @@ mod tests {
             ("message.timeout.ms", "0"),
             ("max.in.flight", "1"),
             ("partitioner", "murmur2"),
+            ("partitioner", "consistent_random"),
+            ("partitioner", "consistent"),
+            ("partitioner", "fnv1a"),
+            ("partitioner", "fnv1a_random"),
             ("enable.gapless.guarantee", "true"),
             ("message.max.bytes", "1000000"),
             ("bootstrap.servers", "localhost:9092"),

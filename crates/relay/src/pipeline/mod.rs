@@ -26,8 +26,8 @@ pub use session::publication::{
 pub use session::SessionEnd;
 pub use shard::{judge_shard_layout, verify_shard_layout, ShardSpec};
 pub use slot::{
-    create_checked, judge_publication, judge_server, judge_slot, outbox_rows, FailoverSlot,
-    SlotStart, SlotStats, Verdict,
+    create_checked, judge_publication, judge_server, judge_slot, missing_table, outbox_rows,
+    table_candidates, FailoverSlot, SlotStart, SlotStats, Verdict,
 };
 pub use slot_history::{judge_missing_slot, Consent, Creation, History};
 
@@ -723,6 +723,7 @@ async fn run_session(
         cfg.relay_table.then_some(&cfg.table),
     )
     .await?;
+    let created = prepared.is_none();
     let start = match prepared {
         Some(start) => {
             slot::ensure_failover(&sql, &mut conn, &cfg.slot, cfg.failover_slot).await?;
@@ -875,7 +876,14 @@ async fn run_session(
     let replay = ReplayStart {
         timeline: system.timeline,
         start: confirmed_flush,
-        server_end: system.xlog_pos,
+        // IDENTIFY_SYSTEM answered before this session created the slot, whose record
+        // names the slot's position: the server wrote its WAL that far, so that position
+        // is no sign of another copy's record.
+        server_end: if created {
+            system.xlog_pos.max(confirmed_flush)
+        } else {
+            system.xlog_pos
+        },
         claim,
         fingerprint,
         foreign_writer: progress.is_some_and(ProgressStore::foreign_writer),

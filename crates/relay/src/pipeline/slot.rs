@@ -466,27 +466,64 @@ pub async fn verify_publication(
         .ok_or_else(|| RelayError::PublicationMissing {
             publication: publication.to_owned(),
         })?;
-    judge_publication(&coverage, publication, &table.qualified_name()).map_err(|problem| {
-        RelayError::TableNotPublished {
+    let candidates = table_candidates(sql, &coverage, &table.columns.aggregate_id).await?;
+    judge_publication(&coverage, publication, &table.qualified_name(), &candidates).map_err(
+        |problem| RelayError::TableNotPublished {
             publication: publication.to_owned(),
             table: table.qualified_name(),
             problem,
-        }
-    })
+        },
+    )
+}
+
+/// The tables that may be the outbox when `table` is missing (`c.table_kind` is `None`):
+/// those with its aggregate id column. Empty when the table exists.
+pub async fn table_candidates(
+    sql: &Client,
+    c: &PublicationCoverage,
+    aggregate_id_column: &str,
+) -> Result<Vec<String>, RelayError> {
+    if c.table_kind.is_some() {
+        return Ok(Vec::new());
+    }
+    Ok(preflight::tables_with_column(sql, aggregate_id_column).await?)
+}
+
+/// The configured table does not exist. A wrong name is the likelier cause once there
+/// are outbox rows somewhere, and `outboxd init` would then create a second, empty
+/// table under the wrong name: so the fix for a wrong name comes first, and `init` only
+/// for a setup that has no outbox table yet.
+pub fn missing_table(table: &str, candidates: &[String]) -> String {
+    let found = match candidates {
+        [] => String::new(),
+        [one] => format!(" A table here has the outbox's aggregate id column: {one}."),
+        many => format!(
+            " Tables here with the outbox's aggregate id column: {}.",
+            many.join(", ")
+        ),
+    };
+    let example = candidates.first().map_or("schema.table", String::as_str);
+    format!(
+        "the table {table} does not exist in this database (OUTBOXD_TABLE; a name without a \
+         schema is in public).{found} If the outbox table exists under another name or \
+         schema, set OUTBOXD_TABLE={example} (and OUTBOXD_COLUMN_* if its columns are named \
+         differently). Only for a new setup that has no outbox table yet: `outboxd init` \
+         creates an empty {table}. Or set OUTBOXD_RELAY_TABLE=false to relay only emitted \
+         logical messages"
+    )
 }
 
 /// The one rule for "does this publication send the outbox's inserts", shared by
 /// `outboxd check` and `run`. `Err` is the problem with its fix.
+/// `candidates`: [`table_candidates`], for a table that does not exist.
 pub fn judge_publication(
     c: &PublicationCoverage,
     publication: &str,
     table: &str,
+    candidates: &[String],
 ) -> Result<Option<String>, String> {
     let Some(kind) = c.table_kind.as_deref() else {
-        return Err(format!(
-            "the table {table} does not exist: create it (`outboxd init` or sql/outbox.sql), \
-             or set OUTBOXD_RELAY_TABLE=false to relay only emitted logical messages"
-        ));
+        return Err(missing_table(table, candidates));
     };
     if !c.publishes_insert {
         return Err(format!(
@@ -508,6 +545,25 @@ pub fn judge_publication(
              (headers, for one) would be dropped from every event. Publish every column: \
              ALTER PUBLICATION {publication} DROP TABLE {table}; \
              ALTER PUBLICATION {publication} ADD TABLE {table};"
+        ));
+    }
+    if let Some(children) = &c.inheritance_children {
+        let children: Vec<&str> = children.lines().collect();
+        return Err(format!(
+            "{} inherit{} from {table} (CREATE TABLE ... INHERITS): a row inserted into an \
+             inheritance child belongs to the child, which a publication of {table} does not \
+             publish unless the child is published separately, and which outboxd would not \
+             relay even then (its rows come named after the child). Insert outbox rows into \
+             {table} itself, move any rows already in a child there in one statement, which \
+             publishes them (WITH moved AS (DELETE FROM ONLY <child> RETURNING *) INSERT INTO \
+             {table} SELECT * FROM moved;), then detach it: {}",
+            children.join(", "),
+            if children.len() == 1 { "s" } else { "" },
+            children
+                .iter()
+                .map(|c| format!("ALTER TABLE {c} NO INHERIT {table};"))
+                .collect::<Vec<_>>()
+                .join(" ")
         ));
     }
     let partitioned = kind == "p";
@@ -727,8 +783,9 @@ mod tests {
             row_filtered: false,
             column_listed: false,
             unlogged: Some("public.outbox_2025\n\"Odd, name\".\"p 1\"".into()),
+            inheritance_children: None,
         };
-        let problem = judge_publication(&c, "pub", "public.outbox").expect_err("refused");
+        let problem = judge_publication(&c, "pub", "public.outbox", &[]).expect_err("refused");
         assert!(
             problem.starts_with("public.outbox_2025, \"Odd, name\".\"p 1\" "),
             "{problem}"
@@ -744,7 +801,8 @@ mod tests {
             via_partition_root: false,
             ..c.clone()
         };
-        let problem = judge_publication(&unlisted, "pub", "public.outbox").expect_err("refused");
+        let problem =
+            judge_publication(&unlisted, "pub", "public.outbox", &[]).expect_err("refused");
         assert!(
             problem.contains("ALTER PUBLICATION pub ADD TABLE"),
             "{problem}"
@@ -754,6 +812,9 @@ mod tests {
             unlogged: None,
             ..c
         };
-        assert_eq!(judge_publication(&logged, "pub", "public.outbox"), Ok(None));
+        assert_eq!(
+            judge_publication(&logged, "pub", "public.outbox", &[]),
+            Ok(None)
+        );
     }
 }
