@@ -9,6 +9,7 @@
 mod support;
 
 mod ack_gating;
+mod backfill;
 mod bad_rows;
 mod big_transaction;
 mod binary_mode;
