@@ -268,6 +268,40 @@ async fn a_poller_hands_over_without_loss_or_reordering() {
     drop(relay);
 }
 
+/// Runs a command line the relay printed, as an operator would paste it into a shell.
+fn run_printed(env: &[(String, String)], command: &str) -> (i32, String) {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_outboxd"))
+        .parent()
+        .expect("bin dir")
+        .display()
+        .to_string();
+    let path = format!("{bin}:{}", std::env::var("PATH").unwrap_or_default());
+    let out = std::process::Command::new("sh")
+        .args(["-c", command])
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("PATH", path)
+        .output()
+        .expect("sh");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// The first `outboxd init …` command quoted in backticks in `text`.
+fn printed_init_command(text: &str) -> String {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .find(|c| c.starts_with("outboxd init") && c.contains(&needle()))
+        .unwrap_or_else(|| panic!("no `outboxd init` command in: {text}"))
+        .to_owned()
+}
+
+fn needle() -> String {
+    format!("--backfill \"{CONDITION}\"")
+}
+
 /// Records on `topics` so far (every partition's high watermark).
 fn records_on(consumer: &BaseConsumer, topics: &[String]) -> i64 {
     let mut total = 0;
@@ -342,29 +376,10 @@ async fn b_a_killed_backfill_resumes_as_the_relay_says() {
     // The relay refuses, and says how to resume; that is followed as printed.
     let (code, out) = run_to_end(&env, &["run"]);
     assert_eq!(code, 3, "{out}");
-    let command = out
-        .split("Resume it with `")
-        .nth(1)
-        .and_then(|rest| rest.split('`').next())
-        .unwrap_or_else(|| panic!("no command to resume in: {out}"))
-        .to_owned();
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_outboxd"))
-        .parent()
-        .expect("bin dir")
-        .display()
-        .to_string();
-    let path = format!("{bin}:{}", std::env::var("PATH").unwrap_or_default());
-    let mut resume_env = env.clone();
-    resume_env.push(("PATH".into(), path));
-    let resumed = std::process::Command::new("sh")
-        .args(["-c", &command])
-        .env_clear()
-        .envs(resume_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .output()
-        .expect("resume");
-    let text = String::from_utf8_lossy(&resumed.stdout).to_string()
-        + &String::from_utf8_lossy(&resumed.stderr);
-    assert_eq!(resumed.status.code(), Some(0), "{command}: {text}");
+    assert!(out.contains("Resume it with `"), "{out}");
+    let command = printed_init_command(&out);
+    let (code, text) = run_printed(&env, &command);
+    assert_eq!(code, 0, "{command}: {text}");
 
     let relay = Relay::start(env, &["run"]);
     wait_active_pid(&client, &outbox.slot, Duration::from_secs(60)).await;
@@ -419,8 +434,12 @@ async fn c_rows_after_the_slot_are_streamed_not_backfilled() {
     let load = LoadGen::spawn(db.conn_string(), outbox.table.clone(), shape());
     load.wait_committed(200, Duration::from_secs(60)).await;
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
-    let (code, out) = run_to_end(&env, &["init", "--backfill", CONDITION]);
-    assert_eq!(code, 0, "{out}");
+    // Plain init refuses a table with rows, offering the back-fill: followed as printed.
+    let (code, out) = run_to_end(&env, &["init"]);
+    assert_eq!(code, 3, "{out}");
+    let command = printed_init_command(&out);
+    let (code, out) = run_printed(&env, &command);
+    assert_eq!(code, 0, "{command}: {out}");
     let backfilled_up_to = load.committed();
     let relay = Relay::start(env.clone(), &["run"]);
     wait_active_pid(&client, &outbox.slot, Duration::from_secs(60)).await;

@@ -147,6 +147,17 @@ mod tests {
         };
         assert_eq!(judge(&none, TableRows::Some, skip), Ok(Creation::OverRows));
 
+        // A back-fill publishes the rows its condition selects: rows are no refusal, a
+        // record that the slot existed still is.
+        let backfill = Consent {
+            backfill: true,
+            ..Consent::default()
+        };
+        assert_eq!(
+            judge(&SlotRecords::default(), TableRows::Some, backfill),
+            Ok(Creation::OverRows)
+        );
+
         // A record of the slot: lost, whatever the table holds, unless recreated knowingly.
         let existed = SlotRecords {
             ours: Some(ProgressRecord::now(1, Lsn(0x10))),

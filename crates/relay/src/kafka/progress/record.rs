@@ -642,6 +642,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn backfill_state_round_trips_and_unreadable_is_unfinished() {
+        let state = BackfillState {
+            condition: "status = 'pending'".into(),
+            recreate_lost_slot: true,
+            snapshot: Some("750:760:752".into()),
+            consistent_point: Some(Lsn(0x1_0000_00A0)),
+            after: Some(("2026-12-03 16:00:00.1+00".into(), "a-b".into())),
+            published: 1500,
+            dead_lettered: 2,
+            done: false,
+        };
+        let read = BackfillState::from_json(state.to_json().as_bytes()).unwrap();
+        assert_eq!(read, state);
+        let id = SlotIdentity {
+            cluster: String::new(),
+            system_id: "7312".into(),
+            database: "shop".into(),
+            slot: "outboxd".into(),
+        };
+        let mut scan = SlotScan::new(&id);
+        scan.see(id.backfill_key().as_bytes(), Some(b"garbage"));
+        let records = scan.records(&id, true).unwrap();
+        assert!(records.backfill.is_some_and(|b| !b.done));
+    }
+
+    #[test]
     fn record_round_trips_and_dates_render() {
         let id = SlotIdentity {
             cluster: String::new(),
