@@ -6,11 +6,13 @@
 use outbox_core::pgtype::quote_ident;
 use std::collections::BTreeMap;
 
-use outboxd_relay::kafka::{ProgressRecord, ProgressStore, SlotIdentity, SlotRecords};
+use outboxd_relay::kafka::{
+    BackfillState, ProgressRecord, ProgressStore, SlotIdentity, SlotRecords,
+};
 use outboxd_relay::pipeline::{
     compare_publication, create_checked, judge_missing_slot, judge_publication, judge_slot,
-    look_at_publication, outbox_rows, table_candidates, verify_shard_layout, Consent, Creation,
-    History,
+    look_at_publication, outbox_rows, refuse_unfinished_backfill, resume_command, table_candidates,
+    verify_shard_layout, Backfill, Consent, Creation, History, SlotSnapshot,
 };
 use pgoutput::Lsn;
 use pgrepl::{preflight, ConnectConfig, ReplError, ReplicationConnection};
@@ -33,7 +35,7 @@ enum InitError {
 }
 
 /// What the operator allowed on the command line.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Flags {
     /// `--replace-progress-record`: overwrite this cluster's record too.
     pub replace_record: bool,
@@ -41,6 +43,9 @@ pub struct Flags {
     pub consent: Consent,
     /// `--accept-publication-change`: record the publication as it is now.
     pub accept_publication: bool,
+    /// `--backfill "<condition>"`: publish the rows it selects from the new slot's
+    /// snapshot before streaming (`outboxd_relay::pipeline::Backfill`).
+    pub backfill: Option<String>,
 }
 
 pub async fn init(s: &Settings, flags: Flags) -> i32 {
@@ -76,6 +81,11 @@ async fn init_inner(s: &Settings, flags: Flags) -> Result<(), InitError> {
         say!("ok  table {table} (created)");
     }
     let shards = s.all_shards();
+    if flags.backfill.is_some() && s.shards.is_some() {
+        return Err(InitError::Refused(
+            "--backfill does not support a sharded outbox (OUTBOXD_SHARD_COUNT) yet: re-publish the rows by hand (docs/operations.md, \"A lost slot: re-publishing\")".into(),
+        ));
+    }
     if let Some(shard) = shards.first().and_then(|view| view.shard.as_ref()) {
         // The rule `run` applies: a table laid out otherwise is the operator's to change.
         verify_shard_layout(&sql, shard)
@@ -236,10 +246,42 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
         say!("ok  publication {} (created)", s.publication);
     }
     let failover = shared.replication(s).await?.failover;
+    // An unfinished back-fill is resumed by the same `--backfill`, and refused otherwise.
+    let resume = unfinished_backfill(s, shared).await?;
+    let mut slot_state = preflight::slot_state(sql, &s.slot).await?;
+    if let (Some(state), Some(existing)) = (&resume, &slot_state) {
+        // Created by the back-fill and never streamed from (`run` refuses): dropped,
+        // it is created again with a fresh snapshot, the rows still owed read in it.
+        if let (Some(at), Some(now)) = (state.consistent_point, existing.confirmed_flush_lsn) {
+            if at != now {
+                return Err(InitError::Refused(format!(
+                    "replication slot {} moved from {at} to {now} while its back-fill was unfinished: something streamed from it. Rows the back-fill had not published yet may be skipped: re-publish them by hand, then drop the slot (SELECT pg_drop_replication_slot('{}')) and run `{}` again",
+                    s.slot,
+                    s.slot,
+                    resume_command(state)
+                )));
+            }
+        }
+        shared
+            .replication(s)
+            .await?
+            .conn
+            .drop_slot(&s.slot, false)
+            .await?;
+        say!(
+            "ok  slot {} dropped to resume its back-fill ({} rows published before it stopped) in a new slot's snapshot",
+            s.slot,
+            state.published
+        );
+        slot_state = None;
+    }
     // The slot is new over a history (recreated, or over rows): its record starts afresh.
     let mut renew = false;
-    let position = match preflight::slot_state(sql, &s.slot).await? {
+    let position = match slot_state {
         Some(state) => {
+            if let Some(condition) = shared.flags.backfill.clone() {
+                backfill_over_existing_slot(s, shared, &condition).await?;
+            }
             // The same rule `run` applies: a slot of this name that run would refuse
             // (another database, another plugin, lost) is not "done".
             judge_slot(&state, &s.slot, &s.pg.dbname)
@@ -267,29 +309,49 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
                 .await
                 .map_err(|e| InitError::Refused(e.to_string()))?;
             let topic = s.progress_topic.as_deref().unwrap_or("");
-            let creation = judge_missing_slot(
-                &s.slot,
-                &table,
-                topic,
-                history.judged(),
-                rows,
-                shared.flags.consent,
-            )
-            .map_err(|e| InitError::Refused(e.to_string()))?;
-            let Replication { conn, .. } = shared.replication(s).await?;
-            // Told to create it over rows: no look at what it skips.
-            let check = (s.relay_table && creation == Creation::FirstStart)
-                .then_some((s.table_schema.as_str(), s.table_name.as_str()));
-            let created = create_checked(conn, sql, &s.slot, failover, check)
-                .await
-                .map_err(|e| InitError::Refused(e.to_string()))?;
+            let mut consent = shared.flags.consent;
+            // Resuming: the first attempt was allowed, and its slot is the one missing.
+            if let Some(state) = &resume {
+                consent.recreate_lost_slot |= state.recreate_lost_slot;
+            }
+            let creation =
+                judge_missing_slot(&s.slot, &table, topic, history.judged(), rows, consent)
+                    .map_err(|e| InitError::Refused(e.to_string()))?;
+            let created = match shared.flags.backfill.clone() {
+                Some(condition) => {
+                    let state = resume.unwrap_or_else(|| BackfillState {
+                        condition,
+                        recreate_lost_slot: consent.recreate_lost_slot,
+                        ..BackfillState::default()
+                    });
+                    create_and_backfill(s, sql, shared, failover, state).await?
+                }
+                None => {
+                    let Replication { conn, .. } = shared.replication(s).await?;
+                    // Told to create it over rows: no look at what it skips.
+                    let check = (s.relay_table && creation == Creation::FirstStart)
+                        .then_some((s.table_schema.as_str(), s.table_name.as_str()));
+                    create_checked(conn, sql, &s.slot, failover, check)
+                        .await
+                        .map_err(|e| InitError::Refused(e.to_string()))?
+                }
+            };
             match &creation {
                 Creation::FirstStart => {}
+                Creation::Recreate(old) if shared.flags.backfill.is_some() => say!(
+                    "warn slot {} existed (last confirmed {}): rows committed since then that the back-fill's condition did not select are not relayed (docs/operations.md, \"A lost slot: re-publishing\")",
+                    s.slot,
+                    old.confirmed_lsn(),
+                ),
                 Creation::Recreate(old) => say!(
                     "warn slot {} existed (last confirmed {}): rows committed since then are not relayed; re-publish {} (docs/operations.md, \"A lost slot: re-publishing\")",
                     s.slot,
                     old.confirmed_lsn(),
                     old.republish_text()
+                ),
+                Creation::OverRows if shared.flags.backfill.is_some() => say!(
+                    "ok  slot {}: rows already in {table} that the back-fill's condition did not select are not relayed",
+                    s.slot
                 ),
                 Creation::OverRows => say!(
                     "warn slot {}: rows already in {table} are not relayed (--skip-existing-rows)",
@@ -310,6 +372,171 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
     };
     record_cluster(s, sql, shared, position, renew).await?;
     Ok(())
+}
+
+/// The slot's unfinished back-fill, if the progress topic holds one: `Ok(Some)` when this
+/// `init` resumes it (the same `--backfill` condition), refused when it would not.
+async fn unfinished_backfill(
+    s: &Settings,
+    shared: &mut Shared<'_>,
+) -> Result<Option<BackfillState>, InitError> {
+    let wanted = shared.flags.backfill.clone();
+    let history = shared.history(s).await?;
+    let records = match (&history, &wanted) {
+        (InitHistory::Read(records), _) => records,
+        (_, None) => return Ok(None),
+        (InitHistory::Unreadable(why) | InitHistory::NotKept(why), Some(_)) => {
+            return Err(InitError::Refused(format!(
+                "--backfill keeps its progress in the progress topic, which cannot be used ({why}): set OUTBOXD_PROGRESS_TOPIC and OUTBOXD_KAFKA_BOOTSTRAP_SERVERS, make Kafka reachable, and run the same `outboxd init --backfill ...` again"
+            )))
+        }
+    };
+    let Some(state) = records.backfill.as_ref().filter(|b| !b.done) else {
+        return Ok(None);
+    };
+    if wanted.as_deref() == Some(state.condition.as_str()) {
+        return Ok(Some(state.clone()));
+    }
+    let topic = s.progress_topic.as_deref().unwrap_or("");
+    let identity = match &shared.records {
+        Some(Records { system, .. }) => super::slot_identity(s, &system.system_id),
+        None => return Ok(None),
+    };
+    refuse_unfinished_backfill(records, topic, &identity)
+        .map_err(|e| InitError::Refused(e.to_string()))?;
+    Ok(None)
+}
+
+/// `--backfill` on a slot that exists: fine once its back-fill finished with this
+/// condition (init is idempotent); otherwise the slot already streams what was committed
+/// since it was created, and the rows before it were never in a snapshot of it.
+async fn backfill_over_existing_slot(
+    s: &Settings,
+    shared: &mut Shared<'_>,
+    condition: &str,
+) -> Result<(), InitError> {
+    if let InitHistory::Read(records) = shared.history(s).await? {
+        if let Some(done) = records
+            .backfill
+            .as_ref()
+            .filter(|b| b.done && b.condition == condition)
+        {
+            say!(
+                "ok  backfill (finished: {} rows published, {} of them dead-lettered)",
+                done.published,
+                done.dead_lettered
+            );
+            return Ok(());
+        }
+    }
+    Err(InitError::Refused(format!(
+        "replication slot {} exists, so --backfill has no snapshot to read the rows in: it publishes rows only from the snapshot of a slot it creates. Rows committed since the slot was created are streamed from it; re-publish older ones by hand (docs/operations.md, \"A lost slot: re-publishing\"), or drop the slot before anything streamed from it (SELECT pg_drop_replication_slot('{}')) and run the same `outboxd init --backfill ...` again",
+        s.slot, s.slot
+    )))
+}
+
+/// Creates the slot exporting its snapshot and publishes the back-fill's rows in it,
+/// recording `state` before the slot exists (so `run` refuses a slot whose back-fill a
+/// kill interrupted) and after every acknowledged batch.
+async fn create_and_backfill(
+    s: &Settings,
+    sql: &Client,
+    shared: &mut Shared<'_>,
+    failover: bool,
+    mut state: BackfillState,
+) -> Result<outboxd_relay::pipeline::CreatedSlot, InitError> {
+    let cfg = wiring::relay_config(s).map_err(|e| InitError::Refused(e.to_string()))?;
+    let table = cfg.table.qualified_name();
+    // A condition that does not parse fails here, before anything is created.
+    sql.simple_query(&format!(
+        "SELECT 1 FROM {table} t WHERE ({}) LIMIT 0",
+        state.condition
+    ))
+    .await
+    .map_err(|e| {
+        InitError::Refused(format!(
+            "the --backfill condition is not valid SQL for {table}: {}",
+            pgrepl::error_chain(&e)
+        ))
+    })?;
+    let (store, identity) = match &shared.records {
+        Some(Records {
+            system,
+            read: Ok((store, _)),
+        }) => (store.clone(), super::slot_identity(s, &system.system_id)),
+        _ => {
+            return Err(InitError::Refused(
+                "--backfill keeps its progress in the progress topic, which could not be read: make Kafka reachable and run the same `outboxd init --backfill ...` again".into(),
+            ))
+        }
+    };
+    let resume = resume_command(&state);
+    let kafka = |e: &dyn std::fmt::Display| {
+        InitError::Refused(format!(
+            "writing the back-fill's state to the progress topic failed ({e}); nothing was created. Run `{resume}` again once Kafka answers"
+        ))
+    };
+    match tokio::time::timeout(KAFKA_WAIT, store.write_backfill(&identity, &state)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(kafka(&e)),
+        Err(_) => return Err(kafka(&format!("no acknowledgement within {KAFKA_WAIT:?}"))),
+    }
+    let since = preflight::server_clock(sql).await?;
+    let Replication { conn, .. } = shared.replication(s).await?;
+    let created = conn.create_logical_slot_exported(&s.slot, failover).await?;
+    let Some(exported) = created.snapshot_name.as_deref() else {
+        return Err(InitError::Refused(format!(
+            "the server exported no snapshot when creating slot {}; drop it (SELECT pg_drop_replication_slot('{}')) and run `{resume}` again",
+            s.slot, s.slot
+        )));
+    };
+    say!(
+        "ok  backfill: publishing the rows of {table} where {} (from the snapshot of slot {} at {}; {} published before)",
+        state.condition,
+        s.slot,
+        created.consistent_point,
+        state.published
+    );
+    let started = std::time::Instant::now();
+    let snapshot = SlotSnapshot {
+        exported,
+        consistent_point: created.consistent_point,
+        created_at: since,
+    };
+    let backfill = Backfill {
+        cfg: &cfg,
+        sql,
+        store: &store,
+        identity: &identity,
+    };
+    let mut progress = |b: &BackfillState| {
+        say!(
+            "ok  backfill: {} rows published ({} dead-lettered), up to {} {}",
+            b.published,
+            b.dead_lettered,
+            outboxd_relay::pipeline::ORDER_COLUMN,
+            b.after.as_ref().map_or("", |(at, _)| at.as_str())
+        );
+    };
+    // The replication connection stays idle meanwhile: its next command ends the export.
+    backfill
+        .run(&snapshot, &mut state, &mut progress)
+        .await
+        .map_err(|e| {
+            InitError::Refused(format!(
+                "{e}. Nothing is streamed from the slot until the back-fill finishes; it resumes where it stopped with `{resume}`"
+            ))
+        })?;
+    say!(
+        "ok  backfill done: {} rows published ({} dead-lettered) in {:.1} s; `outboxd run` streams what was committed after them",
+        state.published,
+        state.dead_lettered,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(outboxd_relay::pipeline::CreatedSlot {
+        consistent_point: created.consistent_point,
+        since,
+    })
 }
 
 /// Writes this cluster's progress record when the topic has none: the explicit step that
@@ -333,7 +560,7 @@ async fn record_cluster(
         say!("skip progress record (OUTBOXD_KAFKA_BOOTSTRAP_SERVERS is not set; `outboxd run` writes it)");
         return Ok(());
     }
-    let flags = shared.flags;
+    let flags = shared.flags.clone();
     let replace_record = flags.replace_record || flags.accept_publication || renew;
     let pg = shared.pg;
     let Records { system, read } = shared.records(s, topic).await?;

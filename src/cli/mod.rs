@@ -211,6 +211,11 @@ struct InitArgs {
     /// nothing delivered (after restoring an older backup)
     #[arg(long)]
     replace_progress_record: bool,
+    /// Publish the rows this SQL condition selects (e.g. "status = 'pending'") from the
+    /// new slot's snapshot, in created_at order, before anything is streamed; run again
+    /// to resume one that stopped (trusted SQL: docs/operations.md)
+    #[arg(long, value_name = "SQL_CONDITION")]
+    backfill: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -248,10 +253,12 @@ pub fn main(args: &[String]) -> i32 {
             let mut flags = init::Flags {
                 replace_record: a.replace_progress_record,
                 accept_publication: a.accept_publication_change,
+                backfill: a.backfill.clone(),
                 ..init::Flags::default()
             };
             flags.consent.recreate_lost_slot = a.recreate_lost_slot;
             flags.consent.skip_existing_rows = a.skip_existing_rows;
+            flags.consent.backfill = a.backfill.is_some();
             ("init", flags, false)
         }
         Command::Status(a) => ("status", init::Flags::default(), a.json),

@@ -10,6 +10,7 @@ mod support;
 
 mod ack_gating;
 mod adopt_diagnostics;
+mod backfill;
 mod bad_rows;
 mod big_transaction;
 mod binary_mode;

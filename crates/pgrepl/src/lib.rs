@@ -39,7 +39,7 @@ pub use error::{
 };
 pub use options::StartOptions;
 pub use preflight::SlotState;
-pub use query::{SlotCreated, SystemInfo, FAILOVER_SLOTS_VERSION};
+pub use query::{quote_literal, SlotCreated, SystemInfo, FAILOVER_SLOTS_VERSION};
 pub use status_writer::FlushHandle;
 pub use stream::{ReplicationEvent, ReplicationStream, StreamFailure, HEAD_LEN};
 

@@ -78,7 +78,7 @@ pub(crate) fn quote_ident(name: &str) -> String {
 }
 
 /// Quotes a string literal: `'` doubled.
-pub(crate) fn quote_literal(value: &str) -> String {
+pub fn quote_literal(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
 }
 

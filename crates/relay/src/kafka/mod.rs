@@ -28,8 +28,8 @@ pub use producer::{
     build_producer, BrokerAddress, BrokerInfo, FlushError, OutgoingRecord, RelayProducer, SendError,
 };
 pub use progress::{
-    pg_time_text, ProgressError, ProgressRecord, ProgressStore, PublicationSeen, SlotIdentity,
-    SlotRecords,
+    pg_time_text, BackfillState, ProgressError, ProgressRecord, ProgressStore, PublicationSeen,
+    SlotIdentity, SlotRecords,
 };
 pub use rdkafka::types::RDKafkaErrorCode;
 pub use settings::{

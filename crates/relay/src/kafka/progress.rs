@@ -36,7 +36,9 @@ impl ConsumerContext for LogContext {}
 mod record;
 
 use record::SlotScan;
-pub use record::{pg_time_text, ProgressRecord, PublicationSeen, SlotIdentity, SlotRecords};
+pub use record::{
+    pg_time_text, BackfillState, ProgressRecord, PublicationSeen, SlotIdentity, SlotRecords,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProgressError {
@@ -576,6 +578,15 @@ impl ProgressStore {
     ) -> Result<(), ProgressError> {
         self.write_keyed(&id.creating_key(), &record.to_json(id))
             .await
+    }
+
+    /// Writes the slot's back-fill state ([`SlotIdentity::backfill_key`]) and waits for the ack.
+    pub async fn write_backfill(
+        &self,
+        id: &SlotIdentity,
+        state: &BackfillState,
+    ) -> Result<(), ProgressError> {
+        self.write_keyed(&id.backfill_key(), &state.to_json()).await
     }
 
     async fn write_keyed(&self, key: &str, value: &str) -> Result<(), ProgressError> {

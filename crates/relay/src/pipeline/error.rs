@@ -38,7 +38,7 @@ pub enum RelayError {
     SlotMissing { slot: String },
     #[error("replication slot {slot:?} was dropped while outboxd was using it; events committed since its last confirmed position may not be relayed. Recreating it silently would skip them: re-publish the affected outbox rows if needed, then recreate the slot with `outboxd init` and restart")]
     SlotDropped { slot: String },
-    #[error("replication slot {slot:?} was invalidated ({reason}); the WAL it needed is gone, so rows committed since its last confirmed position{since} are not relayed. Drop it (SELECT pg_drop_replication_slot('{slot}')), then run `outboxd init`: from the progress record it names the time to re-publish the outbox rows from, and `outboxd init --recreate-lost-slot` creates the slot again (docs/operations.md, \"A lost slot: re-publishing\"). Raise max_slot_wal_keep_size or keep outboxd running to avoid this")]
+    #[error("replication slot {slot:?} was invalidated ({reason}); the WAL it needed is gone, so rows committed since its last confirmed position{since} are not relayed. Drop it (SELECT pg_drop_replication_slot('{slot}')), then run `outboxd init`: from the progress record it names the time to re-publish the outbox rows from, and `outboxd init --recreate-lost-slot` creates the slot again (docs/operations.md, \"A lost slot: re-publishing\"); `outboxd init --recreate-lost-slot --backfill \"<SQL condition>\"` also publishes the rows the condition selects before streaming. Raise max_slot_wal_keep_size or keep outboxd running to avoid this")]
     SlotInvalidated {
         slot: String,
         reason: String,
@@ -57,7 +57,7 @@ pub enum RelayError {
         table: String,
         problem: String,
     },
-    #[error("replication slot {slot:?} does not exist, but the progress record in Kafka topic {progress_topic:?} says it did (last confirmed position {last_confirmed}): it was dropped or lost (for example in a failover without failover slots). Creating it again would silently skip every event committed since then, so outboxd will not. Create it explicitly with `outboxd init --recreate-lost-slot`, then re-publish {republish} (docs/operations.md, \"A lost slot: re-publishing\"), and start outboxd again")]
+    #[error("replication slot {slot:?} does not exist, but the progress record in Kafka topic {progress_topic:?} says it did (last confirmed position {last_confirmed}): it was dropped or lost (for example in a failover without failover slots). Creating it again would silently skip every event committed since then, so outboxd will not. Create it explicitly with `outboxd init --recreate-lost-slot`, then re-publish {republish} (docs/operations.md, \"A lost slot: re-publishing\"), and start outboxd again; or have init publish the rows a condition selects from the new slot's snapshot before streaming: `outboxd init --recreate-lost-slot --backfill \"<SQL condition>\"` (docs/operations.md, \"Back-filling through the slot's snapshot\")")]
     SlotLost {
         slot: String,
         progress_topic: String,
@@ -65,12 +65,21 @@ pub enum RelayError {
         /// What to re-publish (`ProgressRecord::republish_text`).
         republish: String,
     },
-    #[error("replication slot {slot:?} does not exist and {table} {rows}{history}: a slot created now starts after them, and any not relayed yet would be skipped without a trace. If every row in it was published already (by an earlier relay), or is not meant to be, create the slot with `outboxd init --skip-existing-rows`; if a slot of this name existed and was lost, create it with `outboxd init --recreate-lost-slot` and re-publish the rows committed since it went (docs/operations.md, \"A lost slot: re-publishing\")")]
+    #[error("replication slot {slot:?} does not exist and {table} {rows}{history}: a slot created now starts after them, and any not relayed yet would be skipped without a trace. If every row in it was published already (by an earlier relay), or is not meant to be, create the slot with `outboxd init --skip-existing-rows`; if a slot of this name existed and was lost, create it with `outboxd init --recreate-lost-slot` and re-publish the rows committed since it went (docs/operations.md, \"A lost slot: re-publishing\"). If some rows are not published yet (a polling relay's pending rows), have init publish those a condition selects, from the new slot's snapshot, before streaming: `outboxd init --backfill \"<SQL condition>\"`, e.g. `outboxd init --backfill \"status = 'pending'\"` (docs/operations.md, \"Switching from a polling relay\")")]
     RowsBeforeSlot {
         slot: String,
         table: String,
         rows: &'static str,
         history: String,
+    },
+    #[error("replication slot {slot:?} has a back-fill that did not finish ({published} rows published so far, state under key {key:?} in Kafka topic {progress_topic:?}): streaming now would leave the rest of its rows unpublished, so outboxd will not. Resume it with `{command}`, then start outboxd")]
+    BackfillUnfinished {
+        slot: String,
+        key: String,
+        progress_topic: String,
+        published: u64,
+        /// The `outboxd init --backfill ...` command that resumes it, quoted for a shell.
+        command: String,
     },
     #[error("the server at {host}:{port} is on timeline {found}, but outboxd streamed from timeline {seen} of the same cluster before (this process, or the progress record says so), so outboxd stopped rather than relay it. Either it is an old primary left running after a standby was promoted (split brain), whose history past the promotion was abandoned, or the record is not this history's. Find out which before acting: look for a server of this cluster on timeline {seen} or later (your HA tool; SELECT timeline_id FROM pg_control_checkpoint() on each). If one exists, fence this one (stop it, or take it out of PGHOST) and point outboxd at that one. If none does, do not stop this server: it was restored from a backup taken before timeline {seen}, or the record was written by a copy of the cluster or by something other than outboxd (only outboxd's principal may write the progress topic); run `outboxd init --replace-progress-record` (a copy sharing this Kafka: give it its own OUTBOXD_CLUSTER_NAME)")]
     TimelineWentBack {
@@ -216,6 +225,7 @@ impl RelayError {
             | E::ShardLayout { .. }
             | E::SlotLost { .. }
             | E::RowsBeforeSlot { .. }
+            | E::BackfillUnfinished { .. }
             | E::ProgressNotDurable(_)
             | E::TimelineWentBack { .. }
             | E::PublicationChanged { .. }

@@ -1,6 +1,7 @@
 //! The relay loop: sessions of replication → Kafka, reconnected with backoff on retryable
 //! errors, ended by a permanent error or a shutdown request.
 
+mod backfill;
 mod binary;
 mod catchup;
 mod error;
@@ -17,6 +18,9 @@ use pgrepl::{ConnectConfig, ReplicationConnection, StartOptions};
 use tokio::sync::watch;
 use tracing::Instrument;
 
+pub use backfill::{
+    refuse_unfinished_backfill, resume_command, Backfill, BackfillError, SlotSnapshot, ORDER_COLUMN,
+};
 pub use error::{DecidingCode, ErrorClass, OtherClusterRecord, RelayError};
 pub use observe::Observer;
 pub use session::publication::{
@@ -27,7 +31,7 @@ pub use session::SessionEnd;
 pub use shard::{judge_shard_layout, verify_shard_layout, ShardSpec};
 pub use slot::{
     create_checked, judge_publication, judge_server, judge_slot, missing_table, outbox_rows,
-    table_candidates, FailoverSlot, SlotStart, SlotStats, Verdict,
+    table_candidates, CreatedSlot, FailoverSlot, SlotStart, SlotStats, Verdict,
 };
 pub use slot_history::{judge_missing_slot, Consent, Creation, History};
 
@@ -193,6 +197,7 @@ async fn replay_claim(
     match read.unwrap_or(Err(ProgressError::Timeout(wait))) {
         Ok(records) => {
             refuse_other_cluster(&records, p, identity)?;
+            refuse_unfinished_backfill(&records, p.topic(), identity)?;
             if records.writers_alternate() && p.mark_foreign_writer() {
                 obs.progress_foreign_write();
                 warn_foreign_writer(identity, p.topic());

@@ -662,6 +662,7 @@ pub(super) async fn create_if_new(
     }
     let records = progress.read_slot(identity).await.map_err(unknown)?;
     super::refuse_other_cluster(&records, progress, identity)?;
+    super::refuse_unfinished_backfill(&records, progress.topic(), identity)?;
     let relayed = cfg
         .relay_table
         .then_some((cfg.table.schema.as_str(), cfg.table.table.as_str()));

@@ -19,6 +19,9 @@ pub struct Consent {
     /// `--skip-existing-rows`: the table has rows that are known to be published (by
     /// an earlier relay) or not meant to be.
     pub skip_existing_rows: bool,
+    /// `--backfill`: the rows its condition selects are published from the new slot's
+    /// snapshot before streaming; the others are known to be published.
+    pub backfill: bool,
 }
 
 /// What the progress topic says of the slot.
@@ -69,7 +72,7 @@ pub fn judge_missing_slot(
         }
     }
     // Recreating a lost slot knowingly skips rows too, whether or not a record is left.
-    let knowingly = consent.skip_existing_rows || consent.recreate_lost_slot;
+    let knowingly = consent.skip_existing_rows || consent.recreate_lost_slot || consent.backfill;
     if let History::Unreadable(why) = history {
         if !knowingly {
             return Err(RelayError::SlotHistoryUnknown {
@@ -143,6 +146,17 @@ mod tests {
             ..Consent::default()
         };
         assert_eq!(judge(&none, TableRows::Some, skip), Ok(Creation::OverRows));
+
+        // A back-fill publishes the rows its condition selects: rows are no refusal, a
+        // record that the slot existed still is.
+        let backfill = Consent {
+            backfill: true,
+            ..Consent::default()
+        };
+        assert_eq!(
+            judge(&SlotRecords::default(), TableRows::Some, backfill),
+            Ok(Creation::OverRows)
+        );
 
         // A record of the slot: lost, whatever the table holds, unless recreated knowingly.
         let existed = SlotRecords {

@@ -40,6 +40,89 @@ impl SlotIdentity {
     pub fn creating_key(&self) -> String {
         format!("{}#creating", self.key())
     }
+
+    /// The key of the slot's back-fill state ([`BackfillState`]): its own key, so `run`
+    /// and `init` find an unfinished back-fill whatever the slot's record says.
+    pub fn backfill_key(&self) -> String {
+        format!("{}#backfill", self.key())
+    }
+}
+
+/// Where `outboxd init --backfill` is: written before the slot is created and after each
+/// acknowledged batch, so a back-fill killed midway is resumed (by `init --backfill`
+/// again), and `run` refuses to stream past one that has not finished.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BackfillState {
+    /// The operator's SQL condition, as given.
+    pub condition: String,
+    /// Whether the slot was created with `--recreate-lost-slot` (said again on resuming).
+    pub recreate_lost_slot: bool,
+    /// `pg_current_snapshot()` inside the snapshot the rows below `after` were read in,
+    /// with the slot's consistent point then; `None` before a batch of it was acked.
+    pub snapshot: Option<String>,
+    pub consistent_point: Option<Lsn>,
+    /// The ordering key (`created_at`, id, as text) of the last row acked in `snapshot`.
+    pub after: Option<(String, String)>,
+    /// Rows published (dead letters included) and dead-lettered, over every attempt.
+    pub published: u64,
+    pub dead_lettered: u64,
+    pub done: bool,
+}
+
+impl BackfillState {
+    pub(super) fn to_json(&self) -> String {
+        serde_json::json!({
+            "condition": self.condition,
+            "recreate_lost_slot": self.recreate_lost_slot,
+            "snapshot": self.snapshot,
+            "consistent_point": self.consistent_point.map(|l| l.to_string()),
+            "after": self.after.as_ref().map(|(c, i)| serde_json::json!([c, i])),
+            "published": self.published,
+            "dead_lettered": self.dead_lettered,
+            "done": self.done,
+            "recorded_at_unix_ms": unix_ms_now(),
+        })
+        .to_string()
+    }
+
+    pub(super) fn from_json(bytes: &[u8]) -> Result<Self, String> {
+        let v: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+        let text = |name: &str| v.get(name).and_then(serde_json::Value::as_str);
+        let condition = text("condition")
+            .ok_or("no field \"condition\"")?
+            .to_owned();
+        let after = match v.get("after") {
+            Some(serde_json::Value::Array(pair)) => match pair.as_slice() {
+                [c, i] => Some((
+                    c.as_str().ok_or("after is not text")?.to_owned(),
+                    i.as_str().ok_or("after is not text")?.to_owned(),
+                )),
+                _ => return Err("after is not a pair".into()),
+            },
+            _ => None,
+        };
+        let consistent_point = match text("consistent_point") {
+            Some(t) => Some(
+                t.parse::<Lsn>()
+                    .map_err(|e| format!("consistent_point: {e}"))?,
+            ),
+            None => None,
+        };
+        let flag = |name: &str| v.get(name).and_then(serde_json::Value::as_bool);
+        let count = |name: &str| v.get(name).and_then(serde_json::Value::as_u64);
+        Ok(BackfillState {
+            condition,
+            recreate_lost_slot: flag("recreate_lost_slot").unwrap_or(false),
+            snapshot: text("snapshot").map(str::to_owned),
+            consistent_point,
+            after,
+            published: count("published").unwrap_or(0),
+            dead_lettered: count("dead_lettered").unwrap_or(0),
+            // In doubt, unfinished: `run` refuses, and `init --backfill` resumes.
+            done: flag("done").unwrap_or(false),
+        })
+    }
 }
 
 /// The publication as a session last verified it: its catalog identity
@@ -382,6 +465,8 @@ pub struct SlotRecords {
     /// The newest record written just before creating this slot (its own key: see
     /// [`SlotIdentity::creating_key`]).
     pub creating: Option<ProgressRecord>,
+    /// The slot's back-fill (`init --backfill`), if one was started.
+    pub backfill: Option<BackfillState>,
     /// Whether the topic ever held a record (its high watermark is past 0). One that did,
     /// but holds none of this slot, cannot say the slot never existed: its record may have
     /// been deleted (by retention, or by hand).
@@ -450,6 +535,8 @@ pub(super) struct SlotScan {
     latest: Option<Option<Vec<u8>>>,
     creating_key: String,
     creating: Option<Option<Vec<u8>>>,
+    backfill_key: String,
+    backfill: Option<Option<Vec<u8>>>,
     lineages: Vec<u64>,
     /// Newest value per key of another cluster's record of this slot (None: deleted).
     others: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
@@ -461,6 +548,8 @@ impl SlotScan {
             key: id.key(),
             creating_key: id.creating_key(),
             creating: None,
+            backfill_key: id.backfill_key(),
+            backfill: None,
             same_slot_suffix: format!("/{}/{}", id.database, id.slot),
             latest: None,
             lineages: Vec::new(),
@@ -485,6 +574,8 @@ impl SlotScan {
             self.latest = Some(payload.map(<[u8]>::to_vec));
         } else if key == self.creating_key.as_bytes() {
             self.creating = Some(payload.map(<[u8]>::to_vec));
+        } else if key == self.backfill_key.as_bytes() {
+            self.backfill = Some(payload.map(<[u8]>::to_vec));
         } else if key.ends_with(self.same_slot_suffix.as_bytes()) {
             self.others
                 .insert(key.to_vec(), payload.map(<[u8]>::to_vec));
@@ -526,12 +617,21 @@ impl SlotScan {
             .creating
             .flatten()
             .and_then(|bytes| ProgressRecord::from_json(&bytes).ok());
+        // An unreadable back-fill state is an unfinished one: `run` refuses rather than
+        // stream past rows it may not have published.
+        let backfill = self.backfill.flatten().map(|bytes| {
+            BackfillState::from_json(&bytes).unwrap_or_else(|e| BackfillState {
+                condition: format!("<unreadable back-fill state: {e}>"),
+                ..BackfillState::default()
+            })
+        });
         Ok(SlotRecords {
             ours,
             other_clusters,
             renamed,
             lineages: self.lineages,
             creating,
+            backfill,
             topic_had_records,
         })
     }
@@ -540,6 +640,32 @@ impl SlotScan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backfill_state_round_trips_and_unreadable_is_unfinished() {
+        let state = BackfillState {
+            condition: "status = 'pending'".into(),
+            recreate_lost_slot: true,
+            snapshot: Some("750:760:752".into()),
+            consistent_point: Some(Lsn(0x1_0000_00A0)),
+            after: Some(("2026-12-03 16:00:00.1+00".into(), "a-b".into())),
+            published: 1500,
+            dead_lettered: 2,
+            done: false,
+        };
+        let read = BackfillState::from_json(state.to_json().as_bytes()).unwrap();
+        assert_eq!(read, state);
+        let id = SlotIdentity {
+            cluster: String::new(),
+            system_id: "7312".into(),
+            database: "shop".into(),
+            slot: "outboxd".into(),
+        };
+        let mut scan = SlotScan::new(&id);
+        scan.see(id.backfill_key().as_bytes(), Some(b"garbage"));
+        let records = scan.records(&id, true).unwrap();
+        assert!(records.backfill.is_some_and(|b| !b.done));
+    }
 
     #[test]
     fn record_round_trips_and_dates_render() {

@@ -344,6 +344,8 @@ impl Session<'_> {
                 return Ok(());
             }
         };
+        // Nothing was confirmed past the start yet: an unfinished back-fill still stops it.
+        crate::pipeline::refuse_unfinished_backfill(&records, p.store.topic(), &p.identity)?;
         match records.last_look() {
             Some(recorded) => {
                 compare(&self.cfg.publication, recorded, Some(&watch.last))?;
