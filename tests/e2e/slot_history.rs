@@ -243,16 +243,23 @@ async fn a_first_progress_write_that_failed_is_retried() {
     broker.set_all_down(true);
     let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
     let mut relay = Relay::start(env.clone(), &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let waiting = insert_events(&client, &outbox.table, 10, 3, 3).await;
-    // With Kafka down the record can be neither read nor written.
+    // With Kafka down the record can be neither read nor written, and a slot that never
+    // decoded is not streamed before its first look is recorded.
     relay
-        .wait_metric_at_least("outboxd_progress_record_unread_total", 1.0)
+        .wait_metric_at_least("outboxd_reconnects_total", 1.0)
         .await;
+    assert!(
+        slot_row(&client, &outbox.slot)
+            .await
+            .is_some_and(|r| r.active_pid.is_none()),
+        "the slot is not streamed before Kafka records a look"
+    );
     // Kafka comes back, but not the events' partitions' leader: nothing is confirmed,
     // while the progress topic is writable again. The record is written all the same.
     let cluster = broker.kafka_cluster();
     tokio::task::block_in_place(|| cluster.restart(&[1, 2], 2)).expect("brokers 1 and 2 back");
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     relay
         .wait_metric_at_least("outboxd_progress_recorded_lsn", 1.0)
         .await;

@@ -263,6 +263,8 @@ async fn record_first_look(
         Err(_) => return Err(waited("Kafka did not answer the read")),
     };
     refuse_other_cluster(&records, progress, identity)?;
+    // Its resume drops and creates the slot again: a record would make that a lost slot.
+    refuse_unfinished_backfill(&records, progress.topic(), identity)?;
     if records.last_look().is_some() || records.ours.is_some() {
         return Ok(());
     }
