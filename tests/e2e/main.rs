@@ -18,6 +18,7 @@ mod check_topics;
 mod compose_env;
 mod crash;
 mod dead_connection;
+mod exactly_once;
 mod exactly_once_effect;
 mod failover;
 mod failover_slot;

@@ -143,6 +143,18 @@ enum Durability {
     Unknown,
 }
 
+/// Whether the reader's position on partition 0 reached `high` (past a commit marker,
+/// which no message stands for).
+fn read_to(consumer: &BaseConsumer<LogContext>, topic: &str, high: i64) -> bool {
+    let Ok(position) = consumer.position() else {
+        return false;
+    };
+    matches!(
+        position.find_partition(topic, 0).map(|p| p.offset()),
+        Some(Offset::Offset(at)) if at >= high
+    )
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         self.stop_polling.store(true, Ordering::Release);
@@ -243,6 +255,33 @@ impl ProgressStore {
         reader_config(s, "progress-reader")?
             .create_with_context(LogContext)
             .map_err(|e| KafkaSetupError::Client(s.scrub(&e.to_string())))
+    }
+
+    /// A reader that sees transactions not yet committed: only for the high watermark.
+    fn uncommitted_consumer(&self) -> Result<BaseConsumer<LogContext>, KafkaSetupError> {
+        let s = &self.inner.settings;
+        reader_config(s, "progress-reader")?
+            .set("isolation.level", "read_uncommitted")
+            .create_with_context(LogContext)
+            .map_err(|e| KafkaSetupError::Client(s.scrub(&e.to_string())))
+    }
+
+    /// Produces `record` for `id` with the exactly-once mode's transactional producer,
+    /// inside its open transaction (the transaction's last record), to partition 0 like
+    /// [`ProgressStore::write_and_wait`].
+    pub fn produce_in_transaction(
+        &self,
+        producer: &super::producer::RelayProducer,
+        id: &SlotIdentity,
+        record: &ProgressRecord,
+        ticket: usize,
+    ) -> Result<(), super::producer::SendError> {
+        producer.send_to_first_partition(
+            &self.inner.topic,
+            id.key().as_bytes(),
+            record.to_json(id).as_bytes(),
+            ticket,
+        )
     }
 
     /// Whether the topic exists, asking the brokers (an unreachable cluster is an error,
@@ -512,7 +551,12 @@ impl ProgressStore {
             return Ok(nothing(false));
         }
         let deadline = Instant::now() + timeout;
-        let (low, high) = consumer
+        // The high watermark as a read_uncommitted client sees it, then a read_committed
+        // scan up to it (Materialize's way): a read_committed client's end is the last
+        // stable offset, which another writer's open transaction holds back, and the last
+        // offset of a transactional write is a commit marker no message is read at.
+        let (low, high) = self
+            .uncommitted_consumer()?
             .fetch_watermarks(topic, 0, timeout)
             .map_err(|e| ProgressError::Kafka(s.scrub(&e.to_string())))?;
         if high <= low {
@@ -533,7 +577,11 @@ impl ProgressStore {
             }
             match consumer.poll(remaining.min(Duration::from_millis(500))) {
                 None => continue,
-                Some(Err(KafkaError::PartitionEOF(_))) => continue,
+                Some(Err(KafkaError::PartitionEOF(_))) => {
+                    if read_to(&consumer, topic, high) {
+                        break;
+                    }
+                }
                 Some(Err(e)) if broker_unreachable(&e) => continue,
                 Some(Err(e)) => return Err(ProgressError::Kafka(s.scrub(&e.to_string()))),
                 Some(Ok(m)) => {
@@ -542,7 +590,7 @@ impl ProgressStore {
                             scan.see(k, m.payload());
                         }
                     }
-                    if m.offset() >= high - 1 {
+                    if m.offset() >= high - 1 || read_to(&consumer, topic, high) {
                         break;
                     }
                 }
