@@ -143,16 +143,13 @@ enum Durability {
     Unknown,
 }
 
-/// Whether the reader's position on partition 0 reached `high` (past a commit marker,
-/// which no message stands for).
-fn read_to(consumer: &BaseConsumer<LogContext>, topic: &str, high: i64) -> bool {
-    let Ok(position) = consumer.position() else {
-        return false;
-    };
-    matches!(
-        position.find_partition(topic, 0).map(|p| p.offset()),
-        Some(Offset::Offset(at)) if at >= high
-    )
+/// For a read_committed reader at its end: whether the last stable offset (its end) has
+/// reached `high`, so nothing below `high` is left to read. Its position cannot say it:
+/// the commit and abort markers at the end are offsets no message is read at.
+fn stable_to(consumer: &BaseConsumer<LogContext>, topic: &str, high: i64) -> bool {
+    consumer
+        .fetch_watermarks(topic, 0, Duration::from_secs(5))
+        .is_ok_and(|(_, stable)| stable >= high)
 }
 
 impl Drop for Inner {
@@ -253,6 +250,9 @@ impl ProgressStore {
     fn consumer(&self) -> Result<BaseConsumer<LogContext>, KafkaSetupError> {
         let s = &self.inner.settings;
         reader_config(s, "progress-reader")?
+            // Says when a read_committed scan reached the last stable offset (see
+            // `stable_to`).
+            .set("enable.partition.eof", "true")
             .create_with_context(LogContext)
             .map_err(|e| KafkaSetupError::Client(s.scrub(&e.to_string())))
     }
@@ -570,27 +570,32 @@ impl ProgressStore {
             .assign(&assignment)
             .map_err(|e| ProgressError::Kafka(s.scrub(&e.to_string())))?;
         let mut found: Vec<SlotScan> = ids.iter().map(SlotScan::new).collect();
+        // The reader reached its end (the last stable offset) since the last message.
+        let mut at_end = false;
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
                 return Err(ProgressError::Timeout(timeout));
             }
             match consumer.poll(remaining.min(Duration::from_millis(500))) {
+                None if at_end && stable_to(&consumer, topic, high) => break,
                 None => continue,
                 Some(Err(KafkaError::PartitionEOF(_))) => {
-                    if read_to(&consumer, topic, high) {
+                    at_end = true;
+                    if stable_to(&consumer, topic, high) {
                         break;
                     }
                 }
                 Some(Err(e)) if broker_unreachable(&e) => continue,
                 Some(Err(e)) => return Err(ProgressError::Kafka(s.scrub(&e.to_string()))),
                 Some(Ok(m)) => {
+                    at_end = false;
                     if let Some(k) = m.key() {
                         for scan in &mut found {
                             scan.see(k, m.payload());
                         }
                     }
-                    if m.offset() >= high - 1 || read_to(&consumer, topic, high) {
+                    if m.offset() >= high - 1 {
                         break;
                     }
                 }
