@@ -598,7 +598,7 @@ impl<'a> Session<'a> {
     /// never visible to read_committed consumers and the next start need not wait for it.
     /// A fenced producer makes that the session's error: another instance took over.
     pub(super) async fn abort_open_txn(&mut self, e: RelayError) -> RelayError {
-        if !self.txn.as_ref().is_some_and(|t| t.open_since.is_some()) {
+        if self.txn.as_ref().is_none_or(|t| t.open_since.is_none()) {
             return e;
         }
         if let Some(txn) = self.txn.as_mut() {
