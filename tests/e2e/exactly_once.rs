@@ -58,13 +58,16 @@ async fn sigkill_during_load_neither_loses_nor_duplicates() {
         .create_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 6)
         .await;
     let bootstrap = broker.bootstrap();
+    // OUTBOXD_TEST_DELIVERY=at-least-once runs the same kills without transactions: the
+    // duplicates this mode removes.
+    let mode = std::env::var("OUTBOXD_TEST_DELIVERY").unwrap_or_else(|_| EXACTLY_ONCE.1.into());
     let mut relay = Relay::start(
         Relay::env_for(
             &db,
             &outbox,
             &bootstrap,
             &[
-                EXACTLY_ONCE,
+                ("OUTBOXD_DELIVERY", &mode),
                 ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "2000"),
                 ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
             ],
@@ -390,4 +393,123 @@ async fn a_partition_leader_killed_neither_loses_nor_duplicates() {
     assert_exactly_once(&bootstrap, &topics, &events, "leader killed");
     assert!(relay.is_running(), "relay exited:\n{}", relay.log_text());
     relay.kill();
+}
+
+/// Commit-to-visible latencies (ms) a read_committed consumer of `topics` sees from now
+/// on, until `stop` is set and nothing new came for 3 s. Records carry their PostgreSQL
+/// commit time as their timestamp.
+fn visible_latencies(bootstrap: &str, topics: &[String], stop: &AtomicBool) -> Vec<i64> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::Message;
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "outboxd-test-latency")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .expect("consumer");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for t in topics {
+        let md = consumer
+            .fetch_metadata(Some(t), Duration::from_secs(10))
+            .expect("metadata");
+        for p in md.topics()[0].partitions() {
+            tpl.add_partition_offset(t, p.id(), rdkafka::Offset::End)
+                .expect("tpl");
+        }
+    }
+    consumer.assign(&tpl).expect("assign");
+    let mut out = Vec::new();
+    let mut last_new = Instant::now();
+    while !stop.load(Ordering::Acquire) || last_new.elapsed() < Duration::from_secs(3) {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_millis();
+            let now = i64::try_from(now).expect("ms");
+            if let Some(ts) = m.timestamp().to_millis() {
+                out.push(now - ts);
+            }
+            last_new = Instant::now();
+        }
+    }
+    out
+}
+
+/// Catch-up of a 200,000-event backlog, then commit-to-visible latency under a steady
+/// load, in one mode, on `broker`: (events/s, p50 ms, p99 ms).
+async fn cost_of(broker: &Broker, mode: &str) -> (f64, i64, i64) {
+    const BACKLOG: usize = 200_000;
+    let db = PgCluster::shared()
+        .fresh_database(&format!("eos_cost_{}", mode.replace('-', "_")))
+        .await;
+    let outbox = schema::setup(&db).await;
+    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
+    broker
+        .create_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 6)
+        .await;
+    let bootstrap = broker.bootstrap();
+    let client = db.client().await;
+    let mut n = 0;
+    while n < BACKLOG {
+        n += insert_events(&client, &outbox.table, 20_000, 100, 200)
+            .await
+            .len();
+    }
+    let wal = schema::current_wal_lsn(&db).await;
+    let started = Instant::now();
+    let mut relay = Relay::start(
+        Relay::env_for(&db, &outbox, &bootstrap, &[("OUTBOXD_DELIVERY", mode)]),
+        &["run"],
+    );
+    schema::wait_confirmed_at_least(&db, wal, Duration::from_secs(600)).await;
+    let rate = BACKLOG as f64 / started.elapsed().as_secs_f64();
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = std::thread::spawn({
+        let (stop, topics, bootstrap) = (Arc::clone(&stop), topics.clone(), bootstrap.clone());
+        move || visible_latencies(&bootstrap, &topics, &stop)
+    });
+    // Let the reader take its place at the end first.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let load = LoadGen::spawn(
+        db.conn_string(),
+        outbox.table.clone(),
+        LoadShape {
+            pause: Duration::from_millis(5),
+            ..LoadShape::default()
+        },
+    );
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let events = load.stop().await;
+    stop.store(true, Ordering::Release);
+    let mut lat = reader.join().expect("reader");
+    lat.sort_unstable();
+    let pct = |p: usize| lat.get(lat.len() * p / 100).copied().unwrap_or(-1);
+    println!(
+        "COST {mode}: catch-up of {BACKLOG} in {:.1?} ({rate:.0} events/s); steady {} events in 15 s, {} read: commit-to-visible p50 {} ms, p99 {} ms",
+        started.elapsed(),
+        events.len(),
+        lat.len(),
+        pct(50),
+        pct(99)
+    );
+    relay.kill();
+    (rate, pct(50), pct(99))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a measurement for docs/benchmarks.md (~2 min): run with --ignored"]
+async fn cost_against_at_least_once() {
+    let broker = Broker::default_for_tests();
+    let alo = cost_of(&broker, "at-least-once").await;
+    let eos = cost_of(&broker, "exactly-once").await;
+    println!(
+        "COST ratio exactly-once / at-least-once: catch-up {:.2}, p50 {} -> {} ms, p99 {} -> {} ms",
+        eos.0 / alo.0,
+        alo.1,
+        eos.1,
+        alo.2,
+        eos.2
+    );
 }

@@ -460,6 +460,20 @@ impl RelayProducer {
         id: i32,
         timeout: Duration,
     ) -> Result<bool, KafkaSetupError> {
+        Ok(self
+            .broker_config(id, "auto.create.topics.enable", timeout)
+            .await?
+            .is_some_and(|v| v.eq_ignore_ascii_case("true")))
+    }
+
+    /// Broker `id`'s setting `name` as its configuration says (DescribeConfigs on the
+    /// cluster); `None` when it has no value.
+    pub async fn broker_config(
+        &self,
+        id: i32,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Option<String>, KafkaSetupError> {
         let admin: AdminClient<LogContext> = admin_config(&self.settings)?
             .create_with_context(LogContext)
             .map_err(|e| KafkaSetupError::Client(self.settings.scrub(&e.to_string())))?;
@@ -469,10 +483,7 @@ impl RelayProducer {
             .await
             .map_err(|e| KafkaSetupError::Admin(self.settings.scrub(&e.to_string())))?;
         match described.into_iter().next() {
-            Some(Ok(resource)) => Ok(resource
-                .get("auto.create.topics.enable")
-                .and_then(|e| e.value.as_deref())
-                .is_some_and(|v| v.eq_ignore_ascii_case("true"))),
+            Some(Ok(resource)) => Ok(resource.get(name).and_then(|e| e.value.clone())),
             Some(Err(code)) => Err(KafkaSetupError::Admin(format!(
                 "describing broker {id}'s configuration: {code} ({code:?})"
             ))),
