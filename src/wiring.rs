@@ -106,6 +106,7 @@ pub fn producer_settings(s: &Settings) -> ProducerSettings {
     p.linger_ms = s.linger_ms;
     // librdkafka's queue must never be the binding limit: ours is, and it is observable.
     p.queue_max_messages = s.max_in_flight_messages.saturating_add(1000);
+    p.transactions = s.transactions;
     p
 }
 

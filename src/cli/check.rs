@@ -911,6 +911,52 @@ async fn check_kafka(r: &mut Report, s: &Settings, event_topics: &BTreeSet<Strin
     if let Some(topic) = &s.progress_topic {
         check_progress_topic(r, s, topic, info.topics.contains(topic)).await;
     }
+    if s.transactions.is_some() {
+        check_transactions(r, s, &producer, info.brokers.first().map(|b| b.id)).await;
+    }
+}
+
+/// OUTBOXD_DELIVERY=exactly-once: the brokers run transactions and accept outboxd's
+/// transaction.timeout.ms (a larger one fails `init_transactions` at start-up).
+async fn check_transactions(
+    r: &mut Report,
+    s: &Settings,
+    producer: &RelayProducer,
+    broker: Option<i32>,
+) {
+    let what = "Kafka transactions (OUTBOXD_DELIVERY=exactly-once)";
+    let Some(id) = broker else {
+        return r.fail(what, "no broker listed");
+    };
+    let wanted = wiring::producer_settings(s).transaction_timeout();
+    let max = producer
+        .broker_config(
+            id,
+            "transaction.max.timeout.ms",
+            wiring::BROKER_CHECK_TIMEOUT,
+        )
+        .await;
+    match max {
+        Ok(Some(max)) => match max.trim().parse::<u64>() {
+            Ok(max) if u128::from(max) >= wanted.as_millis() => r.ok(
+                what,
+                format!("transaction.timeout.ms {} is within the brokers' transaction.max.timeout.ms {max}", wanted.as_millis()),
+            ),
+            Ok(max) => r.fail(
+                what,
+                format!("transaction.timeout.ms {} is above the brokers' transaction.max.timeout.ms {max}: init_transactions would fail. Set OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS={max} or lower", wanted.as_millis()),
+            ),
+            Err(_) => r.warn(what, format!("transaction.max.timeout.ms reads {max:?}")),
+        },
+        Ok(None) => r.fail(
+            what,
+            "the brokers have no transaction.max.timeout.ms: they may not support transactions; use OUTBOXD_DELIVERY=at-least-once with them",
+        ),
+        Err(e) => r.warn(
+            what,
+            format!("the brokers' transaction.max.timeout.ms could not be read ({e}); `run` finds out at init_transactions"),
+        ),
+    }
 }
 
 /// Whether the brokers create a missing topic on first use, asked once and only when a

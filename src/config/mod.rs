@@ -205,6 +205,9 @@ pub struct Settings {
     pub progress_topic: Option<String>,
     pub progress_interval: Duration,
     pub progress_read_wait: Duration,
+    /// `OUTBOXD_DELIVERY=exactly-once`: when Kafka transactions commit; `None`:
+    /// at-least-once.
+    pub transactions: Option<outboxd_relay::kafka::Transactions>,
     pub publication_check_interval: Duration,
     /// Goes into the progress record's key: keeps copies of one cluster apart.
     pub cluster_name: String,
@@ -591,6 +594,7 @@ pub fn from_vars_for(
             .filter(|t| !t.trim().is_empty()),
         progress_interval: env.millis("OUTBOXD_PROGRESS_INTERVAL_MS", 100)?,
         progress_read_wait: env.millis("OUTBOXD_PROGRESS_READ_WAIT_MS", 0)?,
+        transactions: transactions(&env)?,
         publication_check_interval: env.millis("OUTBOXD_PUBLICATION_CHECK_INTERVAL_MS", 1000)?,
         cluster_name: cluster_name(&env)?,
         http_addr: env
@@ -606,6 +610,37 @@ pub fn from_vars_for(
     };
     shards::validate(&settings)?;
     Ok(settings)
+}
+
+/// `OUTBOXD_DELIVERY` and the commit settings of its exactly-once mode.
+fn transactions(env: &Env<'_>) -> Result<Option<outboxd_relay::kafka::Transactions>, ConfigError> {
+    match env
+        .required("OUTBOXD_DELIVERY", "a delivery mode")?
+        .as_str()
+    {
+        "at-least-once" => Ok(None),
+        "exactly-once" => {
+            let progress = env
+                .string("OUTBOXD_PROGRESS_TOPIC")
+                .filter(|t| !t.trim().is_empty());
+            if progress.is_none() {
+                return Err(ConfigError::new(
+                    "OUTBOXD_DELIVERY",
+                    "exactly-once",
+                    "at-least-once while OUTBOXD_PROGRESS_TOPIC is empty: the exactly-once mode writes what Kafka has into the progress record; set OUTBOXD_PROGRESS_TOPIC",
+                ));
+            }
+            Ok(Some(outboxd_relay::kafka::Transactions {
+                commit_every: env.millis("OUTBOXD_TXN_COMMIT_MS", 1)?,
+                commit_events: env.number::<usize>("OUTBOXD_TXN_MAX_EVENTS", 1)?,
+            }))
+        }
+        other => Err(ConfigError::new(
+            "OUTBOXD_DELIVERY",
+            other,
+            "at-least-once or exactly-once",
+        )),
+    }
 }
 
 /// Reads the process environment once.

@@ -21,6 +21,7 @@ mod compose_env;
 mod consumer_kits;
 mod crash;
 mod dead_connection;
+mod exactly_once;
 mod exactly_once_effect;
 mod failover;
 mod failover_slot;

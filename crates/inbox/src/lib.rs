@@ -634,6 +634,11 @@ pub fn consumer_config(bootstrap_servers: &str, group_id: &str) -> ClientConfig 
         .set("group.id", group_id)
         .set("enable.auto.commit", "true")
         .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest");
+        .set("auto.offset.reset", "earliest")
+        // librdkafka's default, said here because it is a requirement: with
+        // OUTBOXD_DELIVERY=exactly-once only read_committed hides the records of aborted
+        // Kafka transactions (the Java consumer's default is read_uncommitted). Lag is then
+        // measured against the last stable offset, not the high watermark.
+        .set("isolation.level", "read_committed");
     config
 }

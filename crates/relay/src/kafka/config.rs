@@ -14,7 +14,12 @@
 //!   ones), and every record the relay writes to an outbox topic has a non-empty key (an
 //!   empty or NULL aggregate id is dead-lettered), so each of them maps one key to one
 //!   partition.
-//! - `transactional.id`: refused: the relay has no transactional (exactly-once) mode.
+//! - `transactional.id`: refused: `OUTBOXD_DELIVERY=exactly-once` derives it from the
+//!   slot's identity (one id per slot, shared by the active instance and its standby, so
+//!   the one that takes over fences the other).
+//! - `transaction.timeout.ms`: applied as given; in exactly-once mode it also becomes
+//!   `message.timeout.ms` (librdkafka requires it to be no longer), and a message that
+//!   times out aborts its Kafka transaction, which leaves no gap.
 //! - `bootstrap.servers`, `message.max.bytes`, `queue.buffering.max.messages`: come from
 //!   the relay's own settings; an override must agree with them.
 //! - `enable.gapless.guarantee`: either value is fine, every delivery error is already
@@ -77,6 +82,19 @@ pub(crate) fn producer_config(
             settings.queue_max_messages.to_string(),
         );
     apply_overrides(&mut config, settings);
+    Ok(config)
+}
+
+/// [`producer_config`] for the exactly-once mode's transactional producer.
+pub(crate) fn transactional_producer_config(
+    settings: &ProducerSettings,
+    transactional_id: &str,
+) -> Result<ClientConfig, KafkaSetupError> {
+    let mut config = producer_config(settings)?;
+    config.set("transactional.id", transactional_id).set(
+        "message.timeout.ms",
+        settings.transaction_timeout().as_millis().to_string(),
+    );
     Ok(config)
 }
 
@@ -212,7 +230,9 @@ fn check_override(s: &ProducerSettings, name: &str, value: &str) -> Result<(), K
             v == "false",
             "the relay advances the slot from a delivery report for every message",
         ),
-        "transactional.id" => refuse("transactional producing is not supported yet"),
+        "transactional.id" => refuse(
+            "outboxd derives it from the slot's identity with OUTBOXD_DELIVERY=exactly-once; set that instead",
+        ),
         "bootstrap.servers" | "metadata.broker.list" => require(
             value.trim() == s.bootstrap_servers.trim(),
             "conflicts with the relay's bootstrap servers setting; set it there",

@@ -25,7 +25,8 @@ pub use delivery::{is_permanent, Delivered, Delivery, DeliveryFailure, DeliveryS
 pub use error::KafkaSetupError;
 pub use probe::BrokerProbe;
 pub use producer::{
-    build_producer, BrokerAddress, BrokerInfo, FlushError, OutgoingRecord, RelayProducer, SendError,
+    build_producer, build_transactional_producer, BrokerAddress, BrokerInfo, FlushError,
+    OutgoingRecord, RelayProducer, SendError, TxnError,
 };
 pub use progress::{
     pg_time_text, BackfillState, ProgressError, ProgressRecord, ProgressStore, PublicationSeen,
@@ -34,5 +35,5 @@ pub use progress::{
 pub use rdkafka::types::RDKafkaErrorCode;
 pub use settings::{
     env_var_of_property, is_secret_property, kafka_property_from_env, ProducerSettings,
-    RedactedSettings, KAFKA_ENV_PREFIX,
+    RedactedSettings, Transactions, KAFKA_ENV_PREFIX,
 };

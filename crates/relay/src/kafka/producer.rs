@@ -12,7 +12,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, PurgeConfig};
 use rdkafka::types::RDKafkaErrorCode;
 
-use super::config::{admin_config, producer_config};
+use super::config::{admin_config, producer_config, transactional_producer_config};
 use super::context::{LogContext, RelayContext};
 use super::delivery::DeliverySink;
 use super::error::KafkaSetupError;
@@ -66,6 +66,54 @@ pub enum SendError {
 #[error("Kafka flush did not complete: {code} ({code:?})")]
 pub struct FlushError {
     pub code: RDKafkaErrorCode,
+}
+
+/// A Kafka transaction call's failure, in librdkafka's classes: what the caller may do next.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TxnError {
+    /// Call the same method again: librdkafka goes on with it in the background (a commit
+    /// whose outcome is not known yet must never be aborted).
+    #[error("Kafka transaction call did not complete: {0}")]
+    Retriable(String),
+    /// Abort the transaction and resume from the progress record.
+    #[error("Kafka transaction failed and must be aborted: {0}")]
+    Abortable(String),
+    /// Another instance with the same transactional.id (the slot's) took over.
+    #[error("fenced: another outboxd instance took over this slot's Kafka transactions ({0}); this instance stopped without committing anything more. Run only one active instance per slot (the standby waits for the slot): nothing is lost, the instance that holds the slot publishes what this one did not commit")]
+    Fenced(String),
+    #[error("the transactional Kafka producer failed fatally: {0}")]
+    Fatal(String),
+}
+
+impl TxnError {
+    fn of(error: &KafkaError) -> Self {
+        match error {
+            KafkaError::Transaction(e) => {
+                let text = format!("{} ({:?}): {}", e.name(), e.code(), e.string());
+                let fenced = matches!(
+                    e.code(),
+                    RDKafkaErrorCode::Fenced
+                        | RDKafkaErrorCode::ProducerFenced
+                        | RDKafkaErrorCode::InvalidProducerEpoch
+                );
+                if fenced {
+                    TxnError::Fenced(text)
+                } else if e.is_fatal() {
+                    TxnError::Fatal(text)
+                } else if e.txn_requires_abort() {
+                    TxnError::Abortable(text)
+                } else if e.is_retriable() {
+                    TxnError::Retriable(text)
+                } else {
+                    // A state error: a bug here, which a fresh producer clears.
+                    TxnError::Abortable(text)
+                }
+            }
+            // The flush before a commit timed out: the commit itself was not tried.
+            KafkaError::Flush(code) => TxnError::Retriable(format!("flush: {code} ({code:?})")),
+            other => TxnError::Abortable(other.to_string()),
+        }
+    }
 }
 
 /// What `check_broker_reachable` found.
@@ -130,6 +178,8 @@ pub struct RelayProducer {
     /// Tells the polling thread to end after its current wait.
     stop: Arc<AtomicBool>,
     settings: ProducerSettings,
+    /// Made with a transactional.id (exactly-once mode).
+    transactional: bool,
 }
 
 impl Drop for RelayProducer {
@@ -150,7 +200,29 @@ pub fn build_producer(
     settings: &ProducerSettings,
     deliveries: DeliverySink,
 ) -> Result<RelayProducer, KafkaSetupError> {
-    let config = producer_config(settings)?;
+    build(settings, deliveries, None)
+}
+
+/// [`build_producer`] for the exactly-once mode: a transactional producer, with
+/// `transactional_id` (the slot's, see [`crate::kafka::SlotIdentity::transactional_id`]).
+/// Call [`RelayProducer::init_transactions`] before anything else.
+pub fn build_transactional_producer(
+    settings: &ProducerSettings,
+    deliveries: DeliverySink,
+    transactional_id: &str,
+) -> Result<RelayProducer, KafkaSetupError> {
+    build(settings, deliveries, Some(transactional_id))
+}
+
+fn build(
+    settings: &ProducerSettings,
+    deliveries: DeliverySink,
+    transactional_id: Option<&str>,
+) -> Result<RelayProducer, KafkaSetupError> {
+    let config = match transactional_id {
+        Some(id) => transactional_producer_config(settings, id)?,
+        None => producer_config(settings)?,
+    };
     let inner: Arc<BaseProducer<RelayContext>> = Arc::new(
         config
             .create_with_context(RelayContext::new(deliveries))
@@ -162,6 +234,7 @@ pub fn build_producer(
         inner,
         stop,
         settings: settings.clone(),
+        transactional: transactional_id.is_some(),
     })
 }
 
@@ -220,6 +293,69 @@ impl RelayProducer {
         SendError::Other {
             code: error.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail),
         }
+    }
+
+    pub fn is_transactional(&self) -> bool {
+        self.transactional
+    }
+
+    /// Registers the transactional.id with its coordinator: bumps the epoch, which fences
+    /// any other producer with the same id and aborts its open transaction (waiting for
+    /// that). Runs off the runtime's thread.
+    pub async fn init_transactions(&self, timeout: Duration) -> Result<(), TxnError> {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || inner.init_transactions(timeout))
+            .await
+            .map_err(|e| TxnError::Fatal(format!("init_transactions task failed: {e}")))?
+            .map_err(|e| TxnError::of(&e))
+    }
+
+    /// Begins a Kafka transaction (local: no request).
+    pub fn begin_transaction(&self) -> Result<(), TxnError> {
+        self.inner.begin_transaction().map_err(|e| TxnError::of(&e))
+    }
+
+    /// Flushes and commits the open transaction. Runs off the runtime's thread.
+    pub async fn commit_transaction(&self, timeout: Duration) -> Result<(), TxnError> {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || inner.commit_transaction(timeout))
+            .await
+            .map_err(|e| TxnError::Fatal(format!("commit_transaction task failed: {e}")))?
+            .map_err(|e| TxnError::of(&e))
+    }
+
+    /// Aborts the open transaction. Runs off the runtime's thread.
+    pub async fn abort_transaction(&self, timeout: Duration) -> Result<(), TxnError> {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || inner.abort_transaction(timeout))
+            .await
+            .map_err(|e| TxnError::Fatal(format!("abort_transaction task failed: {e}")))?
+            .map_err(|e| TxnError::of(&e))
+    }
+
+    /// Enqueues a keyed record for partition 0 of `topic` (the progress record's place,
+    /// see `ProgressStore::write_and_wait`); `ticket` comes back like [`Self::send`]'s.
+    pub fn send_to_first_partition(
+        &self,
+        topic: &str,
+        key: &[u8],
+        value: &[u8],
+        ticket: usize,
+    ) -> Result<(), SendError> {
+        let record: BaseRecord<'_, [u8], [u8], usize> = BaseRecord::with_opaque_to(topic, ticket)
+            .partition(0)
+            .key(key)
+            .payload(value);
+        let rec = OutgoingRecord {
+            topic,
+            key: Some(key),
+            value: Some(value),
+            headers: &[],
+            timestamp_millis: None,
+        };
+        self.inner
+            .send(record)
+            .map_err(|(error, _)| self.send_error(&error, &rec))
     }
 
     /// Messages librdkafka holds (queued, in flight, or with a report not yet handed to
@@ -324,6 +460,20 @@ impl RelayProducer {
         id: i32,
         timeout: Duration,
     ) -> Result<bool, KafkaSetupError> {
+        Ok(self
+            .broker_config(id, "auto.create.topics.enable", timeout)
+            .await?
+            .is_some_and(|v| v.eq_ignore_ascii_case("true")))
+    }
+
+    /// Broker `id`'s setting `name` as its configuration says (DescribeConfigs on the
+    /// cluster); `None` when it has no value.
+    pub async fn broker_config(
+        &self,
+        id: i32,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Option<String>, KafkaSetupError> {
         let admin: AdminClient<LogContext> = admin_config(&self.settings)?
             .create_with_context(LogContext)
             .map_err(|e| KafkaSetupError::Client(self.settings.scrub(&e.to_string())))?;
@@ -333,10 +483,7 @@ impl RelayProducer {
             .await
             .map_err(|e| KafkaSetupError::Admin(self.settings.scrub(&e.to_string())))?;
         match described.into_iter().next() {
-            Some(Ok(resource)) => Ok(resource
-                .get("auto.create.topics.enable")
-                .and_then(|e| e.value.as_deref())
-                .is_some_and(|v| v.eq_ignore_ascii_case("true"))),
+            Some(Ok(resource)) => Ok(resource.get(name).and_then(|e| e.value.clone())),
             Some(Err(code)) => Err(KafkaSetupError::Admin(format!(
                 "describing broker {id}'s configuration: {code} ({code:?})"
             ))),

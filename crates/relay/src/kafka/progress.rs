@@ -145,6 +145,15 @@ enum Durability {
     Unknown,
 }
 
+/// For a read_committed reader at its end: whether the last stable offset (its end) has
+/// reached `high`, so nothing below `high` is left to read. Its position cannot say it:
+/// the commit and abort markers at the end are offsets no message is read at.
+fn stable_to(consumer: &BaseConsumer<LogContext>, topic: &str, high: i64) -> bool {
+    consumer
+        .fetch_watermarks(topic, 0, Duration::from_secs(5))
+        .is_ok_and(|(_, stable)| stable >= high)
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         self.stop_polling.store(true, Ordering::Release);
@@ -243,8 +252,38 @@ impl ProgressStore {
     fn consumer(&self) -> Result<BaseConsumer<LogContext>, KafkaSetupError> {
         let s = &self.inner.settings;
         reader_config(s, "progress-reader")?
+            // Says when a read_committed scan reached the last stable offset (see
+            // `stable_to`).
+            .set("enable.partition.eof", "true")
             .create_with_context(LogContext)
             .map_err(|e| KafkaSetupError::Client(s.scrub(&e.to_string())))
+    }
+
+    /// A reader that sees transactions not yet committed: only for the high watermark.
+    fn uncommitted_consumer(&self) -> Result<BaseConsumer<LogContext>, KafkaSetupError> {
+        let s = &self.inner.settings;
+        reader_config(s, "progress-reader")?
+            .set("isolation.level", "read_uncommitted")
+            .create_with_context(LogContext)
+            .map_err(|e| KafkaSetupError::Client(s.scrub(&e.to_string())))
+    }
+
+    /// Produces `record` for `id` with the exactly-once mode's transactional producer,
+    /// inside its open transaction (the transaction's last record), to partition 0 like
+    /// [`ProgressStore::write_and_wait`].
+    pub fn produce_in_transaction(
+        &self,
+        producer: &super::producer::RelayProducer,
+        id: &SlotIdentity,
+        record: &ProgressRecord,
+        ticket: usize,
+    ) -> Result<(), super::producer::SendError> {
+        producer.send_to_first_partition(
+            &self.inner.topic,
+            id.key().as_bytes(),
+            record.to_json(id).as_bytes(),
+            ticket,
+        )
     }
 
     /// Whether the topic exists, asking the brokers (an unreachable cluster is an error,
@@ -514,7 +553,12 @@ impl ProgressStore {
             return Ok(nothing(false));
         }
         let deadline = Instant::now() + timeout;
-        let (low, high) = consumer
+        // The high watermark as a read_uncommitted client sees it, then a read_committed
+        // scan up to it (Materialize's way): a read_committed client's end is the last
+        // stable offset, which another writer's open transaction holds back, and the last
+        // offset of a transactional write is a commit marker no message is read at.
+        let (low, high) = self
+            .uncommitted_consumer()?
             .fetch_watermarks(topic, 0, timeout)
             .map_err(|e| ProgressError::Kafka(s.scrub(&e.to_string())))?;
         if high <= low {
@@ -528,17 +572,26 @@ impl ProgressStore {
             .assign(&assignment)
             .map_err(|e| ProgressError::Kafka(s.scrub(&e.to_string())))?;
         let mut found: Vec<SlotScan> = ids.iter().map(SlotScan::new).collect();
+        // The reader reached its end (the last stable offset) since the last message.
+        let mut at_end = false;
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
                 return Err(ProgressError::Timeout(timeout));
             }
             match consumer.poll(remaining.min(Duration::from_millis(500))) {
+                None if at_end && stable_to(&consumer, topic, high) => break,
                 None => continue,
-                Some(Err(KafkaError::PartitionEOF(_))) => continue,
+                Some(Err(KafkaError::PartitionEOF(_))) => {
+                    at_end = true;
+                    if stable_to(&consumer, topic, high) {
+                        break;
+                    }
+                }
                 Some(Err(e)) if broker_unreachable(&e) => continue,
                 Some(Err(e)) => return Err(ProgressError::Kafka(s.scrub(&e.to_string()))),
                 Some(Ok(m)) => {
+                    at_end = false;
                     if let Some(k) = m.key() {
                         for scan in &mut found {
                             scan.see(k, m.payload());

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 /// Prefix of the environment variables passed through to librdkafka.
 pub const KAFKA_ENV_PREFIX: &str = "OUTBOXD_KAFKA_";
@@ -24,7 +25,22 @@ pub struct ProducerSettings {
     /// Becomes `queue.buffering.max.messages`; must be at least the relay's in-flight cap,
     /// otherwise librdkafka's queue, not the relay, becomes the back-pressure point.
     pub queue_max_messages: usize,
+    /// `OUTBOXD_DELIVERY=exactly-once`: events go out in Kafka transactions
+    /// (docs/transactional-mode.md); `None`: at-least-once.
+    pub transactions: Option<Transactions>,
 }
+
+/// When the exactly-once mode commits a Kafka transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transactions {
+    /// Commit at the first PostgreSQL commit after a Kafka transaction was open this long.
+    pub commit_every: Duration,
+    /// Or at the first PostgreSQL commit after this many events.
+    pub commit_events: usize,
+}
+
+/// librdkafka's default `transaction.timeout.ms`.
+const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl ProducerSettings {
     /// Defaults for everything but the servers.
@@ -36,7 +52,17 @@ impl ProducerSettings {
             max_message_bytes: 1_000_000,
             linger_ms: 5,
             queue_max_messages: 100_000,
+            transactions: None,
         }
+    }
+
+    /// `transaction.timeout.ms` as the producer gets it: the override, else librdkafka's
+    /// default. The broker aborts a Kafka transaction open longer than this.
+    pub fn transaction_timeout(&self) -> Duration {
+        self.overrides
+            .get("transaction.timeout.ms")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(DEFAULT_TRANSACTION_TIMEOUT, Duration::from_millis)
     }
 
     /// A view for logs: secret override values replaced.

@@ -9,7 +9,7 @@ use outbox_core::{AckError, RowError, ShapeError};
 pub use pgoutput::ErrorClass;
 use pgrepl::ReplError;
 
-use crate::kafka::{DeliveryFailure, KafkaSetupError, RDKafkaErrorCode, SendError};
+use crate::kafka::{DeliveryFailure, KafkaSetupError, RDKafkaErrorCode, SendError, TxnError};
 
 /// The code a class was decided by, named in the log line that reports the error, so an
 /// operator can look it up (PostgreSQL's Appendix A, librdkafka's `rdkafka.h`).
@@ -165,6 +165,9 @@ pub enum RelayError {
     Delivery(DeliveryFailure),
     #[error("producing to Kafka failed: {0}")]
     Send(#[from] SendError),
+    /// Exactly-once mode: a Kafka transaction call failed.
+    #[error("{0}")]
+    Transaction(TxnError),
     #[error("replication protocol error: {0}")]
     Protocol(String),
     #[error("ack tracking error: {0}")]
@@ -258,6 +261,9 @@ impl RelayError {
                 (class, kafka(*code))
             }
             E::Send(_) => (Permanent, None),
+            // Fenced: another instance holds the slot and its transactions now.
+            E::Transaction(TxnError::Fenced(_) | TxnError::Fatal(_)) => (Permanent, None),
+            E::Transaction(TxnError::Retriable(_) | TxnError::Abortable(_)) => (Retryable, None),
             // A failover in progress: the address already points at a standby that is
             // about to be promoted.
             E::StreamClosed
@@ -296,7 +302,7 @@ impl RelayError {
         use RelayError as E;
         match self {
             E::BadRow { .. } | E::DeadLetterTooLarge { .. } => 4,
-            E::KafkaSetup(_) | E::Delivery(_) | E::Send(_) => 5,
+            E::KafkaSetup(_) | E::Delivery(_) | E::Send(_) | E::Transaction(_) => 5,
             E::Protocol(_) | E::Ack(_) => 1,
             _ => 3,
         }

@@ -38,8 +38,8 @@ pub use slot_history::{judge_missing_slot, Consent, Creation, History};
 use outbox_core::{DeliveredPosition, ReplayStart};
 
 use crate::kafka::{
-    build_producer, BrokerProbe, ProducerSettings, ProgressError, ProgressRecord, ProgressStore,
-    PublicationSeen, SlotIdentity, SlotRecords,
+    build_producer, build_transactional_producer, BrokerProbe, ProducerSettings, ProgressError,
+    ProgressRecord, ProgressStore, PublicationSeen, SlotIdentity, SlotRecords,
 };
 use session::{Session, SessionStart};
 
@@ -98,6 +98,10 @@ pub const PUBLICATION_GUARD_TRIGGER: &str = "outboxd_publication_guard";
 /// How long a session whose server went away waits for in-flight acks (see
 /// `Session::settle_in_flight`).
 const SETTLE_AFTER_SERVER_LOSS: Duration = Duration::from_secs(5);
+
+/// The least `init_transactions` waits: it waits for the previous holder's open
+/// transaction to be aborted.
+const INIT_TRANSACTIONS_MIN: Duration = Duration::from_secs(30);
 
 /// Asks the brokers every few seconds whether they answer, for readiness and the
 /// `kafka_brokers_up` metric.
@@ -845,6 +849,31 @@ async fn run_session(
         cfg,
         publication.as_ref().map_or("", |p| p.identity.as_str()),
     );
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    // Exactly-once: the slot's transactional.id is registered before the record is read,
+    // so an instance that held the slot before is fenced and its open transaction aborted
+    // first, and the record (written only inside committed transactions) is the whole
+    // truth of what Kafka has: it, not this process's memory, says what to skip.
+    let transactional = match cfg.producer.transactions {
+        Some(_) => {
+            carry.delivered = None;
+            let producer = build_transactional_producer(
+                &cfg.producer,
+                tx.clone(),
+                &identity.transactional_id(),
+            )?;
+            let wait = cfg
+                .producer
+                .transaction_timeout()
+                .max(INIT_TRANSACTIONS_MIN);
+            producer
+                .init_transactions(wait)
+                .await
+                .map_err(RelayError::Transaction)?;
+            Some(producer)
+        }
+        None => None,
+    };
     let known = replay_claim(cfg, obs, carry, progress, &identity).await?;
     let server = (pg.host.clone(), pg.port);
     if let Some(recorded) = known.timeline {
@@ -897,8 +926,10 @@ async fn run_session(
         new_lineage: rand::random(),
         doubt_lineage: rand::random(),
     };
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let producer = build_producer(&cfg.producer, tx)?;
+    let producer = match transactional {
+        Some(producer) => producer,
+        None => build_producer(&cfg.producer, tx)?,
+    };
     obs.connected(true, true);
     if std::mem::take(&mut carry.standing_by) {
         tracing::info!(slot = %cfg.slot, "took over the slot: this instance is the active one now");
@@ -930,7 +961,10 @@ async fn run_session(
         },
     );
     let result = match session.run(&mut stream, shutdown).await {
-        Err(e) => Err(session.explain(e).await),
+        Err(e) => {
+            let e = session.explain(e).await;
+            Err(session.abort_open_txn(e).await)
+        }
         ok => ok,
     };
     if let Err(RelayError::BinaryRuledOutByRelation { found, .. }) = &result {
@@ -940,7 +974,7 @@ async fn run_session(
         session.settle_in_flight(SETTLE_AFTER_SERVER_LOSS).await;
     }
     carry.progressed = session.made_progress();
-    carry.delivered = Some(session.delivered());
+    carry.delivered = Some(session.delivered()).filter(|_| cfg.producer.transactions.is_none());
     carry.publication = session.publication_seen();
     match &result {
         Ok(_) => {

@@ -28,7 +28,7 @@ use super::error::RelayError;
 use super::observe::Observer;
 use super::RelayConfig;
 use crate::kafka::{
-    Delivery, OutgoingRecord, ProgressStore, RelayProducer, SendError, SlotIdentity,
+    Delivery, OutgoingRecord, ProgressStore, RelayProducer, SendError, SlotIdentity, TxnError,
 };
 
 mod progress;
@@ -52,6 +52,17 @@ const TOPIC_LOOKUP_AGAIN: Duration = Duration::from_secs(2);
 /// Most events taken from the stream's buffer in one turn of the session's loop: enough
 /// to amortise the turn, few enough that a delivery report or a tick waits little.
 const BURST: usize = 256;
+
+/// The delivery ticket of the progress record produced inside a Kafka transaction
+/// (exactly-once mode): no ledger entry stands for it.
+const PROGRESS_TICKET: usize = usize::MAX;
+
+/// How often a commit whose outcome is unknown (a timeout) is tried again before the
+/// session gives up (and the next one's `init_transactions` settles it).
+const COMMIT_ATTEMPTS: u32 = 5;
+
+/// How long aborting a Kafka transaction may take when a session ends with an error.
+const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The final progress record gets at least this long, even past the shutdown deadline.
 const FINAL_PROGRESS_WRITE_MIN: Duration = Duration::from_secs(1);
@@ -100,6 +111,23 @@ pub(super) struct Session<'a> {
     output_settings: Option<[String; 3]>,
     /// The topic of the message whose delivery failed, for an error that names it.
     failed_topic: Option<String>,
+    /// Exactly-once mode: the Kafka transaction (docs/transactional-mode.md).
+    txn: Option<KafkaTxn>,
+}
+
+/// The exactly-once mode's Kafka transaction. Nothing is confirmed to PostgreSQL while
+/// one is open: the slot moves only after `commit_transaction` returned OK.
+struct KafkaTxn {
+    settings: crate::kafka::Transactions,
+    /// Commit even inside a PostgreSQL transaction once open this long: half of
+    /// `transaction.timeout.ms`, after which the broker would abort it.
+    split_after: Duration,
+    timeout: Duration,
+    /// When the open transaction began; `None`: none is open.
+    open_since: Option<Instant>,
+    events: usize,
+    /// The position last passed on to the server.
+    confirmed: pgoutput::Lsn,
 }
 
 /// What the rules report, as metrics and logs.
@@ -252,6 +280,17 @@ impl<'a> Session<'a> {
             failed_topic: None,
             binary: begin.binary,
             output_settings: begin.output_settings,
+            txn: cfg.producer.transactions.map(|settings| {
+                let timeout = cfg.producer.transaction_timeout();
+                KafkaTxn {
+                    settings,
+                    split_after: timeout / 2,
+                    timeout,
+                    open_since: None,
+                    events: 0,
+                    confirmed: pgoutput::Lsn::ZERO,
+                }
+            }),
         }
     }
 
@@ -344,6 +383,7 @@ impl<'a> Session<'a> {
             let reports_now = !room || stopping;
             let reports_at = (!reports_now && self.core.awaiting_reports() > 0)
                 .then(|| tokio::time::Instant::from_std(self.reports_taken_at + REPORTS_WAIT));
+            let commit_at = self.commit_at().map(tokio::time::Instant::from_std);
             tokio::select! {
                 biased;
                 changed = shutdown.changed(), if !stopping => {
@@ -362,6 +402,7 @@ impl<'a> Session<'a> {
                     self.take_reports()?;
                 }
                 _ = sleep_until_some(reports_at) => self.take_reports()?,
+                _ = sleep_until_some(commit_at) => {}
                 _ = sleep_until_some(deadline) => {}
                 // Wakes the loop for the early look (after it, below).
                 _ = sleep_until_some(early_look) => {}
@@ -383,6 +424,9 @@ impl<'a> Session<'a> {
                 }
             }
             self.advance();
+            if self.commit_due() {
+                self.commit_kafka_txn().await?;
+            }
             if self.early_look_at().is_some_and(|at| at <= Instant::now()) {
                 self.watch_publication().await?;
                 self.advance();
@@ -441,9 +485,135 @@ impl<'a> Session<'a> {
     }
 
     fn advance(&mut self) {
-        if let Some(w) = self.core.advance() {
+        let moved = self.core.advance();
+        let Some(txn) = self.txn.as_mut() else {
+            if let Some(w) = moved {
+                self.flush.advance(w);
+                self.obs.confirmed(w);
+            }
+            return;
+        };
+        // With no Kafka transaction open, everything acked was committed (a session whose
+        // transaction failed ends): the rules' position is Kafka's.
+        let w = self.core.confirmed();
+        if txn.open_since.is_none() && w > txn.confirmed {
+            txn.confirmed = w;
             self.flush.advance(w);
             self.obs.confirmed(w);
+        }
+    }
+
+    /// When the open Kafka transaction is due to commit by time (then at the next
+    /// PostgreSQL commit, or inside a transaction that long).
+    fn commit_at(&self) -> Option<Instant> {
+        let txn = self.txn.as_ref()?;
+        let since = txn.open_since?;
+        let every = match self.core.in_transaction() {
+            false => txn.settings.commit_every,
+            true => txn.split_after,
+        };
+        Some(since + every)
+    }
+
+    /// Whether to commit now: at a PostgreSQL commit after the interval or event count,
+    /// or anywhere once the transaction nears `transaction.timeout.ms` (a PostgreSQL
+    /// transaction split over Kafka transactions, each ending with a partial record).
+    fn commit_due(&self) -> bool {
+        let Some(txn) = self.txn.as_ref() else {
+            return false;
+        };
+        let Some(since) = txn.open_since else {
+            return false;
+        };
+        let open = since.elapsed();
+        if self.core.in_transaction() {
+            return open >= txn.split_after;
+        }
+        open >= txn.settings.commit_every || txn.events >= txn.settings.commit_events
+    }
+
+    /// Commits the open Kafka transaction, its last record the progress record of what it
+    /// holds, then confirms that to PostgreSQL.
+    async fn commit_kafka_txn(&mut self) -> Result<(), RelayError> {
+        let Some(timeout) = self
+            .txn
+            .as_ref()
+            .filter(|t| t.open_since.is_some())
+            .map(|t| t.timeout)
+        else {
+            return Ok(());
+        };
+        // The record claims what is acked: every report first.
+        let deadline = tokio::time::Instant::now() + timeout;
+        if !self.await_acks(deadline, false).await? {
+            return Err(RelayError::Transaction(TxnError::Abortable(format!(
+                "the transaction's messages were not all acknowledged within transaction.timeout.ms ({timeout:?})"
+            ))));
+        }
+        // A look now lets the record claim everything acked (the confirmed position
+        // waits for a look that began after the ack).
+        if self.publication.is_some() {
+            self.watch_publication().await?;
+        }
+        self.core.advance();
+        let record = self.progress_record();
+        let Some(p) = self.progress.as_ref() else {
+            return Err(RelayError::Protocol(
+                "exactly-once delivery without a progress topic".into(),
+            ));
+        };
+        p.store
+            .produce_in_transaction(&self.producer, &p.identity, &record, PROGRESS_TICKET)
+            .map_err(RelayError::Send)?;
+        let mut attempt = 1;
+        loop {
+            match self.producer.commit_transaction(timeout).await {
+                Ok(()) => break,
+                // Never aborted: the commit may have happened.
+                Err(TxnError::Retriable(why)) if attempt < COMMIT_ATTEMPTS => {
+                    attempt += 1;
+                    tracing::warn!(attempt, "committing the Kafka transaction again: {why}");
+                }
+                Err(e) => return Err(RelayError::Transaction(e)),
+            }
+        }
+        if let Some(txn) = self.txn.as_mut() {
+            txn.open_since = None;
+            txn.events = 0;
+        }
+        self.take_reports()?;
+        self.obs.progress_recorded(record.confirmed_lsn());
+        self.advance();
+        if attempt > 1 {
+            // librdkafka has no KIP-890 (transactions v2): after an EndTxn that timed out,
+            // a late request of the old transaction could land in the next one.
+            return Err(RelayError::Transaction(TxnError::Retriable(
+                "a Kafka commit had to be retried: starting over with a new producer".into(),
+            )));
+        }
+        Ok(())
+    }
+
+    /// After the session failed: aborts an open Kafka transaction, so its records are
+    /// never visible to read_committed consumers and the next start need not wait for it.
+    /// A fenced producer makes that the session's error: another instance took over.
+    pub(super) async fn abort_open_txn(&mut self, e: RelayError) -> RelayError {
+        if self.txn.as_ref().is_none_or(|t| t.open_since.is_none()) {
+            return e;
+        }
+        if let Some(txn) = self.txn.as_mut() {
+            txn.open_since = None;
+        }
+        match self.producer.abort_transaction(ABORT_TIMEOUT).await {
+            Ok(()) => e,
+            Err(fatal @ (TxnError::Fenced(_) | TxnError::Fatal(_))) => {
+                tracing::error!("{e}");
+                RelayError::Transaction(fatal)
+            }
+            Err(why) => {
+                tracing::warn!("aborting the Kafka transaction: {why}; the next start aborts it");
+                e
+            }
         }
     }
 
@@ -542,6 +712,15 @@ impl<'a> Session<'a> {
             headers: &headers,
             timestamp_millis: Some(rec.timestamp_millis),
         };
+        if let Some(txn) = self.txn.as_mut() {
+            if txn.open_since.is_none() {
+                self.producer
+                    .begin_transaction()
+                    .map_err(RelayError::Transaction)?;
+                txn.open_since = Some(Instant::now());
+            }
+            txn.events += 1;
+        }
         loop {
             match self.producer.send(&out, ticket.index()) {
                 Ok(()) => return Ok(Sent::Queued),
@@ -558,6 +737,9 @@ impl<'a> Session<'a> {
     }
 
     fn on_delivery(&mut self, d: Delivery) -> Result<(), RelayError> {
+        if d.ticket == PROGRESS_TICKET {
+            return d.outcome.map(|_| ()).map_err(RelayError::Delivery);
+        }
         self.core.observer().acked_at_unix_micros = d.at_unix_micros;
         let ticket = Ticket::from_index(d.ticket);
         let acked = d.outcome.is_ok();
@@ -612,7 +794,12 @@ impl<'a> Session<'a> {
         stream: &mut ReplicationStream,
         deadline: tokio::time::Instant,
     ) -> Result<SessionEnd, RelayError> {
-        if !self.await_acks(deadline, true).await? {
+        if self.txn.is_some() {
+            // Committed whole or not at all: an abort leaves it to the next start.
+            if let Err(e) = self.commit_kafka_txn().await {
+                return Err(self.abort_open_txn(e).await);
+            }
+        } else if !self.await_acks(deadline, true).await? {
             tracing::warn!(
                 unacked = self.core.ledger().len(),
                 "shutdown timeout: unacknowledged messages will be re-sent after restart"
@@ -637,7 +824,9 @@ impl<'a> Session<'a> {
         // After the status update, and within what is left of the deadline (at least a
         // moment): with Kafka down the write would otherwise hold the shutdown for its own
         // 30 s timeout. A record left older only records that the slot exists.
-        let record = self.progress.is_some().then(|| self.progress_record());
+        // Exactly-once: the record went with the last commit.
+        let record =
+            (self.progress.is_some() && self.txn.is_none()).then(|| self.progress_record());
         if let (Some(p), Some(record)) = (&self.progress, record) {
             let left = deadline
                 .saturating_duration_since(tokio::time::Instant::now())

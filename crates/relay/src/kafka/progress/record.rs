@@ -34,6 +34,13 @@ impl SlotIdentity {
         }
     }
 
+    /// The exactly-once mode's `transactional.id`: one per slot (so the instance that
+    /// takes a slot over fences the one that held it), and the same for every instance
+    /// that may hold it.
+    pub fn transactional_id(&self) -> String {
+        format!("outboxd/{}", self.key())
+    }
+
     /// The key of the record written just before the slot is created. A key of its own:
     /// one written late (two replicas creating the slot at once, the loser's intent
     /// landing after the winner's record) never replaces the record that the slot exists.

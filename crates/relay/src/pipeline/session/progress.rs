@@ -96,6 +96,11 @@ impl Session<'_> {
         let Some(p) = self.progress.as_ref() else {
             return;
         };
+        if self.txn.is_some() {
+            // Exactly-once: written only inside each Kafka transaction, as its last record
+            // (a record outside one could claim what an abort then takes back).
+            return;
+        }
         if self.publication.as_ref().is_some_and(|w| !w.compared()) {
             // It would replace the record's look at the publication with one never
             // compared with it (and its position cannot move meanwhile anyway).

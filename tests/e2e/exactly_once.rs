@@ -1,0 +1,515 @@
+//! OUTBOXD_DELIVERY=exactly-once against real Apache Kafka: a consumer that reads
+//! `read_committed` (librdkafka's default, which the tests' readers keep) sees every
+//! committed event exactly once, per aggregate in commit order, through kills, a zombie
+//! instance, dead letters and PostgreSQL transactions longer than the Kafka transaction
+//! timeout.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pgtest::PgCluster;
+use rand::Rng;
+use support::broker::Broker;
+use support::consume::{check_delivery, ids, read_until_ids};
+use support::load::{insert_events, Event};
+use support::ops::{LoadGen, LoadShape};
+use support::relay::Relay;
+use support::schema;
+
+const EXACTLY_ONCE: (&str, &str) = ("OUTBOXD_DELIVERY", "exactly-once");
+
+/// Reads `topics` (read_committed) until every event arrived, and asserts each arrived
+/// exactly once, per aggregate in commit order.
+fn assert_exactly_once(bootstrap: &str, topics: &[String], events: &[Event], what: &str) {
+    let received = read_until_ids(
+        bootstrap,
+        topics,
+        &ids(events),
+        Duration::from_secs(3),
+        Duration::from_secs(120),
+    );
+    let report = check_delivery(events, &received);
+    println!(
+        "{what}: {} events committed, {} records read_committed, {} unique, {} duplicates",
+        events.len(),
+        received.len(),
+        report.unique,
+        report.duplicates
+    );
+    assert_eq!(report.unique, events.len(), "{what}: lost events");
+    assert_eq!(report.duplicates, 0, "{what}: duplicates in read_committed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_during_load_neither_loses_nor_duplicates() {
+    const TOTAL: usize = 20_000;
+    const KILLS: usize = 10;
+    let started = Instant::now();
+    let broker = Broker::default_for_tests();
+    let db = PgCluster::shared().fresh_database("eos_crash").await;
+    let outbox = schema::setup(&db).await;
+    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
+    broker
+        .create_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 6)
+        .await;
+    let bootstrap = broker.bootstrap();
+    // OUTBOXD_TEST_DELIVERY=at-least-once runs the same kills without transactions: the
+    // duplicates this mode removes.
+    let mode = std::env::var("OUTBOXD_TEST_DELIVERY").unwrap_or_else(|_| EXACTLY_ONCE.1.into());
+    let mut relay = Relay::start(
+        Relay::env_for(
+            &db,
+            &outbox,
+            &bootstrap,
+            &[
+                ("OUTBOXD_DELIVERY", &mode),
+                ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "2000"),
+                ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
+            ],
+        ),
+        &["run"],
+    );
+    let client = db.client().await;
+    let table = outbox.table.clone();
+    let done = Arc::new(AtomicBool::new(false));
+    let inserter = tokio::spawn({
+        let done = Arc::clone(&done);
+        async move {
+            let mut events: Vec<Event> = Vec::with_capacity(TOTAL);
+            while events.len() < TOTAL {
+                events.extend(insert_events(&client, &table, 1_000, 50, 200).await);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            done.store(true, Ordering::Release);
+            events
+        }
+    });
+    let mut kills = 0;
+    while kills < KILLS || !done.load(Ordering::Acquire) {
+        let pause = rand::thread_rng().gen_range(300..=1200);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        relay.kill();
+        relay.restart();
+        kills += 1;
+        assert!(kills < 200, "the load did not finish");
+    }
+    let events = inserter.await.expect("inserter");
+    let wal_after = schema::current_wal_lsn(&db).await;
+    assert_exactly_once(&bootstrap, &topics, &events, &format!("{kills} SIGKILLs"));
+    assert!(relay.is_running(), "the last relay is still running");
+    schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(60)).await;
+    println!("eos crash test took {:.1?}", started.elapsed());
+}
+
+/// Records of `topics` a read_uncommitted consumer sees: what reached the log, also in
+/// transactions that were aborted.
+fn count_read_uncommitted(bootstrap: &str, topics: &[String]) -> usize {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "outboxd-test-uncommitted")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .expect("consumer");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for t in topics {
+        let md = consumer
+            .fetch_metadata(Some(t), Duration::from_secs(10))
+            .expect("metadata");
+        for p in md.topics()[0].partitions() {
+            tpl.add_partition_offset(t, p.id(), rdkafka::Offset::Beginning)
+                .expect("tpl");
+        }
+    }
+    consumer.assign(&tpl).expect("assign");
+    let mut n = 0;
+    let mut last_new = Instant::now();
+    while last_new.elapsed() < Duration::from_secs(3) {
+        if let Some(Ok(_)) = consumer.poll(Duration::from_millis(100)) {
+            n += 1;
+            last_new = Instant::now();
+        }
+    }
+    n
+}
+
+/// The active relay is SIGSTOPped with a Kafka transaction open (its events written to the
+/// log, not committed), its walsender ended, and a standby on the same slot takes over
+/// and publishes. Woken, the old one (a zombie) commits nothing and exits fenced (5).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zombie_is_fenced_and_commits_nothing() {
+    let broker = Broker::default_for_tests();
+    let db = PgCluster::shared().fresh_database("eos_zombie").await;
+    let outbox = schema::setup(&db).await;
+    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
+    broker
+        .create_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 3)
+        .await;
+    let bootstrap = broker.bootstrap();
+    let client = db.client().await;
+    // The zombie-to-be commits only after 20 s: its transaction is open when stopped.
+    let mut zombie = Relay::start(
+        Relay::env_for(
+            &db,
+            &outbox,
+            &bootstrap,
+            &[EXACTLY_ONCE, ("OUTBOXD_TXN_COMMIT_MS", "20000")],
+        ),
+        &["run"],
+    );
+    let pid = support::ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(60)).await;
+    let mut events = insert_events(&client, &outbox.table, 500, 20, 50).await;
+    zombie
+        .wait_metric_at_least("outboxd_events_published_total", 500.0)
+        .await;
+    zombie.signal("STOP");
+    client
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .expect("terminate the zombie's walsender");
+    let mut standby = Relay::start(
+        Relay::env_for(&db, &outbox, &bootstrap, &[EXACTLY_ONCE]),
+        &["run"],
+    );
+    events.extend(insert_events(&client, &outbox.table, 500, 20, 50).await);
+    let wal_after = schema::current_wal_lsn(&db).await;
+    schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(60)).await;
+    zombie.signal("CONT");
+    let status = zombie.wait_exit(Duration::from_secs(60));
+    assert_eq!(
+        status.code(),
+        Some(5),
+        "the zombie exits fenced; log:\n{}",
+        zombie.log_text()
+    );
+    assert!(
+        zombie.log_text().contains("fenced"),
+        "the zombie's error says it was fenced"
+    );
+    assert_exactly_once(&bootstrap, &topics, &events, "zombie");
+    // The zombie's uncommitted copies of the first 500 reached the log (and are aborted).
+    let in_log = count_read_uncommitted(&bootstrap, &topics);
+    println!("zombie: {in_log} records in the log read_uncommitted");
+    assert!(
+        in_log >= events.len() + 500,
+        "the zombie's writes reached the log: {in_log}"
+    );
+    assert!(standby.is_running(), "{}", standby.log_text());
+    standby.kill();
+}
+
+/// Bad rows are dead-lettered inside the Kafka transaction of their PostgreSQL
+/// transaction: through kills, each is in the dead-letter topic exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_letters_go_in_the_transaction_exactly_once() {
+    let broker = Broker::default_for_tests();
+    let db = PgCluster::shared().fresh_database("eos_dead_letter").await;
+    let outbox = schema::setup(&db).await;
+    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
+    let dlq = outbox.dead_letter_topic();
+    broker
+        .create_topics(&[&topics[0], &topics[1], &dlq], 3)
+        .await;
+    let bootstrap = broker.bootstrap();
+    let client = db.client().await;
+    let mut relay = Relay::start(
+        Relay::env_for(
+            &db,
+            &outbox,
+            &bootstrap,
+            &[EXACTLY_ONCE, ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000")],
+        ),
+        &["run"],
+    );
+    let mut events = Vec::new();
+    let mut bad = std::collections::HashSet::new();
+    for round in 0..6 {
+        events.extend(insert_events(&client, &outbox.table, 300, 20, 50).await);
+        // Headers that are not an object: dead-lettered, in a Kafka transaction with the
+        // good events around it.
+        let id = uuid::Uuid::new_v4().to_string();
+        client
+            .execute(
+                &format!(
+                    "INSERT INTO {} (id, aggregate_type, aggregate_id, event_type, payload, headers) \
+                     VALUES ($1::text::uuid, 'order', 'b', 'E', '{{}}', '[1, 2]')",
+                    outbox.table
+                ),
+                &[&id],
+            )
+            .await
+            .expect("bad row");
+        bad.insert(id);
+        events.extend(insert_events(&client, &outbox.table, 300, 20, 50).await);
+        if round % 2 == 1 {
+            tokio::time::sleep(Duration::from_millis(
+                rand::thread_rng().gen_range(100..600),
+            ))
+            .await;
+            relay.kill();
+            relay.restart();
+        }
+    }
+    assert_exactly_once(&bootstrap, &topics, &events, "dead letters: events");
+    let dead = read_until_ids(
+        &bootstrap,
+        std::slice::from_ref(&dlq),
+        &bad,
+        Duration::from_secs(3),
+        Duration::from_secs(60),
+    );
+    println!(
+        "dead letters: {} of {} bad rows read",
+        dead.len(),
+        bad.len()
+    );
+    assert_eq!(
+        dead.len(),
+        bad.len(),
+        "each bad row dead-lettered exactly once"
+    );
+    relay.kill();
+}
+
+/// One PostgreSQL transaction that takes longer to relay than transaction.timeout.ms (1 s
+/// here) is split over Kafka transactions, each ending with a partial record; the relay
+/// killed after such a commit resumes inside the transaction: every row exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_longer_than_the_kafka_timeout_is_split() {
+    const ROWS: usize = 60_000;
+    let broker = Broker::default_for_tests();
+    let db = PgCluster::shared().fresh_database("eos_split").await;
+    let outbox = schema::setup(&db).await;
+    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
+    broker
+        .create_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 3)
+        .await;
+    let bootstrap = broker.bootstrap();
+    let client = db.client().await;
+    let mut relay = Relay::start(
+        Relay::env_for(
+            &db,
+            &outbox,
+            &bootstrap,
+            &[
+                EXACTLY_ONCE,
+                ("OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS", "1000"),
+                ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "500"),
+                ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
+            ],
+        ),
+        &["run"],
+    );
+    support::ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(60)).await;
+    let key = support::ops::progress_key(&client, &db.name, &outbox.slot).await;
+    let events = insert_events(&client, &outbox.table, ROWS, ROWS, 200).await;
+    // A commit inside the transaction: the record names it partly delivered.
+    let partial = support::ops::wait_for(
+        "a Kafka commit inside the PostgreSQL transaction",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            let record = support::ops::latest_progress_record(&bootstrap, &key)?;
+            let rows = record.get("partial")?.get("rows")?.as_u64()?;
+            (rows > 0).then_some(rows)
+        },
+    )
+    .await;
+    relay.kill();
+    relay.restart();
+    println!("split: killed after a commit of {partial} leading rows of {ROWS}");
+    assert_exactly_once(&bootstrap, &topics, &events, "split transaction");
+    relay.kill();
+}
+
+/// Three brokers, RF 3, min ISR 2: the leader of an event partition killed (kill -9)
+/// mid-stream under exactly-once, then back. Every event exactly once in read_committed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partition_leader_killed_neither_loses_nor_duplicates() {
+    let pg = PgCluster::start(pgtest::ClusterOptions {
+        conf: vec!["wal_sender_timeout = '5s'".to_owned()],
+        ..pgtest::ClusterOptions::default()
+    })
+    .expect("dedicated cluster");
+    let db = pg.fresh_database("eos_leader_killed").await;
+    let outbox = schema::setup(&db).await;
+    let broker = Broker::kafka(3);
+    let topics = support::ops::create_topics(&broker, &outbox).await;
+    let cluster = broker.kafka_cluster();
+    for t in topics
+        .iter()
+        .chain(std::iter::once(&outbox.dead_letter_topic()))
+    {
+        cluster
+            .set_topic_config(t, "min.insync.replicas", "2")
+            .await
+            .expect("min.insync.replicas=2");
+    }
+    let bootstrap = broker.bootstrap();
+    let mut relay = Relay::start(
+        Relay::env_for(
+            &db,
+            &outbox,
+            &bootstrap,
+            &[EXACTLY_ONCE, ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "500")],
+        ),
+        &["run"],
+    );
+    let client = db.client().await;
+    support::ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let load = LoadGen::spawn(
+        db.conn_string(),
+        outbox.table.clone(),
+        LoadShape {
+            pause: Duration::from_millis(15),
+            ..LoadShape::default()
+        },
+    );
+    load.wait_committed(500, Duration::from_secs(60)).await;
+    relay
+        .wait_metric_at_least("outboxd_events_published_total", 200.0)
+        .await;
+    let leader = cluster.leader(&topics[0], 0).expect("leader");
+    let published_at_kill = relay
+        .metric("outboxd_events_published_total")
+        .unwrap_or(0.0);
+    cluster.kill(leader).expect("kill the leader");
+    relay
+        .wait_metric_at_least(
+            "outboxd_events_published_total",
+            published_at_kill + 1_000.0,
+        )
+        .await;
+    tokio::task::block_in_place(|| cluster.restart(&[leader], 3)).expect("the broker rejoins");
+    load.wait_committed(load.committed() + 300, Duration::from_secs(60))
+        .await;
+    let events = load.stop().await;
+    assert_exactly_once(&bootstrap, &topics, &events, "leader killed");
+    assert!(relay.is_running(), "relay exited:\n{}", relay.log_text());
+    relay.kill();
+}
+
+/// Commit-to-visible latencies (ms) a read_committed consumer of `topics` sees from now
+/// on, until `stop` is set and nothing new came for 3 s. Records carry their PostgreSQL
+/// commit time as their timestamp.
+fn visible_latencies(bootstrap: &str, topics: &[String], stop: &AtomicBool) -> Vec<i64> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::Message;
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "outboxd-test-latency")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .expect("consumer");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for t in topics {
+        let md = consumer
+            .fetch_metadata(Some(t), Duration::from_secs(10))
+            .expect("metadata");
+        for p in md.topics()[0].partitions() {
+            tpl.add_partition_offset(t, p.id(), rdkafka::Offset::End)
+                .expect("tpl");
+        }
+    }
+    consumer.assign(&tpl).expect("assign");
+    let mut out = Vec::new();
+    let mut last_new = Instant::now();
+    while !stop.load(Ordering::Acquire) || last_new.elapsed() < Duration::from_secs(3) {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(50)) {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_millis();
+            let now = i64::try_from(now).expect("ms");
+            if let Some(ts) = m.timestamp().to_millis() {
+                out.push(now - ts);
+            }
+            last_new = Instant::now();
+        }
+    }
+    out
+}
+
+/// Catch-up of a 200,000-event backlog, then commit-to-visible latency under a steady
+/// load, in one mode, on `broker`: (events/s, p50 ms, p99 ms).
+async fn cost_of(broker: &Broker, mode: &str) -> (f64, i64, i64) {
+    const BACKLOG: usize = 200_000;
+    let db = PgCluster::shared()
+        .fresh_database(&format!("eos_cost_{}", mode.replace('-', "_")))
+        .await;
+    let outbox = schema::setup(&db).await;
+    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
+    broker
+        .create_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 6)
+        .await;
+    let bootstrap = broker.bootstrap();
+    let client = db.client().await;
+    let mut n = 0;
+    while n < BACKLOG {
+        n += insert_events(&client, &outbox.table, 20_000, 100, 200)
+            .await
+            .len();
+    }
+    let wal = schema::current_wal_lsn(&db).await;
+    let started = Instant::now();
+    let mut relay = Relay::start(
+        Relay::env_for(&db, &outbox, &bootstrap, &[("OUTBOXD_DELIVERY", mode)]),
+        &["run"],
+    );
+    schema::wait_confirmed_at_least(&db, wal, Duration::from_secs(600)).await;
+    let rate = BACKLOG as f64 / started.elapsed().as_secs_f64();
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = std::thread::spawn({
+        let (stop, topics, bootstrap) = (Arc::clone(&stop), topics.clone(), bootstrap.clone());
+        move || visible_latencies(&bootstrap, &topics, &stop)
+    });
+    // Let the reader take its place at the end first.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let load = LoadGen::spawn(
+        db.conn_string(),
+        outbox.table.clone(),
+        LoadShape {
+            pause: Duration::from_millis(5),
+            ..LoadShape::default()
+        },
+    );
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let events = load.stop().await;
+    stop.store(true, Ordering::Release);
+    let mut lat = reader.join().expect("reader");
+    lat.sort_unstable();
+    let pct = |p: usize| lat.get(lat.len() * p / 100).copied().unwrap_or(-1);
+    println!(
+        "COST {mode}: catch-up of {BACKLOG} in {:.1?} ({rate:.0} events/s); steady {} events in 15 s, {} read: commit-to-visible p50 {} ms, p99 {} ms",
+        started.elapsed(),
+        events.len(),
+        lat.len(),
+        pct(50),
+        pct(99)
+    );
+    relay.kill();
+    (rate, pct(50), pct(99))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a measurement for docs/benchmarks.md (~2 min): run with --ignored"]
+async fn cost_against_at_least_once() {
+    let broker = Broker::default_for_tests();
+    let alo = cost_of(&broker, "at-least-once").await;
+    let eos = cost_of(&broker, "exactly-once").await;
+    println!(
+        "COST ratio exactly-once / at-least-once: catch-up {:.2}, p50 {} -> {} ms, p99 {} -> {} ms",
+        eos.0 / alo.0,
+        alo.1,
+        eos.1,
+        alo.2,
+        eos.2
+    );
+}
