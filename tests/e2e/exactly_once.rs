@@ -109,25 +109,12 @@ async fn sigkill_during_load_neither_loses_nor_duplicates() {
 /// Records of `topics` a read_uncommitted consumer sees: what reached the log, also in
 /// transactions that were aborted.
 fn count_read_uncommitted(bootstrap: &str, topics: &[String]) -> usize {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "outboxd-test-uncommitted")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_uncommitted")
-        .create()
-        .expect("consumer");
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    for t in topics {
-        let md = consumer
-            .fetch_metadata(Some(t), Duration::from_secs(10))
-            .expect("metadata");
-        for p in md.topics()[0].partitions() {
-            tpl.add_partition_offset(t, p.id(), rdkafka::Offset::Beginning)
-                .expect("tpl");
-        }
-    }
-    consumer.assign(&tpl).expect("assign");
+    let consumer = support::consume::assigned_consumer_at(
+        bootstrap,
+        topics,
+        "read_uncommitted",
+        rdkafka::Offset::Beginning,
+    );
     let mut n = 0;
     let mut last_new = Instant::now();
     while last_new.elapsed() < Duration::from_secs(3) {
@@ -399,26 +386,13 @@ async fn a_partition_leader_killed_neither_loses_nor_duplicates() {
 /// on, until `stop` is set and nothing new came for 3 s. Records carry their PostgreSQL
 /// commit time as their timestamp.
 fn visible_latencies(bootstrap: &str, topics: &[String], stop: &AtomicBool) -> Vec<i64> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::Message;
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "outboxd-test-latency")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .create()
-        .expect("consumer");
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    for t in topics {
-        let md = consumer
-            .fetch_metadata(Some(t), Duration::from_secs(10))
-            .expect("metadata");
-        for p in md.topics()[0].partitions() {
-            tpl.add_partition_offset(t, p.id(), rdkafka::Offset::End)
-                .expect("tpl");
-        }
-    }
-    consumer.assign(&tpl).expect("assign");
+    let consumer = support::consume::assigned_consumer_at(
+        bootstrap,
+        topics,
+        "read_committed",
+        rdkafka::Offset::End,
+    );
     let mut out = Vec::new();
     let mut last_new = Instant::now();
     while !stop.load(Ordering::Acquire) || last_new.elapsed() < Duration::from_secs(3) {

@@ -107,11 +107,23 @@ pub fn transient(e: &rdkafka::error::KafkaError) -> bool {
 /// a moment before may not be in the brokers' metadata yet: it is asked again (bounded)
 /// until it lists partitions, never assigned as empty.
 pub fn assigned_consumer(bootstrap: &str, topics: &[String]) -> BaseConsumer {
+    assigned_consumer_at(bootstrap, topics, "read_committed", Offset::Beginning)
+}
+
+/// [`assigned_consumer`] reading at `isolation` (`read_committed`, librdkafka's default, or
+/// `read_uncommitted`), each partition from `from`.
+pub fn assigned_consumer_at(
+    bootstrap: &str,
+    topics: &[String],
+    isolation: &str,
+    from: Offset,
+) -> BaseConsumer {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "outboxd-test-reader")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")
+        .set("isolation.level", isolation)
         .create()
         .expect("consumer");
     let mut tpl = TopicPartitionList::new();
@@ -138,8 +150,7 @@ pub fn assigned_consumer(bootstrap: &str, topics: &[String]) -> BaseConsumer {
             std::thread::sleep(Duration::from_millis(100));
         };
         for p in partitions {
-            tpl.add_partition_offset(topic, p, Offset::Beginning)
-                .expect("tpl");
+            tpl.add_partition_offset(topic, p, from).expect("tpl");
         }
     }
     consumer.assign(&tpl).expect("assign");

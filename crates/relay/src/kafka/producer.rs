@@ -239,6 +239,30 @@ fn build(
 }
 
 impl RelayProducer {
+    /// Sends a record of the mapping ([`outbox_core::OutboxRecord`]) as it is: streamed
+    /// and back-filled rows alike.
+    pub fn send_outbox(
+        &self,
+        rec: &outbox_core::OutboxRecord,
+        ticket: usize,
+    ) -> Result<(), SendError> {
+        let headers: Vec<(&str, &[u8])> = rec
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_ref(), v.as_ref()))
+            .collect();
+        self.send(
+            &OutgoingRecord {
+                topic: &rec.topic,
+                key: rec.key.as_deref(),
+                value: rec.value.as_deref(),
+                headers: &headers,
+                timestamp_millis: Some(rec.timestamp_millis),
+            },
+            ticket,
+        )
+    }
+
     /// Enqueues one record; `ticket` comes back in exactly one `Delivery`. Never blocks.
     pub fn send(&self, rec: &OutgoingRecord<'_>, ticket: usize) -> Result<(), SendError> {
         let mut record: BaseRecord<'_, [u8], [u8], usize> =

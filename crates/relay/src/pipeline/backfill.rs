@@ -31,8 +31,8 @@ use tokio_postgres::{Client, SimpleQueryMessage};
 
 use super::{RelayConfig, RelayError};
 use crate::kafka::{
-    build_producer, BackfillState, Delivery, KafkaSetupError, OutgoingRecord, ProgressError,
-    ProgressStore, RelayProducer, SendError, SlotIdentity, SlotRecords,
+    build_producer, BackfillState, Delivery, KafkaSetupError, ProgressError, ProgressStore,
+    RelayProducer, SendError, SlotIdentity, SlotRecords,
 };
 use outbox_core::BadRowPolicy;
 
@@ -344,20 +344,8 @@ impl Acks {
         producer: &RelayProducer,
         rec: &OutboxRecord,
     ) -> Result<Option<usize>, BackfillError> {
-        let headers: Vec<(&str, &[u8])> = rec
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_ref(), v.as_ref()))
-            .collect();
-        let out = OutgoingRecord {
-            topic: &rec.topic,
-            key: rec.key.as_deref(),
-            value: rec.value.as_deref(),
-            headers: &headers,
-            timestamp_millis: Some(rec.timestamp_millis),
-        };
         loop {
-            match producer.send(&out, self.outstanding) {
+            match producer.send_outbox(rec, self.outstanding) {
                 Ok(()) => {
                     self.outstanding += 1;
                     return Ok(None);

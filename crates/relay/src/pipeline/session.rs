@@ -27,9 +27,7 @@ use super::catchup::CatchUp;
 use super::error::RelayError;
 use super::observe::Observer;
 use super::RelayConfig;
-use crate::kafka::{
-    Delivery, OutgoingRecord, ProgressStore, RelayProducer, SendError, SlotIdentity, TxnError,
-};
+use crate::kafka::{Delivery, ProgressStore, RelayProducer, SendError, SlotIdentity, TxnError};
 
 mod progress;
 pub(super) mod publication;
@@ -700,18 +698,6 @@ impl<'a> Session<'a> {
         rec: &outbox_core::OutboxRecord,
         ticket: Ticket,
     ) -> Result<Sent, RelayError> {
-        let headers: Vec<(&str, &[u8])> = rec
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_ref(), v.as_ref()))
-            .collect();
-        let out = OutgoingRecord {
-            topic: &rec.topic,
-            key: rec.key.as_deref(),
-            value: rec.value.as_deref(),
-            headers: &headers,
-            timestamp_millis: Some(rec.timestamp_millis),
-        };
         if let Some(txn) = self.txn.as_mut() {
             if txn.open_since.is_none() {
                 self.producer
@@ -722,7 +708,7 @@ impl<'a> Session<'a> {
             txn.events += 1;
         }
         loop {
-            match self.producer.send(&out, ticket.index()) {
+            match self.producer.send_outbox(rec, ticket.index()) {
                 Ok(()) => return Ok(Sent::Queued),
                 Err(SendError::MessageTooLarge { size }) => return Ok(Sent::TooLarge { size }),
                 Err(SendError::QueueFull) => {
