@@ -3,6 +3,7 @@
 mod check;
 mod init;
 mod probe;
+mod prune;
 mod run;
 mod status;
 
@@ -51,7 +52,7 @@ struct ExitCode {
     meaning: &'static str,
 }
 
-const ALL: &[&str] = &["run", "check", "init", "status", "probe"];
+const ALL: &[&str] = &["run", "check", "init", "status", "probe", "prune"];
 
 const EXIT_TABLE: &[ExitCode] = &[
     ExitCode {
@@ -73,10 +74,12 @@ const EXIT_TABLE: &[ExitCode] = &[
     },
     ExitCode {
         code: EXIT_POSTGRES,
-        commands: &["run", "init", "status"],
+        commands: &["run", "init", "status", "prune"],
         meaning: "permanent Postgres-side problem: slot missing/dropped/invalidated (status: \
                   missing or wal_status lost), publication missing, wrong table shape, \
-                  authentication, TLS or permission failure, no host of the wanted kind",
+                  authentication, TLS or permission failure, no host of the wanted kind; \
+                  prune: also the slot not confirming past a batch's snapshot in time \
+                  (nothing unrelayed is deleted)",
     },
     ExitCode {
         code: 4,
@@ -191,6 +194,12 @@ enum Command {
     /// the loopback address).
     #[command(after_help = subcommand_footer("probe"))]
     Probe(probe::ProbeArgs),
+    /// Delete relayed outbox rows older than a retention, in small batches
+    ///
+    /// A row is deleted only once the slot has confirmed the transaction that wrote it
+    /// (Kafka has it); run it from cron next to a running relay.
+    #[command(after_help = subcommand_footer("prune"))]
+    Prune(prune::PruneArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -262,6 +271,7 @@ pub fn main(args: &[String]) -> i32 {
             ("init", flags, false)
         }
         Command::Status(a) => ("status", init::Flags::default(), a.json),
+        Command::Prune(_) => ("prune", init::Flags::default(), false),
     };
     let settings = match config::from_process_env(matches!(name, "run" | "check")) {
         Ok(s) => s,
@@ -301,6 +311,10 @@ pub fn main(args: &[String]) -> i32 {
                 let json = json || settings.status_format == config::StatusFormat::Json;
                 status::status(&settings, json).await
             }
+            "prune" => match &command {
+                Command::Prune(args) => prune::prune(&settings, args).await,
+                _ => EXIT_INTERNAL,
+            },
             _ => run::run(&settings).await,
         }
     });

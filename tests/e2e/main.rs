@@ -49,6 +49,7 @@ mod partitioner_handover;
 mod pgoutput_versions;
 mod progress_record_trust;
 mod proven_skip;
+mod prune;
 mod publication_history;
 mod record_size;
 mod relay_e2e;

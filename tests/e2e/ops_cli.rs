@@ -299,7 +299,7 @@ fn producer_settings_are_refused_before_connecting() {
 /// without reading any configuration.
 #[test]
 fn subcommand_help_exits_0_without_configuration() {
-    for command in ["run", "check", "init", "status", "probe"] {
+    for command in ["run", "check", "init", "status", "probe", "prune"] {
         for flag in ["--help", "-h"] {
             let (code, out) = run_to_end(&[], &[command, flag]);
             assert_eq!(code, 0, "{command} {flag}:\n{out}");

@@ -564,6 +564,15 @@ impl ProgressStore {
         if high <= low {
             return Ok(nothing(high > 0));
         }
+        // Everything below `high` decided (committed or aborted) before the scan: a
+        // read_committed reader's end is the last stable offset of its fetch, and an end
+        // reached below `high` would pass for the scan's end once it moved on.
+        while !stable_to(&consumer, topic, high) {
+            if Instant::now() >= deadline {
+                return Err(ProgressError::Timeout(timeout));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let mut assignment = TopicPartitionList::new();
         assignment
             .add_partition_offset(topic, 0, Offset::Offset(low))

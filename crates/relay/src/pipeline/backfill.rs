@@ -55,6 +55,8 @@ pub enum BackfillError {
     NoOrderColumn { table: String },
     #[error("{table} was not found")]
     NoTable { table: String },
+    #[error("rows of {table} matching the condition have a NULL {ORDER_COLUMN} or id: the back-fill publishes rows in {ORDER_COLUMN}, id order, and resumes by them, so such a row could be passed over. Give them a value (UPDATE {table} SET {ORDER_COLUMN} = pg_catalog.now() WHERE {ORDER_COLUMN} IS NULL), then run the same command again")]
+    NullOrder { table: String },
     #[error("a back-filled row cannot be published and OUTBOXD_BAD_ROW_POLICY is stop: {error}. Fix or delete the row (or set OUTBOXD_BAD_ROW_POLICY=dead-letter)")]
     BadRow { error: RowError },
     #[error("{0}")]
@@ -180,6 +182,23 @@ impl Backfill<'_> {
             format!("t.{}", quote_ident(ORDER_COLUMN)),
             format!("t.{}", quote_ident(&self.cfg.table.columns.id)),
         );
+        // A NULL sorts last and compares as unknown: a resume would pass such a row over.
+        let nulls: bool = self
+            .sql
+            .query_one(
+                &format!(
+                    "SELECT EXISTS (SELECT 1 FROM {table} t WHERE ({}) AND ({order} IS NULL OR {id} IS NULL))",
+                    state.condition
+                ),
+                &[],
+            )
+            .await?
+            .try_get(0)?;
+        if nulls {
+            return Err(BackfillError::NullOrder {
+                table: table.to_owned(),
+            });
+        }
         let resume = match (&state.snapshot, &state.after) {
             (Some(seen), Some((at, key))) => format!(
                 " AND (({order}, {id}) > ({}, {}) OR NOT {})",

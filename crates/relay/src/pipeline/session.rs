@@ -548,6 +548,21 @@ impl<'a> Session<'a> {
                 "the transaction's messages were not all acknowledged within transaction.timeout.ms ({timeout:?})"
             ))));
         }
+        // The record carries the session's look: never one not yet compared with the
+        // record's (it would bury that look, and a change made while outboxd was stopped).
+        while self.publication.as_ref().is_some_and(|w| !w.compared()) {
+            self.compare_with_record()?;
+            if self.publication.as_ref().is_some_and(|w| w.compared()) {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(RelayError::Transaction(TxnError::Abortable(
+                    "the progress record was not read in time to compare the publication with it"
+                        .into(),
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         // A look now lets the record claim everything acked (the confirmed position
         // waits for a look that began after the ack).
         if self.publication.is_some() {
