@@ -124,6 +124,9 @@ pub async fn check(s: &Settings) -> i32 {
             check_slot(&mut r, view, (&pg, sql), system.as_ref()).await;
             check_failover(&mut r, view, sql).await;
         }
+        if s.relay_table {
+            check_retention(&mut r, s, sql).await;
+        }
     }
     let event_topics = match &sql {
         Some(sql) => event_topics(&mut r, s, sql).await,
@@ -613,6 +616,29 @@ async fn check_emit_privilege(r: &mut Report, prefix: &str, sql: &Client) {
         Err(e) => r.fail(what, e),
     }
 }
+
+/// outboxd never marks or deletes a row: a table nothing deletes from grows forever.
+async fn check_retention(r: &mut Report, s: &Settings, sql: &Client) {
+    const WHAT: &str = "retention";
+    match pgrepl::preflight::table_churn(sql, &s.table_schema, &s.table_name).await {
+        Ok(Some((inserted, 0))) if inserted >= RETENTION_WARN_ROWS => r.warn(
+            WHAT,
+            format!(
+                "{inserted} rows were inserted into {}.{} and none deleted: outboxd does not mark or delete relayed rows. Schedule `outboxd prune --older-than 7d` (docs/operations.md, \"The table after CDC\")",
+                s.table_schema, s.table_name
+            ),
+        ),
+        Ok(Some((inserted, deleted))) => r.ok(
+            WHAT,
+            format!("{inserted} rows inserted, {deleted} deleted (`outboxd prune` deletes relayed rows)"),
+        ),
+        Ok(None) => {}
+        Err(e) => r.warn(WHAT, e),
+    }
+}
+
+/// Rows inserted with none deleted past which `check` asks for a retention.
+const RETENTION_WARN_ROWS: i64 = 1_000_000;
 
 async fn check_table(r: &mut Report, s: &Settings, sql: &Client) {
     let what = "outbox table";

@@ -212,6 +212,35 @@ pub async fn slot_decoded(client: &Client, slot: &str) -> Result<bool, ReplError
     Ok(row.try_get(0)?)
 }
 
+/// Rows ever inserted into and deleted from the table and its partitions, by the server's
+/// statistics: `(inserted, deleted)`, `None` when the table is not found.
+pub async fn table_churn(
+    client: &Client,
+    schema: &str,
+    table: &str,
+) -> Result<Option<(i64, i64)>, ReplError> {
+    let name = format!(
+        "{}.{}",
+        crate::query::quote_ident(schema),
+        crate::query::quote_ident(table)
+    );
+    let row = client
+        .query_one(
+            "SELECT pg_catalog.to_regclass($1::pg_catalog.text) IS NOT NULL, \
+             coalesce(pg_catalog.sum(s.n_tup_ins), 0::pg_catalog.numeric)::pg_catalog.int8, \
+             coalesce(pg_catalog.sum(s.n_tup_del), 0::pg_catalog.numeric)::pg_catalog.int8 \
+             FROM pg_catalog.pg_stat_all_tables s WHERE s.relid OPERATOR(pg_catalog.=) ANY (ARRAY( \
+             SELECT t.relid::pg_catalog.oid FROM pg_catalog.pg_partition_tree(pg_catalog.to_regclass($1::pg_catalog.text)) t \
+             UNION SELECT pg_catalog.to_regclass($1::pg_catalog.text)::pg_catalog.oid))",
+            &[&name],
+        )
+        .await?;
+    if !row.try_get::<_, bool>(0)? {
+        return Ok(None);
+    }
+    Ok(Some((row.try_get(1)?, row.try_get(2)?)))
+}
+
 /// The slot's row in `pg_replication_slots`, or `None` when it does not exist.
 pub async fn slot_state(client: &Client, name: &str) -> Result<Option<SlotState>, ReplError> {
     let row = client
