@@ -212,6 +212,11 @@ pub async fn slot_decoded(client: &Client, slot: &str) -> Result<bool, ReplError
     Ok(row.try_get(0)?)
 }
 
+/// The table named `$1` (quoted, qualified) and its partitions at any depth, as `t.relid`.
+const TABLE_TREE: &str = "(SELECT pg_catalog.to_regclass($1::text) AS relid \
+     UNION SELECT relid FROM pg_catalog.pg_partition_tree(pg_catalog.to_regclass($1::text))) t \
+     WHERE t.relid IS NOT NULL";
+
 /// Rows ever inserted into and deleted from the table and its partitions, by the server's
 /// statistics: `(inserted, deleted)`, `None` when the table is not found.
 pub async fn table_churn(
@@ -226,12 +231,13 @@ pub async fn table_churn(
     );
     let row = client
         .query_one(
-            "SELECT pg_catalog.to_regclass($1::pg_catalog.text) IS NOT NULL, \
-             coalesce(pg_catalog.sum(s.n_tup_ins), 0::pg_catalog.numeric)::pg_catalog.int8, \
-             coalesce(pg_catalog.sum(s.n_tup_del), 0::pg_catalog.numeric)::pg_catalog.int8 \
-             FROM pg_catalog.pg_stat_all_tables s WHERE s.relid OPERATOR(pg_catalog.=) ANY (ARRAY( \
-             SELECT t.relid::pg_catalog.oid FROM pg_catalog.pg_partition_tree(pg_catalog.to_regclass($1::pg_catalog.text)) t \
-             UNION SELECT pg_catalog.to_regclass($1::pg_catalog.text)::pg_catalog.oid))",
+            &format!(
+                "SELECT pg_catalog.to_regclass($1::text) IS NOT NULL, \
+                 coalesce(pg_catalog.sum(s.n_tup_ins), 0::numeric)::bigint, \
+                 coalesce(pg_catalog.sum(s.n_tup_del), 0::numeric)::bigint \
+                 FROM pg_catalog.pg_stat_all_tables s \
+                 WHERE s.relid IN (SELECT t.relid::oid FROM {TABLE_TREE})"
+            ),
             &[&name],
         )
         .await?;
@@ -665,9 +671,6 @@ pub async fn table_rows(
         crate::query::quote_ident(table)
     );
     // Every table of the tree: the table itself, and its partitions at any depth.
-    let tree = "(SELECT pg_catalog.to_regclass($1::text) AS relid \
-                 UNION SELECT relid FROM pg_catalog.pg_partition_tree(pg_catalog.to_regclass($1::text))) t \
-                 WHERE t.relid IS NOT NULL";
     let row = match client
         .query_one(
             &format!(
@@ -675,8 +678,8 @@ pub async fn table_rows(
                  coalesce(pg_catalog.bool_or(pg_catalog.row_security_active(t.relid)), false), \
                  coalesce(pg_catalog.sum(pg_catalog.pg_relation_size(t.relid)), 0::numeric)::bigint, \
                  coalesce((SELECT pg_catalog.sum(s.n_tup_ins) FROM pg_catalog.pg_stat_all_tables s \
-                           WHERE s.relid IN (SELECT t.relid::oid FROM {tree})), 0::numeric)::bigint \
-                 FROM {tree}"
+                           WHERE s.relid IN (SELECT t.relid::oid FROM {TABLE_TREE})), 0::numeric)::bigint \
+                 FROM {TABLE_TREE}"
             ),
             &[&name],
         )

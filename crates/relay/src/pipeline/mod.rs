@@ -800,12 +800,8 @@ async fn run_session(
     let decoded_before = match (cfg.relay_table, progress) {
         (true, Some(p)) => {
             let decoded = pgrepl::preflight::slot_decoded(&sql, &cfg.slot).await?;
-            // A slot held by another instance: this one stands by (at the stream's start)
-            // and records nothing.
-            let held = pgrepl::preflight::slot_state(&sql, &cfg.slot)
-                .await?
-                .is_some_and(|s| s.active);
-            if !decoded && !held && carry.delivered.is_none() {
+            // A slot held by another instance: this one stands by and records nothing.
+            if !decoded && !start.held && carry.delivered.is_none() {
                 let at = ProgressRecord::slot_created(system.timeline, start.confirmed_flush, None);
                 record_first_look(cfg, (pg, &sql), p, &identity, obs, at).await?;
             }

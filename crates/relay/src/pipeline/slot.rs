@@ -25,6 +25,9 @@ pub struct SlotStart {
     /// For a slot this process created: the server's clock just before (see
     /// `CreatedSlot::since`).
     pub since: Option<i64>,
+    /// Another instance streamed from it when checked: this one stands by at the
+    /// stream's start.
+    pub held: bool,
 }
 
 /// A slot just created.
@@ -85,6 +88,7 @@ pub async fn prepare(
     Ok(Some(SlotStart {
         since: None,
         confirmed_flush: state.confirmed_flush_lsn.unwrap_or(Lsn::ZERO),
+        held: state.active,
     }))
 }
 
@@ -304,6 +308,7 @@ pub async fn create(
     Ok(SlotStart {
         confirmed_flush: created.consistent_point,
         since: Some(created.since),
+        held: false,
     })
 }
 
