@@ -517,17 +517,12 @@ impl<'a> Session<'a> {
     /// or anywhere once the transaction nears `transaction.timeout.ms` (a PostgreSQL
     /// transaction split over Kafka transactions, each ending with a partial record).
     fn commit_due(&self) -> bool {
-        let Some(txn) = self.txn.as_ref() else {
-            return false;
+        let by_count = || {
+            self.txn.as_ref().is_some_and(|txn| {
+                txn.open_since.is_some() && txn.events >= txn.settings.commit_events
+            }) && !self.core.in_transaction()
         };
-        let Some(since) = txn.open_since else {
-            return false;
-        };
-        let open = since.elapsed();
-        if self.core.in_transaction() {
-            return open >= txn.split_after;
-        }
-        open >= txn.settings.commit_every || txn.events >= txn.settings.commit_events
+        self.commit_at().is_some_and(|at| Instant::now() >= at) || by_count()
     }
 
     /// Commits the open Kafka transaction, its last record the progress record of what it
