@@ -27,6 +27,63 @@ fn republish_since_in(log: &str) -> String {
     rest.split([',', ' ']).next().expect("a time").to_owned()
 }
 
+/// A reload is asynchronous: commits wait only once the checkpointer has read the new
+/// standby list. Until a probe commit is seen waiting, the change could commit at once.
+/// (The probe writes a row: a commit that wrote no WAL before its record never waits.)
+async fn wait_commits_wait_for_the_standby(
+    db: &pgtest::TestDb<'_>,
+    client: &tokio_postgres::Client,
+) {
+    client
+        .batch_execute("CREATE TABLE IF NOT EXISTS sync_probe (x int)")
+        .await
+        .expect("the probe's table");
+    loop {
+        let probe = db.client().await;
+        let pid: i32 = probe
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .expect("pid")
+            .get(0);
+        let commit = tokio::spawn(async move {
+            probe
+                .batch_execute("SET synchronous_commit = on; INSERT INTO sync_probe VALUES (1)")
+                .await
+                .expect("the probe commits");
+        });
+        let waits = wait_for(
+            "the probe to wait for the standby, or to commit at once",
+            Duration::from_secs(60),
+            Duration::from_millis(20),
+            || async {
+                let row = client
+                    .query_opt(
+                        "SELECT coalesce(wait_event, '') FROM pg_stat_activity WHERE pid = $1",
+                        &[&pid],
+                    )
+                    .await
+                    .expect("activity");
+                match row {
+                    Some(row) if row.get::<_, String>(0) == "SyncRep" => Some(true),
+                    _ if commit.is_finished() => Some(false),
+                    _ => None,
+                }
+            },
+        )
+        .await;
+        if waits {
+            client
+                .execute("SELECT pg_cancel_backend($1)", &[&pid])
+                .await
+                .expect("cancel the probe's wait");
+        }
+        commit.await.expect("the probe");
+        if waits {
+            return;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_change_waiting_for_a_synchronous_standby_hides_no_rows() {
     // Sessions that do not ask for more commit locally: the test's own work never waits.
@@ -57,6 +114,7 @@ async fn a_change_waiting_for_a_synchronous_standby_hides_no_rows() {
             .await
             .expect("a synchronous standby");
     }
+    wait_commits_wait_for_the_standby(&db, &client).await;
 
     // The change, committed and in the WAL, waiting for the standby: invisible.
     let ddl = db.client().await;
@@ -73,22 +131,29 @@ async fn a_change_waiting_for_a_synchronous_standby_hides_no_rows() {
         .await
         .expect("the change commits once the wait is cancelled");
     });
-    wait_for(
+    let waiting = wait_for(
         "the change to wait for the standby",
         Duration::from_secs(60),
         Duration::from_millis(50),
         || async {
             let row = client
-                .query_one(
+                .query_opt(
                     "SELECT coalesce(wait_event, '') FROM pg_stat_activity WHERE pid = $1",
                     &[&ddl_pid],
                 )
                 .await
                 .expect("activity");
-            (row.get::<_, String>(0) == "SyncRep").then_some(())
+            match row {
+                Some(row) => (row.get::<_, String>(0) == "SyncRep").then_some(true),
+                None => Some(false),
+            }
         },
     )
     .await;
+    if !waiting {
+        let ended = change.await;
+        panic!("the change's session ended instead of waiting for the standby: {ended:?}");
+    }
     let before_rows = schema::current_wal_lsn(&db).await;
     let hidden = insert_events(&client, &outbox.table, 20, 3, 3).await;
     // Seconds later (a look's time names whole seconds), more WAL, in a table nobody
