@@ -27,6 +27,53 @@ fn republish_since_in(log: &str) -> String {
     rest.split([',', ' ']).next().expect("a time").to_owned()
 }
 
+/// Runs `sql` with `synchronous_commit = on` in a session of its own, until its commit
+/// waits for the standby (its pid and task), or ends without waiting (None; a panic if it
+/// failed).
+async fn commit_waiting_for_the_standby(
+    db: &pgtest::TestDb<'_>,
+    client: &tokio_postgres::Client,
+    sql: String,
+) -> Option<(i32, tokio::task::JoinHandle<()>)> {
+    let session = db.client().await;
+    let pid: i32 = session
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("pid")
+        .get(0);
+    let commit = tokio::spawn(async move {
+        session
+            .batch_execute(&format!("SET synchronous_commit = on; {sql}"))
+            .await
+            .expect("the commit succeeds, once its wait is cancelled");
+    });
+    let waits = wait_for(
+        "the commit to wait for the standby, or to end",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || async {
+            let row = client
+                .query_opt(
+                    "SELECT coalesce(wait_event, '') FROM pg_stat_activity WHERE pid = $1",
+                    &[&pid],
+                )
+                .await
+                .expect("activity");
+            match row {
+                Some(row) if row.get::<_, String>(0) == "SyncRep" => Some(true),
+                _ if commit.is_finished() => Some(false),
+                _ => None,
+            }
+        },
+    )
+    .await;
+    if waits {
+        return Some((pid, commit));
+    }
+    commit.await.expect("the commit");
+    None
+}
+
 /// A reload is asynchronous: commits wait only once the checkpointer has read the new
 /// standby list. Until a probe commit is seen waiting, the change could commit at once.
 /// (The probe writes a row: a commit that wrote no WAL before its record never waits.)
@@ -39,46 +86,13 @@ async fn wait_commits_wait_for_the_standby(
         .await
         .expect("the probe's table");
     loop {
-        let probe = db.client().await;
-        let pid: i32 = probe
-            .query_one("SELECT pg_backend_pid()", &[])
-            .await
-            .expect("pid")
-            .get(0);
-        let commit = tokio::spawn(async move {
-            probe
-                .batch_execute("SET synchronous_commit = on; INSERT INTO sync_probe VALUES (1)")
-                .await
-                .expect("the probe commits");
-        });
-        let waits = wait_for(
-            "the probe to wait for the standby, or to commit at once",
-            Duration::from_secs(60),
-            Duration::from_millis(20),
-            || async {
-                let row = client
-                    .query_opt(
-                        "SELECT coalesce(wait_event, '') FROM pg_stat_activity WHERE pid = $1",
-                        &[&pid],
-                    )
-                    .await
-                    .expect("activity");
-                match row {
-                    Some(row) if row.get::<_, String>(0) == "SyncRep" => Some(true),
-                    _ if commit.is_finished() => Some(false),
-                    _ => None,
-                }
-            },
-        )
-        .await;
-        if waits {
+        let probe = "INSERT INTO sync_probe VALUES (1)".to_owned();
+        if let Some((pid, commit)) = commit_waiting_for_the_standby(db, client, probe).await {
             client
                 .execute("SELECT pg_cancel_backend($1)", &[&pid])
                 .await
                 .expect("cancel the probe's wait");
-        }
-        commit.await.expect("the probe");
-        if waits {
+            commit.await.expect("the probe");
             return;
         }
     }
@@ -117,43 +131,13 @@ async fn a_change_waiting_for_a_synchronous_standby_hides_no_rows() {
     wait_commits_wait_for_the_standby(&db, &client).await;
 
     // The change, committed and in the WAL, waiting for the standby: invisible.
-    let ddl = db.client().await;
-    let ddl_pid: i32 = ddl
-        .query_one("SELECT pg_backend_pid()", &[])
+    let change = format!(
+        "ALTER PUBLICATION \"{}\" DROP TABLE public.outbox",
+        outbox.publication
+    );
+    let (ddl_pid, change) = commit_waiting_for_the_standby(&db, &client, change)
         .await
-        .expect("pid")
-        .get(0);
-    let p = outbox.publication.clone();
-    let change = tokio::spawn(async move {
-        ddl.batch_execute(&format!(
-            "SET synchronous_commit = on; ALTER PUBLICATION \"{p}\" DROP TABLE public.outbox"
-        ))
-        .await
-        .expect("the change commits once the wait is cancelled");
-    });
-    let waiting = wait_for(
-        "the change to wait for the standby",
-        Duration::from_secs(60),
-        Duration::from_millis(50),
-        || async {
-            let row = client
-                .query_opt(
-                    "SELECT coalesce(wait_event, '') FROM pg_stat_activity WHERE pid = $1",
-                    &[&ddl_pid],
-                )
-                .await
-                .expect("activity");
-            match row {
-                Some(row) => (row.get::<_, String>(0) == "SyncRep").then_some(true),
-                None => Some(false),
-            }
-        },
-    )
-    .await;
-    if !waiting {
-        let ended = change.await;
-        panic!("the change's session ended instead of waiting for the standby: {ended:?}");
-    }
+        .expect("the change waits for the standby: commits wait since the probe did");
     let before_rows = schema::current_wal_lsn(&db).await;
     let hidden = insert_events(&client, &outbox.table, 20, 3, 3).await;
     // Seconds later (a look's time names whole seconds), more WAL, in a table nobody
