@@ -85,17 +85,22 @@ async fn wait_commits_wait_for_the_standby(
         .batch_execute("CREATE TABLE IF NOT EXISTS sync_probe (x int)")
         .await
         .expect("the probe's table");
-    loop {
-        let probe = "INSERT INTO sync_probe VALUES (1)".to_owned();
-        if let Some((pid, commit)) = commit_waiting_for_the_standby(db, client, probe).await {
+    wait_for(
+        "a probe commit to wait for the standby",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || async {
+            let probe = "INSERT INTO sync_probe VALUES (1)".to_owned();
+            let (pid, commit) = commit_waiting_for_the_standby(db, client, probe).await?;
             client
                 .execute("SELECT pg_cancel_backend($1)", &[&pid])
                 .await
                 .expect("cancel the probe's wait");
             commit.await.expect("the probe");
-            return;
-        }
-    }
+            Some(())
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
