@@ -44,23 +44,41 @@ pub async fn insert_events(
     let mut seq = vec![0u64; aggregates];
     while events.len() < total {
         let n = rng.gen_range(1..=max_txn).min(total - events.len());
-        let batch: Vec<Event> = (0..n)
-            .map(|_| {
-                let a = rng.gen_range(0..aggregates);
-                seq[a] += 1;
-                Event {
-                    id: uuid::Uuid::new_v4().to_string(),
-                    aggregate_type: if a % 2 == 0 { "order" } else { "customer" }.into(),
-                    aggregate_id: format!("agg-{a}"),
-                    event_type: "Changed".into(),
-                    payload: format!("{{\"agg\": {a}, \"seq\": {}}}", seq[a]),
-                }
-            })
-            .collect();
+        let batch = new_events(&mut rng, &mut seq, n);
         insert_batch(client, table, &batch).await;
         events.extend(batch);
     }
     events
+}
+
+/// Inserts `n` events over `aggregates` aggregates in one transaction.
+pub async fn insert_one_transaction(
+    client: &Client,
+    table: &str,
+    n: usize,
+    aggregates: usize,
+) -> Vec<Event> {
+    let mut rng = rand::rngs::StdRng::from_entropy();
+    let batch = new_events(&mut rng, &mut vec![0u64; aggregates], n);
+    insert_batch(client, table, &batch).await;
+    batch
+}
+
+/// `n` events of random aggregates; `seq` counts each aggregate's events so far.
+fn new_events(rng: &mut impl Rng, seq: &mut [u64], n: usize) -> Vec<Event> {
+    (0..n)
+        .map(|_| {
+            let a = rng.gen_range(0..seq.len());
+            seq[a] += 1;
+            Event {
+                id: uuid::Uuid::new_v4().to_string(),
+                aggregate_type: if a % 2 == 0 { "order" } else { "customer" }.into(),
+                aggregate_id: format!("agg-{a}"),
+                event_type: "Changed".into(),
+                payload: format!("{{\"agg\": {a}, \"seq\": {}}}", seq[a]),
+            }
+        })
+        .collect()
 }
 
 /// One transaction with all of `batch`, in order.
