@@ -29,7 +29,8 @@ use pgoutput::{Column, PgTimestamp, Relation, ReplicaIdentity, TupleData, TupleV
 use pgrepl::{quote_literal, Lsn};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use super::{RelayConfig, RelayError};
+use super::config::RelayConfig;
+use super::error::RelayError;
 use crate::kafka::{
     build_producer, BackfillState, Delivery, KafkaSetupError, ProgressError, ProgressStore,
     RelayProducer, SendError, SlotIdentity, SlotRecords,

@@ -12,7 +12,9 @@ use pgoutput::Relation;
 use pgrepl::{preflight, ReplicationConnection};
 use tokio_postgres::Client;
 
-use super::{BadRowPolicy, RelayConfig, RelayError};
+use super::config::RelayConfig;
+use super::error::RelayError;
+use outbox_core::BadRowPolicy;
 
 /// The settings binary values were chosen under, or `None` for text.
 pub(super) type Binary = Option<OutputSettings>;

@@ -3,9 +3,14 @@
 
 mod backfill;
 mod binary;
+mod carry;
 mod catchup;
+mod claim;
+mod config;
 mod error;
 mod observe;
+mod server;
+mod server_settings;
 mod session;
 mod shard;
 mod slot;
@@ -13,16 +18,20 @@ mod slot_history;
 
 use std::time::Duration;
 
-use outbox_core::{Backoff, BinaryMode, EmitMapper, TableSpec, TextOnly, TopicName};
-use pgrepl::{ConnectConfig, ReplicationConnection, StartOptions};
+use outbox_core::Backoff;
+use pgrepl::{ReplicationConnection, StartOptions};
 use tokio::sync::watch;
 use tracing::Instrument;
 
 pub use backfill::{
     refuse_unfinished_backfill, resume_command, Backfill, BackfillError, SlotSnapshot, ORDER_COLUMN,
 };
+pub use claim::refuse_other_cluster;
+pub use config::RelayConfig;
 pub use error::{DecidingCode, ErrorClass, OtherClusterRecord, RelayError};
 pub use observe::Observer;
+pub use server::MIN_SERVER_VERSION_NUM;
+pub use server_settings::{judge_server, Verdict};
 pub use session::publication::{
     compare as compare_publication, judge_unrecorded as judge_unrecorded_publication,
     look as look_at_publication,
@@ -30,67 +39,23 @@ pub use session::publication::{
 pub use session::SessionEnd;
 pub use shard::{judge_shard_layout, verify_shard_layout, ShardSpec};
 pub use slot::{
-    create_checked, judge_publication, judge_server, judge_slot, missing_table, outbox_rows,
-    table_candidates, CreatedSlot, FailoverSlot, SlotStart, SlotStats, Verdict,
+    create_checked, judge_publication, judge_slot, missing_table, outbox_rows, table_candidates,
+    CreatedSlot, FailoverSlot, SlotStart, SlotStats,
 };
 pub use slot_history::{judge_missing_slot, Consent, Creation, History};
 
-use outbox_core::{DeliveredPosition, ReplayStart};
+use outbox_core::ReplayStart;
 
 use crate::kafka::{
-    build_producer, build_transactional_producer, BrokerProbe, ProducerSettings, ProgressError,
-    ProgressRecord, ProgressStore, PublicationSeen, SlotIdentity, SlotRecords,
+    build_producer, build_transactional_producer, BrokerProbe, ProducerSettings, ProgressRecord,
+    ProgressStore, SlotIdentity,
 };
+use carry::Carry;
+use claim::{record_first_look, replay_claim};
+use server::{check_server_version, check_system, refuse_older_timeline};
 use session::{Session, SessionStart};
 
 pub use outbox_core::BadRowPolicy;
-
-/// Everything the relay needs, already validated.
-#[derive(Debug, Clone)]
-pub struct RelayConfig {
-    pub pg: ConnectConfig,
-    pub slot: String,
-    pub publication: String,
-    pub create_slot: bool,
-    /// Whether the slot is (made) a failover slot.
-    pub failover_slot: FailoverSlot,
-    pub table: TableSpec,
-    /// false: only emitted logical messages are relayed, and the table need not be
-    /// published. An explicit choice, never inferred from the publication.
-    pub relay_table: bool,
-    /// Emitted logical messages with this mapper's prefix are relayed too.
-    pub emit: Option<EmitMapper>,
-    pub dead_letter_topic: TopicName,
-    pub bad_row_policy: BadRowPolicy,
-    pub max_message_bytes: usize,
-    pub max_in_flight_messages: usize,
-    pub max_in_flight_bytes: usize,
-    pub producer: ProducerSettings,
-    pub status_interval: Option<Duration>,
-    pub idle_flush: bool,
-    pub heartbeat_interval: Option<Duration>,
-    pub shutdown_timeout: Duration,
-    pub reconnect_max_backoff: Duration,
-    /// Topic of the per-slot progress record; `None`: no record, and then a missing slot
-    /// is never created at start-up (only `outboxd init` creates it).
-    pub progress_topic: Option<String>,
-    /// How often the progress record is brought up to date while streaming.
-    pub progress_interval: Duration,
-    /// How long a stream start waits for the progress record before it skips nothing.
-    pub progress_read_wait: Duration,
-    /// How often the publication is looked at (see `session::publication`); the slot is
-    /// confirmed only up to the last look that matched.
-    pub publication_check_interval: Duration,
-    /// `OUTBOXD_CLUSTER_NAME`, part of the progress record's key (see `SlotIdentity`).
-    pub cluster_name: String,
-    /// Slot statistics are polled every this many 1-second ticks.
-    pub slot_stats_every_ticks: u64,
-    /// Set when `table` is one shard (hash partition) of a sharded outbox: the layout is
-    /// verified with the publication, so a partition no shard reads stops the relay.
-    pub shard: Option<ShardSpec>,
-    /// `OUTBOXD_PGOUTPUT_BINARY`: whether sessions ask pgoutput for binary values.
-    pub binary: BinaryMode,
-}
 
 /// The event trigger of `sql/publication-guard.sql`.
 pub const PUBLICATION_GUARD_TRIGGER: &str = "outboxd_publication_guard";
@@ -134,328 +99,6 @@ fn spawn_broker_probe(
             }
         }
     }))
-}
-
-/// What one session hands the next within a process.
-#[derive(Debug, Default)]
-struct Carry {
-    /// This process has streamed from the slot: a missing slot was dropped under us.
-    seen_slot: bool,
-    /// The last session made progress (resets the reconnect backoff).
-    progressed: bool,
-    /// What the last session claims Kafka has, and its lineage: replays of it are skipped
-    /// once proven, like the progress record's.
-    delivered: Option<(DeliveredPosition, u64)>,
-    /// The server settings' warnings were logged.
-    settings_warned: bool,
-    /// The cluster (system identifier, timeline) the first connection found.
-    seen_system: Option<SeenSystem>,
-    /// The server the last session streamed from (host, port).
-    seen_host: Option<(String, u16)>,
-    /// Standing by for a slot that another instance holds (logged on entry and takeover).
-    standing_by: bool,
-    /// The publication at the last session's last look that matched, and whether that
-    /// look was compared with the record's: the next session compares with it, like with
-    /// the progress record's.
-    publication: Option<(PublicationSeen, bool)>,
-    /// A Relation ruled binary values out in an earlier session: later ones stream text.
-    binary_ruled_out: Option<TextOnly>,
-}
-
-/// What the coming replay may skip once the stream proves it: the claim of the previous
-/// session of this process, or else the progress record's, with the lineage it continues.
-/// No record, an unreadable one, or one this process saw another live writer write:
-/// nothing (see `outbox_core::delivered`).
-async fn replay_claim(
-    cfg: &RelayConfig,
-    obs: &Observer,
-    carry: &Carry,
-    progress: Option<&ProgressStore>,
-    identity: &SlotIdentity,
-) -> Result<Known, RelayError> {
-    if let Some(claim) = &carry.delivered {
-        let (publication, read) = match &carry.publication {
-            Some((look, compared)) => (Some(look.clone()), *compared),
-            None => (None, true),
-        };
-        return Ok(Known {
-            claim: Some(claim.clone()),
-            publication,
-            timeline: None,
-            read,
-            unrecorded: false,
-        });
-    }
-    let Some(p) = progress else {
-        return Ok(Known {
-            read: true,
-            ..Known::default()
-        });
-    };
-    // Bounded: the stream is already started and waits for this optimisation (and the
-    // identity check it brings is then skipped: it may only ever stop a relay, never be
-    // why one cannot start).
-    let wait = cfg.progress_read_wait;
-    p.check_durable_in_background();
-    let read = tokio::time::timeout(wait, p.read_slot(identity)).await;
-    match read.unwrap_or(Err(ProgressError::Timeout(wait))) {
-        Ok(records) => {
-            refuse_other_cluster(&records, p, identity)?;
-            refuse_unfinished_backfill(&records, p.topic(), identity)?;
-            if records.writers_alternate() && p.mark_foreign_writer() {
-                obs.progress_foreign_write();
-                warn_foreign_writer(identity, p.topic());
-            }
-            let publication = records.last_look().cloned();
-            let timeline = records.ours.as_ref().map(|r| r.claim.timeline);
-            Ok(Known {
-                unrecorded: publication.is_none(),
-                claim: records.ours.map(|r| (r.claim, r.lineage)),
-                publication,
-                timeline,
-                read: true,
-            })
-        }
-        Err(ProgressError::Unreadable(why)) => {
-            // Not a record outboxd writes: read, and holding nothing. Waiting for a
-            // readable one would hold the slot, and the primary's WAL, forever.
-            unreadable_record(obs, identity, p.topic(), &why);
-            Ok(Known {
-                read: true,
-                unrecorded: true,
-                ..Known::default()
-            })
-        }
-        Err(e) => {
-            obs.progress_record_unread();
-            tracing::warn!(
-                "no progress record to skip replayed events, or to compare the publication with ({e}): replayed events are published again, and the slot is not confirmed past its start until the record is read and the publication compared with it"
-            );
-            Ok(Known::default())
-        }
-    }
-}
-
-/// A slot that has decoded nothing yet (a slot made by hand, or its statistics reset by
-/// a crash): before its first stream, a look at the publication is recorded unless the
-/// record holds one, so that no stream of this slot ever runs without a look to compare
-/// with. Without it a later start could only judge the slot's catalog horizon, which
-/// flags a slot made just after its publication (it keeps an older `catalog_xmin` until
-/// it confirms) as changed. Until Kafka answers, the slot is not streamed: nothing could
-/// be published anyway.
-async fn record_first_look(
-    cfg: &RelayConfig,
-    (pg, sql): (&ConnectConfig, &tokio_postgres::Client),
-    progress: &ProgressStore,
-    identity: &SlotIdentity,
-    obs: &Observer,
-    record: ProgressRecord,
-) -> Result<(), RelayError> {
-    let failed = |reason: String| RelayError::FirstLookUnrecorded {
-        publication: cfg.publication.clone(),
-        progress_topic: progress.topic().to_owned(),
-        reason,
-    };
-    let waited = |what: &str| failed(format!("{what} within {FIRST_LOOK_WAIT:?}"));
-    let records = match tokio::time::timeout(FIRST_LOOK_WAIT, progress.read_slot(identity)).await {
-        Ok(Ok(records)) => records,
-        Ok(Err(ProgressError::Unreadable(why))) => {
-            unreadable_record(obs, identity, progress.topic(), &why);
-            SlotRecords::default()
-        }
-        Ok(Err(e)) => return Err(failed(e.to_string())),
-        Err(_) => return Err(waited("Kafka did not answer the read")),
-    };
-    refuse_other_cluster(&records, progress, identity)?;
-    // Its resume drops and creates the slot again: a record would make that a lost slot.
-    refuse_unfinished_backfill(&records, progress.topic(), identity)?;
-    if records.last_look().is_some() || records.ours.is_some() {
-        return Ok(());
-    }
-    let table = (cfg.table.schema.as_str(), cfg.table.table.as_str());
-    let looked =
-        session::publication::look(sql, (pg, &mut None), &cfg.publication, Some(table)).await?;
-    let Some(seen) = looked.seen.filter(|_| looked.settled) else {
-        // Unsettled: the start's own look decides as before (`StandbysUnsettled`); no
-        // publication: the session stops on it.
-        return Ok(());
-    };
-    let record = ProgressRecord {
-        publication: Some(seen),
-        ..record
-    };
-    match tokio::time::timeout(FIRST_LOOK_WAIT, progress.write_and_wait(identity, &record)).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(failed(e.to_string())),
-        Err(_) => Err(waited("Kafka did not acknowledge the write")),
-    }
-}
-
-/// How long a slot's first start waits for Kafka to read and record its first look.
-const FIRST_LOOK_WAIT: Duration = Duration::from_secs(30);
-
-/// Says that the slot's record is not one outboxd writes, which then counts as none.
-pub(super) fn unreadable_record(obs: &Observer, identity: &SlotIdentity, topic: &str, why: &str) {
-    obs.progress_record_invalid();
-    tracing::error!(
-        key = %identity.key(),
-        progress_topic = %topic,
-        "this slot's progress record is not one outboxd writes ({why}): nothing is skipped on it, the publication is compared with the slot instead, and the next write replaces it. Something other than outboxd writes this topic: only outboxd's Kafka principal may (docs/operations.md, \"OutboxdProgressRecordInvalid\")"
-    );
-}
-
-/// What the last session of this process, or the progress record, knew.
-#[derive(Debug, Default)]
-struct Known {
-    claim: Option<(DeliveredPosition, u64)>,
-    publication: Option<PublicationSeen>,
-    /// The record's timeline: a server on an older one is an abandoned history.
-    timeline: Option<u32>,
-    /// Whether the record (or the last session) was read: if not, the publication is
-    /// compared once it is (see `session::publication`).
-    read: bool,
-    /// The record was read and holds no look at the publication for this slot, under
-    /// any name of this cluster.
-    unrecorded: bool,
-}
-
-/// Refuses a server on an older timeline than the one recorded: a primary left running
-/// after a standby was promoted (see [`RelayError::TimelineWentBack`]).
-pub(super) fn refuse_older_timeline(
-    recorded: u32,
-    now: u32,
-    server: &(String, u16),
-) -> Result<(), RelayError> {
-    if now < recorded {
-        return Err(RelayError::TimelineWentBack {
-            host: server.0.clone(),
-            port: server.1,
-            seen: recorded,
-            found: now,
-        });
-    }
-    Ok(())
-}
-
-/// The loud warning for two live writers of one key (see `Doubt::ForeignWriter`).
-pub(super) fn warn_foreign_writer(identity: &SlotIdentity, topic: &str) {
-    tracing::error!(
-        key = %identity.key(),
-        progress_topic = %topic,
-        "another relay writes this slot's progress record with another history: two live copies of one cluster (a clone, snapshot or restored backup) share this Kafka. Replays are published again from now on (duplicates, never a loss). Set OUTBOXD_CLUSTER_NAME to a different value on each copy (or give each its own OUTBOXD_PROGRESS_TOPIC)"
-    );
-}
-
-/// The fingerprint of what decides which rows this relay publishes, and where: a claim
-/// written under another one proves nothing (see `outbox_core::delivered`).
-/// `publication` is the catalog's identity of the publication (oid and flags).
-fn fingerprint(cfg: &RelayConfig, publication: &str) -> u64 {
-    cfg.rules().fingerprint(
-        cfg.heartbeat_interval.is_some(),
-        &cfg.publication,
-        publication,
-    )
-}
-
-impl RelayConfig {
-    /// What the session's rules (`outbox_core::SessionCore`) need of these settings.
-    pub fn rules(&self) -> outbox_core::CoreConfig {
-        outbox_core::CoreConfig {
-            table: self.table.clone(),
-            relay_table: self.relay_table,
-            emit: self.emit.clone(),
-            dead_letter_topic: self.dead_letter_topic.clone(),
-            bad_row_policy: self.bad_row_policy,
-            max_message_bytes: self.max_message_bytes,
-            caps: outbox_core::InFlightCaps {
-                max_messages: self.max_in_flight_messages,
-                max_bytes: self.max_in_flight_bytes,
-            },
-            idle_flush: self.idle_flush,
-        }
-    }
-}
-
-/// Stops a relay whose slot has a record only from another cluster (see
-/// [`RelayError::RecordOfOtherCluster`]); `check` reports the same error.
-pub fn refuse_other_cluster(
-    records: &SlotRecords,
-    progress: &ProgressStore,
-    identity: &SlotIdentity,
-) -> Result<(), RelayError> {
-    match records.only_other_cluster() {
-        None => Ok(()),
-        Some((recorded, record)) => Err(RelayError::RecordOfOtherCluster(Box::new(
-            OtherClusterRecord {
-                slot: identity.slot.clone(),
-                database: identity.database.clone(),
-                progress_topic: progress.topic().to_owned(),
-                found: identity.system_id.clone(),
-                recorded: recorded.clone(),
-                last_confirmed: record.confirmed_lsn(),
-                recorded_at: record
-                    .since_text()
-                    .unwrap_or_else(|| record.recorded_at_text()),
-            },
-        ))),
-    }
-}
-
-/// The oldest PostgreSQL outboxd supports: pgoutput's `messages` option, the
-/// `CREATE_REPLICATION_SLOT` forms and the catalog views it relies on (and the versions
-/// its tests run on) start here.
-pub const MIN_SERVER_VERSION_NUM: u32 = 140_000;
-
-fn check_server_version(version_num: u32) -> Result<(), RelayError> {
-    if version_num < MIN_SERVER_VERSION_NUM {
-        return Err(RelayError::UnsupportedServer { version_num });
-    }
-    Ok(())
-}
-
-/// The cluster this process streams from, as the first connection found it.
-#[derive(Debug, Clone)]
-struct SeenSystem {
-    system_id: String,
-    timeline: u32,
-}
-
-/// Refuses a connection to another cluster (a different system identifier: a restored
-/// backup or a wrong host, whose LSNs mean nothing for our slot), and returns the earlier
-/// timeline when it changed (a promotion keeps the identifier and starts a new timeline).
-fn check_system(
-    seen: &mut Option<SeenSystem>,
-    now: &pgrepl::SystemInfo,
-    server: (&str, u16),
-) -> Result<Option<u32>, RelayError> {
-    match seen {
-        None => {
-            *seen = Some(SeenSystem {
-                system_id: now.system_id.clone(),
-                timeline: now.timeline,
-            });
-            Ok(None)
-        }
-        Some(s) if s.system_id != now.system_id => Err(RelayError::OtherCluster {
-            expected: s.system_id.clone(),
-            found: now.system_id.clone(),
-        }),
-        // A promotion only ever moves to a newer timeline. An older one is a primary that
-        // was left running after a standby took over (split brain): its history was
-        // abandoned, and what it holds past the fork is not the cluster's.
-        Some(s) if now.timeline < s.timeline => Err(RelayError::TimelineWentBack {
-            host: server.0.to_owned(),
-            port: server.1,
-            seen: s.timeline,
-            found: now.timeline,
-        }),
-        Some(s) if s.timeline != now.timeline => {
-            let previous = s.timeline;
-            s.timeline = now.timeline;
-            Ok(Some(previous))
-        }
-        Some(_) => Ok(None),
-    }
 }
 
 /// Runs several relays (the shards of a sharded outbox) side by side, each with its own
@@ -702,7 +345,7 @@ async fn run_session(
         });
     }
     // Warnings once per process: a standby checks every second.
-    slot::check_server(&sql, &cfg.slot, !carry.settings_warned).await?;
+    server_settings::check_server(&sql, &cfg.slot, !carry.settings_warned).await?;
     carry.settings_warned = true;
     let mut conn = ReplicationConnection::connect(pg).await?;
     check_server_version(conn.server_version_num().await?)?;
@@ -841,10 +484,7 @@ async fn run_session(
     };
     let settled = looked.as_ref().is_none_or(|l| l.settled);
     let mut publication = looked.and_then(|l| l.seen);
-    let fingerprint = fingerprint(
-        cfg,
-        publication.as_ref().map_or("", |p| p.identity.as_str()),
-    );
+    let fingerprint = cfg.fingerprint(publication.as_ref().map_or("", |p| p.identity.as_str()));
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     // Exactly-once: the slot's transactional.id is registered before the record is read,
     // so an instance that held the slot before is fenced and its open transaction aborted
@@ -985,52 +625,4 @@ async fn run_session(
     }
     session.abandon();
     result
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn info(system_id: &str, timeline: u32) -> pgrepl::SystemInfo {
-        pgrepl::SystemInfo {
-            system_id: system_id.into(),
-            timeline,
-            xlog_pos: pgoutput::Lsn::ZERO,
-            dbname: None,
-        }
-    }
-
-    #[test]
-    fn another_cluster_is_refused_and_a_new_timeline_reported_once() {
-        let mut seen = None;
-        let at = ("db1", 5432);
-        assert_eq!(check_system(&mut seen, &info("7", 1), at).ok(), Some(None));
-        assert_eq!(check_system(&mut seen, &info("7", 1), at).ok(), Some(None));
-        assert_eq!(
-            check_system(&mut seen, &info("7", 2), at).ok(),
-            Some(Some(1))
-        );
-        assert_eq!(check_system(&mut seen, &info("7", 2), at).ok(), Some(None));
-        // Back to timeline 1: an old primary left running after the promotion.
-        let back = check_system(&mut seen, &info("7", 1), at).err();
-        assert!(
-            matches!(&back, Some(e @ RelayError::TimelineWentBack { seen: 2, found: 1, .. }) if e.exit_code() == 3),
-            "{back:?}"
-        );
-        let err = check_system(&mut seen, &info("8", 2), at).err();
-        assert!(
-            matches!(&err, Some(e @ RelayError::OtherCluster { .. }) if e.exit_code() == 3 && e.class() == ErrorClass::Permanent),
-            "{err:?}"
-        );
-    }
-
-    #[test]
-    fn servers_before_14_are_refused_with_exit_3() {
-        let e = check_server_version(130_015).unwrap_err();
-        assert_eq!(e.exit_code(), 3);
-        assert_eq!(e.class(), ErrorClass::Permanent);
-        assert!(e.to_string().contains("PostgreSQL 14 or newer"), "{e}");
-        assert!(check_server_version(140_000).is_ok());
-        assert!(check_server_version(180_001).is_ok());
-    }
 }

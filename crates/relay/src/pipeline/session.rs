@@ -24,9 +24,9 @@ use tokio::sync::watch;
 use tokio_postgres::Client;
 
 use super::catchup::CatchUp;
+use super::config::RelayConfig;
 use super::error::RelayError;
 use super::observe::Observer;
-use super::RelayConfig;
 use crate::kafka::{Delivery, ProgressStore, RelayProducer, SendError, SlotIdentity, TxnError};
 
 mod progress;

@@ -9,7 +9,7 @@
 use pgrepl::preflight::{self, Partitioning};
 use tokio_postgres::Client;
 
-use super::RelayError;
+use super::error::RelayError;
 
 /// Shard `index` of `count`: its table is the partition `<root_table>_shard_<index>`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -140,7 +140,7 @@ impl Session<'_> {
                         if store.mark_foreign_writer() {
                             obs.progress_foreign_write();
                             tracing::error!(writer = %writer, "this slot's progress record was just written by another relay");
-                            crate::pipeline::warn_foreign_writer(&identity, &topic);
+                            crate::pipeline::claim::warn_foreign_writer(&identity, &topic);
                         }
                     });
             }

@@ -336,7 +336,12 @@ impl Session<'_> {
             Err(tokio::sync::oneshot::error::TryRecvError::Empty) => return Ok(()),
             Ok(Ok(records)) => records,
             Ok(Err(ProgressError::Unreadable(why))) => {
-                crate::pipeline::unreadable_record(self.obs, &p.identity, p.store.topic(), &why);
+                crate::pipeline::claim::unreadable_record(
+                    self.obs,
+                    &p.identity,
+                    p.store.topic(),
+                    &why,
+                );
                 SlotRecords::default()
             }
             Ok(Err(_)) | Err(_) => {
@@ -345,7 +350,11 @@ impl Session<'_> {
             }
         };
         // Nothing was confirmed past the start yet: an unfinished back-fill still stops it.
-        crate::pipeline::refuse_unfinished_backfill(&records, p.store.topic(), &p.identity)?;
+        crate::pipeline::backfill::refuse_unfinished_backfill(
+            &records,
+            p.store.topic(),
+            &p.identity,
+        )?;
         match records.last_look() {
             Some(recorded) => {
                 compare(&self.cfg.publication, recorded, Some(&watch.last))?;
@@ -363,7 +372,7 @@ impl Session<'_> {
             None => {}
         }
         if let Some(record) = &records.ours {
-            crate::pipeline::refuse_older_timeline(
+            crate::pipeline::server::refuse_older_timeline(
                 record.claim.timeline,
                 self.timeline,
                 &self.server,
