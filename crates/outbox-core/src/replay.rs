@@ -209,6 +209,13 @@ impl<R> ReplayCore<R> {
         }
     }
 
+    /// Whether the leading rows skipped so far in the open transaction are still unproven:
+    /// their digest is checked once the recorded count is reached, and a mismatch ends the
+    /// session unconfirmed. Until then a skip is provisional.
+    pub fn proving_partial(&self) -> bool {
+        self.verifying.is_some()
+    }
+
     pub fn held_len(&self) -> usize {
         self.held.len()
     }

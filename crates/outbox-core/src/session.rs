@@ -793,6 +793,12 @@ impl<O: Observe> SessionCore<O> {
         !self.ledger.in_transaction()
     }
 
+    /// See [`ReplayCore::proving_partial`]: the rows reported skipped since the open
+    /// transaction's Begin are not proven in Kafka yet.
+    pub fn proving_partial(&self) -> bool {
+        self.replay.proving_partial()
+    }
+
     /// What this session claims Kafka has, and its lineage: the progress record's body.
     pub fn claim(&mut self) -> (DeliveredPosition, u64) {
         self.replay.claim_at(self.confirmed)

@@ -2,10 +2,10 @@
 //! copies, settings and publication changes, a progress topic that expires records,
 //! clock steps, a clean shutdown, another writer of the progress record.
 
-use outbox_core::Doubt;
+use outbox_core::{Doubt, PartialTxn, TxnId};
 
 use crate::life::Life;
-use crate::model::{Config, PARTITIONS};
+use crate::model::{Config, Record, PARTITIONS};
 use crate::{Sim, Violation};
 
 impl Sim {
@@ -26,6 +26,10 @@ impl Sim {
 
     pub(crate) fn kill(&mut self) {
         let c = self.rng.index(self.clusters.len());
+        self.kill_cluster(c);
+    }
+
+    fn kill_cluster(&mut self, c: usize) {
         if let Some(life) = self.lives[c].take() {
             self.stats.kills += 1;
             self.end_life(life, false);
@@ -224,7 +228,56 @@ impl Sim {
             .core
             .doubt(Doubt::ForeignWriter)
             .and_then(|()| life.pump().map(|_| ()));
+        crate::give_up_unproven(&mut life, &result);
         self.after_rules(&mut life)?;
         self.settle_read(life, result)
+    }
+
+    /// A principal that may write the progress topic (and should not) raises the count of
+    /// a partly delivered transaction in the newest record, or names one that was never
+    /// delivered, without the digest of those rows; the relay is restarted and reads it.
+    pub(crate) fn forge_partial(&mut self) {
+        let c = self.rng.index(self.clusters.len());
+        let cl = &self.clusters[c];
+        let Some(last) = self.kafka.records.get(&cl.key).and_then(|r| r.last()) else {
+            return;
+        };
+        let mut forged = last.claim.clone();
+        let extra = 1 + self.rng.below(3);
+        forged.partial = match forged.partial {
+            Some(p) => Some(PartialTxn {
+                rows: p.rows + extra,
+                ..p
+            }),
+            None => {
+                let Some(t) = cl
+                    .history
+                    .iter()
+                    .find(|t| t.commit_lsn >= forged.lsn && !t.bare)
+                else {
+                    return;
+                };
+                Some(PartialTxn {
+                    txn: TxnId {
+                        commit_lsn: t.commit_lsn,
+                        xid: t.xid,
+                        commit_time: t.commit_time,
+                    },
+                    rows: extra,
+                    digest: Some(self.rng.next_u64()),
+                })
+            }
+        };
+        if self.trace {
+            eprintln!("  forged record on cluster {c}: {:?}", forged.partial);
+        }
+        let record = Record {
+            claim: forged,
+            lineage: last.lineage,
+            writer: (c, u64::MAX, 0),
+        };
+        self.kafka.records.entry(cl.key).or_default().push(record);
+        self.stats.forged += 1;
+        self.kill_cluster(c);
     }
 }

@@ -69,6 +69,8 @@ pub struct Stats {
     pub doubts: u64,
     pub dead_letters: u64,
     pub publication_stops: u64,
+    /// Records forged with a partly delivered transaction they cannot prove.
+    pub forged: u64,
 }
 
 impl Stats {
@@ -81,6 +83,7 @@ impl Stats {
         self.doubts += o.doubts;
         self.dead_letters += o.dead_letters;
         self.publication_stops += o.publication_stops;
+        self.forged += o.forged;
     }
 }
 
@@ -163,6 +166,15 @@ pub fn run(seed: u64) -> Result<Stats, Violation> {
     Ok(sim.stats)
 }
 
+/// A partly delivered transaction that did not match its record: the rows skipped on its
+/// count were never vouched for, and the session ends without confirming them.
+fn give_up_unproven(life: &mut Life, result: &Result<(), SessionError>) {
+    if matches!(result, Err(SessionError::PartialReplay(_))) {
+        life.unproven.clear();
+        life.core.observer().skipped.clear();
+    }
+}
+
 /// How a session ended.
 enum End {
     /// The process starts another session with what it carries (a partial-replay
@@ -205,6 +217,7 @@ impl Sim {
             988..=990 => self.expire_records(),
             991..=993 => self.graceful_stop()?,
             994..=995 => self.foreign_writer()?,
+            996 => self.forge_partial(),
             _ => self.clock_jump(),
         }
         Ok(())
@@ -376,13 +389,21 @@ impl Sim {
     /// ledger is within its caps; and counts the doubts.
     fn after_rules(&mut self, life: &mut Life) -> Result<(), Violation> {
         let checks = life.core.observer();
-        let skipped = std::mem::take(&mut checks.skipped);
+        let mut skipped = std::mem::take(&mut checks.skipped);
         let doubts = std::mem::take(&mut checks.doubts);
+        if life.core.proving_partial() {
+            life.unproven.append(&mut skipped);
+        } else {
+            skipped.append(&mut life.unproven);
+        }
         for d in doubts {
             self.stats.doubts += 1;
             if d != Doubt::HoldFull {
                 self.epochs[life.cluster] += 1;
             }
+        }
+        if self.trace && !skipped.is_empty() {
+            eprintln!("  skipped as delivered: {skipped:?}");
         }
         for w in skipped {
             self.stats.proofs += 1;
@@ -403,7 +424,14 @@ impl Sim {
         Ok(())
     }
 
+    /// The next message of the session's stream, fed to its rules.
     fn read_one(&mut self, life: &mut Life) -> Result<(), SessionError> {
+        let result = self.read_message(life);
+        give_up_unproven(life, &result);
+        result
+    }
+
+    fn read_message(&mut self, life: &mut Life) -> Result<(), SessionError> {
         // Now and then the producer refuses a record outright (a fatal error): the session
         // ends at its next read and the process starts another from the slot.
         life.fail_next_send = self.rng.chance(3);

@@ -89,6 +89,10 @@ pub(crate) struct Life {
     pub publication_seen: u64,
     /// The producer refuses the next record outright (a fatal error).
     pub fail_next_send: bool,
+    /// Leading rows of a partly delivered transaction skipped before their digest was
+    /// checked: each must be in Kafka once the check passes; a mismatch gives them up
+    /// (the session ends unconfirmed, and the next publishes them).
+    pub unproven: Vec<Written>,
 }
 
 impl Life {
@@ -121,6 +125,7 @@ impl Life {
             start,
             publication_seen,
             fail_next_send: false,
+            unproven: Vec::new(),
         })
     }
 

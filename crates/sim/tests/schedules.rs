@@ -66,7 +66,7 @@ fn every_schedule_keeps_every_invariant() {
         }
     }
     eprintln!(
-        "simulation: {count} schedules from seed {first} in {:.1} s ({} steps, {} records acked, {} dead letters, {} duplicates, {} kills, {} skipped as delivered, {} doubts, {} publication stops)",
+        "simulation: {count} schedules from seed {first} in {:.1} s ({} steps, {} records acked, {} dead letters, {} duplicates, {} kills, {} skipped as delivered, {} doubts, {} publication stops, {} forged records)",
         started.elapsed().as_secs_f64(),
         total.steps,
         total.events,
@@ -75,7 +75,8 @@ fn every_schedule_keeps_every_invariant() {
         total.kills,
         total.proofs,
         total.doubts,
-        total.publication_stops
+        total.publication_stops,
+        total.forged
     );
     if let Some((seed, why)) = first_failure {
         panic!("seed {seed}: {why}\nreplay it with OUTBOXD_SIM_SEED={seed}");
