@@ -23,6 +23,7 @@ mod pgpass;
 pub mod preflight;
 mod query;
 mod socket;
+mod sql_connect;
 mod status_writer;
 mod stream;
 mod tls;
