@@ -263,7 +263,9 @@ impl RelayError {
             E::Send(_) => (Permanent, None),
             // Fenced: another instance holds the slot and its transactions now.
             E::Transaction(TxnError::Fenced(_) | TxnError::Fatal(_)) => (Permanent, None),
-            E::Transaction(TxnError::Retriable(_) | TxnError::Abortable(_)) => (Retryable, None),
+            E::Transaction(
+                TxnError::Retriable(_) | TxnError::Abortable(_) | TxnError::Expired(_),
+            ) => (Retryable, None),
             // A failover in progress: the address already points at a standby that is
             // about to be promoted.
             E::StreamClosed
