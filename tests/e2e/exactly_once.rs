@@ -492,7 +492,7 @@ async fn a_broker_hung_across_a_commit_neither_loses_nor_duplicates() {
         &topics,
         &events,
         &format!(
-            "broker hung ({} events, {} committed during the hang)",
+            "broker hung ({} events, {} committed since the hang began)",
             events.len(),
             events.len() - at_hang
         ),
