@@ -417,6 +417,18 @@ mod tests {
         assert_eq!(RelayError::Ack(ack.clone()).class(), ack.class());
         assert_eq!(RelayError::Ack(ack).exit_code(), 1);
     }
+
+    #[test]
+    fn an_expired_transaction_is_retried_and_a_fence_stops_the_relay() {
+        let expired = RelayError::Transaction(TxnError::Expired("_FENCED".into()));
+        assert_eq!(expired.class(), ErrorClass::Retryable);
+        assert!(expired
+            .to_string()
+            .contains("OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS"));
+        let fenced = RelayError::Transaction(TxnError::Fenced("_FENCED".into()));
+        assert_eq!(fenced.class(), ErrorClass::Permanent);
+        assert_eq!(fenced.exit_code(), 5);
+    }
 }
 
 /// What [`RelayError::RecordOfOtherCluster`] reports.
