@@ -388,6 +388,292 @@ async fn a_partition_leader_killed_neither_loses_nor_duplicates() {
     relay.kill();
 }
 
+/// Records past the last stable offset, over `partitions` partitions of each of `topics`:
+/// those of a Kafka transaction still open. A read_committed client's end offset is the
+/// last stable offset, a read_uncommitted one's the high watermark.
+fn unstable_records(bootstrap: &str, topics: &[String], partitions: i32) -> i64 {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let end = |isolation: &str| -> i64 {
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("isolation.level", isolation)
+            .create()
+            .expect("watermark client");
+        let mut sum = 0;
+        for topic in topics {
+            for p in 0..partitions {
+                let (_, high) = consumer
+                    .fetch_watermarks(topic, p, Duration::from_secs(10))
+                    .expect("watermarks");
+                sum += high;
+            }
+        }
+        sum
+    };
+    end("read_uncommitted") - end("read_committed")
+}
+
+/// Waits until `relay` confirmed `lsn` to PostgreSQL, failing at once (with its log) if it
+/// exits meanwhile.
+async fn wait_confirmed_while_running(relay: &mut Relay, db: &pgtest::TestDb<'_>, lsn: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while schema::confirmed_flush_lsn(db).await < lsn {
+        if !relay.is_running() {
+            panic!(
+                "outboxd exited ({:?}); log:\n{}",
+                relay.wait_exit(Duration::from_secs(1)).code(),
+                relay.log_text()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slot was not confirmed past the events within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The only broker hung (SIGSTOP) under load while a Kafka commit falls due: the relay's
+/// commit (or the acks it waits for first) times out, its session ends, and it waits in
+/// `init_transactions` for the broker; the hang lasts until the relay gave up on the
+/// session, longer than `transaction.timeout.ms` (3 s), so the broker finds the open
+/// transaction expired when it wakes. Every event exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broker_hung_across_a_commit_neither_loses_nor_duplicates() {
+    let broker = Broker::kafka(1);
+    let db = PgCluster::shared().fresh_database("eos_broker_hung").await;
+    let outbox = schema::setup(&db).await;
+    let topics = support::ops::create_topics(&broker, &outbox).await;
+    let bootstrap = broker.bootstrap();
+    let mut relay = Relay::start(
+        Relay::env_for(
+            &db,
+            &outbox,
+            &bootstrap,
+            &[
+                EXACTLY_ONCE,
+                ("OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS", "3000"),
+                ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
+            ],
+        ),
+        &["run"],
+    );
+    let client = db.client().await;
+    support::ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let load = LoadGen::spawn(
+        db.conn_string(),
+        outbox.table.clone(),
+        LoadShape {
+            pause: Duration::from_millis(15),
+            ..LoadShape::default()
+        },
+    );
+    load.wait_committed(300, Duration::from_secs(60)).await;
+    relay
+        .wait_metric_at_least("outboxd_events_published_total", 200.0)
+        .await;
+    let cluster = broker.kafka_cluster();
+    let reconnects = relay.metric("outboxd_reconnects_total").unwrap_or(0.0);
+    // Commits fall due every 100 ms under this load: one is in flight, or its acks are.
+    cluster.set_paused(1, true).expect("SIGSTOP the broker");
+    let at_hang = load.committed();
+    // The session gives up only after transaction.timeout.ms without an answer.
+    relay
+        .wait_metric_at_least("outboxd_reconnects_total", reconnects + 1.0)
+        .await;
+    cluster.set_paused(1, false).expect("SIGCONT the broker");
+    load.wait_committed(load.committed() + 300, Duration::from_secs(60))
+        .await;
+    let events = load.stop().await;
+    let wal_after = schema::current_wal_lsn(&db).await;
+    wait_confirmed_while_running(&mut relay, &db, wal_after).await;
+    assert_exactly_once(
+        &bootstrap,
+        &topics,
+        &events,
+        &format!(
+            "broker hung ({} events, {} committed since the hang began)",
+            events.len(),
+            events.len() - at_hang
+        ),
+    );
+    relay.kill();
+}
+
+/// Three brokers, RF 3, min ISR 2: the coordinator of the relay's transactional.id
+/// (`outboxd/<progress record key>`) killed (kill -9) mid-stream, its partition of
+/// `__transaction_state` taken over by another broker, then back. Every event exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_transaction_coordinator_killed_neither_loses_nor_duplicates() {
+    let db = PgCluster::shared()
+        .fresh_database("eos_coordinator_killed")
+        .await;
+    let outbox = schema::setup(&db).await;
+    let broker = Broker::kafka(3);
+    let topics = support::ops::create_topics(&broker, &outbox).await;
+    let cluster = broker.kafka_cluster();
+    for t in topics
+        .iter()
+        .chain(std::iter::once(&outbox.dead_letter_topic()))
+    {
+        cluster
+            .set_topic_config(t, "min.insync.replicas", "2")
+            .await
+            .expect("min.insync.replicas=2");
+    }
+    let bootstrap = broker.bootstrap();
+    let mut relay = Relay::start(
+        Relay::env_for(
+            &db,
+            &outbox,
+            &bootstrap,
+            &[
+                EXACTLY_ONCE,
+                ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "500"),
+                ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
+            ],
+        ),
+        &["run"],
+    );
+    let client = db.client().await;
+    support::ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let key = support::ops::progress_key(&client, &db.name, &outbox.slot).await;
+    let load = LoadGen::spawn(
+        db.conn_string(),
+        outbox.table.clone(),
+        LoadShape {
+            pause: Duration::from_millis(15),
+            ..LoadShape::default()
+        },
+    );
+    load.wait_committed(500, Duration::from_secs(60)).await;
+    // Published: init_transactions is done, so the id has its coordinator.
+    relay
+        .wait_metric_at_least("outboxd_events_published_total", 200.0)
+        .await;
+    let coordinator = cluster
+        .transaction_coordinator(&format!("outboxd/{key}"))
+        .expect("the transaction coordinator");
+    let published_at_kill = relay
+        .metric("outboxd_events_published_total")
+        .unwrap_or(0.0);
+    cluster.kill(coordinator).expect("kill the coordinator");
+    relay
+        .wait_metric_at_least(
+            "outboxd_events_published_total",
+            published_at_kill + 1_000.0,
+        )
+        .await;
+    let moved_to = cluster
+        .transaction_coordinator(&format!("outboxd/{key}"))
+        .expect("a new coordinator");
+    tokio::task::block_in_place(|| cluster.restart(&[coordinator], 3)).expect("the broker rejoins");
+    load.wait_committed(load.committed() + 300, Duration::from_secs(60))
+        .await;
+    let events = load.stop().await;
+    let wal_after = schema::current_wal_lsn(&db).await;
+    wait_confirmed_while_running(&mut relay, &db, wal_after).await;
+    assert_exactly_once(
+        &bootstrap,
+        &topics,
+        &events,
+        &format!("coordinator {coordinator} killed (then {moved_to})"),
+    );
+    relay.kill();
+}
+
+/// The relay SIGSTOPped with a Kafka transaction open for longer than
+/// `transaction.timeout.ms` (3 s), no standby running: the broker aborts the transaction
+/// and bumps the producer epoch, and the woken relay's next request is refused as from an
+/// old epoch (librdkafka reports it as fenced). Nobody else holds the slot, so the relay
+/// does not exit as if another instance took over: it starts over with a new producer
+/// from the progress record, and every event arrives exactly once.
+/// Commits come by count only (at the first PostgreSQL commit after 100 events): once 100
+/// events are committed, the transaction of the next 50 is open, and stays open, however
+/// fast or slow the machine.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_stopped_past_the_transaction_timeout_recovers() {
+    const PARTITIONS: i32 = 3;
+    let broker = Broker::default_for_tests();
+    let db = PgCluster::shared()
+        .fresh_database("eos_relay_stopped")
+        .await;
+    let outbox = schema::setup(&db).await;
+    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
+    broker
+        .create_topics(
+            &[&topics[0], &topics[1], &outbox.dead_letter_topic()],
+            PARTITIONS,
+        )
+        .await;
+    let bootstrap = broker.bootstrap();
+    let client = db.client().await;
+    let mut relay = Relay::start(
+        Relay::env_for(
+            &db,
+            &outbox,
+            &bootstrap,
+            &[
+                EXACTLY_ONCE,
+                ("OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS", "3000"),
+                ("OUTBOXD_TXN_COMMIT_MS", "600000"),
+                ("OUTBOXD_TXN_MAX_EVENTS", "100"),
+                ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
+            ],
+        ),
+        &["run"],
+    );
+    support::ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let mut events = insert_events(&client, &outbox.table, 100, 20, 50).await;
+    // Committed (the slot moves only then) before the next 50 come: they must not join it.
+    let committed = schema::current_wal_lsn(&db).await;
+    wait_confirmed_while_running(&mut relay, &db, committed).await;
+    events.extend(insert_events(&client, &outbox.table, 50, 20, 50).await);
+    relay
+        .wait_metric_at_least("outboxd_events_published_total", 150.0)
+        .await;
+    let open = tokio::task::block_in_place(|| unstable_records(&bootstrap, &topics, PARTITIONS));
+    assert_eq!(open, 50, "the last 50 events are in an open transaction");
+    relay.signal("STOP");
+    // The broker aborts it once transaction.timeout.ms has passed (its check runs every
+    // 10 s): the abort markers make the last stable offsets catch up.
+    support::ops::wait_for(
+        "the broker to abort the stopped relay's transaction",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let open =
+                tokio::task::block_in_place(|| unstable_records(&bootstrap, &topics, PARTITIONS));
+            (open == 0).then_some(())
+        },
+    )
+    .await;
+    relay.signal("CONT");
+    // 50 more: the replay of the 50 and these make the 100 of the next commit.
+    events.extend(insert_events(&client, &outbox.table, 50, 20, 50).await);
+    let wal_after = schema::current_wal_lsn(&db).await;
+    wait_confirmed_while_running(&mut relay, &db, wal_after).await;
+    assert_exactly_once(
+        &bootstrap,
+        &topics,
+        &events,
+        "relay stopped past the timeout",
+    );
+    // The aborted copies of the 50 are in the log: the broker did abort the transaction.
+    let in_log = count_read_uncommitted(&bootstrap, &topics);
+    println!("relay stopped: {in_log} records in the log read_uncommitted");
+    assert!(
+        in_log >= events.len() + 50,
+        "the aborted transaction's records are in the log: {in_log}"
+    );
+    assert!(
+        relay.metric("outboxd_reconnects_total").unwrap_or(0.0) >= 1.0,
+        "the relay started a new session"
+    );
+    assert!(relay.is_running(), "{}", relay.log_text());
+    relay.kill();
+}
+
 /// Commit-to-visible latencies (ms) a read_committed consumer of `topics` sees from now
 /// on, until `stop` is set and nothing new came for 3 s. Records carry their PostgreSQL
 /// commit time as their timestamp.

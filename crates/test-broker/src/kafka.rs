@@ -37,6 +37,10 @@ const DEFAULT_LIBS: &str = "/opt/outboxd-kafka/4.4.0/libs";
 /// loaded two-core CI machine running JVMs, PostgreSQL servers and relays needs more).
 const START_LIMIT: Duration = Duration::from_secs(120);
 
+/// Partitions of `__transaction_state` (`transaction.state.log.num.partitions`): which one
+/// holds a transactional.id, and so which broker coordinates it, follows from it.
+const TRANSACTION_STATE_PARTITIONS: i32 = 4;
+
 /// Logs warnings and errors only, to the file the wrapper gives the JVM's standard output.
 const LOG4J2: &str = "\
 rootLogger.level = WARN
@@ -259,7 +263,7 @@ offsets.topic.replication.factor={replication}
 offsets.topic.num.partitions=4
 transaction.state.log.replication.factor={replication}
 transaction.state.log.min.isr={min_isr}
-transaction.state.log.num.partitions=4
+transaction.state.log.num.partitions={TRANSACTION_STATE_PARTITIONS}
 share.coordinator.state.topic.replication.factor={replication}
 share.coordinator.state.topic.min.isr={min_isr}
 group.initial.rebalance.delay.ms=0
@@ -572,10 +576,31 @@ log.cleaner.threads=1
             })
     }
 
+    /// The broker coordinating `transactional_id`'s transactions now: the leader of its
+    /// partition of `__transaction_state` (which exists once a producer has called
+    /// `init_transactions`).
+    pub fn transaction_coordinator(&self, transactional_id: &str) -> Result<i32> {
+        self.leader(
+            "__transaction_state",
+            transaction_state_partition(transactional_id),
+        )
+    }
+
     /// Sets one topic config (e.g. `min.insync.replicas=2`); see [`set_topic_config`].
     pub async fn set_topic_config(&self, topic: &str, key: &str, value: &str) -> Result<()> {
         set_topic_config(&self.bootstrap, topic, key, value).await
     }
+}
+
+/// Kafka's `TransactionStateManager.partitionFor`: the id's Java `String.hashCode` (over
+/// UTF-16 units, wrapping), made non-negative by `Utils.abs` (which maps `i32::MIN` to 0),
+/// modulo the partitions of `__transaction_state`.
+fn transaction_state_partition(transactional_id: &str) -> i32 {
+    let hash = transactional_id.encode_utf16().fold(0i32, |h, unit| {
+        h.wrapping_mul(31).wrapping_add(i32::from(unit))
+    });
+    let non_negative = if hash == i32::MIN { 0 } else { hash.abs() };
+    non_negative % TRANSACTION_STATE_PARTITIONS
 }
 
 /// Sets one topic config on the cluster at `bootstrap` (IncrementalAlterConfigs is not
@@ -690,6 +715,15 @@ fn shell_quote(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transactional_ids_map_to_partitions_as_java_hashes_them() {
+        // Java: "hello".hashCode() == 99162322; "polygenelubricants".hashCode() ==
+        // Integer.MIN_VALUE, which Utils.abs makes 0.
+        assert_eq!(transaction_state_partition("hello"), 99_162_322 % 4);
+        assert_eq!(transaction_state_partition("polygenelubricants"), 0);
+        assert_eq!(transaction_state_partition(""), 0);
+    }
 
     #[test]
     fn cluster_ids_are_22_base64url_characters_and_differ() {

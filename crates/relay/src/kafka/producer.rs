@@ -78,9 +78,17 @@ pub enum TxnError {
     /// Abort the transaction and resume from the progress record.
     #[error("Kafka transaction failed and must be aborted: {0}")]
     Abortable(String),
-    /// Another instance with the same transactional.id (the slot's) took over.
+    /// The broker refused this producer's epoch, and this instance no longer holds the
+    /// slot: another instance with the same transactional.id (the slot's) took over.
+    /// librdkafka says fenced for [`TxnError::Expired`] too; the session tells them apart.
     #[error("fenced: another outboxd instance took over this slot's Kafka transactions ({0}); this instance stopped without committing anything more. Run only one active instance per slot (the standby waits for the slot): nothing is lost, the instance that holds the slot publishes what this one did not commit")]
     Fenced(String),
+    /// The broker itself aborted this instance's transaction, open longer than
+    /// `transaction.timeout.ms`, and ended the producer's epoch (KIP-588): librdkafka
+    /// reports that as fenced, but the slot is still this instance's, so nobody else
+    /// called `init_transactions`. A new producer resumes from the progress record.
+    #[error("the Kafka broker aborted this instance's transaction: it was open longer than transaction.timeout.ms (OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS), most likely because outboxd was stopped or starved of CPU meanwhile, and librdkafka reports that as fenced ({0}). No other instance holds the slot: resuming from the progress record with a new producer, nothing of the aborted transaction was confirmed. If this repeats, find what stalls outboxd, or raise OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS (the broker caps it at transaction.max.timeout.ms)")]
+    Expired(String),
     #[error("the transactional Kafka producer failed fatally: {0}")]
     Fatal(String),
 }

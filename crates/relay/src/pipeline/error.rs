@@ -263,7 +263,9 @@ impl RelayError {
             E::Send(_) => (Permanent, None),
             // Fenced: another instance holds the slot and its transactions now.
             E::Transaction(TxnError::Fenced(_) | TxnError::Fatal(_)) => (Permanent, None),
-            E::Transaction(TxnError::Retriable(_) | TxnError::Abortable(_)) => (Retryable, None),
+            E::Transaction(
+                TxnError::Retriable(_) | TxnError::Abortable(_) | TxnError::Expired(_),
+            ) => (Retryable, None),
             // A failover in progress: the address already points at a standby that is
             // about to be promoted.
             E::StreamClosed
@@ -414,6 +416,18 @@ mod tests {
         };
         assert_eq!(RelayError::Ack(ack.clone()).class(), ack.class());
         assert_eq!(RelayError::Ack(ack).exit_code(), 1);
+    }
+
+    #[test]
+    fn an_expired_transaction_is_retried_and_a_fence_stops_the_relay() {
+        let expired = RelayError::Transaction(TxnError::Expired("_FENCED".into()));
+        assert_eq!(expired.class(), ErrorClass::Retryable);
+        assert!(expired
+            .to_string()
+            .contains("OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS"));
+        let fenced = RelayError::Transaction(TxnError::Fenced("_FENCED".into()));
+        assert_eq!(fenced.class(), ErrorClass::Permanent);
+        assert_eq!(fenced.exit_code(), 5);
     }
 }
 

@@ -463,6 +463,12 @@ async fn run_session(
         .await?
         .unwrap_or(start.confirmed_flush);
     stream.flush_handle().advance(confirmed_flush);
+    // Exactly-once: this session's walsender, which holds the slot now, to tell a fence by
+    // another instance from the broker's own abort (`Session::judge_fence`).
+    let walsender = match cfg.producer.transactions {
+        Some(_) => slot::holder(&sql, &cfg.slot).await?,
+        None => None,
+    };
     if let Some(previous) = previous_timeline {
         tracing::warn!(
             slot = %cfg.slot,
@@ -599,7 +605,8 @@ async fn run_session(
     let result = match session.run(&mut stream, shutdown).await {
         Err(e) => {
             let e = session.explain(e).await;
-            Err(session.abort_open_txn(e).await)
+            let e = session.abort_open_txn(e).await;
+            Err(session.judge_fence(e, walsender).await)
         }
         ok => ok,
     };

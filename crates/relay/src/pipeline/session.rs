@@ -625,6 +625,32 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// Tells a fenced producer from one whose transaction the broker aborted: both bump
+    /// the epoch, and librdkafka reports both as fenced. Only an instance holding the slot
+    /// calls `init_transactions`, so while `walsender` (this session's) still holds it, no
+    /// other instance can have: the transaction expired, and the next session resumes
+    /// with a new producer. Held by another walsender, or in doubt: fenced.
+    pub(super) async fn judge_fence(&self, e: RelayError, walsender: Option<i32>) -> RelayError {
+        let RelayError::Transaction(TxnError::Fenced(why)) = e else {
+            return e;
+        };
+        let holder = match walsender {
+            Some(_) => {
+                bounded("reading which walsender holds the slot", async {
+                    super::slot::holder(&self.sql, &self.cfg.slot).await
+                })
+                .await
+            }
+            None => Ok(None),
+        };
+        match holder {
+            Ok(Some(pid)) if Some(pid) == walsender => {
+                RelayError::Transaction(TxnError::Expired(why))
+            }
+            _ => RelayError::Transaction(TxnError::Fenced(why)),
+        }
+    }
+
     async fn on_event(&mut self, ev: ReplicationEvent) -> Result<(), RelayError> {
         match ev {
             ReplicationEvent::Keepalive { wal_end, .. } => {

@@ -305,6 +305,13 @@ pub async fn confirmed_flush(sql: &Client, slot: &str) -> Result<Option<Lsn>, Re
         .and_then(|s| s.confirmed_flush_lsn))
 }
 
+/// The pid of the walsender holding `slot` now; `None` when none does (or no slot).
+pub async fn holder(sql: &Client, slot: &str) -> Result<Option<i32>, RelayError> {
+    Ok(preflight::slot_state(sql, slot)
+        .await?
+        .and_then(|s| s.active_pid))
+}
+
 /// Slot health as the metrics report it, polled over SQL.
 #[derive(Debug, Clone)]
 pub struct SlotStats {
