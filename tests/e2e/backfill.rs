@@ -345,7 +345,15 @@ async fn b_a_killed_backfill_resumes_as_the_relay_says() {
         .iter()
         .map(Event::from_row)
         .collect();
-    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    // The kill must land mid back-fill whatever the machine's speed: each 500-row batch is
+    // acked before the next, and lingers 50 ms, so the ~100 batches left after the first
+    // 5,000 rows take seconds.
+    let env = Relay::env_for(
+        &db,
+        &outbox,
+        &broker.bootstrap(),
+        &[("OUTBOXD_KAFKA_LINGER_MS", "50")],
+    );
     let mut init = Relay::start(env.clone(), &["init", "--backfill", CONDITION]);
     let watch = support::consume::assigned_consumer(&broker.bootstrap(), &topics);
     let started = tokio::task::block_in_place(|| {

@@ -105,15 +105,13 @@ async fn failover_once(round: usize, both_hosts: bool, shards: u32) -> bool {
         },
     )
     .await;
-    for sql in [
-        format!("ALTER SYSTEM SET synchronized_standby_slots = '{STANDBY_SLOT}'"),
-        "SELECT pg_reload_conf()".to_owned(),
-    ] {
-        client
-            .batch_execute(&sql)
-            .await
-            .expect("synchronized_standby_slots");
-    }
+    // Waits for the reload: `check` below reads the setting from a new session.
+    alter(
+        &client,
+        "synchronized_standby_slots",
+        &format!("'{STANDBY_SLOT}'"),
+    )
+    .await;
     let outbox = Outbox::for_db(&db);
     let slots: Vec<String> = if shards == 0 {
         vec![outbox.slot.clone()]

@@ -162,7 +162,14 @@ async fn a_relay_starting_behind_the_record_never_moves_it_back() {
     let outbox = schema::setup(&db).await;
     let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
-    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    // The skip needs the record read: on a loaded machine the scan of the shared progress
+    // topic can take longer than the default wait, and the replay is then published again.
+    let env = Relay::env_for(
+        &db,
+        &outbox,
+        &broker.bootstrap(),
+        &[("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000")],
+    );
     let mut first_relay = Relay::start(env.clone(), &["run"]);
     let client = db.client().await;
     wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;

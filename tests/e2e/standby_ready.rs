@@ -107,12 +107,12 @@ async fn a_standby_waits_over_one_connection_and_says_so() {
     assert_eq!(standby.metric("outboxd_replication_connected"), Some(0.0));
 
     // Over 10 s: the sessions the database counts, and the standby's backends seen.
-    // Session counts reach the shared statistics within a second or so, on a loaded
-    // server later: the standby's start-up sessions (just before it reported standing
-    // by) are let in before the first count too, or they would be taken for sessions
-    // opened while standing by.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let before = sessions(&client, &db.name).await;
+    // Session counts reach the shared statistics late on a loaded server (a backend
+    // flushes its pending statistics when idle, at most once a second, later under
+    // contention): the standby's start-up sessions (just before it reported standing
+    // by) are let in before the first count, or they would be taken for sessions opened
+    // while standing by.
+    let before = settled_sessions(&client, &db.name).await;
     let mut pids = std::collections::BTreeSet::new();
     let until = std::time::Instant::now() + Duration::from_secs(10);
     while std::time::Instant::now() < until {
@@ -128,9 +128,7 @@ async fn a_standby_waits_over_one_connection_and_says_so() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Session counts reach the shared statistics within a second or so.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let opened = sessions(&client, &db.name).await - before;
+    let opened = settled_sessions(&client, &db.name).await - before;
     eprintln!(
         "standby over 10 s: {} backends seen, {opened} sessions opened on the database",
         pids.len()
@@ -150,6 +148,27 @@ async fn a_standby_waits_over_one_connection_and_says_so() {
     )
     .await;
     assert_eq!(standby.metric("outboxd_standby"), Some(0.0));
+}
+
+/// The database's session count once it has not moved for 3 s (every backend that had
+/// connected by then has flushed its statistics), within 60 s.
+async fn settled_sessions(c: &tokio_postgres::Client, db: &str) -> i64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut last = sessions(c, db).await;
+    let mut since = std::time::Instant::now();
+    while since.elapsed() < Duration::from_secs(3) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the session count did not settle in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = sessions(c, db).await;
+        if now != last {
+            last = now;
+            since = std::time::Instant::now();
+        }
+    }
+    last
 }
 
 async fn sessions(c: &tokio_postgres::Client, db: &str) -> i64 {

@@ -209,13 +209,15 @@ pub fn run_to_end(env: &[(String, String)], args: &[&str]) -> (i32, String) {
 }
 
 impl Relay {
-    /// Polls /metrics until `pick` finds what it waits for in the text (60 s at most).
+    /// Polls /metrics until `pick` finds what it waits for in the text (180 s at most:
+    /// some waits span the relay's own timers, such as 30 s for a first look's record,
+    /// and a loaded two-core machine stretches them).
     /// Counters move when the relay has processed an ack, which may be just after a
     /// consumer could read the record: tests wait for them, then check them exactly.
     pub async fn wait_metrics<T>(&self, what: &str, pick: impl Fn(&str) -> Option<T>) -> T {
         super::ops::wait_for(
             what,
-            Duration::from_secs(60),
+            Duration::from_secs(180),
             Duration::from_millis(100),
             || async {
                 let (code, body) = self.http_get("/metrics")?;
