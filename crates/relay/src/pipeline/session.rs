@@ -128,6 +128,23 @@ struct KafkaTxn {
     confirmed: pgoutput::Lsn,
 }
 
+impl KafkaTxn {
+    /// The open transaction's last moment to have everything of it acknowledged, or it is
+    /// aborted: `transaction.timeout.ms` after it opened, less a tenth for the commit.
+    fn acks_deadline(&self) -> Option<Instant> {
+        self.open_since
+            .map(|since| acks_deadline(since, self.timeout))
+    }
+}
+
+/// [`KafkaTxn::acks_deadline`] of a transaction opened at `since`. The broker's clock
+/// starts later (at its first `AddPartitionsToTxn`); the tenth left is for the look, the
+/// progress record and `EndTxn`, so that outboxd aborts before the broker does (which
+/// would bump the producer's epoch).
+fn acks_deadline(since: Instant, timeout: Duration) -> Instant {
+    since + timeout - timeout / 10
+}
+
 /// What the rules report, as metrics and logs.
 struct Reports {
     obs: Observer,
@@ -326,6 +343,27 @@ impl<'a> Session<'a> {
             }
         }
         Ok(true)
+    }
+
+    /// Takes delivery reports until the progress record's (true) or `deadline` (false);
+    /// its failure is the error.
+    async fn await_progress_ack(
+        &mut self,
+        deadline: tokio::time::Instant,
+    ) -> Result<bool, RelayError> {
+        loop {
+            tokio::select! {
+                d = self.deliveries.recv() => {
+                    let d = d.ok_or_else(channel_closed)?;
+                    let progress = d.ticket == PROGRESS_TICKET;
+                    self.on_delivery(d)?;
+                    if progress {
+                        return Ok(true);
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => return Ok(false),
+            }
+        }
     }
 
     /// Drops the producer without sending what it still holds: after an error the
@@ -528,20 +566,26 @@ impl<'a> Session<'a> {
     /// Commits the open Kafka transaction, its last record the progress record of what it
     /// holds, then confirms that to PostgreSQL.
     async fn commit_kafka_txn(&mut self) -> Result<(), RelayError> {
-        let Some(timeout) = self
+        let Some((timeout, deadline)) = self
             .txn
             .as_ref()
-            .filter(|t| t.open_since.is_some())
-            .map(|t| t.timeout)
+            .and_then(|t| Some((t.timeout, t.acks_deadline()?)))
         else {
             return Ok(());
         };
+        // What is left of transaction.timeout.ms since the transaction opened, not all of
+        // it from now: past it the broker aborts the transaction itself.
+        let deadline = tokio::time::Instant::from_std(deadline);
+        let too_slow = |what: &str| {
+            RelayError::Transaction(TxnError::Abortable(format!(
+                "{what} within transaction.timeout.ms ({timeout:?}, less a tenth for the commit) of the Kafka transaction's start: raise OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS, or find why Kafka acknowledges slowly"
+            )))
+        };
         // The record claims what is acked: every report first.
-        let deadline = tokio::time::Instant::now() + timeout;
         if !self.await_acks(deadline, false).await? {
-            return Err(RelayError::Transaction(TxnError::Abortable(format!(
-                "the transaction's messages were not all acknowledged within transaction.timeout.ms ({timeout:?})"
-            ))));
+            return Err(too_slow(
+                "the transaction's messages were not all acknowledged",
+            ));
         }
         // The record carries the session's look: never one not yet compared with the
         // record's (it would bury that look, and a change made while outboxd was stopped).
@@ -551,10 +595,9 @@ impl<'a> Session<'a> {
                 break;
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(RelayError::Transaction(TxnError::Abortable(
-                    "the progress record was not read in time to compare the publication with it"
-                        .into(),
-                )));
+                return Err(too_slow(
+                    "the progress record was not read to compare the publication with it",
+                ));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -573,6 +616,13 @@ impl<'a> Session<'a> {
         p.store
             .produce_in_transaction(&self.producer, &p.identity, &record, PROGRESS_TICKET)
             .map_err(RelayError::Send)?;
+        // Its report first: rust-rdkafka's commit_transaction flushes before EndTxn, and
+        // its flush, finding a message in flight, waits up to 100 ms in a poll for an
+        // event that our polling thread takes instead (every commit took ~100 ms longer).
+        // With nothing in flight the flush returns at once.
+        if !self.await_progress_ack(deadline).await? {
+            return Err(too_slow("the progress record was not acknowledged"));
+        }
         let mut attempt = 1;
         loop {
             match self.producer.commit_transaction(timeout).await {
@@ -862,4 +912,30 @@ async fn bounded<T>(
     tokio::time::timeout(SQL_TIMEOUT, query)
         .await
         .map_err(|_| RelayError::Postgres(pgrepl::ReplError::Timeout(what)))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acks_deadline_counts_from_the_transactions_start() {
+        let since = Instant::now();
+        let timeout = Duration::from_secs(60);
+        assert_eq!(
+            acks_deadline(since, timeout),
+            since + Duration::from_secs(54)
+        );
+        // Not from the commit: a transaction open 50 s has 4 s left, not 54.
+        let commit = since + Duration::from_secs(50);
+        assert_eq!(
+            acks_deadline(since, timeout).saturating_duration_since(commit),
+            Duration::from_secs(4)
+        );
+        let short = Duration::from_millis(1_000);
+        assert_eq!(
+            acks_deadline(since, short),
+            since + Duration::from_millis(900)
+        );
+    }
 }
