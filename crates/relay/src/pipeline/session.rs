@@ -123,6 +123,8 @@ struct KafkaTxn {
     timeout: Duration,
     /// When the open transaction began; `None`: none is open.
     open_since: Option<Instant>,
+    /// When the last commit began (see [`commit_due_at`]).
+    last_commit: Option<Instant>,
     events: usize,
     /// The position last passed on to the server.
     confirmed: pgoutput::Lsn,
@@ -143,6 +145,19 @@ impl KafkaTxn {
 /// would bump the producer's epoch).
 fn acks_deadline(since: Instant, timeout: Duration) -> Instant {
     since + timeout - timeout / 10
+}
+
+/// When a transaction opened at `since` is due to commit by time, at a PostgreSQL commit:
+/// `every` after the previous commit began, not after this transaction opened. Events
+/// that arrive during a commit open the next transaction only once it ends, and would
+/// otherwise wait that commit and a whole interval. Open at least half an interval,
+/// so that commits slower than `every` do not turn into a string of tiny ones.
+fn commit_due_at(since: Instant, last_commit: Option<Instant>, every: Duration) -> Instant {
+    let floor = since + every / 2;
+    match last_commit {
+        Some(last) => (last + every).max(floor),
+        None => since + every,
+    }
 }
 
 /// What the rules report, as metrics and logs.
@@ -302,6 +317,7 @@ impl<'a> Session<'a> {
                     split_after: timeout / 2,
                     timeout,
                     open_since: None,
+                    last_commit: None,
                     events: 0,
                     confirmed: pgoutput::Lsn::ZERO,
                 }
@@ -544,11 +560,10 @@ impl<'a> Session<'a> {
     fn commit_at(&self) -> Option<Instant> {
         let txn = self.txn.as_ref()?;
         let since = txn.open_since?;
-        let every = match self.core.in_transaction() {
-            false => txn.settings.commit_every,
-            true => txn.split_after,
-        };
-        Some(since + every)
+        Some(match self.core.in_transaction() {
+            false => commit_due_at(since, txn.last_commit, txn.settings.commit_every),
+            true => since + txn.split_after,
+        })
     }
 
     /// Whether to commit now: at a PostgreSQL commit after the interval or event count,
@@ -576,6 +591,10 @@ impl<'a> Session<'a> {
         // What is left of transaction.timeout.ms since the transaction opened, not all of
         // it from now: past it the broker aborts the transaction itself.
         let deadline = tokio::time::Instant::from_std(deadline);
+        let began = Instant::now();
+        if let Some(txn) = self.txn.as_mut() {
+            txn.last_commit = Some(began);
+        }
         let too_slow = |what: &str| {
             RelayError::Transaction(TxnError::Abortable(format!(
                 "{what} within transaction.timeout.ms ({timeout:?}, less a tenth for the commit) of the Kafka transaction's start: raise OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS, or find why Kafka acknowledges slowly"
@@ -587,6 +606,7 @@ impl<'a> Session<'a> {
                 "the transaction's messages were not all acknowledged",
             ));
         }
+        let acked = Instant::now();
         // The record carries the session's look: never one not yet compared with the
         // record's (it would bury that look, and a change made while outboxd was stopped).
         while self.publication.as_ref().is_some_and(|w| !w.compared()) {
@@ -606,6 +626,7 @@ impl<'a> Session<'a> {
         if self.publication.is_some() {
             self.watch_publication().await?;
         }
+        let looked = Instant::now();
         self.core.advance();
         let record = self.progress_record();
         let Some(p) = self.progress.as_ref() else {
@@ -616,13 +637,12 @@ impl<'a> Session<'a> {
         p.store
             .produce_in_transaction(&self.producer, &p.identity, &record, PROGRESS_TICKET)
             .map_err(RelayError::Send)?;
-        // Its report first: rust-rdkafka's commit_transaction flushes before EndTxn, and
-        // its flush, finding a message in flight, waits up to 100 ms in a poll for an
-        // event that our polling thread takes instead (every commit took ~100 ms longer).
-        // With nothing in flight the flush returns at once.
+        // Its report first, as `commit_transaction` asks (or the commit can take 100 ms
+        // longer), and its failure is this session's error.
         if !self.await_progress_ack(deadline).await? {
             return Err(too_slow("the progress record was not acknowledged"));
         }
+        let recorded = Instant::now();
         let mut attempt = 1;
         loop {
             match self.producer.commit_transaction(timeout).await {
@@ -636,6 +656,16 @@ impl<'a> Session<'a> {
             }
         }
         if let Some(txn) = self.txn.as_mut() {
+            // Where a commit's time goes (what this mode's latency is made of).
+            tracing::debug!(
+                open = ?txn.open_since.map(|since| began - since),
+                events = txn.events,
+                acks = ?(acked - began),
+                look = ?(looked - acked),
+                record = ?(recorded - looked),
+                end_txn = ?recorded.elapsed(),
+                "committed the Kafka transaction"
+            );
             txn.open_since = None;
             txn.events = 0;
         }
@@ -937,5 +967,21 @@ mod tests {
             acks_deadline(since, short),
             since + Duration::from_millis(900)
         );
+    }
+
+    #[test]
+    fn commits_keep_their_cadence() {
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        let every = ms(100);
+        // The session's first transaction: an interval after it opened.
+        assert_eq!(commit_due_at(t, None, every), t + ms(100));
+        // Opened 20 ms after the last commit began (when it ended): 80 ms open, so
+        // events that came during that commit wait no longer than an interval.
+        assert_eq!(commit_due_at(t + ms(20), Some(t), every), t + ms(100));
+        // A commit slower than half an interval: the transaction stays open half of one.
+        assert_eq!(commit_due_at(t + ms(70), Some(t), every), t + ms(120));
+        // After a quiet spell: half an interval after it opened.
+        assert_eq!(commit_due_at(t + ms(5_000), Some(t), every), t + ms(5_050));
     }
 }
