@@ -123,9 +123,41 @@ struct KafkaTxn {
     timeout: Duration,
     /// When the open transaction began; `None`: none is open.
     open_since: Option<Instant>,
+    /// When the last commit began (see [`commit_due_at`]).
+    last_commit: Option<Instant>,
     events: usize,
     /// The position last passed on to the server.
     confirmed: pgoutput::Lsn,
+}
+
+impl KafkaTxn {
+    /// The open transaction's last moment to have everything of it acknowledged, or it is
+    /// aborted: `transaction.timeout.ms` after it opened, less a tenth for the commit.
+    fn acks_deadline(&self) -> Option<Instant> {
+        self.open_since
+            .map(|since| acks_deadline(since, self.timeout))
+    }
+}
+
+/// [`KafkaTxn::acks_deadline`] of a transaction opened at `since`. The broker's clock
+/// starts later (at its first `AddPartitionsToTxn`); the tenth left is for the look, the
+/// progress record and `EndTxn`, so that outboxd aborts before the broker does (which
+/// would bump the producer's epoch).
+fn acks_deadline(since: Instant, timeout: Duration) -> Instant {
+    since + timeout - timeout / 10
+}
+
+/// When a transaction opened at `since` is due to commit by time, at a PostgreSQL commit:
+/// `every` after the previous commit began, not after this transaction opened. Events
+/// that arrive during a commit open the next transaction only once it ends, and would
+/// otherwise wait that commit and a whole interval. Open at least half an interval,
+/// so that commits slower than `every` do not turn into a string of tiny ones.
+fn commit_due_at(since: Instant, last_commit: Option<Instant>, every: Duration) -> Instant {
+    let floor = since + every / 2;
+    match last_commit {
+        Some(last) => (last + every).max(floor),
+        None => since + every,
+    }
 }
 
 /// What the rules report, as metrics and logs.
@@ -285,6 +317,7 @@ impl<'a> Session<'a> {
                     split_after: timeout / 2,
                     timeout,
                     open_since: None,
+                    last_commit: None,
                     events: 0,
                     confirmed: pgoutput::Lsn::ZERO,
                 }
@@ -326,6 +359,27 @@ impl<'a> Session<'a> {
             }
         }
         Ok(true)
+    }
+
+    /// Takes delivery reports until the progress record's (true) or `deadline` (false);
+    /// its failure is the error.
+    async fn await_progress_ack(
+        &mut self,
+        deadline: tokio::time::Instant,
+    ) -> Result<bool, RelayError> {
+        loop {
+            tokio::select! {
+                d = self.deliveries.recv() => {
+                    let d = d.ok_or_else(channel_closed)?;
+                    let progress = d.ticket == PROGRESS_TICKET;
+                    self.on_delivery(d)?;
+                    if progress {
+                        return Ok(true);
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => return Ok(false),
+            }
+        }
     }
 
     /// Drops the producer without sending what it still holds: after an error the
@@ -506,11 +560,10 @@ impl<'a> Session<'a> {
     fn commit_at(&self) -> Option<Instant> {
         let txn = self.txn.as_ref()?;
         let since = txn.open_since?;
-        let every = match self.core.in_transaction() {
-            false => txn.settings.commit_every,
-            true => txn.split_after,
-        };
-        Some(since + every)
+        Some(match self.core.in_transaction() {
+            false => commit_due_at(since, txn.last_commit, txn.settings.commit_every),
+            true => since + txn.split_after,
+        })
     }
 
     /// Whether to commit now: at a PostgreSQL commit after the interval or event count,
@@ -528,21 +581,32 @@ impl<'a> Session<'a> {
     /// Commits the open Kafka transaction, its last record the progress record of what it
     /// holds, then confirms that to PostgreSQL.
     async fn commit_kafka_txn(&mut self) -> Result<(), RelayError> {
-        let Some(timeout) = self
+        let Some((timeout, deadline)) = self
             .txn
             .as_ref()
-            .filter(|t| t.open_since.is_some())
-            .map(|t| t.timeout)
+            .and_then(|t| Some((t.timeout, t.acks_deadline()?)))
         else {
             return Ok(());
         };
-        // The record claims what is acked: every report first.
-        let deadline = tokio::time::Instant::now() + timeout;
-        if !self.await_acks(deadline, false).await? {
-            return Err(RelayError::Transaction(TxnError::Abortable(format!(
-                "the transaction's messages were not all acknowledged within transaction.timeout.ms ({timeout:?})"
-            ))));
+        // What is left of transaction.timeout.ms since the transaction opened, not all of
+        // it from now: past it the broker aborts the transaction itself.
+        let deadline = tokio::time::Instant::from_std(deadline);
+        let began = Instant::now();
+        if let Some(txn) = self.txn.as_mut() {
+            txn.last_commit = Some(began);
         }
+        let too_slow = |what: &str| {
+            RelayError::Transaction(TxnError::Abortable(format!(
+                "{what} within transaction.timeout.ms ({timeout:?}, less a tenth for the commit) of the Kafka transaction's start: raise OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS, or find why Kafka acknowledges slowly"
+            )))
+        };
+        // The record claims what is acked: every report first.
+        if !self.await_acks(deadline, false).await? {
+            return Err(too_slow(
+                "the transaction's messages were not all acknowledged",
+            ));
+        }
+        let acked = Instant::now();
         // The record carries the session's look: never one not yet compared with the
         // record's (it would bury that look, and a change made while outboxd was stopped).
         while self.publication.as_ref().is_some_and(|w| !w.compared()) {
@@ -551,10 +615,9 @@ impl<'a> Session<'a> {
                 break;
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(RelayError::Transaction(TxnError::Abortable(
-                    "the progress record was not read in time to compare the publication with it"
-                        .into(),
-                )));
+                return Err(too_slow(
+                    "the progress record was not read to compare the publication with it",
+                ));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -563,6 +626,7 @@ impl<'a> Session<'a> {
         if self.publication.is_some() {
             self.watch_publication().await?;
         }
+        let looked = Instant::now();
         self.core.advance();
         let record = self.progress_record();
         let Some(p) = self.progress.as_ref() else {
@@ -573,6 +637,12 @@ impl<'a> Session<'a> {
         p.store
             .produce_in_transaction(&self.producer, &p.identity, &record, PROGRESS_TICKET)
             .map_err(RelayError::Send)?;
+        // Its report first, as `commit_transaction` asks (or the commit can take 100 ms
+        // longer), and its failure is this session's error.
+        if !self.await_progress_ack(deadline).await? {
+            return Err(too_slow("the progress record was not acknowledged"));
+        }
+        let recorded = Instant::now();
         let mut attempt = 1;
         loop {
             match self.producer.commit_transaction(timeout).await {
@@ -586,6 +656,16 @@ impl<'a> Session<'a> {
             }
         }
         if let Some(txn) = self.txn.as_mut() {
+            // Where a commit's time goes (what this mode's latency is made of).
+            tracing::debug!(
+                open = ?txn.open_since.map(|since| began - since),
+                events = txn.events,
+                acks = ?(acked - began),
+                look = ?(looked - acked),
+                record = ?(recorded - looked),
+                end_txn = ?recorded.elapsed(),
+                "committed the Kafka transaction"
+            );
             txn.open_since = None;
             txn.events = 0;
         }
@@ -888,4 +968,46 @@ async fn bounded<T>(
     tokio::time::timeout(SQL_TIMEOUT, query)
         .await
         .map_err(|_| RelayError::Postgres(pgrepl::ReplError::Timeout(what)))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acks_deadline_counts_from_the_transactions_start() {
+        let since = Instant::now();
+        let timeout = Duration::from_secs(60);
+        assert_eq!(
+            acks_deadline(since, timeout),
+            since + Duration::from_secs(54)
+        );
+        // Not from the commit: a transaction open 50 s has 4 s left, not 54.
+        let commit = since + Duration::from_secs(50);
+        assert_eq!(
+            acks_deadline(since, timeout).saturating_duration_since(commit),
+            Duration::from_secs(4)
+        );
+        let short = Duration::from_millis(1_000);
+        assert_eq!(
+            acks_deadline(since, short),
+            since + Duration::from_millis(900)
+        );
+    }
+
+    #[test]
+    fn commits_keep_their_cadence() {
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        let every = ms(100);
+        // The session's first transaction: an interval after it opened.
+        assert_eq!(commit_due_at(t, None, every), t + ms(100));
+        // Opened 20 ms after the last commit began (when it ended): 80 ms open, so
+        // events that came during that commit wait no longer than an interval.
+        assert_eq!(commit_due_at(t + ms(20), Some(t), every), t + ms(100));
+        // A commit slower than half an interval: the transaction stays open half of one.
+        assert_eq!(commit_due_at(t + ms(70), Some(t), every), t + ms(120));
+        // After a quiet spell: half an interval after it opened.
+        assert_eq!(commit_due_at(t + ms(5_000), Some(t), every), t + ms(5_050));
+    }
 }
