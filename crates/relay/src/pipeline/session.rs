@@ -273,6 +273,7 @@ impl<'a> Session<'a> {
                     timeout,
                     open_since: None,
                     last_commit: None,
+                    age_at_abort: None,
                     events: 0,
                     confirmed: pgoutput::Lsn::ZERO,
                 }

@@ -24,6 +24,9 @@ pub(super) struct KafkaTxn {
     pub(super) events: usize,
     /// The position last passed on to the server.
     pub(super) confirmed: pgoutput::Lsn,
+    /// How long the transaction the session aborted after failing had been open: the
+    /// broker expires only transactions open `timeout` or longer (see `judge_fence`).
+    pub(super) age_at_abort: Option<Duration>,
 }
 
 impl KafkaTxn {
@@ -83,9 +86,13 @@ impl Session<'_> {
     pub(super) fn commit_at(&self) -> Option<Instant> {
         let txn = self.txn.as_ref()?;
         let since = txn.open_since?;
+        // Never later than half the timeout after it opened, between PostgreSQL
+        // transactions too: an interval near `transaction.timeout.ms` would otherwise
+        // leave no time for the acks, and every commit would be aborted and replayed.
+        let split = since + txn.split_after;
         Some(match self.core.in_transaction() {
-            false => commit_due_at(since, txn.last_commit, txn.settings.commit_every),
-            true => since + txn.split_after,
+            false => commit_due_at(since, txn.last_commit, txn.settings.commit_every).min(split),
+            true => split,
         })
     }
 
@@ -213,7 +220,7 @@ impl Session<'_> {
             return e;
         }
         if let Some(txn) = self.txn.as_mut() {
-            txn.open_since = None;
+            txn.age_at_abort = txn.open_since.take().map(|since| since.elapsed());
         }
         match self.producer.abort_transaction(ABORT_TIMEOUT).await {
             Ok(()) => e,
@@ -231,8 +238,12 @@ impl Session<'_> {
     /// Tells a fenced producer from one whose transaction the broker aborted: both bump
     /// the epoch, and librdkafka reports both as fenced. Only an instance holding the slot
     /// calls `init_transactions`, so while `walsender` (this session's) still holds it, no
-    /// other instance can have: the transaction expired, and the next session resumes
-    /// with a new producer. Held by another walsender, or in doubt: fenced.
+    /// other instance of this server can have: the transaction expired, and the next
+    /// session resumes with a new producer. But an instance on another server of the same
+    /// system identifier (a promoted standby while the old primary still runs) shares the
+    /// transactional.id, so expiry also needs its evidence: the aborted transaction had
+    /// been open at least `transaction.timeout.ms`, the least the broker expires. Held by
+    /// another walsender, younger, or in doubt: fenced.
     pub(in crate::pipeline) async fn judge_fence(
         &self,
         e: RelayError,
@@ -241,6 +252,13 @@ impl Session<'_> {
         let RelayError::Transaction(TxnError::Fenced(why)) = e else {
             return e;
         };
+        let old_enough = self
+            .txn
+            .as_ref()
+            .is_some_and(|t| t.age_at_abort.is_some_and(|age| age >= t.timeout));
+        if !old_enough {
+            return RelayError::Transaction(TxnError::Fenced(why));
+        }
         let holder = match walsender {
             Some(_) => {
                 bounded("reading which walsender holds the slot", async {
