@@ -359,17 +359,8 @@ async fn a_partition_leader_killed_neither_loses_nor_duplicates() {
     let db = pg.fresh_database("eos_leader_killed").await;
     let outbox = schema::setup(&db).await;
     let broker = Broker::kafka(3);
-    let topics = support::ops::create_topics(&broker, &outbox).await;
+    let topics = support::ops::replicated_topics(&broker, &outbox).await;
     let cluster = broker.kafka_cluster();
-    for t in topics
-        .iter()
-        .chain(std::iter::once(&outbox.dead_letter_topic()))
-    {
-        cluster
-            .set_topic_config(t, "min.insync.replicas", "2")
-            .await
-            .expect("min.insync.replicas=2");
-    }
     let bootstrap = broker.bootstrap();
     let mut relay = Relay::start(
         Relay::env_for(
@@ -536,17 +527,8 @@ async fn the_transaction_coordinator_killed_neither_loses_nor_duplicates() {
         .await;
     let outbox = schema::setup(&db).await;
     let broker = Broker::kafka(3);
-    let topics = support::ops::create_topics(&broker, &outbox).await;
+    let topics = support::ops::replicated_topics(&broker, &outbox).await;
     let cluster = broker.kafka_cluster();
-    for t in topics
-        .iter()
-        .chain(std::iter::once(&outbox.dead_letter_topic()))
-    {
-        cluster
-            .set_topic_config(t, "min.insync.replicas", "2")
-            .await
-            .expect("min.insync.replicas=2");
-    }
     let bootstrap = broker.bootstrap();
     let mut relay = Relay::start(
         Relay::env_for(
@@ -886,22 +868,6 @@ async fn a_million_row_transaction_is_split_and_resumed_exactly_once() {
         "million: inserted in {inserted:.1?}; killed after a commit of {partial} leading rows; confirmed {:.1?} after the insert began; peak RSS not measured here",
         started.elapsed()
     );
-    let received = read_until_ids(
-        &bootstrap,
-        &topics,
-        &ids(&events),
-        Duration::from_secs(5),
-        Duration::from_secs(600),
-    );
-    let report = check_delivery(&events, &received);
-    println!(
-        "million: {} events committed, {} records read_committed, {} unique, {} duplicates",
-        events.len(),
-        received.len(),
-        report.unique,
-        report.duplicates
-    );
-    assert_eq!(report.unique, events.len(), "lost events");
-    assert_eq!(report.duplicates, 0, "duplicates in read_committed");
+    assert_exactly_once(&bootstrap, &topics, &events, "million");
     relay.kill();
 }

@@ -26,23 +26,6 @@ fn dedicated() -> PgCluster {
     .expect("dedicated cluster")
 }
 
-/// A three-node cluster with the outbox's topics replicated to every node and two in-sync
-/// replicas required for an acks=all write.
-async fn replicated_topics(broker: &Broker, outbox: &Outbox) -> Vec<String> {
-    let topics = ops::create_topics(broker, outbox).await;
-    let cluster = broker.kafka_cluster();
-    for t in topics
-        .iter()
-        .chain(std::iter::once(&outbox.dead_letter_topic()))
-    {
-        cluster
-            .set_topic_config(t, "min.insync.replicas", "2")
-            .await
-            .expect("min.insync.replicas=2");
-    }
-    topics
-}
-
 fn start_relay(db: &pgtest::TestDb<'_>, outbox: &Outbox, broker: &Broker) -> Relay {
     Relay::start(
         Relay::env_for(
@@ -104,7 +87,7 @@ async fn a_partition_leader_killed_mid_stream_loses_nothing() {
     let db = pg.fresh_database("kafka_leader_killed").await;
     let outbox = schema::setup(&db).await;
     let broker = Broker::kafka(3);
-    let topics = replicated_topics(&broker, &outbox).await;
+    let topics = ops::replicated_topics(&broker, &outbox).await;
     let mut relay = start_relay(&db, &outbox, &broker);
     let client = db.client().await;
     let pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
@@ -168,7 +151,7 @@ async fn two_brokers_down_the_relay_waits_and_resumes_on_its_own() {
     let db = pg.fresh_database("kafka_two_down").await;
     let outbox = schema::setup(&db).await;
     let broker = Broker::kafka(3);
-    let topics = replicated_topics(&broker, &outbox).await;
+    let topics = ops::replicated_topics(&broker, &outbox).await;
     let mut relay = start_relay(&db, &outbox, &broker);
     let client = db.client().await;
     let pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;

@@ -199,6 +199,23 @@ pub async fn create_topics(broker: &Broker, outbox: &Outbox) -> Vec<String> {
     topics
 }
 
+/// [`create_topics`] on a three-node cluster: every topic replicated to every node, and
+/// two in-sync replicas required for an acks=all write.
+pub async fn replicated_topics(broker: &Broker, outbox: &Outbox) -> Vec<String> {
+    let topics = create_topics(broker, outbox).await;
+    let cluster = broker.kafka_cluster();
+    for t in topics
+        .iter()
+        .chain(std::iter::once(&outbox.dead_letter_topic()))
+    {
+        cluster
+            .set_topic_config(t, "min.insync.replicas", "2")
+            .await
+            .expect("min.insync.replicas=2");
+    }
+    topics
+}
+
 /// [`create_topics`] on an own Kafka cluster, every partition's only replica on `node`.
 pub async fn create_topics_on(
     broker: &Broker,
