@@ -357,7 +357,7 @@ impl RelayProducer {
 
     /// Flushes and commits the open transaction. Runs off the runtime's thread. Call it
     /// once every delivery report came, or each commit may take 100 ms longer: see
-    /// [`COMMIT_FLUSH_STEP`].
+    /// `COMMIT_FLUSH_STEP`.
     pub async fn commit_transaction(&self, timeout: Duration) -> Result<(), TxnError> {
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || {
