@@ -601,12 +601,33 @@ async fn the_transaction_coordinator_killed_neither_loses_nor_duplicates() {
 /// fast or slow the machine.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_relay_stopped_past_the_transaction_timeout_recovers() {
+    stopped_past_the_transaction_timeout("eos_relay_stopped", false).await;
+}
+
+/// The same, stopped past `wal_sender_timeout` too (2 s for this database): PostgreSQL
+/// ends the relay's walsender, so when the relay wakes nobody holds the slot. Nobody took
+/// over either: the relay must start over, not exit as fenced by another instance.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_stopped_past_wal_sender_timeout_too_recovers() {
+    stopped_past_the_transaction_timeout("eos_relay_stopped_walsender", true).await;
+}
+
+async fn stopped_past_the_transaction_timeout(name: &str, past_wal_sender_timeout: bool) {
     const PARTITIONS: i32 = 3;
     let broker = Broker::default_for_tests();
-    let db = PgCluster::shared()
-        .fresh_database("eos_relay_stopped")
-        .await;
+    let db = PgCluster::shared().fresh_database(name).await;
     let outbox = schema::setup(&db).await;
+    if past_wal_sender_timeout {
+        // A walsender of a logical slot takes its database's settings.
+        db.client()
+            .await
+            .batch_execute(&format!(
+                "ALTER DATABASE \"{}\" SET wal_sender_timeout = '2s'",
+                db.name
+            ))
+            .await
+            .expect("wal_sender_timeout");
+    }
     let topics = vec![outbox.topic("order"), outbox.topic("customer")];
     broker
         .create_topics(
@@ -643,6 +664,18 @@ async fn a_relay_stopped_past_the_transaction_timeout_recovers() {
     let open = tokio::task::block_in_place(|| unstable_records(&bootstrap, &topics, PARTITIONS));
     assert_eq!(open, 50, "the last 50 events are in an open transaction");
     relay.signal("STOP");
+    if past_wal_sender_timeout {
+        support::ops::wait_for(
+            "PostgreSQL to end the stopped relay's walsender",
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || async {
+                let row = support::ops::slot_row(&client, &outbox.slot).await?;
+                row.active_pid.is_none().then_some(())
+            },
+        )
+        .await;
+    }
     // The broker aborts it once transaction.timeout.ms has passed (its check runs every
     // 10 s): the abort markers make the last stable offsets catch up.
     support::ops::wait_for(

@@ -243,7 +243,8 @@ impl Session<'_> {
     /// system identifier (a promoted standby while the old primary still runs) shares the
     /// transactional.id, so expiry also needs its evidence: the aborted transaction had
     /// been open at least `transaction.timeout.ms`, the least the broker expires. Held by
-    /// another walsender, younger, or in doubt: fenced.
+    /// no walsender (this one ended) counts as this one's. Held by another walsender,
+    /// younger, or in doubt: fenced.
     pub(in crate::pipeline) async fn judge_fence(
         &self,
         e: RelayError,
@@ -272,6 +273,11 @@ impl Session<'_> {
             Ok(Some(pid)) if Some(pid) == walsender => {
                 RelayError::Transaction(TxnError::Expired(why))
             }
+            // Nobody: PostgreSQL ended this session's walsender too (stopped past
+            // wal_sender_timeout). An instance of this server that took over since and
+            // left has recorded what it delivered, and the next session reads that
+            // record with a new epoch, as after any restart.
+            Ok(None) if walsender.is_some() => RelayError::Transaction(TxnError::Expired(why)),
             _ => RelayError::Transaction(TxnError::Fenced(why)),
         }
     }
