@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use pgtest::PgCluster;
 
 use crate::broker::{self, BrokerKind, PARTITIONS};
-use crate::drain::{self, Outboxd};
+use crate::drain::Outboxd;
 use crate::kafkarun::{self, Drained, Paced, Relay, Watch};
 use crate::pg::{self, Shape};
 use crate::{Results, Settings};
@@ -199,10 +199,11 @@ async fn drain_one(
 ) -> Result<DrainRow> {
     let broker = broker::start(BrokerKind::Kafka, &s.bins, &[pg::TOPIC]).await?;
     let watch = Watch::start(&broker.bootstrap(), pg::TOPIC)?;
-    let (drained, relay) = kafkarun::drain(cluster, broker.pid(), &watch, events, tool.name(), || {
-        spawn(s, connect, cluster, db, slot, &broker.bootstrap(), tool)
-    })
-    .await?;
+    let (drained, relay) =
+        kafkarun::drain(cluster, broker.pid(), &watch, events, tool.name(), || {
+            spawn(s, connect, cluster, db, slot, &broker.bootstrap(), tool)
+        })
+        .await?;
     relay.stop()?;
     Ok(DrainRow {
         case: String::new(),

@@ -108,14 +108,20 @@ pub async fn run(s: &Settings, cluster: &PgCluster) -> Result<Eos> {
     let txns = (s.scaled(1_000_000) / 100).max(1);
     let shape = Shape::Batched { txns, rows: 100 };
     let mut e = Eos {
-        backlog: format!("{} events in {txns} transactions of 100 rows", shape.events()),
+        backlog: format!(
+            "{} events in {txns} transactions of 100 rows",
+            shape.events()
+        ),
         events: shape.events(),
         repeats,
         latency_secs: s.latency_secs,
         curve_rate,
         ..Eos::default()
     };
-    eprintln!("outboxd-bench: exactly-once vs at-least-once, {}", e.backlog);
+    eprintln!(
+        "outboxd-bench: exactly-once vs at-least-once, {}",
+        e.backlog
+    );
     let broker = broker::start(BrokerKind::Kafka, &s.bins, &[]).await?;
     let bench = Bench {
         s,

@@ -39,9 +39,8 @@ fn ratios(e: &Eos) -> Vec<(usize, Option<f64>, Option<f64>)> {
                     .map(|c| &c.drained)
             };
             let (alo, eos) = (get(Mode::AtLeastOnce)?, get(Mode::ExactlyOnce)?);
-            let ratio = |f: fn(&Drained) -> Option<f64>| {
-                f(eos).zip(f(alo)).map(|(x, y)| x / y.max(1e-9))
-            };
+            let ratio =
+                |f: fn(&Drained) -> Option<f64>| f(eos).zip(f(alo)).map(|(x, y)| x / y.max(1e-9));
             Some((round, ratio(Drained::rate), ratio(Drained::streaming)))
         })
         .collect()
@@ -109,8 +108,8 @@ fn write_markdown(
          `OUTBOXD_DELIVERY` (exactly-once: `OUTBOXD_TXN_COMMIT_MS={DEFAULT_COMMIT_MS}`, \
          `OUTBOXD_TXN_MAX_EVENTS=10000` unless the curve sets the interval). One read_committed consumer per \
          run (`fetch.wait.max.ms=2`), assigned to every partition before the relay starts, sees what a consumer \
-         of exactly-once output sees. The modes alternate, at-least-once first, in each of {} rounds \
-         (`BENCH_EOS_REPEATS`), for the catch-ups and for each rate, so that a change in the machine's load hits \
+         of exactly-once output sees. The modes alternate, at-least-once first, in each round ({} here, \
+         `BENCH_EOS_REPEATS`), for the catch-ups and for each rate, so that a change in the machine's load hits \
          both alike: read the ratios, not the absolute figures.\n",
         s.scale,
         outboxd_test_broker::kafka::KAFKA_VERSION,
@@ -135,7 +134,7 @@ fn write_markdown(
     }
     writeln!(
         w,
-        "Reproduce: `BENCH_SECTIONS=eos scripts/bench` (this section only: it replaces itself in \
+        "Reproduce: `BENCH_LATENCY_SECS=30 BENCH_SECTIONS=eos scripts/bench` (this section only: it replaces itself in \
          `docs/benchmarks.md`; `BENCH_SCALE`, `BENCH_EOS_REPEATS=2`, `BENCH_EOS_RATES=1000,5000`, \
          `BENCH_LATENCY_SECS`, `BENCH_EOS_COMMIT_MS=20,50,100,200,500`, `BENCH_EOS_CURVE_RATE=1000`). \
          Command of this run: `{}`.\n",
@@ -189,7 +188,12 @@ fn catch_up(w: &mut String, e: &Eos) -> std::fmt::Result {
     }
     writeln!(w, "| round | exactly-once / at-least-once, events/s start → last | first → last |\n|---:|---:|---:|")?;
     for (round, total, streaming) in &pairs {
-        writeln!(w, "| {round} | {} | {} |", opt(*total, 3), opt(*streaming, 3))?;
+        writeln!(
+            w,
+            "| {round} | {} | {} |",
+            opt(*total, 3),
+            opt(*streaming, 3)
+        )?;
     }
     writeln!(
         w,
@@ -261,11 +265,14 @@ fn latency(w: &mut String, e: &Eos) -> std::fmt::Result {
 /// One sentence on the goal, from this run's figures.
 fn verdict(w: &mut String, e: &Eos) -> std::fmt::Result {
     let mut parts = Vec::new();
-    if let Some(r) = median(ratios(e).iter().filter_map(|p| p.1).collect()) {
+    let pairs = ratios(e);
+    if let Some(r) = median(pairs.iter().filter_map(|p| p.1).collect()) {
+        let streaming = median(pairs.iter().filter_map(|p| p.2).collect());
         parts.push(format!(
-            "the median catch-up ratio is {r:.3} (a loss of {:.1} %; goal ≤ {:.0} %: {})",
-            (1.0 - r) * 100.0,
-            MAX_LOSS * 100.0,
+            "exactly-once caught up at a median {r:.3} of at-least-once's events/s from process start \
+             ({} first → last), where the goal asks ≥ {:.2}: {}",
+            opt(streaming, 3),
+            1.0 - MAX_LOSS,
             met(r >= 1.0 - MAX_LOSS)
         ));
     }
@@ -330,7 +337,10 @@ fn curve(w: &mut String, e: &Eos) -> std::fmt::Result {
 /// Replaces the section in the report, leaving the rest as the last full run wrote it.
 pub fn splice(s: &Settings, r: &Results, versions: &Versions) -> Result<()> {
     let Some(e) = &r.eos else {
-        bail!("no exactly-once measurement to write: {}", r.notes.join("; "));
+        bail!(
+            "no exactly-once measurement to write: {}",
+            r.notes.join("; ")
+        );
     };
     let run = format!(
         "Run {} → {}, on its own (`BENCH_SECTIONS=eos`); load before `{}`, after `{}`.",
