@@ -1,7 +1,7 @@
 //! What the sections that measure a relay on Apache Kafka share (`debezium`, `eos`): a
 //! relay process, one read_committed consumer that counts a topic's records and times the
 //! stamped ones ([`Watch`]), a backlog drained from process start to its last record
-//! ([`drain`]), a paced load measured insert to consumer ([`paced`]), and a report section
+//! ([`drain()`]), a paced load measured insert to consumer ([`paced`]), and a report section
 //! replaced in place between its markers ([`splice`]).
 
 use std::path::{Path, PathBuf};
