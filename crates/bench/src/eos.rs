@@ -197,8 +197,13 @@ pub async fn run(s: &Settings, cluster: &PgCluster) -> Result<Eos> {
     }
     drop(lat);
     drop(broker);
-    pg::drop_database(cluster, lat_db).await?;
-    pg::drop_database(cluster, db).await?;
+    // A walsender still exiting after its relay keeps its slot active for a moment: a
+    // failed clean-up costs disk until the cluster goes, not the measurements.
+    for d in [lat_db, db] {
+        if let Err(err) = pg::drop_database(cluster, d).await {
+            e.notes.push(format!("dropping {d} failed: {err:#}"));
+        }
+    }
     for n in &e.notes {
         eprintln!("outboxd-bench:   note: {n}");
     }

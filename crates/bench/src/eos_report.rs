@@ -28,8 +28,10 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     }
 }
 
-/// (start → last, first → last) exactly-once / at-least-once of each round with both.
-fn ratios(e: &Eos) -> Vec<(usize, Option<f64>, Option<f64>)> {
+/// Exactly-once's events/s from process start over at-least-once's, of each round with
+/// both. Not first → last: exactly-once's first record is visible only at its first commit,
+/// when many more are sent, which flatters that rate.
+fn ratios(e: &Eos) -> Vec<(usize, f64)> {
     (1..=e.repeats)
         .filter_map(|round| {
             let get = |m: Mode| {
@@ -38,10 +40,9 @@ fn ratios(e: &Eos) -> Vec<(usize, Option<f64>, Option<f64>)> {
                     .find(|c| c.round == round && c.mode == m)
                     .map(|c| &c.drained)
             };
-            let (alo, eos) = (get(Mode::AtLeastOnce)?, get(Mode::ExactlyOnce)?);
-            let ratio =
-                |f: fn(&Drained) -> Option<f64>| f(eos).zip(f(alo)).map(|(x, y)| x / y.max(1e-9));
-            Some((round, ratio(Drained::rate), ratio(Drained::streaming)))
+            let alo = get(Mode::AtLeastOnce)?.rate()?;
+            let eos = get(Mode::ExactlyOnce)?.rate()?;
+            Some((round, eos / alo.max(1e-9)))
         })
         .collect()
 }
@@ -153,7 +154,9 @@ fn catch_up(w: &mut String, e: &Eos) -> std::fmt::Result {
         "### Catch-up: process start to the last record at the consumer\n\n\
          The backlog, {} (generated once in {:.0} s, before any relay ran), read by each run through its own \
          slot made before it. *events/s first → last*: once records flow, without the relay's start-up (its \
-         connections, the progress record's read, `InitProducerId`). *Relay CPU*: the relay process's \
+         connections, the progress record's read, `InitProducerId`); a read_committed consumer sees \
+         exactly-once's first record only at its first commit, with many more, so that rate flatters \
+         exactly-once and the ratios below are of events/s from process start. *Relay CPU*: the relay process's \
          user+system time over its life, from /proc; the broker's is its own column, **not** in the relay's.\n",
         e.backlog, e.generate_seconds
     )?;
@@ -186,20 +189,17 @@ fn catch_up(w: &mut String, e: &Eos) -> std::fmt::Result {
     if pairs.is_empty() {
         return Ok(());
     }
-    writeln!(w, "| round | exactly-once / at-least-once, events/s start → last | first → last |\n|---:|---:|---:|")?;
-    for (round, total, streaming) in &pairs {
-        writeln!(
-            w,
-            "| {round} | {} | {} |",
-            opt(*total, 3),
-            opt(*streaming, 3)
-        )?;
+    writeln!(
+        w,
+        "| round | exactly-once / at-least-once, events/s from process start |\n|---:|---:|"
+    )?;
+    for (round, ratio) in &pairs {
+        writeln!(w, "| {round} | {ratio:.3} |")?;
     }
     writeln!(
         w,
-        "| median | {} | {} |\n",
-        opt(median(pairs.iter().filter_map(|p| p.1).collect()), 3),
-        opt(median(pairs.iter().filter_map(|p| p.2).collect()), 3)
+        "| median | {} |\n",
+        opt(median(pairs.iter().map(|p| p.1).collect()), 3)
     )?;
     Ok(())
 }
@@ -265,13 +265,10 @@ fn latency(w: &mut String, e: &Eos) -> std::fmt::Result {
 /// One sentence on the goal, from this run's figures.
 fn verdict(w: &mut String, e: &Eos) -> std::fmt::Result {
     let mut parts = Vec::new();
-    let pairs = ratios(e);
-    if let Some(r) = median(pairs.iter().filter_map(|p| p.1).collect()) {
-        let streaming = median(pairs.iter().filter_map(|p| p.2).collect());
+    if let Some(r) = median(ratios(e).iter().map(|p| p.1).collect()) {
         parts.push(format!(
-            "exactly-once caught up at a median {r:.3} of at-least-once's events/s from process start \
-             ({} first → last), where the goal asks ≥ {:.2}: {}",
-            opt(streaming, 3),
+            "exactly-once caught up at a median {r:.3} of at-least-once's events/s from process start, \
+             where the goal asks ≥ {:.2}: {}",
             1.0 - MAX_LOSS,
             met(r >= 1.0 - MAX_LOSS)
         ));
@@ -368,4 +365,48 @@ pub fn splice(s: &Settings, r: &Results, versions: &Versions) -> Result<()> {
         END,
         &markdown(s, e, Some(&run), Some(&machine)),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eos::CatchUp;
+
+    fn run(round: usize, mode: Mode, seconds: f64) -> CatchUp {
+        CatchUp {
+            round,
+            mode,
+            drained: Drained {
+                events: 1000,
+                seconds: Some(seconds),
+                first: Some(1.0),
+                ..Drained::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_pair_is_one_round_and_the_median_is_over_pairs() {
+        let e = Eos {
+            repeats: 3,
+            catchup: vec![
+                run(1, Mode::AtLeastOnce, 10.0),
+                run(1, Mode::ExactlyOnce, 11.0),
+                run(2, Mode::AtLeastOnce, 20.0),
+                run(2, Mode::ExactlyOnce, 16.0),
+                // A round whose exactly-once run failed has no ratio.
+                run(3, Mode::AtLeastOnce, 10.0),
+            ],
+            ..Eos::default()
+        };
+        let pairs = ratios(&e);
+        assert_eq!(pairs.len(), 2);
+        let total: Vec<f64> = pairs.iter().map(|p| p.1).collect();
+        assert!((total[0] - 10.0 / 11.0).abs() < 1e-9);
+        assert!((total[1] - 20.0 / 16.0).abs() < 1e-9);
+        let m = median(total).unwrap_or(0.0);
+        assert!((m - (10.0 / 11.0 + 20.0 / 16.0) / 2.0).abs() < 1e-9);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(Vec::new()), None);
+    }
 }
