@@ -9,20 +9,18 @@
 //! (and, in a column of its own, the broker JVM's).
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use pgtest::PgCluster;
-use rdkafka::message::Message;
 
 use crate::broker::{self, BrokerKind, PARTITIONS};
-use crate::drain::{self, unix_ms, wait_timeout, Outboxd};
+use crate::drain::Outboxd;
+use crate::kafkarun::{self, Drained, Paced, Relay, Watch};
 use crate::pg::{self, Shape};
-use crate::{latency, procfs, Results, Settings};
+use crate::{Results, Settings};
 
 /// How to run Kafka Connect with Debezium: the worker's classpath (every jar of
 /// scripts/kafka/debezium-pom.xml) and the versions, for the report.
@@ -54,32 +52,14 @@ const TOOLS: [Tool; 2] = [Tool::Outboxd, Tool::Debezium];
 pub struct DrainRow {
     pub case: String,
     pub tool: Tool,
-    pub events: u64,
-    /// Process start to the last record's arrival at the consumer.
-    pub seconds: Option<f64>,
-    /// Process start to the first record's arrival.
-    pub first: Option<f64>,
-    /// The relay process's CPU over its whole life up to the last record.
-    pub relay_cpu: Option<f64>,
-    pub broker_cpu: Option<f64>,
-    pub pg_cpu: f64,
-    pub peak_rss_mib: Option<f64>,
-    pub note: String,
+    pub drained: Drained,
 }
 
 /// One paced rate through one tool.
 #[derive(Debug, Clone)]
 pub struct LatencyRow {
     pub tool: Tool,
-    pub rate: u64,
-    pub achieved: f64,
-    pub inserted: u64,
-    pub received: usize,
-    pub p50: Option<f64>,
-    pub p99: Option<f64>,
-    pub relay_cpu_us: Option<f64>,
-    pub broker_cpu_us: Option<f64>,
-    pub note: String,
+    pub paced: Paced,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -184,24 +164,22 @@ async fn drain_case(
             Err(e) => DrainRow {
                 case: label.clone(),
                 tool: *tool,
-                events,
-                seconds: None,
-                first: None,
-                relay_cpu: None,
-                broker_cpu: None,
-                pg_cpu: 0.0,
-                peak_rss_mib: None,
-                note: format!("FAILED: {e:#}"),
+                drained: Drained {
+                    events,
+                    note: format!("FAILED: {e:#}"),
+                    ..Drained::default()
+                },
             },
         };
+        let d = &row.drained;
         eprintln!(
             "outboxd-bench:   {:<8} {:>8} s to the last record ({} s to the first), relay cpu {} s, broker cpu {} s {}",
             tool.name(),
-            crate::report::opt(row.seconds, 2),
-            crate::report::opt(row.first, 2),
-            crate::report::opt(row.relay_cpu, 2),
-            crate::report::opt(row.broker_cpu, 2),
-            row.note
+            crate::report::opt(d.seconds, 2),
+            crate::report::opt(d.first, 2),
+            crate::report::opt(d.relay_cpu, 2),
+            crate::report::opt(d.broker_cpu, 2),
+            d.note
         );
         c.drains.push(row);
     }
@@ -221,80 +199,17 @@ async fn drain_one(
 ) -> Result<DrainRow> {
     let broker = broker::start(BrokerKind::Kafka, &s.bins, &[pg::TOPIC]).await?;
     let watch = Watch::start(&broker.bootstrap(), pg::TOPIC)?;
-    let broker_pid = broker.pid();
-    let broker0 = broker_pid.and_then(procfs::cpu_seconds);
-    let pg0 = procfs::cluster_cpu_seconds(cluster.data_dir())?;
-    let started = Instant::now();
-    let mut relay = Relay::spawn(s, connect, cluster, db, slot, &broker.bootstrap(), tool)?;
-    let timeout = Duration::from_secs(180 + events / 200);
-    let mut note = String::new();
-    let mut polls = 0u64;
-    loop {
-        if watch.count() >= events {
-            break;
-        }
-        polls += 1;
-        if started.elapsed() > timeout {
-            note = format!(
-                "timed out after {:.0} s with {} of {events} records",
-                timeout.as_secs_f64(),
-                watch.count()
-            );
-            break;
-        }
-        // Once a second: Connect's check reads its log.
-        if polls.is_multiple_of(100) {
-            if let Some(status) = relay.exited()? {
-                bail!(
-                    "{} failed ({status}); log: {}",
-                    tool.name(),
-                    drain::tail(&relay.log)
-                );
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let relay_cpu = procfs::cpu_seconds(relay.pid());
-    let peak_rss_mib = procfs::peak_rss_mib(relay.pid());
-    let broker_cpu = broker_pid
-        .and_then(procfs::cpu_seconds)
-        .zip(broker0)
-        .map(|(a, b)| a - b);
-    let pg_cpu = procfs::cluster_cpu_seconds(cluster.data_dir())? - pg0;
-    let (first, last) = watch.first_last();
-    let since = |t: Option<Instant>| t.map(|t| t.saturating_duration_since(started).as_secs_f64());
+    let (drained, relay) =
+        kafkarun::drain(cluster, broker.pid(), &watch, events, tool.name(), || {
+            spawn(s, connect, cluster, db, slot, &broker.bootstrap(), tool)
+        })
+        .await?;
     relay.stop()?;
-    let seconds = if note.is_empty() { since(last) } else { None };
-    let extra = watch.count().saturating_sub(events);
-    if extra > 0 {
-        note.push_str(&format!(" {extra} records more than inserted (duplicates)"));
-    }
     Ok(DrainRow {
         case: String::new(),
         tool,
-        events,
-        seconds,
-        first: since(first),
-        relay_cpu,
-        broker_cpu,
-        pg_cpu,
-        peak_rss_mib,
-        note: note.trim().to_owned(),
+        drained,
     })
-}
-
-/// The load's insert with the insert's wall clock (ms) as the payload's first field `t`,
-/// which both relays carry through unchanged: the latency is measured from it by one
-/// consumer for both, as neither has a commit-time header the other has.
-fn stamped_insert() -> String {
-    format!(
-        "INSERT INTO public.outbox ({}) VALUES (gen_random_uuid(), '{}', 'order-' || ($1::bigint % 1000), 'OrderCreated', \
-         jsonb_build_object('t', floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, 'orderId', $1::bigint, \
-         'customerId', 'customer-' || ($1::bigint % 5000), 'amount', ($1::bigint % 100000) / 100.0, 'currency', 'EUR', \
-         'sku', md5($1::bigint::text), 'note', 'outboxd benchmark event'))",
-        pg::COLUMNS,
-        pg::AGGREGATE_TYPE
-    )
 }
 
 async fn latency_runs(
@@ -307,7 +222,6 @@ async fn latency_runs(
     let db = "bench_dbz_latency";
     pg::create_database(cluster, db, false).await?;
     let sql = pg::connect(cluster, db).await?;
-    let insert = stamped_insert();
     let mut i: i64 = 0;
     for tool in TOOLS {
         eprintln!("outboxd-bench: latency through {}", tool.name());
@@ -315,79 +229,33 @@ async fn latency_runs(
         pg::create_slots(&sql, std::slice::from_ref(&slot)).await?;
         let broker = broker::start(BrokerKind::Kafka, &s.bins, &[pg::TOPIC]).await?;
         let watch = Watch::start(&broker.bootstrap(), pg::TOPIC)?;
-        let broker_pid = broker.pid();
-        let mut relay = Relay::spawn(s, connect, cluster, db, &slot, &broker.bootstrap(), tool)?;
-        // Warm-up: one record end to end (the worker's start-up is not latency).
-        let deadline = Instant::now() + Duration::from_secs(180);
-        while watch.count() == 0 {
-            if Instant::now() > deadline {
-                bail!(
-                    "no warm-up record through {}; log: {}",
-                    tool.name(),
-                    drain::tail(&relay.log)
-                );
-            }
-            if let Some(status) = relay.exited()? {
-                bail!(
-                    "{} failed ({status}); log: {}",
-                    tool.name(),
-                    drain::tail(&relay.log)
-                );
-            }
-            sql.execute(insert.as_str(), &[&i]).await?;
-            i += 1;
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        let mut relay = spawn(s, connect, cluster, db, &slot, &broker.bootstrap(), tool)?;
+        kafkarun::warm_up(&sql, &mut i, &watch, &mut relay, tool.name()).await?;
+        // The worker's JIT and the connector's first polls are not latency either.
         tokio::time::sleep(Duration::from_secs(5)).await;
         for &rate in rates {
-            let cpu0 = procfs::cpu_seconds(relay.pid());
-            let b0 = broker_pid.and_then(procfs::cpu_seconds);
-            let from = unix_ms();
-            let (inserted, secs) =
-                latency::load_sql(cluster, db, rate, 1, s.latency_secs, i, insert.clone()).await?;
-            i += i64::try_from(inserted).unwrap_or(0) + 1;
-            let to = unix_ms();
-            let wait_until = Instant::now() + Duration::from_secs(30);
-            while (watch.window(from, to + 1).len() as u64) < inserted
-                && Instant::now() < wait_until
-            {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            let per_event = |a: Option<f64>, b: Option<f64>| {
-                a.zip(b)
-                    .map(|(a, b)| (a - b) / inserted.max(1) as f64 * 1e6)
-            };
-            let relay_cpu_us = per_event(procfs::cpu_seconds(relay.pid()), cpu0);
-            let broker_cpu_us = per_event(broker_pid.and_then(procfs::cpu_seconds), b0);
-            let mut lat = watch.window(from, to + 1);
-            lat.sort_unstable();
-            let row = LatencyRow {
-                tool,
+            let paced = kafkarun::paced(
+                cluster,
+                db,
                 rate,
-                achieved: drain::rate(inserted, secs),
-                inserted,
-                received: lat.len(),
-                p50: latency::percentile(&lat, 0.5),
-                p99: latency::percentile(&lat, 0.99),
-                relay_cpu_us,
-                broker_cpu_us,
-                note: if (lat.len() as u64) < inserted {
-                    format!("{} of {inserted} arrived within 30 s", lat.len())
-                } else {
-                    String::new()
-                },
-            };
+                s.latency_secs,
+                &mut i,
+                &watch,
+                relay.pid(),
+                broker.pid(),
+            )
+            .await?;
             eprintln!(
                 "outboxd-bench:   {:<8} {rate}/s: achieved {:.0}/s, received {}, p50/p99 {}/{} ms, relay {} µs/event, broker {} µs/event",
                 tool.name(),
-                row.achieved,
-                row.received,
-                crate::report::opt(row.p50, 0),
-                crate::report::opt(row.p99, 0),
-                crate::report::opt(row.relay_cpu_us, 0),
-                crate::report::opt(row.broker_cpu_us, 0),
+                paced.achieved,
+                paced.received,
+                crate::report::opt(paced.p50, 0),
+                crate::report::opt(paced.p99, 0),
+                crate::report::opt(paced.relay_cpu_us, 0),
+                crate::report::opt(paced.broker_cpu_us, 0),
             );
-            c.latency.push(row);
+            c.latency.push(LatencyRow { tool, paced });
         }
         relay.stop()?;
         drop(watch);
@@ -400,112 +268,30 @@ async fn latency_runs(
     Ok(())
 }
 
-/// `outboxd run`, or a Kafka Connect standalone worker running the Debezium connector.
-struct Relay {
-    /// None once stopped.
-    kind: Option<RelayKind>,
-    log: PathBuf,
-}
-
-enum RelayKind {
-    Outboxd(Outboxd),
-    Connect(Child),
-}
-
-impl Relay {
-    fn spawn(
-        s: &Settings,
-        connect: &Connect,
-        cluster: &PgCluster,
-        db: &str,
-        slot: &str,
-        bootstrap: &str,
-        tool: Tool,
-    ) -> Result<Relay> {
-        match tool {
-            Tool::Outboxd => {
-                let log = s.workdir.join(format!("outboxd-{slot}.log"));
-                let o = Outboxd::spawn(&s.bins, cluster, db, slot, bootstrap, &log, None)?;
-                Ok(Relay {
-                    kind: Some(RelayKind::Outboxd(o)),
-                    log,
-                })
-            }
-            Tool::Debezium => {
-                let dir = s.workdir.join(format!("connect-{slot}"));
-                let _ = std::fs::remove_dir_all(&dir);
-                std::fs::create_dir_all(&dir)?;
-                let log = dir.join("connect.log");
-                let child = spawn_connect(connect, cluster, db, slot, bootstrap, &dir, &log)?;
-                Ok(Relay {
-                    kind: Some(RelayKind::Connect(child)),
-                    log,
-                })
-            }
+/// `outboxd run` at its defaults, or a Kafka Connect worker running the Debezium connector.
+fn spawn(
+    s: &Settings,
+    connect: &Connect,
+    cluster: &PgCluster,
+    db: &str,
+    slot: &str,
+    bootstrap: &str,
+    tool: Tool,
+) -> Result<Relay> {
+    match tool {
+        Tool::Outboxd => {
+            let log = s.workdir.join(format!("outboxd-{slot}.log"));
+            let o = Outboxd::spawn(&s.bins, cluster, db, slot, bootstrap, &log, None)?;
+            Ok(Relay::outboxd(o, log))
         }
-    }
-
-    fn pid(&self) -> u32 {
-        match &self.kind {
-            Some(RelayKind::Outboxd(o)) => o.pid(),
-            Some(RelayKind::Connect(c)) => c.id(),
-            None => 0,
+        Tool::Debezium => {
+            let dir = s.workdir.join(format!("connect-{slot}"));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir)?;
+            let log = dir.join("connect.log");
+            let child = spawn_connect(connect, cluster, db, slot, bootstrap, &dir, &log)?;
+            Ok(Relay::connect(child, log))
         }
-    }
-
-    /// Why the relay is of no more use, if it is not: its process ended, or (Connect) its
-    /// connector or task failed, which leaves the worker running with nothing to do.
-    fn exited(&mut self) -> Result<Option<String>> {
-        let child = match &mut self.kind {
-            Some(RelayKind::Outboxd(o)) => &mut o.child,
-            Some(RelayKind::Connect(c)) => c,
-            None => return Ok(Some("stopped".into())),
-        };
-        if let Some(status) = child.try_wait()? {
-            return Ok(Some(status.to_string()));
-        }
-        if matches!(self.kind, Some(RelayKind::Connect(_))) {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let failed = [
-                "unrecoverable exception",
-                "Failed to start connector",
-                "Failed to create connector",
-            ];
-            if let Some(f) = failed.iter().find(|f| log.contains(*f)) {
-                return Ok(Some(format!("the Connect worker logged {f:?}")));
-            }
-        }
-        Ok(None)
-    }
-
-    fn stop(mut self) -> Result<()> {
-        match self.kind.take() {
-            None => Ok(()),
-            Some(RelayKind::Outboxd(o)) => o.stop(),
-            Some(RelayKind::Connect(mut c)) => {
-                let _ = Command::new("kill")
-                    .args(["-TERM", &c.id().to_string()])
-                    .status();
-                if !wait_timeout(&mut c, Duration::from_secs(30))? {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                }
-                Ok(())
-            }
-        }
-    }
-}
-
-/// A relay left behind by an early return (a failed run) must not run on into the next.
-impl Drop for Relay {
-    fn drop(&mut self) {
-        let child = match &mut self.kind {
-            Some(RelayKind::Outboxd(o)) => &mut o.child,
-            Some(RelayKind::Connect(c)) => c,
-            None => return,
-        };
-        let _ = child.kill();
-        let _ = child.wait();
     }
 }
 
@@ -619,95 +405,6 @@ rootLogger.appenderRef.stdout.ref = STDOUT
         .context("starting the Kafka Connect worker (java)")
 }
 
-/// A consumer of every partition from the beginning (read_committed), counting records and
-/// noting the first's and last's arrival, and (arrival − `t`) for records whose value has
-/// a payload field `t`.
-struct Watch {
-    count: Arc<AtomicU64>,
-    times: Arc<Mutex<(Option<Instant>, Option<Instant>)>>,
-    samples: Arc<Mutex<Vec<(i64, i64)>>>,
-    stop: Arc<AtomicBool>,
-    handle: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Watch {
-    fn start(bootstrap: &str, topic: &str) -> Result<Watch> {
-        let consumer = latency::latency_consumer(bootstrap, topic, "outboxd-bench-compare")?;
-        let count = Arc::new(AtomicU64::new(0));
-        let times = Arc::new(Mutex::new((None, None)));
-        let samples = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (count2, times2, samples2, stop2) = (
-            Arc::clone(&count),
-            Arc::clone(&times),
-            Arc::clone(&samples),
-            Arc::clone(&stop),
-        );
-        let handle = std::thread::spawn(move || {
-            while !stop2.load(Ordering::Relaxed) {
-                let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) else {
-                    continue;
-                };
-                let now = Instant::now();
-                count2.fetch_add(1, Ordering::Relaxed);
-                if let Ok(mut t) = times2.lock() {
-                    t.0.get_or_insert(now);
-                    t.1 = Some(now);
-                }
-                if let Some(t) = m.payload().and_then(stamp) {
-                    if let Ok(mut g) = samples2.lock() {
-                        g.push((t, unix_ms()));
-                    }
-                }
-            }
-        });
-        Ok(Watch {
-            count,
-            times,
-            samples,
-            stop,
-            handle: Some(handle),
-        })
-    }
-
-    fn count(&self) -> u64 {
-        self.count.load(Ordering::Relaxed)
-    }
-
-    fn first_last(&self) -> (Option<Instant>, Option<Instant>) {
-        self.times.lock().map(|t| *t).unwrap_or((None, None))
-    }
-
-    /// Latencies (ms) of records inserted within [from, to).
-    fn window(&self, from: i64, to: i64) -> Vec<i64> {
-        crate::latency::window(&self.samples, from, to)
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
-}
-
-/// The number after `"t":` in a JSON value (jsonb's text form puts a space after the
-/// colon; outboxd and Debezium each pass the payload on as that text).
-fn stamp(value: &[u8]) -> Option<i64> {
-    const KEY: &[u8] = b"\"t\":";
-    let at = value.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
-    let rest = value.get(at..)?;
-    let digits: Vec<u8> = rest
-        .iter()
-        .skip_while(|b| b.is_ascii_whitespace())
-        .take_while(|b| b.is_ascii_digit())
-        .copied()
-        .collect();
-    std::str::from_utf8(&digits).ok()?.parse().ok()
-}
-
 const BEGIN: &str = "<!-- debezium-comparison:begin -->";
 const END: &str = "<!-- debezium-comparison:end -->";
 
@@ -772,21 +469,17 @@ fn write_markdown(
             w,
             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
         )?;
-        for d in &c.drains {
-            let streaming = d
-                .seconds
-                .zip(d.first)
-                .filter(|(l, f)| l > f)
-                .map(|(l, f)| drain::rate(d.events.saturating_sub(1), l - f));
+        for row in &c.drains {
+            let d = &row.drained;
             writeln!(
                 w,
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
-                d.case,
-                d.tool.name(),
+                row.case,
+                row.tool.name(),
                 cell(d.seconds, 2),
-                cell(d.seconds.map(|x| drain::rate(d.events, x)), 0),
+                cell(d.rate(), 0),
                 cell(d.first, 2),
-                cell(streaming, 0),
+                cell(d.streaming(), 0),
                 cell(d.relay_cpu, 2),
                 cell(d.relay_cpu.map(|x| x / d.events.max(1) as f64 * 1e6), 1),
                 cell(d.broker_cpu, 2),
@@ -812,7 +505,7 @@ fn write_markdown(
                 c.drains
                     .iter()
                     .find(|d| &d.case == case && d.tool == t)
-                    .and_then(|d| d.seconds.zip(d.relay_cpu))
+                    .and_then(|d| d.drained.seconds.zip(d.drained.relay_cpu))
             };
             if let (Some((os, oc)), Some((ds, dc))) = (get(Tool::Outboxd), get(Tool::Debezium)) {
                 let _ = writeln!(
@@ -844,11 +537,12 @@ fn write_markdown(
         )?;
         writeln!(w, "| relay | target events/s | achieved | received | p50 ms | p99 ms | relay CPU µs / event | broker CPU µs / event | note |")?;
         writeln!(w, "|---|---:|---:|---:|---:|---:|---:|---:|---|")?;
-        for l in &c.latency {
+        for row in &c.latency {
+            let l = &row.paced;
             writeln!(
                 w,
                 "| {} | {} | {:.0} | {} / {} | {} | {} | {} | {} | {} |",
-                l.tool.name(),
+                row.tool.name(),
                 l.rate,
                 l.achieved,
                 l.received,
@@ -890,25 +584,5 @@ pub fn splice(s: &Settings, r: &Results) -> Result<()> {
         "Run {} → {}, on its own (`BENCH_SECTIONS=debezium`); load before `{}`, after `{}`.",
         r.started, r.finished, r.load_before, r.load_after
     );
-    let section = markdown(s, c, Some(&run));
-    let old = std::fs::read_to_string(&s.out).unwrap_or_default();
-    let new = match (old.find(BEGIN), old.find(END)) {
-        (Some(b), Some(e)) if e > b => {
-            let after = old
-                .get(e + END.len()..)
-                .unwrap_or("")
-                .trim_start_matches('\n');
-            format!("{}{section}{after}", old.get(..b).unwrap_or(""))
-        }
-        _ => match old.find("## Machine and versions") {
-            Some(at) => format!(
-                "{}{section}{}",
-                old.get(..at).unwrap_or(""),
-                old.get(at..).unwrap_or("")
-            ),
-            None => format!("{old}\n{section}"),
-        },
-    };
-    std::fs::write(&s.out, new)?;
-    Ok(())
+    kafkarun::splice(&s.out, BEGIN, END, &markdown(s, c, Some(&run)))
 }

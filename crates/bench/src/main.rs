@@ -14,6 +14,9 @@ mod broker;
 mod catchup;
 mod compare;
 mod drain;
+mod eos;
+mod eos_report;
+mod kafkarun;
 mod latency;
 mod pg;
 mod poll;
@@ -46,7 +49,8 @@ pub struct Settings {
     pub out: PathBuf,
     /// BENCH_WORKDIR: logs and scratch files.
     pub workdir: PathBuf,
-    /// BENCH_SECTIONS: catchup,progress,poll,latency,profile,steady,shards
+    /// BENCH_SECTIONS: catchup,debezium,progress,poll,latency,profile,steady,shards (the
+    /// default), and ratios and eos, which run only when named
     pub sections: Vec<String>,
     /// BENCH_CASES: a,b,c
     pub cases: Vec<String>,
@@ -183,6 +187,7 @@ pub struct Results {
     pub latency: Vec<LatencyResult>,
     pub shards: Vec<shards::ShardResult>,
     pub compare: Option<compare::Comparison>,
+    pub eos: Option<eos::Eos>,
     /// (broker, current RSS, peak RSS) of an idle outboxd, MiB.
     pub idle: Vec<(String, Option<f64>, Option<f64>)>,
     /// (broker, peak RSS after the latency runs), MiB.
@@ -259,6 +264,14 @@ async fn run() -> Result<()> {
             }
         }
     }
+    if s.section("eos") {
+        match eos::run(&s, &cluster).await {
+            Ok(e) => r.eos = Some(e),
+            Err(e) => r
+                .notes
+                .push(format!("exactly-once vs at-least-once failed: {e:#}")),
+        }
+    }
     if s.section("progress") {
         if let Err(e) = progress_cost(&s, &cluster, &mut r).await {
             r.notes
@@ -304,12 +317,18 @@ async fn run() -> Result<()> {
     for n in &r.notes {
         eprintln!("outboxd-bench: note: {n}");
     }
-    // A ratios-only run leaves the full report as it is; a debezium-only run replaces its
-    // own section of it, so the comparison can be rerun without the 40-minute suite.
+    // A ratios-only run leaves the full report as it is; a debezium-only or eos-only run
+    // replaces its own section of it, so it can be rerun without the 40-minute suite.
     if s.sections.iter().all(|x| x == "debezium") {
         compare::splice(&s, &r)?;
         eprintln!(
             "outboxd-bench: updated the Debezium section of {}",
+            s.out.display()
+        );
+    } else if s.sections.iter().all(|x| x == "eos") {
+        eos::splice(&s, &r, &versions)?;
+        eprintln!(
+            "outboxd-bench: updated the exactly-once section of {}",
             s.out.display()
         );
     } else if s.sections.iter().any(|x| x != "ratios") {

@@ -160,6 +160,9 @@ pub fn write(s: &Settings, r: &Results, v: &Versions) -> Result<()> {
     if let Some(c) = &r.compare {
         w.push_str(&crate::compare::markdown(s, c, None));
     }
+    if let Some(e) = &r.eos {
+        w.push_str(&crate::eos::markdown(s, e, None, None));
+    }
     progress(w, r)?;
     shards(w, r)?;
     polling(w, r)?;
