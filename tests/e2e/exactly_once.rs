@@ -340,9 +340,20 @@ async fn a_transaction_longer_than_the_kafka_timeout_is_split() {
         },
     )
     .await;
+    // Counted as a split (by the relay that committed it), and as a commit.
+    let splits = relay
+        .wait_metric_at_least("outboxd_kafka_transactions_split_total", 1.0)
+        .await;
+    let commits = relay
+        .metric("outboxd_kafka_transactions_committed_total")
+        .unwrap_or(0.0);
+    assert!(
+        commits >= splits,
+        "{commits} commits, {splits} of them split"
+    );
     relay.kill();
     relay.restart();
-    println!("split: killed after a commit of {partial} leading rows of {ROWS}");
+    println!("split: killed after a commit of {partial} leading rows of {ROWS} ({splits} splits)");
     assert_exactly_once(&bootstrap, &topics, &events, "split transaction");
     relay.kill();
 }
@@ -677,6 +688,13 @@ async fn a_relay_stopped_past_the_transaction_timeout_recovers() {
     assert!(
         relay.metric("outboxd_reconnects_total").unwrap_or(0.0) >= 1.0,
         "the relay started a new session"
+    );
+    let expired = relay
+        .metric_series("outboxd_kafka_transactions_aborted_total{cause=\"expired\"}")
+        .unwrap_or(0.0);
+    assert!(
+        expired >= 1.0,
+        "the broker's abort is counted as expired: {expired}"
     );
     assert!(relay.is_running(), "{}", relay.log_text());
     relay.kill();
