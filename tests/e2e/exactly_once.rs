@@ -8,7 +8,7 @@
 
 use crate::support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,10 +45,18 @@ fn assert_exactly_once(bootstrap: &str, topics: &[String], events: &[Event], wha
     assert_eq!(report.duplicates, 0, "{what}: duplicates in read_committed");
 }
 
+/// Issue 31's size: 50,000 events, the relay killed (kill -9) and restarted 10 times while
+/// they are written. The kills are paced by the load and the relay, not by the clock, so
+/// a fast machine and a slow one both kill mid-load: the events come in 11 parts, each let
+/// in by the kill before it, and the k-th kill waits for k parts committed, for the
+/// running relay to commit a Kafka transaction (every restart makes progress) and to
+/// publish a random number of events, fewer than a part (a kill lands anywhere in a
+/// transaction).
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_during_load_neither_loses_nor_duplicates() {
-    const TOTAL: usize = 20_000;
+    const TOTAL: usize = 50_000;
     const KILLS: usize = 10;
+    const PART: usize = TOTAL / (KILLS + 1);
     let started = Instant::now();
     let broker = Broker::default_for_tests();
     let db = PgCluster::shared().fresh_database("eos_crash").await;
@@ -61,6 +69,7 @@ async fn sigkill_during_load_neither_loses_nor_duplicates() {
     // OUTBOXD_TEST_DELIVERY=at-least-once runs the same kills without transactions: the
     // duplicates this mode removes.
     let mode = std::env::var("OUTBOXD_TEST_DELIVERY").unwrap_or_else(|_| EXACTLY_ONCE.1.into());
+    let exactly_once = mode == EXACTLY_ONCE.1;
     let mut relay = Relay::start(
         Relay::env_for(
             &db,
@@ -76,33 +85,72 @@ async fn sigkill_during_load_neither_loses_nor_duplicates() {
     );
     let client = db.client().await;
     let table = outbox.table.clone();
-    let done = Arc::new(AtomicBool::new(false));
+    let inserted = Arc::new(AtomicUsize::new(0));
+    // Events the inserter may have committed: a part ahead of the next kill.
+    let allowed = Arc::new(AtomicUsize::new(2 * PART));
     let inserter = tokio::spawn({
-        let done = Arc::clone(&done);
+        let (inserted, allowed) = (Arc::clone(&inserted), Arc::clone(&allowed));
         async move {
             let mut events: Vec<Event> = Vec::with_capacity(TOTAL);
             while events.len() < TOTAL {
-                events.extend(insert_events(&client, &table, 1_000, 50, 200).await);
-                tokio::time::sleep(Duration::from_millis(300)).await;
+                let room = allowed.load(Ordering::Acquire).saturating_sub(events.len());
+                if room == 0 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                events.extend(insert_events(&client, &table, room.min(1_000), 50, 200).await);
+                inserted.store(events.len(), Ordering::Release);
             }
-            done.store(true, Ordering::Release);
             events
         }
     });
-    let mut kills = 0;
-    while kills < KILLS || !done.load(Ordering::Acquire) {
-        let pause = rand::thread_rng().gen_range(300..=1200);
-        tokio::time::sleep(Duration::from_millis(pause)).await;
+    for kill in 1..=KILLS {
+        let due = kill * PART;
+        support::ops::wait_for(
+            &format!("{due} events committed"),
+            Duration::from_secs(300),
+            Duration::from_millis(20),
+            || async { (inserted.load(Ordering::Acquire) >= due).then_some(()) },
+        )
+        .await;
+        if exactly_once {
+            relay
+                .wait_metric_at_least("outboxd_kafka_transactions_committed_total", 1.0)
+                .await;
+        }
+        // This relay started before the part now being written was let in: a part's
+        // events (4,545) are still to come to it, more than this.
+        let more: u32 = rand::thread_rng().gen_range(1..=2_000);
+        relay
+            .wait_metric_at_least("outboxd_events_published_total", f64::from(more))
+            .await;
         relay.kill();
         relay.restart();
-        kills += 1;
-        assert!(kills < 200, "the load did not finish");
+        let next = if kill == KILLS {
+            TOTAL
+        } else {
+            (kill + 2) * PART
+        };
+        allowed.store(next.min(TOTAL), Ordering::Release);
     }
     let events = inserter.await.expect("inserter");
     let wal_after = schema::current_wal_lsn(&db).await;
-    assert_exactly_once(&bootstrap, &topics, &events, &format!("{kills} SIGKILLs"));
+    assert_exactly_once(&bootstrap, &topics, &events, &format!("{KILLS} SIGKILLs"));
     assert!(relay.is_running(), "the last relay is still running");
     schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(60)).await;
+    if exactly_once {
+        // The slot moves only after a commit: the last relay committed what it confirmed.
+        let committed = relay
+            .wait_metric_at_least("outboxd_kafka_transactions_committed_total", 1.0)
+            .await;
+        let timed = relay
+            .metric("outboxd_kafka_transaction_commit_seconds_count")
+            .unwrap_or(0.0);
+        assert!(
+            timed >= committed,
+            "every commit is timed: {timed} of {committed}"
+        );
+    }
     println!("eos crash test took {:.1?}", started.elapsed());
 }
 
@@ -340,9 +388,20 @@ async fn a_transaction_longer_than_the_kafka_timeout_is_split() {
         },
     )
     .await;
+    // Counted as a split (by the relay that committed it), and as a commit.
+    let splits = relay
+        .wait_metric_at_least("outboxd_kafka_transactions_split_total", 1.0)
+        .await;
+    let commits = relay
+        .metric("outboxd_kafka_transactions_committed_total")
+        .unwrap_or(0.0);
+    assert!(
+        commits >= splits,
+        "{commits} commits, {splits} of them split"
+    );
     relay.kill();
     relay.restart();
-    println!("split: killed after a commit of {partial} leading rows of {ROWS}");
+    println!("split: killed after a commit of {partial} leading rows of {ROWS} ({splits} splits)");
     assert_exactly_once(&bootstrap, &topics, &events, "split transaction");
     relay.kill();
 }
@@ -711,17 +770,26 @@ async fn stopped_past_the_transaction_timeout(name: &str, past_wal_sender_timeou
         relay.metric("outboxd_reconnects_total").unwrap_or(0.0) >= 1.0,
         "the relay started a new session"
     );
+    let expired = relay
+        .metric_series("outboxd_kafka_transactions_aborted_total{cause=\"expired\"}")
+        .unwrap_or(0.0);
+    assert!(
+        expired >= 1.0,
+        "the broker's abort is counted as expired: {expired}"
+    );
     assert!(relay.is_running(), "{}", relay.log_text());
     relay.kill();
 }
 
 /// Issue 31's largest shape: one PostgreSQL transaction of 1,000,000 rows under
-/// exactly-once, longer than `transaction.timeout.ms` (1 s here, so split every 0.5 s:
-/// with 10 s the relay read and acked all of it within the 5 s before a split), the
-/// relay killed (kill -9) after a commit inside it and restarted: every row exactly once.
-/// A measurement for docs/transactional-mode.md (~3 min), not part of the suite's run.
+/// exactly-once, longer than `transaction.timeout.ms` (1 s here, so split every 0.5 s),
+/// the relay killed (kill -9) after a commit inside it and restarted: every row exactly
+/// once. Long by construction, whatever the machine: at most 10,000 records in flight,
+/// each lingering 50 ms, relay at most 200,000 rows a second, so the transaction takes 5 s
+/// or more to relay and its partial records are the newest for seconds after the first
+/// split (with the defaults, 30,000 in flight lingering 5 ms, a fast machine could relay
+/// it whole between two looks at the record).
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "a measurement (~3 min): run with --ignored"]
 async fn a_million_row_transaction_is_split_and_resumed_exactly_once() {
     const ROWS: usize = 1_000_000;
     let broker = Broker::default_for_tests();
@@ -741,6 +809,8 @@ async fn a_million_row_transaction_is_split_and_resumed_exactly_once() {
             &[
                 EXACTLY_ONCE,
                 ("OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS", "1000"),
+                ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "10000"),
+                ("OUTBOXD_KAFKA_LINGER_MS", "50"),
                 ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
             ],
         ),
@@ -762,14 +832,22 @@ async fn a_million_row_transaction_is_split_and_resumed_exactly_once() {
         },
     )
     .await;
+    let splits = relay
+        .wait_metric_at_least("outboxd_kafka_transactions_split_total", 1.0)
+        .await;
     relay.kill();
     relay.restart();
     let wal = schema::current_wal_lsn(&db).await;
     schema::wait_confirmed_at_least(&db, wal, Duration::from_secs(600)).await;
+    let confirmed = started.elapsed();
+    // The restarted relay split the rest too: it resumed inside the transaction.
+    let splits_after = relay
+        .wait_metric_at_least("outboxd_kafka_transactions_split_total", 1.0)
+        .await;
+    assert_exactly_once(&bootstrap, &topics, &events, "million");
     println!(
-        "million: inserted in {inserted:.1?}; killed after a commit of {partial} leading rows; confirmed {:.1?} after the insert began; peak RSS not measured here",
+        "million: inserted in {inserted:.1?}; killed after a commit of {partial} leading rows ({splits} splits), {splits_after} splits after the restart; confirmed {confirmed:.1?} after the insert began; test {:.1?}",
         started.elapsed()
     );
-    assert_exactly_once(&bootstrap, &topics, &events, "million");
     relay.kill();
 }

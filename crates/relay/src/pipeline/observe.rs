@@ -7,7 +7,7 @@ use outbox_core::RowErrorKind;
 use pgoutput::Lsn;
 
 use super::slot::SlotStats;
-use crate::telemetry::{Health, Metrics, SlotWalStatus};
+use crate::telemetry::{Health, Metrics, SlotWalStatus, TxnAbortCause};
 
 #[derive(Clone)]
 pub struct Observer {
@@ -134,6 +134,15 @@ impl Observer {
         self.metrics
             .set_kafka_brokers_up(u64::try_from(n).unwrap_or(u64::MAX));
         self.health.set_kafka_reachable(n > 0);
+    }
+
+    /// A Kafka transaction committed in `took`; `split`: inside a PostgreSQL transaction.
+    pub(super) fn kafka_txn_committed(&self, took: Duration, split: bool) {
+        self.metrics.observe_kafka_txn_commit(took, split);
+    }
+
+    pub(super) fn kafka_txn_aborted(&self, cause: TxnAbortCause) {
+        self.metrics.inc_kafka_txn_aborted(cause);
     }
 
     pub(super) fn delivery_error(&self) {

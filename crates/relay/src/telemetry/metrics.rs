@@ -75,6 +75,30 @@ impl SlotWalStatus {
     }
 }
 
+/// Why the exactly-once mode's open Kafka transaction ended without a commit (its records
+/// are never visible to `read_committed` consumers; the next session publishes them again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TxnAbortCause {
+    /// librdkafka asked for the abort (a failed produce, acks not in by the deadline).
+    Abortable,
+    /// The session ended for another reason (PostgreSQL, a delivery error, a shutdown).
+    Restart,
+    /// The broker aborted it, open longer than `transaction.timeout.ms`.
+    Expired,
+}
+
+impl TxnAbortCause {
+    pub const ALL: [Self; 3] = [Self::Abortable, Self::Restart, Self::Expired];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Abortable => "abortable",
+            Self::Restart => "restart",
+            Self::Expired => "expired",
+        }
+    }
+}
+
 /// All relay metrics. Counters only go up; gauges are overwritten by their owner.
 #[derive(Debug)]
 pub struct Metrics {
@@ -118,6 +142,11 @@ pub struct Metrics {
     standby: AtomicBool,
     producer_healthy: AtomicBool,
     commit_to_ack: Histogram,
+    kafka_txn_committed: AtomicU64,
+    /// Commits inside one PostgreSQL transaction (open half of `transaction.timeout.ms`).
+    kafka_txn_split: AtomicU64,
+    kafka_txn_aborted: [AtomicU64; TxnAbortCause::ALL.len()],
+    kafka_txn_commit: Histogram,
     /// Inserts into published relations that are not the outbox table, by relation:
     /// "published 0" with rows arriving here is a configuration mistake to see at once.
     /// Updated in batches from the session's tick, so the lock is off the hot path.
@@ -161,6 +190,10 @@ impl Default for Metrics {
             standby: AtomicBool::new(false),
             producer_healthy: AtomicBool::new(false),
             commit_to_ack: Histogram::default(),
+            kafka_txn_committed: AtomicU64::new(0),
+            kafka_txn_split: AtomicU64::new(0),
+            kafka_txn_aborted: Default::default(),
+            kafka_txn_commit: Histogram::default(),
             ignored_rows: Mutex::new(BTreeMap::new()),
         }
     }
@@ -219,6 +252,14 @@ pub struct MetricsSnapshot {
     pub standby: bool,
     pub producer_healthy: bool,
     pub commit_to_ack: HistogramSnapshot,
+    /// Kafka transactions committed (exactly-once mode), split ones included.
+    pub kafka_txn_committed_total: u64,
+    /// Commits inside one PostgreSQL transaction, which ran longer than half of
+    /// `transaction.timeout.ms`.
+    pub kafka_txn_split_total: u64,
+    pub kafka_txn_aborted_total: Vec<(TxnAbortCause, u64)>,
+    /// From the decision to commit to `commit_transaction`'s OK.
+    pub kafka_txn_commit: HistogramSnapshot,
     /// `(schema.relation, inserts)` for published relations that are not the outbox.
     pub ignored_rows_total: Vec<(String, u64)>,
 }
@@ -398,6 +439,26 @@ impl Metrics {
         self.commit_to_ack.observe(latency);
     }
 
+    /// A Kafka transaction committed in `took` (the wait for its acks, the look at the
+    /// publication, the progress record and `EndTxn`); `split`: inside a PostgreSQL one.
+    pub fn observe_kafka_txn_commit(&self, took: Duration, split: bool) {
+        add(&self.kafka_txn_committed, 1);
+        if split {
+            add(&self.kafka_txn_split, 1);
+        }
+        self.kafka_txn_commit.observe(took);
+    }
+
+    pub fn inc_kafka_txn_aborted(&self, cause: TxnAbortCause) {
+        if let Some(c) = TxnAbortCause::ALL
+            .iter()
+            .position(|k| *k == cause)
+            .and_then(|i| self.kafka_txn_aborted.get(i))
+        {
+            add(c, 1);
+        }
+    }
+
     pub fn snapshot(&self, now: SystemTime) -> MetricsSnapshot {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let oldest = load(&self.oldest_unacked_unix_micros);
@@ -449,6 +510,14 @@ impl Metrics {
             standby: self.standby.load(Ordering::Relaxed),
             producer_healthy: self.producer_healthy.load(Ordering::Relaxed),
             commit_to_ack: self.commit_to_ack.snapshot(),
+            kafka_txn_committed_total: load(&self.kafka_txn_committed),
+            kafka_txn_split_total: load(&self.kafka_txn_split),
+            kafka_txn_aborted_total: TxnAbortCause::ALL
+                .into_iter()
+                .zip(&self.kafka_txn_aborted)
+                .map(|(cause, n)| (cause, load(n)))
+                .collect(),
+            kafka_txn_commit: self.kafka_txn_commit.snapshot(),
             ignored_rows_total: self
                 .ignored_rows
                 .lock()
@@ -543,5 +612,32 @@ mod tests {
         assert_eq!((s.in_flight_messages, s.in_flight_bytes), (7, 700));
         assert_eq!(s.slot_wal_status, SlotWalStatus::Extended);
         assert!(!s.replication_connected && !s.producer_healthy);
+    }
+
+    #[test]
+    fn kafka_transactions_count_commits_splits_and_aborts_by_cause() {
+        let m = Metrics::new();
+        m.observe_kafka_txn_commit(Duration::from_millis(30), false);
+        m.observe_kafka_txn_commit(Duration::from_millis(400), true);
+        m.inc_kafka_txn_aborted(TxnAbortCause::Restart);
+        m.inc_kafka_txn_aborted(TxnAbortCause::Restart);
+        m.inc_kafka_txn_aborted(TxnAbortCause::Expired);
+        let s = m.snapshot(SystemTime::now());
+        assert_eq!(
+            (s.kafka_txn_committed_total, s.kafka_txn_split_total),
+            (2, 1)
+        );
+        assert_eq!(
+            s.kafka_txn_aborted_total,
+            vec![
+                (TxnAbortCause::Abortable, 0),
+                (TxnAbortCause::Restart, 2),
+                (TxnAbortCause::Expired, 1)
+            ]
+        );
+        assert_eq!(
+            (s.kafka_txn_commit.count, s.kafka_txn_commit.sum_micros),
+            (2, 430_000)
+        );
     }
 }

@@ -19,7 +19,7 @@ mod render;
 pub use health::Health;
 pub use histogram::{Histogram, HistogramSnapshot};
 pub use http::serve_http;
-pub use metrics::{Metrics, MetricsSnapshot, SlotWalStatus};
+pub use metrics::{Metrics, MetricsSnapshot, SlotWalStatus, TxnAbortCause};
 pub use process::ProcessSnapshot;
 pub use relays::{Monitored, Telemetry};
 pub use render::{render, render_all, PROMETHEUS_CONTENT_TYPE};

@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use super::histogram::HistogramSnapshot;
 use super::metrics::{MetricsSnapshot, SlotWalStatus};
 
 /// `Content-Type` of [`super::Telemetry::render_prometheus`]'s output.
@@ -289,22 +290,47 @@ pub fn render_all(relays: &[(Option<u32>, &MetricsSnapshot)]) -> String {
         |s| u64::from(s.producer_healthy),
     );
 
-    out.header(
+    out.histogram(
+        relays,
         "commit_to_ack_seconds",
-        "histogram",
         "Time from PostgreSQL commit to Kafka acknowledgement.",
+        |s| &s.commit_to_ack,
+    );
+    // The exactly-once mode's Kafka transactions (all zero in at-least-once mode).
+    out.single(
+        relays,
+        "kafka_transactions_committed_total",
+        "counter",
+        "Kafka transactions committed (OUTBOXD_DELIVERY=exactly-once), split ones included.",
+        |s| s.kafka_txn_committed_total,
+    );
+    out.single(
+        relays,
+        "kafka_transactions_split_total",
+        "counter",
+        "Kafka transactions committed inside one PostgreSQL transaction, because it was open longer than half of transaction.timeout.ms: a read_committed consumer sees that PostgreSQL transaction in parts.",
+        |s| s.kafka_txn_split_total,
+    );
+    out.header(
+        "kafka_transactions_aborted_total",
+        "counter",
+        "Kafka transactions that ended without a commit, by cause: abortable = librdkafka asked for it (a failed produce, acks too slow for transaction.timeout.ms), restart = the session ended for another reason, expired = the broker aborted it, open longer than transaction.timeout.ms (outboxd stalled). Their events are published again from the slot.",
     );
     out.each(relays, |out, s| {
-        let h = &s.commit_to_ack;
-        for (le, n) in &h.cumulative {
-            out.sample("commit_to_ack_seconds_bucket", Some(("le", le)), *n);
+        for (cause, n) in &s.kafka_txn_aborted_total {
+            out.sample(
+                "kafka_transactions_aborted_total",
+                Some(("cause", cause.as_str())),
+                *n,
+            );
         }
-        out.raw_sample(
-            "commit_to_ack_seconds_sum",
-            &micros_as_seconds(h.sum_micros),
-        );
-        out.sample("commit_to_ack_seconds_count", None, h.count);
     });
+    out.histogram(
+        relays,
+        "kafka_transaction_commit_seconds",
+        "Time a Kafka transaction's commit took: the wait for its last acks, a look at the publication, the progress record and EndTxn.",
+        |s| &s.kafka_txn_commit,
+    );
     out.text
 }
 
@@ -399,6 +425,29 @@ impl Text {
         };
     }
 
+    fn histogram(
+        &mut self,
+        relays: &[(Option<u32>, &MetricsSnapshot)],
+        name: &str,
+        help: &str,
+        histogram: impl Fn(&MetricsSnapshot) -> &HistogramSnapshot,
+    ) {
+        self.header(name, "histogram", help);
+        let (bucket, sum, count) = (
+            format!("{name}_bucket"),
+            format!("{name}_sum"),
+            format!("{name}_count"),
+        );
+        self.each(relays, |out, s| {
+            let h = histogram(s);
+            for (le, n) in &h.cumulative {
+                out.sample(&bucket, Some(("le", le)), *n);
+            }
+            out.raw_sample(&sum, &micros_as_seconds(h.sum_micros));
+            out.sample(&count, None, h.count);
+        });
+    }
+
     fn single(
         &mut self,
         relays: &[(Option<u32>, &MetricsSnapshot)],
@@ -463,6 +512,8 @@ mod tests {
         m.set_replication_connected(true);
         m.observe_commit_to_ack(Duration::from_millis(3));
         m.observe_commit_to_ack(Duration::from_millis(1500));
+        m.observe_kafka_txn_commit(Duration::from_millis(40), true);
+        m.inc_kafka_txn_aborted(super::super::TxnAbortCause::Abortable);
         let t0 = UNIX_EPOCH + Duration::from_secs(1_000);
         m.set_oldest_unacked(Some(t0));
         let text = render(&m.snapshot(t0 + Duration::from_millis(2250)));
@@ -488,6 +539,16 @@ mod tests {
             "outboxd_commit_to_ack_seconds_bucket{le=\"+Inf\"} 2",
             "outboxd_commit_to_ack_seconds_sum 1.503",
             "outboxd_commit_to_ack_seconds_count 2",
+            "# TYPE outboxd_kafka_transactions_committed_total counter",
+            "outboxd_kafka_transactions_committed_total 1",
+            "outboxd_kafka_transactions_split_total 1",
+            "outboxd_kafka_transactions_aborted_total{cause=\"abortable\"} 1",
+            "outboxd_kafka_transactions_aborted_total{cause=\"restart\"} 0",
+            "# TYPE outboxd_kafka_transaction_commit_seconds histogram",
+            "outboxd_kafka_transaction_commit_seconds_bucket{le=\"0.025\"} 0",
+            "outboxd_kafka_transaction_commit_seconds_bucket{le=\"0.05\"} 1",
+            "outboxd_kafka_transaction_commit_seconds_sum 0.04",
+            "outboxd_kafka_transaction_commit_seconds_count 1",
         ] {
             assert!(
                 text.lines().any(|l| l == line),
@@ -501,7 +562,7 @@ mod tests {
                 .iter()
                 .find_map(|s| {
                     name.strip_suffix(s)
-                        .filter(|_| name.starts_with("outboxd_commit"))
+                        .filter(|f| text.contains(&format!("# TYPE {f} histogram")))
                 })
                 .unwrap_or(name);
             assert!(text.contains(&format!("# TYPE {family} ")), "{line}");

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::{bounded, channel_closed, Session, ABORT_TIMEOUT, COMMIT_ATTEMPTS, PROGRESS_TICKET};
 use crate::kafka::TxnError;
 use crate::pipeline::error::RelayError;
+use crate::telemetry::TxnAbortCause;
 
 /// The exactly-once mode's Kafka transaction. Nothing is confirmed to PostgreSQL while
 /// one is open: the slot moves only after `commit_transaction` returned OK.
@@ -122,6 +123,7 @@ impl Session<'_> {
         // it from now: past it the broker aborts the transaction itself.
         let deadline = tokio::time::Instant::from_std(deadline);
         let began = Instant::now();
+        let split = self.core.in_transaction();
         if let Some(txn) = self.txn.as_mut() {
             txn.last_commit = Some(began);
         }
@@ -185,6 +187,7 @@ impl Session<'_> {
                 Err(e) => return Err(RelayError::Transaction(e)),
             }
         }
+        self.obs.kafka_txn_committed(began.elapsed(), split);
         if let Some(txn) = self.txn.as_mut() {
             // Where a commit's time goes (what this mode's latency is made of).
             tracing::debug!(
@@ -222,13 +225,29 @@ impl Session<'_> {
         if let Some(txn) = self.txn.as_mut() {
             txn.age_at_abort = txn.open_since.take().map(|since| since.elapsed());
         }
+        // Not counted when fenced: the process exits, or `judge_fence` finds it expired.
+        let cause = match e {
+            RelayError::Transaction(TxnError::Abortable(_)) => Some(TxnAbortCause::Abortable),
+            RelayError::Transaction(TxnError::Fenced(_)) => None,
+            _ => Some(TxnAbortCause::Restart),
+        };
+        let count = |obs: &super::Observer| {
+            if let Some(cause) = cause {
+                obs.kafka_txn_aborted(cause);
+            }
+        };
         match self.producer.abort_transaction(ABORT_TIMEOUT).await {
-            Ok(()) => e,
+            Ok(()) => {
+                count(self.obs);
+                e
+            }
             Err(fatal @ (TxnError::Fenced(_) | TxnError::Fatal(_))) => {
                 tracing::error!("{e}");
                 RelayError::Transaction(fatal)
             }
             Err(why) => {
+                // Aborted all the same, by the next start's `init_transactions`.
+                count(self.obs);
                 tracing::warn!("aborting the Kafka transaction: {why}; the next start aborts it");
                 e
             }
@@ -271,6 +290,7 @@ impl Session<'_> {
         };
         match holder {
             Ok(Some(pid)) if Some(pid) == walsender => {
+                self.obs.kafka_txn_aborted(TxnAbortCause::Expired);
                 RelayError::Transaction(TxnError::Expired(why))
             }
             // Nobody: PostgreSQL ended this session's walsender too (stopped past
