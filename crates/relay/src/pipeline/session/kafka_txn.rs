@@ -288,17 +288,20 @@ impl Session<'_> {
             }
             None => Ok(None),
         };
-        match holder {
-            Ok(Some(pid)) if Some(pid) == walsender => {
-                self.obs.kafka_txn_aborted(TxnAbortCause::Expired);
-                RelayError::Transaction(TxnError::Expired(why))
-            }
-            // Nobody: PostgreSQL ended this session's walsender too (stopped past
-            // wal_sender_timeout). An instance of this server that took over since and
-            // left has recorded what it delivered, and the next session reads that
-            // record with a new epoch, as after any restart.
-            Ok(None) if walsender.is_some() => RelayError::Transaction(TxnError::Expired(why)),
-            _ => RelayError::Transaction(TxnError::Fenced(why)),
+        // Held by nobody: PostgreSQL ended this session's walsender too (stopped past
+        // wal_sender_timeout). An instance of this server that took over since and left
+        // has recorded what it delivered, and the next session reads that record with a
+        // new epoch, as after any restart.
+        let ours = match holder {
+            Ok(Some(pid)) => Some(pid) == walsender,
+            Ok(None) => walsender.is_some(),
+            Err(_) => false,
+        };
+        if ours {
+            self.obs.kafka_txn_aborted(TxnAbortCause::Expired);
+            RelayError::Transaction(TxnError::Expired(why))
+        } else {
+            RelayError::Transaction(TxnError::Fenced(why))
         }
     }
 }
