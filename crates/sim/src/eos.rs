@@ -582,6 +582,7 @@ impl Eos {
     }
 
     fn judged(&mut self, i: usize, s: &Session, e: TxnError) -> Result<(), Violation> {
+        let fence = matches!(e, TxnError::Fenced(_));
         let e = match e {
             TxnError::Fenced(why) => s
                 .txn
@@ -590,6 +591,13 @@ impl Eos {
         };
         if self.trace {
             eprintln!("  instance {i}'s session ended: {e}");
+        }
+        // The broker knows why the epoch ended: another instance's `init_transactions`
+        // fences a zombie, which must stop, whatever it made of it.
+        if fence && e.next() != TxnNext::Stop && self.broker.taken_over.contains(&s.epoch) {
+            return Err(Violation(format!(
+                "exactly-once: instance {i}, fenced by another's takeover, goes on ({e})"
+            )));
         }
         if self.holder == Some(i) {
             self.holder = None;
