@@ -592,9 +592,10 @@ impl Eos {
         if self.trace {
             eprintln!("  instance {i}'s session ended: {e}");
         }
-        // The broker knows why the epoch ended: another instance's `init_transactions`
-        // fences a zombie, which must stop, whatever it made of it.
-        if fence && e.next() != TxnNext::Stop && self.broker.taken_over.contains(&s.epoch) {
+        // The broker knows whether another instance registered since this session did
+        // (only a slot holder does): then the fence is a takeover, and this zombie must
+        // stop, whatever it made of it (its own transaction may have expired first).
+        if fence && e.next() != TxnNext::Stop && self.broker.last_init > s.epoch {
             return Err(Violation(format!(
                 "exactly-once: instance {i}, fenced by another's takeover, goes on ({e})"
             )));

@@ -41,17 +41,19 @@ pub(crate) struct Broker {
     /// A produce request of a committed transaction, still on its way, and the epoch of
     /// the producer that sent it.
     pub late: Option<(u64, Option<Written>)>,
-    /// Epochs another producer's `init_transactions` ended (not the broker's expiry).
-    pub taken_over: HashSet<u64>,
+    /// The epoch the newest `init_transactions` began: a producer of an older epoch has
+    /// been taken over by another (the broker's expiry also ends epochs, but begins none
+    /// that a producer holds).
+    pub last_init: u64,
 }
 
 impl Broker {
     /// A new producer registers: the epoch moves on and the open transaction is aborted.
     pub fn init_transactions(&mut self) -> u64 {
         self.abort_open();
-        self.taken_over.insert(self.epoch);
         self.epoch += 1;
         self.late = None;
+        self.last_init = self.epoch;
         self.epoch
     }
 
