@@ -49,7 +49,7 @@
 //!   source passed in by the relay.
 //! - **Binary values** ([`binary`]): whether a session may ask pgoutput for binary
 //!   column values, which decode to the same bytes as the text form.
-//! //! - **Exactly-once** ([`kafka_txn`]): [`KafkaTxnCore`] says when a Kafka transaction
+//! - **Exactly-once** ([`kafka_txn`]): [`KafkaTxnCore`] says when a Kafka transaction
 //!   commits or splits, when the slot may move, and what each error class leads to.
 //! - Every error type has a [`ErrorClass`] (permanent or retryable) decided in one place.
 
