@@ -49,6 +49,8 @@
 //!   source passed in by the relay.
 //! - **Binary values** ([`binary`]): whether a session may ask pgoutput for binary
 //!   column values, which decode to the same bytes as the text form.
+//! - **Exactly-once** ([`kafka_txn`]): [`KafkaTxnCore`] says when a Kafka transaction
+//!   commits or splits, when the slot may move, and what each error class leads to.
 //! - Every error type has a [`ErrorClass`] (permanent or retryable) decided in one place.
 
 pub mod ack;
@@ -61,6 +63,7 @@ pub mod emit;
 pub mod error;
 pub mod inflight;
 mod json;
+pub mod kafka_txn;
 pub mod ledger;
 pub mod mapping;
 pub mod pgtype;
@@ -85,6 +88,7 @@ pub use error::{
     TopicNameProblem,
 };
 pub use inflight::InFlightEntry;
+pub use kafka_txn::{CommitStep, KafkaTxnCore, TxnError, TxnNext, TxnRules};
 pub use ledger::{InFlightLedger, Outcome, Outgoing, Ticket};
 pub use mapping::{BoundTable, OutboxColumns, TableSpec};
 pub use record::{

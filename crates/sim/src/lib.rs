@@ -10,11 +10,15 @@
 //! messages built from seeded histories.
 
 mod checks;
+mod eos;
+mod eos_broker;
 mod faults;
 mod life;
 mod model;
 
 use std::collections::HashSet;
+
+pub use eos::{run_exactly_once, EosStats};
 
 use outbox_core::{Doubt, ReplayStart, SessionError};
 use pgoutput::Lsn;

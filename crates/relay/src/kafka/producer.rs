@@ -68,59 +68,35 @@ pub struct FlushError {
     pub code: RDKafkaErrorCode,
 }
 
-/// A Kafka transaction call's failure, in librdkafka's classes: what the caller may do next.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TxnError {
-    /// Call the same method again: librdkafka goes on with it in the background (a commit
-    /// whose outcome is not known yet must never be aborted).
-    #[error("Kafka transaction call did not complete: {0}")]
-    Retriable(String),
-    /// Abort the transaction and resume from the progress record.
-    #[error("Kafka transaction failed and must be aborted: {0}")]
-    Abortable(String),
-    /// The broker refused this producer's epoch, and this instance no longer holds the
-    /// slot: another instance with the same transactional.id (the slot's) took over.
-    /// librdkafka says fenced for [`TxnError::Expired`] too; the session tells them apart.
-    #[error("fenced: another outboxd instance took over this slot's Kafka transactions ({0}); this instance stopped without committing anything more. Run only one active instance per slot (the standby waits for the slot): nothing is lost, the instance that holds the slot publishes what this one did not commit")]
-    Fenced(String),
-    /// The broker itself aborted this instance's transaction, open longer than
-    /// `transaction.timeout.ms`, and ended the producer's epoch (KIP-588): librdkafka
-    /// reports that as fenced, but the slot is still this instance's, so nobody else
-    /// called `init_transactions`. A new producer resumes from the progress record.
-    #[error("the Kafka broker aborted this instance's transaction: it was open longer than transaction.timeout.ms (OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS), most likely because outboxd was stopped or starved of CPU meanwhile, and librdkafka reports that as fenced ({0}). No other instance holds the slot: resuming from the progress record with a new producer, nothing of the aborted transaction was confirmed. If this repeats, find what stalls outboxd, or raise OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS (the broker caps it at transaction.max.timeout.ms)")]
-    Expired(String),
-    #[error("the transactional Kafka producer failed fatally: {0}")]
-    Fatal(String),
-}
+pub use outbox_core::TxnError;
 
-impl TxnError {
-    fn of(error: &KafkaError) -> Self {
-        match error {
-            KafkaError::Transaction(e) => {
-                let text = format!("{} ({:?}): {}", e.name(), e.code(), e.string());
-                let fenced = matches!(
-                    e.code(),
-                    RDKafkaErrorCode::Fenced
-                        | RDKafkaErrorCode::ProducerFenced
-                        | RDKafkaErrorCode::InvalidProducerEpoch
-                );
-                if fenced {
-                    TxnError::Fenced(text)
-                } else if e.is_fatal() {
-                    TxnError::Fatal(text)
-                } else if e.txn_requires_abort() {
-                    TxnError::Abortable(text)
-                } else if e.is_retriable() {
-                    TxnError::Retriable(text)
-                } else {
-                    // A state error: a bug here, which a fresh producer clears.
-                    TxnError::Abortable(text)
-                }
+/// librdkafka's error class of a transaction call's failure.
+fn txn_error(error: &KafkaError) -> TxnError {
+    match error {
+        KafkaError::Transaction(e) => {
+            let text = format!("{} ({:?}): {}", e.name(), e.code(), e.string());
+            let fenced = matches!(
+                e.code(),
+                RDKafkaErrorCode::Fenced
+                    | RDKafkaErrorCode::ProducerFenced
+                    | RDKafkaErrorCode::InvalidProducerEpoch
+            );
+            if fenced {
+                TxnError::Fenced(text)
+            } else if e.is_fatal() {
+                TxnError::Fatal(text)
+            } else if e.txn_requires_abort() {
+                TxnError::Abortable(text)
+            } else if e.is_retriable() {
+                TxnError::Retriable(text)
+            } else {
+                // A state error: a bug here, which a fresh producer clears.
+                TxnError::Abortable(text)
             }
-            // The flush before a commit timed out: the commit itself was not tried.
-            KafkaError::Flush(code) => TxnError::Retriable(format!("flush: {code} ({code:?})")),
-            other => TxnError::Abortable(other.to_string()),
         }
+        // The flush before a commit timed out: the commit itself was not tried.
+        KafkaError::Flush(code) => TxnError::Retriable(format!("flush: {code} ({code:?})")),
+        other => TxnError::Abortable(other.to_string()),
     }
 }
 
@@ -347,12 +323,12 @@ impl RelayProducer {
         tokio::task::spawn_blocking(move || inner.init_transactions(timeout))
             .await
             .map_err(|e| TxnError::Fatal(format!("init_transactions task failed: {e}")))?
-            .map_err(|e| TxnError::of(&e))
+            .map_err(|e| txn_error(&e))
     }
 
     /// Begins a Kafka transaction (local: no request).
     pub fn begin_transaction(&self) -> Result<(), TxnError> {
-        self.inner.begin_transaction().map_err(|e| TxnError::of(&e))
+        self.inner.begin_transaction().map_err(|e| txn_error(&e))
     }
 
     /// Flushes and commits the open transaction. Runs off the runtime's thread. Call it
@@ -370,7 +346,7 @@ impl RelayProducer {
         })
         .await
         .map_err(|e| TxnError::Fatal(format!("commit_transaction task failed: {e}")))?
-        .map_err(|e| TxnError::of(&e))
+        .map_err(|e| txn_error(&e))
     }
 
     /// Aborts the open transaction. Runs off the runtime's thread.
@@ -379,7 +355,7 @@ impl RelayProducer {
         tokio::task::spawn_blocking(move || inner.abort_transaction(timeout))
             .await
             .map_err(|e| TxnError::Fatal(format!("abort_transaction task failed: {e}")))?
-            .map_err(|e| TxnError::of(&e))
+            .map_err(|e| txn_error(&e))
     }
 
     /// Enqueues a keyed record for partition 0 of `topic` (the progress record's place,

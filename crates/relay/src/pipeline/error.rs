@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use outbox_core::{AckError, RowError, ShapeError};
+use outbox_core::{AckError, RowError, ShapeError, TxnNext};
 /// Permanent errors need an operator; retryable ones reconnect with backoff and resume
 /// from the slot.
 pub use pgoutput::ErrorClass;
@@ -167,7 +167,7 @@ pub enum RelayError {
     Send(#[from] SendError),
     /// Exactly-once mode: a Kafka transaction call failed.
     #[error("{0}")]
-    Transaction(TxnError),
+    Transaction(#[from] TxnError),
     #[error("replication protocol error: {0}")]
     Protocol(String),
     #[error("ack tracking error: {0}")]
@@ -262,10 +262,10 @@ impl RelayError {
             }
             E::Send(_) => (Permanent, None),
             // Fenced: another instance holds the slot and its transactions now.
-            E::Transaction(TxnError::Fenced(_) | TxnError::Fatal(_)) => (Permanent, None),
-            E::Transaction(
-                TxnError::Retriable(_) | TxnError::Abortable(_) | TxnError::Expired(_),
-            ) => (Retryable, None),
+            E::Transaction(t) => match t.next() {
+                TxnNext::Stop => (Permanent, None),
+                TxnNext::CallAgain | TxnNext::AbortAndResume => (Retryable, None),
+            },
             // A failover in progress: the address already points at a standby that is
             // about to be promoted.
             E::StreamClosed

@@ -15,8 +15,8 @@
 use std::time::{Duration, Instant};
 
 use outbox_core::{
-    After, Doubt, Observe, ReplayStart, RowError, Sent, SessionCore, SessionError, Skipped, Ticket,
-    TopicName, TxnId,
+    After, Doubt, KafkaTxnCore, Observe, ReplayStart, RowError, Sent, SessionCore, SessionError,
+    Skipped, Ticket, TopicName, TxnId, TxnRules,
 };
 use pgoutput::{LogicalMessage, PgTimestamp};
 use pgrepl::{preflight, FlushHandle, ReplicationEvent, ReplicationStream};
@@ -265,19 +265,18 @@ impl<'a> Session<'a> {
             failed_topic: None,
             binary: begin.binary,
             output_settings: begin.output_settings,
-            txn: cfg.producer.transactions.map(|settings| {
-                let timeout = cfg.producer.transaction_timeout();
-                kafka_txn::KafkaTxn {
-                    settings,
-                    split_after: timeout / 2,
-                    timeout,
-                    open_since: None,
-                    last_commit: None,
-                    age_at_abort: None,
-                    events: 0,
-                    confirmed: pgoutput::Lsn::ZERO,
-                }
-            }),
+            txn: cfg
+                .producer
+                .transactions
+                .map(|settings| kafka_txn::KafkaTxn {
+                    core: KafkaTxnCore::new(TxnRules {
+                        commit_every: settings.commit_every,
+                        commit_events: settings.commit_events,
+                        timeout: cfg.producer.transaction_timeout(),
+                        commit_attempts: COMMIT_ATTEMPTS,
+                    }),
+                    origin: Instant::now(),
+                }),
         }
     }
 
@@ -480,11 +479,7 @@ impl<'a> Session<'a> {
             }
             return;
         };
-        // With no Kafka transaction open, everything acked was committed (a session whose
-        // transaction failed ends): the rules' position is Kafka's.
-        let w = self.core.confirmed();
-        if txn.open_since.is_none() && w > txn.confirmed {
-            txn.confirmed = w;
+        if let Some(w) = txn.core.confirmable(self.core.confirmed()) {
             self.flush.advance(w);
             self.obs.confirmed(w);
         }
@@ -574,13 +569,9 @@ impl<'a> Session<'a> {
         ticket: Ticket,
     ) -> Result<Sent, RelayError> {
         if let Some(txn) = self.txn.as_mut() {
-            if txn.open_since.is_none() {
-                self.producer
-                    .begin_transaction()
-                    .map_err(RelayError::Transaction)?;
-                txn.open_since = Some(Instant::now());
+            if txn.core.on_send(txn.now()) {
+                self.producer.begin_transaction()?;
             }
-            txn.events += 1;
         }
         loop {
             match self.producer.send_outbox(rec, ticket.index()) {

@@ -5,58 +5,28 @@
 
 use std::time::{Duration, Instant};
 
-use super::{bounded, channel_closed, Session, ABORT_TIMEOUT, COMMIT_ATTEMPTS, PROGRESS_TICKET};
-use crate::kafka::TxnError;
+use outbox_core::{CommitStep, KafkaTxnCore, TxnError};
+
+use super::{bounded, channel_closed, Session, ABORT_TIMEOUT, PROGRESS_TICKET};
 use crate::pipeline::error::RelayError;
 use crate::telemetry::TxnAbortCause;
 
-/// The exactly-once mode's Kafka transaction. Nothing is confirmed to PostgreSQL while
-/// one is open: the slot moves only after `commit_transaction` returned OK.
+/// The exactly-once mode's Kafka transaction: its rules (`outbox_core::KafkaTxnCore`),
+/// and the clock they are given, as offsets from `origin`.
 pub(super) struct KafkaTxn {
-    pub(super) settings: crate::kafka::Transactions,
-    /// Commit even inside a PostgreSQL transaction once open this long: half of
-    /// `transaction.timeout.ms`, after which the broker would abort it.
-    pub(super) split_after: Duration,
-    pub(super) timeout: Duration,
-    /// When the open transaction began; `None`: none is open.
-    pub(super) open_since: Option<Instant>,
-    /// When the last commit began (see [`commit_due_at`]).
-    pub(super) last_commit: Option<Instant>,
-    pub(super) events: usize,
-    /// The position last passed on to the server.
-    pub(super) confirmed: pgoutput::Lsn,
-    /// How long the transaction the session aborted after failing had been open: the
-    /// broker expires only transactions open `timeout` or longer (see `judge_fence`).
-    pub(super) age_at_abort: Option<Duration>,
+    pub(super) core: KafkaTxnCore,
+    pub(super) origin: Instant,
 }
 
 impl KafkaTxn {
-    /// The open transaction's last moment to have everything of it acknowledged, or it is
-    /// aborted: `transaction.timeout.ms` after it opened, less a tenth for the commit.
-    fn acks_deadline(&self) -> Option<Instant> {
-        self.open_since
-            .map(|since| acks_deadline(since, self.timeout))
+    /// Now, as the rules count time.
+    pub(super) fn now(&self) -> Duration {
+        self.origin.elapsed()
     }
-}
 
-/// [`KafkaTxn::acks_deadline`] of a transaction opened at `since`. The broker's clock
-/// starts later (at its first `AddPartitionsToTxn`); the tenth left is for the look, the
-/// progress record and `EndTxn`, so that outboxd aborts before the broker does (which
-/// would bump the producer's epoch).
-fn acks_deadline(since: Instant, timeout: Duration) -> Instant {
-    since + timeout - timeout / 10
-}
-
-/// When a transaction opened at `since` is due to commit by time, at a PostgreSQL commit:
-/// `every` after the previous commit began, not after this transaction opened. Events
-/// that arrive during a commit open the next transaction only once it ends, and would
-/// otherwise wait that commit and a whole interval. Open at least half an interval,
-/// so that commits slower than `every` do not turn into a string of tiny ones.
-fn commit_due_at(since: Instant, last_commit: Option<Instant>, every: Duration) -> Instant {
-    let floor = since + every / 2;
-    match last_commit {
-        Some(last) => (last + every).max(floor),
-        None => since + every,
+    /// A time of the rules, as an instant.
+    fn at(&self, t: Duration) -> Instant {
+        self.origin + t
     }
 }
 
@@ -86,37 +56,26 @@ impl Session<'_> {
     /// PostgreSQL commit, or inside a transaction that long).
     pub(super) fn commit_at(&self) -> Option<Instant> {
         let txn = self.txn.as_ref()?;
-        let since = txn.open_since?;
-        // Never later than half the timeout after it opened, between PostgreSQL
-        // transactions too: an interval near `transaction.timeout.ms` would otherwise
-        // leave no time for the acks, and every commit would be aborted and replayed.
-        let split = since + txn.split_after;
-        Some(match self.core.in_transaction() {
-            false => commit_due_at(since, txn.last_commit, txn.settings.commit_every).min(split),
-            true => split,
-        })
+        let at = txn.core.commit_at(self.core.in_transaction())?;
+        Some(txn.at(at))
     }
 
-    /// Whether to commit now: at a PostgreSQL commit after the interval or event count,
-    /// or anywhere once the transaction nears `transaction.timeout.ms` (a PostgreSQL
-    /// transaction split over Kafka transactions, each ending with a partial record).
+    /// Whether to commit now (see `KafkaTxnCore::commit_due`).
     pub(super) fn commit_due(&self) -> bool {
-        let by_count = || {
-            self.txn.as_ref().is_some_and(|txn| {
-                txn.open_since.is_some() && txn.events >= txn.settings.commit_events
-            }) && !self.core.in_transaction()
-        };
-        self.commit_at().is_some_and(|at| Instant::now() >= at) || by_count()
+        self.txn
+            .as_ref()
+            .is_some_and(|txn| txn.core.commit_due(txn.now(), self.core.in_transaction()))
     }
 
     /// Commits the open Kafka transaction, its last record the progress record of what it
     /// holds, then confirms that to PostgreSQL.
     pub(super) async fn commit_kafka_txn(&mut self) -> Result<(), RelayError> {
-        let Some((timeout, deadline)) = self
-            .txn
-            .as_ref()
-            .and_then(|t| Some((t.timeout, t.acks_deadline()?)))
-        else {
+        let Some((timeout, deadline, opened)) = self.txn.as_mut().and_then(|t| {
+            let now = t.now();
+            let opened = t.core.open_for(now);
+            let deadline = t.core.begin_commit(now)?;
+            Some((t.core.rules().timeout, t.at(deadline), opened))
+        }) else {
             return Ok(());
         };
         // What is left of transaction.timeout.ms since the transaction opened, not all of
@@ -124,9 +83,6 @@ impl Session<'_> {
         let deadline = tokio::time::Instant::from_std(deadline);
         let began = Instant::now();
         let split = self.core.in_transaction();
-        if let Some(txn) = self.txn.as_mut() {
-            txn.last_commit = Some(began);
-        }
         let too_slow = |what: &str| {
             RelayError::Transaction(TxnError::Abortable(format!(
                 "{what} within transaction.timeout.ms ({timeout:?}, less a tenth for the commit) of the Kafka transaction's start: raise OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS, or find why Kafka acknowledges slowly"
@@ -177,93 +133,73 @@ impl Session<'_> {
         let recorded = Instant::now();
         let mut attempt = 1;
         loop {
-            match self.producer.commit_transaction(timeout).await {
-                Ok(()) => break,
-                // Never aborted: the commit may have happened.
-                Err(TxnError::Retriable(why)) if attempt < COMMIT_ATTEMPTS => {
+            let Err(e) = self.producer.commit_transaction(timeout).await else {
+                break;
+            };
+            let Some(txn) = self.txn.as_ref() else {
+                return Err(e.into());
+            };
+            match txn.core.after_commit_error(e, attempt) {
+                CommitStep::Again => {
                     attempt += 1;
-                    tracing::warn!(attempt, "committing the Kafka transaction again: {why}");
+                    tracing::warn!(attempt, "committing the Kafka transaction again");
                 }
-                Err(e) => return Err(RelayError::Transaction(e)),
+                CommitStep::Fail(e) => return Err(e.into()),
             }
         }
         self.obs.kafka_txn_committed(began.elapsed(), split);
-        if let Some(txn) = self.txn.as_mut() {
-            // Where a commit's time goes (what this mode's latency is made of).
-            tracing::debug!(
-                open = ?txn.open_since.map(|since| began - since),
-                events = txn.events,
-                acks = ?(acked - began),
-                look = ?(looked - acked),
-                record = ?(recorded - looked),
-                end_txn = ?recorded.elapsed(),
-                "committed the Kafka transaction"
-            );
-            txn.open_since = None;
-            txn.events = 0;
-        }
+        // Where a commit's time goes (what this mode's latency is made of).
+        tracing::debug!(
+            open = ?opened.map(|(open, _)| open),
+            events = opened.map_or(0, |(_, events)| events),
+            acks = ?(acked - began),
+            look = ?(looked - acked),
+            record = ?(recorded - looked),
+            end_txn = ?recorded.elapsed(),
+            "committed the Kafka transaction"
+        );
+        let committed = self
+            .txn
+            .as_mut()
+            .map_or(Ok(()), |t| t.core.committed(attempt));
         self.take_reports()?;
         self.obs.progress_recorded(record.confirmed_lsn());
         self.advance();
-        if attempt > 1 {
-            // librdkafka has no KIP-890 (transactions v2): after an EndTxn that timed out,
-            // a late request of the old transaction could land in the next one.
-            return Err(RelayError::Transaction(TxnError::Retriable(
-                "a Kafka commit had to be retried: starting over with a new producer".into(),
-            )));
-        }
-        Ok(())
+        Ok(committed?)
     }
 
     /// After the session failed: aborts an open Kafka transaction, so its records are
     /// never visible to read_committed consumers and the next start need not wait for it.
     /// A fenced producer makes that the session's error: another instance took over.
     pub(in crate::pipeline) async fn abort_open_txn(&mut self, e: RelayError) -> RelayError {
-        if self.txn.as_ref().is_none_or(|t| t.open_since.is_none()) {
+        if !self.txn.as_mut().is_some_and(|t| t.core.aborting(t.now())) {
             return e;
         }
-        if let Some(txn) = self.txn.as_mut() {
-            txn.age_at_abort = txn.open_since.take().map(|since| since.elapsed());
+        let abort = self.producer.abort_transaction(ABORT_TIMEOUT).await;
+        if let Err(why) = &abort {
+            tracing::warn!(
+                "aborting the Kafka transaction after {e}: {why}; the next start aborts it"
+            );
         }
         // Not counted when fenced: the process exits, or `judge_fence` finds it expired.
+        // A failed abort that is not fatal counts: the next start's `init_transactions`
+        // aborts it all the same.
         let cause = match e {
             RelayError::Transaction(TxnError::Abortable(_)) => Some(TxnAbortCause::Abortable),
             RelayError::Transaction(TxnError::Fenced(_)) => None,
             _ => Some(TxnAbortCause::Restart),
         };
-        let count = |obs: &super::Observer| {
-            if let Some(cause) = cause {
-                obs.kafka_txn_aborted(cause);
-            }
-        };
-        match self.producer.abort_transaction(ABORT_TIMEOUT).await {
-            Ok(()) => {
-                count(self.obs);
-                e
-            }
-            Err(fatal @ (TxnError::Fenced(_) | TxnError::Fatal(_))) => {
-                tracing::error!("{e}");
-                RelayError::Transaction(fatal)
-            }
-            Err(why) => {
-                // Aborted all the same, by the next start's `init_transactions`.
-                count(self.obs);
-                tracing::warn!("aborting the Kafka transaction: {why}; the next start aborts it");
-                e
-            }
+        if let Some(cause) = cause.filter(|_| {
+            !matches!(abort, Err(TxnError::Fenced(_) | TxnError::Fatal(_)))
+        }) {
+            self.obs.kafka_txn_aborted(cause);
         }
+        KafkaTxnCore::after_abort(e, abort)
     }
 
-    /// Tells a fenced producer from one whose transaction the broker aborted: both bump
-    /// the epoch, and librdkafka reports both as fenced. Only an instance holding the slot
-    /// calls `init_transactions`, so while `walsender` (this session's) still holds it, no
-    /// other instance of this server can have: the transaction expired, and the next
-    /// session resumes with a new producer. But an instance on another server of the same
-    /// system identifier (a promoted standby while the old primary still runs) shares the
-    /// transactional.id, so expiry also needs its evidence: the aborted transaction had
-    /// been open at least `transaction.timeout.ms`, the least the broker expires. Held by
-    /// no walsender (this one ended) counts as this one's. Held by another walsender,
-    /// younger, or in doubt: fenced.
+    /// Tells a fenced producer from one whose transaction the broker aborted
+    /// (`KafkaTxnCore::judge_fence`), asking PostgreSQL which walsender holds the slot:
+    /// this session's, or none (this one ended too), is this session's.
     pub(in crate::pipeline) async fn judge_fence(
         &self,
         e: RelayError,
@@ -272,13 +208,9 @@ impl Session<'_> {
         let RelayError::Transaction(TxnError::Fenced(why)) = e else {
             return e;
         };
-        let old_enough = self
-            .txn
-            .as_ref()
-            .is_some_and(|t| t.age_at_abort.is_some_and(|age| age >= t.timeout));
-        if !old_enough {
-            return RelayError::Transaction(TxnError::Fenced(why));
-        }
+        let Some(txn) = self.txn.as_ref().filter(|t| t.core.may_have_expired()) else {
+            return TxnError::Fenced(why).into();
+        };
         let holder = match walsender {
             Some(_) => {
                 bounded("reading which walsender holds the slot", async {
@@ -297,53 +229,10 @@ impl Session<'_> {
             Ok(None) => walsender.is_some(),
             Err(_) => false,
         };
-        if ours {
+        let judged = txn.core.judge_fence(why, ours);
+        if matches!(judged, TxnError::Expired(_)) {
             self.obs.kafka_txn_aborted(TxnAbortCause::Expired);
-            RelayError::Transaction(TxnError::Expired(why))
-        } else {
-            RelayError::Transaction(TxnError::Fenced(why))
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn acks_deadline_counts_from_the_transactions_start() {
-        let since = Instant::now();
-        let timeout = Duration::from_secs(60);
-        assert_eq!(
-            acks_deadline(since, timeout),
-            since + Duration::from_secs(54)
-        );
-        // Not from the commit: a transaction open 50 s has 4 s left, not 54.
-        let commit = since + Duration::from_secs(50);
-        assert_eq!(
-            acks_deadline(since, timeout).saturating_duration_since(commit),
-            Duration::from_secs(4)
-        );
-        let short = Duration::from_millis(1_000);
-        assert_eq!(
-            acks_deadline(since, short),
-            since + Duration::from_millis(900)
-        );
-    }
-
-    #[test]
-    fn commits_keep_their_cadence() {
-        let t = Instant::now();
-        let ms = Duration::from_millis;
-        let every = ms(100);
-        // The session's first transaction: an interval after it opened.
-        assert_eq!(commit_due_at(t, None, every), t + ms(100));
-        // Opened 20 ms after the last commit began (when it ended): 80 ms open, so
-        // events that came during that commit wait no longer than an interval.
-        assert_eq!(commit_due_at(t + ms(20), Some(t), every), t + ms(100));
-        // A commit slower than half an interval: the transaction stays open half of one.
-        assert_eq!(commit_due_at(t + ms(70), Some(t), every), t + ms(120));
-        // After a quiet spell: half an interval after it opened.
-        assert_eq!(commit_due_at(t + ms(5_000), Some(t), every), t + ms(5_050));
+        judged.into()
     }
 }

@@ -1,0 +1,391 @@
+//! The exactly-once mode's Kafka transactions, as rules without IO
+//! (docs/transactional-mode.md): when a transaction begins and commits (by time, by
+//! count, and split inside a PostgreSQL transaction as `transaction.timeout.ms` nears),
+//! how long its acks may take, what each class of librdkafka's errors leads to, when the
+//! slot may be confirmed, and telling another instance's fence from the broker's own
+//! abort of a transaction open too long. The relay's session makes the calls and awaits
+//! them; the simulator drives the same rules against a model broker.
+//!
+//! Times are offsets from an origin the caller picks (the relay: its process's start),
+//! so that the rules never read a clock.
+
+use std::time::Duration;
+
+use pgoutput::Lsn;
+
+/// A Kafka transaction call's failure, in librdkafka's classes: what the caller may do
+/// next is [`TxnError::next`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TxnError {
+    /// Call the same method again: librdkafka goes on with it in the background (a commit
+    /// whose outcome is not known yet must never be aborted).
+    #[error("Kafka transaction call did not complete: {0}")]
+    Retriable(String),
+    /// Abort the transaction and resume from the progress record.
+    #[error("Kafka transaction failed and must be aborted: {0}")]
+    Abortable(String),
+    /// The broker refused this producer's epoch, and this instance no longer holds the
+    /// slot: another instance with the same transactional.id (the slot's) took over.
+    /// librdkafka says fenced for [`TxnError::Expired`] too; [`KafkaTxnCore::judge_fence`]
+    /// tells them apart.
+    #[error("fenced: another outboxd instance took over this slot's Kafka transactions ({0}); this instance stopped without committing anything more. Run only one active instance per slot (the standby waits for the slot): nothing is lost, the instance that holds the slot publishes what this one did not commit")]
+    Fenced(String),
+    /// The broker itself aborted this instance's transaction, open longer than
+    /// `transaction.timeout.ms`, and ended the producer's epoch (KIP-588): librdkafka
+    /// reports that as fenced, but the slot is still this instance's, so nobody else
+    /// called `init_transactions`. A new producer resumes from the progress record.
+    #[error("the Kafka broker aborted this instance's transaction: it was open longer than transaction.timeout.ms (OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS), most likely because outboxd was stopped or starved of CPU meanwhile, and librdkafka reports that as fenced ({0}). No other instance holds the slot: resuming from the progress record with a new producer, nothing of the aborted transaction was confirmed. If this repeats, find what stalls outboxd, or raise OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS (the broker caps it at transaction.max.timeout.ms)")]
+    Expired(String),
+    #[error("the transactional Kafka producer failed fatally: {0}")]
+    Fatal(String),
+}
+
+/// What a [`TxnError`] leads to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxnNext {
+    /// The same call again (a commit: never aborted, it may have happened).
+    CallAgain,
+    /// Abort the transaction; the next session resumes from the progress record, with a
+    /// new producer.
+    AbortAndResume,
+    /// The process stops: another instance holds the slot, or the producer is broken.
+    Stop,
+}
+
+impl TxnError {
+    /// What this error leads to: the one place the classes are turned into actions.
+    pub fn next(&self) -> TxnNext {
+        match self {
+            TxnError::Retriable(_) => TxnNext::CallAgain,
+            TxnError::Abortable(_) | TxnError::Expired(_) => TxnNext::AbortAndResume,
+            TxnError::Fenced(_) | TxnError::Fatal(_) => TxnNext::Stop,
+        }
+    }
+}
+
+/// The settings the rules need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxnRules {
+    /// Commit at the first PostgreSQL commit this long after the previous commit began.
+    pub commit_every: Duration,
+    /// Or at the first PostgreSQL commit after this many events.
+    pub commit_events: usize,
+    /// `transaction.timeout.ms`: the broker aborts a transaction open longer.
+    pub timeout: Duration,
+    /// How often a commit whose outcome is unknown is made before the session gives up
+    /// (the next one's `init_transactions` settles it).
+    pub commit_attempts: u32,
+}
+
+/// What the caller does after a commit call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitStep {
+    /// Commit again: the outcome is unknown, so the transaction is never aborted.
+    Again,
+    /// The session ends with this error (then [`KafkaTxnCore::aborting`]).
+    Fail(TxnError),
+}
+
+/// One session's Kafka transaction. Nothing is confirmed to PostgreSQL while one is
+/// open: the slot moves only after `commit_transaction` returned OK.
+#[derive(Debug, Clone)]
+pub struct KafkaTxnCore {
+    rules: TxnRules,
+    /// When the open transaction began; `None`: none is open.
+    open_since: Option<Duration>,
+    /// When the last commit began (see [`commit_due_at`]).
+    last_commit: Option<Duration>,
+    events: usize,
+    /// The position last passed on to the server.
+    confirmed: Lsn,
+    /// How long the transaction the session aborted after failing had been open: the
+    /// broker expires only transactions open `timeout` or longer (see `judge_fence`).
+    age_at_abort: Option<Duration>,
+}
+
+impl KafkaTxnCore {
+    pub fn new(rules: TxnRules) -> Self {
+        KafkaTxnCore {
+            rules,
+            open_since: None,
+            last_commit: None,
+            events: 0,
+            confirmed: Lsn::ZERO,
+            age_at_abort: None,
+        }
+    }
+
+    pub fn rules(&self) -> TxnRules {
+        self.rules
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.open_since.is_some()
+    }
+
+    /// A record is about to be produced at `now`; true: begin a transaction first.
+    pub fn on_send(&mut self, now: Duration) -> bool {
+        let begin = self.open_since.is_none();
+        if begin {
+            self.open_since = Some(now);
+        }
+        self.events += 1;
+        begin
+    }
+
+    /// How long the open transaction has been open at `now`, and its events.
+    pub fn open_for(&self, now: Duration) -> Option<(Duration, usize)> {
+        self.open_since
+            .map(|since| (now.saturating_sub(since), self.events))
+    }
+
+    /// When the open transaction is due to commit by time (then at the next PostgreSQL
+    /// commit, or inside a PostgreSQL transaction, `in_pg_txn`, that long).
+    pub fn commit_at(&self, in_pg_txn: bool) -> Option<Duration> {
+        let since = self.open_since?;
+        // Never later than half the timeout after it opened, between PostgreSQL
+        // transactions too: an interval near `transaction.timeout.ms` would otherwise
+        // leave no time for the acks, and every commit would be aborted and replayed.
+        let split = since + self.rules.timeout / 2;
+        Some(match in_pg_txn {
+            false => commit_due_at(since, self.last_commit, self.rules.commit_every).min(split),
+            true => split,
+        })
+    }
+
+    /// Whether to commit at `now`: at a PostgreSQL commit after the interval or event
+    /// count, or anywhere once the transaction nears `transaction.timeout.ms` (a
+    /// PostgreSQL transaction split over Kafka transactions, each record naming the
+    /// leading rows delivered: the claim's partial).
+    pub fn commit_due(&self, now: Duration, in_pg_txn: bool) -> bool {
+        let by_count =
+            self.open_since.is_some() && self.events >= self.rules.commit_events && !in_pg_txn;
+        self.commit_at(in_pg_txn).is_some_and(|at| now >= at) || by_count
+    }
+
+    /// The open transaction's last moment to have everything of it acknowledged, or it is
+    /// aborted. The broker's clock starts later (at its first `AddPartitionsToTxn`); the
+    /// tenth left is for the look, the progress record and `EndTxn`, so that outboxd
+    /// aborts before the broker does (which would bump the producer's epoch).
+    pub fn acks_deadline(&self) -> Option<Duration> {
+        let timeout = self.rules.timeout;
+        self.open_since.map(|since| since + timeout - timeout / 10)
+    }
+
+    /// A commit begins at `now`: its acks deadline, or `None` when nothing is open.
+    pub fn begin_commit(&mut self, now: Duration) -> Option<Duration> {
+        let deadline = self.acks_deadline()?;
+        self.last_commit = Some(now);
+        Some(deadline)
+    }
+
+    /// `commit_transaction` failed on its `attempt`th call.
+    pub fn after_commit_error(&self, e: TxnError, attempt: u32) -> CommitStep {
+        match e.next() {
+            TxnNext::CallAgain if attempt < self.rules.commit_attempts => CommitStep::Again,
+            _ => CommitStep::Fail(e),
+        }
+    }
+
+    /// `commit_transaction` returned OK after `attempts` calls. An error still, after
+    /// more than one: librdkafka has no KIP-890 (transactions v2), so after an `EndTxn`
+    /// that timed out, a late request of the old transaction could land in the next one;
+    /// the next session goes on with a new producer.
+    pub fn committed(&mut self, attempts: u32) -> Result<(), TxnError> {
+        self.open_since = None;
+        self.events = 0;
+        match attempts > 1 {
+            true => Err(TxnError::Retriable(
+                "a Kafka commit had to be retried: starting over with a new producer".into(),
+            )),
+            false => Ok(()),
+        }
+    }
+
+    /// The position to pass on to the server, when it moved: the rules' confirmed
+    /// position `w`, only while no transaction is open (a session whose transaction
+    /// failed ends, so everything acked with none open was committed).
+    pub fn confirmable(&mut self, w: Lsn) -> Option<Lsn> {
+        (self.open_since.is_none() && w > self.confirmed).then(|| {
+            self.confirmed = w;
+            w
+        })
+    }
+
+    /// The session failed at `now`: true if a transaction is open and must be aborted
+    /// (its records never visible to read_committed consumers, and the next start need
+    /// not wait for it). Its age is kept for [`Self::judge_fence`].
+    pub fn aborting(&mut self, now: Duration) -> bool {
+        let Some(since) = self.open_since.take() else {
+            return false;
+        };
+        self.age_at_abort = Some(now.saturating_sub(since));
+        true
+    }
+
+    /// The session's error after its abort answered: a fenced or broken producer's
+    /// answer replaces it; another failure of the abort leaves it to the next start.
+    pub fn after_abort<E: From<TxnError>>(session: E, abort: Result<(), TxnError>) -> E {
+        match abort {
+            Err(stop) if stop.next() == TxnNext::Stop => E::from(stop),
+            _ => session,
+        }
+    }
+
+    /// Whether a fence may be the broker's own abort of a transaction open too long: the
+    /// aborted one had been open at least `transaction.timeout.ms`, the least the broker
+    /// expires. Only then is the slot's holder worth asking.
+    pub fn may_have_expired(&self) -> bool {
+        self.age_at_abort
+            .is_some_and(|age| age >= self.rules.timeout)
+    }
+
+    /// Tells a fenced producer from one whose transaction the broker aborted: both bump
+    /// the epoch, and librdkafka reports both as fenced. Only an instance holding the slot
+    /// calls `init_transactions`, so while this session's walsender still holds it, or
+    /// nobody does once PostgreSQL ended it (`slot_still_ours`), no other instance of this
+    /// server can have taken over and stayed. But an instance on
+    /// another server of the same system identifier (a promoted standby while the old
+    /// primary still runs) shares the transactional.id, so expiry also needs its
+    /// evidence, [`Self::may_have_expired`]. Held by another, younger, or in doubt: fenced.
+    pub fn judge_fence(&self, why: String, slot_still_ours: bool) -> TxnError {
+        match self.may_have_expired() && slot_still_ours {
+            true => TxnError::Expired(why),
+            false => TxnError::Fenced(why),
+        }
+    }
+}
+
+/// When a transaction opened at `since` is due to commit by time, at a PostgreSQL commit:
+/// `every` after the previous commit began, not after this transaction opened. Events
+/// that arrive during a commit open the next transaction only once it ends, and would
+/// otherwise wait that commit and a whole interval. Open at least half an interval,
+/// so that commits slower than `every` do not turn into a string of tiny ones.
+fn commit_due_at(since: Duration, last_commit: Option<Duration>, every: Duration) -> Duration {
+    let floor = since + every / 2;
+    match last_commit {
+        Some(last) => (last + every).max(floor),
+        None => since + every,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn rules(timeout: Duration) -> TxnRules {
+        TxnRules {
+            commit_every: ms(100),
+            commit_events: 1000,
+            timeout,
+            commit_attempts: 5,
+        }
+    }
+
+    #[test]
+    fn acks_deadline_counts_from_the_transactions_start() {
+        let mut txn = KafkaTxnCore::new(rules(Duration::from_secs(60)));
+        assert_eq!(txn.acks_deadline(), None);
+        txn.on_send(ms(1_000));
+        // Not from the commit: a transaction open 50 s has 4 s left, not 54.
+        assert_eq!(txn.begin_commit(ms(51_000)), Some(ms(55_000)));
+        let mut short = KafkaTxnCore::new(rules(ms(1_000)));
+        short.on_send(ms(0));
+        assert_eq!(short.acks_deadline(), Some(ms(900)));
+    }
+
+    #[test]
+    fn commits_keep_their_cadence() {
+        let every = ms(100);
+        // The session's first transaction: an interval after it opened.
+        assert_eq!(commit_due_at(ms(0), None, every), ms(100));
+        // Opened 20 ms after the last commit began (when it ended): 80 ms open, so
+        // events that came during that commit wait no longer than an interval.
+        assert_eq!(commit_due_at(ms(20), Some(ms(0)), every), ms(100));
+        // A commit slower than half an interval: the transaction stays open half of one.
+        assert_eq!(commit_due_at(ms(70), Some(ms(0)), every), ms(120));
+        // After a quiet spell: half an interval after it opened.
+        assert_eq!(commit_due_at(ms(5_000), Some(ms(0)), every), ms(5_050));
+    }
+
+    #[test]
+    fn inside_a_postgresql_transaction_only_the_timeout_splits() {
+        let mut txn = KafkaTxnCore::new(rules(ms(1_000)));
+        assert!(!txn.commit_due(ms(0), false));
+        assert!(txn.on_send(ms(0)));
+        assert!(!txn.on_send(ms(1)));
+        assert!(txn.commit_due(ms(100), false));
+        assert!(!txn.commit_due(ms(499), true));
+        assert!(txn.commit_due(ms(500), true));
+    }
+
+    #[test]
+    fn an_uncertain_commit_is_made_again_never_aborted() {
+        let txn = KafkaTxnCore::new(rules(ms(1_000)));
+        let timeout = TxnError::Retriable("timed out".into());
+        assert_eq!(
+            txn.after_commit_error(timeout.clone(), 1),
+            CommitStep::Again
+        );
+        assert_eq!(
+            txn.after_commit_error(timeout.clone(), 5),
+            CommitStep::Fail(timeout)
+        );
+        let fenced = TxnError::Fenced("_FENCED".into());
+        assert_eq!(
+            txn.after_commit_error(fenced.clone(), 1),
+            CommitStep::Fail(fenced)
+        );
+    }
+
+    #[test]
+    fn the_slot_moves_only_with_no_transaction_open() {
+        let mut txn = KafkaTxnCore::new(rules(ms(1_000)));
+        assert_eq!(txn.confirmable(Lsn(10)), Some(Lsn(10)));
+        txn.on_send(ms(0));
+        assert_eq!(txn.confirmable(Lsn(20)), None);
+        assert!(txn.begin_commit(ms(5)).is_some());
+        assert_eq!(txn.committed(1), Ok(()));
+        assert_eq!(txn.confirmable(Lsn(20)), Some(Lsn(20)));
+        txn.on_send(ms(10));
+        assert!(txn.committed(2).is_err());
+    }
+
+    #[test]
+    fn expiry_needs_the_age_and_the_slot() {
+        let mut txn = KafkaTxnCore::new(rules(ms(1_000)));
+        txn.on_send(ms(0));
+        assert!(txn.aborting(ms(999)));
+        assert!(!txn.aborting(ms(2_000)));
+        assert_eq!(
+            txn.judge_fence("f".into(), true),
+            TxnError::Fenced("f".into())
+        );
+        txn.on_send(ms(3_000));
+        assert!(txn.aborting(ms(4_000)));
+        assert_eq!(
+            txn.judge_fence("f".into(), true),
+            TxnError::Expired("f".into())
+        );
+        assert_eq!(
+            txn.judge_fence("f".into(), false),
+            TxnError::Fenced("f".into())
+        );
+    }
+
+    #[test]
+    fn only_a_fenced_or_broken_abort_replaces_the_error() {
+        let session = TxnError::Abortable("delivery".into());
+        let kept = KafkaTxnCore::after_abort(session.clone(), Err(TxnError::Retriable("t".into())));
+        assert_eq!(kept, session);
+        let fenced = TxnError::Fenced("f".into());
+        assert_eq!(
+            KafkaTxnCore::after_abort(session, Err(fenced.clone())),
+            fenced
+        );
+    }
+}

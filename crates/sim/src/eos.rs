@@ -1,0 +1,782 @@
+//! The exactly-once mode's schedules: the relay's rules (`SessionCore`) and its Kafka
+//! transactions' rules (`KafkaTxnCore`) against a model broker with transactions, two
+//! instances of one slot (the active one and a standby), and faults: kills between
+//! sending and committing, a commit whose response is lost, an abortable error, the
+//! broker's own abort of a transaction open past `transaction.timeout.ms`, and a zombie
+//! (an instance stopped past the timeout, then resumed after the standby took over).
+//!
+//! Invariants: the read_committed view holds every committed outbox row (and event
+//! message) exactly once, in per-aggregate order; the slot is never confirmed past what
+//! committed Kafka transactions hold; a fenced instance commits nothing.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use outbox_core::{CommitStep, KafkaTxnCore, ReplayStart, SessionError, TxnError, TxnNext};
+use pgoutput::Lsn;
+
+use crate::eos_broker::{Broker, Commit};
+use crate::life::{self, Cursor, Life, OTHER, OUTBOX, OUTBOX_PARTITION};
+use crate::model::{Change, Cluster, Config, PARTITIONS};
+use crate::{Rng, Violation};
+
+/// `transaction.timeout.ms` of the model.
+const TIMEOUT: Duration = Duration::from_millis(1_000);
+/// How long a walsender outlives a stopped relay before the slot is free.
+const SENDER_TIMEOUT: Duration = Duration::from_millis(1_500);
+
+/// Counts of one exactly-once schedule.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct EosStats {
+    pub steps: u64,
+    pub commits: u64,
+    /// Commits inside a PostgreSQL transaction (its record names the leading rows).
+    pub splits: u64,
+    pub aborts: u64,
+    /// Commits whose response was lost, made again.
+    pub retried: u64,
+    pub expired: u64,
+    /// Instances that stopped because another fenced them.
+    pub fenced: u64,
+    pub kills: u64,
+    pub zombies: u64,
+    /// Replays in doubt (a hold full before its proof): they publish again.
+    pub doubts: u64,
+    /// Copies in the read_committed view, all after a doubt.
+    pub duplicates: u64,
+}
+
+impl EosStats {
+    pub fn add(&mut self, o: &EosStats) {
+        self.steps += o.steps;
+        self.commits += o.commits;
+        self.splits += o.splits;
+        self.aborts += o.aborts;
+        self.retried += o.retried;
+        self.expired += o.expired;
+        self.fenced += o.fenced;
+        self.kills += o.kills;
+        self.zombies += o.zombies;
+        self.doubts += o.doubts;
+        self.duplicates += o.duplicates;
+    }
+}
+
+/// One relay session of an instance, with its producer's epoch.
+struct Session {
+    life: Life,
+    txn: KafkaTxnCore,
+    epoch: u64,
+    /// The walsender went away (the instance was stopped too long): reading fails.
+    stream_lost: bool,
+    /// The position handed on, sent with the next status update.
+    flush: Lsn,
+}
+
+#[derive(Default)]
+struct Instance {
+    session: Option<Session>,
+    /// SIGSTOPped at this time.
+    stopped_at: Option<Duration>,
+    process: u64,
+}
+
+struct Eos {
+    trace: bool,
+    rng: Rng,
+    cluster: Cluster,
+    cfg: Config,
+    cap: usize,
+    rules: outbox_core::TxnRules,
+    broker: Broker,
+    instances: [Instance; 2],
+    /// Which instance's walsender holds the slot.
+    holder: Option<usize>,
+    now: Duration,
+    next_id: u64,
+    stats: EosStats,
+}
+
+/// Runs the exactly-once schedule of `seed`.
+pub fn run_exactly_once(seed: u64) -> Result<EosStats, Violation> {
+    let mut rng = Rng::new(seed ^ 0xe0_5e0_5e0);
+    let cfg = Config {
+        tag: 0,
+        relay_messages: rng.chance(400),
+        heartbeat: false,
+        other_published: rng.chance(400),
+        dead_letter: true,
+        // Bad rows are dead-lettered inside the transaction; records the producer refuses
+        // as too large are the at-least-once schedules' business.
+        limit_raised: true,
+    };
+    let rules = outbox_core::TxnRules {
+        commit_every: Duration::from_millis(50 + rng.below(400)),
+        commit_events: 2 + rng.index(30),
+        timeout: TIMEOUT,
+        commit_attempts: 3,
+    };
+    let mut eos = Eos {
+        trace: std::env::var_os("OUTBOXD_SIM_TRACE").is_some(),
+        // Above the largest transaction: a hold that fills before its proof is a doubt.
+        cap: 64 + rng.index(64),
+        rng,
+        cluster: Cluster {
+            history: Vec::new(),
+            confirmed: Lsn(100),
+            persisted: Lsn(100),
+            wal_end: Lsn(100),
+            next_xid: 700,
+            falls_back: false,
+            timeline: 1,
+            tag: 0,
+            key: 0,
+            publication: 1,
+            outbox_published: true,
+            accepted: 1,
+            republished: HashSet::new(),
+        },
+        cfg,
+        rules,
+        broker: Broker::default(),
+        instances: [Instance::default(), Instance::default()],
+        holder: None,
+        now: Duration::ZERO,
+        next_id: 1,
+        stats: EosStats::default(),
+    };
+    let steps = 100 + eos.rng.below(200);
+    for _ in 0..steps {
+        eos.step(true)?;
+    }
+    eos.quiesce()?;
+    eos.check_final()?;
+    Ok(eos.stats)
+}
+
+impl Eos {
+    fn step(&mut self, faults: bool) -> Result<(), Violation> {
+        self.stats.steps += 1;
+        let roll = self.rng.below(1000);
+        let i = self.rng.index(2);
+        match roll {
+            0..=149 => self.commit_pg_txn(),
+            150..=499 => self.relay_turn(i, true)?,
+            500..=699 => self.relay_turn(i, false)?,
+            700..=849 => self.pass_time(60)?,
+            850..=919 => self.start(i)?,
+            _ if !faults => {}
+            920..=939 => self.kill(i),
+            940..=949 => self.stop(i),
+            950..=964 => self.resume(i)?,
+            965..=969 => self.zombie(i)?,
+            970..=979 => self.pass_time(700)?,
+            _ => self.fail_abortable(i)?,
+        }
+        self.expire();
+        Ok(())
+    }
+
+    /// A transaction commits on the server: a few rows, or now and then many (longer than
+    /// half the timeout to relay, so split over Kafka transactions).
+    fn commit_pg_txn(&mut self) {
+        let n = match self.rng.chance(100) {
+            true => 10 + self.rng.index(40),
+            false => 1 + self.rng.index(4),
+        };
+        let mut changes = Vec::with_capacity(n);
+        for _ in 0..n {
+            let agg = u32::try_from(self.rng.below(4)).unwrap_or(0);
+            let change = match self.rng.below(10) {
+                0..=6 => {
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    Change::Outbox {
+                        id,
+                        agg,
+                        partition: self.rng.chance(300),
+                        bad: self.rng.chance(30),
+                    }
+                }
+                7 => Change::Other,
+                _ => {
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    Change::Message {
+                        event: Some((id, agg)),
+                    }
+                }
+            };
+            changes.push(change);
+        }
+        let time = i64::try_from(self.now.as_millis()).unwrap_or(0) + 1_000_000;
+        let size = 40 * u64::try_from(n).unwrap_or(1);
+        self.cluster.commit(changes, size, time, false);
+    }
+
+    fn pass_time(&mut self, most_ms: u64) -> Result<(), Violation> {
+        self.now += Duration::from_millis(1 + self.rng.below(most_ms));
+        // A status update of the slot's holder: the position it handed on.
+        if let Some(i) = self.holder {
+            let flush = self.instances[i]
+                .session
+                .as_ref()
+                .filter(|s| !s.stream_lost && self.instances[i].stopped_at.is_none())
+                .map(|s| s.flush);
+            if let Some(w) = flush {
+                self.confirm(w)?;
+            }
+        }
+        // A walsender whose relay stopped answering times out: the slot is free.
+        for (i, inst) in self.instances.iter_mut().enumerate() {
+            let gone = inst
+                .stopped_at
+                .is_some_and(|at| self.now.saturating_sub(at) >= SENDER_TIMEOUT);
+            if gone && self.holder == Some(i) {
+                self.holder = None;
+                if let Some(s) = inst.session.as_mut() {
+                    s.stream_lost = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The broker aborts a transaction open past the timeout and ends its epoch.
+    fn expire(&mut self) {
+        if self.broker.expire(self.now, TIMEOUT) && self.trace {
+            eprintln!(
+                "  broker: transaction expired, epoch now {}",
+                self.broker.epoch
+            );
+        }
+    }
+
+    /// An idle instance takes the slot when it is free: `init_transactions` (a new epoch,
+    /// the previous holder's open transaction aborted), the record read (read_committed),
+    /// a session from the slot's position.
+    fn start(&mut self, i: usize) -> Result<(), Violation> {
+        let inst = &self.instances[i];
+        if inst.session.is_some() || inst.stopped_at.is_some() || self.holder.is_some() {
+            return Ok(());
+        }
+        self.holder = Some(i);
+        let epoch = self.broker.init_transactions();
+        let claim = self.broker.last_record();
+        let start = self.cluster.confirmed;
+        if self.trace {
+            eprintln!("  instance {i} starts at {start:?}, epoch {epoch}, claim {claim:?}");
+        }
+        let replay = ReplayStart {
+            timeline: 1,
+            start,
+            server_end: self.cluster.wal_end,
+            claim,
+            fingerprint: self
+                .cfg
+                .fingerprint()
+                .map_err(|e| Violation(format!("settings: {e}")))?,
+            foreign_writer: false,
+            new_lineage: self.rng.next_u64() | 1,
+            doubt_lineage: self.rng.next_u64() | 1,
+        };
+        let first = self
+            .cluster
+            .history
+            .iter()
+            .position(|t| t.commit_lsn >= start)
+            .unwrap_or(self.cluster.history.len());
+        let process = self.instances[i].process;
+        let life = Life::new(
+            i,
+            process,
+            self.cfg,
+            self.cap,
+            replay,
+            Cursor::Before(first),
+            1,
+        )?;
+        self.instances[i].session = Some(Session {
+            life,
+            txn: KafkaTxnCore::new(self.rules),
+            epoch,
+            stream_lost: false,
+            flush: start,
+        });
+        Ok(())
+    }
+
+    /// One turn of an instance's loop: a read (`read`) or an ack, then a commit if due.
+    fn relay_turn(&mut self, i: usize, read: bool) -> Result<(), Violation> {
+        if self.instances[i].stopped_at.is_some() {
+            return Ok(());
+        }
+        let Some(mut s) = self.instances[i].session.take() else {
+            return Ok(());
+        };
+        self.now += Duration::from_millis(self.rng.below(15));
+        let result = match read {
+            true => self.read(&mut s),
+            false => self.ack_one(&mut s),
+        };
+        let doubts = std::mem::take(&mut s.life.core.observer().doubts);
+        if !doubts.is_empty() {
+            // In doubt, the replay publishes again: documented duplicates.
+            self.stats.doubts += 1;
+            if self.trace {
+                eprintln!("  instance {i} doubts: {doubts:?}");
+            }
+        }
+        if self.rng.chance(100) {
+            // A look at the publication between commits (a tick's).
+            let acked = s.life.core.watermark();
+            s.life.core.raise_cap(acked);
+        }
+        let result = result.and_then(|()| {
+            self.hand_on(i, &mut s)?;
+            match s.txn.commit_due(self.now, s.life.core.in_transaction()) {
+                true => self.commit(i, &mut s),
+                false => Ok(()),
+            }
+        });
+        match result {
+            Ok(()) => {
+                self.instances[i].session = Some(s);
+                Ok(())
+            }
+            Err(e) => self.end_session(i, s, e),
+        }
+    }
+
+    /// The next message of the stream, fed to the rules; what they queue is produced
+    /// inside the open Kafka transaction (begun first if none is).
+    fn read(&mut self, s: &mut Session) -> Result<(), Failure> {
+        if s.stream_lost {
+            return Err(Failure::Session("the walsender went away".into()));
+        }
+        let room = s.life.core.make_room().map_err(Failure::rules)?;
+        self.produce(s)?;
+        if !room {
+            return Ok(());
+        }
+        let cl = &self.cluster;
+        match s.life.cursor {
+            Cursor::Before(i) => {
+                let Some(txn) = cl.history.get(i).cloned() else {
+                    let wal_end = cl.wal_end;
+                    return s.life.core.on_keepalive(wal_end).map_err(Failure::rules);
+                };
+                if !txn.changes.iter().any(|&ch| s.life.cfg.streams(ch)) {
+                    s.life.cursor = Cursor::Before(i + 1);
+                    return Ok(());
+                }
+                s.life
+                    .message(life::begin(&txn), txn.commit_time)
+                    .map_err(Failure::rules)?;
+                s.life.cursor = Cursor::Inside(i, 0);
+            }
+            Cursor::Inside(i, k) => {
+                let txn = cl.history[i].clone();
+                let streamed: Vec<Change> = txn
+                    .changes
+                    .iter()
+                    .copied()
+                    .filter(|&ch| s.life.cfg.streams(ch))
+                    .collect();
+                let Some(&change) = streamed.get(k) else {
+                    s.life.cursor = Cursor::Before(i + 1);
+                    s.life
+                        .message(life::commit(&txn), txn.commit_time)
+                        .map_err(Failure::rules)?;
+                    return self.produce(s);
+                };
+                s.life.cursor = Cursor::Inside(i, k + 1);
+                let fed = match change {
+                    Change::Outbox { partition, .. } => {
+                        let rel = if partition { OUTBOX_PARTITION } else { OUTBOX };
+                        s.life.insert(rel, life::tuple(rel, change))
+                    }
+                    Change::Other => s.life.insert(OTHER, life::tuple(OTHER, change)),
+                    Change::Message { event } => s
+                        .life
+                        .message(life::logical_message(&txn, event), txn.commit_time),
+                };
+                fed.map_err(Failure::rules)?;
+            }
+        }
+        self.produce(s)
+    }
+
+    /// Hands what the rules queued to the producer: inside the open Kafka transaction.
+    fn produce(&mut self, s: &mut Session) -> Result<(), Failure> {
+        let before: usize = s.life.queues.iter().map(|q| q.len()).sum();
+        s.life.pump().map_err(Failure::rules)?;
+        let after: usize = s.life.queues.iter().map(|q| q.len()).sum();
+        for _ in before..after {
+            if s.txn.on_send(self.now) {
+                // begin_transaction is local: the broker hears of it at the first produce.
+                self.broker.begin(s.epoch, self.now);
+            }
+        }
+        Ok(())
+    }
+
+    /// The broker appends the oldest message of one partition to the open transaction
+    /// and acks it; a producer of an ended epoch is refused (fenced).
+    fn ack_one(&mut self, s: &mut Session) -> Result<(), Failure> {
+        let p = self.rng.index(PARTITIONS);
+        let Some((ticket, w)) = s.life.queues[p].pop_front() else {
+            return Ok(());
+        };
+        if !self.broker.append(s.epoch, w) {
+            s.life
+                .core
+                .on_delivery(ticket, false)
+                .map_err(Failure::rules)?;
+            return Err(Failure::Txn(TxnError::Fenced("produce: _FENCED".into())));
+        }
+        s.life
+            .core
+            .on_delivery(ticket, true)
+            .map_err(Failure::rules)
+    }
+
+    /// The rules' position, passed on to the slot when the transaction rules allow it.
+    fn hand_on(&mut self, i: usize, s: &mut Session) -> Result<(), Failure> {
+        s.life.core.advance();
+        if let Some(w) = s.txn.confirmable(s.life.core.confirmed()) {
+            s.flush = w;
+        }
+        if self.holder == Some(i) && !s.stream_lost && self.rng.chance(300) {
+            self.confirm(s.flush).map_err(Failure::Violation)?;
+        }
+        Ok(())
+    }
+
+    /// The slot moves to `w`: every row of a transaction it covers is visible to a
+    /// read_committed reader.
+    fn confirm(&mut self, w: Lsn) -> Result<(), Violation> {
+        if w <= self.cluster.confirmed {
+            return Ok(());
+        }
+        let visible = self.broker.committed_ids();
+        for t in self
+            .cluster
+            .history
+            .iter()
+            .filter(|t| t.end_lsn > self.cluster.confirmed && t.end_lsn <= w)
+        {
+            for &ch in &t.changes {
+                if let Some(id) = self.event_id(ch) {
+                    if !visible.contains(&id) {
+                        return Err(Violation(format!(
+                            "exactly-once: the slot confirmed {w:?} past event {id} (transaction {:?}), which no committed Kafka transaction holds",
+                            t.commit_lsn
+                        )));
+                    }
+                }
+            }
+        }
+        self.cluster.confirmed = self.cluster.confirmed.max(w);
+        Ok(())
+    }
+
+    /// The event id of a change this relay publishes.
+    fn event_id(&self, ch: Change) -> Option<u64> {
+        match ch {
+            Change::Outbox { id, .. } => Some(id),
+            Change::Message {
+                event: Some((id, _)),
+            } if self.cfg.relay_messages => Some(id),
+            _ => None,
+        }
+    }
+
+    /// The relay's commit: every ack, the progress record last, `EndTxn`; then the slot.
+    fn commit(&mut self, i: usize, s: &mut Session) -> Result<(), Failure> {
+        let Some(_deadline) = s.txn.begin_commit(self.now) else {
+            return Ok(());
+        };
+        for p in 0..PARTITIONS {
+            while !s.life.queues[p].is_empty() {
+                self.ack_partition(s, p)?;
+            }
+        }
+        // A look at the publication (it never changes here): everything acked may be
+        // claimed.
+        let acked = s.life.core.watermark();
+        s.life.core.raise_cap(acked);
+        s.life.core.advance();
+        let split = s.life.core.in_transaction();
+        let claim = s.life.core.claim();
+        if self.trace {
+            eprintln!("  instance {i} commits (split {split}), record {claim:?}");
+        }
+        if !self.broker.append_record(s.epoch, claim) {
+            return Err(Failure::Txn(TxnError::Fenced("record: _FENCED".into())));
+        }
+        let mut attempt = 1;
+        loop {
+            // Now and then the response is lost: committed or not, the caller cannot tell.
+            let lost = self.rng.chance(80);
+            let answer = match self.broker.end_txn(s.epoch, Commit::Commit) {
+                Err(e) => Err(e),
+                Ok(()) if lost => Err(TxnError::Retriable("EndTxn timed out".into())),
+                Ok(()) => Ok(()),
+            };
+            match answer {
+                Ok(()) => break,
+                Err(e) => match s.txn.after_commit_error(e, attempt) {
+                    CommitStep::Again => {
+                        self.stats.retried += 1;
+                        attempt += 1;
+                    }
+                    CommitStep::Fail(e) => return Err(Failure::Txn(e)),
+                },
+            }
+        }
+        self.stats.commits += 1;
+        self.stats.splits += u64::from(split);
+        let committed = s.txn.committed(attempt);
+        if attempt > 1 {
+            // No KIP-890: a late produce request of the committed transaction, retried
+            // by the same producer, lands in its next transaction.
+            self.broker.late = Some((s.epoch, self.broker.last_committed_write()));
+        }
+        self.hand_on(i, s)?;
+        committed.map_err(Failure::Txn)
+    }
+
+    fn ack_partition(&mut self, s: &mut Session, p: usize) -> Result<(), Failure> {
+        let Some((ticket, w)) = s.life.queues[p].pop_front() else {
+            return Ok(());
+        };
+        let ok = self.broker.append(s.epoch, w);
+        s.life
+            .core
+            .on_delivery(ticket, ok)
+            .map_err(Failure::rules)?;
+        match ok {
+            true => Ok(()),
+            false => Err(Failure::Txn(TxnError::Fenced("produce: _FENCED".into()))),
+        }
+    }
+
+    /// The session ends with `e`: an open transaction aborted, a fence judged, and the
+    /// instance goes on (a new session, a new producer) or stops.
+    fn end_session(&mut self, i: usize, mut s: Session, e: Failure) -> Result<(), Violation> {
+        let e = match e {
+            Failure::Violation(v) => return Err(v),
+            Failure::Rules(e) => return Err(Violation(format!("the rules failed: {e}"))),
+            Failure::Session(why) => TxnError::Abortable(why),
+            Failure::Txn(e) => e,
+        };
+        if s.txn.aborting(self.now) {
+            self.stats.aborts += 1;
+            let abort = self.broker.end_txn(s.epoch, Commit::Abort);
+            // Anything but fenced or broken leaves the transaction to the next start.
+            let e = KafkaTxnCore::after_abort(e, abort);
+            return self.judged(i, &s, e);
+        }
+        self.judged(i, &s, e)
+    }
+
+    fn judged(&mut self, i: usize, s: &Session, e: TxnError) -> Result<(), Violation> {
+        let fence = matches!(e, TxnError::Fenced(_));
+        // The relay asks which walsender holds the slot: its own, or none once
+        // PostgreSQL ended its walsender, is its own.
+        let ours = self.holder.is_none_or(|h| h == i && !s.stream_lost);
+        let e = match e {
+            TxnError::Fenced(why) => s.txn.judge_fence(why, ours),
+            e => e,
+        };
+        if self.trace {
+            eprintln!("  instance {i}'s session ended: {e}");
+        }
+        // The broker knows whether another instance registered since this session did
+        // (only a slot holder does): then the fence is a takeover, and this zombie must
+        // stop while that instance holds the slot, whatever it made of it (its own
+        // transaction may have expired first). One that took over and left has recorded
+        // what it delivered: starting over from that record is any restart.
+        let taken = self.holder.is_some_and(|h| h != i);
+        if fence && e.next() != TxnNext::Stop && self.broker.last_init > s.epoch && taken {
+            return Err(Violation(format!(
+                "exactly-once: instance {i}, fenced by another's takeover, goes on ({e})"
+            )));
+        }
+        if self.holder == Some(i) {
+            self.holder = None;
+        }
+        match e.next() {
+            TxnNext::Stop => {
+                if matches!(e, TxnError::Fenced(_)) {
+                    self.stats.fenced += 1;
+                }
+                // The process exits; its supervisor starts another, which stands by.
+                self.instances[i].process += 1;
+            }
+            TxnNext::AbortAndResume | TxnNext::CallAgain => {
+                self.stats.expired += u64::from(matches!(e, TxnError::Expired(_)));
+            }
+        }
+        Ok(())
+    }
+
+    /// kill -9 of an instance, at any step: between sending and committing too. Its open
+    /// transaction stays open until the next `init_transactions` or the timeout.
+    fn kill(&mut self, i: usize) {
+        let inst = &mut self.instances[i];
+        if inst.session.take().is_some() {
+            self.stats.kills += 1;
+        }
+        inst.stopped_at = None;
+        inst.process += 1;
+        if self.holder == Some(i) {
+            self.holder = None;
+        }
+    }
+
+    /// SIGSTOP: the instance does nothing until resumed; its walsender times out later.
+    fn stop(&mut self, i: usize) {
+        let inst = &mut self.instances[i];
+        if inst.session.is_some() && inst.stopped_at.is_none() {
+            inst.stopped_at = Some(self.now);
+        }
+    }
+
+    /// SIGCONT: a zombie if another took over meanwhile; it goes on where it was.
+    fn resume(&mut self, i: usize) -> Result<(), Violation> {
+        let Some(at) = self.instances[i].stopped_at.take() else {
+            return Ok(());
+        };
+        let zombie = self.holder != Some(i);
+        self.stats.zombies += u64::from(zombie && self.now - at >= TIMEOUT);
+        // It acts at once: a commit if one is due (the oldest zombie's first wish).
+        self.relay_turn(i, false)
+    }
+
+    /// A zombie: the instance is stopped past the timeout and its walsender's, the other
+    /// takes the slot over (a new epoch) and runs a while, then the zombie resumes.
+    fn zombie(&mut self, i: usize) -> Result<(), Violation> {
+        if self.instances[i].session.is_none() {
+            return Ok(());
+        }
+        self.stop(i);
+        while self.holder == Some(i) {
+            self.pass_time(200)?;
+            self.expire();
+        }
+        let other = 1 - i;
+        self.start(other)?;
+        for _ in 0..self.rng.below(20) {
+            let read = self.rng.chance(600);
+            self.relay_turn(other, read)?;
+        }
+        self.resume(i)
+    }
+
+    /// An abortable error mid-transaction (a produce failed): the session aborts and the
+    /// next resumes from the record.
+    fn fail_abortable(&mut self, i: usize) -> Result<(), Violation> {
+        if self.instances[i].stopped_at.is_some() {
+            return Ok(());
+        }
+        let Some(s) = self.instances[i].session.take() else {
+            return Ok(());
+        };
+        self.end_session(
+            i,
+            s,
+            Failure::Txn(TxnError::Abortable("a produce failed".into())),
+        )
+    }
+
+    /// No more faults: instances run until the slot covers the whole history.
+    fn quiesce(&mut self) -> Result<(), Violation> {
+        for inst in &mut self.instances {
+            inst.stopped_at = None;
+        }
+        for _ in 0..100_000 {
+            let end = self.cluster.history.last().map_or(Lsn(100), |t| t.end_lsn);
+            if self.cluster.confirmed >= end {
+                return Ok(());
+            }
+            let i = self.rng.index(2);
+            match self.rng.below(4) {
+                0 => self.start(i)?,
+                1 => self.relay_turn(i, false)?,
+                2 => self.pass_time(60)?,
+                _ => self.relay_turn(i, true)?,
+            }
+            self.expire();
+        }
+        Err(Violation(
+            "exactly-once: the relay never caught up once quiet".into(),
+        ))
+    }
+
+    /// The read_committed view: every event of the history exactly once, and per
+    /// aggregate in commit order.
+    fn check_final(&mut self) -> Result<(), Violation> {
+        let mut count: HashMap<u64, usize> = HashMap::new();
+        for w in self.broker.read_committed() {
+            *count.entry(w.id).or_default() += 1;
+        }
+        let mut order: HashMap<u64, usize> = HashMap::new();
+        for t in &self.cluster.history {
+            for &ch in &t.changes {
+                let Some(id) = self.event_id(ch) else {
+                    continue;
+                };
+                let n = count.get(&id).copied().unwrap_or(0);
+                let doubted = self.stats.doubts > 0;
+                if n > 1 && doubted {
+                    self.stats.duplicates += 1;
+                } else if n != 1 {
+                    return Err(Violation(format!(
+                        "exactly-once: event {id} (transaction {:?}) is {n} times in the read_committed view",
+                        t.commit_lsn
+                    )));
+                }
+                let next = order.len();
+                order.insert(id, next);
+            }
+        }
+        let mut last: HashMap<u32, (usize, u64)> = HashMap::new();
+        for w in self.broker.read_committed().filter(|w| !w.dead) {
+            let Some(&at) = order.get(&w.id) else {
+                continue;
+            };
+            if let Some(&(before, prev)) = last.get(&w.agg) {
+                if at < before {
+                    return Err(Violation(format!(
+                        "exactly-once: aggregate {}: event {} after event {prev}, committed after it",
+                        w.agg, w.id
+                    )));
+                }
+            }
+            last.insert(w.agg, (at, w.id));
+        }
+        Ok(())
+    }
+}
+
+/// Why a session ends.
+enum Failure {
+    Txn(TxnError),
+    /// The stream failed (an abortable end: the next session resumes from the record).
+    Session(String),
+    Rules(SessionError),
+    Violation(Violation),
+}
+
+impl Failure {
+    /// A partial replay that did not match its record ends the session, which the next
+    /// one retries; any other error of the rules is a violation.
+    fn rules(e: SessionError) -> Failure {
+        match e {
+            SessionError::PartialReplay(_) => Failure::Session(e.to_string()),
+            e => Failure::Rules(e),
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! A model of a Kafka broker's transactions for one transactional.id (the slot's): an
+//! epoch that `init_transactions` bumps (fencing the older producer and aborting its open
+//! transaction), one open transaction at a time, records invisible to a read_committed
+//! reader until their transaction commits, the broker's own abort of a transaction open
+//! past `transaction.timeout.ms` (which also ends the epoch, KIP-588), and no KIP-890: a
+//! late produce request of a retried commit lands in the same producer's next
+//! transaction.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use outbox_core::{DeliveredPosition, TxnError};
+
+use crate::model::Written;
+
+/// How a transaction ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Commit {
+    Commit,
+    Abort,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Open,
+    Committed,
+    Aborted,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Broker {
+    pub epoch: u64,
+    /// The open transaction: its serial, epoch and when it began.
+    open: Option<(u64, u64, Duration)>,
+    serials: u64,
+    states: HashMap<u64, State>,
+    /// Every write, in append order, with its transaction's serial.
+    log: Vec<(Written, u64)>,
+    /// Progress records, with their lineage and their transaction's serial.
+    records: Vec<(DeliveredPosition, u64, u64)>,
+    /// A produce request of a committed transaction, still on its way, and the epoch of
+    /// the producer that sent it.
+    pub late: Option<(u64, Option<Written>)>,
+    /// The epoch the newest `init_transactions` began: a producer of an older epoch has
+    /// been taken over by another (the broker's expiry also ends epochs, but begins none
+    /// that a producer holds).
+    pub last_init: u64,
+}
+
+impl Broker {
+    /// A new producer registers: the epoch moves on and the open transaction is aborted.
+    pub fn init_transactions(&mut self) -> u64 {
+        self.abort_open();
+        self.epoch += 1;
+        self.late = None;
+        self.last_init = self.epoch;
+        self.epoch
+    }
+
+    fn abort_open(&mut self) {
+        if let Some((serial, _, _)) = self.open.take() {
+            self.states.insert(serial, State::Aborted);
+        }
+    }
+
+    /// The producer of `epoch` begins a transaction at `now` (at its first produce).
+    pub fn begin(&mut self, epoch: u64, now: Duration) {
+        if epoch != self.epoch || self.open.is_some() {
+            return;
+        }
+        self.serials += 1;
+        self.open = Some((self.serials, epoch, now));
+        self.states.insert(self.serials, State::Open);
+        if let Some((late_epoch, write)) = self.late.take() {
+            if late_epoch == epoch {
+                if let Some(w) = write {
+                    self.log.push((w, self.serials));
+                }
+            }
+        }
+    }
+
+    /// Appends `w` to the open transaction of `epoch`; false: fenced (or none open).
+    pub fn append(&mut self, epoch: u64, w: Written) -> bool {
+        match self.open {
+            Some((serial, e, _)) if e == epoch && epoch == self.epoch => {
+                self.log.push((w, serial));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The progress record, last in the open transaction of `epoch`.
+    pub fn append_record(&mut self, epoch: u64, claim: (DeliveredPosition, u64)) -> bool {
+        match self.open {
+            Some((serial, e, _)) if e == epoch && epoch == self.epoch => {
+                self.records.push((claim.0, claim.1, serial));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// `EndTxn` of `epoch`'s open transaction. Again after a commit whose answer was lost:
+    /// the same answer. An older epoch is fenced.
+    pub fn end_txn(&mut self, epoch: u64, how: Commit) -> Result<(), TxnError> {
+        if epoch != self.epoch {
+            return Err(TxnError::Fenced("EndTxn: PRODUCER_FENCED".into()));
+        }
+        // A new epoch aborts the older one's transaction: an open one is this epoch's.
+        let Some((serial, _, _)) = self.open.take() else {
+            return Ok(());
+        };
+        let state = match how {
+            Commit::Commit => State::Committed,
+            Commit::Abort => State::Aborted,
+        };
+        self.states.insert(serial, state);
+        Ok(())
+    }
+
+    /// The coordinator aborts a transaction open `timeout` or longer, and ends its
+    /// producer's epoch; true if it did.
+    pub fn expire(&mut self, now: Duration, timeout: Duration) -> bool {
+        match self.open {
+            Some((_, _, since)) if now.saturating_sub(since) >= timeout => {
+                self.abort_open();
+                self.epoch += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn committed(&self, serial: u64) -> bool {
+        self.states.get(&serial) == Some(&State::Committed)
+    }
+
+    /// What a read_committed consumer reads, in append order.
+    pub fn read_committed(&self) -> impl Iterator<Item = &Written> {
+        self.log
+            .iter()
+            .filter(|(_, s)| self.committed(*s))
+            .map(|(w, _)| w)
+    }
+
+    /// The ids a read_committed consumer has.
+    pub fn committed_ids(&self) -> HashSet<u64> {
+        self.read_committed().map(|w| w.id).collect()
+    }
+
+    /// The newest progress record a read_committed reader finds.
+    pub fn last_record(&self) -> Option<(DeliveredPosition, u64)> {
+        self.records
+            .iter()
+            .rev()
+            .find(|(_, _, s)| self.committed(*s))
+            .map(|(c, l, _)| (c.clone(), *l))
+    }
+
+    /// A write of the newest committed transaction.
+    pub fn last_committed_write(&self) -> Option<Written> {
+        let serial = self
+            .log
+            .iter()
+            .rev()
+            .find(|(_, s)| self.committed(*s))
+            .map(|(_, s)| *s)?;
+        self.log
+            .iter()
+            .rev()
+            .find(|(_, s)| *s == serial)
+            .map(|(w, _)| *w)
+    }
+}
