@@ -209,12 +209,7 @@ impl<P: Clone> LifeCore<P> {
             return Err(Refusal::Record(e));
         }
         if let (Some((claim, _)), Some((_, now))) = (&view.ours, &self.system) {
-            if *now < claim.timeline {
-                return Err(Refusal::TimelineWentBack {
-                    seen: claim.timeline,
-                    found: *now,
-                });
-            }
+            refuse_older_timeline(claim.timeline, *now)?;
         }
         Ok(Known {
             unrecorded: view.last_look.is_none(),
@@ -247,6 +242,18 @@ impl<P: Clone> LifeCore<P> {
             }
         }
     }
+}
+
+/// Refuses a server on timeline `now` when `recorded` is newer: a primary left running
+/// after a standby was promoted. For [`LifeCore::known`], and a record read late.
+pub fn refuse_older_timeline<E>(recorded: u32, now: u32) -> Result<(), Refusal<E>> {
+    if now < recorded {
+        return Err(Refusal::TimelineWentBack {
+            seen: recorded,
+            found: now,
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

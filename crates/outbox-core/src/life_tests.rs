@@ -67,7 +67,10 @@ fn a_record_not_read_in_time_is_not_compared_yet() {
 #[test]
 fn no_progress_record_kept_is_read_and_knows_nothing() {
     let known = Life::new(false).known(Read::NotKept).ok();
-    assert_eq!(known.map(|k| (k.claim.is_none(), k.read)), Some((true, true)));
+    assert_eq!(
+        known.map(|k| (k.claim.is_none(), k.read)),
+        Some((true, true))
+    );
 }
 
 #[test]
@@ -96,7 +99,10 @@ fn a_record_of_a_newer_timeline_refuses_the_server() {
     let mut life = Life::new(false);
     life.connected::<&str>("7", 2, server("db1")).ok();
     let refused = life.known(Read::Read(view(Some(claim(3, 100, 1))))).err();
-    assert_eq!(refused, Some(Refusal::TimelineWentBack { seen: 3, found: 2 }));
+    assert_eq!(
+        refused,
+        Some(Refusal::TimelineWentBack { seen: 3, found: 2 })
+    );
     assert!(life.known(Read::Read(view(Some(claim(2, 100, 1))))).is_ok());
 }
 

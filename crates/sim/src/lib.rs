@@ -16,7 +16,9 @@ mod model;
 
 use std::collections::HashSet;
 
-use outbox_core::{Doubt, ReplayStart, SessionError};
+use outbox_core::{
+    Doubt, Ended, LifeCore, RecordRead, Refusal, ReplayStart, SessionError, SlotView,
+};
 use pgoutput::Lsn;
 
 use life::{Cursor, Life, OTHER, OUTBOX, OUTBOX_PARTITION};
@@ -95,8 +97,9 @@ struct Sim {
     archive: Vec<Vec<Txn>>,
     kafka: Kafka,
     lives: Vec<Option<Life>>,
-    /// What the relay process on each cluster carries between its sessions.
-    carry: Vec<Option<(outbox_core::DeliveredPosition, u64)>>,
+    /// What the relay process on each cluster carries between its sessions: the relay's
+    /// own rules (`outbox_core::LifeCore`). A new process starts a new one.
+    carry: Vec<LifeCore<()>>,
     configs: Vec<Config>,
     /// The current relay process of each cluster, and how often it gave up its claim
     /// (a doubt resets it: its record may then move back).
@@ -146,7 +149,7 @@ pub fn run(seed: u64) -> Result<Stats, Violation> {
         archive: Vec::new(),
         kafka: Kafka::default(),
         lives: vec![None],
-        carry: vec![None],
+        carry: vec![LifeCore::new(false)],
         configs: vec![base],
         processes: vec![0],
         epochs: vec![0],
@@ -275,15 +278,11 @@ impl Sim {
                 continue;
             }
             let start = cl.confirmed;
-            let claim = match self.carry[c].take() {
-                Some(carried) => Some(carried),
-                None => self
-                    .kafka
-                    .records
-                    .get(&cl.key)
-                    .and_then(|r| r.last())
-                    .map(|r| (r.claim.clone(), r.lineage)),
+            let Some(known) = self.known(c)? else {
+                continue;
             };
+            let cl = &self.clusters[c];
+            let claim = known.claim;
             if self.trace {
                 eprintln!("  start relay on cluster {c} at {start:?} cfg {cfg:?} claim {claim:?}");
             }
@@ -296,7 +295,7 @@ impl Sim {
                     .fingerprint()
                     .map_err(|e| Violation(format!("settings: {e}")))?,
                 // Another lineage was seen writing the record: nothing is skipped.
-                foreign_writer: self.rng.chance(20),
+                foreign_writer: known.foreign_writer || self.rng.chance(20),
                 new_lineage: self.rng.next_u64() | 1,
                 doubt_lineage: self.rng.next_u64() | 1,
             };
@@ -360,13 +359,13 @@ impl Sim {
                         }
                         self.configs[c].dead_letter = true;
                         self.end_life(life, false);
-                        self.carry[c] = None;
+                        self.carry[c] = LifeCore::new(false);
                         self.processes[c] += 1;
                     }
                     End::RaiseLimit => {
                         self.configs[c].limit_raised = true;
                         self.end_life(life, false);
-                        self.carry[c] = None;
+                        self.carry[c] = LifeCore::new(false);
                         self.processes[c] += 1;
                     }
                 }
@@ -595,7 +594,7 @@ impl Sim {
     /// publication as it is now.
     fn publication_stop(&mut self, c: usize) {
         self.stats.publication_stops += 1;
-        self.carry[c] = None;
+        self.carry[c] = LifeCore::new(false);
         self.processes[c] += 1;
         let cl = &mut self.clusters[c];
         if !cl.outbox_published {
@@ -674,7 +673,66 @@ impl Sim {
                 }
             }
         }
-        self.carry[life.cluster] = carry.then(|| life.core.claim());
+        let process = &mut self.carry[life.cluster];
+        process.session_ran(Some(life.core.claim()), None);
+        process.ended(if carry {
+            Ended::Retry
+        } else {
+            Ended::ProcessEnds
+        });
+    }
+
+    /// What the relay process of cluster `c` starts its next session knowing, by the
+    /// relay's rules: its own claim, or the record's, read now and then with a fault (not
+    /// one outboxd writes, or Kafka not answering in time). `None`: the start was refused
+    /// and the operator did what the error says.
+    fn known(&mut self, c: usize) -> Result<Option<outbox_core::Known<()>>, Violation> {
+        let cl = &self.clusters[c];
+        // Copies of one cluster share its system identifier; each relay has its server.
+        let server = (format!("cluster {c}"), 5432);
+        let life = &mut self.carry[c];
+        let carried = life.carries_claim();
+        let connected = life.connected::<String>("sim", cl.timeline, server);
+        if carried && !life.carries_claim() {
+            // The claim given up (a new timeline): the record it writes may move back.
+            self.epochs[c] += 1;
+        }
+        let read = if !life.needs_record() {
+            RecordRead::NotKept
+        } else if self.rng.chance(15) {
+            RecordRead::Unreadable
+        } else if self.rng.chance(15) {
+            RecordRead::NotRead
+        } else {
+            let ours = self.kafka.records.get(&cl.key).and_then(|r| r.last());
+            RecordRead::Read(SlotView {
+                ours: ours.map(|r| (r.claim.clone(), r.lineage)),
+                last_look: None,
+                other_cluster: None,
+                backfill_unfinished: None,
+                writers_alternate: false,
+            })
+        };
+        let refusal = match connected.and_then(|_| life.known(read)) {
+            Ok(known) => return Ok(Some(known)),
+            Err(r) => r,
+        };
+        match refusal {
+            // A copy that shares the record's key with a server promoted since it was
+            // copied: the operator names the copy apart, as the docs advise for copies.
+            Refusal::TimelineWentBack { .. } if c > 0 && cl.key == self.clusters[0].key => {
+                if self.trace {
+                    eprintln!("  cluster {c} refused ({refusal:?}): named apart");
+                }
+                self.clusters[c].key = 2;
+                self.carry[c] = LifeCore::new(false);
+                self.processes[c] += 1;
+                Ok(None)
+            }
+            r => Err(Violation(format!(
+                "the relay on cluster {c} refused to start: {r:?}"
+            ))),
+        }
     }
 
     /// No more faults or writes: the first cluster's relay runs until it has confirmed
