@@ -17,9 +17,7 @@ mod starts;
 
 use std::collections::HashSet;
 
-use outbox_core::{
-    Doubt, Ended, LifeCore, RecordRead, Refusal, ReplayStart, SessionError, SlotView,
-};
+use outbox_core::{Doubt, Ended, LifeCore, ReplayStart, SessionError};
 use pgoutput::Lsn;
 
 use life::{Cursor, Life, OTHER, OUTBOX, OUTBOX_PARTITION};
