@@ -37,6 +37,9 @@
 //!   freezes it until the relay restarts from the slot.
 //! - **Replays** ([`delivered`]): transactions PostgreSQL sends again after a restart
 //!   are skipped when the relay knows Kafka has them, narrowly (same history only).
+//! - **Between sessions** ([`life`]): [`LifeCore`] decides the claim a session starts
+//!   with (this process's own, or the progress record's), refuses another cluster, an
+//!   older timeline and what the record forbids, and carries a claim by how a session ended.
 //! - **Replay rules of a session** ([`replay`]): [`ReplayCore`] holds, drops, releases
 //!   and resumes, and builds the session's claim.
 //! - **A session's rules** ([`session`]): [`SessionCore`] puts the above together:
@@ -65,6 +68,7 @@ pub mod inflight;
 mod json;
 pub mod kafka_txn;
 pub mod ledger;
+pub mod life;
 pub mod mapping;
 pub mod pgtype;
 pub mod record;
@@ -90,6 +94,7 @@ pub use error::{
 pub use inflight::InFlightEntry;
 pub use kafka_txn::{CommitStep, KafkaTxnCore, TxnError, TxnNext, TxnRules};
 pub use ledger::{InFlightLedger, Outcome, Outgoing, Ticket};
+pub use life::{Claim, Ended, Known, LifeCore, RecordRead, Refusal, SlotView};
 pub use mapping::{BoundTable, OutboxColumns, TableSpec};
 pub use record::{
     check_size, frame_limit, header, oversize_error, oversize_row_error, record_wire_size,

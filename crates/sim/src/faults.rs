@@ -2,7 +2,7 @@
 //! copies, settings and publication changes, a progress topic that expires records,
 //! clock steps, a clean shutdown, another writer of the progress record.
 
-use outbox_core::{Doubt, PartialTxn, TxnId};
+use outbox_core::{Doubt, LifeCore, PartialTxn, TxnId};
 
 use crate::life::Life;
 use crate::model::{Config, Record, PARTITIONS};
@@ -13,7 +13,7 @@ impl Sim {
     /// once they are old; a relay that starts then has no claim.
     pub(crate) fn expire_records(&mut self) {
         if self.uncompacted {
-            let key = self.rng.index(2);
+            let key = self.rng.index(3);
             self.kafka.records.remove(&u8::try_from(key).unwrap_or(0));
         }
     }
@@ -81,7 +81,7 @@ impl Sim {
     }
 
     /// An older backup of the first cluster replaces it (same system identifier; on the
-    /// same timeline or a new one). Its relay process starts over.
+    /// same timeline or a new one).
     pub(crate) fn restore(&mut self) {
         let Some(mut snap) = self.snapshot.take() else {
             return;
@@ -89,11 +89,17 @@ impl Sim {
         if self.rng.chance(500) {
             snap.timeline += 1;
         }
+        // The relay process lives on across the restore half the time: its next session
+        // connects to the restored server with what it carries (the relay's rules drop
+        // its claim on a new timeline, and keep it on the same one).
+        let lives_on = self.rng.chance(500);
         if let Some(life) = self.lives[0].take() {
-            self.end_life(life, false);
+            self.end_life(life, lives_on);
         }
-        self.carry[0] = None;
-        self.processes[0] += 1;
+        if !lives_on {
+            self.carry[0] = LifeCore::new(false);
+            self.processes[0] += 1;
+        }
         let old = std::mem::replace(&mut self.clusters[0], snap);
         self.archive.push(old.history);
     }
@@ -115,7 +121,7 @@ impl Sim {
         };
         self.clusters.push(copy);
         self.lives.push(None);
-        self.carry.push(None);
+        self.carry.push(LifeCore::new(false));
         self.configs.push(cfg);
         self.processes.push(0);
         self.epochs.push(0);
@@ -137,7 +143,7 @@ impl Sim {
         if let Some(life) = self.lives[c].take() {
             self.end_life(life, false);
         }
-        self.carry[c] = None;
+        self.carry[c] = LifeCore::new(false);
         self.processes[c] += 1;
     }
 

@@ -15,12 +15,13 @@ mod eos_broker;
 mod faults;
 mod life;
 mod model;
+mod starts;
 
 use std::collections::HashSet;
 
 pub use eos::{run_exactly_once, EosStats};
 
-use outbox_core::{Doubt, ReplayStart, SessionError};
+use outbox_core::{Doubt, Ended, LifeCore, ReplayStart, SessionError};
 use pgoutput::Lsn;
 
 use life::{Cursor, Life, OTHER, OUTBOX, OUTBOX_PARTITION};
@@ -99,8 +100,9 @@ struct Sim {
     archive: Vec<Vec<Txn>>,
     kafka: Kafka,
     lives: Vec<Option<Life>>,
-    /// What the relay process on each cluster carries between its sessions.
-    carry: Vec<Option<(outbox_core::DeliveredPosition, u64)>>,
+    /// What the relay process on each cluster carries between its sessions: the relay's
+    /// own rules (`outbox_core::LifeCore`). A new process starts a new one.
+    carry: Vec<LifeCore<()>>,
     configs: Vec<Config>,
     /// The current relay process of each cluster, and how often it gave up its claim
     /// (a doubt resets it: its record may then move back).
@@ -150,7 +152,7 @@ pub fn run(seed: u64) -> Result<Stats, Violation> {
         archive: Vec::new(),
         kafka: Kafka::default(),
         lives: vec![None],
-        carry: vec![None],
+        carry: vec![LifeCore::new(false)],
         configs: vec![base],
         processes: vec![0],
         epochs: vec![0],
@@ -279,15 +281,11 @@ impl Sim {
                 continue;
             }
             let start = cl.confirmed;
-            let claim = match self.carry[c].take() {
-                Some(carried) => Some(carried),
-                None => self
-                    .kafka
-                    .records
-                    .get(&cl.key)
-                    .and_then(|r| r.last())
-                    .map(|r| (r.claim.clone(), r.lineage)),
+            let Some(known) = self.known(c)? else {
+                continue;
             };
+            let cl = &self.clusters[c];
+            let claim = known.claim;
             if self.trace {
                 eprintln!("  start relay on cluster {c} at {start:?} cfg {cfg:?} claim {claim:?}");
             }
@@ -300,7 +298,7 @@ impl Sim {
                     .fingerprint()
                     .map_err(|e| Violation(format!("settings: {e}")))?,
                 // Another lineage was seen writing the record: nothing is skipped.
-                foreign_writer: self.rng.chance(20),
+                foreign_writer: known.foreign_writer || self.rng.chance(20),
                 new_lineage: self.rng.next_u64() | 1,
                 doubt_lineage: self.rng.next_u64() | 1,
             };
@@ -364,13 +362,13 @@ impl Sim {
                         }
                         self.configs[c].dead_letter = true;
                         self.end_life(life, false);
-                        self.carry[c] = None;
+                        self.carry[c] = LifeCore::new(false);
                         self.processes[c] += 1;
                     }
                     End::RaiseLimit => {
                         self.configs[c].limit_raised = true;
                         self.end_life(life, false);
-                        self.carry[c] = None;
+                        self.carry[c] = LifeCore::new(false);
                         self.processes[c] += 1;
                     }
                 }
@@ -599,7 +597,7 @@ impl Sim {
     /// publication as it is now.
     fn publication_stop(&mut self, c: usize) {
         self.stats.publication_stops += 1;
-        self.carry[c] = None;
+        self.carry[c] = LifeCore::new(false);
         self.processes[c] += 1;
         let cl = &mut self.clusters[c];
         if !cl.outbox_published {
@@ -678,7 +676,13 @@ impl Sim {
                 }
             }
         }
-        self.carry[life.cluster] = carry.then(|| life.core.claim());
+        let process = &mut self.carry[life.cluster];
+        process.session_ran(Some(life.core.claim()), None);
+        process.ended(if carry {
+            Ended::Retry
+        } else {
+            Ended::ProcessEnds
+        });
     }
 
     /// No more faults or writes: the first cluster's relay runs until it has confirmed

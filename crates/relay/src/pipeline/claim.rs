@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use outbox_core::DeliveredPosition;
+use outbox_core::{Known, RecordRead, SlotView};
 use pgrepl::ConnectConfig;
 
 use super::backfill::refuse_unfinished_backfill;
@@ -12,81 +12,67 @@ use super::carry::Carry;
 use super::config::RelayConfig;
 use super::error::{OtherClusterRecord, RelayError};
 use super::observe::Observer;
+use super::server::refused;
 use super::session;
 use crate::kafka::{
     ProgressError, ProgressRecord, ProgressStore, PublicationSeen, SlotIdentity, SlotRecords,
 };
 
-/// What the coming replay may skip once the stream proves it: the claim of the previous
-/// session of this process, or else the progress record's, with the lineage it continues.
-/// No record, an unreadable one, or one this process saw another live writer write:
-/// nothing (see `outbox_core::delivered`).
+/// What the coming replay may skip once proven, and the look to compare the publication
+/// with: the rules are `outbox_core::LifeCore`'s (the claim of this process's last
+/// session before the record's); this reads the record when they need it, and says what
+/// they find.
 pub(super) async fn replay_claim(
     cfg: &RelayConfig,
     obs: &Observer,
     carry: &Carry,
     progress: Option<&ProgressStore>,
-    identity: &SlotIdentity,
-) -> Result<Known, RelayError> {
-    if let Some(claim) = &carry.delivered {
-        let (publication, read) = match &carry.publication {
-            Some((look, compared)) => (Some(look.clone()), *compared),
-            None => (None, true),
-        };
-        return Ok(Known {
-            claim: Some(claim.clone()),
-            publication,
-            timeline: None,
-            read,
-            unrecorded: false,
-        });
-    }
-    let Some(p) = progress else {
-        return Ok(Known {
-            read: true,
-            ..Known::default()
-        });
+    (identity, server): (&SlotIdentity, &(String, u16)),
+) -> Result<Known<PublicationSeen>, RelayError> {
+    let read = match progress {
+        Some(p) if carry.life.needs_record() => read_record(cfg, obs, p, identity).await,
+        _ => RecordRead::NotKept,
     };
-    // Bounded: the stream is already started and waits for this optimisation (and the
-    // identity check it brings is then skipped: it may only ever stop a relay, never be
-    // why one cannot start).
+    let known = carry.life.known(read).map_err(|r| refused(r, server))?;
+    if let (true, Some(p)) = (known.foreign_writer, progress) {
+        if p.mark_foreign_writer() {
+            obs.progress_foreign_write();
+            warn_foreign_writer(identity, p.topic());
+        }
+    }
+    Ok(known)
+}
+
+/// One read of the slot's record for [`replay_claim`], bounded: the stream is already
+/// started and waits for this optimisation (and the identity check it brings is then
+/// skipped: it may only ever stop a relay, never be why one cannot start).
+async fn read_record(
+    cfg: &RelayConfig,
+    obs: &Observer,
+    p: &ProgressStore,
+    identity: &SlotIdentity,
+) -> RecordRead<PublicationSeen, RelayError> {
     let wait = cfg.progress_read_wait;
     p.check_durable_in_background();
     let read = tokio::time::timeout(wait, p.read_slot(identity)).await;
     match read.unwrap_or(Err(ProgressError::Timeout(wait))) {
-        Ok(records) => {
-            refuse_other_cluster(&records, p, identity)?;
-            refuse_unfinished_backfill(&records, p.topic(), identity)?;
-            if records.writers_alternate() && p.mark_foreign_writer() {
-                obs.progress_foreign_write();
-                warn_foreign_writer(identity, p.topic());
-            }
-            let publication = records.last_look().cloned();
-            let timeline = records.ours.as_ref().map(|r| r.claim.timeline);
-            Ok(Known {
-                unrecorded: publication.is_none(),
-                claim: records.ours.map(|r| (r.claim, r.lineage)),
-                publication,
-                timeline,
-                read: true,
-            })
-        }
+        Ok(records) => RecordRead::Read(SlotView {
+            other_cluster: refuse_other_cluster(&records, p, identity).err(),
+            backfill_unfinished: refuse_unfinished_backfill(&records, p.topic(), identity).err(),
+            writers_alternate: records.writers_alternate(),
+            last_look: records.last_look().cloned(),
+            ours: records.ours.map(|r| (r.claim, r.lineage)),
+        }),
         Err(ProgressError::Unreadable(why)) => {
-            // Not a record outboxd writes: read, and holding nothing. Waiting for a
-            // readable one would hold the slot, and the primary's WAL, forever.
             unreadable_record(obs, identity, p.topic(), &why);
-            Ok(Known {
-                read: true,
-                unrecorded: true,
-                ..Known::default()
-            })
+            RecordRead::Unreadable
         }
         Err(e) => {
             obs.progress_record_unread();
             tracing::warn!(
                 "no progress record to skip replayed events, or to compare the publication with ({e}): replayed events are published again, and the slot is not confirmed past its start until the record is read and the publication compared with it"
             );
-            Ok(Known::default())
+            RecordRead::NotRead
         }
     }
 }
@@ -157,21 +143,6 @@ pub(super) fn unreadable_record(obs: &Observer, identity: &SlotIdentity, topic: 
         progress_topic = %topic,
         "this slot's progress record is not one outboxd writes ({why}): nothing is skipped on it, the publication is compared with the slot instead, and the next write replaces it. Something other than outboxd writes this topic: only outboxd's Kafka principal may (docs/operations.md, \"OutboxdProgressRecordInvalid\")"
     );
-}
-
-/// What the last session of this process, or the progress record, knew.
-#[derive(Debug, Default)]
-pub(super) struct Known {
-    pub(super) claim: Option<(DeliveredPosition, u64)>,
-    pub(super) publication: Option<PublicationSeen>,
-    /// The record's timeline: a server on an older one is an abandoned history.
-    pub(super) timeline: Option<u32>,
-    /// Whether the record (or the last session) was read: if not, the publication is
-    /// compared once it is (see `session::publication`).
-    pub(super) read: bool,
-    /// The record was read and holds no look at the publication for this slot, under
-    /// any name of this cluster.
-    pub(super) unrecorded: bool,
 }
 
 /// The loud warning for two live writers of one key (see `Doubt::ForeignWriter`).

@@ -44,7 +44,7 @@ pub use slot::{
 };
 pub use slot_history::{judge_missing_slot, Consent, Creation, History};
 
-use outbox_core::ReplayStart;
+use outbox_core::{Ended, ReplayStart};
 
 use crate::kafka::{
     build_producer, build_transactional_producer, BrokerProbe, ProducerSettings, ProgressRecord,
@@ -52,7 +52,7 @@ use crate::kafka::{
 };
 use carry::Carry;
 use claim::{record_first_look, replay_claim};
-use server::{check_server_version, check_system, refuse_older_timeline};
+use server::{check_server_version, refused};
 use session::{Session, SessionStart};
 
 pub use outbox_core::BadRowPolicy;
@@ -179,7 +179,7 @@ async fn relay_loop(
     shutdown: &mut watch::Receiver<bool>,
     backoff: &mut Backoff,
 ) -> Result<(), RelayError> {
-    let mut carry = Carry::default();
+    let mut carry = Carry::new(cfg.producer.transactions.is_some());
     // A standby's one connection for watching the slot, kept across attempts.
     let mut watcher: Option<tokio_postgres::Client> = None;
     // A standby's way to ask whether Kafka answers it, made at its first takeover.
@@ -197,8 +197,7 @@ async fn relay_loop(
                 if e.is_slot_in_use() {
                     // Another instance streams now and writes the record: what this one
                     // knew is older than what the record will say at the takeover.
-                    carry.delivered = None;
-                    carry.publication = None;
+                    carry.life.ended(Ended::SlotTaken);
                     if !carry.standing_by {
                         // Once: a standby may wait for days.
                         tracing::info!("{e}; standing by until the slot is released (watching it over one connection)");
@@ -210,6 +209,7 @@ async fn relay_loop(
                     }
                     continue;
                 }
+                carry.life.ended(Ended::Retry);
                 watcher = None;
                 obs.standby(false);
                 let d = backoff.after_session(carry.progressed, &mut rand::thread_rng());
@@ -350,14 +350,11 @@ async fn run_session(
     let mut conn = ReplicationConnection::connect(pg).await?;
     check_server_version(conn.server_version_num().await?)?;
     let system = conn.identify_system().await?;
-    let previous_timeline = check_system(&mut carry.seen_system, &system, (&pg.host, pg.port))?;
-    let host = (pg.host.clone(), pg.port);
-    if previous_timeline.is_some() || carry.seen_host.as_ref().is_some_and(|h| *h != host) {
-        // Another server's history: what this process proved delivered is proven again
-        // from the progress record, never carried over.
-        carry.delivered = None;
-    }
-    carry.seen_host = Some(host);
+    let server = (pg.host.clone(), pg.port);
+    let previous_timeline = carry
+        .life
+        .connected(&system.system_id, system.timeline, server.clone())
+        .map_err(|r| refused(r, &server))?;
     let identity = SlotIdentity {
         cluster: cfg.cluster_name.clone(),
         system_id: system.system_id.clone(),
@@ -444,7 +441,7 @@ async fn run_session(
         (true, Some(p)) => {
             let decoded = pgrepl::preflight::slot_decoded(&sql, &cfg.slot).await?;
             // A slot held by another instance: this one stands by and records nothing.
-            if !decoded && !start.held && carry.delivered.is_none() {
+            if !decoded && !start.held && !carry.life.carries_claim() {
                 let at = ProgressRecord::slot_created(system.timeline, start.confirmed_flush, None);
                 record_first_look(cfg, (pg, &sql), p, &identity, obs, at).await?;
             }
@@ -498,7 +495,6 @@ async fn run_session(
     // truth of what Kafka has: it, not this process's memory, says what to skip.
     let transactional = match cfg.producer.transactions {
         Some(_) => {
-            carry.delivered = None;
             let producer = build_transactional_producer(
                 &cfg.producer,
                 tx.clone(),
@@ -516,11 +512,7 @@ async fn run_session(
         }
         None => None,
     };
-    let known = replay_claim(cfg, obs, carry, progress, &identity).await?;
-    let server = (pg.host.clone(), pg.port);
-    if let Some(recorded) = known.timeline {
-        refuse_older_timeline(recorded, system.timeline, &server)?;
-    }
+    let known = replay_claim(cfg, obs, carry, progress, (&identity, &server)).await?;
     let mut start_settled = settled;
     if let (Some(last), Some(_)) = (&known.publication, table) {
         session::publication::compare(&cfg.publication, last, publication.as_ref())?;
@@ -617,8 +609,10 @@ async fn run_session(
         session.settle_in_flight(SETTLE_AFTER_SERVER_LOSS).await;
     }
     carry.progressed = session.made_progress();
-    carry.delivered = Some(session.delivered()).filter(|_| cfg.producer.transactions.is_none());
-    carry.publication = session.publication_seen();
+    // Kept for the next session only if this one ends in a retry (`relay_loop`).
+    carry
+        .life
+        .session_ran(Some(session.delivered()), session.publication_seen());
     match &result {
         Ok(_) => {
             // Bounded: the final position was already sent; CopyDone is a courtesy.

@@ -1,5 +1,7 @@
 //! The server a session connected to: its version, its cluster and its timeline.
 
+use outbox_core::Refusal;
+
 use super::error::RelayError;
 
 /// The oldest PostgreSQL outboxd supports: pgoutput's `messages` option, the
@@ -14,100 +16,52 @@ pub(super) fn check_server_version(version_num: u32) -> Result<(), RelayError> {
     Ok(())
 }
 
-/// The cluster this process streams from, as the first connection found it.
-#[derive(Debug, Clone)]
-pub(super) struct SeenSystem {
-    system_id: String,
-    timeline: u32,
-}
-
-/// Refuses a connection to another cluster (a different system identifier: a restored
-/// backup or a wrong host, whose LSNs mean nothing for our slot), and returns the earlier
-/// timeline when it changed (a promotion keeps the identifier and starts a new timeline).
-pub(super) fn check_system(
-    seen: &mut Option<SeenSystem>,
-    now: &pgrepl::SystemInfo,
-    server: (&str, u16),
-) -> Result<Option<u32>, RelayError> {
-    match seen {
-        None => {
-            *seen = Some(SeenSystem {
-                system_id: now.system_id.clone(),
-                timeline: now.timeline,
-            });
-            Ok(None)
-        }
-        Some(s) if s.system_id != now.system_id => Err(RelayError::OtherCluster {
-            expected: s.system_id.clone(),
-            found: now.system_id.clone(),
-        }),
-        // A promotion only ever moves to a newer timeline. An older one is a primary that
-        // was left running after a standby took over (split brain): its history was
-        // abandoned, and what it holds past the fork is not the cluster's.
-        Some(s) if now.timeline < s.timeline => Err(RelayError::TimelineWentBack {
-            host: server.0.to_owned(),
+/// The error a refusal of `outbox_core::LifeCore` stops the relay with, on `server`.
+pub(super) fn refused(r: Refusal<RelayError>, server: &(String, u16)) -> RelayError {
+    match r {
+        Refusal::OtherSystem { expected, found } => RelayError::OtherCluster { expected, found },
+        Refusal::TimelineWentBack { seen, found } => RelayError::TimelineWentBack {
+            host: server.0.clone(),
             port: server.1,
-            seen: s.timeline,
-            found: now.timeline,
-        }),
-        Some(s) if s.timeline != now.timeline => {
-            let previous = s.timeline;
-            s.timeline = now.timeline;
-            Ok(Some(previous))
-        }
-        Some(_) => Ok(None),
+            seen,
+            found,
+        },
+        Refusal::Record(e) => e,
     }
 }
 
-/// Refuses a server on an older timeline than the one recorded: a primary left running
-/// after a standby was promoted (see [`RelayError::TimelineWentBack`]).
+/// Refuses a server on an older timeline than the one recorded (see
+/// [`RelayError::TimelineWentBack`]).
 pub(super) fn refuse_older_timeline(
     recorded: u32,
     now: u32,
     server: &(String, u16),
 ) -> Result<(), RelayError> {
-    if now < recorded {
-        return Err(RelayError::TimelineWentBack {
-            host: server.0.clone(),
-            port: server.1,
-            seen: recorded,
-            found: now,
-        });
-    }
-    Ok(())
+    outbox_core::life::refuse_older_timeline(recorded, now).map_err(|r| refused(r, server))
 }
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::pipeline::ErrorClass;
 
-    fn info(system_id: &str, timeline: u32) -> pgrepl::SystemInfo {
-        pgrepl::SystemInfo {
-            system_id: system_id.into(),
-            timeline,
-            xlog_pos: pgoutput::Lsn::ZERO,
-            dbname: None,
-        }
-    }
-
     #[test]
-    fn another_cluster_is_refused_and_a_new_timeline_reported_once() {
-        let mut seen = None;
-        let at = ("db1", 5432);
-        assert_eq!(check_system(&mut seen, &info("7", 1), at).ok(), Some(None));
-        assert_eq!(check_system(&mut seen, &info("7", 1), at).ok(), Some(None));
-        assert_eq!(
-            check_system(&mut seen, &info("7", 2), at).ok(),
-            Some(Some(1))
-        );
-        assert_eq!(check_system(&mut seen, &info("7", 2), at).ok(), Some(None));
+    fn refusals_stop_with_exit_3_naming_the_server() {
+        let at = ("db1".to_owned(), 5432);
+        let mut life = outbox_core::LifeCore::<()>::new(false);
+        assert!(life.connected::<RelayError>("7", 2, at.clone()).is_ok());
         // Back to timeline 1: an old primary left running after the promotion.
-        let back = check_system(&mut seen, &info("7", 1), at).err();
+        let back = life
+            .connected("7", 1, at.clone())
+            .map_err(|r| refused(r, &at))
+            .err();
         assert!(
-            matches!(&back, Some(e @ RelayError::TimelineWentBack { seen: 2, found: 1, .. }) if e.exit_code() == 3),
+            matches!(&back, Some(e @ RelayError::TimelineWentBack { seen: 2, found: 1, port: 5432, .. }) if e.exit_code() == 3),
             "{back:?}"
         );
-        let err = check_system(&mut seen, &info("8", 2), at).err();
+        let err = life
+            .connected("8", 2, at.clone())
+            .map_err(|r| refused(r, &at))
+            .err();
         assert!(
             matches!(&err, Some(e @ RelayError::OtherCluster { .. }) if e.exit_code() == 3 && e.class() == ErrorClass::Permanent),
             "{err:?}"
