@@ -189,9 +189,9 @@ impl Session<'_> {
             RelayError::Transaction(TxnError::Fenced(_)) => None,
             _ => Some(TxnAbortCause::Restart),
         };
-        if let Some(cause) = cause.filter(|_| {
-            !matches!(abort, Err(TxnError::Fenced(_) | TxnError::Fatal(_)))
-        }) {
+        if let Some(cause) =
+            cause.filter(|_| !matches!(abort, Err(TxnError::Fenced(_) | TxnError::Fatal(_))))
+        {
             self.obs.kafka_txn_aborted(cause);
         }
         KafkaTxnCore::after_abort(e, abort)
