@@ -26,117 +26,22 @@ use pgoutput::{
     TupleData,
 };
 
-use crate::budget::InFlightCaps;
 use crate::delivered::{row_identity, DeliveredPosition, Doubt, RowId, TxnId};
 use crate::dlq::{dead_letter_message, dead_letter_message_head, dead_letter_record};
-use crate::emit::EmitMapper;
-use crate::error::{AckError, RowError, ShapeError};
+use crate::error::RowError;
 use crate::ledger::{InFlightLedger, Outcome, Outgoing, Ticket};
-use crate::mapping::{BoundTable, TableSpec};
+use crate::mapping::BoundTable;
 use crate::record::{check_size, oversize_error, oversize_row_error, CommitContext, OutboxRecord};
-use crate::replay::{NextRow, PartialMismatch, ReplayCore, ReplayStart, Step};
-use crate::topic::TopicName;
+use crate::replay::{NextRow, ReplayCore, ReplayStart, Step};
 
 /// The prefix of the transactional message `sql/publication-guard.sql`'s event trigger
 /// emits in every transaction that changes a publication: the exact WAL position of the
 /// change, where polling the catalog only brackets it.
 pub const PUBLICATION_GUARD_PREFIX: &str = "outboxd.publication";
 
-/// What becomes of a row that cannot be published as it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BadRowPolicy {
-    DeadLetter,
-    Stop,
-}
+mod interface;
 
-/// What the rules need of the relay's settings.
-#[derive(Debug, Clone)]
-pub struct CoreConfig {
-    pub table: TableSpec,
-    /// false: only emitted messages are relayed.
-    pub relay_table: bool,
-    pub emit: Option<EmitMapper>,
-    pub dead_letter_topic: TopicName,
-    pub bad_row_policy: BadRowPolicy,
-    pub max_message_bytes: usize,
-    pub caps: InFlightCaps,
-    /// Keepalives may move the position over WAL with nothing for the relay.
-    pub idle_flush: bool,
-}
-
-impl CoreConfig {
-    /// The settings that decide what is published, as one number: a claim recorded under
-    /// other settings proves nothing (`heartbeat`: heartbeats are streamed; `publication`
-    /// and `catalog`: its name and catalog identity).
-    pub fn fingerprint(&self, heartbeat: bool, publication: &str, catalog: &str) -> u64 {
-        let on = |b: bool| if b { "on" } else { "off" };
-        crate::delivered::Fingerprint::default()
-            .add("table", &format!("{:?}", self.table))
-            .add("relay_table", on(self.relay_table))
-            .add("emit", &format!("{:?}", self.emit))
-            .add("heartbeat", on(heartbeat))
-            .add("dead_letter_topic", self.dead_letter_topic.as_str())
-            .add("bad_row_policy", &format!("{:?}", self.bad_row_policy))
-            .add("max_message_bytes", &self.max_message_bytes.to_string())
-            .add("publication", publication)
-            .add("publication_catalog", catalog)
-            .finish()
-    }
-}
-
-/// Why a session stops.
-#[derive(Debug, thiserror::Error)]
-pub enum SessionError {
-    #[error("ack tracking error: {0}")]
-    Ack(#[from] AckError),
-    #[error(transparent)]
-    Shape(#[from] ShapeError),
-    #[error("replication protocol error: {0}")]
-    Protocol(String),
-    #[error("the partly delivered transaction at {} came back with {} rows where {} were recorded ({})", .0.commit_lsn, .0.read, .0.recorded, .0.reason.explain())]
-    PartialReplay(PartialMismatch),
-    /// Under [`BadRowPolicy::Stop`]; the slot stays before `commit_lsn`.
-    #[error("bad outbox row: {error}")]
-    BadRow { error: RowError, commit_lsn: Lsn },
-    #[error("bad outbox row: {error}; its dead-letter record of {size} bytes does not fit")]
-    DeadLetterTooLarge { error: RowError, size: usize },
-    /// A record held while its replay was proven, then released, was refused as too large:
-    /// its transaction is committed, so no dead letter can take its place.
-    #[error("a replayed record for topic {topic} was refused as too large ({size} bytes) after it was held; nothing past it is confirmed")]
-    ReleasedTooLarge { topic: String, size: usize },
-    /// Inserts into a relation shaped like the outbox that the catalog does not call a
-    /// partition of it (one detached or dropped since its rows were written).
-    #[error("inserts into {relation}, shaped like {table} but not a partition of it")]
-    OutboxLikeRelation { relation: String, table: String },
-}
-
-/// A row left unpublished because Kafka has it.
-#[derive(Debug, Clone, Copy)]
-pub enum Skipped<'a> {
-    /// A held record of a replay proven delivered.
-    Held(&'a OutboxRecord),
-    /// A leading row of the partly delivered transaction, before it was mapped.
-    Row(&'a TupleData),
-    /// The same, for an emitted message.
-    Message(&'a Message),
-}
-
-/// What the rules report as they go: metrics and logs in the relay, checks in the
-/// simulator. Every method defaults to nothing.
-pub trait Observe {
-    fn skipped(&mut self, _what: Skipped<'_>) {}
-    /// A bad row's dead-letter record was queued (or held with its replay); under
-    /// [`BadRowPolicy::Stop`] nothing is: the row was not dead-lettered.
-    fn dead_lettered(&mut self, _error: &RowError, _topic: &TopicName) {}
-    /// The broker acknowledged a message of a transaction committed at this time.
-    fn acked(&mut self, _commit_unix_micros: i64) {}
-    fn delivery_failed(&mut self) {}
-    /// How many records the replay holds now.
-    fn held(&mut self, _n: usize) {}
-    fn doubt(&mut self, _d: Doubt, _held: usize) {}
-    /// A partly delivered transaction begins: its first `rows` rows are skipped.
-    fn resuming(&mut self, _txn: TxnId, _rows: u64) {}
-}
+pub use interface::{BadRowPolicy, CoreConfig, Observe, SessionError, Skipped};
 
 /// A record to hand to the producer under `ticket`, answered with
 /// [`SessionCore::sent`] or [`SessionCore::send_failed`] before the next input: one

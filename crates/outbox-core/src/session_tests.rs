@@ -2,8 +2,12 @@
 //! confirmed, and when. (The simulator runs the same rules over seeded histories.)
 
 use super::*;
+use crate::budget::InFlightCaps;
+use crate::emit::EmitMapper;
 use crate::error::RowErrorKind;
+use crate::mapping::TableSpec;
 use crate::pgtype;
+use crate::topic::TopicName;
 use bytes::Bytes;
 use pgoutput::{Begin, Column, Commit, ReplicaIdentity, TupleValue};
 
