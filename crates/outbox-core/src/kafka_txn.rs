@@ -133,6 +133,13 @@ impl KafkaTxnCore {
         begin
     }
 
+    /// `begin_transaction` failed after [`Self::on_send`] asked for it: nothing is open,
+    /// so nothing is aborted (or counted) after the session ends.
+    pub fn begin_failed(&mut self) {
+        self.open_since = None;
+        self.events = 0;
+    }
+
     /// How long the open transaction has been open at `now`, and its events.
     pub fn open_for(&self, now: Duration) -> Option<(Duration, usize)> {
         self.open_since

@@ -570,7 +570,10 @@ impl<'a> Session<'a> {
     ) -> Result<Sent, RelayError> {
         if let Some(txn) = self.txn.as_mut() {
             if txn.core.on_send(txn.now()) {
-                self.producer.begin_transaction()?;
+                if let Err(e) = self.producer.begin_transaction() {
+                    txn.core.begin_failed();
+                    return Err(e.into());
+                }
             }
         }
         loop {

@@ -308,13 +308,13 @@ pub fn render_all(relays: &[(Option<u32>, &MetricsSnapshot)]) -> String {
         relays,
         "kafka_transactions_split_total",
         "counter",
-        "Kafka transactions committed inside one PostgreSQL transaction, because it was open longer than half of transaction.timeout.ms: a read_committed consumer sees that PostgreSQL transaction in parts.",
+        "Kafka transactions committed inside one PostgreSQL transaction, because it was open longer than half of transaction.timeout.ms (or outboxd was stopping): a read_committed consumer sees that PostgreSQL transaction in parts.",
         |s| s.kafka_txn_split_total,
     );
     out.header(
         "kafka_transactions_aborted_total",
         "counter",
-        "Kafka transactions that ended without a commit, by cause: abortable = librdkafka asked for it (a failed produce, acks too slow for transaction.timeout.ms), restart = the session ended for another reason, expired = the broker aborted it, open longer than transaction.timeout.ms (outboxd stalled). Their events are published again from the slot.",
+        "Kafka transactions that ended without a commit, by cause: abortable = librdkafka reported an abortable error, or acks were too slow for transaction.timeout.ms, restart = the session ended for another reason, expired = the broker aborted it, open longer than transaction.timeout.ms (outboxd stalled). Their events are published again from the slot.",
     );
     out.each(relays, |out, s| {
         for (cause, n) in &s.kafka_txn_aborted_total {

@@ -139,10 +139,11 @@ impl Session<'_> {
             let Some(txn) = self.txn.as_ref() else {
                 return Err(e.into());
             };
+            let why = e.to_string();
             match txn.core.after_commit_error(e, attempt) {
                 CommitStep::Again => {
                     attempt += 1;
-                    tracing::warn!(attempt, "committing the Kafka transaction again");
+                    tracing::warn!(attempt, "committing the Kafka transaction again: {why}");
                 }
                 CommitStep::Fail(e) => return Err(e.into()),
             }
