@@ -294,6 +294,19 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_begin_leaves_nothing_to_abort() {
+        let mut txn = KafkaTxnCore::new(rules(Duration::from_secs(60)));
+        assert!(txn.on_send(ms(0)), "the first send begins a transaction");
+        txn.begin_failed();
+        assert!(
+            !txn.aborting(ms(10)),
+            "nothing was opened, so nothing is aborted"
+        );
+        assert!(txn.on_send(ms(20)), "the next send begins one again");
+        assert!(txn.aborting(ms(30)));
+    }
+
+    #[test]
     fn acks_deadline_counts_from_the_transactions_start() {
         let mut txn = KafkaTxnCore::new(rules(Duration::from_secs(60)));
         assert_eq!(txn.acks_deadline(), None);
