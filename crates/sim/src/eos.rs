@@ -46,8 +46,8 @@ pub struct EosStats {
     pub duplicates: u64,
 }
 
-impl EosStats {
-    pub fn add(&mut self, o: &EosStats) {
+impl crate::Tally for EosStats {
+    fn add(&mut self, o: &EosStats) {
         self.steps += o.steps;
         self.commits += o.commits;
         self.splits += o.splits;

@@ -16,10 +16,12 @@ mod faults;
 mod life;
 mod model;
 mod starts;
+mod sweep;
 
 use std::collections::HashSet;
 
 pub use eos::{run_exactly_once, EosStats};
+pub use sweep::{env_u64, replay_from_env, sweep, Swept, Tally};
 
 use outbox_core::{Doubt, Ended, LifeCore, ReplayStart, SessionError};
 use pgoutput::Lsn;
@@ -78,8 +80,8 @@ pub struct Stats {
     pub forged: u64,
 }
 
-impl Stats {
-    pub fn add(&mut self, o: &Stats) {
+impl Tally for Stats {
+    fn add(&mut self, o: &Stats) {
         self.steps += o.steps;
         self.events += o.events;
         self.duplicates += o.duplicates;

@@ -2,72 +2,20 @@
 //! `OUTBOXD_SIM_FIRST_SEED` (default 0), on every core; `OUTBOXD_SIM_SEED=n` replays
 //! one. A failing schedule prints its seed and what broke.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
-
-use outboxd_sim::{run, Stats};
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use outboxd_sim::{env_u64, replay_from_env, run, sweep};
 
 #[test]
 fn every_schedule_keeps_every_invariant() {
-    if let Ok(seed) = std::env::var("OUTBOXD_SIM_SEED") {
-        let seed: u64 = seed.parse().expect("OUTBOXD_SIM_SEED");
-        match run(seed) {
-            Ok(stats) => eprintln!("seed {seed}: ok {stats:?}"),
-            Err(v) => panic!("seed {seed}: {}", v.0),
-        }
+    if replay_from_env("", run) {
         return;
     }
     let first = env_u64("OUTBOXD_SIM_FIRST_SEED", 0);
     let count = env_u64("OUTBOXD_SIM_SCHEDULES", 100_000);
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let next = AtomicU64::new(first);
-    let failed = AtomicU64::new(u64::MAX);
-    let started = Instant::now();
-    let totals: Vec<(Stats, Option<(u64, String)>)> = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut total = Stats::default();
-                    loop {
-                        let seed = next.fetch_add(1, Ordering::Relaxed);
-                        if seed >= first + count || seed > failed.load(Ordering::Relaxed) {
-                            return (total, None);
-                        }
-                        match run(seed) {
-                            Ok(st) => total.add(&st),
-                            Err(v) => {
-                                failed.fetch_min(seed, Ordering::Relaxed);
-                                return (total, Some((seed, v.0)));
-                            }
-                        }
-                    }
-                })
-            })
-            .collect();
-        workers.into_iter().map(|w| w.join().unwrap()).collect()
-    });
-    let mut total = Stats::default();
-    let mut first_failure: Option<(u64, String)> = None;
-    for (st, f) in totals {
-        total.add(&st);
-        if let Some((seed, why)) = f {
-            if first_failure.as_ref().is_none_or(|(s, _)| seed < *s) {
-                first_failure = Some((seed, why));
-            }
-        }
-    }
+    let swept = sweep(first, count, run);
+    let total = &swept.total;
     eprintln!(
         "simulation: {count} schedules from seed {first} in {:.1} s ({} steps, {} records acked, {} dead letters, {} duplicates, {} kills, {} skipped as delivered, {} doubts, {} publication stops, {} forged records)",
-        started.elapsed().as_secs_f64(),
+        swept.seconds,
         total.steps,
         total.events,
         total.dead_letters,
@@ -78,7 +26,5 @@ fn every_schedule_keeps_every_invariant() {
         total.publication_stops,
         total.forged
     );
-    if let Some((seed, why)) = first_failure {
-        panic!("seed {seed}: {why}\nreplay it with OUTBOXD_SIM_SEED={seed}");
-    }
+    swept.assert_passed();
 }
