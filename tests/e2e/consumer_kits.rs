@@ -289,15 +289,15 @@ fn committed_and_ends(
         tpl.add_partition(topic, p);
     }
     let committed = c.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+    let marks = outboxd_test_broker::watermarks(bootstrap, "read_committed", topic, partitions)
+        .expect("watermarks");
     (0..partitions)
-        .map(|p| {
+        .zip(marks)
+        .map(|(p, (_, end))| {
             let at = match committed.find_partition(topic, p).map(|e| e.offset()) {
                 Some(rdkafka::Offset::Offset(o)) => o,
                 other => panic!("{topic}/{p}: no committed offset ({other:?})"),
             };
-            let (_, end) = c
-                .fetch_watermarks(topic, p, Duration::from_secs(10))
-                .unwrap();
             (at, end)
         })
         .collect()

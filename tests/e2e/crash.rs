@@ -65,17 +65,11 @@ fn unrecorded_at_kill(samples: &[(f64, f64)], carried: f64) -> f64 {
 
 /// High watermark of each partition of `topics`.
 fn watermarks(bootstrap: &str, topics: &[String]) -> HashMap<(String, i32), i64> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .expect("consumer");
     let mut out = HashMap::new();
     for t in topics {
-        for p in 0..6 {
-            let (_, high) = consumer
-                .fetch_watermarks(t, p, Duration::from_secs(10))
-                .expect("watermarks");
+        let marks =
+            outboxd_test_broker::watermarks(bootstrap, "read_committed", t, 6).expect("watermarks");
+        for (p, (_, high)) in (0..).zip(marks) {
             out.insert((t.clone(), p), high);
         }
     }

@@ -421,18 +421,10 @@ async fn exactly_once_effect_under_kill_9() {
     assert_eq!(last, versions, "every account's last version applied");
     // What the kills cost on the wire: records re-sent by outboxd after its crashes.
     let records = tokio::task::block_in_place(|| {
-        use rdkafka::consumer::{BaseConsumer, Consumer};
-        let c: BaseConsumer = rdkafka::config::ClientConfig::new()
-            .set("bootstrap.servers", broker.bootstrap())
-            .create()
-            .unwrap();
-        (0..partitions)
-            .map(|p| {
-                let (lo, hi) = c
-                    .fetch_watermarks(&topic, p, Duration::from_secs(10))
-                    .unwrap();
-                hi - lo
-            })
+        outboxd_test_broker::watermarks(&broker.bootstrap(), "read_committed", &topic, partitions)
+            .expect("watermarks")
+            .into_iter()
+            .map(|(lo, hi)| hi - lo)
             .sum::<i64>()
     });
     assert!(records >= want, "{records} records for {want} events");

@@ -348,6 +348,32 @@ impl Drop for Broker {
     }
 }
 
+/// The low and high watermark of each of `topic`'s first `partitions` partitions, as a
+/// consumer of `isolation` (`read_committed` or `read_uncommitted`) sees them. A leader
+/// moving or not yet elected answers `NotLeaderForPartition` for a moment, so an error is
+/// asked again for up to a minute: a test's count must not fail on the broker's weather.
+pub fn watermarks(
+    bootstrap: &str,
+    isolation: &str,
+    topic: &str,
+    partitions: i32,
+) -> Result<Vec<(i64, i64)>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("isolation.level", isolation)
+        .create()?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    (0..partitions)
+        .map(|p| loop {
+            match consumer.fetch_watermarks(topic, p, Duration::from_secs(10)) {
+                Ok(w) => break Ok(w),
+                Err(e) if Instant::now() >= deadline => break Err(Error::Kafka(e)),
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        })
+        .collect()
+}
+
 /// A port on 127.0.0.1 that was free a moment ago and that no earlier call of this process
 /// returned. Not one the OS picks (port 0): it hands the same ephemeral ports to everything
 /// that binds port 0 (mock brokers, servers, clients' outgoing connections, other test
