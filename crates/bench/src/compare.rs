@@ -464,29 +464,14 @@ fn write_markdown(
              time over its whole life (start-up included), from /proc. *Broker CPU*: the Kafka JVM's over the \
              same span, **not** included in the relay's. *PG CPU*: every PostgreSQL process of the cluster.\n"
         )?;
-        writeln!(w, "| backlog | relay | seconds to last record | events/s | first record after s | events/s first → last | relay CPU s | relay CPU µs / event | broker CPU s | PG CPU s | peak RSS MiB | note |")?;
         writeln!(
             w,
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+            "{}",
+            Drained::table_head("| backlog | relay ", "|---|---")
         )?;
         for row in &c.drains {
-            let d = &row.drained;
-            writeln!(
-                w,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
-                row.case,
-                row.tool.name(),
-                cell(d.seconds, 2),
-                cell(d.rate(), 0),
-                cell(d.first, 2),
-                cell(d.streaming(), 0),
-                cell(d.relay_cpu, 2),
-                cell(d.relay_cpu.map(|x| x / d.events.max(1) as f64 * 1e6), 1),
-                cell(d.broker_cpu, 2),
-                d.pg_cpu,
-                cell(d.peak_rss_mib, 0),
-                d.note.replace('|', "/").replace('\n', " "),
-            )?;
+            let cells = row.drained.cells();
+            writeln!(w, "| {} | {} {cells}", row.case, row.tool.name())?;
         }
         writeln!(w)?;
         let mut ratios = String::new();

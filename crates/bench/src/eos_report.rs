@@ -160,29 +160,9 @@ fn catch_up(w: &mut String, e: &Eos) -> std::fmt::Result {
          user+system time over its life, from /proc; the broker's is its own column, **not** in the relay's.\n",
         e.backlog, e.generate_seconds
     )?;
-    writeln!(w, "| round | mode | seconds to last record | events/s | first record after s | events/s first → last | relay CPU s | relay CPU µs / event | broker CPU s | PG CPU s | peak RSS MiB | note |")?;
-    writeln!(
-        w,
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
-    )?;
+    writeln!(w, "{}", Drained::table_head("| round | mode ", "|---:|---"))?;
     for c in &e.catchup {
-        let d = &c.drained;
-        writeln!(
-            w,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
-            c.round,
-            c.mode.name(),
-            opt(d.seconds, 2),
-            opt(d.rate(), 0),
-            opt(d.first, 2),
-            opt(d.streaming(), 0),
-            opt(d.relay_cpu, 2),
-            opt(d.relay_cpu.map(|x| x / d.events.max(1) as f64 * 1e6), 1),
-            opt(d.broker_cpu, 2),
-            d.pg_cpu,
-            opt(d.peak_rss_mib, 0),
-            d.note.replace('|', "/").replace('\n', " "),
-        )?;
+        writeln!(w, "| {} | {} {}", c.round, c.mode.name(), c.drained.cells())?;
     }
     writeln!(w)?;
     let pairs = ratios(e);

@@ -237,6 +237,37 @@ pub struct Drained {
 }
 
 impl Drained {
+    /// The header of a table with one drained run per row, after the row's own leading
+    /// columns (`lead`, e.g. `"| round | mode "`), and its alignment line.
+    pub fn table_head(lead: &str, lead_align: &str) -> String {
+        format!(
+            "{lead}| seconds to last record | events/s | first record after s | \
+             events/s first → last | relay CPU s | relay CPU µs / event | broker CPU s | \
+             PG CPU s | peak RSS MiB | note |\n{lead_align}|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+        )
+    }
+
+    /// This run's cells of such a row, from "seconds to last record" on.
+    pub fn cells(&self) -> String {
+        use crate::report::opt;
+        format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
+            opt(self.seconds, 2),
+            opt(self.rate(), 0),
+            opt(self.first, 2),
+            opt(self.streaming(), 0),
+            opt(self.relay_cpu, 2),
+            opt(
+                self.relay_cpu.map(|x| x / self.events.max(1) as f64 * 1e6),
+                1
+            ),
+            opt(self.broker_cpu, 2),
+            self.pg_cpu,
+            opt(self.peak_rss_mib, 0),
+            self.note.replace('|', "/").replace('\n', " "),
+        )
+    }
+
     /// Events per second once records flow: first to last record, without the start-up.
     pub fn streaming(&self) -> Option<f64> {
         self.seconds
@@ -428,4 +459,33 @@ pub fn splice(out: &Path, begin: &str, end: &str, section: &str) -> Result<()> {
     };
     std::fs::write(out, new)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Drained;
+
+    #[test]
+    fn a_drained_row_has_the_columns_of_its_header() {
+        let d = Drained {
+            events: 10,
+            seconds: Some(2.0),
+            first: None,
+            relay_cpu: Some(0.5),
+            broker_cpu: None,
+            pg_cpu: 1.0,
+            peak_rss_mib: Some(40.0),
+            note: "a | b\nc".into(),
+        };
+        let head = Drained::table_head("| round | mode ", "|---:|---");
+        let row = format!("| 1 | exactly-once {}", d.cells());
+        let bars = |l: &str| l.matches('|').count();
+        let lines: Vec<&str> = head.lines().chain([row.as_str()]).collect();
+        assert_eq!(lines.len(), 3);
+        assert!(
+            lines.iter().all(|l| bars(l) == bars(lines[0])),
+            "{lines:#?}"
+        );
+        assert!(row.contains("| 2.00 | 5 | – |"), "{row}");
+    }
 }
