@@ -56,13 +56,29 @@ enum PruneError {
     Sql(#[from] tokio_postgres::Error),
     #[error("replication slot {0:?} does not exist: nothing can prove which rows were relayed, so none is deleted")]
     NoSlot(String),
-    #[error("replication slot {slot:?} did not confirm past {lsn} within {wait:?} (it is at {at}): rows newer than its position may not be in Kafka yet, so none was deleted in this batch. Is outboxd running and caught up (`outboxd status`)? Run prune again then, or with a longer --wait")]
+    #[error("replication slot {slot:?} did not confirm past {lsn} within {wait:?} (it is at {at}): {}", self.remedy().unwrap_or_default())]
     NotConfirmed {
         slot: String,
         lsn: pgoutput::Lsn,
         at: String,
         wait: Duration,
     },
+}
+
+impl PruneError {
+    /// What follows the short account of what happened: why it matters and what to do.
+    /// The error's text ends with it, so whatever prints the error prints the remedy too.
+    pub fn remedy(&self) -> Option<String> {
+        let text = match self {
+            PruneError::NotConfirmed { .. } => String::from(
+                "rows newer than its position may not be in Kafka yet, so none was deleted in \
+                this batch. Is outboxd running and caught up (`outboxd status`)? Run prune \
+                again then, or with a longer --wait",
+            ),
+            _ => return None,
+        };
+        Some(text)
+    }
 }
 
 pub async fn prune(s: &Settings, args: &PruneArgs) -> i32 {

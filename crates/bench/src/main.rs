@@ -317,8 +317,8 @@ async fn run() -> Result<()> {
     for n in &r.notes {
         eprintln!("outboxd-bench: note: {n}");
     }
-    // A ratios-only run leaves the full report as it is; a debezium-only or eos-only run
-    // replaces its own section of it, so it can be rerun without the 40-minute suite.
+    // A ratios-only run (above), a debezium-only or an eos-only run replaces its own section
+    // of the report, so it can be rerun without the 40-minute suite.
     if s.sections.iter().all(|x| x == "debezium") {
         compare::splice(&s, &r)?;
         eprintln!(

@@ -132,6 +132,9 @@ pub fn per_100k(cpu: f64, events: u64) -> f64 {
     }
 }
 
+/// Where the part of the report that a full run keeps begins.
+const KEPT: &str = "<!-- kept-across-runs";
+
 pub fn write(s: &Settings, r: &Results, v: &Versions) -> Result<()> {
     let mut o = String::new();
     let w = &mut o;
@@ -181,6 +184,14 @@ pub fn write(s: &Settings, r: &Results, v: &Versions) -> Result<()> {
     let analysis = Path::new("bench/analysis.md");
     if let Ok(text) = std::fs::read_to_string(analysis) {
         writeln!(w, "{text}")?;
+    }
+    // The ratios section and the history come from other runs (or from no run at all):
+    // a full run must not erase them.
+    if let Ok(old) = std::fs::read_to_string(&s.out) {
+        if let Some(at) = old.find(KEPT) {
+            writeln!(w)?;
+            w.push_str(old.get(at..).unwrap_or(""));
+        }
     }
     if let Some(dir) = s.out.parent() {
         std::fs::create_dir_all(dir)?;
@@ -635,7 +646,7 @@ fn method(w: &mut String, s: &Settings) -> Result<()> {
         w,
         "- Debezium: see its section (Kafka Connect standalone worker)"
     )?;
-    writeln!(w, "- issue 21's ratios: `BENCH_SECTIONS=ratios scripts/bench` (optionally `BENCH_RATIOS_COMPARE=before=DIR`) writes `docs/benchmarks-ratios.md`, one row per ratio with the load average of the part it came from")?;
+    writeln!(w, "- issue 21's ratios: `BENCH_SECTIONS=ratios scripts/bench` (optionally `BENCH_RATIOS_COMPARE=before=DIR`) replaces its section of `docs/benchmarks.md` (between `<!-- ratios:begin -->` and `<!-- ratios:end -->`), one row per ratio with the load average of the part it came from")?;
     writeln!(w, "- CPU of PostgreSQL: sum of utime+stime of the postmaster, its live children and (cutime+cstime) its reaped children, from /proc, before and after")?;
     writeln!(w)?;
     Ok(())

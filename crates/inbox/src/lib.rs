@@ -92,18 +92,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub enum InboxError {
     #[error("inbox database work failed (the transaction is rolled back): {}", postgres_detail(.0))]
     Postgres(#[from] tokio_postgres::Error),
-    #[error(
-        "storing the Kafka offset failed after the database commit: the event is \
-         applied, and its redelivery will be skipped as a duplicate: {0}"
-    )]
+    #[error("storing the Kafka offset failed after the database commit: {}", self.remedy().unwrap_or_default())]
     Kafka(#[from] KafkaError),
-    #[error(
-        "{held} records of {topic}/{partition} are held behind version gaps (the first: \
-         offset {first_offset}, aggregate {aggregate:?}, version {version}), over the \
-         limit of {limit}. Fix: repair the gap (re-send the missing version, e.g. from \
-         outboxd's dead-letter topic), or raise Inbox::with_max_held; the partition's \
-         committed offset stays at the first held record, so a restart reads them again"
-    )]
+    #[error("{held} records of {topic}/{partition} are held behind version gaps {}", self.remedy().unwrap_or_default())]
     TooManyHeld {
         topic: String,
         partition: i32,
@@ -113,11 +104,7 @@ pub enum InboxError {
         aggregate: String,
         version: i64,
     },
-    #[error(
-        "the consumer stores offsets itself (enable.auto.offset.store=true), which \
-         commits past records held behind a version gap. Fix: set \
-         enable.auto.offset.store=false, as outboxd_inbox::consumer_config does"
-    )]
+    #[error("the consumer stores offsets itself (enable.auto.offset.store=true), {}", self.remedy().unwrap_or_default())]
     AutoOffsetStore,
     #[error("the retention window is {0:?}; keep keys for a positive time (see docs/inbox.md)")]
     Retention(Duration),
@@ -130,6 +117,38 @@ pub enum InboxError {
         offset: i64,
         problem: String,
     },
+}
+
+impl InboxError {
+    /// What follows the short account of what happened: why it matters and what to do.
+    /// The error's text ends with it, so whatever prints the error prints the remedy too.
+    pub fn remedy(&self) -> Option<String> {
+        let text = match self {
+            InboxError::Kafka(detail) => format!(
+                "the event is applied, and its redelivery will be skipped as a duplicate: \
+                {detail}"
+            ),
+            InboxError::TooManyHeld {
+                aggregate,
+                first_offset,
+                limit,
+                version,
+                ..
+            } => format!(
+                "(the first: offset {first_offset}, aggregate {aggregate:?}, version \
+                {version}), over the limit of {limit}. Fix: repair the gap (re-send the \
+                missing version, e.g. from outboxd's dead-letter topic), or raise \
+                Inbox::with_max_held; the partition's committed offset stays at the first \
+                held record, so a restart reads them again"
+            ),
+            InboxError::AutoOffsetStore => String::from(
+                "which commits past records held behind a version gap. Fix: set \
+                enable.auto.offset.store=false, as outboxd_inbox::consumer_config does",
+            ),
+            _ => return None,
+        };
+        Some(text)
+    }
 }
 
 /// tokio-postgres shows a server error as "db error": add the server's message.

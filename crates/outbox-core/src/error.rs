@@ -113,16 +113,9 @@ impl fmt::Display for ColumnRole {
 /// Always [`ErrorClass::Permanent`]: the relay exits with this message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ShapeError {
-    #[error(
-        "relation {found} is not the configured outbox table {expected}; \
-         check the publication (it should contain only the outbox table) or the table setting"
-    )]
+    #[error("relation {found} is not the configured outbox table {expected}; {}", self.remedy().unwrap_or_default())]
     WrongTable { expected: String, found: String },
-    #[error(
-        "table {table} has no column {column:?} (configured as the {role} column); \
-         its columns are: {available}. Fix: configure the right column name, or \
-         add the column to the table"
-    )]
+    #[error("table {table} has no column {column:?} (configured as the {role} column); its columns are: {available}. {}", self.remedy().unwrap_or_default())]
     MissingColumn {
         table: String,
         column: String,
@@ -143,6 +136,22 @@ pub enum ShapeError {
 }
 
 impl ShapeError {
+    /// What follows the short account of what happened: why it matters and what to do.
+    /// The error's text ends with it, so whatever prints the error prints the remedy too.
+    pub fn remedy(&self) -> Option<String> {
+        let text = match self {
+            ShapeError::WrongTable { .. } => String::from(
+                "check the publication (it should contain only the outbox table) or the table \
+                setting",
+            ),
+            ShapeError::MissingColumn { .. } => {
+                String::from("Fix: configure the right column name, or add the column to the table")
+            }
+            _ => return None,
+        };
+        Some(text)
+    }
+
     pub fn class(&self) -> ErrorClass {
         ErrorClass::Permanent
     }

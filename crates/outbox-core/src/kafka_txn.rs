@@ -28,13 +28,13 @@ pub enum TxnError {
     /// slot: another instance with the same transactional.id (the slot's) took over.
     /// librdkafka says fenced for [`TxnError::Expired`] too; [`KafkaTxnCore::judge_fence`]
     /// tells them apart.
-    #[error("fenced: another outboxd instance took over this slot's Kafka transactions ({0}); this instance stopped without committing anything more. Run only one active instance per slot (the standby waits for the slot): nothing is lost, the instance that holds the slot publishes what this one did not commit")]
+    #[error("fenced: another outboxd instance took over this slot's Kafka transactions ({}); {}", .0, self.remedy().unwrap_or_default())]
     Fenced(String),
     /// The broker itself aborted this instance's transaction, open longer than
     /// `transaction.timeout.ms`, and ended the producer's epoch (KIP-588): librdkafka
     /// reports that as fenced, but the slot is still this instance's, so nobody else
     /// called `init_transactions`. A new producer resumes from the progress record.
-    #[error("the Kafka broker aborted this instance's transaction: it was open longer than transaction.timeout.ms (OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS), most likely because outboxd was stopped or starved of CPU meanwhile, and librdkafka reports that as fenced ({0}). No other instance holds the slot: resuming from the progress record with a new producer, nothing of the aborted transaction was confirmed. If this repeats, find what stalls outboxd, or raise OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS (the broker caps it at transaction.max.timeout.ms)")]
+    #[error("the Kafka broker aborted this instance's transaction: {}", self.remedy().unwrap_or_default())]
     Expired(String),
     #[error("the transactional Kafka producer failed fatally: {0}")]
     Fatal(String),
@@ -53,6 +53,30 @@ pub enum TxnNext {
 }
 
 impl TxnError {
+    /// What follows the short account of what happened: why it matters and what to do.
+    /// The error's text ends with it, so whatever prints the error prints the remedy too.
+    pub fn remedy(&self) -> Option<String> {
+        let text = match self {
+            TxnError::Fenced(_) => String::from(
+                "this instance stopped without committing anything more. Run only one active \
+                instance per slot (the standby waits for the slot): nothing is lost, the \
+                instance that holds the slot publishes what this one did not commit",
+            ),
+            TxnError::Expired(detail) => format!(
+                "it was open longer than transaction.timeout.ms \
+                (OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS), most likely because outboxd was \
+                stopped or starved of CPU meanwhile, and librdkafka reports that as fenced \
+                ({detail}). No other instance holds the slot: resuming from the progress \
+                record with a new producer, nothing of the aborted transaction was confirmed. \
+                If this repeats, find what stalls outboxd, or raise \
+                OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS (the broker caps it at \
+                transaction.max.timeout.ms)"
+            ),
+            _ => return None,
+        };
+        Some(text)
+    }
+
     /// What this error leads to: the one place the classes are turned into actions.
     pub fn next(&self) -> TxnNext {
         match self {

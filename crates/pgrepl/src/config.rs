@@ -222,9 +222,13 @@ impl RequireAuth {
     }
 }
 
+/// What [`ParseRequireAuthError`] tells the operator to write instead.
+const REQUIRE_AUTH_FORMS: &str = "expected a comma-separated list of password, md5, gss, \
+     sspi, scram-sha-256 and none, all of them negated with `!` or none of them";
+
 /// Error for a `require_auth` string libpq would refuse too.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid require_auth {text:?}: {reason}; expected a comma-separated list of password, md5, gss, sspi, scram-sha-256 and none, all of them negated with `!` or none of them")]
+#[error("invalid require_auth {text:?}: {reason}; {REQUIRE_AUTH_FORMS}")]
 pub struct ParseRequireAuthError {
     pub text: String,
     pub reason: String,

@@ -12,7 +12,7 @@ use crate::binaries::{find_bindir, PgBinaries};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PgTestError {
-    #[error("PostgreSQL server binaries not found (PG_BINDIR, pg_config --bindir, /usr/lib/postgresql/*/bin): install them with `apt-get install -y postgresql` or set PG_BINDIR")]
+    #[error("PostgreSQL server binaries not found (PG_BINDIR, pg_config --bindir, /usr/lib/postgresql/*/bin): {}", self.remedy().unwrap_or_default())]
     NoBinaries,
     /// The version the run asked for is not installed.
     #[error("{0}")]
@@ -25,6 +25,20 @@ pub enum PgTestError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl PgTestError {
+    /// What follows the short account of what happened: why it matters and what to do.
+    /// The error's text ends with it, so whatever prints the error prints the remedy too.
+    pub fn remedy(&self) -> Option<String> {
+        let text = match self {
+            PgTestError::NoBinaries => {
+                String::from("install them with `apt-get install -y postgresql` or set PG_BINDIR")
+            }
+            _ => return None,
+        };
+        Some(text)
+    }
 }
 
 fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> PgTestError {

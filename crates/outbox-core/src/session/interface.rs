@@ -72,12 +72,24 @@ pub enum SessionError {
     DeadLetterTooLarge { error: RowError, size: usize },
     /// A record held while its replay was proven, then released, was refused as too large:
     /// its transaction is committed, so no dead letter can take its place.
-    #[error("a replayed record for topic {topic} was refused as too large ({size} bytes) after it was held; nothing past it is confirmed")]
+    #[error("a replayed record for topic {topic} was refused as too large ({size} bytes) after it was held; {}", self.remedy().unwrap_or_default())]
     ReleasedTooLarge { topic: String, size: usize },
     /// Inserts into a relation shaped like the outbox that the catalog does not call a
     /// partition of it (one detached or dropped since its rows were written).
     #[error("inserts into {relation}, shaped like {table} but not a partition of it")]
     OutboxLikeRelation { relation: String, table: String },
+}
+
+impl SessionError {
+    /// What follows the short account of what happened: why it matters and what to do.
+    /// The error's text ends with it, so whatever prints the error prints the remedy too.
+    pub fn remedy(&self) -> Option<String> {
+        let text = match self {
+            SessionError::ReleasedTooLarge { .. } => String::from("nothing past it is confirmed"),
+            _ => return None,
+        };
+        Some(text)
+    }
 }
 
 /// A row left unpublished because Kafka has it.

@@ -50,7 +50,7 @@ pub enum ProgressError {
     Timeout(Duration),
     #[error("the record for this slot is unreadable ({0}); delete it only if you know the slot never existed")]
     Unreadable(String),
-    #[error("the progress topic {topic:?} keeps records only for a while (cleanup.policy={policy}, retention.ms={retention_ms}): once the slot's record is deleted, a lost slot can no longer be told from a first start. Make it compacted: kafka-configs --alter --entity-type topics --entity-name {topic} --add-config cleanup.policy=compact (or retention.ms=-1), then start outboxd again")]
+    #[error("the progress topic {topic:?} keeps records only for a while (cleanup.policy={policy}, retention.ms={retention_ms}): {}", self.remedy().unwrap_or_default())]
     NotDurable {
         topic: String,
         policy: String,
@@ -59,6 +59,21 @@ pub enum ProgressError {
 }
 
 impl ProgressError {
+    /// What follows the short account of what happened: why it matters and what to do.
+    /// The error's text ends with it, so whatever prints the error prints the remedy too.
+    pub fn remedy(&self) -> Option<String> {
+        let text = match self {
+            ProgressError::NotDurable { topic, .. } => format!(
+                "once the slot's record is deleted, a lost slot can no longer be told from a \
+                first start. Make it compacted: kafka-configs --alter --entity-type topics \
+                --entity-name {topic} --add-config cleanup.policy=compact (or \
+                retention.ms=-1), then start outboxd again"
+            ),
+            _ => return None,
+        };
+        Some(text)
+    }
+
     /// Whether the brokers refused for want of a permission: an ACL is the fix.
     pub fn is_denied(&self) -> bool {
         matches!(

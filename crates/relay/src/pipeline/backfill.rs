@@ -48,17 +48,17 @@ const ACK_WAIT: Duration = Duration::from_secs(120);
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackfillError {
-    #[error("the back-fill's query failed: {}; check the condition (it is SQL, evaluated on the outbox table as `WHERE (<condition>)`)", pgrepl::error_chain(.0))]
+    #[error("the back-fill's query failed: {}; {}", pgrepl::error_chain(.0), self.remedy().unwrap_or_default())]
     Sql(#[from] tokio_postgres::Error),
     #[error("{0}")]
     Shape(#[from] ShapeError),
-    #[error("{table} has no column {ORDER_COLUMN}: the back-fill publishes rows in {ORDER_COLUMN}, id order (sql/outbox.sql has it). Add it (ALTER TABLE {table} ADD COLUMN {ORDER_COLUMN} timestamptz NOT NULL DEFAULT pg_catalog.now()), or re-publish the rows by hand")]
+    #[error("{table} has no column {ORDER_COLUMN}: {}", self.remedy().unwrap_or_default())]
     NoOrderColumn { table: String },
     #[error("{table} was not found")]
     NoTable { table: String },
-    #[error("rows of {table} matching the condition have a NULL {ORDER_COLUMN} or id: the back-fill publishes rows in {ORDER_COLUMN}, id order, and resumes by them, so such a row could be passed over. Give them a value (UPDATE {table} SET {ORDER_COLUMN} = pg_catalog.now() WHERE {ORDER_COLUMN} IS NULL), then run the same command again")]
+    #[error("rows of {table} matching the condition have a NULL {ORDER_COLUMN} or id: {}", self.remedy().unwrap_or_default())]
     NullOrder { table: String },
-    #[error("a back-filled row cannot be published and OUTBOXD_BAD_ROW_POLICY is stop: {error}. Fix or delete the row (or set OUTBOXD_BAD_ROW_POLICY=dead-letter)")]
+    #[error("a back-filled row cannot be published and OUTBOXD_BAD_ROW_POLICY is stop: {error}. {}", self.remedy().unwrap_or_default())]
     BadRow { error: RowError },
     #[error("{0}")]
     Kafka(#[from] KafkaSetupError),
@@ -68,6 +68,35 @@ pub enum BackfillError {
     Delivery(String),
     #[error("writing the back-fill's state to the progress topic failed: {0}")]
     Progress(#[from] ProgressError),
+}
+
+impl BackfillError {
+    /// What follows the short account of what happened: why it matters and what to do.
+    /// The error's text ends with it, so whatever prints the error prints the remedy too.
+    pub fn remedy(&self) -> Option<String> {
+        let text = match self {
+            BackfillError::Sql { .. } => String::from(
+                "check the condition (it is SQL, evaluated on the outbox table as `WHERE \
+                (<condition>)`)",
+            ),
+            BackfillError::NoOrderColumn { table, .. } => format!(
+                "the back-fill publishes rows in {ORDER_COLUMN}, id order (sql/outbox.sql has \
+                it). Add it (ALTER TABLE {table} ADD COLUMN {ORDER_COLUMN} timestamptz NOT \
+                NULL DEFAULT pg_catalog.now()), or re-publish the rows by hand"
+            ),
+            BackfillError::NullOrder { table, .. } => format!(
+                "the back-fill publishes rows in {ORDER_COLUMN}, id order, and resumes by \
+                them, so such a row could be passed over. Give them a value (UPDATE {table} \
+                SET {ORDER_COLUMN} = pg_catalog.now() WHERE {ORDER_COLUMN} IS NULL), then run \
+                the same command again"
+            ),
+            BackfillError::BadRow { .. } => {
+                String::from("Fix or delete the row (or set OUTBOXD_BAD_ROW_POLICY=dead-letter)")
+            }
+            _ => return None,
+        };
+        Some(text)
+    }
 }
 
 /// Where the back-fill publishes and keeps its state.

@@ -36,9 +36,9 @@ pub enum RelayError {
     Sql(#[from] tokio_postgres::Error),
     #[error("replication slot {slot:?} does not exist: run `outboxd init`, or set OUTBOXD_CREATE_SLOT=true to create it at start-up")]
     SlotMissing { slot: String },
-    #[error("replication slot {slot:?} was dropped while outboxd was using it; events committed since its last confirmed position may not be relayed. Recreating it silently would skip them: re-publish the affected outbox rows if needed, then recreate the slot with `outboxd init` and restart")]
+    #[error("replication slot {slot:?} was dropped while outboxd was using it; {}", self.remedy().unwrap_or_default())]
     SlotDropped { slot: String },
-    #[error("replication slot {slot:?} was invalidated ({reason}); the WAL it needed is gone, so rows committed since its last confirmed position{since} are not relayed. Drop it (SELECT pg_drop_replication_slot('{slot}')), then run `outboxd init`: from the progress record it names the time to re-publish the outbox rows from, and `outboxd init --recreate-lost-slot` creates the slot again (docs/operations.md, \"A lost slot: re-publishing\"); `outboxd init --recreate-lost-slot --backfill \"<SQL condition>\"` also publishes the rows the condition selects before streaming. Raise max_slot_wal_keep_size or keep outboxd running to avoid this")]
+    #[error("replication slot {slot:?} was invalidated ({reason}); {}", self.remedy().unwrap_or_default())]
     SlotInvalidated {
         slot: String,
         reason: String,
@@ -47,9 +47,9 @@ pub enum RelayError {
     },
     #[error("replication slot {slot:?} is not usable by outboxd: {problem}")]
     SlotUnusable { slot: String, problem: String },
-    #[error("publication {publication:?} does not exist in this database: create it with CREATE PUBLICATION {publication} FOR TABLE <outbox table> WITH (publish = 'insert') (see sql/publication.sql), before the slot")]
+    #[error("publication {publication:?} does not exist in this database: {}", self.remedy().unwrap_or_default())]
     PublicationMissing { publication: String },
-    #[error("publication {publication:?} was dropped while outboxd was streaming (server: {server}); the server cannot decode changes committed while it did not exist. Recreate it: CREATE PUBLICATION {publication} FOR TABLE <outbox table> WITH (publish = 'insert') (see sql/publication.sql). If this error persists after recreating it, the slot cannot get past the changes committed while the publication was missing: re-publish the outbox rows committed since then, drop the slot and run `outboxd init`")]
+    #[error("publication {publication:?} was dropped while outboxd was streaming (server: {server}); {}", self.remedy().unwrap_or_default())]
     PublicationDropped { publication: String, server: String },
     #[error("publication {publication:?} does not deliver the inserts of {table}: {problem}")]
     TableNotPublished {
@@ -57,7 +57,7 @@ pub enum RelayError {
         table: String,
         problem: String,
     },
-    #[error("replication slot {slot:?} does not exist, but the progress record in Kafka topic {progress_topic:?} says it did (last confirmed position {last_confirmed}): it was dropped or lost (for example in a failover without failover slots). Creating it again would silently skip every event committed since then, so outboxd will not. Create it explicitly with `outboxd init --recreate-lost-slot`, then re-publish {republish} (docs/operations.md, \"A lost slot: re-publishing\"), and start outboxd again; or have init publish the rows a condition selects from the new slot's snapshot before streaming: `outboxd init --recreate-lost-slot --backfill \"<SQL condition>\"` (docs/operations.md, \"Back-filling through the slot's snapshot\")")]
+    #[error("replication slot {slot:?} does not exist, but the progress record in Kafka topic {progress_topic:?} says it did {}", self.remedy().unwrap_or_default())]
     SlotLost {
         slot: String,
         progress_topic: String,
@@ -65,14 +65,14 @@ pub enum RelayError {
         /// What to re-publish (`ProgressRecord::republish_text`).
         republish: String,
     },
-    #[error("replication slot {slot:?} does not exist and {table} {rows}{history}: a slot created now starts after them, and any not relayed yet would be skipped without a trace. If every row in it was published already (by an earlier relay), or is not meant to be, create the slot with `outboxd init --skip-existing-rows`; if a slot of this name existed and was lost, create it with `outboxd init --recreate-lost-slot` and re-publish the rows committed since it went (docs/operations.md, \"A lost slot: re-publishing\"). If some rows are not published yet (a polling relay's pending rows), have init publish those a condition selects, from the new slot's snapshot, before streaming: `outboxd init --backfill \"<SQL condition>\"`, e.g. `outboxd init --backfill \"status = 'pending'\"` (docs/operations.md, \"Switching from a polling relay\")")]
+    #[error("replication slot {slot:?} does not exist and {table} {rows}{history}: {}", self.remedy().unwrap_or_default())]
     RowsBeforeSlot {
         slot: String,
         table: String,
         rows: &'static str,
         history: String,
     },
-    #[error("replication slot {slot:?} has a back-fill that did not finish ({published} rows published so far, state under key {key:?} in Kafka topic {progress_topic:?}): streaming now would leave the rest of its rows unpublished, so outboxd will not. Resume it with `{command}`, then start outboxd")]
+    #[error("replication slot {slot:?} has a back-fill that did not finish {}", self.remedy().unwrap_or_default())]
     BackfillUnfinished {
         slot: String,
         key: String,
@@ -81,7 +81,7 @@ pub enum RelayError {
         /// The `outboxd init --backfill ...` command that resumes it, quoted for a shell.
         command: String,
     },
-    #[error("the server at {host}:{port} is on timeline {found}, but outboxd streamed from timeline {seen} of the same cluster before (this process, or the progress record says so), so outboxd stopped rather than relay it. Either it is an old primary left running after a standby was promoted (split brain), whose history past the promotion was abandoned, or the record is not this history's. Find out which before acting: look for a server of this cluster on timeline {seen} or later (your HA tool; SELECT timeline_id FROM pg_control_checkpoint() on each). If one exists, fence this one (stop it, or take it out of PGHOST) and point outboxd at that one. If none does, do not stop this server: it was restored from a backup taken before timeline {seen}, or the record was written by a copy of the cluster or by something other than outboxd (only outboxd's principal may write the progress topic); run `outboxd init --replace-progress-record` (a copy sharing this Kafka: give it its own OUTBOXD_CLUSTER_NAME)")]
+    #[error("the server at {host}:{port} is on timeline {found}, but outboxd streamed from timeline {seen} {}", self.remedy().unwrap_or_default())]
     TimelineWentBack {
         host: String,
         port: u16,
@@ -90,30 +90,30 @@ pub enum RelayError {
     },
     #[error("{0}")]
     ProgressNotDurable(crate::kafka::ProgressError),
-    #[error("the synchronous standbys (synchronous_standby_names) do not confirm commits, and no look at publication {publication:?} taken before they stopped is recorded to start from: a transaction committed but still waiting for them may have changed it unseen, so outboxd does not stream from this look. It retries; bring the standbys back, or empty synchronous_standby_names and reload")]
+    #[error("the synchronous standbys (synchronous_standby_names) do not confirm commits, {}", self.remedy().unwrap_or_default())]
     StandbysUnsettled { publication: String },
-    #[error("replication slot {slot:?} was created by another instance while this one was deciding whether to create it; streaming from it (or standing by) on the next attempt")]
+    #[error("replication slot {slot:?} was created by another instance while this one was deciding whether to create it; {}", self.remedy().unwrap_or_default())]
     SlotCreatedMeanwhile { slot: String },
-    #[error("publication {publication:?} changed since outboxd last looked at it ({since}, WAL position {since_lsn}). PostgreSQL decodes each row with the publication as it was when the row was written, so outbox rows committed while it did not publish them were never sent, and can never be decoded again; outboxd stopped before confirming anything after that look. Make sure it publishes the outbox's inserts (`outboxd check`), re-publish the outbox rows committed since {since}, minus your longest transaction (docs/operations.md, \"The publication changed\"), then run `outboxd init --accept-publication-change` and start outboxd")]
+    #[error("publication {publication:?} changed since outboxd last looked at it ({since}, WAL position {since_lsn}). {}", self.remedy().unwrap_or_default())]
     PublicationChanged {
         publication: String,
         since: String,
         since_lsn: pgoutput::Lsn,
     },
-    #[error("publication {publication:?} changed after replication slot {slot:?} last confirmed a position (its catalog rows are newer than the slot's catalog_xmin), and the progress record under key {key:?} in Kafka topic {progress_topic:?} holds no earlier look to tell what it was (a new OUTBOXD_CLUSTER_NAME or OUTBOXD_PROGRESS_TOPIC, or a record deleted). Outbox rows committed while it did not publish them were never sent, and can never be decoded again, so outboxd stopped before relaying anything. Make sure it publishes the outbox's inserts (`outboxd check`), re-publish the outbox rows committed since the change, minus your longest transaction (if you do not know when: since the time the last progress record under the old key or topic names; docs/operations.md, \"The publication changed\"), then run `outboxd init --accept-publication-change` and start outboxd")]
+    #[error("publication {publication:?} changed after replication slot {slot:?} last confirmed a position {}", self.remedy().unwrap_or_default())]
     PublicationUnverified {
         publication: String,
         slot: String,
         key: String,
         progress_topic: String,
     },
-    #[error("cannot record publication {publication:?} as first seen in Kafka topic {progress_topic:?} ({reason}): with no look recorded, a later start could not tell whether it changed while outboxd was stopped, so outboxd does not stream until it is recorded; retrying. outboxd's Kafka principal needs Write on that topic (docs/operations.md, \"Kafka ACLs for outboxd's principal\")")]
+    #[error("cannot record publication {publication:?} as first seen in Kafka topic {progress_topic:?} ({reason}): {}", self.remedy().unwrap_or_default())]
     FirstLookUnrecorded {
         publication: String,
         progress_topic: String,
         reason: String,
     },
-    #[error("cannot tell whether replication slot {slot:?} existed before: reading the progress record from Kafka topic {progress_topic:?} failed ({reason}); outboxd creates a missing slot only when it knows no earlier slot is being replaced. Retry once Kafka answers. A record outboxd did not write stays unreadable: then `outboxd init --recreate-lost-slot` creates the slot and replaces it, and, if a slot of this name existed, re-publish every outbox row that may not be in Kafka (docs/operations.md, \"A lost slot: re-publishing\")")]
+    #[error("cannot tell whether replication slot {slot:?} existed before: {}", self.remedy().unwrap_or_default())]
     SlotHistoryUnknown {
         slot: String,
         progress_topic: String,
@@ -126,38 +126,38 @@ pub enum RelayError {
         setting: &'static str,
         problem: String,
     },
-    #[error("the stream carries inserts into {relation}, which has the outbox's columns but is neither {table} nor, in the current catalog, one of its partitions: probably a partition detached or dropped before outboxd relayed its rows. Ignoring them could lose events, so outboxd stopped before confirming them. Re-attach the partition until outboxd has relayed them (ALTER TABLE {table} ATTACH PARTITION {relation} ...), or, if {relation} really is another table, take it out of the publication. A dropped partition cannot be re-attached: its rows can then only be skipped, knowingly, with pg_replication_slot_advance (README, Bad rows)")]
+    #[error("the stream carries inserts into {relation}, which has the outbox's columns but is neither {table} {}", self.remedy().unwrap_or_default())]
     OutboxLikeRelation { relation: String, table: String },
     #[error("the sharded outbox {table} is not laid out as OUTBOXD_SHARD_COUNT says: {problem}")]
     ShardLayout { table: String, problem: String },
-    #[error("the server at {host}:{port} is a standby (in recovery); outboxd streams only from a primary and waits for this one to be promoted, or for the address to point at the primary")]
+    #[error("the server at {host}:{port} is a standby (in recovery); {}", self.remedy().unwrap_or_default())]
     InRecovery { host: String, port: u16 },
-    #[error("connected to another cluster: system identifier {found}, but this process streamed from {expected} until now (a wrong host behind the address, or a restored backup); its slot and LSNs are not ours, so outboxd stopped. Point PGHOST at the right cluster and restart")]
+    #[error("connected to another cluster: system identifier {found}, but this process streamed from {expected} until now {}", self.remedy().unwrap_or_default())]
     OtherCluster { expected: String, found: String },
     /// A record of this database and slot from another cluster, none from this one.
     #[error("{0}")]
     RecordOfOtherCluster(Box<OtherClusterRecord>),
-    #[error("OUTBOXD_FAILOVER_SLOT=true, but this server has no failover slots (PostgreSQL 17 or later); set OUTBOXD_FAILOVER_SLOT=auto or false")]
+    #[error("OUTBOXD_FAILOVER_SLOT=true, but this server has no failover slots (PostgreSQL 17 or later); {}", self.remedy().unwrap_or_default())]
     FailoverUnsupported,
-    #[error("OUTBOXD_PGOUTPUT_BINARY=on, but {found}, so binary values would not give the bytes of the text form. Set OUTBOXD_PGOUTPUT_BINARY=auto (binary where the records are the same, text otherwise) or off")]
+    #[error("OUTBOXD_PGOUTPUT_BINARY=on, but {found}, {}", self.remedy().unwrap_or_default())]
     BinaryRuledOut { found: outbox_core::TextOnly },
-    #[error("the stream's Relation message for {relation} rules binary values out: {found}; reconnecting with text values (the records are the same bytes in both modes)")]
+    #[error("the stream's Relation message for {relation} rules binary values out: {found}; {}", self.remedy().unwrap_or_default())]
     BinaryRuledOutByRelation {
         relation: String,
         found: outbox_core::TextOnly,
     },
-    #[error("the server's output settings changed while binary values were streamed (TimeZone, DateStyle, bytea_output: {was} before, {now} now; a configuration reload): reconnecting, so that the values are chosen again for the new settings (records between the reload and this check carry the old text form)")]
+    #[error("the server's output settings changed while binary values were streamed {}", self.remedy().unwrap_or_default())]
     OutputSettingsChanged { was: String, now: String },
     #[error(transparent)]
     Shape(#[from] ShapeError),
-    #[error("bad outbox row{}: {error}; OUTBOXD_BAD_ROW_POLICY=stop, so outboxd stopped without acknowledging it. The insert is in the WAL and the slot will deliver it again on every start, whatever happens to the row in the table now. To get past it: run once with OUTBOXD_BAD_ROW_POLICY=dead-letter (the row goes to OUTBOXD_DEAD_LETTER_TOPIC, later events follow), then switch back; or, accepting that this transaction's events are skipped and never published, stop outboxd and advance the slot past this transaction only with SELECT pg_replication_slot_advance('{slot}', '{commit_lsn}'::pg_lsn + 1), then restart", .error.event_id().map(|id| format!(" id={}", outbox_core::short_id(id))).unwrap_or_default())]
+    #[error("bad outbox row{}: {error}; {}", .error.event_id().map(|id| format!(" id={}", outbox_core::short_id(id))).unwrap_or_default(), self.remedy().unwrap_or_default())]
     BadRow {
         error: RowError,
         slot: String,
         /// The transaction's commit LSN: a slot confirmed past it no longer decodes it.
         commit_lsn: pgoutput::Lsn,
     },
-    #[error("bad outbox row{}: {error}; its dead-letter record of {size} bytes does not fit OUTBOXD_MAX_MESSAGE_BYTES either, so outboxd stopped without acknowledging the row. Raise OUTBOXD_MAX_MESSAGE_BYTES (with the broker's message.max.bytes) and restart", .error.event_id().map(|id| format!(" id={}", outbox_core::short_id(id))).unwrap_or_default())]
+    #[error("bad outbox row{}: {error}; {}", .error.event_id().map(|id| format!(" id={}", outbox_core::short_id(id))).unwrap_or_default(), self.remedy().unwrap_or_default())]
     DeadLetterTooLarge { error: RowError, size: usize },
     #[error("Kafka producer setup failed: {0}")]
     KafkaSetup(#[from] KafkaSetupError),
@@ -174,10 +174,10 @@ pub enum RelayError {
     Ack(#[from] AckError),
     #[error("the server closed the replication stream")]
     StreamClosed,
-    #[error("the partly delivered transaction committing at {commit_lsn} {}: it is published again whole from the slot (duplicates, never a loss){}",
+    #[error("the partly delivered transaction committing at {commit_lsn} {}: {}",
         if *digest_differs { format!("came back with other leading rows than the {recorded} the progress record names") }
         else { format!("came back with {read} published rows where the progress record counted {recorded} delivered") },
-        if *digest_differs { "; likely a record outboxd did not write: allow only outboxd's own Kafka principal to write OUTBOXD_PROGRESS_TOPIC (docs/replay-skip.md#who-may-write-the-progress-topic)" } else { "" })]
+        self.remedy().unwrap_or_default())]
     PartialReplay {
         commit_lsn: pgoutput::Lsn,
         recorded: u64,
@@ -188,6 +188,218 @@ pub enum RelayError {
 }
 
 impl RelayError {
+    /// What follows the short account of what happened: why it matters and what the
+    /// operator does about it, with every command to run. The error's text ends with it,
+    /// so a log line or a CLI message that prints the error prints the remedy too; `None`
+    /// where the account says it all.
+    pub fn remedy(&self) -> Option<String> {
+        let text = match self {
+            RelayError::SlotDropped { .. } => String::from(
+                "events committed since its last confirmed position may not be relayed. \
+                Recreating it silently would skip them: re-publish the affected outbox rows \
+                if needed, then recreate the slot with `outboxd init` and restart",
+            ),
+            RelayError::SlotInvalidated { since, slot, .. } => format!(
+                "the WAL it needed is gone, so rows committed since its last confirmed \
+                position{since} are not relayed. Drop it (SELECT \
+                pg_drop_replication_slot('{slot}')), then run `outboxd init`: from the \
+                progress record it names the time to re-publish the outbox rows from, and \
+                `outboxd init --recreate-lost-slot` creates the slot again \
+                (docs/operations.md, \"A lost slot: re-publishing\"); `outboxd init \
+                --recreate-lost-slot --backfill \"<SQL condition>\"` also publishes the rows \
+                the condition selects before streaming. Raise max_slot_wal_keep_size or keep \
+                outboxd running to avoid this"
+            ),
+            RelayError::PublicationMissing { publication, .. } => format!(
+                "create it with CREATE PUBLICATION {publication} FOR TABLE <outbox table> WITH \
+                (publish = 'insert') (see sql/publication.sql), before the slot"
+            ),
+            RelayError::PublicationDropped { publication, .. } => format!(
+                "the server cannot decode changes committed while it did not exist. Recreate \
+                it: CREATE PUBLICATION {publication} FOR TABLE <outbox table> WITH (publish = \
+                'insert') (see sql/publication.sql). If this error persists after recreating \
+                it, the slot cannot get past the changes committed while the publication was \
+                missing: re-publish the outbox rows committed since then, drop the slot and \
+                run `outboxd init`"
+            ),
+            RelayError::SlotLost {
+                last_confirmed,
+                republish,
+                ..
+            } => format!(
+                "(last confirmed position {last_confirmed}): it was dropped or lost (for \
+                example in a failover without failover slots). Creating it again would \
+                silently skip every event committed since then, so outboxd will not. Create \
+                it explicitly with `outboxd init --recreate-lost-slot`, then re-publish \
+                {republish} (docs/operations.md, \"A lost slot: re-publishing\"), and start \
+                outboxd again; or have init publish the rows a condition selects from the new \
+                slot's snapshot before streaming: `outboxd init --recreate-lost-slot \
+                --backfill \"<SQL condition>\"` (docs/operations.md, \"Back-filling through \
+                the slot's snapshot\")"
+            ),
+            RelayError::RowsBeforeSlot { .. } => String::from(
+                "a slot created now starts after them, and any not relayed yet would be \
+                skipped without a trace. If every row in it was published already (by an \
+                earlier relay), or is not meant to be, create the slot with `outboxd init \
+                --skip-existing-rows`; if a slot of this name existed and was lost, create it \
+                with `outboxd init --recreate-lost-slot` and re-publish the rows committed \
+                since it went (docs/operations.md, \"A lost slot: re-publishing\"). If some \
+                rows are not published yet (a polling relay's pending rows), have init \
+                publish those a condition selects, from the new slot's snapshot, before \
+                streaming: `outboxd init --backfill \"<SQL condition>\"`, e.g. `outboxd init \
+                --backfill \"status = 'pending'\"` (docs/operations.md, \"Switching from a \
+                polling relay\")",
+            ),
+            RelayError::BackfillUnfinished {
+                command,
+                key,
+                progress_topic,
+                published,
+                ..
+            } => format!(
+                "({published} rows published so far, state under key {key:?} in Kafka topic \
+                {progress_topic:?}): streaming now would leave the rest of its rows \
+                unpublished, so outboxd will not. Resume it with `{command}`, then start \
+                outboxd"
+            ),
+            RelayError::TimelineWentBack { seen, .. } => format!(
+                "of the same cluster before (this process, or the progress record says so), so \
+                outboxd stopped rather than relay it. Either it is an old primary left \
+                running after a standby was promoted (split brain), whose history past the \
+                promotion was abandoned, or the record is not this history's. Find out which \
+                before acting: look for a server of this cluster on timeline {seen} or later \
+                (your HA tool; SELECT timeline_id FROM pg_control_checkpoint() on each). If \
+                one exists, fence this one (stop it, or take it out of PGHOST) and point \
+                outboxd at that one. If none does, do not stop this server: it was restored \
+                from a backup taken before timeline {seen}, or the record was written by a \
+                copy of the cluster or by something other than outboxd (only outboxd's \
+                principal may write the progress topic); run `outboxd init \
+                --replace-progress-record` (a copy sharing this Kafka: give it its own \
+                OUTBOXD_CLUSTER_NAME)"
+            ),
+            RelayError::StandbysUnsettled { publication, .. } => format!(
+                "and no look at publication {publication:?} taken before they stopped is \
+                recorded to start from: a transaction committed but still waiting for them \
+                may have changed it unseen, so outboxd does not stream from this look. It \
+                retries; bring the standbys back, or empty synchronous_standby_names and \
+                reload"
+            ),
+            RelayError::SlotCreatedMeanwhile { .. } => {
+                String::from("streaming from it (or standing by) on the next attempt")
+            }
+            RelayError::PublicationChanged { since, .. } => format!(
+                "PostgreSQL decodes each row with the publication as it was when the row was \
+                written, so outbox rows committed while it did not publish them were never \
+                sent, and can never be decoded again; outboxd stopped before confirming \
+                anything after that look. Make sure it publishes the outbox's inserts \
+                (`outboxd check`), re-publish the outbox rows committed since {since}, minus \
+                your longest transaction (docs/operations.md, \"The publication changed\"), \
+                then run `outboxd init --accept-publication-change` and start outboxd"
+            ),
+            RelayError::PublicationUnverified {
+                key,
+                progress_topic,
+                ..
+            } => format!(
+                "(its catalog rows are newer than the slot's catalog_xmin), and the progress \
+                record under key {key:?} in Kafka topic {progress_topic:?} holds no earlier \
+                look to tell what it was (a new OUTBOXD_CLUSTER_NAME or \
+                OUTBOXD_PROGRESS_TOPIC, or a record deleted). Outbox rows committed while it \
+                did not publish them were never sent, and can never be decoded again, so \
+                outboxd stopped before relaying anything. Make sure it publishes the outbox's \
+                inserts (`outboxd check`), re-publish the outbox rows committed since the \
+                change, minus your longest transaction (if you do not know when: since the \
+                time the last progress record under the old key or topic names; \
+                docs/operations.md, \"The publication changed\"), then run `outboxd init \
+                --accept-publication-change` and start outboxd"
+            ),
+            RelayError::FirstLookUnrecorded { .. } => String::from(
+                "with no look recorded, a later start could not tell whether it changed while \
+                outboxd was stopped, so outboxd does not stream until it is recorded; \
+                retrying. outboxd's Kafka principal needs Write on that topic \
+                (docs/operations.md, \"Kafka ACLs for outboxd's principal\")",
+            ),
+            RelayError::SlotHistoryUnknown {
+                progress_topic,
+                reason,
+                ..
+            } => format!(
+                "reading the progress record from Kafka topic {progress_topic:?} failed \
+                ({reason}); outboxd creates a missing slot only when it knows no earlier slot \
+                is being replaced. Retry once Kafka answers. A record outboxd did not write \
+                stays unreadable: then `outboxd init --recreate-lost-slot` creates the slot \
+                and replaces it, and, if a slot of this name existed, re-publish every outbox \
+                row that may not be in Kafka (docs/operations.md, \"A lost slot: \
+                re-publishing\")"
+            ),
+            RelayError::OutboxLikeRelation {
+                relation, table, ..
+            } => format!(
+                "nor, in the current catalog, one of its partitions: probably a partition \
+                detached or dropped before outboxd relayed its rows. Ignoring them could lose \
+                events, so outboxd stopped before confirming them. Re-attach the partition \
+                until outboxd has relayed them (ALTER TABLE {table} ATTACH PARTITION \
+                {relation} ...), or, if {relation} really is another table, take it out of \
+                the publication. A dropped partition cannot be re-attached: its rows can then \
+                only be skipped, knowingly, with pg_replication_slot_advance (README, Bad \
+                rows)"
+            ),
+            RelayError::InRecovery { .. } => String::from(
+                "outboxd streams only from a primary and waits for this one to be promoted, or \
+                for the address to point at the primary",
+            ),
+            RelayError::OtherCluster { .. } => String::from(
+                "(a wrong host behind the address, or a restored backup); its slot and LSNs \
+                are not ours, so outboxd stopped. Point PGHOST at the right cluster and \
+                restart",
+            ),
+            RelayError::FailoverUnsupported => {
+                String::from("set OUTBOXD_FAILOVER_SLOT=auto or false")
+            }
+            RelayError::BinaryRuledOut { .. } => String::from(
+                "so binary values would not give the bytes of the text form. Set \
+                OUTBOXD_PGOUTPUT_BINARY=auto (binary where the records are the same, text \
+                otherwise) or off",
+            ),
+            RelayError::BinaryRuledOutByRelation { .. } => String::from(
+                "reconnecting with text values (the records are the same bytes in both modes)",
+            ),
+            RelayError::OutputSettingsChanged { now, was, .. } => format!(
+                "(TimeZone, DateStyle, bytea_output: {was} before, {now} now; a configuration \
+                reload): reconnecting, so that the values are chosen again for the new \
+                settings (records between the reload and this check carry the old text form)"
+            ),
+            RelayError::BadRow {
+                commit_lsn, slot, ..
+            } => format!(
+                "OUTBOXD_BAD_ROW_POLICY=stop, so outboxd stopped without acknowledging it. The \
+                insert is in the WAL and the slot will deliver it again on every start, \
+                whatever happens to the row in the table now. To get past it: run once with \
+                OUTBOXD_BAD_ROW_POLICY=dead-letter (the row goes to \
+                OUTBOXD_DEAD_LETTER_TOPIC, later events follow), then switch back; or, \
+                accepting that this transaction's events are skipped and never published, \
+                stop outboxd and advance the slot past this transaction only with SELECT \
+                pg_replication_slot_advance('{slot}', '{commit_lsn}'::pg_lsn + 1), then \
+                restart"
+            ),
+            RelayError::DeadLetterTooLarge { size, .. } => format!(
+                "its dead-letter record of {size} bytes does not fit OUTBOXD_MAX_MESSAGE_BYTES \
+                either, so outboxd stopped without acknowledging the row. Raise \
+                OUTBOXD_MAX_MESSAGE_BYTES (with the broker's message.max.bytes) and restart"
+            ),
+            RelayError::PartialReplay { digest_differs, .. } => format!(
+                "it is published again whole from the slot (duplicates, never a loss){}",
+                if *digest_differs {
+                    "; likely a record outboxd did not write: allow only outboxd's own                      Kafka principal to write OUTBOXD_PROGRESS_TOPIC                      (docs/replay-skip.md#who-may-write-the-progress-topic)"
+                } else {
+                    ""
+                }
+            ),
+            _ => return None,
+        };
+        Some(text)
+    }
+
     /// Whether retrying can help; decided in `RelayError::verdict`.
     pub fn class(&self) -> ErrorClass {
         self.verdict().0
@@ -406,6 +618,27 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn the_text_ends_with_the_remedy_and_its_commands() {
+        let e = RelayError::SlotLost {
+            slot: "outboxd".into(),
+            progress_topic: "outboxd.progress".into(),
+            last_confirmed: pgoutput::Lsn(0x16B_3748),
+            republish: "the rows committed since 2026-12-04".into(),
+        };
+        let (text, remedy) = (e.to_string(), e.remedy().unwrap_or_default());
+        assert!(
+            text.ends_with(&remedy) && text.len() > remedy.len(),
+            "{text}"
+        );
+        assert!(
+            remedy.contains("`outboxd init --recreate-lost-slot --backfill \"<SQL condition>\"`"),
+            "{remedy}"
+        );
+        assert_eq!(RelayError::StreamClosed.remedy(), None);
+        assert_eq!(e.exit_code(), 3);
     }
 
     #[test]

@@ -504,10 +504,7 @@ async fn run_session(
                 .producer
                 .transaction_timeout()
                 .max(INIT_TRANSACTIONS_MIN);
-            producer
-                .init_transactions(wait)
-                .await
-                .map_err(RelayError::Transaction)?;
+            producer.init_transactions(wait).await?;
             Some(producer)
         }
         None => None,

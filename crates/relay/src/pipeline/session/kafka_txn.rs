@@ -123,8 +123,7 @@ impl Session<'_> {
             ));
         };
         p.store
-            .produce_in_transaction(&self.producer, &p.identity, &record, PROGRESS_TICKET)
-            .map_err(RelayError::Send)?;
+            .produce_in_transaction(&self.producer, &p.identity, &record, PROGRESS_TICKET)?;
         // Its report first, as `commit_transaction` asks (or the commit can take 100 ms
         // longer), and its failure is this session's error.
         if !self.await_progress_ack(deadline).await? {
