@@ -168,14 +168,17 @@ fn count_read_uncommitted(bootstrap: &str, topics: &[String]) -> usize {
         rdkafka::Offset::Beginning,
     );
     let assigned = consumer.assignment().expect("assignment");
-    let ends: Vec<(String, i32, i64)> = assigned
-        .elements()
+    let ends: Vec<(String, i32, i64)> = topics
         .iter()
-        .map(|e| {
-            let (_, high) = consumer
-                .fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(30))
-                .expect("watermarks");
-            (e.topic().to_owned(), e.partition(), high)
+        .flat_map(|topic| {
+            let partitions = assigned.elements_for_topic(topic).len();
+            let partitions = i32::try_from(partitions).expect("partitions");
+            let marks =
+                outboxd_test_broker::watermarks(bootstrap, "read_uncommitted", topic, partitions)
+                    .expect("watermarks");
+            (0..)
+                .zip(marks)
+                .map(|(p, (_, high))| (topic.clone(), p, high))
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -411,23 +414,15 @@ async fn a_transaction_longer_than_the_kafka_timeout_is_split() {
 /// those of a Kafka transaction still open. A read_committed client's end offset is the
 /// last stable offset, a read_uncommitted one's the high watermark.
 fn unstable_records(bootstrap: &str, topics: &[String], partitions: i32) -> i64 {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
     let end = |isolation: &str| -> i64 {
-        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .set("isolation.level", isolation)
-            .create()
-            .expect("watermark client");
-        let mut sum = 0;
-        for topic in topics {
-            for p in 0..partitions {
-                let (_, high) = consumer
-                    .fetch_watermarks(topic, p, Duration::from_secs(10))
-                    .expect("watermarks");
-                sum += high;
-            }
-        }
-        sum
+        topics
+            .iter()
+            .flat_map(|topic| {
+                outboxd_test_broker::watermarks(bootstrap, isolation, topic, partitions)
+                    .expect("watermarks")
+            })
+            .map(|(_, high)| high)
+            .sum()
     };
     end("read_uncommitted") - end("read_committed")
 }
