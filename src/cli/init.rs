@@ -612,12 +612,12 @@ async fn record_cluster(
     // would name a time past rows this position has not relayed).
     // Not over `--replace-progress-record`: a record replaced as wrong (another copy's,
     // or not outboxd's) names no time worth trusting.
-    let since = created_since.or_else(|| {
-        replaced
-            .as_ref()
-            .filter(|old| flags.accept_publication && old.confirmed_lsn() <= position)
-            .and_then(|old| old.claim.since)
-    });
+    let since = outbox_core::slot_fate::init_record_since(
+        created_since,
+        replaced.as_ref().map(|old| &old.claim),
+        flags.accept_publication,
+        position,
+    );
     let mut record = ProgressRecord::slot_created(system.timeline, position, since);
     // The publication as it is now: the baseline `run` compares it with. A record
     // replaced over a slot that stays must not accept a change unseen (only

@@ -52,6 +52,9 @@
 //!   source passed in by the relay.
 //! - **Binary values** ([`binary`]): whether a session may ask pgoutput for binary
 //!   column values, which decode to the same bytes as the text form.
+//! - **The slot's fate** ([`slot_fate`]): a missing or invalidated slot streams, is
+//!   created, or stops the relay with the time to re-publish from; one that existed is
+//!   never created again silently.
 //! - **Exactly-once** ([`kafka_txn`]): [`KafkaTxnCore`] says when a Kafka transaction
 //!   commits or splits, when the slot may move, and what each error class leads to.
 //! - Every error type has a [`ErrorClass`] (permanent or retryable) decided in one place.
@@ -74,6 +77,7 @@ pub mod pgtype;
 pub mod record;
 pub mod replay;
 pub mod session;
+pub mod slot_fate;
 pub mod topic;
 mod value;
 

@@ -135,6 +135,7 @@ pub fn run_exactly_once(seed: u64) -> Result<EosStats, Violation> {
             outbox_published: true,
             accepted: 1,
             republished: HashSet::new(),
+            slot: outbox_core::slot_fate::SlotNow::Usable,
         },
         cfg,
         rules,

@@ -2,6 +2,7 @@
 //! copies, settings and publication changes, a progress topic that expires records,
 //! clock steps, a clean shutdown, another writer of the progress record.
 
+use outbox_core::slot_fate::SlotNow;
 use outbox_core::{Doubt, LifeCore, PartialTxn, TxnId};
 
 use crate::life::Life;
@@ -73,7 +74,8 @@ impl Sim {
     }
 
     pub(crate) fn take_snapshot(&mut self) {
-        if self.snapshot.is_none() {
+        // Not of a server whose slot is lost: a backup is taken of a working setup.
+        if self.snapshot.is_none() && self.clusters[0].slot == SlotNow::Usable {
             let mut snap = self.clusters[0].clone();
             snap.confirmed = snap.persisted;
             self.snapshot = Some(snap);
@@ -108,7 +110,7 @@ impl Sim {
     /// (unless named apart) the progress record's key; its relay publishes to other
     /// topics, or to the same ones.
     pub(crate) fn clone_cluster(&mut self) {
-        if self.clusters.len() > 1 {
+        if self.clusters.len() > 1 || self.clusters[0].slot != SlotNow::Usable {
             return;
         }
         let mut copy = self.clusters[0].clone();
@@ -162,6 +164,7 @@ impl Sim {
             self.clock += 10_000_000;
         } else {
             self.clock -= 5_000_000;
+            self.clock_back += 5_000_000;
         }
     }
 
@@ -281,6 +284,7 @@ impl Sim {
             claim: forged,
             lineage: last.lineage,
             writer: (c, u64::MAX, 0),
+            written_at: self.clock,
         };
         self.kafka.records.entry(cl.key).or_default().push(record);
         self.stats.forged += 1;

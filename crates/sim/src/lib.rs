@@ -15,10 +15,11 @@ mod eos_broker;
 mod faults;
 mod life;
 mod model;
+mod slot_loss;
 mod starts;
 mod sweep;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 pub use eos::{run_exactly_once, EosStats};
 pub use sweep::{env_u64, replay_from_env, sweep, Swept, Tally};
@@ -78,6 +79,8 @@ pub struct Stats {
     pub publication_stops: u64,
     /// Records forged with a partly delivered transaction they cannot prove.
     pub forged: u64,
+    /// Slots invalidated or dropped.
+    pub slot_losses: u64,
 }
 
 impl Tally for Stats {
@@ -91,6 +94,7 @@ impl Tally for Stats {
         self.dead_letters += o.dead_letters;
         self.publication_stops += o.publication_stops;
         self.forged += o.forged;
+        self.slot_losses += o.slot_losses;
     }
 }
 
@@ -113,6 +117,11 @@ struct Sim {
     snapshot: Option<Cluster>,
     next_id: u64,
     clock: i64,
+    /// How far the server's clock stepped back in all: the operator's margin when
+    /// re-publishing from a time.
+    clock_back: i64,
+    /// The relay process of each cluster that streamed from its slot.
+    slot_seen: HashMap<usize, u64>,
     cap: usize,
     /// The progress topic deletes old records (retention instead of compaction).
     uncompacted: bool,
@@ -150,6 +159,7 @@ pub fn run(seed: u64) -> Result<Stats, Violation> {
             outbox_published: true,
             accepted: 1,
             republished: HashSet::new(),
+            slot: outbox_core::slot_fate::SlotNow::Usable,
         }],
         archive: Vec::new(),
         kafka: Kafka::default(),
@@ -161,6 +171,8 @@ pub fn run(seed: u64) -> Result<Stats, Violation> {
         snapshot: None,
         next_id: 1,
         clock: 1_000_000,
+        clock_back: 0,
+        slot_seen: HashMap::new(),
         cap,
         uncompacted,
         stats: Stats::default(),
@@ -226,6 +238,7 @@ impl Sim {
             991..=993 => self.graceful_stop()?,
             994..=995 => self.foreign_writer()?,
             996 => self.forge_partial(),
+            999 => self.lose_slot()?,
             _ => self.clock_jump(),
         }
         Ok(())
@@ -282,6 +295,10 @@ impl Sim {
                 self.publication_stop(c);
                 continue;
             }
+            if !self.slot_ready(c)? {
+                continue;
+            }
+            let cl = &self.clusters[c];
             let start = cl.confirmed;
             let Some(known) = self.known(c)? else {
                 continue;
@@ -659,6 +676,7 @@ impl Sim {
             claim,
             lineage,
             writer,
+            written_at: self.clock,
         });
         Ok(())
     }

@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use outbox_core::slot_fate::SlotNow;
 use outbox_core::{
     BadRowPolicy, ConfigError, CoreConfig, DeliveredPosition, EmitMapper, InFlightCaps,
     OutboxRecord, TableSpec, TopicName, TopicTemplate,
@@ -66,6 +67,8 @@ pub(crate) struct Cluster {
     pub accepted: u64,
     /// Events the operator published again after a publication change hid them.
     pub republished: HashSet<u64>,
+    /// The replication slot (`slot_loss`): usable, invalidated or gone.
+    pub slot: SlotNow,
 }
 
 impl Cluster {
@@ -213,6 +216,8 @@ pub(crate) struct Record {
     pub lineage: u64,
     /// The relay process that wrote it, and its claim: (cluster, process, epoch).
     pub writer: (usize, u64, u64),
+    /// The writer's clock when it wrote it.
+    pub written_at: i64,
 }
 
 /// The broker: what it holds (per partition, in append order) and the progress topic.

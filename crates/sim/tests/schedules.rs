@@ -14,7 +14,7 @@ fn every_schedule_keeps_every_invariant() {
     let swept = sweep(first, count, run);
     let total = &swept.total;
     eprintln!(
-        "simulation: {count} schedules from seed {first} in {:.1} s ({} steps, {} records acked, {} dead letters, {} duplicates, {} kills, {} skipped as delivered, {} doubts, {} publication stops, {} forged records)",
+        "simulation: {count} schedules from seed {first} in {:.1} s ({} steps, {} records acked, {} dead letters, {} duplicates, {} kills, {} skipped as delivered, {} doubts, {} publication stops, {} forged records, {} slots lost)",
         swept.seconds,
         total.steps,
         total.events,
@@ -24,7 +24,8 @@ fn every_schedule_keeps_every_invariant() {
         total.proofs,
         total.doubts,
         total.publication_stops,
-        total.forged
+        total.forged,
+        total.slot_losses
     );
     swept.assert_passed();
 }

@@ -29,8 +29,8 @@ pub use producer::{
     OutgoingRecord, RelayProducer, SendError, TxnError,
 };
 pub use progress::{
-    pg_time_text, BackfillState, ProgressError, ProgressRecord, ProgressStore, PublicationSeen,
-    SlotIdentity, SlotRecords,
+    pg_time_text, republish_text, BackfillState, ProgressError, ProgressRecord, ProgressStore,
+    PublicationSeen, SlotIdentity, SlotRecords,
 };
 pub use rdkafka::types::RDKafkaErrorCode;
 pub use settings::{

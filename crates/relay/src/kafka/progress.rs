@@ -37,7 +37,8 @@ mod record;
 
 use record::SlotScan;
 pub use record::{
-    pg_time_text, BackfillState, ProgressRecord, PublicationSeen, SlotIdentity, SlotRecords,
+    pg_time_text, republish_text, BackfillState, ProgressRecord, PublicationSeen, SlotIdentity,
+    SlotRecords,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -5,6 +5,7 @@ use pgrepl::preflight::{self, PublicationCoverage, SlotState};
 use pgrepl::{ConnectConfig, Lsn, ReplicationConnection};
 use tokio_postgres::Client;
 
+use outbox_core::slot_fate::{self, AtStart, SlotNow, SlotStop};
 use outbox_core::TableSpec;
 
 use super::config::RelayConfig;
@@ -65,19 +66,16 @@ pub async fn prepare(
             tracing::warn!(publication, "{warning}");
         }
     }
-    let state = match preflight::slot_state(sql, slot).await? {
-        Some(state) => state,
-        None if seen_slot => {
-            return Err(RelayError::SlotDropped {
-                slot: slot.to_owned(),
-            })
-        }
-        None if create_slot => return Ok(None),
-        None => {
-            return Err(RelayError::SlotMissing {
-                slot: slot.to_owned(),
-            })
-        }
+    let state = preflight::slot_state(sql, slot).await?;
+    // Present: `judge_slot` looks at its type, plugin and database before its WAL.
+    let now = match &state {
+        None => SlotNow::Absent,
+        Some(_) => SlotNow::Usable,
+    };
+    let state = match (slot_fate::at_start(now, seen_slot, create_slot), state) {
+        (Err(stop), _) => return Err(stop_error(stop, slot)),
+        (Ok(AtStart::Stream), Some(state)) => state,
+        (Ok(_), _) => return Ok(None),
     };
     if let Some(warning) = judge_slot(&state, slot, &pg.dbname)? {
         tracing::warn!(slot, "{warning}");
@@ -120,11 +118,10 @@ pub fn judge_slot(
         }
     }
     match state.wal_status.as_deref() {
-        Some("lost") => Err(RelayError::SlotInvalidated {
-            slot: slot.to_owned(),
-            reason: "wal_status = lost".into(),
-            since: String::new(),
-        }),
+        Some("lost") => match slot_fate::at_start(SlotNow::Invalidated, false, false) {
+            Err(stop) => Err(stop_error(stop, slot)),
+            Ok(_) => Ok(None),
+        },
         Some("unreserved") => Ok(Some(format!(
             "slot {slot} has wal_status = unreserved: WAL it needs is past \
              max_slot_wal_keep_size and will be removed at the next checkpoint unless \
@@ -134,6 +131,22 @@ pub fn judge_slot(
                 .map_or_else(|| "unknown".to_owned(), |b| format!("{b} bytes"))
         ))),
         _ => Ok(None),
+    }
+}
+
+/// The relay's error for a stop the slot's rules (`outbox_core::slot_fate`) decided.
+pub fn stop_error(stop: SlotStop, slot: &str) -> RelayError {
+    let slot = slot.to_owned();
+    match stop {
+        SlotStop::Dropped => RelayError::SlotDropped { slot },
+        SlotStop::Missing => RelayError::SlotMissing { slot },
+        SlotStop::Invalidated { since } => RelayError::SlotInvalidated {
+            slot,
+            reason: "wal_status = lost".into(),
+            since: since.map_or_else(String::new, |t| {
+                format!(" (committed since {})", crate::kafka::pg_time_text(t))
+            }),
+        },
     }
 }
 

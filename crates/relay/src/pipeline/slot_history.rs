@@ -7,22 +7,10 @@
 use pgrepl::preflight::TableRows;
 
 use super::error::RelayError;
-use crate::kafka::{ProgressRecord, SlotRecords};
+use crate::kafka::{republish_text, ProgressRecord, SlotRecords};
 
-/// What the operator allowed `outboxd init` to do (`run` allows nothing).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Consent {
-    /// `--recreate-lost-slot`: a record says the slot existed; create it anyway, knowing
-    /// that rows committed since its last position are not relayed (and must be
-    /// re-published by hand).
-    pub recreate_lost_slot: bool,
-    /// `--skip-existing-rows`: the table has rows that are known to be published (by
-    /// an earlier relay) or not meant to be.
-    pub skip_existing_rows: bool,
-    /// `--backfill`: the rows its condition selects are published from the new slot's
-    /// snapshot before streaming; the others are known to be published.
-    pub backfill: bool,
-}
+pub use outbox_core::slot_fate::Consent;
+use outbox_core::slot_fate::{self, HistoryNote, HistorySeen, MissingRefusal, TableSeen};
 
 /// What the progress topic says of the slot.
 #[derive(Debug, Clone, Copy)]
@@ -48,8 +36,9 @@ pub enum Creation {
     OverRows,
 }
 
-/// The rule. `rows` is what the table holds now (`TableRows::Empty` when outboxd relays
-/// no table, only emitted messages).
+/// The rule (`outbox_core::slot_fate::judge_missing_slot`), with the relay's errors.
+/// `rows` is what the table holds now (`TableRows::Empty` when outboxd relays no table,
+/// only emitted messages).
 pub fn judge_missing_slot(
     slot: &str,
     table: &str,
@@ -58,59 +47,75 @@ pub fn judge_missing_slot(
     rows: TableRows,
     consent: Consent,
 ) -> Result<Creation, RelayError> {
-    if let History::Read(records) = history {
-        if let Some(record) = records.slot_existed() {
-            if consent.recreate_lost_slot {
-                return Ok(Creation::Recreate(Box::new(record.clone())));
-            }
-            return Err(RelayError::SlotLost {
-                slot: slot.to_owned(),
-                progress_topic: progress_topic.to_owned(),
-                last_confirmed: record.confirmed_lsn(),
-                republish: record.republish_text(),
-            });
-        }
-    }
-    // Recreating a lost slot knowingly skips rows too, whether or not a record is left.
-    let knowingly = consent.skip_existing_rows || consent.recreate_lost_slot || consent.backfill;
-    if let History::Unreadable(why) = history {
-        if !knowingly {
-            return Err(RelayError::SlotHistoryUnknown {
-                slot: slot.to_owned(),
-                progress_topic: progress_topic.to_owned(),
-                reason: why.to_owned(),
-            });
-        }
-    }
-    if rows == TableRows::Empty {
-        return Ok(Creation::FirstStart);
-    }
-    if knowingly {
-        return Ok(Creation::OverRows);
-    }
-    let history = match history {
-        History::Read(r) if r.topic_had_records => format!(
-            "; the progress topic {progress_topic:?} holds records, but none of this slot (a record deleted by hand or by retention looks the same), so it cannot tell whether the slot existed"
-        ),
-        History::Read(_) => String::new(),
-        History::Unreadable(why) | History::NotKept(why) => {
-            format!("; whether the slot existed is unknown ({why})")
-        }
+    let existed = match history {
+        History::Read(records) => records.slot_existed(),
+        History::Unreadable(_) | History::NotKept(_) => None,
     };
-    Err(RelayError::RowsBeforeSlot {
-        slot: slot.to_owned(),
-        table: table.to_owned(),
-        rows: match rows {
-            TableRows::Some => "already has rows",
-            TableRows::Were => {
-                "had rows (the server's statistics count inserts into it, deleted since)"
-            }
-            TableRows::Missing => "does not exist",
-            TableRows::Empty | TableRows::Unknown => {
-                "may hold rows (outboxd's role cannot read it, and it is not empty on disk)"
-            }
+    let seen = match history {
+        History::Read(records) => HistorySeen::Read {
+            existed: existed.map(ProgressRecord::seen),
+            topic_had_records: records.topic_had_records,
         },
-        history,
+        History::Unreadable(_) => HistorySeen::Unreadable,
+        History::NotKept(_) => HistorySeen::NotKept,
+    };
+    let table_seen = match rows {
+        TableRows::Empty => TableSeen::Empty,
+        TableRows::Some => TableSeen::Some,
+        TableRows::Were => TableSeen::Were,
+        TableRows::Missing => TableSeen::Missing,
+        TableRows::Unknown => TableSeen::Unknown,
+    };
+    let refusal = match slot_fate::judge_missing_slot(seen, table_seen, consent) {
+        Ok(slot_fate::Creation::FirstStart) => return Ok(Creation::FirstStart),
+        Ok(slot_fate::Creation::OverRows) => return Ok(Creation::OverRows),
+        Ok(slot_fate::Creation::Recreate { .. }) => {
+            return match existed {
+                Some(record) => Ok(Creation::Recreate(Box::new(record.clone()))),
+                // The rule recreates only over a record it was given.
+                None => Ok(Creation::OverRows),
+            };
+        }
+        Err(refusal) => refusal,
+    };
+    Err(match refusal {
+        MissingRefusal::Lost { confirmed, since } => RelayError::SlotLost {
+            slot: slot.to_owned(),
+            progress_topic: progress_topic.to_owned(),
+            last_confirmed: confirmed,
+            republish: republish_text(since),
+        },
+        MissingRefusal::HistoryUnknown => RelayError::SlotHistoryUnknown {
+            slot: slot.to_owned(),
+            progress_topic: progress_topic.to_owned(),
+            reason: match history {
+                History::Unreadable(why) | History::NotKept(why) => why.to_owned(),
+                History::Read(_) => String::new(),
+            },
+        },
+        MissingRefusal::RowsBeforeSlot { rows, history: note } => RelayError::RowsBeforeSlot {
+            slot: slot.to_owned(),
+            table: table.to_owned(),
+            rows: match rows {
+                TableSeen::Some => "already has rows",
+                TableSeen::Were => {
+                    "had rows (the server's statistics count inserts into it, deleted since)"
+                }
+                TableSeen::Missing => "does not exist",
+                TableSeen::Empty | TableSeen::Unknown => {
+                    "may hold rows (outboxd's role cannot read it, and it is not empty on disk)"
+                }
+            },
+            history: match (note, history) {
+                (HistoryNote::CannotTell, _) => format!(
+                    "; the progress topic {progress_topic:?} holds records, but none of this slot (a record deleted by hand or by retention looks the same), so it cannot tell whether the slot existed"
+                ),
+                (HistoryNote::Unknown, History::Unreadable(why) | History::NotKept(why)) => {
+                    format!("; whether the slot existed is unknown ({why})")
+                }
+                (HistoryNote::Nothing | HistoryNote::Unknown, _) => String::new(),
+            },
+        },
     })
 }
 

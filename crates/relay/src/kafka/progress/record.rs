@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use outbox_core::slot_fate::{self, SlotRecordSeen};
 use outbox_core::{DeliveredPosition, TxnMark};
 use pgoutput::Lsn;
 
@@ -435,13 +436,31 @@ impl ProgressRecord {
         self.claim.since.map(pg_time_text)
     }
 
-    /// What to re-publish, as the errors and `init` say it: from `since_text`, minus the
-    /// longest transaction (`created_at` is a transaction's start), or everything.
+    /// What to re-publish should the slot be lost (`republish_text`).
     pub fn republish_text(&self) -> String {
-        match self.since_text() {
-            Some(at) => format!("the outbox rows committed since {at}, minus your longest transaction (created_at is a transaction's start)"),
-            None => "every outbox row that may not be in Kafka (the progress record names no time to start from: it was written by an older outboxd, or after a doubted claim; all rows still in the table, if unsure)".to_owned(),
+        republish_text(slot_fate::republish_since(&self.seen()))
+    }
+
+    /// The record as the rule for a lost slot takes it (`outbox_core::slot_fate`).
+    pub fn seen(&self) -> SlotRecordSeen {
+        let written_ms = i64::try_from(self.recorded_at_unix_ms).unwrap_or(i64::MAX);
+        SlotRecordSeen {
+            confirmed: self.claim.lsn,
+            since: self.claim.since,
+            written_at: written_ms
+                .saturating_mul(1000)
+                .saturating_sub(pgoutput::time::PG_EPOCH_OFFSET_MICROS),
         }
+    }
+}
+
+/// What to re-publish from `since` (PostgreSQL microseconds since 2000-01-01), as the
+/// errors and `init` say it: minus the longest transaction (`created_at` is a
+/// transaction's start), or everything when no time is known.
+pub fn republish_text(since: Option<i64>) -> String {
+    match since.map(pg_time_text) {
+        Some(at) => format!("the outbox rows committed since {at}, minus your longest transaction (created_at is a transaction's start)"),
+        None => "every outbox row that may not be in Kafka (the progress record names no time to start from: it was written by an older outboxd, or after a doubted claim; all rows still in the table, if unsure)".to_owned(),
     }
 }
 

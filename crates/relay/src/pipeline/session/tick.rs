@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use outbox_core::slot_fate::{self, SlotNow};
 use pgoutput::{Lsn, PgTimestamp};
 use pgrepl::ReplicationStream;
 
@@ -92,26 +93,16 @@ impl Session<'_> {
                 slot::stats(&self.sql, &self.cfg.slot),
             )
             .await?;
-            match stats {
-                Some(stats) => {
-                    if stats.wal_status.as_deref() == Some("lost") {
-                        let since = self.core.claim().0.since.map_or_else(String::new, |t| {
-                            format!(" (committed since {})", crate::kafka::pg_time_text(t))
-                        });
-                        return Err(RelayError::SlotInvalidated {
-                            slot: self.cfg.slot.clone(),
-                            reason: "wal_status = lost".into(),
-                            since,
-                        });
-                    }
-                    self.obs.slot_stats(&stats);
-                    self.report_catch_up(stats.current_wal);
-                }
-                None => {
-                    return Err(RelayError::SlotDropped {
-                        slot: self.cfg.slot.clone(),
-                    })
-                }
+            let now = match &stats {
+                None => SlotNow::Absent,
+                Some(s) if s.wal_status.as_deref() == Some("lost") => SlotNow::Invalidated,
+                Some(_) => SlotNow::Usable,
+            };
+            slot_fate::streaming(now, &self.core.claim().0)
+                .map_err(|stop| slot::stop_error(stop, &self.cfg.slot))?;
+            if let Some(stats) = stats {
+                self.obs.slot_stats(&stats);
+                self.report_catch_up(stats.current_wal);
             }
         }
         Ok(())

@@ -1,0 +1,308 @@
+//! Lost slots: the first cluster's slot invalidated (its WAL removed) or dropped, the
+//! relay's rules on it (`outbox_core::slot_fate`, as `run` and `outboxd init` apply them),
+//! and the operator following the procedure the errors name: drop an invalidated slot, run
+//! `outboxd init` (which names the time to re-publish from, or refuses over rows), then
+//! `outboxd init --recreate-lost-slot`, and re-insert the outbox rows committed since that
+//! time with their own ids (docs/operations.md, "A lost slot: re-publishing").
+
+use outbox_core::slot_fate::{
+    self, AtStart, Consent, Creation, HistorySeen, MissingRefusal, SlotNow, SlotRecordSeen,
+    TableSeen,
+};
+use outbox_core::{DeliveredPosition, LifeCore};
+
+use std::collections::HashMap;
+
+use crate::model::{Change, Record};
+use crate::{Sim, Violation};
+
+impl Sim {
+    /// The first cluster's slot is invalidated or dropped. Not while a copy shares its
+    /// record's key, or after one wrote it: the record's time would be that copy's.
+    pub(crate) fn lose_slot(&mut self) -> Result<(), Violation> {
+        let key = self.clusters[0].key;
+        let shared = self.clusters.iter().skip(1).any(|k| k.key == key)
+            || self
+                .kafka
+                .records
+                .get(&key)
+                .is_some_and(|r| r.iter().any(|r| r.writer.0 != 0));
+        // Nor after a restore of an older backup: the record may then claim a position
+        // of the history the backup lost, with a time past rows of the restored one
+        // below it (seed 6128 without this; docs/simulation.md, "Not modelled").
+        let restored = !self.archive.is_empty();
+        if shared || restored || self.clusters[0].slot != SlotNow::Usable {
+            return Ok(());
+        }
+        let now = if self.rng.chance(500) {
+            SlotNow::Invalidated
+        } else {
+            SlotNow::Absent
+        };
+        self.clusters[0].slot = now;
+        self.stats.slot_losses += 1;
+        if self.trace {
+            eprintln!("  slot of cluster 0 lost: {now:?}");
+        }
+        let Some(mut life) = self.lives[0].take() else {
+            return Ok(());
+        };
+        if self.rng.chance(500) {
+            // The walsender is gone: the stream breaks, and the process starts again.
+            self.end_life(life, true);
+            return Ok(());
+        }
+        // The relay's look at the slot's statistics sees it first.
+        let verdict = slot_fate::streaming(now, &life.core.claim().0);
+        self.end_life(life, false);
+        match verdict {
+            Ok(()) => Err(Violation(
+                "a lost slot went unnoticed while streaming".into(),
+            )),
+            Err(stop) => {
+                let named = match stop {
+                    slot_fate::SlotStop::Invalidated { since } => since,
+                    _ => None,
+                };
+                self.slot_procedure(0, named)
+            }
+        }
+    }
+
+    /// A relay's start: `true` when it streams from the slot (created first if the rules
+    /// allow), `false` when it stopped and the operator followed the procedure.
+    pub(crate) fn slot_ready(&mut self, c: usize) -> Result<bool, Violation> {
+        let process = self.processes[c];
+        let seen = self.slot_seen.get(&c) == Some(&process);
+        match slot_fate::at_start(self.clusters[c].slot, seen, true) {
+            Ok(AtStart::Stream) => {}
+            Ok(AtStart::CreateIfNew) => {
+                let judged = slot_fate::judge_missing_slot(
+                    self.history_seen(c),
+                    self.table_seen(c),
+                    Consent::default(),
+                );
+                match judged {
+                    Ok(_) => self.create_slot(c, false)?,
+                    Err(refusal) => {
+                        self.named_by(c, refusal, "the relay's lost-slot error")?;
+                        self.slot_procedure(c, None)?;
+                        return Ok(false);
+                    }
+                }
+            }
+            Err(stop) => {
+                if self.trace {
+                    eprintln!("  relay on cluster {c} stops: {stop:?}");
+                }
+                self.slot_procedure(c, None)?;
+                return Ok(false);
+            }
+        }
+        self.slot_seen.insert(c, process);
+        Ok(true)
+    }
+
+    /// The relay exited on its slot (its error named `named`, if a time): the operator
+    /// drops an invalidated slot, runs `outboxd init`, and, as its refusal says,
+    /// `outboxd init --recreate-lost-slot`, then re-publishes from the time named.
+    fn slot_procedure(&mut self, c: usize, named: Option<i64>) -> Result<(), Violation> {
+        self.carry[c] = LifeCore::new(false);
+        self.processes[c] += 1;
+        if let Some(t) = named {
+            self.check_republish_time(c, Some(t), "the relay's error")?;
+        }
+        self.clusters[c].slot = SlotNow::Absent;
+        let history = self.history_seen(c);
+        let rows = self.table_seen(c);
+        let refusal = match slot_fate::judge_missing_slot(history, rows, Consent::default()) {
+            Ok(_) => return self.create_slot(c, false),
+            Err(refusal) => refusal,
+        };
+        self.named_by(c, refusal, "outboxd init")?;
+        let consent = Consent {
+            recreate_lost_slot: true,
+            ..Consent::default()
+        };
+        let since = match slot_fate::judge_missing_slot(history, rows, consent) {
+            Ok(Creation::Recreate { since }) => since,
+            // No record to name a time: every row still in the table, as the docs say
+            // when unsure.
+            Ok(Creation::FirstStart | Creation::OverRows) => None,
+            Err(r) => {
+                return Err(Violation(format!(
+                    "outboxd init --recreate-lost-slot refused on cluster {c}: {r:?}"
+                )))
+            }
+        };
+        // Re-inserted rows are published only through a publication that holds the
+        // outbox: one changed meanwhile is put back first, by its own procedure.
+        let cl = &self.clusters[c];
+        if !cl.outbox_published || cl.publication != cl.accepted {
+            self.publication_stop(c);
+        }
+        self.create_slot(c, true)?;
+        self.republish_since(c, since);
+        Ok(())
+    }
+
+    /// Checks the time a refusal names, if it names one.
+    fn named_by(&self, c: usize, refusal: MissingRefusal, who: &str) -> Result<(), Violation> {
+        match refusal {
+            MissingRefusal::Lost { since, .. } => self.check_republish_time(c, since, who),
+            MissingRefusal::HistoryUnknown | MissingRefusal::RowsBeforeSlot { .. } => Ok(()),
+        }
+    }
+
+    /// Every outbox row of cluster `c` that Kafka lacks (and no later copy of it
+    /// re-publishes) committed at or after `since`, less the operator's margin for the
+    /// server's clock stepping back: re-publishing from there loses none.
+    fn check_republish_time(
+        &self,
+        c: usize,
+        since: Option<i64>,
+        who: &str,
+    ) -> Result<(), Violation> {
+        let Some(since) = since else {
+            return Ok(());
+        };
+        let from = since.saturating_sub(self.clock_back);
+        let cl = &self.clusters[c];
+        let family = [cl.tag & 1, (cl.tag & 1) | 2];
+        let in_kafka = |id| {
+            family
+                .iter()
+                .any(|&tag| self.kafka.written.contains(&(tag, id)))
+        };
+        let mut latest = HashMap::new();
+        for t in &cl.history {
+            for ch in &t.changes {
+                if let Change::Outbox { id, .. } = *ch {
+                    latest.insert(id, (t.commit_time, t.hidden));
+                }
+            }
+        }
+        for (id, (at, hidden)) in latest {
+            // A hidden row is the publication procedure's to publish again.
+            if !hidden && at < from && !in_kafka(id) {
+                return Err(Violation(format!(
+                    "cluster {c}: {who} named a lost slot's re-publish time {since} past event {id}, committed at {at}, which Kafka lacks"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The slot created at the server's WAL end, and its record written, as `init` (with
+    /// `consent`) or `run` (without) do. Without consent, skipping any row Kafka lacks
+    /// is a silent recreation.
+    fn create_slot(&mut self, c: usize, consent: bool) -> Result<(), Violation> {
+        if !consent {
+            let cl = &self.clusters[c];
+            let family = [cl.tag & 1, (cl.tag & 1) | 2];
+            for t in cl.history.iter().filter(|t| !t.hidden) {
+                for ch in &t.changes {
+                    if let Change::Outbox { id, .. } = *ch {
+                        if !family
+                            .iter()
+                            .any(|&tag| self.kafka.written.contains(&(tag, id)))
+                        {
+                            return Err(Violation(format!(
+                                "cluster {c}'s slot, which existed, was created again silently, skipping event {id} that Kafka lacks"
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+        // The server's clock read just before the creation: past every commit so far.
+        self.clock += 1;
+        let cl = &mut self.clusters[c];
+        cl.slot = SlotNow::Usable;
+        cl.confirmed = cl.wal_end;
+        cl.persisted = cl.wal_end;
+        let since = slot_fate::init_record_since(Some(self.clock), None, false, cl.wal_end);
+        let mut claim = DeliveredPosition::at(cl.timeline, cl.wal_end, 0);
+        claim.since = since;
+        if self.trace {
+            eprintln!(
+                "  slot of cluster {c} created at {:?} (consent {consent})",
+                cl.wal_end
+            );
+        }
+        self.kafka.records.entry(cl.key).or_default().push(Record {
+            claim,
+            lineage: 0,
+            writer: (c, u64::MAX, 1),
+            written_at: self.clock,
+        });
+        Ok(())
+    }
+
+    /// The operator re-inserts the outbox rows committed since `since` (less the margin;
+    /// `None`: every row), with their own ids, in one statement after the new slot: each
+    /// row is in the table once, where its last insert put it, and comes back in that
+    /// order (docs/operations.md: the order the DELETE finds them).
+    fn republish_since(&mut self, c: usize, since: Option<i64>) {
+        let from = since.map_or(i64::MIN, |t| t.saturating_sub(self.clock_back));
+        let cl = &mut self.clusters[c];
+        let mut table: HashMap<u64, (usize, usize, i64, Change)> = HashMap::new();
+        for (i, t) in cl.history.iter().enumerate() {
+            for (k, ch) in t.changes.iter().enumerate() {
+                if let Change::Outbox { id, .. } = *ch {
+                    table.insert(id, (i, k, t.commit_time, *ch));
+                }
+            }
+        }
+        let mut rows: Vec<(usize, usize, Change)> = table
+            .into_values()
+            .filter(|&(_, _, at, _)| at >= from)
+            .map(|(i, k, _, ch)| (i, k, ch))
+            .collect();
+        rows.sort_unstable_by_key(|&(i, k, _)| (i, k));
+        let copies: Vec<Change> = rows.into_iter().map(|(_, _, ch)| ch).collect();
+        if self.trace {
+            eprintln!(
+                "  {} rows of cluster {c} published again from {from}",
+                copies.len()
+            );
+        }
+        if copies.is_empty() {
+            return;
+        }
+        self.clock += 1;
+        let size = 40 * u64::try_from(copies.len()).unwrap_or(1);
+        cl.commit(copies, size, self.clock, false);
+    }
+
+    /// What the progress topic says of cluster `c`'s slot: its newest record.
+    fn history_seen(&self, c: usize) -> HistorySeen {
+        let newest = self
+            .kafka
+            .records
+            .get(&self.clusters[c].key)
+            .and_then(|r| r.last());
+        HistorySeen::Read {
+            existed: newest.map(|r| SlotRecordSeen {
+                confirmed: r.claim.lsn,
+                since: r.claim.since,
+                written_at: r.written_at,
+            }),
+            topic_had_records: !self.kafka.records.is_empty(),
+        }
+    }
+
+    /// The outbox never deletes rows here: it holds every row ever committed.
+    fn table_seen(&self, c: usize) -> TableSeen {
+        let any = self.clusters[c].history.iter().any(|t| {
+            t.changes
+                .iter()
+                .any(|ch| matches!(ch, Change::Outbox { .. }))
+        });
+        if any {
+            TableSeen::Some
+        } else {
+            TableSeen::Empty
+        }
+    }
+}
