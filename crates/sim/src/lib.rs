@@ -599,7 +599,8 @@ impl Sim {
                 return Ok(());
             }
         }
-        let Some(look) = life.look.take() else {
+        // A slow look (a settler waiting, a busy server): the stream goes on meanwhile.
+        let Some(look) = life.look.take_if(|_| self.rng.chance(2)) else {
             self.lives[c] = Some(life);
             return Ok(());
         };
