@@ -74,6 +74,7 @@ pub mod ledger;
 pub mod life;
 pub mod mapping;
 pub mod pgtype;
+pub mod publication;
 pub mod record;
 pub mod replay;
 pub mod session;
@@ -100,6 +101,7 @@ pub use kafka_txn::{CommitStep, KafkaTxnCore, TxnError, TxnNext, TxnRules};
 pub use ledger::{InFlightLedger, Outcome, Outgoing, Ticket};
 pub use life::{Claim, Ended, Known, LifeCore, RecordRead, Refusal, SlotView};
 pub use mapping::{BoundTable, OutboxColumns, TableSpec};
+pub use publication::{CatalogLook, Look, Looked, PublicationWatch, WatchStop};
 pub use record::{
     check_size, frame_limit, header, oversize_error, oversize_row_error, record_wire_size,
     rfc3339_utc, rfc3339_utc_seconds, CommitContext, HeaderFormat, HeaderName, OutboxRecord,

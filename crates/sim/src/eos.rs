@@ -132,6 +132,7 @@ pub fn run_exactly_once(seed: u64) -> Result<EosStats, Violation> {
             tag: 0,
             key: 0,
             publication: 1,
+            visible: 1,
             outbox_published: true,
             accepted: 1,
             republished: HashSet::new(),
@@ -295,7 +296,10 @@ impl Eos {
             self.cap,
             replay,
             Cursor::Before(first),
-            1,
+            crate::life::Seen {
+                identity: 1,
+                wal_lsn: start,
+            },
         )?;
         self.instances[i].session = Some(Session {
             life,

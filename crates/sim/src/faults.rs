@@ -3,7 +3,7 @@
 //! clock steps, a clean shutdown, another writer of the progress record.
 
 use outbox_core::slot_fate::SlotNow;
-use outbox_core::{Doubt, LifeCore, PartialTxn, TxnId};
+use outbox_core::{Doubt, LifeCore, Looked, PartialTxn, TxnId};
 
 use crate::life::Life;
 use crate::model::{Config, Record, PARTITIONS};
@@ -156,6 +156,10 @@ impl Sim {
         let cl = &mut self.clusters[c];
         cl.outbox_published = !cl.outbox_published;
         cl.publication += 1;
+        // One in two waits for a synchronous standby: looks meanwhile see the old catalog.
+        if self.rng.chance(2) {
+            cl.visible = cl.publication;
+        }
     }
 
     /// The server's clock steps: commit times only get compared for equality.
@@ -202,8 +206,15 @@ impl Sim {
             return Ok(());
         }
         self.ack_all(&mut life)?;
-        if self.clusters[c].publication == life.publication_seen {
-            let acked = life.core.watermark();
+        // The last look; a failed one leaves the slot at the look before.
+        life.look = None;
+        let look = self.clusters[c].look();
+        life.watch.begin(life.core.watermark());
+        if let Ok(Looked::Counts {
+            raise_cap: Some(acked),
+            ..
+        }) = life.watch.looked(look, life.core.watermark())
+        {
             life.core.raise_cap(acked);
         }
         self.hand_on(&mut life)?;

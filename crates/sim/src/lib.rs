@@ -24,10 +24,10 @@ use std::collections::{HashMap, HashSet};
 pub use eos::{run_exactly_once, EosStats};
 pub use sweep::{env_u64, replay_from_env, sweep, Swept, Tally};
 
-use outbox_core::{Doubt, Ended, LifeCore, ReplayStart, SessionError};
+use outbox_core::{Doubt, Ended, LifeCore, Looked, ReplayStart, SessionError, WatchStop};
 use pgoutput::Lsn;
 
-use life::{Cursor, Life, OTHER, OUTBOX, OUTBOX_PARTITION};
+use life::{Cursor, Life, Seen, OTHER, OUTBOX, OUTBOX_PARTITION};
 use model::{Change, Cluster, Config, Kafka, Record, Txn, PARTITIONS};
 
 /// SplitMix64: small, fast, and the same sequence on every machine.
@@ -156,6 +156,7 @@ pub fn run(seed: u64) -> Result<Stats, Violation> {
             tag: 0,
             key: 0,
             publication: 1,
+            visible: 1,
             outbox_published: true,
             accepted: 1,
             republished: HashSet::new(),
@@ -288,11 +289,14 @@ impl Sim {
                 continue;
             }
             let cfg = self.configs[c];
-            let cl = &self.clusters[c];
+            // Not modelled: a start while a commit waits for its standby (the relay's
+            // unsettled start's look, which the record's look stands in for).
+            let cl = &mut self.clusters[c];
+            cl.visible = cl.publication;
             if cl.publication != cl.accepted {
                 // The record's look at the publication does not match: the relay stops
                 // (exit 3) and the operator follows the procedure it names.
-                self.publication_stop(c);
+                self.publication_stop(c, Lsn::ZERO);
                 continue;
             }
             if !self.slot_ready(c)? {
@@ -335,7 +339,10 @@ impl Sim {
                 self.cap,
                 replay,
                 Cursor::Before(first),
-                cl.publication,
+                Seen {
+                    identity: cl.publication,
+                    wal_lsn: cl.wal_end,
+                },
             )?;
             self.after_rules(&mut life)?;
             self.lives[c] = Some(life);
@@ -588,33 +595,57 @@ impl Sim {
         Ok(())
     }
 
-    /// The relay looks at the publication: the same as at its last look, or it stops.
+    /// The relay looks at the publication: it begins (what is acked then, and the catalog
+    /// read), and returns now or at a later look step, steps of the stream in between.
+    /// The same as at its last matching look, or it stops.
     fn look_at_publication(&mut self) -> Result<(), Violation> {
         let c = self.rng.index(self.clusters.len());
-        let Some(life) = self.lives[c].as_mut() else {
+        if self.rng.chance(3) {
+            // The synchronous standby confirms: the waiting commit becomes visible.
+            let cl = &mut self.clusters[c];
+            cl.visible = cl.publication;
+        }
+        let Some(mut life) = self.lives[c].take() else {
             return Ok(());
         };
-        if self.clusters[c].publication == life.publication_seen {
-            // Everything acked now was written before this look read the catalog.
-            let acked = life.core.watermark();
-            life.core.raise_cap(acked);
-            if let Some(mut life) = self.lives[c].take() {
+        if life.look.is_none() {
+            life.watch.begin(life.core.watermark());
+            life.look = Some(self.clusters[c].look());
+            if self.rng.chance(2) {
+                self.lives[c] = Some(life);
+                return Ok(());
+            }
+        }
+        // A slow look (a settler waiting, a busy server): the stream goes on meanwhile.
+        let Some(look) = life.look.take_if(|_| self.rng.chance(2)) else {
+            self.lives[c] = Some(life);
+            return Ok(());
+        };
+        match life.watch.looked(look, life.core.watermark()) {
+            Ok(Looked::Counts { raise_cap, .. }) => {
+                if let Some(acked) = raise_cap {
+                    life.core.raise_cap(acked);
+                }
                 self.hand_on(&mut life)?;
                 self.lives[c] = Some(life);
             }
-            return Ok(());
+            Ok(Looked::Unsettled { .. }) => self.lives[c] = Some(life),
+            Err(stop) => {
+                let since = match stop {
+                    WatchStop::Changed { since } => since.wal_lsn,
+                    WatchStop::Dropped | WatchStop::StandbysUnsettled => Lsn::ZERO,
+                };
+                self.end_life(life, false);
+                self.publication_stop(c, since);
+            }
         }
-        if let Some(life) = self.lives[c].take() {
-            self.end_life(life, false);
-        }
-        self.publication_stop(c);
         Ok(())
     }
 
     /// The relay stopped on a changed publication: the operator puts the outbox back,
     /// publishes again the rows the change hid (the same event ids), and accepts the
-    /// publication as it is now.
-    fn publication_stop(&mut self, c: usize) {
+    /// publication as it is now. `since`: where the error says re-publishing starts.
+    fn publication_stop(&mut self, c: usize, since: Lsn) {
         self.stats.publication_stops += 1;
         self.carry[c] = LifeCore::new(false);
         self.processes[c] += 1;
@@ -624,7 +655,12 @@ impl Sim {
             cl.publication += 1;
         }
         let mut copies = Vec::new();
-        for t in cl.history.iter().filter(|t| t.hidden) {
+        cl.visible = cl.publication;
+        for t in cl
+            .history
+            .iter()
+            .filter(|t| t.hidden && t.commit_lsn > since)
+        {
             for ch in &t.changes {
                 if let Change::Outbox { id, .. } = *ch {
                     if cl.republished.insert(id) {
@@ -713,6 +749,7 @@ impl Sim {
             self.clusters[0].outbox_published = true;
             self.clusters[0].publication += 1;
         }
+        self.clusters[0].visible = self.clusters[0].publication;
         for _ in 0..200_000 {
             self.start_relays()?;
             let Some(life) = self.lives[0].as_ref() else {

@@ -7,7 +7,8 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 use outbox_core::{
-    pgtype, After, Doubt, Observe, ReplayStart, Sent, SessionCore, SessionError, Skipped, Ticket,
+    pgtype, After, CatalogLook, Doubt, Look, Observe, PublicationWatch, ReplayStart, Sent,
+    SessionCore, SessionError, Skipped, Ticket,
 };
 use pgoutput::{
     Begin, Column, Commit, Insert, LogicalMessage, Lsn, Message, PgTimestamp, Relation,
@@ -67,6 +68,20 @@ pub(crate) const OUTBOX: u32 = 1;
 pub(crate) const OUTBOX_PARTITION: u32 = 2;
 pub(crate) const OTHER: u32 = 3;
 
+/// What a look at the publication read: the catalog's identity, and the WAL's end
+/// before it read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Seen {
+    pub identity: u64,
+    pub wal_lsn: Lsn,
+}
+
+impl CatalogLook for Seen {
+    fn same_catalog(&self, other: &Self) -> bool {
+        self.identity == other.identity
+    }
+}
+
 pub(crate) struct Life {
     pub cluster: usize,
     /// Which relay process of its cluster runs it (a kill starts a new one).
@@ -85,8 +100,10 @@ pub(crate) struct Life {
     /// Where it started: what the slot covered then is not this session's to prove (a
     /// copy's slot covers what the original delivered to its own topics).
     pub start: Lsn,
-    /// The publication's identity at the last look that matched.
-    pub publication_seen: u64,
+    /// The relay's publication watch (the relay's own rules).
+    pub watch: PublicationWatch<Seen>,
+    /// A look begun and not yet returned: what it read.
+    pub look: Option<Look<Seen>>,
     /// The producer refuses the next record outright (a fatal error).
     pub fail_next_send: bool,
     /// Leading rows of a partly delivered transaction skipped before their digest was
@@ -103,7 +120,7 @@ impl Life {
         cap: usize,
         replay: ReplayStart,
         cursor: Cursor,
-        publication_seen: u64,
+        start_look: Seen,
     ) -> Result<Life, Violation> {
         let start = replay.start;
         let rules = cfg
@@ -123,7 +140,8 @@ impl Life {
             described: [false; 3],
             failing: false,
             start,
-            publication_seen,
+            watch: PublicationWatch::new(start_look, true, true),
+            look: None,
             fail_next_send: false,
             unproven: Vec::new(),
         })

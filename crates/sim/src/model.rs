@@ -6,10 +6,12 @@ use std::sync::Arc;
 
 use outbox_core::slot_fate::SlotNow;
 use outbox_core::{
-    BadRowPolicy, ConfigError, CoreConfig, DeliveredPosition, EmitMapper, InFlightCaps,
+    BadRowPolicy, ConfigError, CoreConfig, DeliveredPosition, EmitMapper, InFlightCaps, Look,
     OutboxRecord, TableSpec, TopicName, TopicTemplate,
 };
 use pgoutput::Lsn;
+
+use crate::life::Seen;
 
 /// One change of a transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +63,9 @@ pub(crate) struct Cluster {
     pub key: u8,
     /// The publication's catalog identity (row versions: a change never goes back).
     pub publication: u64,
+    /// The identity queries see: behind `publication` while the change's commit waits
+    /// for a synchronous standby (in the WAL, and decoded by the new catalog, already).
+    pub visible: u64,
     /// Whether the outbox is in the publication now.
     pub outbox_published: bool,
     /// The identity the operator last accepted (`init --accept-publication-change`).
@@ -72,6 +77,19 @@ pub(crate) struct Cluster {
 }
 
 impl Cluster {
+    /// A look at the publication: what queries see now, settled unless a commit is
+    /// still waiting for its standby.
+    pub fn look(&self) -> Look<Seen> {
+        Look {
+            seen: Some(Seen {
+                identity: self.visible,
+                wal_lsn: self.wal_end,
+            }),
+            settled: self.visible == self.publication,
+            settle_end: None,
+        }
+    }
+
     /// A transaction (or a bare message) of `size` bytes of WAL commits at `commit_time`.
     pub fn commit(&mut self, changes: Vec<Change>, size: u64, commit_time: i64, bare: bool) {
         let commit_lsn = Lsn(self.wal_end.0 + size);

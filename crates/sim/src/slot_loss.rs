@@ -139,7 +139,7 @@ impl Sim {
         // outbox: one changed meanwhile is put back first, by its own procedure.
         let cl = &self.clusters[c];
         if !cl.outbox_published || cl.publication != cl.accepted {
-            self.publication_stop(c);
+            self.publication_stop(c, pgoutput::Lsn::ZERO);
         }
         self.create_slot(c, true)?;
         self.republish_since(c, since);

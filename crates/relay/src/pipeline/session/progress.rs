@@ -73,7 +73,7 @@ impl Session<'_> {
     pub(super) fn progress_record(&mut self) -> ProgressRecord {
         let (claim, lineage) = self.core.claim();
         ProgressRecord {
-            publication: self.publication.as_ref().map(|w| w.last.clone()),
+            publication: self.publication.as_ref().map(|w| w.last().clone()),
             ..ProgressRecord::of(claim, lineage)
         }
     }
@@ -85,7 +85,7 @@ impl Session<'_> {
     ) -> Option<(crate::kafka::PublicationSeen, bool)> {
         self.publication
             .as_ref()
-            .map(|w| (w.last.clone(), w.compared()))
+            .map(|w| (w.last().clone(), w.compared()))
     }
 
     /// Brings the progress record up to the confirmed position, at most every interval.

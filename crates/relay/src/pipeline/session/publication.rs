@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use pgoutput::{Lsn, PgTimestamp};
 
+use outbox_core::WatchStop;
 use pgrepl::preflight::{PublicationLook, PublicationProbe, Settler};
 use pgrepl::ConnectConfig;
 
@@ -126,30 +127,49 @@ pub async fn judge_unrecorded(
     Ok(())
 }
 
-/// What the session knows of the publication.
+impl outbox_core::CatalogLook for PublicationSeen {
+    fn same_catalog(&self, other: &Self) -> bool {
+        self.identity == other.identity
+    }
+}
+
+/// Maps the watch's stop to the relay's error.
+fn stopped(publication: &str, stop: WatchStop<PublicationSeen>) -> RelayError {
+    match stop {
+        WatchStop::Dropped => RelayError::PublicationDropped {
+            // Gone, not changed: the error the stream gives at the next change (and the
+            // fix it names), which an early look now usually comes before.
+            publication: publication.to_owned(),
+            server: "a look at pg_publication found none of this name".into(),
+        },
+        WatchStop::Changed { since } => RelayError::PublicationChanged {
+            publication: publication.to_owned(),
+            since: since.at_text(),
+            since_lsn: since.wal_lsn,
+        },
+        WatchStop::StandbysUnsettled => RelayError::StandbysUnsettled {
+            publication: publication.to_owned(),
+        },
+    }
+}
+
+/// What the session knows of the publication: the rules (`outbox_core::PublicationWatch`:
+/// the last matching look, whether the start was compared with the record, when a look
+/// counts) and the IO around them.
 pub(super) struct PublicationWatch {
-    /// The last look that matched; the slot is confirmed no further than what was acked
-    /// when it began (`SessionCore::raise_cap`, see the module's doc).
-    pub(super) last: PublicationSeen,
+    pub(super) rules: outbox_core::PublicationWatch<PublicationSeen>,
     pub(super) looked_at: Instant,
-    /// The progress record could not be read at the start, so the start's look was not
-    /// compared with the record's: until it is (read again in the background), the cap
-    /// stays at the start and no record is written (it would bury the record's look).
-    pub(super) baseline: Baseline,
+    /// The progress record could not be read at the start: it is read again in the
+    /// background, and the start's look compared with it once there.
+    read: Option<tokio::sync::oneshot::Receiver<Result<SlotRecords, ProgressError>>>,
     /// Prepared at the session's first look, on its side connection.
     probe: Option<PublicationProbe>,
     /// Since when looks have not counted (a commit not yet visible); logged once.
     unsettled_since: Option<Instant>,
-    /// Where the last look's own WAL ended: acks up to it call for no early look, or
-    /// each look's commit would call for the next.
-    own_wal_end: Lsn,
     /// The server looked at, and the connection a look waits for its synchronous
     /// standbys on (see [`look`]).
     pg: ConnectConfig,
     settler: Option<Settler>,
-    /// The start's look did not settle: it stands only until the record's look (the
-    /// same catalog, recorded before) replaces it once read, or stops the session.
-    start_unsettled: bool,
 }
 
 /// What a session's looks settle with (see [`look`]): the server, the settler the
@@ -160,32 +180,25 @@ pub(in crate::pipeline) struct Settling {
     pub start_settled: bool,
 }
 
-pub(super) enum Baseline {
-    Compared,
-    Pending(Option<tokio::sync::oneshot::Receiver<Result<SlotRecords, ProgressError>>>),
-}
-
 impl PublicationWatch {
     pub(super) fn new(start_look: PublicationSeen, compared: bool, settling: Settling) -> Self {
         PublicationWatch {
-            last: start_look,
+            rules: outbox_core::PublicationWatch::new(start_look, compared, settling.start_settled),
             looked_at: Instant::now(),
-            baseline: if compared {
-                Baseline::Compared
-            } else {
-                Baseline::Pending(None)
-            },
+            read: None,
             probe: None,
             unsettled_since: None,
-            own_wal_end: Lsn::ZERO,
             pg: settling.pg,
             settler: settling.settler,
-            start_unsettled: !settling.start_settled,
         }
     }
 
     pub(super) fn compared(&self) -> bool {
-        matches!(self.baseline, Baseline::Compared)
+        self.rules.compared()
+    }
+
+    pub(super) fn last(&self) -> &PublicationSeen {
+        self.rules.last()
     }
 }
 
@@ -196,9 +209,7 @@ impl Session<'_> {
         let Some(watch) = self.publication.as_mut() else {
             return Ok(());
         };
-        let last = watch.last.clone();
-        // Before the look: all of it was received, so written, before the look began.
-        let acked = self.core.watermark();
+        watch.rules.begin(self.core.watermark());
         let (sql, publication, table) = (&self.sql, &self.cfg.publication, &self.cfg.table);
         let (probe, pg, settler) = (&mut watch.probe, &watch.pg, &mut watch.settler);
         let now = bounded("checking the publication", async {
@@ -212,28 +223,20 @@ impl Session<'_> {
             look_through(p, sql, pg, settler).await
         })
         .await?;
-        let Looked {
-            seen: now,
-            settled,
-            settle_end,
-        } = now;
-        if now.is_none() {
-            // Gone, not changed: the error the stream gives at the next change (and the
-            // fix it names), which an early look now usually comes before.
-            return Err(RelayError::PublicationDropped {
-                publication: self.cfg.publication.clone(),
-                server: "a look at pg_publication found none of this name".into(),
-            });
-        }
-        compare(&self.cfg.publication, &last, now.as_ref())?;
-        if let (Some(watch), Some(now)) = (self.publication.as_mut(), now) {
-            watch.own_wal_end = settle_end.unwrap_or(Lsn::ZERO);
-            if !settled {
-                // Not `last`: a change this look could not see is named from the look
-                // before it. Looked at again at the interval.
+        let look = outbox_core::Look {
+            seen: now.seen,
+            settled: now.settled,
+            settle_end: now.settle_end,
+        };
+        let looked = watch
+            .rules
+            .looked(look, self.core.watermark())
+            .map_err(|stop| stopped(&self.cfg.publication, stop))?;
+        watch.looked_at = Instant::now();
+        match looked {
+            outbox_core::Looked::Unsettled { first } => {
                 self.obs.publication_look_unsettled();
-                watch.looked_at = Instant::now();
-                if watch.unsettled_since.is_none() {
+                if first {
                     watch.unsettled_since = Some(Instant::now());
                     // Its own walsender as the synchronous standby: the look's commit
                     // waits for a confirmation that waits for the look. Never settles.
@@ -253,18 +256,20 @@ impl Session<'_> {
                         "the synchronous standbys (synchronous_standby_names) do not confirm commits: a transaction committed but still waiting for them is invisible to queries, and may have changed the publication unseen, so the slot is not confirmed past what was acknowledged at the last look before they stopped, until they confirm again (or synchronous_standby_names is emptied)"
                     );
                 }
-                return Ok(());
             }
-            if let Some(since) = watch.unsettled_since.take() {
-                tracing::info!(
-                    waited = ?since.elapsed(),
-                    "the synchronous standbys confirm commits again: the publication looks count"
-                );
-            }
-            watch.last = now;
-            watch.looked_at = Instant::now();
-            if watch.compared() {
-                self.core.raise_cap(acked);
+            outbox_core::Looked::Counts {
+                raise_cap,
+                settled_again,
+            } => {
+                if let Some(since) = watch.unsettled_since.take().filter(|_| settled_again) {
+                    tracing::info!(
+                        waited = ?since.elapsed(),
+                        "the synchronous standbys confirm commits again: the publication looks count"
+                    );
+                }
+                if let Some(acked) = raise_cap {
+                    self.core.raise_cap(acked);
+                }
             }
         }
         Ok(())
@@ -277,19 +282,17 @@ impl Session<'_> {
             .is_some_and(|w| w.looked_at.elapsed() >= self.cfg.publication_check_interval)
     }
 
-    /// When to look before the regular look: once everything sent is acked and only the
-    /// last look holds the slot back, [`EARLY_LOOK_AFTER`] after that look. A drained
-    /// backlog or a lone transaction is then confirmed at once, not at the end of the
-    /// interval; under a steady load that is a few prepared statements a second on the
-    /// side connection. Asked at every turn of the session's loop: cheap tests first.
+    /// When to look before the regular look (`outbox_core::PublicationWatch::early_look_wanted`):
+    /// [`EARLY_LOOK_AFTER`] after the last look. A drained backlog or a lone transaction
+    /// is then confirmed at once, not at the end of the interval; under a steady load
+    /// that is a few prepared statements a second on the side connection.
     pub(super) fn early_look_at(&self) -> Option<Instant> {
-        if self.core.awaiting_reports() > 0 || self.core.watermark() <= self.core.confirmed() {
-            return None;
-        }
-        // Not while looks do not settle: each waits for the synchronous standbys, and
-        // the regular interval is often enough to see them back.
         let watch = self.publication.as_ref().filter(|w| {
-            w.compared() && w.unsettled_since.is_none() && self.core.watermark() > w.own_wal_end
+            w.rules.early_look_wanted(
+                self.core.awaiting_reports(),
+                self.core.watermark(),
+                self.core.confirmed(),
+            )
         })?;
         Some(watch.looked_at + EARLY_LOOK_AFTER)
     }
@@ -305,12 +308,11 @@ impl Session<'_> {
             return Ok(());
         };
         let commit = commit.unwrap_or((Lsn::ZERO, PgTimestamp::now()));
-        // Kept on failure too: the next session of this process starts from this look.
-        watch.last = PublicationSeen {
-            identity: watch.last.identity.clone(),
+        watch.rules.guard(PublicationSeen {
+            identity: watch.rules.last().identity.clone(),
             at_unix_ms: u64::try_from(commit.1.unix_micros() / 1000).unwrap_or(0),
             wal_lsn: commit.0,
-        };
+        });
         self.watch_publication().await
     }
 
@@ -320,9 +322,10 @@ impl Session<'_> {
         let (Some(watch), Some(p)) = (self.publication.as_mut(), self.progress.as_ref()) else {
             return Ok(());
         };
-        let Baseline::Pending(read) = &mut watch.baseline else {
+        if watch.compared() {
             return Ok(());
-        };
+        }
+        let read = &mut watch.read;
         let Some(rx) = read else {
             let (tx, rx) = tokio::sync::oneshot::channel();
             let (store, identity) = (p.store.clone(), p.identity.clone());
@@ -355,22 +358,10 @@ impl Session<'_> {
             p.store.topic(),
             &p.identity,
         )?;
-        match records.last_look() {
-            Some(recorded) => {
-                compare(&self.cfg.publication, recorded, Some(&watch.last))?;
-                if std::mem::take(&mut watch.start_unsettled) {
-                    // The same catalog, recorded before the standbys stopped: a change
-                    // the start's look could not see is named from there.
-                    watch.last = recorded.clone();
-                }
-            }
-            None if watch.start_unsettled => {
-                return Err(RelayError::StandbysUnsettled {
-                    publication: self.cfg.publication.clone(),
-                });
-            }
-            None => {}
-        }
+        watch
+            .rules
+            .record_read(records.last_look())
+            .map_err(|stop| stopped(&self.cfg.publication, stop))?;
         if let Some(record) = &records.ours {
             crate::pipeline::server::refuse_older_timeline(
                 record.claim.timeline,
@@ -379,7 +370,7 @@ impl Session<'_> {
             )?;
         }
         tracing::info!("the progress record is read: the publication is as recorded");
-        watch.baseline = Baseline::Compared;
+        watch.read = None;
         Ok(())
     }
 }
