@@ -390,7 +390,9 @@ impl RelayError {
             RelayError::PartialReplay { digest_differs, .. } => format!(
                 "it is published again whole from the slot (duplicates, never a loss){}",
                 if *digest_differs {
-                    "; likely a record outboxd did not write: allow only outboxd's own                      Kafka principal to write OUTBOXD_PROGRESS_TOPIC                      (docs/replay-skip.md#who-may-write-the-progress-topic)"
+                    "; likely a record outboxd did not write: allow only outboxd's own \
+                     Kafka principal to write OUTBOXD_PROGRESS_TOPIC \
+                     (docs/replay-skip.md#who-may-write-the-progress-topic)"
                 } else {
                     ""
                 }
@@ -549,6 +551,25 @@ mod tests {
             message: message.into(),
             ..ServerError::default()
         }))
+    }
+
+    #[test]
+    fn a_forged_partial_count_names_who_may_write_the_record_in_one_line() {
+        let e = RelayError::PartialReplay {
+            commit_lsn: pgoutput::Lsn::ZERO,
+            recorded: 5,
+            read: 3,
+            digest_differs: true,
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains("outboxd's own Kafka principal to write OUTBOXD_PROGRESS_TOPIC (docs/"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("  "),
+            "a wrapped literal's indentation: {text}"
+        );
     }
 
     #[test]

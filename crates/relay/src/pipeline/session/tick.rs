@@ -98,8 +98,11 @@ impl Session<'_> {
                 Some(s) if s.wal_status.as_deref() == Some("lost") => SlotNow::Invalidated,
                 Some(_) => SlotNow::Usable,
             };
-            slot_fate::streaming(now, &self.core.claim().0)
-                .map_err(|stop| slot::stop_error(stop, &self.cfg.slot))?;
+            // Building the claim folds the ledger: only for a slot that stops the session.
+            if now != SlotNow::Usable {
+                slot_fate::streaming(now, &self.core.claim().0)
+                    .map_err(|stop| slot::stop_error(stop, &self.cfg.slot))?;
+            }
             if let Some(stats) = stats {
                 self.obs.slot_stats(&stats);
                 self.report_catch_up(stats.current_wal);
