@@ -676,12 +676,18 @@ impl Sim {
                 copies.len()
             );
         }
+        self.publish_again(c, copies);
+    }
+
+    /// The operator's re-insert of `copies` into cluster `c`'s outbox with their own event
+    /// ids, in one transaction, by either procedure (a publication change, a lost slot).
+    fn publish_again(&mut self, c: usize, copies: Vec<Change>) {
         if copies.is_empty() {
             return;
         }
         self.clock += 1;
         let size = 40 * u64::try_from(copies.len()).unwrap_or(1);
-        cl.commit(copies, size, self.clock, false);
+        self.clusters[c].commit(copies, size, self.clock, false);
     }
 
     /// The session writes its claim; checked against every history there ever was.

@@ -245,7 +245,7 @@ impl Sim {
     /// order (docs/operations.md: the order the DELETE finds them).
     fn republish_since(&mut self, c: usize, since: Option<i64>) {
         let from = since.map_or(i64::MIN, |t| t.saturating_sub(self.clock_back));
-        let cl = &mut self.clusters[c];
+        let cl = &self.clusters[c];
         let mut table: HashMap<u64, (usize, usize, i64, Change)> = HashMap::new();
         for (i, t) in cl.history.iter().enumerate() {
             for (k, ch) in t.changes.iter().enumerate() {
@@ -267,12 +267,7 @@ impl Sim {
                 copies.len()
             );
         }
-        if copies.is_empty() {
-            return;
-        }
-        self.clock += 1;
-        let size = 40 * u64::try_from(copies.len()).unwrap_or(1);
-        cl.commit(copies, size, self.clock, false);
+        self.publish_again(c, copies);
     }
 
     /// What the progress topic says of cluster `c`'s slot: its newest record.
