@@ -20,6 +20,16 @@ impl InFlightCaps {
     pub fn has_room(&self, messages: usize, bytes: usize) -> bool {
         messages == 0 || (messages < self.max_messages && bytes < self.max_bytes)
     }
+
+    /// At most this many rows between two marks of a claim (see
+    /// `crate::ReplayStart::mark_every`): a replay's hold until its next mark then fits
+    /// the caps with room to spare, also where a claim keeps only every second or fourth
+    /// of its older marks.
+    pub fn mark_every(&self) -> u64 {
+        u64::try_from(self.max_messages / 4)
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
 }
 
 #[cfg(test)]

@@ -131,13 +131,14 @@ const MARK_LEVELS: u32 = 6;
 /// must not cost the reader unbounded memory).
 pub const MAX_MARKS: usize = 256;
 
-/// Whether the mark of write `seq` is kept when the newest is `latest`: every write of
-/// the last 40, every 2nd of the last 80, every 4th of the last 160, … every 64th of the
-/// last 2560. About 160 marks (~10 KB of record), dense where replays usually start (since
-/// the last checkpoint: at the default 1 s interval and 5 min `checkpoint_timeout`, no two
-/// marks of the last 300 writes are more than 8 apart, so a hold between them stays under
-/// the caps at a few thousand events/s) and sparse further back, where a replay costs
-/// duplicates up to the first mark it reaches.
+/// Whether mark `seq` is kept when the newest is `latest`: every mark of the last 40,
+/// every 2nd of the last 80, every 4th of the last 160, … every 64th of the last 2560.
+/// About 160 marks (~10 KB of record), dense where replays usually start and sparse
+/// further back, where a replay costs duplicates up to the first mark it reaches. A write
+/// adds one mark, or more where many rows lie between (`ReplayStart::mark_every`, a
+/// quarter of the in-flight cap): a hold between kept marks fits the caps while they are
+/// at most 4 apart, the last 160 marks (after a PostgreSQL crash, the slot's position of
+/// the last checkpoint may be further back).
 fn keeps(seq: u64, latest: u64) -> bool {
     let level = seq.trailing_zeros().min(MARK_LEVELS);
     latest.saturating_sub(seq) < MARKS_PER_LEVEL << level

@@ -82,6 +82,10 @@ pub struct ReplayStart {
     pub fingerprint: u64,
     /// Another lineage was seen writing the record: nothing is skipped.
     pub foreign_writer: bool,
+    /// At most this many published rows between two marks of the claims it writes (0:
+    /// only the newest confirmed transaction is marked): a later replay holds what lies
+    /// before its next mark, and a hold that fills the in-flight caps publishes it again.
+    pub mark_every: u64,
     /// A fresh random lineage, used if the claim is not continued.
     pub new_lineage: u64,
     /// Another, for the claim of its own a session starts when it doubts the one it
@@ -100,7 +104,10 @@ pub struct ReplayCore<R> {
     lineage: u64,
     /// The lineage before a doubt replaced it: records of it may still be the newest.
     prev_lineage: u64,
-    committed: VecDeque<(TxnId, Lsn)>,
+    /// Committed transactions not confirmed yet: identity, end, published rows.
+    committed: VecDeque<(TxnId, Lsn, u64)>,
+    /// See [`ReplayStart::mark_every`].
+    mark_every: u64,
     open: Option<TxnId>,
     rows: RowLedger,
     /// Leading published rows of the open transaction still to skip.
@@ -182,6 +189,7 @@ impl<R> ReplayCore<R> {
             lineage,
             prev_lineage: 0,
             committed: VecDeque::new(),
+            mark_every: s.mark_every,
             open: None,
             rows: RowLedger::default(),
             skip_rows: 0,
@@ -309,6 +317,7 @@ impl<R> ReplayCore<R> {
     /// delivered transaction did not match its claim, and must not be confirmed.
     pub fn commit(&mut self, end_lsn: Lsn) -> Result<Step<R>, PartialMismatch> {
         let txn = self.open.take();
+        let rows = self.rows.open_rows();
         if let (Some(recorded), Some(txn)) = (self.partial_rows.take(), txn) {
             if self.rows.open_rows() < recorded {
                 let recorded = PartialTxn {
@@ -325,7 +334,7 @@ impl<R> ReplayCore<R> {
             if self.committed.len() >= MARK_CANDIDATES {
                 self.committed.pop_front();
             }
-            self.committed.push_back((txn, end_lsn));
+            self.committed.push_back((txn, end_lsn, rows));
         }
         Ok(match self.proof.on_commit(end_lsn) {
             Some(settle) => self.settle(settle),
@@ -400,19 +409,33 @@ impl<R> ReplayCore<R> {
     }
 
     /// What the session claims Kafka has when `confirmed` is confirmed, and its lineage:
-    /// the newest confirmed transaction becomes the newest mark. The position never
-    /// moves back: a session starts at the slot's, often behind the claim it read, and
-    /// recording that would make the next one publish everything the claim covered.
+    /// the newest confirmed transaction becomes the newest mark, and older ones too where
+    /// more than `mark_every` rows would otherwise lie between two marks (a replay holds
+    /// those until it reaches a mark: one Kafka transaction of the exactly-once mode, or
+    /// a second of at-least-once records, can hold more than the in-flight caps). The
+    /// position never moves back: a session starts at the slot's, often behind the claim
+    /// it read, and recording that would make the next one publish everything the claim
+    /// covered.
     pub fn claim_at(&mut self, confirmed: Lsn) -> (DeliveredPosition, u64) {
-        let mut newest = None;
-        while let Some(&(txn, end)) = self.committed.front() {
+        // The last confirmed transaction not marked yet, and the rows since the last mark
+        // up to it.
+        let mut pending: Option<(TxnId, Lsn)> = None;
+        let mut since_mark = 0u64;
+        while let Some(&(txn, end, rows)) = self.committed.front() {
             if end > confirmed {
                 break;
             }
-            newest = Some((txn, end));
             self.committed.pop_front();
+            if let Some((p, p_end)) = pending {
+                if self.mark_every > 0 && since_mark.saturating_add(rows) > self.mark_every {
+                    self.claim.push_mark(p, p_end);
+                    since_mark = 0;
+                }
+            }
+            since_mark = since_mark.saturating_add(rows);
+            pending = Some((txn, end));
         }
-        if let Some((txn, end)) = newest {
+        if let Some((txn, end)) = pending {
             self.claim.push_mark(txn, end);
         }
         self.claim.lsn = self.claim.lsn.max(confirmed);
@@ -446,6 +469,7 @@ mod tests {
             claim: Some((claim, 42)),
             fingerprint: 7,
             foreign_writer: false,
+            mark_every: 0,
             new_lineage,
             doubt_lineage,
         })
@@ -485,6 +509,84 @@ mod tests {
         assert!(!c.holding(), "every mark proven");
     }
 
+    /// A replay holds what lies before its next mark. One claim write covering many
+    /// transactions (a Kafka transaction of the exactly-once mode) marked only its newest,
+    /// so a replay from before them held them all, past the in-flight caps, and published
+    /// them again: duplicates in `read_committed` (the e2e kill test, 1 run in 6).
+    #[test]
+    fn a_claim_marks_often_enough_that_a_replay_holds_at_most_mark_every_rows() {
+        let write = |mark_every: u64| {
+            let mut c = ReplayCore::<u32>::new(ReplayStart {
+                timeline: 1,
+                start: Lsn(100),
+                server_end: Lsn(1_000_000),
+                claim: None,
+                fingerprint: 7,
+                foreign_writer: false,
+                mark_every,
+                new_lineage: 1,
+                doubt_lineage: 2,
+            });
+            // 40 transactions of 3 rows, all acked, then one claim write.
+            for t in 0..40u64 {
+                let at = 1_000 + t * 10;
+                let _ = c.begin(id(
+                    at,
+                    u32::try_from(t).unwrap(),
+                    i64::try_from(at).unwrap(),
+                ));
+                for r in 0..3 {
+                    let Ok(NextRow::Publish(Some(row))) = c.next_row(t * 3 + r) else {
+                        panic!("a row to publish");
+                    };
+                    c.acked(row);
+                }
+                assert!(matches!(c.commit(Lsn(at + 5)), Ok(Step::Nothing)));
+            }
+            c.claim_at(Lsn(1_395)).0
+        };
+        // Rows the next session holds at most, replaying the same history from 100.
+        let most_held = |claim: DeliveredPosition| {
+            let mut c = ReplayCore::<u32>::new(ReplayStart {
+                timeline: 1,
+                start: Lsn(100),
+                server_end: Lsn(1_000_000),
+                claim: Some((claim, 42)),
+                fingerprint: 7,
+                foreign_writer: false,
+                mark_every: 0,
+                new_lineage: 3,
+                doubt_lineage: 4,
+            });
+            let mut most = 0;
+            for t in 0..40u64 {
+                let at = 1_000 + t * 10;
+                let _ = c.begin(id(
+                    at,
+                    u32::try_from(t).unwrap(),
+                    i64::try_from(at).unwrap(),
+                ));
+                for r in 0..3 {
+                    let Ok(NextRow::Publish(row)) = c.next_row(t * 3 + r) else {
+                        panic!("no partial here");
+                    };
+                    assert!(c.holding(), "every row before the last mark is held");
+                    c.hold(Ticket::from_index(0), 0, row);
+                    most = most.max(c.held_len());
+                }
+                match c.commit(Lsn(at + 5)) {
+                    Ok(Step::Drop(_) | Step::Nothing) => {}
+                    other => panic!("proven or still held: {other:?}"),
+                }
+            }
+            assert!(!c.holding(), "every mark proven");
+            most
+        };
+        assert_eq!(most_held(write(0)), 120, "one mark: all 120 rows held");
+        assert_eq!(most_held(write(10)), 9, "a mark at most every 10 rows");
+        assert_eq!(write(10).marks.len(), 14);
+    }
+
     /// One session reads `rows` rows of the transaction at 700 (identities 0, 1, …),
     /// acks the first `acked`, and returns the claim it writes.
     fn partly_delivered(rows: u64, acked: u64) -> DeliveredPosition {
@@ -510,6 +612,7 @@ mod tests {
             claim: Some((claim, 42)),
             fingerprint: 7,
             foreign_writer: false,
+            mark_every: 0,
             new_lineage: 1,
             doubt_lineage: 2,
         })

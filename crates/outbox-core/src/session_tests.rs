@@ -51,6 +51,7 @@ fn core(policy: BadRowPolicy, watch_publication: bool) -> SessionCore<Seen> {
         claim: None,
         fingerprint: 1,
         foreign_writer: false,
+        mark_every: 0,
         new_lineage: 7,
         doubt_lineage: 8,
     };

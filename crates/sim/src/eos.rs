@@ -279,6 +279,7 @@ impl Eos {
                 .fingerprint()
                 .map_err(|e| Violation(format!("settings: {e}")))?,
             foreign_writer: false,
+            mark_every: crate::model::caps(self.cap).mark_every(),
             new_lineage: self.rng.next_u64() | 1,
             doubt_lineage: self.rng.next_u64() | 1,
         };

@@ -322,6 +322,7 @@ impl Sim {
                     .map_err(|e| Violation(format!("settings: {e}")))?,
                 // Another lineage was seen writing the record: nothing is skipped.
                 foreign_writer: known.foreign_writer || self.rng.chance(20),
+                mark_every: crate::model::caps(self.cap).mark_every(),
                 new_lineage: self.rng.next_u64() | 1,
                 doubt_lineage: self.rng.next_u64() | 1,
             };

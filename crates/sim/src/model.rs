@@ -148,10 +148,7 @@ impl Config {
                 BadRowPolicy::Stop
             },
             max_message_bytes: if self.limit_raised { 4 << 20 } else { 1 << 20 },
-            caps: InFlightCaps {
-                max_messages: cap,
-                max_bytes: usize::MAX,
-            },
+            caps: caps(cap),
             idle_flush: true,
         })
     }
@@ -256,5 +253,13 @@ impl Kafka {
             p.push(w);
         }
         self.written.insert((w.tag, w.id));
+    }
+}
+
+/// The model's in-flight caps: `cap` messages, bytes unbounded.
+pub fn caps(cap: usize) -> InFlightCaps {
+    InFlightCaps {
+        max_messages: cap,
+        max_bytes: usize::MAX,
     }
 }
