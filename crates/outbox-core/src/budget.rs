@@ -22,11 +22,12 @@ impl InFlightCaps {
     }
 
     /// At most this many rows between two marks of a claim (see
-    /// `crate::ReplayStart::mark_every`): a replay's hold until its next mark then fits
-    /// the caps with room to spare, also where a claim keeps only every second or fourth
-    /// of its older marks.
+    /// `crate::ReplayStart::mark_every`): a replay's hold until its next mark fits the
+    /// message cap also where a claim keeps only every fourth of its older marks, with a
+    /// fifth of the cap left for what else is in flight. The byte cap is not considered:
+    /// rows larger on average than `max_bytes / max_messages` (9 KB by default) can fill it.
     pub fn mark_every(&self) -> u64 {
-        u64::try_from(self.max_messages / 4)
+        u64::try_from(self.max_messages / 5)
             .unwrap_or(u64::MAX)
             .max(1)
     }
