@@ -254,11 +254,14 @@ impl KafkaTxnCore {
         true
     }
 
-    /// The session's error after its abort answered: a fenced or broken producer's
-    /// answer replaces it; another failure of the abort leaves it to the next start.
+    /// The session's error after its abort answered: a fenced producer's answer replaces
+    /// it (another instance took over). Any other failure of the abort, a fatal one
+    /// included, leaves it to the next start: the session drops this producer anyway, and
+    /// the next one's `init_transactions` aborts what is still open. A broker answering
+    /// an abort with INVALID_TXN_STATE while PostgreSQL fails over is not a reason to exit.
     pub fn after_abort<E: From<TxnError>>(session: E, abort: Result<(), TxnError>) -> E {
         match abort {
-            Err(stop) if stop.next() == TxnNext::Stop => E::from(stop),
+            Err(fenced @ TxnError::Fenced(_)) => E::from(fenced),
             _ => session,
         }
     }
@@ -422,10 +425,17 @@ mod tests {
     }
 
     #[test]
-    fn only_a_fenced_or_broken_abort_replaces_the_error() {
+    fn only_a_fenced_abort_replaces_the_error() {
         let session = TxnError::Abortable("delivery".into());
         let kept = KafkaTxnCore::after_abort(session.clone(), Err(TxnError::Retriable("t".into())));
         assert_eq!(kept, session);
+        // A producer broken by its abort (INVALID_TXN_STATE after PostgreSQL went away)
+        // is dropped all the same: the next session's init_transactions settles it.
+        let broken = TxnError::Fatal("INVALID_TXN_STATE".into());
+        assert_eq!(
+            KafkaTxnCore::after_abort(session.clone(), Err(broken)),
+            session
+        );
         let fenced = TxnError::Fenced("f".into());
         assert_eq!(
             KafkaTxnCore::after_abort(session, Err(fenced.clone())),

@@ -182,16 +182,14 @@ impl Session<'_> {
             );
         }
         // Not counted when fenced: the process exits, or `judge_fence` finds it expired.
-        // A failed abort that is not fatal counts: the next start's `init_transactions`
-        // aborts it all the same.
+        // Any other failed abort counts: the next start's `init_transactions` aborts it
+        // all the same.
         let cause = match e {
             RelayError::Transaction(TxnError::Abortable(_)) => Some(TxnAbortCause::Abortable),
             RelayError::Transaction(TxnError::Fenced(_)) => None,
             _ => Some(TxnAbortCause::Restart),
         };
-        if let Some(cause) =
-            cause.filter(|_| !matches!(abort, Err(TxnError::Fenced(_) | TxnError::Fatal(_))))
-        {
+        if let Some(cause) = cause.filter(|_| !matches!(abort, Err(TxnError::Fenced(_)))) {
             self.obs.kafka_txn_aborted(cause);
         }
         KafkaTxnCore::after_abort(e, abort)
