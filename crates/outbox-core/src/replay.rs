@@ -534,72 +534,74 @@ mod tests {
         assert!(!c.holding(), "every mark proven");
     }
 
-    /// A claim written once after `txns` transactions of `rows` rows each, all acked.
-    fn claim_over(mark_every: u64, txns: u64, rows: u64) -> DeliveredPosition {
-        let mut c = ReplayCore::<u32>::new(ReplayStart {
+    /// A session from 100 with `claim`, marking every `mark_every` rows.
+    fn from_100(claim: Option<DeliveredPosition>, mark_every: u64) -> ReplayCore<u32> {
+        ReplayCore::new(ReplayStart {
             timeline: 1,
             start: Lsn(100),
             server_end: Lsn(1 << 40),
-            claim: None,
+            claim: claim.map(|c| (c, 42)),
             fingerprint: 7,
             foreign_writer: false,
             mark_every,
             new_lineage: 1,
             doubt_lineage: 2,
-        });
+        })
+    }
+
+    /// Reads `txns` transactions of `rows` rows each into `c`, handing each row to `row`
+    /// and checking each commit with `commit`.
+    fn read_history(
+        c: &mut ReplayCore<u32>,
+        (txns, rows): (u64, u64),
+        mut row: impl FnMut(&mut ReplayCore<u32>, NextRow),
+        commit: impl Fn(Result<Step<u32>, PartialMismatch>) -> bool,
+    ) {
         for t in 0..txns {
             let at = 1_000 + t * 10;
-            let _ = c.begin(id(
-                at,
-                u32::try_from(t).unwrap(),
-                i64::try_from(at).unwrap(),
-            ));
+            let xid = u32::try_from(t).unwrap();
+            let _ = c.begin(id(at, xid, i64::try_from(at).unwrap()));
             for r in 0..rows {
-                let Ok(NextRow::Publish(Some(row))) = c.next_row(t * rows + r) else {
-                    panic!("a row to publish");
-                };
-                c.acked(row);
+                let next = c.next_row(t * rows + r).expect("no partial here");
+                row(c, next);
             }
-            assert!(matches!(c.commit(Lsn(at + 5)), Ok(Step::Nothing)));
+            assert!(commit(c.commit(Lsn(at + 5))), "transaction {t}");
         }
+    }
+
+    /// A claim written once after `txns` transactions of `rows` rows each, all acked.
+    fn claim_over(mark_every: u64, txns: u64, rows: u64) -> DeliveredPosition {
+        let mut c = from_100(None, mark_every);
+        read_history(
+            &mut c,
+            (txns, rows),
+            |c, next| match next {
+                NextRow::Publish(Some(row)) => c.acked(row),
+                other => panic!("a row to publish: {other:?}"),
+            },
+            |step| matches!(step, Ok(Step::Nothing)),
+        );
         c.claim_at(Lsn(1_000 + txns * 10)).0
     }
 
     /// The most rows a session holds replaying the history of [`claim_over`] from its
     /// start, with `claim`.
     fn most_held(claim: DeliveredPosition, txns: u64, rows: u64) -> usize {
-        let mut c = ReplayCore::<u32>::new(ReplayStart {
-            timeline: 1,
-            start: Lsn(100),
-            server_end: Lsn(1 << 40),
-            claim: Some((claim, 42)),
-            fingerprint: 7,
-            foreign_writer: false,
-            mark_every: 0,
-            new_lineage: 3,
-            doubt_lineage: 4,
-        });
+        let mut c = from_100(Some(claim), 0);
         let mut most = 0;
-        for t in 0..txns {
-            let at = 1_000 + t * 10;
-            let _ = c.begin(id(
-                at,
-                u32::try_from(t).unwrap(),
-                i64::try_from(at).unwrap(),
-            ));
-            for r in 0..rows {
-                let Ok(NextRow::Publish(row)) = c.next_row(t * rows + r) else {
+        read_history(
+            &mut c,
+            (txns, rows),
+            |c, next| {
+                let NextRow::Publish(row) = next else {
                     panic!("no partial here");
                 };
                 assert!(c.holding(), "every row before the last mark is held");
                 c.hold(Ticket::from_index(0), 0, row);
                 most = most.max(c.held_len());
-            }
-            match c.commit(Lsn(at + 5)) {
-                Ok(Step::Drop(_) | Step::Nothing) => {}
-                other => panic!("proven or still held: {other:?}"),
-            }
-        }
+            },
+            |step| matches!(step, Ok(Step::Drop(_) | Step::Nothing)),
+        );
         assert!(!c.holding(), "every mark proven");
         most
     }
