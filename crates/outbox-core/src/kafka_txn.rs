@@ -119,6 +119,9 @@ pub struct KafkaTxnCore {
     open_since: Option<Duration>,
     /// When the last commit began (see [`commit_due_at`]).
     last_commit: Option<Duration>,
+    /// How long commits take, a moving average: a commit begins that much before its
+    /// interval is up, so that it becomes visible when the interval is.
+    commit_took: Option<Duration>,
     events: usize,
     /// The position last passed on to the server.
     confirmed: Lsn,
@@ -133,6 +136,7 @@ impl KafkaTxnCore {
             rules,
             open_since: None,
             last_commit: None,
+            commit_took: None,
             events: 0,
             confirmed: Lsn::ZERO,
             age_at_abort: None,
@@ -179,7 +183,11 @@ impl KafkaTxnCore {
         // leave no time for the acks, and every commit would be aborted and replayed.
         let split = since + self.rules.timeout / 2;
         Some(match in_pg_txn {
-            false => commit_due_at(since, self.last_commit, self.rules.commit_every).min(split),
+            false => {
+                let every = self.rules.commit_every;
+                let lead = self.commit_took.unwrap_or_default();
+                commit_due_at(since, self.last_commit, every, lead).min(split)
+            }
             true => split,
         })
     }
@@ -218,13 +226,20 @@ impl KafkaTxnCore {
         }
     }
 
-    /// `commit_transaction` returned OK after `attempts` calls. An error still, after
-    /// more than one: librdkafka has no KIP-890 (transactions v2), so after an `EndTxn`
-    /// that timed out, a late request of the old transaction could land in the next one;
-    /// the next session goes on with a new producer.
-    pub fn committed(&mut self, attempts: u32) -> Result<(), TxnError> {
+    /// `commit_transaction` returned OK at `now` after `attempts` calls. An error still,
+    /// after more than one: librdkafka has no KIP-890 (transactions v2), so after an
+    /// `EndTxn` that timed out, a late request of the old transaction could land in the
+    /// next one; the next session goes on with a new producer.
+    pub fn committed(&mut self, now: Duration, attempts: u32) -> Result<(), TxnError> {
         self.open_since = None;
         self.events = 0;
+        if let (Some(began), 1) = (self.last_commit, attempts) {
+            let took = now.saturating_sub(began);
+            self.commit_took = Some(match self.commit_took {
+                Some(avg) => (avg * 3 + took) / 4,
+                None => took,
+            });
+        }
         match attempts > 1 {
             true => Err(TxnError::Retriable(
                 "a Kafka commit had to be retried: starting over with a new producer".into(),
@@ -291,14 +306,23 @@ impl KafkaTxnCore {
 }
 
 /// When a transaction opened at `since` is due to commit by time, at a PostgreSQL commit:
-/// `every` after the previous commit began, not after this transaction opened. Events
-/// that arrive during a commit open the next transaction only once it ends, and would
-/// otherwise wait that commit and a whole interval. Open at least half an interval,
-/// so that commits slower than `every` do not turn into a string of tiny ones.
-fn commit_due_at(since: Duration, last_commit: Option<Duration>, every: Duration) -> Duration {
-    let floor = since + every / 2;
+/// `every` after the previous commit began, less `lead` (how long a commit takes), not
+/// after this transaction opened. Events that arrive during a commit open the next
+/// transaction only once it ends, and would otherwise wait that commit and a whole
+/// interval, then the next commit: begun `lead` early, it ends when the interval is up,
+/// so a `read_committed` consumer's wait is about the interval (issue 31: p99 within the
+/// interval + 20 ms). Open at least a quarter of an interval, so that commits slower than
+/// `every` do not turn into a string of tiny ones (half an interval held a commit of 30 ms
+/// back from its lead).
+fn commit_due_at(
+    since: Duration,
+    last_commit: Option<Duration>,
+    every: Duration,
+    lead: Duration,
+) -> Duration {
+    let floor = since + every / 4;
     match last_commit {
-        Some(last) => (last + every).max(floor),
+        Some(last) => (last + every).saturating_sub(lead).max(floor),
         None => since + every,
     }
 }
@@ -348,15 +372,51 @@ mod tests {
     #[test]
     fn commits_keep_their_cadence() {
         let every = ms(100);
+        let none = Duration::ZERO;
         // The session's first transaction: an interval after it opened.
-        assert_eq!(commit_due_at(ms(0), None, every), ms(100));
+        assert_eq!(commit_due_at(ms(0), None, every, none), ms(100));
         // Opened 20 ms after the last commit began (when it ended): 80 ms open, so
         // events that came during that commit wait no longer than an interval.
-        assert_eq!(commit_due_at(ms(20), Some(ms(0)), every), ms(100));
-        // A commit slower than half an interval: the transaction stays open half of one.
-        assert_eq!(commit_due_at(ms(70), Some(ms(0)), every), ms(120));
-        // After a quiet spell: half an interval after it opened.
-        assert_eq!(commit_due_at(ms(5_000), Some(ms(0)), every), ms(5_050));
+        assert_eq!(commit_due_at(ms(20), Some(ms(0)), every, none), ms(100));
+        // Commits take 20 ms: this one begins 20 ms early, and ends when the interval is up.
+        assert_eq!(commit_due_at(ms(20), Some(ms(0)), every, ms(20)), ms(80));
+        // A commit of 70 ms: the transaction stays open a quarter of an interval.
+        assert_eq!(commit_due_at(ms(70), Some(ms(0)), every, ms(70)), ms(95));
+        // After a quiet spell: a quarter of an interval after it opened.
+        assert_eq!(
+            commit_due_at(ms(5_000), Some(ms(0)), every, none),
+            ms(5_025)
+        );
+    }
+
+    /// Issue 31's p99: a commit interval of 100 ms gave a p99 of 122–138 ms, an event
+    /// that came at a commit's start waiting the interval and then the next commit.
+    #[test]
+    fn a_commit_begins_early_by_how_long_commits_take() {
+        let mut txn = KafkaTxnCore::new(rules(Duration::from_secs(60)));
+        txn.on_send(ms(0));
+        assert_eq!(txn.commit_at(false), Some(ms(100)));
+        txn.begin_commit(ms(100));
+        assert_eq!(txn.committed(ms(130), 1), Ok(()));
+        txn.on_send(ms(131));
+        assert_eq!(
+            txn.commit_at(false),
+            Some(ms(170)),
+            "30 ms early: ends at 200"
+        );
+        txn.begin_commit(ms(170));
+        assert_eq!(txn.committed(ms(180), 1), Ok(()));
+        txn.on_send(ms(181));
+        assert_eq!(txn.commit_at(false), Some(ms(245)), "the average: 25 ms");
+        // A retried commit says nothing of how long a commit takes.
+        txn.begin_commit(ms(245));
+        assert!(txn.committed(ms(900), 2).is_err());
+        txn.on_send(ms(901));
+        assert_eq!(
+            txn.commit_at(false),
+            Some(ms(926)),
+            "a quarter of one open at least"
+        );
     }
 
     #[test]
@@ -396,10 +456,10 @@ mod tests {
         txn.on_send(ms(0));
         assert_eq!(txn.confirmable(Lsn(20)), None);
         assert!(txn.begin_commit(ms(5)).is_some());
-        assert_eq!(txn.committed(1), Ok(()));
+        assert_eq!(txn.committed(ms(8), 1), Ok(()));
         assert_eq!(txn.confirmable(Lsn(20)), Some(Lsn(20)));
         txn.on_send(ms(10));
-        assert!(txn.committed(2).is_err());
+        assert!(txn.committed(ms(12), 2).is_err());
     }
 
     #[test]

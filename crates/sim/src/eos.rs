@@ -543,7 +543,7 @@ impl Eos {
         }
         self.stats.commits += 1;
         self.stats.splits += u64::from(split);
-        let committed = s.txn.committed(attempt);
+        let committed = s.txn.committed(self.now, attempt);
         if attempt > 1 {
             // No KIP-890: a late produce request of the committed transaction, retried
             // by the same producer, lands in its next transaction.

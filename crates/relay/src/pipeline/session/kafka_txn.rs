@@ -158,10 +158,10 @@ impl Session<'_> {
             end_txn = ?recorded.elapsed(),
             "committed the Kafka transaction"
         );
-        let committed = self
-            .txn
-            .as_mut()
-            .map_or(Ok(()), |t| t.core.committed(attempt));
+        let committed = self.txn.as_mut().map_or(Ok(()), |t| {
+            let now = t.now();
+            t.core.committed(now, attempt)
+        });
         self.take_reports()?;
         self.obs.progress_recorded(record.confirmed_lsn());
         self.advance();
