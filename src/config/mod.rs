@@ -593,7 +593,7 @@ pub fn from_vars_for(
             .string("OUTBOXD_PROGRESS_TOPIC")
             .filter(|t| !t.trim().is_empty()),
         progress_interval: env.millis("OUTBOXD_PROGRESS_INTERVAL_MS", 100)?,
-        progress_read_wait: env.millis("OUTBOXD_PROGRESS_READ_WAIT_MS", 0)?,
+        progress_read_wait: progress_read_wait(&env)?,
         transactions: transactions(&env)?,
         publication_check_interval: env.millis("OUTBOXD_PUBLICATION_CHECK_INTERVAL_MS", 1000)?,
         cluster_name: cluster_name(&env)?,
@@ -613,6 +613,23 @@ pub fn from_vars_for(
 }
 
 /// `OUTBOXD_DELIVERY` and the commit settings of its exactly-once mode.
+/// How long a stream start waits for the progress record. Exactly-once, unset: long enough
+/// for the broker to abort another instance's transaction left open on the progress topic
+/// (the default `transaction.timeout.ms`, 60 s, and its check every 10 s), which holds the
+/// record's last stable offset back. Giving up publishes the replay again, which is a
+/// duplicate in `read_committed` in this mode, where waiting costs only time.
+fn progress_read_wait(env: &Env<'_>) -> Result<Duration, ConfigError> {
+    const NAME: &str = "OUTBOXD_PROGRESS_READ_WAIT_MS";
+    let exactly_once = env.string("OUTBOXD_DELIVERY").as_deref() == Some("exactly-once");
+    match (env.raw(NAME), exactly_once) {
+        (None, true) => Ok(EXACTLY_ONCE_PROGRESS_READ_WAIT),
+        _ => env.millis(NAME, 0),
+    }
+}
+
+/// See [`progress_read_wait`].
+const EXACTLY_ONCE_PROGRESS_READ_WAIT: Duration = Duration::from_secs(90);
+
 fn transactions(env: &Env<'_>) -> Result<Option<outboxd_relay::kafka::Transactions>, ConfigError> {
     match env
         .required("OUTBOXD_DELIVERY", "a delivery mode")?

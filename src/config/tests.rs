@@ -229,3 +229,17 @@ fn header_columns_and_format() {
         assert!(e.accepts.contains(needle), "{e}");
     }
 }
+
+/// In exactly-once mode a record not read in time means duplicates in `read_committed`:
+/// the start waits longer unless told otherwise.
+#[test]
+fn exactly_once_waits_longer_for_the_progress_record_by_default() {
+    let wait = |pairs: &[(&str, &str)]| from_vars(&vars(pairs)).unwrap().progress_read_wait;
+    assert_eq!(wait(&[]), Duration::from_secs(3));
+    let eos = ("OUTBOXD_DELIVERY", "exactly-once");
+    assert_eq!(wait(&[eos]), Duration::from_secs(90));
+    assert_eq!(
+        wait(&[eos, ("OUTBOXD_PROGRESS_READ_WAIT_MS", "5000")]),
+        Duration::from_secs(5)
+    );
+}
