@@ -612,7 +612,6 @@ pub fn from_vars_for(
     Ok(settings)
 }
 
-/// `OUTBOXD_DELIVERY` and the commit settings of its exactly-once mode.
 /// How long a stream start waits for the progress record. Exactly-once, unset: long enough
 /// for the broker to abort another instance's transaction left open on the progress topic
 /// (the default `transaction.timeout.ms`, 60 s, and its check every 10 s), which holds the
@@ -630,6 +629,7 @@ fn progress_read_wait(env: &Env<'_>) -> Result<Duration, ConfigError> {
 /// See [`progress_read_wait`].
 const EXACTLY_ONCE_PROGRESS_READ_WAIT: Duration = Duration::from_secs(90);
 
+/// `OUTBOXD_DELIVERY` and the commit settings of its exactly-once mode.
 fn transactions(env: &Env<'_>) -> Result<Option<outboxd_relay::kafka::Transactions>, ConfigError> {
     match env
         .required("OUTBOXD_DELIVERY", "a delivery mode")?
