@@ -533,6 +533,7 @@ pub fn from_vars_for(
         }
     }
     let status_interval = nonzero_millis("OUTBOXD_STATUS_INTERVAL_MS")?;
+    let progress_read_wait = progress_read_wait(&env, &kafka_overrides)?;
     let relay_table = env.boolean("OUTBOXD_RELAY_TABLE")?;
     if !relay_table
         && env
@@ -593,7 +594,7 @@ pub fn from_vars_for(
             .string("OUTBOXD_PROGRESS_TOPIC")
             .filter(|t| !t.trim().is_empty()),
         progress_interval: env.millis("OUTBOXD_PROGRESS_INTERVAL_MS", 100)?,
-        progress_read_wait: progress_read_wait(&env)?,
+        progress_read_wait,
         transactions: transactions(&env)?,
         publication_check_interval: env.millis("OUTBOXD_PUBLICATION_CHECK_INTERVAL_MS", 1000)?,
         cluster_name: cluster_name(&env)?,
@@ -614,20 +615,25 @@ pub fn from_vars_for(
 
 /// How long a stream start waits for the progress record. Exactly-once, unset: long enough
 /// for the broker to abort another instance's transaction left open on the progress topic
-/// (the default `transaction.timeout.ms`, 60 s, and its check every 10 s), which holds the
-/// record's last stable offset back. Giving up publishes the replay again, which is a
-/// duplicate in `read_committed` in this mode, where waiting costs only time.
-fn progress_read_wait(env: &Env<'_>) -> Result<Duration, ConfigError> {
+/// (`transaction.timeout.ms`, and the broker's check every 10 s), which holds the record's
+/// last stable offset back: at least 90 s, and the timeout plus 30 s. Giving up publishes
+/// the replay again, which is a duplicate in `read_committed` in this mode, where waiting
+/// costs only time.
+fn progress_read_wait(
+    env: &Env<'_>,
+    kafka_overrides: &BTreeMap<String, String>,
+) -> Result<Duration, ConfigError> {
     const NAME: &str = "OUTBOXD_PROGRESS_READ_WAIT_MS";
     let exactly_once = env.string("OUTBOXD_DELIVERY").as_deref() == Some("exactly-once");
     match (env.raw(NAME), exactly_once) {
-        (None, true) => Ok(EXACTLY_ONCE_PROGRESS_READ_WAIT),
+        (None, true) => {
+            let expiry = outboxd_relay::kafka::transaction_timeout_in(kafka_overrides)
+                .saturating_add(Duration::from_secs(30));
+            Ok(expiry.max(Duration::from_secs(90)))
+        }
         _ => env.millis(NAME, 0),
     }
 }
-
-/// See [`progress_read_wait`].
-const EXACTLY_ONCE_PROGRESS_READ_WAIT: Duration = Duration::from_secs(90);
 
 /// `OUTBOXD_DELIVERY` and the commit settings of its exactly-once mode.
 fn transactions(env: &Env<'_>) -> Result<Option<outboxd_relay::kafka::Transactions>, ConfigError> {

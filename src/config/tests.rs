@@ -242,4 +242,9 @@ fn exactly_once_waits_longer_for_the_progress_record_by_default() {
         wait(&[eos, ("OUTBOXD_PROGRESS_READ_WAIT_MS", "5000")]),
         Duration::from_secs(5)
     );
+    // A raised transaction timeout: another instance's open transaction lasts that long.
+    assert_eq!(
+        wait(&[eos, ("OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS", "300000")]),
+        Duration::from_secs(330)
+    );
 }

@@ -42,6 +42,14 @@ pub struct Transactions {
 /// librdkafka's default `transaction.timeout.ms`.
 const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// `transaction.timeout.ms` as a producer with these librdkafka `overrides` gets it.
+pub fn transaction_timeout_in(overrides: &BTreeMap<String, String>) -> Duration {
+    overrides
+        .get("transaction.timeout.ms")
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(DEFAULT_TRANSACTION_TIMEOUT, Duration::from_millis)
+}
+
 impl ProducerSettings {
     /// Defaults for everything but the servers.
     pub fn new(bootstrap_servers: impl Into<String>) -> Self {
@@ -59,10 +67,7 @@ impl ProducerSettings {
     /// `transaction.timeout.ms` as the producer gets it: the override, else librdkafka's
     /// default. The broker aborts a Kafka transaction open longer than this.
     pub fn transaction_timeout(&self) -> Duration {
-        self.overrides
-            .get("transaction.timeout.ms")
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map_or(DEFAULT_TRANSACTION_TIMEOUT, Duration::from_millis)
+        transaction_timeout_in(&self.overrides)
     }
 
     /// A view for logs: secret override values replaced.
