@@ -533,7 +533,8 @@ pub fn from_vars_for(
         }
     }
     let status_interval = nonzero_millis("OUTBOXD_STATUS_INTERVAL_MS")?;
-    let progress_read_wait = progress_read_wait(&env, &kafka_overrides)?;
+    let transactions = transactions(&env)?;
+    let progress_read_wait = progress_read_wait(&env, transactions.is_some(), &kafka_overrides)?;
     let relay_table = env.boolean("OUTBOXD_RELAY_TABLE")?;
     if !relay_table
         && env
@@ -595,7 +596,7 @@ pub fn from_vars_for(
             .filter(|t| !t.trim().is_empty()),
         progress_interval: env.millis("OUTBOXD_PROGRESS_INTERVAL_MS", 100)?,
         progress_read_wait,
-        transactions: transactions(&env)?,
+        transactions,
         publication_check_interval: env.millis("OUTBOXD_PUBLICATION_CHECK_INTERVAL_MS", 1000)?,
         cluster_name: cluster_name(&env)?,
         http_addr: env
@@ -621,10 +622,10 @@ pub fn from_vars_for(
 /// costs only time.
 fn progress_read_wait(
     env: &Env<'_>,
+    exactly_once: bool,
     kafka_overrides: &BTreeMap<String, String>,
 ) -> Result<Duration, ConfigError> {
     const NAME: &str = "OUTBOXD_PROGRESS_READ_WAIT_MS";
-    let exactly_once = env.string("OUTBOXD_DELIVERY").as_deref() == Some("exactly-once");
     match (env.raw(NAME), exactly_once) {
         (None, true) => {
             let expiry = outboxd_relay::kafka::transaction_timeout_in(kafka_overrides)

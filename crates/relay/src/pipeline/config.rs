@@ -68,6 +68,14 @@ impl RelayConfig {
         )
     }
 
+    /// The in-flight caps.
+    pub fn caps(&self) -> outbox_core::InFlightCaps {
+        outbox_core::InFlightCaps {
+            max_messages: self.max_in_flight_messages,
+            max_bytes: self.max_in_flight_bytes,
+        }
+    }
+
     /// What the session's rules (`outbox_core::SessionCore`) need of these settings.
     pub fn rules(&self) -> outbox_core::CoreConfig {
         outbox_core::CoreConfig {
@@ -77,10 +85,7 @@ impl RelayConfig {
             dead_letter_topic: self.dead_letter_topic.clone(),
             bad_row_policy: self.bad_row_policy,
             max_message_bytes: self.max_message_bytes,
-            caps: outbox_core::InFlightCaps {
-                max_messages: self.max_in_flight_messages,
-                max_bytes: self.max_in_flight_bytes,
-            },
+            caps: self.caps(),
             idle_flush: self.idle_flush,
         }
     }

@@ -554,7 +554,7 @@ async fn run_session(
         claim,
         fingerprint,
         foreign_writer: progress.is_some_and(ProgressStore::foreign_writer),
-        mark_every: cfg.rules().caps.mark_every(),
+        mark_every: cfg.caps().mark_every(),
         new_lineage: rand::random(),
         doubt_lineage: rand::random(),
     };
