@@ -21,6 +21,7 @@ use support::relay::Relay;
 use support::schema;
 
 mod broker_faults;
+mod pg_restart;
 
 const EXACTLY_ONCE: (&str, &str) = ("OUTBOXD_DELIVERY", "exactly-once");
 

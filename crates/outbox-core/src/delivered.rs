@@ -252,8 +252,6 @@ pub enum Doubt {
     Mismatch,
     /// The stream went past a recorded position without showing its transaction.
     Passed,
-    /// What was held reached the in-flight caps before the proof.
-    HoldFull,
     /// Another writer records under this key (two live copies of one cluster).
     ForeignWriter,
     /// The partly acked transaction came back with fewer published rows than recorded.
@@ -270,19 +268,17 @@ impl Doubt {
             Doubt::PastServerEnd => "past_server_end",
             Doubt::Mismatch => "mismatch",
             Doubt::Passed => "passed",
-            Doubt::HoldFull => "hold_full",
             Doubt::ForeignWriter => "foreign_writer",
             Doubt::PartialRows => "partial_rows",
             Doubt::PartialDigest => "partial_digest",
         }
     }
 
-    pub const ALL: [Doubt; 8] = [
+    pub const ALL: [Doubt; 7] = [
         Doubt::Fingerprint,
         Doubt::PastServerEnd,
         Doubt::Mismatch,
         Doubt::Passed,
-        Doubt::HoldFull,
         Doubt::ForeignWriter,
         Doubt::PartialRows,
         Doubt::PartialDigest,
@@ -295,7 +291,6 @@ impl Doubt {
             Doubt::PastServerEnd => "the progress record names positions past this server's WAL end: another copy of this cluster (a clone, snapshot or restore) records under the same key; set OUTBOXD_CLUSTER_NAME differently on each copy",
             Doubt::Mismatch => "the transaction at a recorded position is not the recorded one: the server's history is not the one the record was written on (a clone, restore or failover)",
             Doubt::Passed => "the stream went past a recorded position without the recorded transaction: the server's history is not the one the record was written on",
-            Doubt::HoldFull => "the replay held back reached the in-flight caps before a recorded transaction proved it delivered",
             Doubt::ForeignWriter => "another relay writes this slot's progress record (two live copies of one cluster share one Kafka); set OUTBOXD_CLUSTER_NAME differently on each copy",
             Doubt::PartialRows => "the partly delivered transaction came back with fewer published rows than recorded",
             Doubt::PartialDigest => "the leading rows of the partly delivered transaction are not the ones the progress record names (a record from before row digests, or one written by another principal: only outboxd's may write OUTBOXD_PROGRESS_TOPIC, see docs/replay-skip.md)",

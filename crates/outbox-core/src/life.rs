@@ -109,6 +109,9 @@ pub struct LifeCore<P> {
     /// The publication at the last session's last matching look, and whether that look
     /// was compared with the record's.
     publication: Option<(P, bool)>,
+    /// The last session's replay spilled and was then doubted ([`Self::replay_unproven`]):
+    /// the next one skips nothing, or it would drop the same rows and end the same way.
+    unproven: bool,
 }
 
 impl<P: Clone> LifeCore<P> {
@@ -119,6 +122,7 @@ impl<P: Clone> LifeCore<P> {
             server: None,
             claim: None,
             publication: None,
+            unproven: false,
         }
     }
 
@@ -173,6 +177,14 @@ impl<P: Clone> LifeCore<P> {
     /// what the record forbids, in order: another cluster's record, an unfinished
     /// back-fill, a record of a newer timeline than the server's.
     pub fn known<E>(&self, read: RecordRead<P, E>) -> Result<Known<P>, Refusal<E>> {
+        let mut known = self.known_claim(read)?;
+        if self.unproven {
+            known.claim = None;
+        }
+        Ok(known)
+    }
+
+    fn known_claim<E>(&self, read: RecordRead<P, E>) -> Result<Known<P>, Refusal<E>> {
         if let Some(claim) = &self.claim {
             let (publication, read) = match &self.publication {
                 Some((look, compared)) => (Some(look.clone()), *compared),
@@ -228,8 +240,17 @@ impl<P: Clone> LifeCore<P> {
     /// A session ran: its claim (once it started streaming) and its last matching look.
     /// Kept only by [`ended`](Self::ended) with [`Ended::Retry`].
     pub fn session_ran(&mut self, claim: Option<Claim>, publication: Option<(P, bool)>) {
+        // A session that streamed skipped nothing or proved what it skipped: the next
+        // may trust the record (or this claim) again.
+        self.unproven &= claim.is_none();
         self.claim = claim.filter(|_| !self.exactly_once);
         self.publication = publication;
+    }
+
+    /// The session just ran ended with [`crate::SessionError::ReplayUnproven`]: the next
+    /// session skips nothing (call after [`Self::session_ran`]).
+    pub fn replay_unproven(&mut self) {
+        self.unproven = true;
     }
 
     /// The session ended `how`: what the next one starts from.

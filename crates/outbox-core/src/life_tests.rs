@@ -160,3 +160,22 @@ fn exactly_once_never_carries_a_claim() {
     life.ended(Ended::Retry);
     assert!(!life.carries_claim());
 }
+
+/// Exactly-once reads the record at every start: after a spilled replay was doubted, the
+/// same record would make the next session drop the same rows and end the same way.
+#[test]
+fn after_an_unproven_replay_the_next_session_skips_nothing_and_the_one_after_trusts_again() {
+    let mut life = Life::new(true);
+    life.connected::<()>("7", 1, server("db1")).ok();
+    life.session_ran(Some(claim(1, 200, 2)), None);
+    life.replay_unproven();
+    life.ended(Ended::Retry);
+    let record = || Read::Read(view(Some(claim(1, 100, 1))));
+    let known = life.known(record()).ok();
+    let known = known.map(|k| (k.claim.is_none(), k.publication, k.read));
+    assert_eq!(known, Some((true, Some("recorded look"), true)));
+    life.session_ran(Some(claim(1, 300, 3)), None);
+    life.ended(Ended::Retry);
+    let known = life.known(record()).ok().and_then(|k| k.claim.map(|c| c.1));
+    assert_eq!(known, Some(1), "the record is trusted again");
+}

@@ -45,6 +45,9 @@ pub enum Step<R> {
     Resume {
         rows: u64,
     },
+    /// Doubted after the hold spilled ([`ReplayCore::spill`]): records were dropped that
+    /// nothing proved in Kafka, so the session must end without confirming past them.
+    Unproven(Doubt),
 }
 
 /// What the next published row of the open transaction is.
@@ -128,6 +131,9 @@ pub struct ReplayCore<R> {
     doubts: Vec<Doubt>,
     /// Whether the open transaction's records are held.
     hold_open: bool,
+    /// The hold spilled ([`ReplayCore::spill`]): records are dropped before their proof,
+    /// and the first held one stays, keeping the confirmed position behind them.
+    spilled: bool,
     /// Where the session started: the base of a claim of its own.
     start: Lsn,
     /// The lineage a doubt switches to (then spent: a claim is given up once).
@@ -206,6 +212,7 @@ impl<R> ReplayCore<R> {
             verifying: None,
             doubts,
             hold_open: false,
+            spilled: false,
             start: s.start,
             doubt_lineage: s.doubt_lineage,
         }
@@ -308,13 +315,23 @@ impl<R> ReplayCore<R> {
         }
     }
 
-    /// A record registered in the ledger while [`ReplayCore::holding`].
-    pub fn hold(&mut self, ticket: Ticket, record: R, row: Option<RowId>) {
-        self.held.push(Held {
+    /// A record registered in the ledger while [`ReplayCore::holding`]. After a spill it
+    /// is dropped at once: returned, for the caller to settle as acked.
+    #[must_use]
+    pub fn hold(&mut self, ticket: Ticket, record: R, row: Option<RowId>) -> Option<Held<R>> {
+        let held = Held {
             ticket,
             record,
             row,
-        });
+        };
+        if self.spilled {
+            if let Some(row) = row {
+                self.rows.done(row);
+            }
+            return Some(held);
+        }
+        self.held.push(held);
+        None
     }
 
     /// A published row's ack.
@@ -360,13 +377,32 @@ impl<R> ReplayCore<R> {
         }
     }
 
-    /// The in-flight caps are reached: nothing held is ever acked, so it is published
-    /// (holding goes on toward the next mark).
-    pub fn hold_full(&mut self) -> Step<R> {
+    /// The in-flight caps are reached while holding (nothing held is ever acked, so
+    /// waiting for room would wait forever). Publishing the hold would be a duplicate of
+    /// each record the next mark proves; a replay from a checkpoint minutes old, after a
+    /// PostgreSQL crash, reaches marks thinned far apart. So the hold spills instead: the
+    /// held records but the first are dropped before their proof, returned for the caller
+    /// to settle as acked, and so is every record held from now until the next mark. The
+    /// first stays in flight: nothing past it is confirmed before the proof, and a doubt
+    /// then ends the session ([`Step::Unproven`]); the next one, told by
+    /// `LifeCore::replay_unproven`, publishes them from the slot. Memory stays within the
+    /// caps however far back a replay starts.
+    pub fn spill(&mut self) -> Vec<Held<R>> {
         if self.held.is_empty() {
-            return Step::Nothing;
+            return Vec::new();
         }
-        self.settle(Settle::Release(Doubt::HoldFull))
+        self.spilled = true;
+        let dropped = self.held.split_off(1);
+        for row in dropped.iter().filter_map(|h| h.row) {
+            self.rows.done(row);
+        }
+        dropped
+    }
+
+    /// Whether records were dropped unproven ([`ReplayCore::spill`]) and no mark has
+    /// proven them yet.
+    pub fn spilled(&self) -> bool {
+        self.spilled
     }
 
     /// A doubt from outside the stream (another writer of the record).
@@ -381,6 +417,7 @@ impl<R> ReplayCore<R> {
         let held = std::mem::take(&mut self.held);
         match settle {
             Settle::Proven => {
+                self.spilled = false;
                 for row in held.iter().filter_map(|h| h.row) {
                     self.rows.done(row);
                 }
@@ -388,6 +425,9 @@ impl<R> ReplayCore<R> {
             }
             Settle::Release(d) => {
                 self.doubted(d);
+                if self.spilled {
+                    return Step::Unproven(d);
+                }
                 Step::Release(d, held)
             }
         }
@@ -395,24 +435,25 @@ impl<R> ReplayCore<R> {
 
     fn doubted(&mut self, d: Doubt) {
         self.doubts.push(d);
-        if d != Doubt::HoldFull {
-            self.proof.doubt();
-            // What the session confirms from here on is its own claim, in a lineage of
-            // its own: the one it read is not this history's. Its position stays what
-            // the claim said only while the claim stood; from here the caller's
-            // confirmed position (see `claim_at`) rebuilds it.
-            self.claim =
-                DeliveredPosition::at(self.claim.timeline, self.start, self.claim.fingerprint);
-            self.hold_open = false;
-            if self.doubt_lineage != 0 && self.doubt_lineage != self.lineage {
-                self.prev_lineage = self.lineage;
-                self.lineage = std::mem::take(&mut self.doubt_lineage);
-            }
+        self.proof.doubt();
+        // What the session confirms from here on is its own claim, in a lineage of its
+        // own: the one it read is not this history's. Its position stays what the claim
+        // said only while the claim stood; from here the caller's confirmed position (see
+        // `claim_at`) rebuilds it.
+        self.claim = DeliveredPosition::at(self.claim.timeline, self.start, self.claim.fingerprint);
+        self.hold_open = false;
+        if self.doubt_lineage != 0 && self.doubt_lineage != self.lineage {
+            self.prev_lineage = self.lineage;
+            self.lineage = std::mem::take(&mut self.doubt_lineage);
         }
     }
 
-    /// The partly acked transaction worth recording at `lsn`.
+    /// The partly acked transaction worth recording at `lsn`. None after a spill until
+    /// proven: rows dropped unproven count as done, and must not be claimed.
     fn partial_at(&self, lsn: Lsn) -> Option<PartialTxn> {
+        if self.spilled {
+            return None;
+        }
         self.verifying
             .or_else(|| self.rows.partial(lsn))
             .or(self.proof.partial().filter(|p| p.txn.commit_lsn >= lsn))
@@ -521,11 +562,11 @@ mod tests {
         let Ok(NextRow::Publish(row)) = c.next_row(0) else {
             panic!("no partial skip here");
         };
-        c.hold(Ticket::from_index(0), 1, row);
+        assert!(c.hold(Ticket::from_index(0), 1, row).is_none());
         assert!(matches!(c.commit(Lsn(210)), Ok(Step::Nothing)));
         // Outside a transaction, behind held ones: held too.
         assert!(c.holding());
-        c.hold(Ticket::from_index(1), 2, None);
+        assert!(c.hold(Ticket::from_index(1), 2, None).is_none());
         assert!(matches!(c.begin(id(500, 100, 1000)), Step::Nothing));
         match c.commit(Lsn(510)) {
             Ok(Step::Drop(held)) => assert_eq!(held.len(), 2),
@@ -550,17 +591,18 @@ mod tests {
     }
 
     /// Reads `txns` transactions of `rows` rows each into `c`, handing each row to `row`
-    /// and checking each commit with `commit`.
+    /// and checking each begin's and commit's step with `commit`.
     fn read_history(
         c: &mut ReplayCore<u32>,
         (txns, rows): (u64, u64),
         mut row: impl FnMut(&mut ReplayCore<u32>, NextRow),
-        commit: impl Fn(Result<Step<u32>, PartialMismatch>) -> bool,
+        mut commit: impl FnMut(Result<Step<u32>, PartialMismatch>) -> bool,
     ) {
         for t in 0..txns {
             let at = 1_000 + t * 10;
             let xid = u32::try_from(t).unwrap();
-            let _ = c.begin(id(at, xid, i64::try_from(at).unwrap()));
+            let begun = c.begin(id(at, xid, i64::try_from(at).unwrap()));
+            assert!(commit(Ok(begun)), "transaction {t}'s begin");
             for r in 0..rows {
                 let next = c.next_row(t * rows + r).expect("no partial here");
                 row(c, next);
@@ -597,7 +639,7 @@ mod tests {
                     panic!("no partial here");
                 };
                 assert!(c.holding(), "every row before the last mark is held");
-                c.hold(Ticket::from_index(0), 0, row);
+                assert!(c.hold(Ticket::from_index(0), 0, row).is_none());
                 most = most.max(c.held_len());
             },
             |step| matches!(step, Ok(Step::Drop(_) | Step::Nothing)),
@@ -622,6 +664,79 @@ mod tests {
         // More single-row transactions in one write than the newest kept as candidates
         // (a review found the oldest dropped uncounted: 6,403 rows held, not 500).
         assert_eq!(most_held(claim_over(500, 10_000, 1), 10_000, 1), 500);
+    }
+
+    /// Replays 40 transactions of 3 rows under a claim marking only the last, spilling
+    /// once 10 records are held: returns the most held, the records dropped, and the last
+    /// step that was not `Nothing`.
+    fn spilled_replay(claim: DeliveredPosition) -> (usize, usize, Step<u32>) {
+        let mut c = from_100(Some(claim), 0);
+        let (mut most, mut dropped) = (0, 0);
+        let mut last = None;
+        let mut ticket = 0;
+        read_history(
+            &mut c,
+            (40, 3),
+            |c, next| {
+                let NextRow::Publish(row) = next else {
+                    panic!("no partial here");
+                };
+                ticket += 1;
+                dropped += usize::from(c.hold(Ticket::from_index(ticket), 0, row).is_some());
+                most = most.max(c.held_len());
+                if c.held_len() >= 10 {
+                    dropped += c.spill().len();
+                    assert!(c.spilled());
+                }
+            },
+            |step| {
+                let ok = matches!(step, Ok(Step::Nothing | Step::Drop(_) | Step::Unproven(_)));
+                if !matches!(step, Ok(Step::Nothing)) {
+                    last = step.ok();
+                }
+                ok
+            },
+        );
+        (most, dropped, last.unwrap_or(Step::Nothing))
+    }
+
+    /// A replay from a checkpoint minutes old (a PostgreSQL crash) reaches marks thinned
+    /// far apart; a hold that filled the caps was published: 25,180 duplicates in
+    /// `read_committed` (e2e `postgres_crashed_and_restarted`). A spilled hold keeps one
+    /// record, drops the rest unproven, and the mark proves them.
+    #[test]
+    fn a_hold_that_fills_the_caps_spills_and_the_mark_proves_what_it_dropped() {
+        let (most, dropped, last) = spilled_replay(claim_over(0, 40, 3));
+        assert_eq!((most, dropped), (10, 119));
+        match last {
+            Step::Drop(held) => assert_eq!(held.len(), 1, "only the first was kept"),
+            other => panic!("the mark proves the replay: {other:?}"),
+        }
+        // Another history at the mark: what was dropped is not proven, and the session
+        // must end before confirming any of it (no Release: the records are gone).
+        let mut other = claim_over(0, 40, 3);
+        let last_mark = other.marks.last_mut().unwrap();
+        last_mark.commit_time += 1;
+        let (_, _, last) = spilled_replay(other);
+        assert!(matches!(last, Step::Unproven(Doubt::Mismatch)), "{last:?}");
+    }
+
+    #[test]
+    fn a_spilled_replay_claims_no_partial_transaction_until_proven() {
+        let mut c = from_100(Some(claim_over(0, 40, 3)), 0);
+        let _ = c.begin(id(1_000, 0, 1_000));
+        let rows: Vec<Option<RowId>> = (0..3)
+            .map(|i| match c.next_row(i) {
+                Ok(NextRow::Publish(row)) => row,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        for (i, row) in (0..).zip(rows) {
+            assert!(c.hold(Ticket::from_index(i), 0, row).is_none());
+        }
+        assert_eq!(c.spill().len(), 2);
+        // Two rows count as done, unproven: a record written now must not name them.
+        assert_eq!(c.claim_at(Lsn(100)).0.partial, None);
     }
 
     /// One session reads `rows` rows of the transaction at 700 (identities 0, 1, …),

@@ -32,7 +32,7 @@ use crate::error::RowError;
 use crate::ledger::{InFlightLedger, Outcome, Outgoing, Ticket};
 use crate::mapping::BoundTable;
 use crate::record::{check_size, oversize_error, oversize_row_error, CommitContext, OutboxRecord};
-use crate::replay::{NextRow, ReplayCore, ReplayStart, Step};
+use crate::replay::{Held, NextRow, ReplayCore, ReplayStart, Step};
 
 /// The prefix of the transactional message `sql/publication-guard.sql`'s event trigger
 /// emits in every transaction that changes a publication: the exact WAL position of the
@@ -166,15 +166,24 @@ impl<O: Observe> SessionCore<O> {
         &mut self.obs
     }
 
-    /// Whether the stream may be read: room in flight. A hold that fills it is given up
-    /// first (nothing held is ever acked, so waiting for room would wait forever); its
-    /// records are then in [`SessionCore::take_send`].
+    /// Whether the stream may be read: room in flight. A hold that fills it spills first
+    /// (see [`ReplayCore::spill`]: nothing held is ever acked, so waiting for room would
+    /// wait forever).
     pub fn make_room(&mut self) -> Result<bool, SessionError> {
         if self.replay.held_len() > 0 && !self.ledger.has_room() {
-            let step = self.replay.hold_full();
-            self.apply(step)?;
+            for h in self.replay.spill() {
+                self.drop_delivered(h)?;
+            }
+            self.obs.held(self.replay.held_len());
         }
         Ok(self.ledger.has_room())
+    }
+
+    /// A held record left unpublished as delivered: its ticket settles as acked.
+    fn drop_delivered(&mut self, h: Held<OutboxRecord>) -> Result<(), SessionError> {
+        self.ledger.delivered(h.ticket, Outcome::Acked)?;
+        self.obs.skipped(Skipped::Held(&h.record));
+        Ok(())
     }
 
     /// The next record to hand to the producer.
@@ -531,7 +540,9 @@ impl<O: Observe> SessionCore<O> {
             if let Origin::DeadLetter { error } = &origin {
                 self.obs.dead_lettered(error, &self.cfg.dead_letter_topic);
             }
-            self.replay.hold(ticket, record, row);
+            if let Some(dropped) = self.replay.hold(ticket, record, row) {
+                self.drop_delivered(dropped)?;
+            }
             self.obs.held(self.replay.held_len());
             if closes_own_txn {
                 self.ledger.commit(self.last_end_lsn)?;
@@ -642,10 +653,10 @@ impl<O: Observe> SessionCore<O> {
             Step::Nothing | Step::Resume { .. } => {}
             Step::Drop(held) => {
                 for h in held {
-                    self.ledger.delivered(h.ticket, Outcome::Acked)?;
-                    self.obs.skipped(Skipped::Held(&h.record));
+                    self.drop_delivered(h)?;
                 }
             }
+            Step::Unproven(d) => return Err(SessionError::ReplayUnproven(d)),
             Step::Release(_, held) => {
                 for h in held {
                     self.sends.push_back(ToSend {
@@ -698,10 +709,11 @@ impl<O: Observe> SessionCore<O> {
         !self.ledger.in_transaction()
     }
 
-    /// See [`ReplayCore::proving_partial`]: the rows reported skipped since the open
-    /// transaction's Begin are not proven in Kafka yet.
-    pub fn proving_partial(&self) -> bool {
-        self.replay.proving_partial()
+    /// Whether rows reported skipped are not proven in Kafka yet: the open transaction's
+    /// leading rows ([`ReplayCore::proving_partial`]), or a spilled hold's
+    /// ([`ReplayCore::spilled`]). A proof confirms them; a failed one ends the session.
+    pub fn proving_skips(&self) -> bool {
+        self.replay.proving_partial() || self.replay.spilled()
     }
 
     /// What this session claims Kafka has, and its lineage: the progress record's body.

@@ -79,6 +79,9 @@ struct Instance {
     /// SIGSTOPped at this time.
     stopped_at: Option<Duration>,
     process: u64,
+    /// Its last session's spilled replay was doubted: the next skips nothing (the relay's
+    /// `LifeCore::replay_unproven`).
+    unproven: bool,
 }
 
 struct Eos {
@@ -264,7 +267,8 @@ impl Eos {
         }
         self.holder = Some(i);
         let epoch = self.broker.init_transactions();
-        let claim = self.broker.last_record();
+        let unproven = std::mem::take(&mut self.instances[i].unproven);
+        let claim = self.broker.last_record().filter(|_| !unproven);
         let start = self.cluster.confirmed;
         if self.trace {
             eprintln!("  instance {i} starts at {start:?}, epoch {epoch}, claim {claim:?}");
@@ -575,6 +579,10 @@ impl Eos {
             Failure::Violation(v) => return Err(v),
             Failure::Rules(e) => return Err(Violation(format!("the rules failed: {e}"))),
             Failure::Session(why) => TxnError::Abortable(why),
+            Failure::Unproven(why) => {
+                self.instances[i].unproven = true;
+                TxnError::Abortable(why)
+            }
             Failure::Txn(e) => e,
         };
         if s.txn.aborting(self.now) {
@@ -772,6 +780,8 @@ enum Failure {
     Txn(TxnError),
     /// The stream failed (an abortable end: the next session resumes from the record).
     Session(String),
+    /// [`Failure::Session`] after a spilled replay was doubted: the next skips nothing.
+    Unproven(String),
     Rules(SessionError),
     Violation(Violation),
 }
@@ -782,6 +792,7 @@ impl Failure {
     fn rules(e: SessionError) -> Failure {
         match e {
             SessionError::PartialReplay(_) => Failure::Session(e.to_string()),
+            SessionError::ReplayUnproven(_) => Failure::Unproven(e.to_string()),
             e => Failure::Rules(e),
         }
     }

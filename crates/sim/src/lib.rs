@@ -24,7 +24,7 @@ use std::collections::{HashMap, HashSet};
 pub use eos::{run_exactly_once, EosStats};
 pub use sweep::{env_u64, replay_from_env, sweep, Swept, Tally};
 
-use outbox_core::{Doubt, Ended, LifeCore, Looked, ReplayStart, SessionError, WatchStop};
+use outbox_core::{Ended, LifeCore, Looked, ReplayStart, SessionError, WatchStop};
 use pgoutput::Lsn;
 
 use life::{Cursor, Life, Seen, OTHER, OUTBOX, OUTBOX_PARTITION};
@@ -187,10 +187,14 @@ pub fn run(seed: u64) -> Result<Stats, Violation> {
     Ok(sim.stats)
 }
 
-/// A partly delivered transaction that did not match its record: the rows skipped on its
-/// count were never vouched for, and the session ends without confirming them.
+/// A partly delivered transaction that did not match its record, or a spilled replay
+/// doubted: the rows skipped were never vouched for, and the session ends without
+/// confirming them.
 fn give_up_unproven(life: &mut Life, result: &Result<(), SessionError>) {
-    if matches!(result, Err(SessionError::PartialReplay(_))) {
+    if matches!(
+        result,
+        Err(SessionError::PartialReplay(_) | SessionError::ReplayUnproven(_))
+    ) {
         life.unproven.clear();
         life.core.observer().skipped.clear();
     }
@@ -381,8 +385,14 @@ impl Sim {
                 Ok(())
             }
             Err(e) => {
+                let unproven = matches!(e, SessionError::ReplayUnproven(_));
                 match self.session_error(e)? {
-                    End::Retry => self.end_life(life, true),
+                    End::Retry => {
+                        self.end_life(life, true);
+                        if unproven {
+                            self.carry[c].replay_unproven();
+                        }
+                    }
                     End::BadRow => {
                         if self.trace {
                             eprintln!("  bad row under stop: the operator switches to dead-letter");
@@ -407,7 +417,7 @@ impl Sim {
     /// What the relay does with an error of its rules: each ends the session.
     fn session_error(&self, e: SessionError) -> Result<End, Violation> {
         match e {
-            SessionError::PartialReplay(_) => Ok(End::Retry),
+            SessionError::PartialReplay(_) | SessionError::ReplayUnproven(_) => Ok(End::Retry),
             SessionError::BadRow { .. } => Ok(End::BadRow),
             SessionError::ReleasedTooLarge { .. } => Ok(End::RaiseLimit),
             other => Err(Violation(format!("the rules failed: {other}"))),
@@ -420,16 +430,14 @@ impl Sim {
         let checks = life.core.observer();
         let mut skipped = std::mem::take(&mut checks.skipped);
         let doubts = std::mem::take(&mut checks.doubts);
-        if life.core.proving_partial() {
+        if life.core.proving_skips() {
             life.unproven.append(&mut skipped);
         } else {
             skipped.append(&mut life.unproven);
         }
-        for d in doubts {
+        for _ in doubts {
             self.stats.doubts += 1;
-            if d != Doubt::HoldFull {
-                self.epochs[life.cluster] += 1;
-            }
+            self.epochs[life.cluster] += 1;
         }
         if self.trace && !skipped.is_empty() {
             eprintln!("  skipped as delivered: {skipped:?}");

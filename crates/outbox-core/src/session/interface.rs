@@ -65,6 +65,11 @@ pub enum SessionError {
     Protocol(String),
     #[error("the partly delivered transaction at {} came back with {} rows where {} were recorded ({})", .0.commit_lsn, .0.read, .0.recorded, .0.reason.explain())]
     PartialReplay(PartialMismatch),
+    /// The proof of a replay failed after its hold spilled (`ReplayCore::spill`): rows were
+    /// dropped unproven, so the session ends before anything past them is confirmed, and
+    /// the next one publishes them.
+    #[error("a replay too long to hold was not proven delivered ({}): it is published again", .0.explain())]
+    ReplayUnproven(Doubt),
     /// Under [`BadRowPolicy::Stop`]; the slot stays before `commit_lsn`.
     #[error("bad outbox row: {error}")]
     BadRow { error: RowError, commit_lsn: Lsn },
@@ -95,7 +100,8 @@ impl SessionError {
 /// A row left unpublished because Kafka has it.
 #[derive(Debug, Clone, Copy)]
 pub enum Skipped<'a> {
-    /// A held record of a replay proven delivered.
+    /// A held record of a replay proven delivered, or dropped by a spilled hold (proven
+    /// later, or the session ends: see [`crate::SessionCore::proving_skips`]).
     Held(&'a OutboxRecord),
     /// A leading row of the partly delivered transaction, before it was mapped.
     Row(&'a TupleData),

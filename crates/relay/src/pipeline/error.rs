@@ -185,6 +185,9 @@ pub enum RelayError {
         /// The rows' digest differs (not their count): a record written by someone else.
         digest_differs: bool,
     },
+    /// See `SessionError::ReplayUnproven`.
+    #[error("a replay too long to hold in memory was not proven delivered ({}): the next session publishes it again whole from the slot (duplicates, never a loss)", .0.explain())]
+    ReplayUnproven(outbox_core::Doubt),
 }
 
 impl RelayError {
@@ -490,7 +493,8 @@ impl RelayError {
             | E::InRecovery { .. }
             | E::BinaryRuledOutByRelation { .. }
             | E::OutputSettingsChanged { .. }
-            | E::PartialReplay { .. } => (Retryable, None),
+            | E::PartialReplay { .. }
+            | E::ReplayUnproven(_) => (Retryable, None),
         }
     }
 

@@ -611,6 +611,9 @@ async fn run_session(
     carry
         .life
         .session_ran(Some(session.delivered()), session.publication_seen());
+    if let Err(RelayError::ReplayUnproven(_)) = &result {
+        carry.life.replay_unproven();
+    }
     match &result {
         Ok(_) => {
             // Bounded: the final position was already sent; CopyDone is a courtesy.

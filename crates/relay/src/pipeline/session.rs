@@ -199,6 +199,7 @@ fn lift(e: SessionError, slot: &str) -> RelayError {
         SessionError::Shape(e) => RelayError::Shape(e),
         SessionError::Protocol(m) => RelayError::Protocol(m),
         e @ SessionError::ReleasedTooLarge { .. } => RelayError::Protocol(e.to_string()),
+        SessionError::ReplayUnproven(d) => RelayError::ReplayUnproven(d),
         SessionError::PartialReplay(m) => RelayError::PartialReplay {
             commit_lsn: m.commit_lsn,
             recorded: m.recorded,
