@@ -15,6 +15,7 @@ use support::consume::check_delivery;
 use support::load::Event;
 use support::ops::{self, LoadGen, LoadShape};
 use support::relay::{free_port, Relay};
+use support::scenario::Scenario;
 use support::schema;
 
 fn assert_each_once(events: &[Event], received: &[support::consume::Received]) {
@@ -266,11 +267,9 @@ async fn sigterm_during_a_backlog_of_small_transactions_stops_at_a_commit() {
 /// active one is SIGKILLed under load, the standby streams within 5 s and nothing is lost.
 #[tokio::test(flavor = "multi_thread")]
 async fn standby_takes_over_within_5s_of_sigkill() {
-    let db = PgCluster::shared().fresh_database("ops_takeover").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let env_a = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let s = Scenario::new("ops_takeover").partitions(4).await;
+    let (db, outbox, topics, _, broker) = s.parts();
+    let env_a = s.env(&[]);
     // Same settings; only the HTTP port differs because both run on this host.
     let mut env_b = env_a.clone();
     for (k, v) in &mut env_b {
@@ -281,7 +280,7 @@ async fn standby_takes_over_within_5s_of_sigkill() {
     let starting = Instant::now();
     let mut active = Relay::start(env_a, &["run"]);
     let client = db.client().await;
-    let first_pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let first_pid = s.wait_active(&client, Duration::from_secs(120)).await;
     // What starting to stream takes on this machine right now (process start, connect,
     // checks, START_REPLICATION): a takeover does the same after the slot is released.
     let start_up = starting.elapsed();
@@ -369,7 +368,7 @@ async fn standby_takes_over_within_5s_of_sigkill() {
     let at = load.committed();
     load.wait_committed(at + 500, Duration::from_secs(30)).await;
     let events = load.stop().await;
-    let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(120));
+    let report = ops::read_and_check(broker, topics, &events, Duration::from_secs(120));
     eprintln!(
         "takeover: {} events, {} duplicates (replayed from the slot after the kill)",
         events.len(),
