@@ -9,14 +9,12 @@ use crate::support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use pgtest::PgCluster;
 use serde_json::Value;
-use support::broker::Broker;
 use support::load::insert_events;
 use support::ops::{self, slot_row};
 use support::relay::Relay;
 use support::scenario::Scenario;
-use support::schema::{self, parse_lsn};
+use support::schema::parse_lsn;
 
 /// `outboxd status [--json]` with `env`: (exit code, stdout alone, stderr).
 fn status(env: &[(String, String)], args: &[&str]) -> (i32, String, String) {
@@ -50,14 +48,12 @@ fn lsn_field(doc: &Value, name: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn status_json_matches_pg_replication_slots() {
-    let db = PgCluster::shared().fresh_database("status_json").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    ops::create_topics(&broker, &outbox).await;
+    let s = Scenario::new("status_json").partitions(4).await;
+    let (db, outbox, _, _, _) = s.parts();
     let client = db.client().await;
     // A backlog, so lag and retained WAL are not zero.
     insert_events(&client, &outbox.table, 200, 10, 5).await;
-    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let env = s.env(&[]);
 
     let before = slot_row(&client, &outbox.slot).await.unwrap();
     let (code, stdout, stderr) = status(&env, &["--json"]);
@@ -90,7 +86,7 @@ async fn status_json_matches_pg_replication_slots() {
 
     // While a relay streams: its walsender's pid, as pg_replication_slots says.
     let relay = Relay::start(env.clone(), &["run"]);
-    let pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let pid = s.wait_active(&client, Duration::from_secs(120)).await;
     // The format can also come from the environment.
     let env_json = [
         env.clone(),

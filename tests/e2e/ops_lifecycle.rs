@@ -9,14 +9,12 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
-use pgtest::PgCluster;
 use support::broker::Broker;
 use support::consume::check_delivery;
 use support::load::Event;
 use support::ops::{self, LoadGen, LoadShape};
 use support::relay::{free_port, Relay};
 use support::scenario::Scenario;
-use support::schema;
 
 fn assert_each_once(events: &[Event], received: &[support::consume::Received]) {
     let counts = ops::id_counts(received);
@@ -38,18 +36,13 @@ fn assert_each_once(events: &[Event], received: &[support::consume::Received]) {
 
 async fn graceful_stop_under_load(signal: &str) {
     let started = Instant::now();
-    let db = PgCluster::shared()
-        .fresh_database(&format!("ops_stop_{signal}"))
+    let s = Scenario::new(&format!("ops_stop_{signal}"))
+        .partitions(4)
         .await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let mut relay = Relay::start(
-        Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
-        &["run"],
-    );
+    let (db, outbox, topics, bootstrap, _) = s.parts();
+    let mut relay = s.relay(&[]);
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     // Small transactions with a 1500-event one every 10th.
     let load = LoadGen::spawn(
         db.conn_string(),
@@ -88,17 +81,12 @@ async fn graceful_stop_under_load(signal: &str) {
     load.wait_committed(at_stop + 3000, Duration::from_secs(60))
         .await;
     relay.restart();
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let at_restart = load.committed();
     load.wait_committed(at_restart + 3000, Duration::from_secs(60))
         .await;
     let events = load.stop().await;
-    let received = ops::read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(120),
-    );
+    let received = ops::read_all_blocking(bootstrap, topics, &events, Duration::from_secs(120));
     assert_each_once(&events, &received);
     eprintln!(
         "SIG{signal} under load: exited 0 in {stop_time:?}; {} events ({at_stop} before the stop), each exactly once; {:?}",

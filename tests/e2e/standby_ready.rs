@@ -8,26 +8,21 @@ use crate::support;
 
 use std::time::Duration;
 
-use pgtest::PgCluster;
-use support::broker::Broker;
 use support::consume::check_delivery;
 use support::load::insert_events;
 use support::ops::{self, read_all_blocking};
 use support::relay::Relay;
 use support::scenario::Scenario;
-use support::schema;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn standby_answers_ready_only_when_opted_in() {
-    let db = PgCluster::shared().fresh_database("standby_ready").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    ops::create_topics(&broker, &outbox).await;
+    let s = Scenario::new("standby_ready").partitions(4).await;
+    let db = &s.db;
     // Each process its own HTTP port (env_for picks a free one per call).
-    let env = |extra: &[(&str, &str)]| Relay::env_for(&db, &outbox, &broker.bootstrap(), extra);
+    let env = |extra: &[(&str, &str)]| s.env(extra);
     let mut active = Relay::start(env(&[("OUTBOXD_READY_STANDBY", "true")]), &["run"]);
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let ready_standby = Relay::start(env(&[("OUTBOXD_READY_STANDBY", "true")]), &["run"]);
     let plain_standby = Relay::start(env(&[]), &["run"]);
     let readyz = |r: &Relay| r.http_get("/readyz");
@@ -87,15 +82,13 @@ async fn standby_answers_ready_only_when_opted_in() {
 /// instance dies.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_standby_waits_over_one_connection_and_says_so() {
-    let db = PgCluster::shared().fresh_database("standby_conn").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    ops::create_topics(&broker, &outbox).await;
+    let s = Scenario::new("standby_conn").partitions(4).await;
+    let db = &s.db;
     // Each process its own HTTP port (env_for picks a free one per call).
-    let env = |extra: &[(&str, &str)]| Relay::env_for(&db, &outbox, &broker.bootstrap(), extra);
+    let env = |extra: &[(&str, &str)]| s.env(extra);
     let mut active = Relay::start(env(&[]), &["run"]);
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let standby = Relay::start(env(&[("PGAPPNAME", "outboxd-standby")]), &["run"]);
     ops::wait_for(
         "outboxd_standby = 1",
