@@ -9,36 +9,18 @@ use crate::support;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use pgtest::{PgCluster, TestDb};
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use support::broker::Broker;
 use support::consume::{check_delivery, ids, read_until_ids, Received};
 use support::load::{insert_events, Event};
 use support::relay::Relay;
-use support::schema::{self, Outbox};
+use support::scenario::Scenario;
+use support::schema;
 
 const READ_LIMIT: Duration = Duration::from_secs(120);
 
-struct Setup<'a> {
-    broker: Broker,
-    db: TestDb<'a>,
-    outbox: Outbox,
-    topics: Vec<String>,
-}
-
-async fn setup(name: &str, broker: Broker) -> Setup<'static> {
-    let db = PgCluster::shared().fresh_database(name).await;
-    let outbox = schema::setup(&db).await;
-    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
-    broker
-        .create_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 3)
-        .await;
-    Setup {
-        broker,
-        db,
-        outbox,
-        topics,
-    }
+async fn setup(name: &str, broker: Broker) -> Scenario<'static> {
+    Scenario::new(name).broker(broker).partitions(3).await
 }
 
 fn commit_lsn(r: &Received) -> u64 {
@@ -130,7 +112,7 @@ async fn produce_errors_lose_nothing(
     name: &str,
     err: RDKafkaRespErr,
     count: usize,
-) -> (Setup<'static>, Relay, usize) {
+) -> (Scenario<'static>, Relay, usize) {
     let s = setup(name, Broker::mock()).await;
     let bootstrap = s.broker.bootstrap();
     // One Produce request in flight per connection. The mock cluster checks idempotent

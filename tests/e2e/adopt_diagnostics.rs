@@ -9,6 +9,7 @@ use pgtest::PgCluster;
 use support::broker::Broker;
 use support::ops;
 use support::relay::{run_to_end, Relay};
+use support::scenario::Scenario;
 use support::schema::{self, Outbox, OUTBOX_DDL};
 
 fn fail_line<'a>(out: &'a str, what: &str) -> &'a str {
@@ -39,16 +40,8 @@ fn set(env: &mut Vec<(String, String)>, key: &str, value: &str) {
 /// empty table under the wrong name).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_wrong_table_name_names_the_table_that_exists() {
-    let db = PgCluster::shared().fresh_database("adopt_table").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    ops::create_topics(&broker, &outbox).await;
-    let mut env = Relay::env_for(
-        &db,
-        &outbox,
-        &broker.bootstrap(),
-        &[("OUTBOXD_TABLE", "public.outboxes")],
-    );
+    let s = Scenario::new("adopt_table").partitions(4).await;
+    let mut env = s.env(&[("OUTBOXD_TABLE", "public.outboxes")]);
 
     let (code, out) = run_to_end(&env, &["check"]);
     assert_eq!(code, 6, "{out}");

@@ -9,13 +9,12 @@ use crate::support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use pgtest::PgCluster;
 use serde_json::Value;
-use support::broker::Broker;
 use support::load::insert_events;
 use support::ops::{self, slot_row};
 use support::relay::Relay;
-use support::schema::{self, parse_lsn};
+use support::scenario::Scenario;
+use support::schema::parse_lsn;
 
 /// `outboxd status [--json]` with `env`: (exit code, stdout alone, stderr).
 fn status(env: &[(String, String)], args: &[&str]) -> (i32, String, String) {
@@ -49,14 +48,12 @@ fn lsn_field(doc: &Value, name: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn status_json_matches_pg_replication_slots() {
-    let db = PgCluster::shared().fresh_database("status_json").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    ops::create_topics(&broker, &outbox).await;
+    let s = Scenario::new("status_json").partitions(4).await;
+    let (db, outbox, _, _, _) = s.parts();
     let client = db.client().await;
     // A backlog, so lag and retained WAL are not zero.
     insert_events(&client, &outbox.table, 200, 10, 5).await;
-    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let env = s.env(&[]);
 
     let before = slot_row(&client, &outbox.slot).await.unwrap();
     let (code, stdout, stderr) = status(&env, &["--json"]);
@@ -89,7 +86,7 @@ async fn status_json_matches_pg_replication_slots() {
 
     // While a relay streams: its walsender's pid, as pg_replication_slots says.
     let relay = Relay::start(env.clone(), &["run"]);
-    let pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let pid = s.wait_active(&client, Duration::from_secs(120)).await;
     // The format can also come from the environment.
     let env_json = [
         env.clone(),
@@ -117,34 +114,19 @@ async fn status_json_matches_pg_replication_slots() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_backlog_logs_progress_then_caught_up() {
-    let db = PgCluster::shared().fresh_database("catch_up").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &outbox).await;
+    let s = Scenario::new("catch_up").partitions(4).await;
+    let (db, outbox, topics, bootstrap, _) = s.parts();
     let client = db.client().await;
     // Downtime: events committed while no relay ran, old enough to be a backlog.
     let events = insert_events(&client, &outbox.table, 15_000, 100, 50).await;
     tokio::time::sleep(Duration::from_secs(6)).await;
     // A small in-flight cap and a long linger slow the catch-up down to some seconds,
     // so progress lines are due before it ends.
-    let relay = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &broker.bootstrap(),
-            &[
-                ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "10"),
-                ("OUTBOXD_KAFKA_LINGER_MS", "20"),
-            ],
-        ),
-        &["run"],
-    );
-    let received = ops::read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(180),
-    );
+    let relay = s.relay(&[
+        ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "10"),
+        ("OUTBOXD_KAFKA_LINGER_MS", "20"),
+    ]);
+    let received = ops::read_all_blocking(bootstrap, topics, &events, Duration::from_secs(180));
     assert!(received.len() >= events.len());
     // "Caught up" needs the lag under 256 kB of the server's end. The cluster is shared:
     // while another test writes WAL quickly (a 1M-row transaction, a load), the idle

@@ -15,12 +15,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgtest::PgCluster;
 use rand::Rng;
 use support::broker::Broker;
 use support::consume::{check_delivery, ids, read_until_ids};
 use support::load::{insert_events, Event};
 use support::relay::Relay;
+use support::scenario::Scenario;
 use support::schema;
 
 const TOTAL: usize = 50_000;
@@ -85,28 +85,15 @@ fn record_unread(relay: &Relay) -> bool {
 
 async fn killed_at_random_moments_loses_nothing(broker: Broker, name: &str) {
     let started = Instant::now();
-    let db = PgCluster::shared().fresh_database(name).await;
-    let outbox = schema::setup(&db).await;
-    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
-    broker
-        .create_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 6)
-        .await;
-    let bootstrap = broker.bootstrap();
+    let s = Scenario::new(name).broker(broker).partitions(6).await;
+    let (db, outbox, topics, bootstrap, _) = s.parts();
     let cap = IN_FLIGHT_CAP.to_string();
-    let mut relay = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &bootstrap,
-            &[
-                ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", &cap),
-                // Every restart reads the record (the default 3 s may run out on a loaded
-                // machine, and then a restart re-sends by design): the bound is exact.
-                ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
-            ],
-        ),
-        &["run"],
-    );
+    let mut relay = s.relay(&[
+        ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", &cap),
+        // Every restart reads the record (the default 3 s may run out on a loaded
+        // machine, and then a restart re-sends by design): the bound is exact.
+        ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
+    ]);
 
     // The load: chunks one after another, so the concatenation is commit order.
     let client = db.client().await;
@@ -173,7 +160,7 @@ async fn killed_at_random_moments_loses_nothing(broker: Broker, name: &str) {
         relay.kill();
         let carried = unrecorded.last().copied().unwrap_or(0.0);
         unrecorded.push(unrecorded_at_kill(&samples, carried));
-        after_kill.push(watermarks(&bootstrap, &topics));
+        after_kill.push(watermarks(bootstrap, topics));
         relay.restart();
         kills += 1;
         if !inserter.is_finished() {
@@ -190,12 +177,12 @@ async fn killed_at_random_moments_loses_nothing(broker: Broker, name: &str) {
         "only {kills_during_load} kills during the load"
     );
     let events = inserter.await.expect("inserter task");
-    let wal_after = schema::current_wal_lsn(&db).await;
+    let wal_after = schema::current_wal_lsn(db).await;
     assert_eq!(events.len(), TOTAL);
 
     let received = read_until_ids(
-        &bootstrap,
-        &topics,
+        bootstrap,
+        topics,
         &ids(&events),
         Duration::from_secs(3),
         Duration::from_secs(300),
@@ -277,7 +264,7 @@ async fn killed_at_random_moments_loses_nothing(broker: Broker, name: &str) {
         "nothing but the committed events arrived"
     );
     assert!(relay.is_running(), "the last relay is still running");
-    schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(60)).await;
+    schema::wait_confirmed_at_least(db, wal_after, Duration::from_secs(60)).await;
     drop(relay);
 }
 

@@ -12,12 +12,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgtest::PgCluster;
 use rand::Rng;
-use support::broker::Broker;
 use support::consume::{check_delivery, ids, read_until_ids};
 use support::load::{insert_events, insert_one_transaction, Event};
 use support::relay::Relay;
+use support::scenario::Scenario;
 use support::schema;
 
 mod broker_faults;
@@ -60,31 +59,17 @@ async fn sigkill_during_load_neither_loses_nor_duplicates() {
     const KILLS: usize = 10;
     const PART: usize = TOTAL / (KILLS + 1);
     let started = Instant::now();
-    let broker = Broker::default_for_tests();
-    let db = PgCluster::shared().fresh_database("eos_crash").await;
-    let outbox = schema::setup(&db).await;
-    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
-    broker
-        .create_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 6)
-        .await;
-    let bootstrap = broker.bootstrap();
+    let s = Scenario::new("eos_crash").partitions(6).await;
+    let (db, outbox, topics, bootstrap, _) = s.parts();
     // OUTBOXD_TEST_DELIVERY=at-least-once runs the same kills without transactions: the
     // duplicates this mode removes.
     let mode = std::env::var("OUTBOXD_TEST_DELIVERY").unwrap_or_else(|_| EXACTLY_ONCE.1.into());
     let exactly_once = mode == EXACTLY_ONCE.1;
-    let mut relay = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &bootstrap,
-            &[
-                ("OUTBOXD_DELIVERY", &mode),
-                ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "2000"),
-                ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
-            ],
-        ),
-        &["run"],
-    );
+    let mut relay = s.relay(&[
+        ("OUTBOXD_DELIVERY", &mode),
+        ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "2000"),
+        ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
+    ]);
     let client = db.client().await;
     let table = outbox.table.clone();
     let inserted = Arc::new(AtomicUsize::new(0));
@@ -136,10 +121,10 @@ async fn sigkill_during_load_neither_loses_nor_duplicates() {
         allowed.store(next.min(TOTAL), Ordering::Release);
     }
     let events = inserter.await.expect("inserter");
-    let wal_after = schema::current_wal_lsn(&db).await;
-    assert_exactly_once(&bootstrap, &topics, &events, &format!("{KILLS} SIGKILLs"));
+    let wal_after = schema::current_wal_lsn(db).await;
+    assert_exactly_once(bootstrap, topics, &events, &format!("{KILLS} SIGKILLs"));
     assert!(relay.is_running(), "the last relay is still running");
-    schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(60)).await;
+    schema::wait_confirmed_at_least(db, wal_after, Duration::from_secs(60)).await;
     if exactly_once {
         // The slot moves only after a commit: the last relay committed what it confirmed.
         let committed = relay
@@ -209,27 +194,13 @@ fn count_read_uncommitted(bootstrap: &str, topics: &[String]) -> usize {
 /// and publishes. Woken, the old one (a zombie) commits nothing and exits fenced (5).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_zombie_is_fenced_and_commits_nothing() {
-    let broker = Broker::default_for_tests();
-    let db = PgCluster::shared().fresh_database("eos_zombie").await;
-    let outbox = schema::setup(&db).await;
-    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
-    broker
-        .create_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 3)
-        .await;
-    let bootstrap = broker.bootstrap();
+    let s = Scenario::new("eos_zombie").partitions(3).await;
+    let (db, outbox, topics, bootstrap, _) = s.parts();
     let client = db.client().await;
     // The zombie-to-be commits only after 45 s (below the 60 s transaction timeout): its
     // transaction is still open when stopped, however slowly its 500 events go out.
-    let mut zombie = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &bootstrap,
-            &[EXACTLY_ONCE, ("OUTBOXD_TXN_COMMIT_MS", "45000")],
-        ),
-        &["run"],
-    );
-    let pid = support::ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(60)).await;
+    let mut zombie = s.relay(&[EXACTLY_ONCE, ("OUTBOXD_TXN_COMMIT_MS", "45000")]);
+    let pid = s.wait_active(&client, Duration::from_secs(60)).await;
     let mut events = insert_events(&client, &outbox.table, 500, 20, 50).await;
     zombie
         .wait_metric_at_least("outboxd_events_published_total", 500.0)
@@ -239,13 +210,10 @@ async fn a_zombie_is_fenced_and_commits_nothing() {
         .execute("SELECT pg_terminate_backend($1)", &[&pid])
         .await
         .expect("terminate the zombie's walsender");
-    let mut standby = Relay::start(
-        Relay::env_for(&db, &outbox, &bootstrap, &[EXACTLY_ONCE]),
-        &["run"],
-    );
+    let mut standby = s.relay(&[EXACTLY_ONCE]);
     events.extend(insert_events(&client, &outbox.table, 500, 20, 50).await);
-    let wal_after = schema::current_wal_lsn(&db).await;
-    schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(60)).await;
+    let wal_after = schema::current_wal_lsn(db).await;
+    schema::wait_confirmed_at_least(db, wal_after, Duration::from_secs(60)).await;
     zombie.signal("CONT");
     let status = zombie.wait_exit(Duration::from_secs(60));
     assert_eq!(
@@ -258,9 +226,9 @@ async fn a_zombie_is_fenced_and_commits_nothing() {
         zombie.log_text().contains("fenced"),
         "the zombie's error says it was fenced"
     );
-    assert_exactly_once(&bootstrap, &topics, &events, "zombie");
+    assert_exactly_once(bootstrap, topics, &events, "zombie");
     // The zombie's uncommitted copies of the first 500 reached the log (and are aborted).
-    let in_log = count_read_uncommitted(&bootstrap, &topics);
+    let in_log = count_read_uncommitted(bootstrap, topics);
     println!("zombie: {in_log} records in the log read_uncommitted");
     assert!(
         in_log >= events.len() + 500,
@@ -274,25 +242,11 @@ async fn a_zombie_is_fenced_and_commits_nothing() {
 /// transaction: through kills, each is in the dead-letter topic exactly once.
 #[tokio::test(flavor = "multi_thread")]
 async fn dead_letters_go_in_the_transaction_exactly_once() {
-    let broker = Broker::default_for_tests();
-    let db = PgCluster::shared().fresh_database("eos_dead_letter").await;
-    let outbox = schema::setup(&db).await;
-    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
+    let s = Scenario::new("eos_dead_letter").partitions(3).await;
+    let (db, outbox, topics, bootstrap, _) = s.parts();
     let dlq = outbox.dead_letter_topic();
-    broker
-        .create_topics(&[&topics[0], &topics[1], &dlq], 3)
-        .await;
-    let bootstrap = broker.bootstrap();
     let client = db.client().await;
-    let mut relay = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &bootstrap,
-            &[EXACTLY_ONCE, ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000")],
-        ),
-        &["run"],
-    );
+    let mut relay = s.relay(&[EXACTLY_ONCE, ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000")]);
     let mut events = Vec::new();
     let mut bad = std::collections::HashSet::new();
     for round in 0..6 {
@@ -322,9 +276,9 @@ async fn dead_letters_go_in_the_transaction_exactly_once() {
             relay.restart();
         }
     }
-    assert_exactly_once(&bootstrap, &topics, &events, "dead letters: events");
+    assert_exactly_once(bootstrap, topics, &events, "dead letters: events");
     let dead = read_until_ids(
-        &bootstrap,
+        bootstrap,
         std::slice::from_ref(&dlq),
         &bad,
         Duration::from_secs(3),
@@ -354,31 +308,17 @@ async fn dead_letters_go_in_the_transaction_exactly_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_transaction_longer_than_the_kafka_timeout_is_split() {
     const ROWS: usize = 20_000;
-    let broker = Broker::default_for_tests();
-    let db = PgCluster::shared().fresh_database("eos_split").await;
-    let outbox = schema::setup(&db).await;
-    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
-    broker
-        .create_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 3)
-        .await;
-    let bootstrap = broker.bootstrap();
+    let s = Scenario::new("eos_split").partitions(3).await;
+    let (db, outbox, topics, bootstrap, _) = s.parts();
     let client = db.client().await;
-    let mut relay = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &bootstrap,
-            &[
-                EXACTLY_ONCE,
-                ("OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS", "1000"),
-                ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "50"),
-                ("OUTBOXD_KAFKA_LINGER_MS", "20"),
-                ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
-            ],
-        ),
-        &["run"],
-    );
-    support::ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(60)).await;
+    let mut relay = s.relay(&[
+        EXACTLY_ONCE,
+        ("OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS", "1000"),
+        ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "50"),
+        ("OUTBOXD_KAFKA_LINGER_MS", "20"),
+        ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
+    ]);
+    s.wait_active(&client, Duration::from_secs(60)).await;
     let key = support::ops::progress_key(&client, &db.name, &outbox.slot).await;
     let events = insert_one_transaction(&client, &outbox.table, ROWS, 200).await;
     // A commit inside the transaction: the record names it partly delivered.
@@ -387,7 +327,7 @@ async fn a_transaction_longer_than_the_kafka_timeout_is_split() {
         Duration::from_secs(60),
         Duration::from_millis(100),
         || async {
-            let record = support::ops::latest_progress_record(&bootstrap, &key)?;
+            let record = support::ops::latest_progress_record(bootstrap, &key)?;
             let rows = record.get("partial")?.get("rows")?.as_u64()?;
             (rows > 0).then_some(rows)
         },
@@ -407,7 +347,7 @@ async fn a_transaction_longer_than_the_kafka_timeout_is_split() {
     relay.kill();
     relay.restart();
     println!("split: killed after a commit of {partial} leading rows of {ROWS} ({splits} splits)");
-    assert_exactly_once(&bootstrap, &topics, &events, "split transaction");
+    assert_exactly_once(bootstrap, topics, &events, "split transaction");
     relay.kill();
 }
 
@@ -472,9 +412,8 @@ async fn a_relay_stopped_past_wal_sender_timeout_too_recovers() {
 
 async fn stopped_past_the_transaction_timeout(name: &str, past_wal_sender_timeout: bool) {
     const PARTITIONS: i32 = 3;
-    let broker = Broker::default_for_tests();
-    let db = PgCluster::shared().fresh_database(name).await;
-    let outbox = schema::setup(&db).await;
+    let s = Scenario::new(name).partitions(PARTITIONS).await;
+    let (db, outbox, topics, bootstrap, _) = s.parts();
     if past_wal_sender_timeout {
         // A walsender of a logical slot takes its database's settings.
         db.client()
@@ -486,40 +425,24 @@ async fn stopped_past_the_transaction_timeout(name: &str, past_wal_sender_timeou
             .await
             .expect("wal_sender_timeout");
     }
-    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
-    broker
-        .create_topics(
-            &[&topics[0], &topics[1], &outbox.dead_letter_topic()],
-            PARTITIONS,
-        )
-        .await;
-    let bootstrap = broker.bootstrap();
     let client = db.client().await;
-    let mut relay = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &bootstrap,
-            &[
-                EXACTLY_ONCE,
-                ("OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS", "3000"),
-                ("OUTBOXD_TXN_COMMIT_MS", "600000"),
-                ("OUTBOXD_TXN_MAX_EVENTS", "100"),
-                ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
-            ],
-        ),
-        &["run"],
-    );
-    support::ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let mut relay = s.relay(&[
+        EXACTLY_ONCE,
+        ("OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS", "3000"),
+        ("OUTBOXD_TXN_COMMIT_MS", "600000"),
+        ("OUTBOXD_TXN_MAX_EVENTS", "100"),
+        ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
+    ]);
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let mut events = insert_events(&client, &outbox.table, 100, 20, 50).await;
     // Committed (the slot moves only then) before the next 50 come: they must not join it.
-    let committed = schema::current_wal_lsn(&db).await;
-    wait_confirmed_while_running(&mut relay, &db, committed).await;
+    let committed = schema::current_wal_lsn(db).await;
+    wait_confirmed_while_running(&mut relay, db, committed).await;
     events.extend(insert_events(&client, &outbox.table, 50, 20, 50).await);
     relay
         .wait_metric_at_least("outboxd_events_published_total", 150.0)
         .await;
-    let open = tokio::task::block_in_place(|| unstable_records(&bootstrap, &topics, PARTITIONS));
+    let open = tokio::task::block_in_place(|| unstable_records(bootstrap, topics, PARTITIONS));
     assert_eq!(open, 50, "the last 50 events are in an open transaction");
     relay.signal("STOP");
     if past_wal_sender_timeout {
@@ -542,7 +465,7 @@ async fn stopped_past_the_transaction_timeout(name: &str, past_wal_sender_timeou
         Duration::from_millis(200),
         || async {
             let open =
-                tokio::task::block_in_place(|| unstable_records(&bootstrap, &topics, PARTITIONS));
+                tokio::task::block_in_place(|| unstable_records(bootstrap, topics, PARTITIONS));
             (open == 0).then_some(())
         },
     )
@@ -550,16 +473,11 @@ async fn stopped_past_the_transaction_timeout(name: &str, past_wal_sender_timeou
     relay.signal("CONT");
     // 50 more: the replay of the 50 and these make the 100 of the next commit.
     events.extend(insert_events(&client, &outbox.table, 50, 20, 50).await);
-    let wal_after = schema::current_wal_lsn(&db).await;
-    wait_confirmed_while_running(&mut relay, &db, wal_after).await;
-    assert_exactly_once(
-        &bootstrap,
-        &topics,
-        &events,
-        "relay stopped past the timeout",
-    );
+    let wal_after = schema::current_wal_lsn(db).await;
+    wait_confirmed_while_running(&mut relay, db, wal_after).await;
+    assert_exactly_once(bootstrap, topics, &events, "relay stopped past the timeout");
     // The aborted copies of the 50 are in the log: the broker did abort the transaction.
-    let in_log = count_read_uncommitted(&bootstrap, &topics);
+    let in_log = count_read_uncommitted(bootstrap, topics);
     println!("relay stopped: {in_log} records in the log read_uncommitted");
     assert!(
         in_log >= events.len() + 50,
@@ -591,31 +509,17 @@ async fn stopped_past_the_transaction_timeout(name: &str, past_wal_sender_timeou
 #[tokio::test(flavor = "multi_thread")]
 async fn a_million_row_transaction_is_split_and_resumed_exactly_once() {
     const ROWS: usize = 1_000_000;
-    let broker = Broker::default_for_tests();
-    let db = PgCluster::shared().fresh_database("eos_million").await;
-    let outbox = schema::setup(&db).await;
-    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
-    broker
-        .create_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 6)
-        .await;
-    let bootstrap = broker.bootstrap();
+    let s = Scenario::new("eos_million").partitions(6).await;
+    let (db, outbox, topics, bootstrap, _) = s.parts();
     let client = db.client().await;
-    let mut relay = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &bootstrap,
-            &[
-                EXACTLY_ONCE,
-                ("OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS", "1000"),
-                ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "10000"),
-                ("OUTBOXD_KAFKA_LINGER_MS", "50"),
-                ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
-            ],
-        ),
-        &["run"],
-    );
-    support::ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(60)).await;
+    let mut relay = s.relay(&[
+        EXACTLY_ONCE,
+        ("OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS", "1000"),
+        ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "10000"),
+        ("OUTBOXD_KAFKA_LINGER_MS", "50"),
+        ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
+    ]);
+    s.wait_active(&client, Duration::from_secs(60)).await;
     let key = support::ops::progress_key(&client, &db.name, &outbox.slot).await;
     let started = Instant::now();
     let events = insert_one_transaction(&client, &outbox.table, ROWS, 1_000).await;
@@ -625,7 +529,7 @@ async fn a_million_row_transaction_is_split_and_resumed_exactly_once() {
         Duration::from_secs(300),
         Duration::from_millis(200),
         || async {
-            let record = support::ops::latest_progress_record(&bootstrap, &key)?;
+            let record = support::ops::latest_progress_record(bootstrap, &key)?;
             let rows = record.get("partial")?.get("rows")?.as_u64()?;
             (rows > 0).then_some(rows)
         },
@@ -636,14 +540,14 @@ async fn a_million_row_transaction_is_split_and_resumed_exactly_once() {
         .await;
     relay.kill();
     relay.restart();
-    let wal = schema::current_wal_lsn(&db).await;
-    schema::wait_confirmed_at_least(&db, wal, Duration::from_secs(600)).await;
+    let wal = schema::current_wal_lsn(db).await;
+    schema::wait_confirmed_at_least(db, wal, Duration::from_secs(600)).await;
     let confirmed = started.elapsed();
     // The restarted relay split the rest too: it resumed inside the transaction.
     let splits_after = relay
         .wait_metric_at_least("outboxd_kafka_transactions_split_total", 1.0)
         .await;
-    assert_exactly_once(&bootstrap, &topics, &events, "million");
+    assert_exactly_once(bootstrap, topics, &events, "million");
     println!(
         "million: inserted in {inserted:.1?}; killed after a commit of {partial} leading rows ({splits} splits), {splits_after} splits after the restart; confirmed {confirmed:.1?} after the insert began; test {:.1?}",
         started.elapsed()

@@ -16,6 +16,7 @@ use pgtest::{ClusterOptions, PgCluster};
 use support::broker::Broker;
 use support::ops::{self, LoadGen, LoadShape};
 use support::relay::Relay;
+use support::scenario::Scenario;
 use support::schema::{self, Outbox};
 
 fn dedicated() -> PgCluster {
@@ -84,13 +85,14 @@ fn paced() -> LoadShape {
 async fn a_partition_leader_killed_mid_stream_loses_nothing() {
     let started = Instant::now();
     let pg = dedicated();
-    let db = pg.fresh_database("kafka_leader_killed").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::kafka(3);
-    let topics = ops::replicated_topics(&broker, &outbox).await;
-    let mut relay = start_relay(&db, &outbox, &broker);
+    let s = Scenario::on(&pg, "kafka_leader_killed")
+        .broker(Broker::kafka(3))
+        .replicated()
+        .await;
+    let (db, outbox, topics, _, broker) = s.parts();
+    let mut relay = start_relay(db, outbox, broker);
     let client = db.client().await;
-    let pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let pid = s.wait_active(&client, Duration::from_secs(120)).await;
 
     let load = LoadGen::spawn(db.conn_string(), outbox.table.clone(), paced());
     load.wait_committed(500, Duration::from_secs(60)).await;
@@ -122,8 +124,8 @@ async fn a_partition_leader_killed_mid_stream_loses_nothing() {
     let events = load.stop().await;
     let wal_after = ops::current_wal(&client).await;
 
-    let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(180));
-    schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(120)).await;
+    let report = ops::read_and_check(broker, topics, &events, Duration::from_secs(180));
+    schema::wait_confirmed_at_least(db, wal_after, Duration::from_secs(120)).await;
     let row = ops::slot_row(&client, &outbox.slot).await.expect("slot");
     assert_eq!(
         row.active_pid,
@@ -148,13 +150,14 @@ async fn a_partition_leader_killed_mid_stream_loses_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn two_brokers_down_the_relay_waits_and_resumes_on_its_own() {
     let pg = dedicated();
-    let db = pg.fresh_database("kafka_two_down").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::kafka(3);
-    let topics = ops::replicated_topics(&broker, &outbox).await;
-    let mut relay = start_relay(&db, &outbox, &broker);
+    let s = Scenario::on(&pg, "kafka_two_down")
+        .broker(Broker::kafka(3))
+        .replicated()
+        .await;
+    let (db, outbox, topics, _, broker) = s.parts();
+    let mut relay = start_relay(db, outbox, broker);
     let client = db.client().await;
-    let pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let pid = s.wait_active(&client, Duration::from_secs(120)).await;
 
     let load = LoadGen::spawn(db.conn_string(), outbox.table.clone(), paced());
     load.wait_committed(300, Duration::from_secs(60)).await;
@@ -180,8 +183,8 @@ async fn two_brokers_down_the_relay_waits_and_resumes_on_its_own() {
     tokio::task::block_in_place(|| cluster.restart(&down, 3)).expect("all three brokers back");
     let events = load.stop().await;
     let wal_after = ops::current_wal(&client).await;
-    let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(240));
-    schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(120)).await;
+    let report = ops::read_and_check(broker, topics, &events, Duration::from_secs(240));
+    schema::wait_confirmed_at_least(db, wal_after, Duration::from_secs(120)).await;
     assert!(relay.is_running(), "relay exited:\n{}", relay.log_text());
     eprintln!(
         "two brokers down: {} events ({} during the outage), {} duplicates",
@@ -200,13 +203,14 @@ async fn two_brokers_down_the_relay_waits_and_resumes_on_its_own() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hung_broker_then_a_relay_crash_and_a_broker_crash_lose_nothing() {
     let pg = dedicated();
-    let db = pg.fresh_database("kafka_hung").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::kafka(1);
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let mut relay = start_relay(&db, &outbox, &broker);
+    let s = Scenario::on(&pg, "kafka_hung")
+        .broker(Broker::kafka(1))
+        .partitions(4)
+        .await;
+    let (db, outbox, topics, _, broker) = s.parts();
+    let mut relay = start_relay(db, outbox, broker);
     let client = db.client().await;
-    let pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let pid = s.wait_active(&client, Duration::from_secs(120)).await;
 
     let load = LoadGen::spawn(db.conn_string(), outbox.table.clone(), paced());
     load.wait_committed(300, Duration::from_secs(60)).await;
@@ -228,13 +232,13 @@ async fn a_hung_broker_then_a_relay_crash_and_a_broker_crash_lose_nothing() {
     relay.kill();
     cluster.kill(1).expect("kill -9 the hung broker");
     tokio::task::block_in_place(|| cluster.restart(&[1], 1)).expect("restart the broker");
-    let mut relay = start_relay(&db, &outbox, &broker);
+    let mut relay = start_relay(db, outbox, broker);
     load.wait_committed(load.committed() + 200, Duration::from_secs(60))
         .await;
     let events = load.stop().await;
     let wal_after = ops::current_wal(&client).await;
-    let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(180));
-    schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(120)).await;
+    let report = ops::read_and_check(broker, topics, &events, Duration::from_secs(180));
+    schema::wait_confirmed_at_least(db, wal_after, Duration::from_secs(120)).await;
     assert!(relay.is_running(), "relay exited:\n{}", relay.log_text());
     eprintln!(
         "hung broker: {} events ({} during the hang), {} duplicates",

@@ -11,6 +11,7 @@ use pgtest::{ClusterOptions, PgCluster, TestDb};
 use support::broker::Broker;
 use support::ops;
 use support::relay::{run_to_end, Relay};
+use support::scenario::Scenario;
 use support::schema::{self, Outbox};
 
 /// The names a test would use, without creating anything.
@@ -197,11 +198,9 @@ async fn init_creates_everything_and_is_idempotent() {
 /// which walsender) a relay is streaming.
 #[tokio::test(flavor = "multi_thread")]
 async fn status_shows_lag_retained_wal_and_active_pid() {
-    let db = PgCluster::shared().fresh_database("ops_status").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    ops::create_topics(&broker, &outbox).await;
-    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let s = Scenario::new("ops_status").partitions(4).await;
+    let db = &s.db;
+    let env = s.env(&[]);
     let (code, out) = run_to_end(&env, &["status"]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("active             no"), "{out}");
@@ -211,7 +210,7 @@ async fn status_shows_lag_retained_wal_and_active_pid() {
 
     let mut relay = Relay::start(env.clone(), &["run"]);
     let client = db.client().await;
-    let pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let pid = s.wait_active(&client, Duration::from_secs(120)).await;
     let (code, out) = run_to_end(&env, &["status"]);
     assert_eq!(code, 0, "{out}");
     assert!(

@@ -14,7 +14,7 @@ use support::broker::Broker;
 use support::consume::check_delivery;
 use support::ops::{self, LoadGen, LoadShape};
 use support::relay::Relay;
-use support::schema;
+use support::scenario::Scenario;
 
 fn dedicated(conf: &[&str]) -> PgCluster {
     PgCluster::start(ClusterOptions {
@@ -31,16 +31,11 @@ fn dedicated(conf: &[&str]) -> PgCluster {
 async fn postgres_restart_fast_and_immediate_loses_nothing() {
     let started = Instant::now();
     let cluster = dedicated(&[]);
-    let db = cluster.fresh_database("ops_pg_restart").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let mut relay = Relay::start(
-        Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
-        &["run"],
-    );
+    let s = Scenario::on(&cluster, "ops_pg_restart").partitions(4).await;
+    let (db, outbox, topics, _, broker) = s.parts();
+    let mut relay = s.relay(&[]);
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     drop(client);
 
     let load = LoadGen::spawn(db.conn_string(), outbox.table.clone(), LoadShape::default());
@@ -53,11 +48,11 @@ async fn postgres_restart_fast_and_immediate_loses_nothing() {
         load.wait_committed(before + 300, Duration::from_secs(60))
             .await;
         let client = ops::connect(&db.conn_string()).await;
-        ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+        s.wait_active(&client, Duration::from_secs(120)).await;
     }
     let events = load.stop().await;
     assert!(relay.is_running(), "the relay must survive restarts");
-    let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(120));
+    let report = ops::read_and_check(broker, topics, &events, Duration::from_secs(120));
     let log = relay.log_text();
     assert!(relay.is_running(), "relay exited; log:\n{log}");
     eprintln!(
@@ -83,21 +78,14 @@ async fn postgres_restart_fast_and_immediate_loses_nothing() {
 async fn broker_down_60s_keeps_walsender_and_loses_nothing() {
     let started = Instant::now();
     let cluster = dedicated(&["wal_sender_timeout = '5s'"]);
-    let db = cluster.fresh_database("ops_broker_down").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::kafka(1);
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let mut relay = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &broker.bootstrap(),
-            &[("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "200")],
-        ),
-        &["run"],
-    );
+    let s = Scenario::on(&cluster, "ops_broker_down")
+        .broker(Broker::kafka(1))
+        .partitions(4)
+        .await;
+    let (db, outbox, topics, _, broker) = s.parts();
+    let mut relay = s.relay(&[("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "200")]);
     let client = db.client().await;
-    let pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let pid = s.wait_active(&client, Duration::from_secs(120)).await;
     let load = LoadGen::spawn(
         db.conn_string(),
         outbox.table.clone(),
@@ -126,7 +114,7 @@ async fn broker_down_60s_keeps_walsender_and_loses_nothing() {
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     let events = load.stop().await;
-    let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(120));
+    let report = ops::read_and_check(broker, topics, &events, Duration::from_secs(120));
     let row = ops::slot_row(&client, &outbox.slot).await.expect("slot");
     assert_eq!(
         row.active_pid,
@@ -238,21 +226,14 @@ async fn publication_dropped_while_running_exits_3() {
 #[tokio::test(flavor = "multi_thread")]
 async fn invalidated_slot_exits_3() {
     let cluster = dedicated(&["max_slot_wal_keep_size = '16MB'"]);
-    let db = cluster.fresh_database("ops_slot_lost").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let s = Scenario::on(&cluster, "ops_slot_lost").partitions(4).await;
+    let (db, outbox, topics, bootstrap, _) = s.parts();
+    let env = s.env(&[]);
     let mut relay = Relay::start(env.clone(), &["run"]);
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let events = support::load::insert_events(&client, &outbox.table, 20, 5, 5).await;
-    let received = ops::read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(60),
-    );
+    let received = ops::read_all_blocking(bootstrap, topics, &events, Duration::from_secs(60));
     check_delivery(&events, &received);
     relay.signal("TERM");
     assert_eq!(relay.wait_exit(Duration::from_secs(30)).code(), Some(0));

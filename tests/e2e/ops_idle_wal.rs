@@ -16,6 +16,7 @@ use pgtest::{ClusterOptions, PgCluster};
 use support::broker::Broker;
 use support::ops::{self, SlotRow};
 use support::relay::Relay;
+use support::scenario::Scenario;
 use support::schema;
 
 const MB: u64 = 1024 * 1024;
@@ -207,25 +208,15 @@ async fn idle_outbox_retains_no_more_wal_than_pg_recvlogical() {
 /// (OUTBOXD_MESSAGE_PREFIX empty).
 #[tokio::test(flavor = "multi_thread")]
 async fn heartbeat_advances_the_slot_without_idle_flush() {
-    let db = PgCluster::shared().fresh_database("ops_heartbeat").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    ops::create_topics(&broker, &outbox).await;
-    let mut relay = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &broker.bootstrap(),
-            &[
-                ("OUTBOXD_IDLE_FLUSH", "false"),
-                ("OUTBOXD_HEARTBEAT_INTERVAL_MS", "1000"),
-                ("OUTBOXD_MESSAGE_PREFIX", ""),
-            ],
-        ),
-        &["run"],
-    );
+    let s = Scenario::new("ops_heartbeat").partitions(4).await;
+    let (db, outbox, _, _, _) = s.parts();
+    let mut relay = s.relay(&[
+        ("OUTBOXD_IDLE_FLUSH", "false"),
+        ("OUTBOXD_HEARTBEAT_INTERVAL_MS", "1000"),
+        ("OUTBOXD_MESSAGE_PREFIX", ""),
+    ]);
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let first = ops::slot_row(&client, &outbox.slot).await.expect("slot");
     let stop = Arc::new(AtomicBool::new(false));
     // The filler goes to another database: PostgreSQL 14 sends Begin/Commit of its own

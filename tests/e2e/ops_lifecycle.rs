@@ -9,13 +9,12 @@ use crate::support;
 
 use std::time::{Duration, Instant};
 
-use pgtest::PgCluster;
 use support::broker::Broker;
 use support::consume::check_delivery;
 use support::load::Event;
 use support::ops::{self, LoadGen, LoadShape};
 use support::relay::{free_port, Relay};
-use support::schema;
+use support::scenario::Scenario;
 
 fn assert_each_once(events: &[Event], received: &[support::consume::Received]) {
     let counts = ops::id_counts(received);
@@ -37,18 +36,13 @@ fn assert_each_once(events: &[Event], received: &[support::consume::Received]) {
 
 async fn graceful_stop_under_load(signal: &str) {
     let started = Instant::now();
-    let db = PgCluster::shared()
-        .fresh_database(&format!("ops_stop_{signal}"))
+    let s = Scenario::new(&format!("ops_stop_{signal}"))
+        .partitions(4)
         .await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let mut relay = Relay::start(
-        Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
-        &["run"],
-    );
+    let (db, outbox, topics, bootstrap, _) = s.parts();
+    let mut relay = s.relay(&[]);
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     // Small transactions with a 1500-event one every 10th.
     let load = LoadGen::spawn(
         db.conn_string(),
@@ -87,17 +81,12 @@ async fn graceful_stop_under_load(signal: &str) {
     load.wait_committed(at_stop + 3000, Duration::from_secs(60))
         .await;
     relay.restart();
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let at_restart = load.committed();
     load.wait_committed(at_restart + 3000, Duration::from_secs(60))
         .await;
     let events = load.stop().await;
-    let received = ops::read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(120),
-    );
+    let received = ops::read_all_blocking(bootstrap, topics, &events, Duration::from_secs(120));
     assert_each_once(&events, &received);
     eprintln!(
         "SIG{signal} under load: exited 0 in {stop_time:?}; {} events ({at_stop} before the stop), each exactly once; {:?}",
@@ -266,11 +255,9 @@ async fn sigterm_during_a_backlog_of_small_transactions_stops_at_a_commit() {
 /// active one is SIGKILLed under load, the standby streams within 5 s and nothing is lost.
 #[tokio::test(flavor = "multi_thread")]
 async fn standby_takes_over_within_5s_of_sigkill() {
-    let db = PgCluster::shared().fresh_database("ops_takeover").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let env_a = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let s = Scenario::new("ops_takeover").partitions(4).await;
+    let (db, outbox, topics, _, broker) = s.parts();
+    let env_a = s.env(&[]);
     // Same settings; only the HTTP port differs because both run on this host.
     let mut env_b = env_a.clone();
     for (k, v) in &mut env_b {
@@ -281,7 +268,7 @@ async fn standby_takes_over_within_5s_of_sigkill() {
     let starting = Instant::now();
     let mut active = Relay::start(env_a, &["run"]);
     let client = db.client().await;
-    let first_pid = ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let first_pid = s.wait_active(&client, Duration::from_secs(120)).await;
     // What starting to stream takes on this machine right now (process start, connect,
     // checks, START_REPLICATION): a takeover does the same after the slot is released.
     let start_up = starting.elapsed();
@@ -369,7 +356,7 @@ async fn standby_takes_over_within_5s_of_sigkill() {
     let at = load.committed();
     load.wait_committed(at + 500, Duration::from_secs(30)).await;
     let events = load.stop().await;
-    let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(120));
+    let report = ops::read_and_check(broker, topics, &events, Duration::from_secs(120));
     eprintln!(
         "takeover: {} events, {} duplicates (replayed from the slot after the kill)",
         events.len(),

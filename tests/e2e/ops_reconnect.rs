@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use pgtest::{ClusterOptions, PgCluster, StopMode};
 use support::ops;
 use support::relay::Relay;
+use support::scenario::Scenario;
 use support::schema;
 
 const OUTAGE: Duration = Duration::from_secs(30);
@@ -21,29 +22,16 @@ const OUTAGE: Duration = Duration::from_secs(30);
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_down_30s_backs_off_and_resumes() {
     let cluster = PgCluster::start(ClusterOptions::default()).expect("dedicated cluster");
-    let db = cluster.fresh_database("ops_reconnect").await;
-    let outbox = schema::setup(&db).await;
-    let broker = support::broker::Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let relay = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &broker.bootstrap(),
-            // The default (the test support sets 2 s for faster tests).
-            &[("OUTBOXD_RECONNECT_MAX_BACKOFF_MS", "30000")],
-        ),
-        &["run"],
+    let s = Scenario::on(&cluster, "ops_reconnect").partitions(4).await;
+    let (db, outbox, topics, bootstrap, _) = s.parts();
+    let relay = s.relay(
+        // The default (the test support sets 2 s for faster tests).
+        &[("OUTBOXD_RECONNECT_MAX_BACKOFF_MS", "30000")],
     );
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let before = support::load::insert_events(&client, &outbox.table, 50, 5, 5).await;
-    ops::read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &before,
-        Duration::from_secs(60),
-    );
+    ops::read_all_blocking(bootstrap, topics, &before, Duration::from_secs(60));
     drop(client);
 
     let reconnects = |relay: &Relay| relay.metric("outboxd_reconnects_total").unwrap_or(0.0);
@@ -66,11 +54,10 @@ async fn postgres_down_30s_backs_off_and_resumes() {
     // Back: events inserted now arrive (after at most one full backoff delay).
     let client = ops::connect(&db.conn_string()).await;
     let after = support::load::insert_events(&client, &outbox.table, 50, 5, 5).await;
-    let wal_after = schema::current_wal_lsn(&db).await;
+    let wal_after = schema::current_wal_lsn(db).await;
     let all: Vec<_> = before.iter().chain(after.iter()).cloned().collect();
-    let received =
-        ops::read_all_blocking(&broker.bootstrap(), &topics, &all, Duration::from_secs(120));
+    let received = ops::read_all_blocking(bootstrap, topics, &all, Duration::from_secs(120));
     support::consume::check_delivery(&all, &received);
-    schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(60)).await;
+    schema::wait_confirmed_at_least(db, wal_after, Duration::from_secs(60)).await;
     drop(relay);
 }

@@ -26,6 +26,7 @@ use support::consume::{assigned_consumer, check_delivery, received, DeliveryRepo
 use support::load::{insert_events, Event};
 use support::ops::{self, read_all_blocking, slot_row, wait_active_pid, wait_for};
 use support::relay::{run_to_end, Relay};
+use support::scenario::Scenario;
 use support::schema::{self, Outbox};
 use tokio_postgres::Client;
 
@@ -243,17 +244,14 @@ async fn two_primaries(
 #[tokio::test(flavor = "multi_thread")]
 async fn proven_skip_clock_stepped_forward_and_back() {
     let (clock, cluster) = FakeClock::cluster();
-    let db = cluster.fresh_database("proven_clock").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    let bootstrap = broker.bootstrap();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let env = Relay::env_for(&db, &outbox, &bootstrap, &RELAY_ENV);
+    let s = Scenario::on(&cluster, "proven_clock").partitions(4).await;
+    let (db, outbox, topics, bootstrap, _) = s.parts();
+    let env = s.env(&RELAY_ENV);
     let mut relay = Relay::start(env.clone(), &["run"]);
     let client = db.client().await;
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let before = insert_events(&client, &outbox.table, 50, 5, 5).await;
-    read_all_blocking(&bootstrap, &topics, &before, Duration::from_secs(60));
+    read_all_blocking(bootstrap, topics, &before, Duration::from_secs(60));
     drop(client);
 
     // The backup: a cold copy with its slot, stopped until the restore.
@@ -271,7 +269,7 @@ async fn proven_skip_clock_stepped_forward_and_back() {
     let corrected = insert_events(&client, &outbox.table, 2000, 20, 5).await;
     // What Kafka has of the original's history, in commit order.
     let delivered = [before, ahead, corrected].concat();
-    read_all_blocking(&bootstrap, &topics, &delivered, Duration::from_secs(120));
+    read_all_blocking(bootstrap, topics, &delivered, Duration::from_secs(120));
     let original_end = ops::current_wal(&client).await;
     wait_slot_confirmed(&client, &outbox.slot, original_end).await;
     let key = ops::progress_key(&client, &db.name, &outbox.slot).await;
@@ -280,7 +278,7 @@ async fn proven_skip_clock_stepped_forward_and_back() {
         Duration::from_secs(60),
         Duration::from_millis(300),
         || async {
-            ops::latest_progress_record(&bootstrap, &key).filter(|r| record_lsn(r) >= original_end)
+            ops::latest_progress_record(bootstrap, &key).filter(|r| record_lsn(r) >= original_end)
         },
     )
     .await;
@@ -321,8 +319,8 @@ async fn proven_skip_clock_stepped_forward_and_back() {
     let report = expect_arrived(
         "clock stepped forward and back",
         &relay,
-        &bootstrap,
-        &topics,
+        bootstrap,
+        topics,
         &committed,
         &restored,
         "committed on the restored copy",
@@ -345,17 +343,14 @@ async fn proven_skip_clock_stepped_forward_and_back() {
 async fn proven_skip_same_timeline_restore_of_an_older_backup() {
     let scenario = "same-timeline restore of an older backup";
     let cluster = PgCluster::start(ClusterOptions::default()).expect("original");
-    let db = cluster.fresh_database("proven_restore").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    let bootstrap = broker.bootstrap();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let env = Relay::env_for(&db, &outbox, &bootstrap, &RELAY_ENV);
+    let s = Scenario::on(&cluster, "proven_restore").partitions(4).await;
+    let (db, outbox, topics, bootstrap, _) = s.parts();
+    let env = s.env(&RELAY_ENV);
     let mut relay = Relay::start(env.clone(), &["run"]);
     let client = db.client().await;
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let before = insert_events(&client, &outbox.table, 50, 5, 5).await;
-    read_all_blocking(&bootstrap, &topics, &before, Duration::from_secs(60));
+    read_all_blocking(bootstrap, topics, &before, Duration::from_secs(60));
     drop(client);
 
     let backup = tokio::task::block_in_place(|| cluster.live_copy()).expect("backup at T1");
@@ -363,8 +358,8 @@ async fn proven_skip_same_timeline_restore_of_an_older_backup() {
     let client = ops::connect(&db.conn_string()).await;
     let later = insert_events(&client, &outbox.table, 2000, 20, 5).await;
     read_all_blocking(
-        &bootstrap,
-        &topics,
+        bootstrap,
+        topics,
         &[before.clone(), later.clone()].concat(),
         Duration::from_secs(120),
     );
@@ -376,7 +371,7 @@ async fn proven_skip_same_timeline_restore_of_an_older_backup() {
         Duration::from_secs(60),
         Duration::from_millis(300),
         || async {
-            ops::latest_progress_record(&bootstrap, &key).filter(|r| record_lsn(r) >= original_end)
+            ops::latest_progress_record(bootstrap, &key).filter(|r| record_lsn(r) >= original_end)
         },
     )
     .await;
@@ -410,7 +405,7 @@ async fn proven_skip_same_timeline_restore_of_an_older_backup() {
     );
     let backup_wal = ops::current_wal(&bc).await;
     // Replaced by a record of what this server has, or deleted.
-    if let Some(after_init) = ops::latest_progress_record(&bootstrap, &key) {
+    if let Some(after_init) = ops::latest_progress_record(bootstrap, &key) {
         assert!(
             record_lsn(&after_init) <= backup_wal,
             "outboxd init --replace-progress-record left the stale record in place: it still says \
@@ -430,8 +425,8 @@ async fn proven_skip_same_timeline_restore_of_an_older_backup() {
     let report = expect_arrived(
         scenario,
         &relay,
-        &bootstrap,
-        &topics,
+        bootstrap,
+        topics,
         &committed,
         &restored,
         "committed on the restored copy",
@@ -558,13 +553,13 @@ async fn wait_slot_confirmed(client: &Client, slot: &str, lsn: u64) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_primary_clock_hours_ahead_stops_naming_the_fix_and_loses_nothing() {
     let (clock, cluster) = FakeClock::cluster();
-    let db = cluster.fresh_database("clock_ahead").await;
-    let outbox = schema::setup(&db).await;
     // A Kafka of its own, with Kafka 4's limit set explicitly (a user's broker from
     // OUTBOXD_TEST_BOOTSTRAP_SERVERS may have none).
-    let broker = Broker::kafka(1);
-    let bootstrap = broker.bootstrap();
-    let topics = ops::create_topics(&broker, &outbox).await;
+    let s = Scenario::on(&cluster, "clock_ahead")
+        .broker(Broker::kafka(1))
+        .partitions(4)
+        .await;
+    let (db, outbox, topics, bootstrap, broker) = s.parts();
     for t in topics
         .iter()
         .chain(std::iter::once(&outbox.dead_letter_topic()))
@@ -577,7 +572,7 @@ async fn a_primary_clock_hours_ahead_stops_naming_the_fix_and_loses_nothing() {
     clock.set("+2h");
     wait_server_clock(&client, 7200.0).await;
     let events = insert_events(&client, &outbox.table, 20, 4, 5).await;
-    let env = Relay::env_for(&db, &outbox, &bootstrap, &RELAY_ENV);
+    let env = s.env(&RELAY_ENV);
     let mut relay = Relay::start(env.clone(), &["run"]);
     let status = relay.wait_exit(Duration::from_secs(120));
     let log = relay.log_text();
@@ -596,7 +591,7 @@ async fn a_primary_clock_hours_ahead_stops_naming_the_fix_and_loses_nothing() {
             .await;
     }
     let relay = Relay::start(env, &["run"]);
-    let received = read_all_blocking(&bootstrap, &topics, &events, Duration::from_secs(120));
+    let received = read_all_blocking(bootstrap, topics, &events, Duration::from_secs(120));
     check_delivery(&events, &received);
     drop(relay);
 }

@@ -13,26 +13,20 @@ use support::broker::Broker;
 use support::consume::{check_delivery, read_topics};
 use support::load::insert_events;
 use support::relay::Relay;
+use support::scenario::Scenario;
 use support::schema;
 
 async fn ten_thousand_events_arrive_once_in_order(broker: Broker) {
-    let db = PgCluster::shared().fresh_database("e2e_10k").await;
-    let outbox = schema::setup(&db).await;
-    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
-    broker
-        .create_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 6)
-        .await;
-    let relay = Relay::start(
-        Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
-        &["run"],
-    );
+    let s = Scenario::new("e2e_10k").broker(broker).partitions(6).await;
+    let (db, outbox, topics, bootstrap, _) = s.parts();
+    let relay = s.relay(&[]);
     let client = db.client().await;
     let events = insert_events(&client, &outbox.table, 10_000, 500, 100).await;
-    let wal_after_inserts = schema::current_wal_lsn(&db).await;
+    let wal_after_inserts = schema::current_wal_lsn(db).await;
 
     let received = read_topics(
-        &broker.bootstrap(),
-        &topics,
+        bootstrap,
+        topics,
         events.len(),
         Duration::from_secs(30),
         Duration::from_secs(180),
@@ -60,7 +54,7 @@ async fn ten_thousand_events_arrive_once_in_order(broker: Broker) {
     // status update, up to 10 s; the rest is for a loaded machine).
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
-        if schema::confirmed_flush_lsn(&db).await >= wal_after_inserts {
+        if schema::confirmed_flush_lsn(db).await >= wal_after_inserts {
             break;
         }
         assert!(
@@ -80,29 +74,16 @@ async fn ten_thousand_events() {
 /// zstd is compiled into librdkafka: a producer configured for it starts and delivers.
 #[tokio::test(flavor = "multi_thread")]
 async fn zstd_compression_relays() {
-    let broker = Broker::default_for_tests();
-    let db = PgCluster::shared().fresh_database("e2e_zstd").await;
-    let outbox = schema::setup(&db).await;
-    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
-    broker
-        .create_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 3)
-        .await;
-    let mut relay = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &broker.bootstrap(),
-            &[("OUTBOXD_KAFKA_COMPRESSION_TYPE", "zstd")],
-        ),
-        &["run"],
-    );
+    let s = Scenario::new("e2e_zstd").partitions(3).await;
+    let (db, outbox, topics, bootstrap, _) = s.parts();
+    let mut relay = s.relay(&[("OUTBOXD_KAFKA_COMPRESSION_TYPE", "zstd")]);
     let client = db.client().await;
     let events = insert_events(&client, &outbox.table, 500, 50, 20).await;
     // The reader stops early only after this long without a record; the first one waits
     // for the relay's start-up, which takes longer than 10 s on a loaded machine.
     let received = read_topics(
-        &broker.bootstrap(),
-        &topics,
+        bootstrap,
+        topics,
         events.len(),
         Duration::from_secs(60),
         Duration::from_secs(120),

@@ -14,31 +14,22 @@ use rdkafka::message::Message;
 use support::broker::Broker;
 use support::consume::check_delivery;
 use support::load::{insert_events, Event};
-use support::ops::{self, read_all_blocking, wait_active_pid};
+use support::ops::{self, read_all_blocking};
 use support::relay::Relay;
+use support::scenario::Scenario;
 use support::schema;
 
 /// PostgreSQL stopped for 30 s and started again: everything arrives exactly once.
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_down_30s_then_back_sends_nothing_twice() {
     let cluster = PgCluster::start(ClusterOptions::default()).expect("dedicated cluster");
-    let db = cluster.fresh_database("replay_pg_down").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let relay = Relay::start(
-        Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]),
-        &["run"],
-    );
+    let s = Scenario::on(&cluster, "replay_pg_down").partitions(4).await;
+    let (db, outbox, topics, bootstrap, broker) = s.parts();
+    let relay = s.relay(&[]);
     let client = db.client().await;
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let first = insert_events(&client, &outbox.table, 2000, 10, 20).await;
-    read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &first,
-        Duration::from_secs(60),
-    );
+    read_all_blocking(bootstrap, topics, &first, Duration::from_secs(60));
     drop(client);
 
     tokio::task::block_in_place(|| cluster.stop(StopMode::Fast)).expect("stop");
@@ -48,7 +39,7 @@ async fn postgres_down_30s_then_back_sends_nothing_twice() {
     let client = ops::connect(&db.conn_string()).await;
     let second = insert_events(&client, &outbox.table, 500, 10, 20).await;
     let all = [first, second].concat();
-    let report = ops::read_and_check(&broker, &topics, &all, Duration::from_secs(120));
+    let report = ops::read_and_check(broker, topics, &all, Duration::from_secs(120));
     eprintln!(
         "postgres down 30 s: {} events, {} duplicates, {} skipped as delivered",
         all.len(),
@@ -62,47 +53,34 @@ async fn postgres_down_30s_then_back_sends_nothing_twice() {
 /// while the progress topic works, and the record stays where it was.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_progress_record_never_runs_ahead_of_the_acks() {
-    let db = PgCluster::shared()
-        .fresh_database("replay_record_acks")
+    let s = Scenario::new("replay_record_acks")
+        .broker(Broker::kafka(3))
+        .no_topics()
         .await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::kafka(3);
+    let (db, outbox, _, bootstrap, broker) = s.parts();
     // Every event partition only on broker 3, so killing it leaves them without a leader,
     // while the progress topic (only on broker 1) keeps taking records.
-    let topics = ops::create_topics_on(&broker, &outbox, 3, 3).await;
+    let topics = ops::create_topics_on(broker, outbox, 3, 3).await;
     broker.create_progress_topic_on(1).await;
     let cluster = broker.kafka_cluster();
-    let relay = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &broker.bootstrap(),
-            &[("OUTBOXD_PROGRESS_INTERVAL_MS", "200")],
-        ),
-        &["run"],
-    );
+    let relay = s.relay(&[("OUTBOXD_PROGRESS_INTERVAL_MS", "200")]);
     let client = db.client().await;
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let first = insert_events(&client, &outbox.table, 50, 5, 5).await;
-    read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &first,
-        Duration::from_secs(60),
-    );
-    let acked = schema::current_wal_lsn(&db).await;
-    schema::wait_confirmed_at_least(&db, acked, Duration::from_secs(60)).await;
+    read_all_blocking(bootstrap, &topics, &first, Duration::from_secs(60));
+    let acked = schema::current_wal_lsn(db).await;
+    schema::wait_confirmed_at_least(db, acked, Duration::from_secs(60)).await;
     let recorded = ops::wait_for(
         "a progress record at the acked position",
         Duration::from_secs(30),
         Duration::from_millis(300),
-        || async { latest_record_lsn(&broker.bootstrap(), &db.slot).filter(|l| *l >= acked) },
+        || async { latest_record_lsn(bootstrap, &db.slot).filter(|l| *l >= acked) },
     )
     .await;
 
     cluster.kill(3).expect("kill broker 3");
     let stuck = insert_events(&client, &outbox.table, 50, 5, 5).await;
-    let after_stuck = schema::current_wal_lsn(&db).await;
+    let after_stuck = schema::current_wal_lsn(db).await;
     // Once the relay has sent the stuck events (they wait in flight for a leader), 25
     // record intervals in which a record that ran ahead of the acks would be written (the
     // progress topic takes writes throughout).
@@ -110,7 +88,7 @@ async fn the_progress_record_never_runs_ahead_of_the_acks() {
         .wait_metric_at_least("outboxd_in_flight_messages", stuck.len() as f64)
         .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let now = latest_record_lsn(&broker.bootstrap(), &db.slot).expect("record");
+    let now = latest_record_lsn(bootstrap, &db.slot).expect("record");
     assert!(
         now < after_stuck,
         "the record ({now:#x}) moved past unacked events (written up to {after_stuck:#x}; last acked record {recorded:#x})"
@@ -118,7 +96,7 @@ async fn the_progress_record_never_runs_ahead_of_the_acks() {
 
     tokio::task::block_in_place(|| cluster.restart(&[3], 3)).expect("restart broker 3");
     let all = [first, stuck].concat();
-    let received = read_all_blocking(&broker.bootstrap(), &topics, &all, Duration::from_secs(60));
+    let received = read_all_blocking(bootstrap, &topics, &all, Duration::from_secs(60));
     check_delivery(&all, &received);
     drop(relay);
 }
@@ -158,31 +136,19 @@ async fn a_relay_starting_behind_the_record_never_moves_it_back() {
         ..ClusterOptions::default()
     })
     .expect("dedicated cluster");
-    let db = cluster.fresh_database("replay_behind").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &outbox).await;
+    let s = Scenario::on(&cluster, "replay_behind").partitions(4).await;
+    let (db, outbox, topics, bootstrap, broker) = s.parts();
     // The skip needs the record read: on a loaded machine the scan of the shared progress
     // topic can take longer than the default wait, and the replay is then published again.
-    let env = Relay::env_for(
-        &db,
-        &outbox,
-        &broker.bootstrap(),
-        &[("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000")],
-    );
+    let env = s.env(&[("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000")]);
     let mut first_relay = Relay::start(env.clone(), &["run"]);
     let client = db.client().await;
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let events = insert_events(&client, &outbox.table, 2000, 10, 20).await;
-    let wal_after = schema::current_wal_lsn(&db).await;
-    read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(60),
-    );
-    schema::wait_confirmed_at_least(&db, wal_after, Duration::from_secs(60)).await;
-    let confirmed = schema::confirmed_flush_lsn(&db).await;
+    let wal_after = schema::current_wal_lsn(db).await;
+    read_all_blocking(bootstrap, topics, &events, Duration::from_secs(60));
+    schema::wait_confirmed_at_least(db, wal_after, Duration::from_secs(60)).await;
+    let confirmed = schema::confirmed_flush_lsn(db).await;
     let recorded = first_relay
         .wait_metric_at_least("outboxd_progress_recorded_lsn", confirmed as f64)
         .await;
@@ -191,7 +157,7 @@ async fn a_relay_starting_behind_the_record_never_moves_it_back() {
 
     tokio::task::block_in_place(|| cluster.stop(StopMode::Immediate)).expect("stop");
     tokio::task::block_in_place(|| cluster.start_again()).expect("start");
-    let fallen_back = schema::confirmed_flush_lsn(&db).await;
+    let fallen_back = schema::confirmed_flush_lsn(db).await;
 
     // One record only (the first, written at once), so the one it writes is the one seen.
     let mut env_once = env;
@@ -211,7 +177,7 @@ async fn a_relay_starting_behind_the_record_never_moves_it_back() {
     } else {
         eprintln!("the slot's position was saved past the record before the restart: nothing to tell apart in this run");
     }
-    let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(60));
+    let report = ops::read_and_check(broker, topics, &events, Duration::from_secs(60));
     assert_eq!(report.duplicates, 0, "the replay was skipped");
     drop(second_relay);
 }
@@ -225,34 +191,16 @@ async fn a_relay_starting_behind_the_record_never_moves_it_back() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_transaction_acked_whole_but_not_confirmed_is_not_published_again() {
     const BIG: usize = 10_000;
-    let db = PgCluster::shared()
-        .fresh_database("acked_unconfirmed")
-        .await;
-    let outbox = schema::setup(&db).await;
-    let mut client = db.client().await;
-    let broker = Broker::kafka(3);
-    let bootstrap = broker.bootstrap();
-    let ok_topic = outbox.topic("order");
-    let stuck_topic = outbox.topic("stuck");
-    let dead = outbox.dead_letter_topic();
-    broker
-        .create_topics_on(&[&ok_topic, &dead], 4, 1, &[])
-        .await;
-    broker.create_progress_topic_on(1).await;
-    broker.create_topics_on(&[&stuck_topic], 1, 3, &[]).await;
+    let s = Scenario::new("acked_unconfirmed").stuck_on_broker_3().await;
+    let (db, outbox, topics, bootstrap, broker) = s.parts();
     let cluster = broker.kafka_cluster();
-    cluster.kill(3).expect("the stuck topic's broker down");
-    let env = Relay::env_for(
-        &db,
-        &outbox,
-        &bootstrap,
-        &[
-            ("OUTBOXD_PROGRESS_INTERVAL_MS", "100"),
-            ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
-        ],
-    );
+    let mut client = db.client().await;
+    let env = s.env(&[
+        ("OUTBOXD_PROGRESS_INTERVAL_MS", "100"),
+        ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
+    ]);
     let mut relay = Relay::start(env.clone(), &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
 
     let event = |n: usize, stuck: bool, aggregate_id: String| Event {
         id: uuid::Uuid::new_v4().to_string(),
@@ -276,7 +224,7 @@ async fn a_transaction_acked_whole_but_not_confirmed_is_not_published_again() {
         .wait_metric_at_least("outboxd_events_published_total", BIG as f64)
         .await;
     let marker_xid = xid_of_insert(&mut client, &outbox.table, &marker).await;
-    let end = schema::current_wal_lsn(&db).await;
+    let end = schema::current_wal_lsn(db).await;
     let key = format!(
         "{}/{}/{}",
         client
@@ -295,7 +243,7 @@ async fn a_transaction_acked_whole_but_not_confirmed_is_not_published_again() {
         Duration::from_secs(60),
         Duration::from_millis(100),
         || async {
-            ops::latest_progress_record(&bootstrap, &key).filter(|r| {
+            ops::latest_progress_record(bootstrap, &key).filter(|r| {
                 let p = &r["partial"];
                 let (xid, rows) = (p["xid"].as_u64(), p["rows"].as_u64());
                 (xid == Some(marker_xid) && rows == Some(1))
@@ -317,19 +265,14 @@ async fn a_transaction_acked_whole_but_not_confirmed_is_not_published_again() {
     tokio::task::block_in_place(|| cluster.restart(&[3], 3))
         .expect("the stuck topic's broker back");
     let relay = Relay::start(env, &["run"]);
-    schema::wait_confirmed_at_least(&db, end, Duration::from_secs(120)).await;
+    schema::wait_confirmed_at_least(db, end, Duration::from_secs(120)).await;
     let committed: Vec<Event> = held_back
         .iter()
         .chain(&big)
         .chain(&marker)
         .cloned()
         .collect();
-    let received = read_all_blocking(
-        &bootstrap,
-        &[ok_topic, stuck_topic],
-        &committed,
-        Duration::from_secs(120),
-    );
+    let received = read_all_blocking(bootstrap, topics, &committed, Duration::from_secs(120));
     let report = check_delivery(&committed, &received);
     let counts = ops::id_counts(&received);
     let big_again = big.iter().filter(|e| counts[&e.id] > 1).count();

@@ -8,25 +8,21 @@ use crate::support;
 
 use std::time::Duration;
 
-use pgtest::PgCluster;
-use support::broker::Broker;
 use support::consume::check_delivery;
 use support::load::insert_events;
 use support::ops::{self, read_all_blocking};
 use support::relay::Relay;
-use support::schema;
+use support::scenario::Scenario;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn standby_answers_ready_only_when_opted_in() {
-    let db = PgCluster::shared().fresh_database("standby_ready").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    ops::create_topics(&broker, &outbox).await;
+    let s = Scenario::new("standby_ready").partitions(4).await;
+    let db = &s.db;
     // Each process its own HTTP port (env_for picks a free one per call).
-    let env = |extra: &[(&str, &str)]| Relay::env_for(&db, &outbox, &broker.bootstrap(), extra);
+    let env = |extra: &[(&str, &str)]| s.env(extra);
     let mut active = Relay::start(env(&[("OUTBOXD_READY_STANDBY", "true")]), &["run"]);
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let ready_standby = Relay::start(env(&[("OUTBOXD_READY_STANDBY", "true")]), &["run"]);
     let plain_standby = Relay::start(env(&[]), &["run"]);
     let readyz = |r: &Relay| r.http_get("/readyz");
@@ -86,15 +82,13 @@ async fn standby_answers_ready_only_when_opted_in() {
 /// instance dies.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_standby_waits_over_one_connection_and_says_so() {
-    let db = PgCluster::shared().fresh_database("standby_conn").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    ops::create_topics(&broker, &outbox).await;
+    let s = Scenario::new("standby_conn").partitions(4).await;
+    let db = &s.db;
     // Each process its own HTTP port (env_for picks a free one per call).
-    let env = |extra: &[(&str, &str)]| Relay::env_for(&db, &outbox, &broker.bootstrap(), extra);
+    let env = |extra: &[(&str, &str)]| s.env(extra);
     let mut active = Relay::start(env(&[]), &["run"]);
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let standby = Relay::start(env(&[("PGAPPNAME", "outboxd-standby")]), &["run"]);
     ops::wait_for(
         "outboxd_standby = 1",
@@ -189,14 +183,12 @@ async fn sessions(c: &tokio_postgres::Client, db: &str) -> i64 {
 /// healthy instance started after it takes the slot and relays.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_standby_that_cannot_reach_kafka_leaves_the_slot_to_one_that_can() {
-    let db = PgCluster::shared().fresh_database("standby_no_kafka").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &outbox).await;
-    let env = |bootstrap: &str| Relay::env_for(&db, &outbox, bootstrap, &[]);
-    let mut active = Relay::start(env(&broker.bootstrap()), &["run"]);
+    let s = Scenario::new("standby_no_kafka").partitions(4).await;
+    let (db, outbox, topics, bootstrap, _) = s.parts();
+    let env = |bootstrap: &str| Relay::env_for(db, outbox, bootstrap, &[]);
+    let mut active = Relay::start(env(bootstrap), &["run"]);
     let client = db.client().await;
-    ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     // A port that accepts connections and never answers (a hung broker, or a network
     // that drops this instance's traffic): no broker answers this one.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("listener");
@@ -226,7 +218,7 @@ async fn a_standby_that_cannot_reach_kafka_leaves_the_slot_to_one_that_can() {
     )
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let healthy = Relay::start(env(&broker.bootstrap()), &["run"]);
+    let healthy = Relay::start(env(bootstrap), &["run"]);
     ops::wait_for(
         "the healthy instance to take the slot",
         Duration::from_secs(60),
@@ -237,12 +229,7 @@ async fn a_standby_that_cannot_reach_kafka_leaves_the_slot_to_one_that_can() {
     let events = insert_events(&client, &outbox.table, 10, 3, 3).await;
     check_delivery(
         &events,
-        &read_all_blocking(
-            &broker.bootstrap(),
-            &topics,
-            &events,
-            Duration::from_secs(60),
-        ),
+        &read_all_blocking(bootstrap, topics, &events, Duration::from_secs(60)),
     );
     assert!(cut_off.is_running(), "{}", cut_off.log_text());
     assert_eq!(cut_off.metric("outboxd_replication_connected"), Some(0.0));

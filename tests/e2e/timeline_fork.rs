@@ -11,13 +11,12 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use pgtest::{ClusterOptions, PgCluster, StopMode};
-use support::broker::Broker;
 use support::consume::check_delivery;
 use support::load::insert_events;
 use support::ops::{self, read_all_blocking, slot_row, wait_active_pid};
 use support::proxy::Proxy;
 use support::relay::Relay;
-use support::schema;
+use support::scenario::Scenario;
 
 /// The cluster is restored (a copy taken after the first events, ending recovery on
 /// timeline 2), while the original goes on relaying on timeline 1 far past the copy's
@@ -27,34 +26,22 @@ use support::schema;
 #[tokio::test(flavor = "multi_thread")]
 async fn a_record_past_the_fork_point_skips_nothing_after_the_fork() {
     let primary = PgCluster::start(ClusterOptions::default()).expect("primary");
-    let db = primary.fresh_database("timeline_fork").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &outbox).await;
+    let s = Scenario::on(&primary, "timeline_fork").partitions(4).await;
+    let (db, outbox, topics, bootstrap, _) = s.parts();
     let vip = Proxy::start(primary.port());
     let port = vip.port().to_string();
-    let env = Relay::env_for(
-        &db,
-        &outbox,
-        &broker.bootstrap(),
-        &[
-            ("PGPORT", &port),
-            ("OUTBOXD_PROGRESS_INTERVAL_MS", "200"),
-            // The restart's skip needs the record read, however slow the shared topic's
-            // scan on a loaded machine.
-            ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
-        ],
-    );
+    let env = s.env(&[
+        ("PGPORT", &port),
+        ("OUTBOXD_PROGRESS_INTERVAL_MS", "200"),
+        // The restart's skip needs the record read, however slow the shared topic's
+        // scan on a loaded machine.
+        ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
+    ]);
     let mut relay = Relay::start(env.clone(), &["run"]);
     let client = db.client().await;
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let before = insert_events(&client, &outbox.table, 100, 5, 5).await;
-    read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &before,
-        Duration::from_secs(60),
-    );
+    read_all_blocking(bootstrap, topics, &before, Duration::from_secs(60));
     drop(client);
 
     // The restore point. Making the copy restarts the original: the relay reconnects.
@@ -70,12 +57,7 @@ async fn a_record_past_the_fork_point_skips_nothing_after_the_fork() {
     // record, none of it in the restored history.
     let client = ops::connect(&primary.conn_string(&db.name)).await;
     let lost_branch = insert_events(&client, &outbox.table, 3000, 20, 5).await;
-    read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &lost_branch,
-        Duration::from_secs(120),
-    );
+    read_all_blocking(bootstrap, topics, &lost_branch, Duration::from_secs(120));
     relay.signal("TERM");
     assert_eq!(
         relay.wait_exit(Duration::from_secs(30)).code(),
@@ -107,12 +89,7 @@ async fn a_record_past_the_fork_point_skips_nothing_after_the_fork() {
     let relay = Relay::start(env, &["run"]);
     wait_active_pid(&restored_client, &outbox.slot, Duration::from_secs(120)).await;
     let committed = [before, after.clone()].concat();
-    let received = read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &committed,
-        Duration::from_secs(60),
-    );
+    let received = read_all_blocking(bootstrap, topics, &committed, Duration::from_secs(60));
     let log = relay.log_text();
     drop(relay);
     // The old timeline's branch is in Kafka (it was delivered) but not in the restored

@@ -8,4 +8,5 @@ pub mod load;
 pub mod ops;
 pub mod proxy;
 pub mod relay;
+pub mod scenario;
 pub mod schema;

@@ -9,7 +9,7 @@ use super::{assert_exactly_once, wait_confirmed_while_running, EXACTLY_ONCE};
 use crate::support;
 use support::broker::Broker;
 use support::ops::{LoadGen, LoadShape};
-use support::relay::Relay;
+use support::scenario::Scenario;
 use support::schema;
 
 /// Three brokers, RF 3, min ISR 2: the leader of an event partition killed (kill -9)
@@ -21,23 +21,15 @@ async fn a_partition_leader_killed_neither_loses_nor_duplicates() {
         ..pgtest::ClusterOptions::default()
     })
     .expect("dedicated cluster");
-    let db = pg.fresh_database("eos_leader_killed").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::kafka(3);
-    let topics = support::ops::replicated_topics(&broker, &outbox).await;
+    let s = Scenario::on(&pg, "eos_leader_killed")
+        .broker(Broker::kafka(3))
+        .replicated()
+        .await;
+    let (db, outbox, topics, bootstrap, broker) = s.parts();
     let cluster = broker.kafka_cluster();
-    let bootstrap = broker.bootstrap();
-    let mut relay = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &bootstrap,
-            &[EXACTLY_ONCE, ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "500")],
-        ),
-        &["run"],
-    );
+    let mut relay = s.relay(&[EXACTLY_ONCE, ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "500")]);
     let client = db.client().await;
-    support::ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let load = LoadGen::spawn(
         db.conn_string(),
         outbox.table.clone(),
@@ -65,7 +57,7 @@ async fn a_partition_leader_killed_neither_loses_nor_duplicates() {
     load.wait_committed(load.committed() + 300, Duration::from_secs(60))
         .await;
     let events = load.stop().await;
-    assert_exactly_once(&bootstrap, &topics, &events, "leader killed");
+    assert_exactly_once(bootstrap, topics, &events, "leader killed");
     assert!(relay.is_running(), "relay exited:\n{}", relay.log_text());
     relay.kill();
 }
@@ -77,26 +69,18 @@ async fn a_partition_leader_killed_neither_loses_nor_duplicates() {
 /// transaction expired when it wakes. Every event exactly once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_broker_hung_across_a_commit_neither_loses_nor_duplicates() {
-    let broker = Broker::kafka(1);
-    let db = PgCluster::shared().fresh_database("eos_broker_hung").await;
-    let outbox = schema::setup(&db).await;
-    let topics = support::ops::create_topics(&broker, &outbox).await;
-    let bootstrap = broker.bootstrap();
-    let mut relay = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &bootstrap,
-            &[
-                EXACTLY_ONCE,
-                ("OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS", "3000"),
-                ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
-            ],
-        ),
-        &["run"],
-    );
+    let s = Scenario::new("eos_broker_hung")
+        .broker(Broker::kafka(1))
+        .partitions(4)
+        .await;
+    let (db, outbox, topics, bootstrap, broker) = s.parts();
+    let mut relay = s.relay(&[
+        EXACTLY_ONCE,
+        ("OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS", "3000"),
+        ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
+    ]);
     let client = db.client().await;
-    support::ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let load = LoadGen::spawn(
         db.conn_string(),
         outbox.table.clone(),
@@ -122,11 +106,11 @@ async fn a_broker_hung_across_a_commit_neither_loses_nor_duplicates() {
     load.wait_committed(load.committed() + 300, Duration::from_secs(60))
         .await;
     let events = load.stop().await;
-    let wal_after = schema::current_wal_lsn(&db).await;
-    wait_confirmed_while_running(&mut relay, &db, wal_after).await;
+    let wal_after = schema::current_wal_lsn(db).await;
+    wait_confirmed_while_running(&mut relay, db, wal_after).await;
     assert_exactly_once(
-        &bootstrap,
-        &topics,
+        bootstrap,
+        topics,
         &events,
         &format!(
             "broker hung ({} events, {} committed since the hang began)",
@@ -142,29 +126,19 @@ async fn a_broker_hung_across_a_commit_neither_loses_nor_duplicates() {
 /// `__transaction_state` taken over by another broker, then back. Every event exactly once.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_transaction_coordinator_killed_neither_loses_nor_duplicates() {
-    let db = PgCluster::shared()
-        .fresh_database("eos_coordinator_killed")
+    let s = Scenario::new("eos_coordinator_killed")
+        .broker(Broker::kafka(3))
+        .replicated()
         .await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::kafka(3);
-    let topics = support::ops::replicated_topics(&broker, &outbox).await;
+    let (db, outbox, topics, bootstrap, broker) = s.parts();
     let cluster = broker.kafka_cluster();
-    let bootstrap = broker.bootstrap();
-    let mut relay = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &bootstrap,
-            &[
-                EXACTLY_ONCE,
-                ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "500"),
-                ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
-            ],
-        ),
-        &["run"],
-    );
+    let mut relay = s.relay(&[
+        EXACTLY_ONCE,
+        ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "500"),
+        ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),
+    ]);
     let client = db.client().await;
-    support::ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let key = support::ops::progress_key(&client, &db.name, &outbox.slot).await;
     let load = LoadGen::spawn(
         db.conn_string(),
@@ -199,11 +173,11 @@ async fn the_transaction_coordinator_killed_neither_loses_nor_duplicates() {
     load.wait_committed(load.committed() + 300, Duration::from_secs(60))
         .await;
     let events = load.stop().await;
-    let wal_after = schema::current_wal_lsn(&db).await;
-    wait_confirmed_while_running(&mut relay, &db, wal_after).await;
+    let wal_after = schema::current_wal_lsn(db).await;
+    wait_confirmed_while_running(&mut relay, db, wal_after).await;
     assert_exactly_once(
-        &bootstrap,
-        &topics,
+        bootstrap,
+        topics,
         &events,
         &format!("coordinator {coordinator} killed (then {moved_to})"),
     );

@@ -4,14 +4,12 @@
 
 use std::time::Duration;
 
-use pgtest::PgCluster;
-
 use super::{assert_record_read, expect_arrived, RELAY_ENV};
 use crate::support;
-use support::broker::Broker;
 use support::load::Event;
-use support::ops::{self, read_all_blocking, wait_active_pid, wait_for};
+use support::ops::{self, read_all_blocking, wait_for};
 use support::relay::{run_to_end, Relay};
+use support::scenario::Scenario;
 use support::schema;
 
 /// What changes between the relay that died inside the transaction and the next one.
@@ -84,8 +82,11 @@ async fn partial_after_change(change: Change, scenario: &str) {
         Change::PublicationNarrowed => "proven_partial_pub",
         Change::PublicationSwitched => "proven_partial_pub_switch",
     };
-    let db = PgCluster::shared().fresh_database(name).await;
-    let outbox = schema::setup(&db).await;
+    // A three-node Kafka: the events' and the progress topics' only replicas on broker 1,
+    // the stuck topic's on broker 3, which is down until the relay has been killed.
+    let s = Scenario::new(name).stuck_on_broker_3().await;
+    let (db, outbox, topics, bootstrap, broker) = s.parts();
+    let cluster = broker.kafka_cluster();
     let client = db.client().await;
     client
         .batch_execute(&format!(
@@ -103,20 +104,6 @@ async fn partial_after_change(change: Change, scenario: &str) {
         ))
         .await
         .expect("the narrower publication");
-    // A three-node Kafka: the events' and the progress topics' only replicas on broker 1,
-    // the stuck topic's on broker 3, which is down until the relay has been killed.
-    let broker = Broker::kafka(3);
-    let bootstrap = broker.bootstrap();
-    let ok_topic = outbox.topic("order");
-    let stuck_topic = outbox.topic("stuck");
-    let dead = outbox.dead_letter_topic();
-    broker
-        .create_topics_on(&[&ok_topic, &dead], 4, 1, &[])
-        .await;
-    broker.create_progress_topic_on(1).await;
-    broker.create_topics_on(&[&stuck_topic], 1, 3, &[]).await;
-    let cluster = broker.kafka_cluster();
-    cluster.kill(3).expect("the stuck topic's broker down");
 
     let mut first_env: Vec<(&str, &str)> = RELAY_ENV.to_vec();
     match change {
@@ -124,11 +111,8 @@ async fn partial_after_change(change: Change, scenario: &str) {
         Change::PrefixRemoved => first_env.push(("OUTBOXD_MESSAGE_PREFIX", "outbox")),
         Change::PublicationNarrowed | Change::PublicationSwitched => {}
     }
-    let mut relay = Relay::start(
-        Relay::env_for(&db, &outbox, &bootstrap, &first_env),
-        &["run"],
-    );
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let mut relay = s.relay(&first_env);
+    s.wait_active(&client, Duration::from_secs(120)).await;
 
     let event = |n: usize, aggregate_type: &str, aggregate_id: &str| Event {
         id: uuid::Uuid::new_v4().to_string(),
@@ -161,11 +145,11 @@ async fn partial_after_change(change: Change, scenario: &str) {
     }
     sql.push_str("COMMIT;");
     client.batch_execute(&sql).await.expect("the transaction");
-    let end = schema::current_wal_lsn(&db).await;
+    let end = schema::current_wal_lsn(db).await;
     // The five events before the stuck one are acked...
     read_all_blocking(
-        &bootstrap,
-        std::slice::from_ref(&ok_topic),
+        bootstrap,
+        &topics[..1],
         &events[..5],
         Duration::from_secs(60),
     );
@@ -182,7 +166,7 @@ async fn partial_after_change(change: Change, scenario: &str) {
         Duration::from_secs(60),
         Duration::from_millis(300),
         || async {
-            ops::latest_progress_record(&bootstrap, &key).filter(|r| {
+            ops::latest_progress_record(bootstrap, &key).filter(|r| {
                 match (
                     r["partial_rows_acked"].as_u64(),
                     r["partial"]["rows"].as_u64(),
@@ -216,7 +200,7 @@ async fn partial_after_change(change: Change, scenario: &str) {
             .await
             .expect("narrow the publication");
     }
-    let second = Relay::env_for(&db, &outbox, &bootstrap, &second_env);
+    let second = s.env(&second_env);
     if change == Change::PublicationSwitched {
         // Another publication than the one recorded: its past is unknown, so outboxd
         // stops (docs/operations.md, "The publication changed") until told it is meant.
@@ -231,14 +215,13 @@ async fn partial_after_change(change: Change, scenario: &str) {
         assert_eq!(code, 0, "{out}");
     }
     let relay = Relay::start(second, &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
-    schema::wait_confirmed_at_least(&db, end, Duration::from_secs(120)).await;
-    let topics = vec![ok_topic, stuck_topic];
+    s.wait_active(&client, Duration::from_secs(120)).await;
+    schema::wait_confirmed_at_least(db, end, Duration::from_secs(120)).await;
     let report = expect_arrived(
         scenario,
         &relay,
-        &bootstrap,
-        &topics,
+        bootstrap,
+        topics,
         &events,
         &events,
         "of the partly acked transaction",
@@ -261,29 +244,15 @@ async fn partial_after_change(change: Change, scenario: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn proven_skip_partial_count_raised_by_another_writer() {
     let scenario = "partial count raised";
-    let db = PgCluster::shared()
-        .fresh_database("proven_partial_forged")
+    let s = Scenario::new("proven_partial_forged")
+        .stuck_on_broker_3()
         .await;
-    let outbox = schema::setup(&db).await;
-    let client = db.client().await;
-    let broker = Broker::kafka(3);
-    let bootstrap = broker.bootstrap();
-    let ok_topic = outbox.topic("order");
-    let stuck_topic = outbox.topic("stuck");
-    let dead = outbox.dead_letter_topic();
-    broker
-        .create_topics_on(&[&ok_topic, &dead], 4, 1, &[])
-        .await;
-    broker.create_progress_topic_on(1).await;
-    broker.create_topics_on(&[&stuck_topic], 1, 3, &[]).await;
+    let (db, outbox, topics, bootstrap, broker) = s.parts();
     let cluster = broker.kafka_cluster();
-    cluster.kill(3).expect("the stuck topic's broker down");
+    let client = db.client().await;
 
-    let mut relay = Relay::start(
-        Relay::env_for(&db, &outbox, &bootstrap, &RELAY_ENV),
-        &["run"],
-    );
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let mut relay = s.relay(&RELAY_ENV);
+    s.wait_active(&client, Duration::from_secs(120)).await;
     let events: Vec<Event> = (1..=20)
         .map(|n| Event {
             id: uuid::Uuid::new_v4().to_string(),
@@ -308,14 +277,14 @@ async fn proven_skip_partial_count_raised_by_another_writer() {
     }
     sql.push_str("COMMIT;");
     client.batch_execute(&sql).await.expect("the transaction");
-    let end = schema::current_wal_lsn(&db).await;
+    let end = schema::current_wal_lsn(db).await;
     let key = ops::progress_key(&client, &db.name, &outbox.slot).await;
     let mut record = wait_for(
         "a progress record naming the first 10 rows acked",
         Duration::from_secs(60),
         Duration::from_millis(300),
         || async {
-            ops::latest_progress_record(&bootstrap, &key)
+            ops::latest_progress_record(bootstrap, &key)
                 .filter(|r| r["partial"]["rows"].as_u64() == Some(10))
         },
     )
@@ -325,23 +294,20 @@ async fn proven_skip_partial_count_raised_by_another_writer() {
 
     // Another principal with write access to the topic raises the count.
     record["partial"]["rows"] = serde_json::json!(20);
-    ops::write_progress_record(&bootstrap, &key, &record.to_string());
-    let forged = ops::latest_progress_record(&bootstrap, &key).expect("the forged record");
+    ops::write_progress_record(bootstrap, &key, &record.to_string());
+    let forged = ops::latest_progress_record(bootstrap, &key).expect("the forged record");
     assert_eq!(forged["partial"]["rows"].as_u64(), Some(20), "{forged}");
 
     tokio::task::block_in_place(|| cluster.restart(&[3], 3))
         .expect("stuck partition's broker back");
-    let relay = Relay::start(
-        Relay::env_for(&db, &outbox, &bootstrap, &RELAY_ENV),
-        &["run"],
-    );
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
-    schema::wait_confirmed_at_least(&db, end, Duration::from_secs(120)).await;
+    let relay = s.relay(&RELAY_ENV);
+    s.wait_active(&client, Duration::from_secs(120)).await;
+    schema::wait_confirmed_at_least(db, end, Duration::from_secs(120)).await;
     let report = expect_arrived(
         scenario,
         &relay,
-        &bootstrap,
-        &[ok_topic, stuck_topic],
+        bootstrap,
+        topics,
         &events,
         &events,
         "of the transaction whose record was forged",
