@@ -10,51 +10,44 @@ use super::{assert_exactly_once, wait_confirmed_while_running, EXACTLY_ONCE};
 use crate::support;
 use support::broker::Broker;
 use support::ops::{LoadGen, LoadShape};
-use support::relay::Relay;
+use support::scenario::Scenario;
 use support::schema;
 
-/// PostgreSQL crashes three times under a fast load (transactions of up to 100 events, no
-/// pause) while the relay keeps running. A crash takes the slot back to its position at
-/// the last checkpoint (`confirmed_flush_lsn` is written to disk only there), behind what
-/// the relay committed to Kafka: the reconnected relay is sent everything since that
-/// checkpoint again, here all of the test's events so far (no checkpoint runs within
-/// `checkpoint_timeout`, 5 min). Each replayed transaction must be proven delivered and
-/// left unpublished; the in-flight caps are small (2,000 events), so a replay that the
-/// relay held whole instead would fill them and publish duplicates. Every event exactly
-/// once in read_committed, and the slot confirmed past the last.
+/// Three brokers (RF 3, min ISR 2). PostgreSQL crashes three times under a fast load
+/// (transactions of up to 100 events) while the relay keeps running. A crash takes the
+/// slot back to where the last checkpoint saw it (`confirmed_flush_lsn` reaches the disk
+/// only there), behind what the relay committed to Kafka: the reconnected relay is sent
+/// again everything since, tens of thousands of events here. Each replayed transaction
+/// must be proven delivered and left unpublished. The in-flight caps are small (2,000
+/// events) and the claim's marks thin out with age, so a replay the relay held whole until
+/// the next mark would fill the caps: it was published (25,180 duplicates) before a full
+/// hold spilled. Every event exactly once in read_committed, the slot confirmed past the
+/// last, and most replayed events skipped.
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_crashed_and_restarted_neither_loses_nor_duplicates() {
     const CRASHES: usize = 3;
     const PER_ROUND: usize = 8_000;
     let pg = PgCluster::start(pgtest::ClusterOptions::default()).expect("dedicated cluster");
-    let db = pg.fresh_database("eos_pg_crash").await;
-    let outbox = schema::setup(&db).await;
-    let broker = Broker::default_for_tests();
-    let topics = support::ops::create_topics(&broker, &outbox).await;
-    let bootstrap = broker.bootstrap();
+    let s = Scenario::on(&pg, "eos_pg_crash")
+        .broker(Broker::kafka(3))
+        .replicated()
+        .await;
+    let (db, outbox, topics, bootstrap, _) = s.parts();
     // OUTBOXD_TEST_DELIVERY=at-least-once runs the same crashes without transactions.
     let mode = std::env::var("OUTBOXD_TEST_DELIVERY").unwrap_or_else(|_| EXACTLY_ONCE.1.into());
-    let mut relay = Relay::start(
-        Relay::env_for(
-            &db,
-            &outbox,
-            &bootstrap,
-            &[
-                ("OUTBOXD_DELIVERY", &mode),
-                ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "2000"),
-            ],
-        ),
-        &["run"],
-    );
+    let mut relay = s.relay(&[
+        ("OUTBOXD_DELIVERY", &mode),
+        ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "2000"),
+    ]);
     let client = db.client().await;
-    support::ops::wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    s.wait_active(&client, Duration::from_secs(120)).await;
     drop(client);
     let load = LoadGen::spawn(
         db.conn_string(),
         outbox.table.clone(),
         LoadShape {
             max_txn: 100,
-            pause: Duration::ZERO,
+            pause: Duration::from_millis(5),
             ..LoadShape::default()
         },
     );
@@ -64,8 +57,8 @@ async fn postgres_crashed_and_restarted_neither_loses_nor_duplicates() {
             .await;
         // The relay committed to Kafka and confirmed all of that (a crash now sends it
         // again) and goes on with the newer events when PostgreSQL crashes.
-        let lsn = schema::current_wal_lsn(&db).await;
-        wait_confirmed_while_running(&mut relay, &db, lsn).await;
+        let lsn = schema::current_wal_lsn(db).await;
+        wait_confirmed_while_running(&mut relay, db, lsn).await;
         let published = relay
             .metric("outboxd_events_published_total")
             .unwrap_or(0.0);
@@ -86,11 +79,11 @@ async fn postgres_crashed_and_restarted_neither_loses_nor_duplicates() {
     load.wait_committed(load.committed() + 1_000, Duration::from_secs(300))
         .await;
     let events = load.stop().await;
-    let wal_after = schema::current_wal_lsn(&db).await;
-    wait_confirmed_while_running(&mut relay, &db, wal_after).await;
+    let wal_after = schema::current_wal_lsn(db).await;
+    wait_confirmed_while_running(&mut relay, db, wal_after).await;
     assert_exactly_once(
-        &bootstrap,
-        &topics,
+        bootstrap,
+        topics,
         &events,
         &format!("{CRASHES} PostgreSQL crashes, {mode}"),
     );
