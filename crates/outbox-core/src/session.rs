@@ -716,6 +716,11 @@ impl<O: Observe> SessionCore<O> {
         self.replay.proving_partial() || self.replay.spilled()
     }
 
+    /// See [`ReplayCore::spilled`].
+    pub fn spilled(&self) -> bool {
+        self.replay.spilled()
+    }
+
     /// What this session claims Kafka has, and its lineage: the progress record's body.
     pub fn claim(&mut self) -> (DeliveredPosition, u64) {
         self.replay.claim_at(self.confirmed)

@@ -540,3 +540,78 @@ fn an_emitted_message_of_ours_read_through_is_a_bad_row() {
         Ok(After::LookAtPublication { .. })
     ));
 }
+
+/// A replay from 100 under a claim marking the transaction at 500 (`xid` 500, ending at
+/// 510), with room for 3 messages in flight.
+fn replaying(mark_time: i64) -> SessionCore<Seen> {
+    let mut claim = DeliveredPosition::at(1, Lsn(50), 1);
+    let mark = TxnId {
+        commit_lsn: Lsn(500),
+        xid: 500,
+        commit_time: mark_time,
+    };
+    claim.push_mark(mark, Lsn(510));
+    claim.lsn = Lsn(510);
+    let start = ReplayStart {
+        timeline: 1,
+        start: Lsn(100),
+        server_end: Lsn(1_000),
+        claim: Some((claim, 42)),
+        fingerprint: 1,
+        foreign_writer: false,
+        mark_every: 0,
+        new_lineage: 7,
+        doubt_lineage: 8,
+    };
+    let mut cfg = rules(BadRowPolicy::DeadLetter);
+    cfg.caps.max_messages = 3;
+    let mut c = SessionCore::new(cfg, start, false, Seen::default());
+    c.on_relation(&relation(1, "outbox", outbox_columns()), None)
+        .expect("relation");
+    c
+}
+
+/// Two transactions of 2 rows before the mark, read as the relay reads: room first.
+fn read_before_the_mark(c: &mut SessionCore<Seen>) {
+    for (at, end) in [(200, 224), (300, 324)] {
+        for m in [
+            begin(at),
+            insert(1, row(Some("a"))),
+            insert(1, row(Some("b"))),
+        ] {
+            assert!(c.make_room().expect("room"));
+            feed(c, m);
+        }
+        feed(c, commit(at, end));
+    }
+    assert!(c.spilled(), "4 held against a cap of 3");
+    assert!(c.take_send().is_none(), "a spilled hold publishes nothing");
+    assert_eq!(c.held_len(), 1, "the first held record stays");
+    assert_eq!(
+        c.advance(),
+        None,
+        "nothing confirmed past it before the proof"
+    );
+}
+
+#[test]
+fn a_spilled_hold_is_confirmed_only_once_its_mark_proves_it() {
+    let mut c = replaying(1_000);
+    read_before_the_mark(&mut c);
+    feed(&mut c, begin(500));
+    feed(&mut c, commit(500, 510));
+    assert!(!c.spilled());
+    assert_eq!(c.advance(), Some(Lsn(510)));
+
+    // Another history at the mark: what was dropped is not in Kafka, and the session
+    // ends with the slot where it started.
+    let mut c = replaying(999);
+    read_before_the_mark(&mut c);
+    let e = c.on_message(begin(500), NOW).expect_err("unproven");
+    assert!(
+        matches!(e, SessionError::ReplayUnproven(Doubt::Mismatch)),
+        "{e}"
+    );
+    assert_eq!(c.advance(), None);
+    assert_eq!(c.confirmed(), Lsn(100));
+}

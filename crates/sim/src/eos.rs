@@ -40,7 +40,9 @@ pub struct EosStats {
     pub fenced: u64,
     pub kills: u64,
     pub zombies: u64,
-    /// Replays in doubt (a hold full before its proof): they publish again.
+    /// Sessions whose replay hold filled the caps and spilled.
+    pub spills: u64,
+    /// Replays in doubt: they publish again.
     pub doubts: u64,
     /// Copies in the read_committed view, all after a doubt.
     pub duplicates: u64,
@@ -57,6 +59,7 @@ impl crate::Tally for EosStats {
         self.fenced += o.fenced;
         self.kills += o.kills;
         self.zombies += o.zombies;
+        self.spills += o.spills;
         self.doubts += o.doubts;
         self.duplicates += o.duplicates;
     }
@@ -71,6 +74,8 @@ struct Session {
     stream_lost: bool,
     /// The position handed on, sent with the next status update.
     flush: Lsn,
+    /// Its replay's hold spilled (counted once).
+    spilled: bool,
 }
 
 #[derive(Default)]
@@ -121,8 +126,9 @@ pub fn run_exactly_once(seed: u64) -> Result<EosStats, Violation> {
     };
     let mut eos = Eos {
         trace: std::env::var_os("OUTBOXD_SIM_TRACE").is_some(),
-        // Above the largest transaction: a hold that fills before its proof is a doubt.
-        cap: 64 + rng.index(64),
+        // Often below a transaction's or a Kafka transaction's events: a replay's hold
+        // fills the caps and spills (no doubt, so no duplicate).
+        cap: 4 + rng.index(124),
         rng,
         cluster: Cluster {
             history: Vec::new(),
@@ -312,6 +318,7 @@ impl Eos {
             epoch,
             stream_lost: false,
             flush: start,
+            spilled: false,
         });
         Ok(())
     }
@@ -329,6 +336,10 @@ impl Eos {
             true => self.read(&mut s),
             false => self.ack_one(&mut s),
         };
+        if !s.spilled && s.life.core.spilled() {
+            s.spilled = true;
+            self.stats.spills += 1;
+        }
         let doubts = std::mem::take(&mut s.life.core.observer().doubts);
         if !doubts.is_empty() {
             // In doubt, the replay publishes again: documented duplicates.
