@@ -485,9 +485,12 @@ async fn run_session(
         ),
         None => None,
     };
-    let settled = looked.as_ref().is_none_or(|l| l.settled);
-    let mut publication = looked.and_then(|l| l.seen);
-    let fingerprint = cfg.fingerprint(publication.as_ref().map_or("", |p| p.identity.as_str()));
+    let fingerprint = cfg.fingerprint(
+        looked
+            .as_ref()
+            .and_then(|l| l.seen.as_ref())
+            .map_or("", |p| p.identity.as_str()),
+    );
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     // Exactly-once: the slot's transactional.id is registered before the record is read,
     // so an instance that held the slot before is fenced and its open transaction aborted
@@ -510,20 +513,12 @@ async fn run_session(
         None => None,
     };
     let known = replay_claim(cfg, obs, carry, progress, (&identity, &server)).await?;
-    let mut start_settled = settled;
-    if let (Some(last), Some(_)) = (&known.publication, table) {
-        session::publication::compare(&cfg.publication, last, publication.as_ref())?;
-        if !settled {
-            // A commit not yet visible may have changed it before this look: a change
-            // seen later is named from the recorded look, not from this one.
-            publication = Some(last.clone());
-            start_settled = true;
-        }
-    } else if !settled && known.read && table.is_some() {
-        return Err(RelayError::StandbysUnsettled {
-            publication: cfg.publication.clone(),
-        });
-    }
+    let publication = session::publication::PublicationWatch::start(
+        &cfg.publication,
+        looked,
+        &known,
+        (pg.clone(), settler),
+    )?;
     // No look recorded though the slot decoded before (a new progress topic, a record
     // deleted): the slot's catalog horizon says whether the publication may have changed
     // since it last decoded.
@@ -581,12 +576,7 @@ async fn run_session(
         SessionStart {
             replay,
             progress: progress.map(|p| (p.clone(), identity)),
-            publication: publication.map(|p| (p, known.read)),
-            settling: session::publication::Settling {
-                pg: pg.clone(),
-                settler,
-                start_settled,
-            },
+            publication,
             server,
             binary,
             output_settings,

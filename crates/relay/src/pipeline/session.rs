@@ -179,12 +179,9 @@ impl Observe for Reports {
 pub(super) struct SessionStart {
     pub replay: ReplayStart,
     pub progress: Option<(ProgressStore, SlotIdentity)>,
-    /// The publication as looked at before streaming, and whether it was compared with
-    /// the record's (false: the record could not be read in time).
-    pub publication: Option<(crate::kafka::PublicationSeen, bool)>,
-    /// The server streamed from, and the connection the start's look waited for its
-    /// synchronous standbys on (see `publication::look`).
-    pub settling: publication::Settling,
+    /// The publication as looked at before streaming, compared with the look known before
+    /// (see `publication::PublicationWatch::start`).
+    pub publication: Option<publication::PublicationWatch>,
     /// The server streamed from (host, port).
     pub server: (String, u16),
     pub binary: super::binary::Binary,
@@ -256,9 +253,7 @@ impl<'a> Session<'a> {
                 .progress
                 .map(|(store, identity)| ProgressWriter::new(store, identity)),
             catchup: CatchUp::default(),
-            publication: begin.publication.map(|(look, compared)| {
-                publication::PublicationWatch::new(look, compared, begin.settling)
-            }),
+            publication: begin.publication,
             timeline,
             server: begin.server,
             durability_warned: false,
