@@ -4,7 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use outbox_core::{EmitMapper, HeaderFormat, OutboxColumns, TableSpec, TopicName, TopicTemplate};
+use outbox_core::{
+    CoreConfig, EmitMapper, HeaderFormat, InFlightCaps, OutboxColumns, TableSpec, TopicName,
+    TopicTemplate,
+};
 use outboxd_relay::kafka::{
     check_producer_settings, env_var_of_property, KafkaSetupError, ProducerSettings,
 };
@@ -125,9 +128,8 @@ pub fn checked_producer_settings(s: &Settings) -> anyhow::Result<ProducerSetting
     Ok(p)
 }
 
-pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
-    let table = table_spec(s)?;
-    let producer = checked_producer_settings(s)?;
+/// What the session's rules take of the settings, around `table` (from [`table_spec`]).
+fn rules(s: &Settings, table: TableSpec) -> anyhow::Result<CoreConfig> {
     let emit = match &s.message_prefix {
         Some(prefix) => Some(
             EmitMapper::new(prefix.clone(), Arc::clone(&table.topic))
@@ -136,12 +138,7 @@ pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
         ),
         None => None,
     };
-    Ok(RelayConfig {
-        pg: connect_config(s),
-        slot: s.slot.clone(),
-        publication: s.publication.clone(),
-        create_slot: s.create_slot,
-        failover_slot: s.failover_slot,
+    Ok(CoreConfig {
         table,
         relay_table: s.relay_table,
         emit,
@@ -149,11 +146,28 @@ pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
             .with_context(|| format!("OUTBOXD_DEAD_LETTER_TOPIC={:?}", s.dead_letter_topic))?,
         bad_row_policy: s.bad_row_policy,
         max_message_bytes: s.max_message_bytes,
-        max_in_flight_messages: s.max_in_flight_messages,
-        max_in_flight_bytes: s.max_in_flight_bytes,
+        caps: InFlightCaps {
+            max_messages: s.max_in_flight_messages,
+            max_bytes: s.max_in_flight_bytes,
+        },
+        idle_flush: s.idle_flush,
+    })
+}
+
+pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
+    // Of two bad settings, the topic template is named first, then the producer's.
+    let table = table_spec(s)?;
+    let producer = checked_producer_settings(s)?;
+    let rules = rules(s, table)?;
+    Ok(RelayConfig {
+        pg: connect_config(s),
+        slot: s.slot.clone(),
+        publication: s.publication.clone(),
+        create_slot: s.create_slot,
+        failover_slot: s.failover_slot,
+        rules,
         producer,
         status_interval: s.status_interval,
-        idle_flush: s.idle_flush,
         heartbeat_interval: s.heartbeat_interval,
         shutdown_timeout: s.shutdown_timeout,
         reconnect_max_backoff: s.reconnect_max_backoff,

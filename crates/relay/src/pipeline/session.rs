@@ -239,7 +239,7 @@ impl<'a> Session<'a> {
             producer,
             deliveries,
             core: SessionCore::new(
-                cfg.rules(),
+                cfg.rules.clone(),
                 begin.replay,
                 begin.publication.is_some(),
                 reports,
@@ -498,8 +498,8 @@ impl<'a> Session<'a> {
                             false => None,
                             true => Some(self.is_partition_of_outbox(r.rel_id).await?),
                         };
-                        if self.cfg.relay_table
-                            && (parent == Some(true) || self.cfg.table.matches(&r))
+                        if self.cfg.rules.relay_table
+                            && (parent == Some(true) || self.cfg.rules.table.matches(&r))
                         {
                             super::binary::verify_relation(self.cfg, &self.binary, &r)?;
                         }
@@ -631,7 +631,7 @@ impl<'a> Session<'a> {
 
     /// Whether the catalog calls relation `rel_id` a partition (any depth) of the outbox.
     async fn is_partition_of_outbox(&self, rel_id: u32) -> Result<bool, RelayError> {
-        let table = &self.cfg.table;
+        let table = &self.cfg.rules.table;
         bounded("looking up a relation's partition parent", async {
             Ok(preflight::is_partition_of(&self.sql, rel_id, &table.schema, &table.table).await?)
         })

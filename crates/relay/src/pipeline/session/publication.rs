@@ -218,7 +218,7 @@ impl Session<'_> {
             return Ok(());
         };
         watch.rules.begin(self.core.watermark());
-        let (sql, publication, table) = (&self.sql, &self.cfg.publication, &self.cfg.table);
+        let (sql, publication, table) = (&self.sql, &self.cfg.publication, &self.cfg.rules.table);
         let (probe, pg, settler) = (&mut watch.probe, &watch.pg, &mut watch.settler);
         let now = bounded("checking the publication", async {
             let p = match probe {
