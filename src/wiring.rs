@@ -4,10 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use outbox_core::{
-    CoreConfig, EmitMapper, HeaderFormat, InFlightCaps, OutboxColumns, TableSpec, TopicName,
-    TopicTemplate,
-};
+use outbox_core::{CoreConfig, EmitMapper, TableSpec, TopicName, TopicTemplate};
 use outboxd_relay::kafka::{
     check_producer_settings, env_var_of_property, KafkaSetupError, ProducerSettings,
 };
@@ -78,28 +75,10 @@ pub fn table_spec(s: &Settings) -> anyhow::Result<TableSpec> {
     Ok(TableSpec {
         schema: s.table_schema.clone(),
         table: s.table_name.clone(),
-        columns: OutboxColumns {
-            id: s.column_id.clone(),
-            aggregate_type: s.column_aggregate_type.clone(),
-            aggregate_id: s.column_aggregate_id.clone(),
-            event_type: s.column_event_type.clone(),
-            payload: s.column_payload.clone(),
-            headers: s.column_headers.clone(),
-            headers_required: false,
-            header_columns: s.header_columns.clone(),
-        },
+        columns: s.columns.clone(),
         topic,
-        header_format: header_format(s),
+        header_format: s.header_format.clone(),
     })
-}
-
-fn header_format(s: &Settings) -> HeaderFormat {
-    match &s.header_format {
-        config::HeaderFormat::Outboxd => HeaderFormat::Outboxd,
-        config::HeaderFormat::CloudEvents { source } => HeaderFormat::CloudEvents {
-            source: source.clone().into_bytes().into(),
-        },
-    }
 }
 
 pub fn producer_settings(s: &Settings) -> ProducerSettings {
@@ -108,7 +87,7 @@ pub fn producer_settings(s: &Settings) -> ProducerSettings {
     p.max_message_bytes = s.max_message_bytes;
     p.linger_ms = s.linger_ms;
     // librdkafka's queue must never be the binding limit: ours is, and it is observable.
-    p.queue_max_messages = s.max_in_flight_messages.saturating_add(1000);
+    p.queue_max_messages = s.caps.max_messages.saturating_add(1000);
     p.transactions = s.transactions;
     p
 }
@@ -134,7 +113,7 @@ fn rules(s: &Settings, table: TableSpec) -> anyhow::Result<CoreConfig> {
         Some(prefix) => Some(
             EmitMapper::new(prefix.clone(), Arc::clone(&table.topic))
                 .context("OUTBOXD_MESSAGE_PREFIX")?
-                .with_headers(s.header_columns.clone(), header_format(s)),
+                .with_headers(s.columns.header_columns.clone(), s.header_format.clone()),
         ),
         None => None,
     };
@@ -146,10 +125,7 @@ fn rules(s: &Settings, table: TableSpec) -> anyhow::Result<CoreConfig> {
             .with_context(|| format!("OUTBOXD_DEAD_LETTER_TOPIC={:?}", s.dead_letter_topic))?,
         bad_row_policy: s.bad_row_policy,
         max_message_bytes: s.max_message_bytes,
-        caps: InFlightCaps {
-            max_messages: s.max_in_flight_messages,
-            max_bytes: s.max_in_flight_bytes,
-        },
+        caps: s.caps,
         idle_flush: s.idle_flush,
     })
 }

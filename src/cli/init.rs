@@ -96,7 +96,7 @@ async fn init_inner(s: &Settings, flags: Flags) -> Result<(), InitError> {
             .map_err(|e| InitError::Refused(e.to_string()))?;
         say!(
             "ok  table {table} is partitioned by hash of {} into {} shards",
-            quote_ident(&s.column_aggregate_id),
+            quote_ident(&s.columns.aggregate_id),
             shard.count
         );
     }
