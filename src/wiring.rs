@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use outbox_core::{EmitMapper, HeaderFormat, OutboxColumns, TableSpec, TopicName, TopicTemplate};
+use outbox_core::{CoreConfig, EmitMapper, TableSpec, TopicName, TopicTemplate};
 use outboxd_relay::kafka::{
     check_producer_settings, env_var_of_property, KafkaSetupError, ProducerSettings,
 };
@@ -75,28 +75,10 @@ pub fn table_spec(s: &Settings) -> anyhow::Result<TableSpec> {
     Ok(TableSpec {
         schema: s.table_schema.clone(),
         table: s.table_name.clone(),
-        columns: OutboxColumns {
-            id: s.column_id.clone(),
-            aggregate_type: s.column_aggregate_type.clone(),
-            aggregate_id: s.column_aggregate_id.clone(),
-            event_type: s.column_event_type.clone(),
-            payload: s.column_payload.clone(),
-            headers: s.column_headers.clone(),
-            headers_required: false,
-            header_columns: s.header_columns.clone(),
-        },
+        columns: s.columns.clone(),
         topic,
-        header_format: header_format(s),
+        header_format: s.header_format.clone(),
     })
-}
-
-fn header_format(s: &Settings) -> HeaderFormat {
-    match &s.header_format {
-        config::HeaderFormat::Outboxd => HeaderFormat::Outboxd,
-        config::HeaderFormat::CloudEvents { source } => HeaderFormat::CloudEvents {
-            source: source.clone().into_bytes().into(),
-        },
-    }
 }
 
 pub fn producer_settings(s: &Settings) -> ProducerSettings {
@@ -105,7 +87,7 @@ pub fn producer_settings(s: &Settings) -> ProducerSettings {
     p.max_message_bytes = s.max_message_bytes;
     p.linger_ms = s.linger_ms;
     // librdkafka's queue must never be the binding limit: ours is, and it is observable.
-    p.queue_max_messages = s.max_in_flight_messages.saturating_add(1000);
+    p.queue_max_messages = s.caps.max_messages.saturating_add(1000);
     p.transactions = s.transactions;
     p
 }
@@ -125,23 +107,17 @@ pub fn checked_producer_settings(s: &Settings) -> anyhow::Result<ProducerSetting
     Ok(p)
 }
 
-pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
-    let table = table_spec(s)?;
-    let producer = checked_producer_settings(s)?;
+/// What the session's rules take of the settings, around `table` (from [`table_spec`]).
+fn rules(s: &Settings, table: TableSpec) -> anyhow::Result<CoreConfig> {
     let emit = match &s.message_prefix {
         Some(prefix) => Some(
             EmitMapper::new(prefix.clone(), Arc::clone(&table.topic))
                 .context("OUTBOXD_MESSAGE_PREFIX")?
-                .with_headers(s.header_columns.clone(), header_format(s)),
+                .with_headers(s.columns.header_columns.clone(), s.header_format.clone()),
         ),
         None => None,
     };
-    Ok(RelayConfig {
-        pg: connect_config(s),
-        slot: s.slot.clone(),
-        publication: s.publication.clone(),
-        create_slot: s.create_slot,
-        failover_slot: s.failover_slot,
+    Ok(CoreConfig {
         table,
         relay_table: s.relay_table,
         emit,
@@ -149,11 +125,25 @@ pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
             .with_context(|| format!("OUTBOXD_DEAD_LETTER_TOPIC={:?}", s.dead_letter_topic))?,
         bad_row_policy: s.bad_row_policy,
         max_message_bytes: s.max_message_bytes,
-        max_in_flight_messages: s.max_in_flight_messages,
-        max_in_flight_bytes: s.max_in_flight_bytes,
+        caps: s.caps,
+        idle_flush: s.idle_flush,
+    })
+}
+
+pub fn relay_config(s: &Settings) -> anyhow::Result<RelayConfig> {
+    // Of two bad settings, the topic template is named first, then the producer's.
+    let table = table_spec(s)?;
+    let producer = checked_producer_settings(s)?;
+    let rules = rules(s, table)?;
+    Ok(RelayConfig {
+        pg: connect_config(s),
+        slot: s.slot.clone(),
+        publication: s.publication.clone(),
+        create_slot: s.create_slot,
+        failover_slot: s.failover_slot,
+        rules,
         producer,
         status_interval: s.status_interval,
-        idle_flush: s.idle_flush,
         heartbeat_interval: s.heartbeat_interval,
         shutdown_timeout: s.shutdown_timeout,
         reconnect_max_backoff: s.reconnect_max_backoff,

@@ -96,7 +96,7 @@ async fn init_inner(s: &Settings, flags: Flags) -> Result<(), InitError> {
             .map_err(|e| InitError::Refused(e.to_string()))?;
         say!(
             "ok  table {table} is partitioned by hash of {} into {} shards",
-            quote_ident(&s.column_aggregate_id),
+            quote_ident(&s.columns.aggregate_id),
             shard.count
         );
     }
@@ -449,7 +449,7 @@ async fn create_and_backfill(
     mut state: BackfillState,
 ) -> Result<outboxd_relay::pipeline::CreatedSlot, InitError> {
     let cfg = wiring::relay_config(s).map_err(|e| InitError::Refused(e.to_string()))?;
-    let table = cfg.table.qualified_name();
+    let table = cfg.rules.table.qualified_name();
     // A condition that does not parse fails here, before anything is created.
     sql.simple_query(&format!(
         "SELECT 1 FROM {table} t WHERE ({}) LIMIT 0",

@@ -10,6 +10,7 @@ mod vars;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use outbox_core::{InFlightCaps, OutboxColumns};
 use outboxd_relay::kafka::{is_secret_property, kafka_property_from_env};
 use outboxd_relay::pipeline::ShardSpec;
 
@@ -116,12 +117,8 @@ impl std::fmt::Debug for PgSettings {
 /// `OUTBOXD_BAD_ROW_POLICY`: the relay's own type, parsed here.
 pub use outboxd_relay::pipeline::BadRowPolicy;
 
-/// `OUTBOXD_HEADER_FORMAT`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HeaderFormat {
-    Outboxd,
-    CloudEvents { source: String },
-}
+/// `OUTBOXD_HEADER_FORMAT`: outbox-core's type, parsed here.
+pub use outbox_core::HeaderFormat;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatusFormat {
@@ -176,13 +173,9 @@ pub struct Settings {
     pub check_standbys: Vec<(String, Option<u16>)>,
     pub table_schema: String,
     pub table_name: String,
-    pub column_id: String,
-    pub column_aggregate_type: String,
-    pub column_aggregate_id: String,
-    pub column_event_type: String,
-    pub column_payload: String,
-    pub column_headers: Option<String>,
-    pub header_columns: Vec<String>,
+    /// `OUTBOXD_COLUMN_*` and `OUTBOXD_HEADER_COLUMNS`. A headers column is never
+    /// required: the name has a default, and a table without it has no row headers.
+    pub columns: OutboxColumns,
     pub header_format: HeaderFormat,
     pub message_prefix: Option<String>,
     /// false: emitted messages only (an explicit choice).
@@ -195,8 +188,7 @@ pub struct Settings {
     pub dead_letter_topic: String,
     pub max_message_bytes: usize,
     pub linger_ms: u32,
-    pub max_in_flight_messages: usize,
-    pub max_in_flight_bytes: usize,
+    pub caps: InFlightCaps,
     pub status_interval: Option<Duration>,
     pub idle_flush: bool,
     pub heartbeat_interval: Option<Duration>,
@@ -355,7 +347,7 @@ fn header_format(env: &Env<'_>) -> Result<HeaderFormat, ConfigError> {
                 ));
             }
             Ok(HeaderFormat::CloudEvents {
-                source: source.to_owned(),
+                source: source.to_owned().into_bytes().into(),
             })
         }
         _ => Err(ConfigError::new(
@@ -557,13 +549,16 @@ pub fn from_vars_for(
         check_standbys: standby_list(&env)?,
         table_schema,
         table_name,
-        column_id: env.identifier("OUTBOXD_COLUMN_ID")?,
-        column_aggregate_type: env.identifier("OUTBOXD_COLUMN_AGGREGATE_TYPE")?,
-        column_aggregate_id: env.identifier("OUTBOXD_COLUMN_AGGREGATE_ID")?,
-        column_event_type: env.identifier("OUTBOXD_COLUMN_EVENT_TYPE")?,
-        column_payload: env.identifier("OUTBOXD_COLUMN_PAYLOAD")?,
-        column_headers: env.optional_identifier("OUTBOXD_COLUMN_HEADERS")?,
-        header_columns: header_columns(&env)?,
+        columns: OutboxColumns {
+            id: env.identifier("OUTBOXD_COLUMN_ID")?,
+            aggregate_type: env.identifier("OUTBOXD_COLUMN_AGGREGATE_TYPE")?,
+            aggregate_id: env.identifier("OUTBOXD_COLUMN_AGGREGATE_ID")?,
+            event_type: env.identifier("OUTBOXD_COLUMN_EVENT_TYPE")?,
+            payload: env.identifier("OUTBOXD_COLUMN_PAYLOAD")?,
+            headers_required: false,
+            headers: env.optional_identifier("OUTBOXD_COLUMN_HEADERS")?,
+            header_columns: header_columns(&env)?,
+        },
         header_format: header_format(&env)?,
         message_prefix: env
             .string("OUTBOXD_MESSAGE_PREFIX")
@@ -584,8 +579,10 @@ pub fn from_vars_for(
         dead_letter_topic: env.required("OUTBOXD_DEAD_LETTER_TOPIC", "a topic name")?,
         max_message_bytes: env.number::<usize>("OUTBOXD_MAX_MESSAGE_BYTES", 1024)?,
         linger_ms: env.number::<u32>("OUTBOXD_KAFKA_LINGER_MS", 0)?,
-        max_in_flight_messages: env.number::<usize>("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", 1)?,
-        max_in_flight_bytes: env.number::<usize>("OUTBOXD_MAX_IN_FLIGHT_BYTES", 1024)?,
+        caps: InFlightCaps {
+            max_messages: env.number::<usize>("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", 1)?,
+            max_bytes: env.number::<usize>("OUTBOXD_MAX_IN_FLIGHT_BYTES", 1024)?,
+        },
         status_interval,
         idle_flush: env.boolean("OUTBOXD_IDLE_FLUSH")?,
         heartbeat_interval: nonzero_millis("OUTBOXD_HEARTBEAT_INTERVAL_MS")?,

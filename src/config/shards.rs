@@ -157,7 +157,7 @@ impl Settings {
             count,
             root_schema: self.table_schema.clone(),
             root_table: self.table_name.clone(),
-            key_column: self.column_aggregate_id.clone(),
+            key_column: self.columns.aggregate_id.clone(),
         });
         s.shards = None;
         s

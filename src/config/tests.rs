@@ -23,7 +23,7 @@ fn defaults_apply_when_only_bootstrap_is_set() {
     assert_eq!(s.topic_template, "outbox.{aggregate_type}");
     assert_eq!(s.bad_row_policy, BadRowPolicy::DeadLetter);
     assert_eq!(s.pgoutput_binary, super::BinaryMode::Auto);
-    assert_eq!(s.column_headers.as_deref(), Some("headers"));
+    assert_eq!(s.columns.headers.as_deref(), Some("headers"));
     assert!(
         s.message_prefix.is_none(),
         "emitted messages are off unless configured"
@@ -138,7 +138,7 @@ fn empty_headers_column_and_prefix_disable_them() {
         ("OUTBOXD_HEARTBEAT_INTERVAL_MS", "5000"),
     ]))
     .unwrap();
-    assert!(s.column_headers.is_none());
+    assert!(s.columns.headers.is_none());
     assert!(s.message_prefix.is_none());
     assert_eq!(
         s.heartbeat_interval,
@@ -171,7 +171,7 @@ fn sslmode_allow_is_refused_not_downgraded() {
 #[test]
 fn header_columns_and_format() {
     let s = from_vars(&vars(&[])).unwrap();
-    assert!(s.header_columns.is_empty());
+    assert!(s.columns.header_columns.is_empty());
     assert_eq!(s.header_format, HeaderFormat::Outboxd);
     assert_eq!(s.status_format, StatusFormat::Text);
     let s = from_vars(&vars(&[
@@ -181,7 +181,7 @@ fn header_columns_and_format() {
         ("OUTBOXD_STATUS_FORMAT", "json"),
     ]))
     .unwrap();
-    assert_eq!(s.header_columns, ["idempotency_key", "version"]);
+    assert_eq!(s.columns.header_columns, ["idempotency_key", "version"]);
     assert_eq!(
         s.header_format,
         HeaderFormat::CloudEvents {

@@ -149,25 +149,41 @@ impl<S: CatalogLook> PublicationWatch<S> {
         self.last = at;
     }
 
+    /// The session's watch from the start's look (`None`: no publication of this name, so
+    /// none to watch), compared with the look known before it: the progress record's, or
+    /// the one this process's last session ended with. `read`: the record was read, so
+    /// `known` is its word; else [`record_read`](Self::record_read) compares once it is.
+    pub fn start(
+        look: Option<S>,
+        settled: bool,
+        known: Option<&S>,
+        read: bool,
+    ) -> Result<Option<Self>, WatchStop<S>> {
+        let Some(look) = look else {
+            refuse_start(None, !settled, known, read)?;
+            return Ok(None);
+        };
+        let mut watch = Self::new(look, false, settled);
+        watch.compare(known, read)?;
+        Ok(Some(watch))
+    }
+
     /// The progress record was read (`recorded`: its last look): compares the start's look
-    /// with it. An unsettled start's look gives way to the record's, the same catalog
-    /// recorded before the standbys stopped.
+    /// with it.
     pub fn record_read(&mut self, recorded: Option<&S>) -> Result<(), WatchStop<S>> {
-        match recorded {
-            Some(recorded) => {
-                if !self.last.same_catalog(recorded) {
-                    return Err(WatchStop::Changed {
-                        since: recorded.clone(),
-                    });
-                }
-                if std::mem::take(&mut self.start_unsettled) {
-                    self.last = recorded.clone();
-                }
+        self.compare(recorded, true)
+    }
+
+    /// An unsettled start's look gives way to the known one, the same catalog seen before
+    /// the standbys stopped: a change the start's look could not see is named from there.
+    fn compare(&mut self, known: Option<&S>, read: bool) -> Result<(), WatchStop<S>> {
+        refuse_start(Some(&self.last), self.start_unsettled, known, read)?;
+        if let Some(known) = known {
+            if std::mem::take(&mut self.start_unsettled) {
+                self.last = known.clone();
             }
-            None if self.start_unsettled => return Err(WatchStop::StandbysUnsettled),
-            None => {}
         }
-        self.compared = true;
+        self.compared |= read;
         Ok(())
     }
 
@@ -181,6 +197,24 @@ impl<S: CatalogLook> PublicationWatch<S> {
             && self.compared
             && !self.unsettled
             && acked > self.own_wal_end
+    }
+}
+
+/// Whether the start's look (`None`: the publication does not exist) stops the session:
+/// another catalog than the known look's, or an unsettled look with nothing to stand in
+/// for it in a record that was read.
+fn refuse_start<S: CatalogLook>(
+    start: Option<&S>,
+    start_unsettled: bool,
+    known: Option<&S>,
+    read: bool,
+) -> Result<(), WatchStop<S>> {
+    match known {
+        Some(known) if !start.is_some_and(|s| s.same_catalog(known)) => Err(WatchStop::Changed {
+            since: known.clone(),
+        }),
+        None if start_unsettled && read => Err(WatchStop::StandbysUnsettled),
+        _ => Ok(()),
     }
 }
 

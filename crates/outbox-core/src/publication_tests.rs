@@ -157,3 +157,47 @@ fn early_looks_skip_the_looks_own_wal() {
     assert!(!w.early_look_wanted(1, Lsn(201), Lsn(100)));
     assert!(!w.early_look_wanted(0, Lsn(100), Lsn(100)));
 }
+
+#[test]
+fn the_start_is_compared_with_the_known_look_as_the_record_is() {
+    // Another catalog than the known look's, or no publication at all, names the known look.
+    let changed = Err(WatchStop::Changed { since: seen(1, 5) });
+    let w = PublicationWatch::start(Some(seen(2, 50)), true, Some(&seen(1, 5)), true);
+    assert_eq!(w.map(|w| w.is_some()), changed);
+    let w = PublicationWatch::start(None, true, Some(&seen(1, 5)), false);
+    assert_eq!(w.map(|w| w.is_some()), changed);
+    // An unsettled start stands in for nothing once the record was read without a look.
+    let w = PublicationWatch::start(Some(seen(1, 50)), false, None, true);
+    assert_eq!(w.map(|w| w.is_some()), Err(WatchStop::StandbysUnsettled));
+    let w = PublicationWatch::start(None::<Seen>, false, None, true);
+    assert_eq!(w.map(|w| w.is_some()), Err(WatchStop::StandbysUnsettled));
+    assert_eq!(
+        PublicationWatch::start(None::<Seen>, false, None, false).map(|w| w.is_some()),
+        Ok(false)
+    );
+}
+
+#[test]
+fn an_unsettled_start_gives_way_to_the_known_look_and_waits_for_the_record() {
+    // This process's last session's look, the record not read: compared, but not yet with
+    // the record, which is then compared with the known look.
+    let mut w = PublicationWatch::start(Some(seen(1, 50)), false, Some(&seen(1, 5)), false)
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.last(), &seen(1, 5));
+    assert!(!w.compared());
+    assert_eq!(w.record_read(Some(&seen(1, 3))), Ok(()));
+    assert!(w.compared());
+    assert_eq!(w.last(), &seen(1, 5));
+    // Settled, with nothing known: its own look, and compared if the record was read.
+    let w = PublicationWatch::start(Some(seen(1, 50)), true, None, true)
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.last(), &seen(1, 50));
+    assert!(w.compared());
+    // Unsettled, the record not read: it waits for the record's look.
+    let mut w = PublicationWatch::start(Some(seen(1, 50)), false, None, false)
+        .unwrap()
+        .unwrap();
+    assert_eq!(w.record_read(None), Err(WatchStop::StandbysUnsettled));
+}

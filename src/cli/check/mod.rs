@@ -306,7 +306,7 @@ async fn check_publication(r: &mut Report, s: &Settings, sql: &Client) {
         );
     }
     let table = format!("{}.{}", s.table_schema, s.table_name);
-    let candidates = match table_candidates(sql, &coverage, &s.column_aggregate_id).await {
+    let candidates = match table_candidates(sql, &coverage, &s.columns.aggregate_id).await {
         Ok(c) => c,
         Err(e) => return r.fail(what, e),
     };
@@ -427,7 +427,7 @@ async fn check_table(r: &mut Report, s: &Settings, sql: &Client) {
             ),
         ),
         Ok(None) => {
-            let candidates = preflight::tables_with_column(sql, &s.column_aggregate_id).await;
+            let candidates = preflight::tables_with_column(sql, &s.columns.aggregate_id).await;
             r.fail(
                 what,
                 missing_table(

@@ -45,13 +45,14 @@ pub(super) async fn create_table(
         Some(true) => {}
     }
     let headers = s
-        .column_headers
+        .columns
+        .headers
         .as_deref()
         .map(|h| format!(",\n    {} jsonb NULL", quote_ident(h)))
         .unwrap_or_default();
     let (id, aggregate_id) = (
-        quote_ident(&s.column_id),
-        quote_ident(&s.column_aggregate_id),
+        quote_ident(&s.columns.id),
+        quote_ident(&s.columns.aggregate_id),
     );
     // A partitioned table's primary key must include the partition key.
     let (key, partitioning) = match &s.shards {
@@ -66,9 +67,9 @@ pub(super) async fn create_table(
     // IF NOT EXISTS only for a concurrent `init`: the table was looked for above.
     let mut ddl = format!(
         "CREATE TABLE IF NOT EXISTS {table} (\n    {key},\n    {} text NOT NULL,\n    {aggregate_id} text NOT NULL,\n    {} text NOT NULL,\n    {} jsonb NOT NULL{headers},\n    created_at timestamptz NOT NULL DEFAULT pg_catalog.now(){partitioning}\n)",
-        quote_ident(&s.column_aggregate_type),
-        quote_ident(&s.column_event_type),
-        quote_ident(&s.column_payload),
+        quote_ident(&s.columns.aggregate_type),
+        quote_ident(&s.columns.event_type),
+        quote_ident(&s.columns.payload),
     );
     if let Some(shards) = &s.shards {
         for i in 0..shards.count {
@@ -106,7 +107,7 @@ pub(super) async fn verify_existing_publication(
                     s.publication
                 ))
             })?;
-    let candidates = table_candidates(sql, &coverage, &s.column_aggregate_id)
+    let candidates = table_candidates(sql, &coverage, &s.columns.aggregate_id)
         .await
         .map_err(|e| InitError::Refused(e.to_string()))?;
     match judge_publication(&coverage, &s.publication, &table, &candidates) {

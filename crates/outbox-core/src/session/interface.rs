@@ -23,8 +23,10 @@ pub enum BadRowPolicy {
 #[derive(Debug, Clone)]
 pub struct CoreConfig {
     pub table: TableSpec,
-    /// false: only emitted messages are relayed.
+    /// false: only emitted messages are relayed, and the table need not be published. An
+    /// explicit choice, never inferred from the publication.
     pub relay_table: bool,
+    /// Emitted logical messages with this mapper's prefix are relayed too.
     pub emit: Option<EmitMapper>,
     pub dead_letter_topic: TopicName,
     pub bad_row_policy: BadRowPolicy,

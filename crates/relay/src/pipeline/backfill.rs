@@ -167,7 +167,7 @@ impl Backfill<'_> {
         state: &mut BackfillState,
         progress: &mut dyn FnMut(&BackfillState),
     ) -> Result<(), BackfillError> {
-        let table = self.cfg.table.qualified_name();
+        let table = self.cfg.rules.table.qualified_name();
         self.sql
             .batch_execute(&format!(
                 "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY; SET TRANSACTION SNAPSHOT {}",
@@ -196,9 +196,10 @@ impl Backfill<'_> {
             .try_get(0)?;
         let bound = self.bind(table).await?;
         let order_at = |name: &str| bound.1.iter().position(|c| c == name);
-        let (Some(order_index), Some(id_index)) =
-            (order_at(ORDER_COLUMN), order_at(&self.cfg.table.columns.id))
-        else {
+        let (Some(order_index), Some(id_index)) = (
+            order_at(ORDER_COLUMN),
+            order_at(&self.cfg.rules.table.columns.id),
+        ) else {
             return Err(BackfillError::NoOrderColumn {
                 table: table.to_owned(),
             });
@@ -210,7 +211,7 @@ impl Backfill<'_> {
             .collect();
         let (order, id) = (
             format!("t.{}", quote_ident(ORDER_COLUMN)),
-            format!("t.{}", quote_ident(&self.cfg.table.columns.id)),
+            format!("t.{}", quote_ident(&self.cfg.rules.table.columns.id)),
         );
         // A NULL sorts last and compares as unknown: a resume would pass such a row over.
         let nulls: bool = self
@@ -275,7 +276,7 @@ impl Backfill<'_> {
                         })
                         .collect(),
                 };
-                let max = self.cfg.max_message_bytes;
+                let max = self.cfg.rules.max_message_bytes;
                 let mapped = bound
                     .map_insert(&tuple, &ctx)
                     .and_then(|r| check_size(&r, max).map(|()| r));
@@ -323,7 +324,7 @@ impl Backfill<'_> {
 
     /// Binds the table as streamed rows are bound: its columns by name and type.
     async fn bind(&self, table: &str) -> Result<(BoundTable, Vec<String>), BackfillError> {
-        let spec = &self.cfg.table;
+        let spec = &self.cfg.rules.table;
         let rows = self
             .sql
             .query(
@@ -363,7 +364,7 @@ impl Backfill<'_> {
         error: RowError,
         ctx: &CommitContext,
     ) -> Result<OutboxRecord, BackfillError> {
-        match self.cfg.bad_row_policy {
+        match self.cfg.rules.bad_row_policy {
             BadRowPolicy::Stop => Err(BackfillError::BadRow { error }),
             BadRowPolicy::DeadLetter => {
                 tracing::warn!(error = %error, "back-filled row dead-lettered");
@@ -372,8 +373,8 @@ impl Backfill<'_> {
                     tuple,
                     &error,
                     ctx,
-                    &self.cfg.dead_letter_topic,
-                    self.cfg.max_message_bytes,
+                    &self.cfg.rules.dead_letter_topic,
+                    self.cfg.rules.max_message_bytes,
                 ))
             }
         }

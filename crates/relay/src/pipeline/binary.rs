@@ -37,9 +37,9 @@ pub(super) async fn choose(
     };
     let found = match ruled_out {
         Some(found) => Some(found.clone()),
-        None if !cfg.relay_table => None,
+        None if !cfg.rules.relay_table => None,
         None => {
-            let t = &cfg.table;
+            let t = &cfg.rules.table;
             // A partition has its parent's column types (in its own order), so the
             // parent's columns decide for all of them.
             match preflight::table_columns(sql, &t.schema, &t.table).await? {
@@ -81,7 +81,7 @@ pub(super) fn verify_relation(
         .columns
         .iter()
         .map(|c| (c.name.as_str(), c.type_oid));
-    match text_only_column(&cfg.table, columns, dead_letters(cfg), settings) {
+    match text_only_column(&cfg.rules.table, columns, dead_letters(cfg), settings) {
         None => Ok(()),
         Some(found) if cfg.binary == BinaryMode::On => Err(RelayError::BinaryRuledOut { found }),
         Some(found) => Err(RelayError::BinaryRuledOutByRelation {
@@ -92,5 +92,5 @@ pub(super) fn verify_relation(
 }
 
 fn dead_letters(cfg: &RelayConfig) -> bool {
-    cfg.bad_row_policy == BadRowPolicy::DeadLetter
+    cfg.rules.bad_row_policy == BadRowPolicy::DeadLetter
 }

@@ -113,7 +113,10 @@ pub(super) async fn record_first_look(
     if records.last_look().is_some() || records.ours.is_some() {
         return Ok(());
     }
-    let table = (cfg.table.schema.as_str(), cfg.table.table.as_str());
+    let table = (
+        cfg.rules.table.schema.as_str(),
+        cfg.rules.table.table.as_str(),
+    );
     let looked =
         session::publication::look(sql, (pg, &mut None), &cfg.publication, Some(table)).await?;
     let Some(seen) = looked.seen.filter(|_| looked.settled) else {

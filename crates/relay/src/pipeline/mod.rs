@@ -371,7 +371,7 @@ async fn run_session(
         &cfg.publication,
         cfg.create_slot,
         carry.seen_slot,
-        cfg.relay_table.then_some(&cfg.table),
+        cfg.rules.relay_table.then_some(&cfg.rules.table),
     )
     .await?;
     let created = prepared.is_none();
@@ -395,7 +395,7 @@ async fn run_session(
     };
     // sql/publication-guard.sql's trigger marks publication changes with a message,
     // which the stream carries only when messages are asked for.
-    let guarded = cfg.relay_table
+    let guarded = cfg.rules.relay_table
         && pgrepl::preflight::event_trigger_enabled(&sql, PUBLICATION_GUARD_TRIGGER).await?;
     let binary = binary::choose(cfg, &sql, &mut conn, carry.binary_ruled_out.as_ref()).await?;
     // The side connection takes every reload the walsender takes: its settings from now
@@ -424,7 +424,7 @@ async fn run_session(
         publication_names: vec![cfg.publication.clone()],
         // The heartbeat is a logical message: without `messages` pgoutput drops it, its
         // transaction is empty and skipped (PG15+), and the slot would not advance.
-        messages: cfg.emit.is_some() || cfg.heartbeat_interval.is_some() || guarded,
+        messages: cfg.rules.emit.is_some() || cfg.heartbeat_interval.is_some() || guarded,
         proto_version: None,
         binary: binary.is_some(),
         // Not `start`: the slot may have moved since it was read (another instance held
@@ -434,10 +434,10 @@ async fn run_session(
         status_interval: cfg.status_interval,
         // A longer message is read through, not held: one message's size never sets
         // the memory used.
-        frame_limit: outbox_core::frame_limit(cfg.max_message_bytes),
+        frame_limit: outbox_core::frame_limit(cfg.rules.max_message_bytes),
     };
     // Before the stream starts: from then on the walsender counts what it decodes.
-    let decoded_before = match (cfg.relay_table, progress) {
+    let decoded_before = match (cfg.rules.relay_table, progress) {
         (true, Some(p)) => {
             let decoded = pgrepl::preflight::slot_decoded(&sql, &cfg.slot).await?;
             // A slot held by another instance: this one stands by and records nothing.
@@ -451,9 +451,10 @@ async fn run_session(
     };
     let mut stream = conn.start_replication(options).await?;
     obs.pgoutput_binary(binary.is_some());
-    let table = cfg
-        .relay_table
-        .then_some((cfg.table.schema.as_str(), cfg.table.table.as_str()));
+    let table = cfg.rules.relay_table.then_some((
+        cfg.rules.table.schema.as_str(),
+        cfg.rules.table.table.as_str(),
+    ));
     carry.seen_slot = true;
     // The slot is ours now and cannot move under us: this is where the stream starts.
     let confirmed_flush = slot::confirmed_flush(&sql, &cfg.slot)
@@ -485,9 +486,12 @@ async fn run_session(
         ),
         None => None,
     };
-    let settled = looked.as_ref().is_none_or(|l| l.settled);
-    let mut publication = looked.and_then(|l| l.seen);
-    let fingerprint = cfg.fingerprint(publication.as_ref().map_or("", |p| p.identity.as_str()));
+    let fingerprint = cfg.fingerprint(
+        looked
+            .as_ref()
+            .and_then(|l| l.seen.as_ref())
+            .map_or("", |p| p.identity.as_str()),
+    );
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     // Exactly-once: the slot's transactional.id is registered before the record is read,
     // so an instance that held the slot before is fenced and its open transaction aborted
@@ -510,20 +514,12 @@ async fn run_session(
         None => None,
     };
     let known = replay_claim(cfg, obs, carry, progress, (&identity, &server)).await?;
-    let mut start_settled = settled;
-    if let (Some(last), Some(_)) = (&known.publication, table) {
-        session::publication::compare(&cfg.publication, last, publication.as_ref())?;
-        if !settled {
-            // A commit not yet visible may have changed it before this look: a change
-            // seen later is named from the recorded look, not from this one.
-            publication = Some(last.clone());
-            start_settled = true;
-        }
-    } else if !settled && known.read && table.is_some() {
-        return Err(RelayError::StandbysUnsettled {
-            publication: cfg.publication.clone(),
-        });
-    }
+    let publication = session::publication::PublicationWatch::start(
+        &cfg.publication,
+        looked,
+        &known,
+        (pg.clone(), settler),
+    )?;
     // No look recorded though the slot decoded before (a new progress topic, a record
     // deleted): the slot's catalog horizon says whether the publication may have changed
     // since it last decoded.
@@ -554,7 +550,7 @@ async fn run_session(
         claim,
         fingerprint,
         foreign_writer: progress.is_some_and(ProgressStore::foreign_writer),
-        mark_every: cfg.caps().mark_every(),
+        mark_every: cfg.rules.caps.mark_every(),
         new_lineage: rand::random(),
         doubt_lineage: rand::random(),
     };
@@ -581,12 +577,7 @@ async fn run_session(
         SessionStart {
             replay,
             progress: progress.map(|p| (p.clone(), identity)),
-            publication: publication.map(|p| (p, known.read)),
-            settling: session::publication::Settling {
-                pg: pg.clone(),
-                settler,
-                start_settled,
-            },
+            publication,
             server,
             binary,
             output_settings,

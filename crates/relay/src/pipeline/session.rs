@@ -179,12 +179,9 @@ impl Observe for Reports {
 pub(super) struct SessionStart {
     pub replay: ReplayStart,
     pub progress: Option<(ProgressStore, SlotIdentity)>,
-    /// The publication as looked at before streaming, and whether it was compared with
-    /// the record's (false: the record could not be read in time).
-    pub publication: Option<(crate::kafka::PublicationSeen, bool)>,
-    /// The server streamed from, and the connection the start's look waited for its
-    /// synchronous standbys on (see `publication::look`).
-    pub settling: publication::Settling,
+    /// The publication as looked at before streaming, compared with the look known before
+    /// (see `publication::PublicationWatch::start`).
+    pub publication: Option<publication::PublicationWatch>,
     /// The server streamed from (host, port).
     pub server: (String, u16),
     pub binary: super::binary::Binary,
@@ -243,7 +240,7 @@ impl<'a> Session<'a> {
             producer,
             deliveries,
             core: SessionCore::new(
-                cfg.rules(),
+                cfg.rules.clone(),
                 begin.replay,
                 begin.publication.is_some(),
                 reports,
@@ -257,9 +254,7 @@ impl<'a> Session<'a> {
                 .progress
                 .map(|(store, identity)| ProgressWriter::new(store, identity)),
             catchup: CatchUp::default(),
-            publication: begin.publication.map(|(look, compared)| {
-                publication::PublicationWatch::new(look, compared, begin.settling)
-            }),
+            publication: begin.publication,
             timeline,
             server: begin.server,
             durability_warned: false,
@@ -504,8 +499,8 @@ impl<'a> Session<'a> {
                             false => None,
                             true => Some(self.is_partition_of_outbox(r.rel_id).await?),
                         };
-                        if self.cfg.relay_table
-                            && (parent == Some(true) || self.cfg.table.matches(&r))
+                        if self.cfg.rules.relay_table
+                            && (parent == Some(true) || self.cfg.rules.table.matches(&r))
                         {
                             super::binary::verify_relation(self.cfg, &self.binary, &r)?;
                         }
@@ -637,7 +632,7 @@ impl<'a> Session<'a> {
 
     /// Whether the catalog calls relation `rel_id` a partition (any depth) of the outbox.
     async fn is_partition_of_outbox(&self, rel_id: u32) -> Result<bool, RelayError> {
-        let table = &self.cfg.table;
+        let table = &self.cfg.rules.table;
         bounded("looking up a relation's partition parent", async {
             Ok(preflight::is_partition_of(&self.sql, rel_id, &table.schema, &table.table).await?)
         })

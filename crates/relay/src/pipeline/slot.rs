@@ -564,13 +564,14 @@ pub(super) async fn create_if_new(
     let records = progress.read_slot(identity).await.map_err(unknown)?;
     super::claim::refuse_other_cluster(&records, progress, identity)?;
     super::backfill::refuse_unfinished_backfill(&records, progress.topic(), identity)?;
-    let relayed = cfg
-        .relay_table
-        .then_some((cfg.table.schema.as_str(), cfg.table.table.as_str()));
+    let relayed = cfg.rules.relay_table.then_some((
+        cfg.rules.table.schema.as_str(),
+        cfg.rules.table.table.as_str(),
+    ));
     let rows = outbox_rows(sql, relayed).await?;
     let judged = judge_missing_slot(
         &cfg.slot,
-        &cfg.table.qualified_name(),
+        &cfg.rules.table.qualified_name(),
         progress.topic(),
         History::Read(&records),
         rows,
@@ -605,14 +606,14 @@ pub(super) async fn create_if_new(
         sql,
         &cfg.slot,
         cfg.failover_slot,
-        cfg.relay_table.then_some(&cfg.table),
+        cfg.rules.relay_table.then_some(&cfg.rules.table),
     )
     .await?;
     // At once, not at the first tick: from here on a missing slot is a lost one.
     // With the publication as it is now: the first look a later start compares with, so
     // a process that stops before its first record leaves one to compare with.
     let mut record = ProgressRecord::slot_created(timeline, start.confirmed_flush, start.since);
-    if let Some(t) = cfg.relay_table.then_some(&cfg.table) {
+    if let Some(t) = cfg.rules.relay_table.then_some(&cfg.rules.table) {
         record.publication = super::session::publication::look(
             sql,
             (pg, &mut None),

@@ -89,20 +89,16 @@ impl From<PublicationLook> for Looked {
     }
 }
 
-/// Stops when `now` is another publication than `last` (the last look that matched).
+/// Stops when `now` is another publication than `last` (the last look that matched), by
+/// the rule a session's start compares with (`init` and `check` look as `run` does).
 pub fn compare(
     publication: &str,
     last: &PublicationSeen,
     now: Option<&PublicationSeen>,
 ) -> Result<(), RelayError> {
-    match now {
-        Some(now) if now.identity == last.identity => Ok(()),
-        _ => Err(RelayError::PublicationChanged {
-            publication: publication.to_owned(),
-            since: last.at_text(),
-            since_lsn: last.wal_lsn,
-        }),
-    }
+    outbox_core::PublicationWatch::start(now.cloned(), true, Some(last), true)
+        .map(drop)
+        .map_err(|stop| stopped(publication, stop))
 }
 
 /// With no earlier look to compare with (no record under this key, or one without a
@@ -156,7 +152,7 @@ fn stopped(publication: &str, stop: WatchStop<PublicationSeen>) -> RelayError {
 /// What the session knows of the publication: the rules (`outbox_core::PublicationWatch`:
 /// the last matching look, whether the start was compared with the record, when a look
 /// counts) and the IO around them.
-pub(super) struct PublicationWatch {
+pub(in crate::pipeline) struct PublicationWatch {
     pub(super) rules: outbox_core::PublicationWatch<PublicationSeen>,
     pub(super) looked_at: Instant,
     /// The progress record could not be read at the start: it is read again in the
@@ -164,33 +160,45 @@ pub(super) struct PublicationWatch {
     read: Option<tokio::sync::oneshot::Receiver<Result<SlotRecords, ProgressError>>>,
     /// Prepared at the session's first look, on its side connection.
     probe: Option<PublicationProbe>,
-    /// Since when looks have not counted (a commit not yet visible); logged once.
-    unsettled_since: Option<Instant>,
+    /// When looks stopped counting (a commit not yet visible), logged when they count
+    /// again; read only while the rules say they do not count.
+    unsettled_at: Instant,
     /// The server looked at, and the connection a look waits for its synchronous
     /// standbys on (see [`look`]).
     pg: ConnectConfig,
     settler: Option<Settler>,
 }
 
-/// What a session's looks settle with (see [`look`]): the server, the settler the
-/// start's look opened, and whether that look settled.
-pub(in crate::pipeline) struct Settling {
-    pub pg: ConnectConfig,
-    pub settler: Option<Settler>,
-    pub start_settled: bool,
-}
-
 impl PublicationWatch {
-    pub(super) fn new(start_look: PublicationSeen, compared: bool, settling: Settling) -> Self {
-        PublicationWatch {
-            rules: outbox_core::PublicationWatch::new(start_look, compared, settling.start_settled),
+    /// The session's watch from the start's look (`None`: the relay does not read the
+    /// table, so no look), compared with the look `known` before it (see
+    /// `outbox_core::PublicationWatch::start`). `pg` and `settler`: the server, and the
+    /// connection the start's look waited for its synchronous standbys on.
+    pub(in crate::pipeline) fn start(
+        publication: &str,
+        start: Option<Looked>,
+        known: &outbox_core::Known<PublicationSeen>,
+        (pg, settler): (ConnectConfig, Option<Settler>),
+    ) -> Result<Option<Self>, RelayError> {
+        let Some(start) = start else {
+            return Ok(None);
+        };
+        let rules = outbox_core::PublicationWatch::start(
+            start.seen,
+            start.settled,
+            known.publication.as_ref(),
+            known.read,
+        )
+        .map_err(|stop| stopped(publication, stop))?;
+        Ok(rules.map(|rules| PublicationWatch {
+            rules,
             looked_at: Instant::now(),
             read: None,
             probe: None,
-            unsettled_since: None,
-            pg: settling.pg,
-            settler: settling.settler,
-        }
+            unsettled_at: Instant::now(),
+            pg,
+            settler,
+        }))
     }
 
     pub(super) fn compared(&self) -> bool {
@@ -210,7 +218,7 @@ impl Session<'_> {
             return Ok(());
         };
         watch.rules.begin(self.core.watermark());
-        let (sql, publication, table) = (&self.sql, &self.cfg.publication, &self.cfg.table);
+        let (sql, publication, table) = (&self.sql, &self.cfg.publication, &self.cfg.rules.table);
         let (probe, pg, settler) = (&mut watch.probe, &watch.pg, &mut watch.settler);
         let now = bounded("checking the publication", async {
             let p = match probe {
@@ -237,7 +245,7 @@ impl Session<'_> {
             outbox_core::Looked::Unsettled { first } => {
                 self.obs.publication_look_unsettled();
                 if first {
-                    watch.unsettled_since = Some(Instant::now());
+                    watch.unsettled_at = Instant::now();
                     // Its own walsender as the synchronous standby: the look's commit
                     // waits for a confirmation that waits for the look. Never settles.
                     let state =
@@ -261,9 +269,9 @@ impl Session<'_> {
                 raise_cap,
                 settled_again,
             } => {
-                if let Some(since) = watch.unsettled_since.take().filter(|_| settled_again) {
+                if settled_again {
                     tracing::info!(
-                        waited = ?since.elapsed(),
+                        waited = ?watch.unsettled_at.elapsed(),
                         "the synchronous standbys confirm commits again: the publication looks count"
                     );
                 }

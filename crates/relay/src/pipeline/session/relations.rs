@@ -7,7 +7,7 @@ use super::Session;
 impl Session<'_> {
     /// Adds the ignored inserts counted since the last tick to the metrics.
     pub(super) fn report_ignored_rows(&mut self) {
-        let (obs, outbox) = (self.obs, self.cfg.table.qualified_name());
+        let (obs, outbox) = (self.obs, self.cfg.rules.table.qualified_name());
         self.core.take_ignored_rows(|name, n| {
             if obs.ignored_rows(name, n) {
                 tracing::warn!(

@@ -69,12 +69,16 @@ impl Session<'_> {
         }
         // Also at the first tick: a session that starts behind says so at once.
         if ticks == 1 || ticks.is_multiple_of(self.cfg.slot_stats_every_ticks) {
-            if self.cfg.relay_table {
+            if self.cfg.rules.relay_table {
                 // ALTER PUBLICATION ... DROP TABLE stops the server sending the table's
                 // rows without any message on the stream: look.
                 bounded(
                     "checking the publication",
-                    slot::verify_publication(&self.sql, &self.cfg.publication, &self.cfg.table),
+                    slot::verify_publication(
+                        &self.sql,
+                        &self.cfg.publication,
+                        &self.cfg.rules.table,
+                    ),
                 )
                 .await?;
             }
