@@ -87,7 +87,7 @@ pub struct ReplayStart {
     pub foreign_writer: bool,
     /// At most this many published rows between two marks of the claims it writes (0:
     /// only the newest confirmed transaction is marked): a later replay holds what lies
-    /// before its next mark, and a hold that fills the in-flight caps publishes it again.
+    /// before its next mark, and a hold that fills the in-flight caps spills.
     pub mark_every: u64,
     /// A fresh random lineage, used if the claim is not continued.
     pub new_lineage: u64,

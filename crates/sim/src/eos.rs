@@ -42,7 +42,7 @@ pub struct EosStats {
     pub zombies: u64,
     /// Sessions whose replay hold filled the caps and spilled.
     pub spills: u64,
-    /// Replays in doubt: they publish again.
+    /// Replays in doubt: they publish again (none arise in these schedules).
     pub doubts: u64,
     /// Copies in the read_committed view, all after a doubt.
     pub duplicates: u64,
