@@ -59,7 +59,10 @@ async fn sigkill_during_load_neither_loses_nor_duplicates() {
     const KILLS: usize = 10;
     const PART: usize = TOTAL / (KILLS + 1);
     let started = Instant::now();
-    let s = Scenario::new("eos_crash").partitions(6).await;
+    let s = Scenario::new("eos_crash")
+        .three_brokers()
+        .partitions(6)
+        .await;
     let (db, outbox, topics, bootstrap, _) = s.parts();
     // OUTBOXD_TEST_DELIVERY=at-least-once runs the same kills without transactions: the
     // duplicates this mode removes.
@@ -194,7 +197,10 @@ fn count_read_uncommitted(bootstrap: &str, topics: &[String]) -> usize {
 /// and publishes. Woken, the old one (a zombie) commits nothing and exits fenced (5).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_zombie_is_fenced_and_commits_nothing() {
-    let s = Scenario::new("eos_zombie").partitions(3).await;
+    let s = Scenario::new("eos_zombie")
+        .three_brokers()
+        .partitions(3)
+        .await;
     let (db, outbox, topics, bootstrap, _) = s.parts();
     let client = db.client().await;
     // The zombie-to-be commits only after 45 s (below the 60 s transaction timeout): its
@@ -242,7 +248,10 @@ async fn a_zombie_is_fenced_and_commits_nothing() {
 /// transaction: through kills, each is in the dead-letter topic exactly once.
 #[tokio::test(flavor = "multi_thread")]
 async fn dead_letters_go_in_the_transaction_exactly_once() {
-    let s = Scenario::new("eos_dead_letter").partitions(3).await;
+    let s = Scenario::new("eos_dead_letter")
+        .three_brokers()
+        .partitions(3)
+        .await;
     let (db, outbox, topics, bootstrap, _) = s.parts();
     let dlq = outbox.dead_letter_topic();
     let client = db.client().await;
@@ -308,7 +317,10 @@ async fn dead_letters_go_in_the_transaction_exactly_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_transaction_longer_than_the_kafka_timeout_is_split() {
     const ROWS: usize = 20_000;
-    let s = Scenario::new("eos_split").partitions(3).await;
+    let s = Scenario::new("eos_split")
+        .three_brokers()
+        .partitions(3)
+        .await;
     let (db, outbox, topics, bootstrap, _) = s.parts();
     let client = db.client().await;
     let mut relay = s.relay(&[
@@ -412,7 +424,10 @@ async fn a_relay_stopped_past_wal_sender_timeout_too_recovers() {
 
 async fn stopped_past_the_transaction_timeout(name: &str, past_wal_sender_timeout: bool) {
     const PARTITIONS: i32 = 3;
-    let s = Scenario::new(name).partitions(PARTITIONS).await;
+    let s = Scenario::new(name)
+        .three_brokers()
+        .partitions(PARTITIONS)
+        .await;
     let (db, outbox, topics, bootstrap, _) = s.parts();
     if past_wal_sender_timeout {
         // A walsender of a logical slot takes its database's settings.
@@ -509,7 +524,10 @@ async fn stopped_past_the_transaction_timeout(name: &str, past_wal_sender_timeou
 #[tokio::test(flavor = "multi_thread")]
 async fn a_million_row_transaction_is_split_and_resumed_exactly_once() {
     const ROWS: usize = 1_000_000;
-    let s = Scenario::new("eos_million").partitions(6).await;
+    let s = Scenario::new("eos_million")
+        .three_brokers()
+        .partitions(6)
+        .await;
     let (db, outbox, topics, bootstrap, _) = s.parts();
     let client = db.client().await;
     let mut relay = s.relay(&[

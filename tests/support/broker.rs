@@ -30,6 +30,20 @@ impl Broker {
         }
     }
 
+    /// Where a delivery guarantee is asserted on three brokers: the user's broker from
+    /// OUTBOXD_TEST_BOOTSTRAP_SERVERS when set, else a three-node Kafka of the test's own.
+    pub fn three_for_tests() -> Broker {
+        match outboxd_test_broker::Broker::from_env() {
+            Some(b) => Broker(b),
+            None => Broker::kafka(3),
+        }
+    }
+
+    /// The test's own Kafka cluster, if it has one.
+    pub fn own_kafka(&self) -> Option<&KafkaCluster> {
+        self.0.kafka_cluster().ok()
+    }
+
     /// A fresh Apache Kafka cluster of `nodes` nodes (1 or 3) of this test's own: for
     /// outages, hangs and leader changes. A user's external broker cannot be killed, so
     /// these tests always start their own.

@@ -100,6 +100,12 @@ impl<'c> ScenarioBuilder<'c> {
         self
     }
 
+    /// Three brokers ([`Broker::three_for_tests`]): [`Self::partitions`] then replicates
+    /// every topic to all three and requires two in-sync replicas for an acks=all write.
+    pub fn three_brokers(self) -> Self {
+        self.broker(Broker::three_for_tests())
+    }
+
     /// The aggregate types to make topics for, instead of `order` and `customer`.
     pub fn aggregates(mut self, aggregates: &[&str]) -> Self {
         self.aggregates = aggregates.iter().map(|&a| a.to_owned()).collect();
@@ -118,6 +124,14 @@ impl<'c> ScenarioBuilder<'c> {
             .chain([dead_letter.as_str()])
             .collect();
         s.broker.create_topics(&names, partitions).await;
+        if let Some(cluster) = s.broker.own_kafka().filter(|c| c.node_ids().len() >= 3) {
+            for t in names {
+                cluster
+                    .set_topic_config(t, "min.insync.replicas", "2")
+                    .await
+                    .expect("min.insync.replicas=2");
+            }
+        }
         s
     }
 
