@@ -612,16 +612,22 @@ impl<O: Observe> SessionCore<O> {
         Ok(())
     }
 
-    /// A delivery report (`acked`: the broker has it). A failure freezes the position;
-    /// the caller ends the session.
-    pub fn on_delivery(&mut self, ticket: Ticket, acked: bool) -> Result<(), SessionError> {
+    /// A delivery report (`acked`: the broker has it), reported at `at_unix_micros` (the
+    /// producer's clock: reports may be taken in batches, later). A failure freezes the
+    /// position; the caller ends the session.
+    pub fn on_delivery(
+        &mut self,
+        ticket: Ticket,
+        acked: bool,
+        at_unix_micros: i64,
+    ) -> Result<(), SessionError> {
         if acked {
             let entry = self.ledger.delivered(ticket, Outcome::Acked)?;
             if let Some(row) = entry.row {
                 self.replay.acked(row);
             }
             self.events_acked = self.events_acked.saturating_add(1);
-            self.obs.acked(entry.commit_unix_micros);
+            self.obs.acked(entry.commit_unix_micros, at_unix_micros);
         } else {
             self.ledger.delivered(ticket, Outcome::Failed)?;
             self.obs.delivery_failed();

@@ -110,8 +110,9 @@ pub trait Observe {
     /// A bad row's dead-letter record was queued (or held with its replay); under
     /// [`BadRowPolicy::Stop`] nothing is: the row was not dead-lettered.
     fn dead_lettered(&mut self, _error: &RowError, _topic: &TopicName) {}
-    /// The broker acknowledged a message of a transaction committed at this time.
-    fn acked(&mut self, _commit_unix_micros: i64) {}
+    /// The broker acknowledged a message of a transaction committed at
+    /// `commit_unix_micros`; the report came at `acked_at_unix_micros`.
+    fn acked(&mut self, _commit_unix_micros: i64, _acked_at_unix_micros: i64) {}
     fn delivery_failed(&mut self) {}
     /// How many records the replay holds now.
     fn held(&mut self, _n: usize) {}

@@ -120,8 +120,6 @@ struct Reports {
     obs: Observer,
     /// A doubt was logged in this session (once is enough; the metric counts each).
     doubt_logged: bool,
-    /// When librdkafka reported the delivery being handed to the rules.
-    acked_at_unix_micros: i64,
 }
 
 impl Observe for Reports {
@@ -139,9 +137,8 @@ impl Observe for Reports {
         self.obs.dead_lettered(error.kind());
     }
 
-    fn acked(&mut self, commit_unix_micros: i64) {
-        self.obs
-            .published(commit_unix_micros, self.acked_at_unix_micros);
+    fn acked(&mut self, commit_unix_micros: i64, acked_at_unix_micros: i64) {
+        self.obs.published(commit_unix_micros, acked_at_unix_micros);
     }
 
     fn delivery_failed(&mut self) {
@@ -233,7 +230,6 @@ impl<'a> Session<'a> {
         let reports = Reports {
             obs: obs.clone(),
             doubt_logged: false,
-            acked_at_unix_micros: 0,
         };
         Session {
             cfg,
@@ -595,14 +591,13 @@ impl<'a> Session<'a> {
         if d.ticket == PROGRESS_TICKET {
             return d.outcome.map(|_| ()).map_err(RelayError::Delivery);
         }
-        self.core.observer().acked_at_unix_micros = d.at_unix_micros;
         let ticket = Ticket::from_index(d.ticket);
         let acked = d.outcome.is_ok();
         if d.outcome.is_err() {
             self.failed_topic = self.core.ledger().topic_of(ticket).map(str::to_owned);
         }
         self.core
-            .on_delivery(ticket, acked)
+            .on_delivery(ticket, acked, d.at_unix_micros)
             .map_err(|e| lift(e, &self.cfg.slot))?;
         match d.outcome {
             Ok(_) => Ok(()),
