@@ -298,7 +298,8 @@ fn partitions_are_bound_by_the_catalog_and_other_tables_counted() {
     reordered.reverse();
     let part = relation(2, "outbox_p1", reordered.clone());
     assert!(c.asks_parent(&part));
-    c.on_relation(&part, Some(true)).expect("partition");
+    let role = c.on_relation(&part, Some(true)).expect("partition");
+    assert_eq!(role, RelationRole::Outbox, "the relay checks its columns");
     let detached = relation(3, "outbox_old", reordered);
     match c.on_relation(&detached, Some(false)) {
         Err(SessionError::OutboxLikeRelation { relation, .. }) => {
@@ -307,7 +308,8 @@ fn partitions_are_bound_by_the_catalog_and_other_tables_counted() {
         other => panic!("{other:?}"),
     }
     let other = relation(4, "audit", vec![col("k", pgtype::INT4)]);
-    c.on_relation(&other, Some(false)).expect("other table");
+    let role = c.on_relation(&other, Some(false)).expect("other table");
+    assert_eq!(role, RelationRole::Ignored);
     feed(&mut c, begin(200));
     let mut tuple = row(Some("a"));
     tuple.columns.reverse();

@@ -15,8 +15,8 @@
 use std::time::{Duration, Instant};
 
 use outbox_core::{
-    After, Doubt, KafkaTxnCore, Observe, ReplayStart, RowError, Sent, SessionCore, SessionError,
-    Skipped, Ticket, TopicName, TxnId, TxnRules,
+    After, Doubt, KafkaTxnCore, Observe, RelationRole, ReplayStart, RowError, Sent, SessionCore,
+    SessionError, Skipped, Ticket, TopicName, TxnId, TxnRules,
 };
 use pgoutput::{LogicalMessage, PgTimestamp};
 use pgrepl::{preflight, FlushHandle, ReplicationEvent, ReplicationStream};
@@ -499,12 +499,13 @@ impl<'a> Session<'a> {
                             false => None,
                             true => Some(self.is_partition_of_outbox(r.rel_id).await?),
                         };
-                        if self.cfg.relay_table
-                            && (parent == Some(true) || self.cfg.table.matches(&r))
-                        {
+                        let role = self.core.on_relation(&r, parent);
+                        // Only the outbox's columns (and its partitions') can rule binary
+                        // values out; the rules said which relation that is.
+                        if let Ok(RelationRole::Outbox) = role {
                             super::binary::verify_relation(self.cfg, &self.binary, &r)?;
                         }
-                        self.core.on_relation(&r, parent).map(|()| After::Nothing)
+                        role.map(|_| After::Nothing)
                     }
                     other => self.core.on_message(other, PgTimestamp::now()),
                 };
