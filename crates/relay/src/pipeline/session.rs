@@ -537,19 +537,25 @@ impl<'a> Session<'a> {
         let mut sent_any = false;
         while let Some(send) = self.core.take_send() {
             sent_any = true;
-            let sent = self.send(&send.record, send.ticket).await;
-            let answer = match sent {
-                Ok(how) => self.core.sent(send, how),
-                Err(e) => {
-                    // No report will come, and the session ends with this error: settle
-                    // it as a failed delivery, which also keeps the watermark where it is.
-                    self.core
-                        .send_failed(send)
-                        .map_err(|e| lift(e, &self.cfg.slot))?;
-                    return Err(e);
-                }
+            // Reports taken while librdkafka's queue was full go to the rules after this
+            // send's answer: nothing comes between a send and its answer.
+            let mut reports = Vec::new();
+            let sent = self.send(&send.record, send.ticket, &mut reports).await;
+            // A record not sent gets no report, and the session ends: it is settled as a
+            // failed delivery, which also keeps the watermark where it is.
+            let (answer, error) = match sent {
+                Ok(Some(how)) => (self.core.sent(send, how), None),
+                // The failed report among `reports` is the error.
+                Ok(None) => (self.core.send_failed(send), None),
+                Err(e) => (self.core.send_failed(send), Some(e)),
             };
             answer.map_err(|e| lift(e, &self.cfg.slot))?;
+            for d in reports {
+                self.on_delivery(d)?;
+            }
+            if let Some(e) = error {
+                return Err(e);
+            }
         }
         // Only after a send, as before the core existed: this runs after every message.
         if sent_any {
@@ -559,12 +565,15 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    /// Hands one record to the producer.
+    /// Hands one record to the producer. `None`: not sent, because a delivery failed
+    /// while librdkafka's queue was full (its report is the last of `reports`, which
+    /// gathers the reports taken while waiting for room).
     async fn send(
         &mut self,
         rec: &outbox_core::OutboxRecord,
         ticket: Ticket,
-    ) -> Result<Sent, RelayError> {
+        reports: &mut Vec<Delivery>,
+    ) -> Result<Option<Sent>, RelayError> {
         if let Some(txn) = self.txn.as_mut() {
             if txn.core.on_send(txn.now()) {
                 if let Err(e) = self.producer.begin_transaction() {
@@ -575,13 +584,20 @@ impl<'a> Session<'a> {
         }
         loop {
             match self.producer.send_outbox(rec, ticket.index()) {
-                Ok(()) => return Ok(Sent::Queued),
-                Err(SendError::MessageTooLarge { size }) => return Ok(Sent::TooLarge { size }),
+                Ok(()) => return Ok(Some(Sent::Queued)),
+                Err(SendError::MessageTooLarge { size }) => {
+                    return Ok(Some(Sent::TooLarge { size }))
+                }
                 Err(SendError::QueueFull) => {
                     // librdkafka's own queue is full (its cap is at least ours, so rare):
-                    // wait for one delivery and try again.
+                    // a delivery report frees a place; try again. A failed one ends the
+                    // session, so trying stops there.
                     let d = self.deliveries.recv().await.ok_or_else(channel_closed)?;
-                    self.on_delivery(d)?;
+                    let failed = d.outcome.is_err();
+                    reports.push(d);
+                    if failed {
+                        return Ok(None);
+                    }
                 }
                 Err(e) => return Err(e.into()),
             }
