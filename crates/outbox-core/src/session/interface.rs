@@ -54,7 +54,8 @@ impl CoreConfig {
     }
 }
 
-/// Why a session stops.
+/// Why a session stops. The texts end with the remedy ([`SessionError::remedy`]), so the
+/// relay prints them as they are.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     #[error("ack tracking error: {0}")]
@@ -63,12 +64,12 @@ pub enum SessionError {
     Shape(#[from] ShapeError),
     #[error("replication protocol error: {0}")]
     Protocol(String),
-    #[error("the partly delivered transaction at {} came back with {} rows where {} were recorded ({})", .0.commit_lsn, .0.read, .0.recorded, .0.reason.explain())]
+    #[error("the partly delivered transaction committing at {}: {}", .0, remedy(self))]
     PartialReplay(PartialMismatch),
     /// Under [`BadRowPolicy::Stop`]; the slot stays before `commit_lsn`.
-    #[error("bad outbox row: {error}")]
+    #[error("bad outbox row{}: {error}", shown_id(error))]
     BadRow { error: RowError, commit_lsn: Lsn },
-    #[error("bad outbox row: {error}; its dead-letter record of {size} bytes does not fit")]
+    #[error("bad outbox row{}: {error}; {}", shown_id(error), remedy(self))]
     DeadLetterTooLarge { error: RowError, size: usize },
     /// A record held while its replay was proven, then released, was refused as too large:
     /// its transaction is committed, so no dead letter can take its place.
@@ -76,7 +77,10 @@ pub enum SessionError {
     ReleasedTooLarge { topic: String, size: usize },
     /// Inserts into a relation shaped like the outbox that the catalog does not call a
     /// partition of it (one detached or dropped since its rows were written).
-    #[error("inserts into {relation}, shaped like {table} but not a partition of it")]
+    #[error(
+        "the stream carries inserts into {relation}, which has the outbox's columns {}",
+        remedy(self)
+    )]
     OutboxLikeRelation { relation: String, table: String },
 }
 
@@ -86,10 +90,47 @@ impl SessionError {
     pub fn remedy(&self) -> Option<String> {
         let text = match self {
             SessionError::ReleasedTooLarge { .. } => String::from("nothing past it is confirmed"),
+            SessionError::PartialReplay(m) => format!(
+                "it is published again whole from the slot (duplicates, never a loss){}",
+                if m.reason == Doubt::PartialDigest {
+                    "; likely a record outboxd did not write: allow only outboxd's own \
+                     Kafka principal to write OUTBOXD_PROGRESS_TOPIC \
+                     (docs/replay-skip.md#who-may-write-the-progress-topic)"
+                } else {
+                    ""
+                }
+            ),
+            SessionError::DeadLetterTooLarge { size, .. } => format!(
+                "its dead-letter record of {size} bytes does not fit OUTBOXD_MAX_MESSAGE_BYTES \
+                either, so outboxd stopped without acknowledging the row. Raise \
+                OUTBOXD_MAX_MESSAGE_BYTES (with the broker's message.max.bytes) and restart"
+            ),
+            SessionError::OutboxLikeRelation { relation, table } => format!(
+                "but is neither {table} nor, in the current catalog, one of its partitions: \
+                probably a partition detached or dropped before outboxd relayed its rows. \
+                Ignoring them could lose events, so outboxd stopped before confirming them. \
+                Re-attach the partition until outboxd has relayed them (ALTER TABLE {table} \
+                ATTACH PARTITION {relation} ...), or, if {relation} really is another \
+                table, take it out of the publication. A dropped partition cannot be \
+                re-attached: its rows can then only be skipped, knowingly, with \
+                pg_replication_slot_advance (README, Bad rows)"
+            ),
             _ => return None,
         };
         Some(text)
     }
+}
+
+fn remedy(e: &SessionError) -> String {
+    e.remedy().unwrap_or_default()
+}
+
+/// A bad row's event id as its error's text shows it (` id=…`), if it has one.
+fn shown_id(error: &RowError) -> String {
+    error
+        .event_id()
+        .map(|id| format!(" id={}", crate::error::short_id(id)))
+        .unwrap_or_default()
 }
 
 /// A row left unpublished because Kafka has it.

@@ -189,33 +189,6 @@ pub(super) struct SessionStart {
     pub output_settings: Option<[String; 3]>,
 }
 
-/// The relay's error for the rules' (`slot`: named in the way past a bad row).
-fn lift(e: SessionError, slot: &str) -> RelayError {
-    match e {
-        SessionError::Ack(e) => RelayError::Ack(e),
-        SessionError::Shape(e) => RelayError::Shape(e),
-        SessionError::Protocol(m) => RelayError::Protocol(m),
-        e @ SessionError::ReleasedTooLarge { .. } => RelayError::Protocol(e.to_string()),
-        SessionError::PartialReplay(m) => RelayError::PartialReplay {
-            commit_lsn: m.commit_lsn,
-            recorded: m.recorded,
-            read: m.read,
-            digest_differs: m.reason == outbox_core::Doubt::PartialDigest,
-        },
-        SessionError::BadRow { error, commit_lsn } => RelayError::BadRow {
-            error,
-            slot: slot.to_owned(),
-            commit_lsn,
-        },
-        SessionError::DeadLetterTooLarge { error, size } => {
-            RelayError::DeadLetterTooLarge { error, size }
-        }
-        SessionError::OutboxLikeRelation { relation, table } => {
-            RelayError::OutboxLikeRelation { relation, table }
-        }
-    }
-}
-
 impl<'a> Session<'a> {
     pub(super) fn new(
         cfg: &'a RelayConfig,
@@ -420,7 +393,7 @@ impl<'a> Session<'a> {
     /// Whether there is room in flight to read on. A hold given up for it is sent first:
     /// the rules' records are answered before their next input.
     async fn room(&mut self) -> Result<bool, RelayError> {
-        let room = self.core.make_room().map_err(|e| lift(e, &self.cfg.slot))?;
+        let room = self.core.make_room()?;
         self.send_queued().await?;
         Ok(room)
     }
@@ -485,9 +458,7 @@ impl<'a> Session<'a> {
         match ev {
             ReplicationEvent::Keepalive { wal_end, .. } => {
                 self.obs.server_wal_end(wal_end);
-                self.core
-                    .on_keepalive(wal_end)
-                    .map_err(|e| lift(e, &self.cfg.slot))?;
+                self.core.on_keepalive(wal_end)?;
             }
             ReplicationEvent::XLogData {
                 wal_end, message, ..
@@ -523,7 +494,7 @@ impl<'a> Session<'a> {
     }
 
     async fn after(&mut self, after: Result<After, SessionError>) -> Result<(), RelayError> {
-        match after.map_err(|e| lift(e, &self.cfg.slot))? {
+        match after? {
             After::Nothing => Ok(()),
             After::LookAtPublication { commit } => {
                 self.send_queued().await?;
@@ -549,7 +520,7 @@ impl<'a> Session<'a> {
                 Ok(None) => (self.core.send_failed(send), None),
                 Err(e) => (self.core.send_failed(send), Some(e)),
             };
-            answer.map_err(|e| lift(e, &self.cfg.slot))?;
+            answer?;
             for d in reports {
                 self.on_delivery(d)?;
             }
@@ -613,9 +584,7 @@ impl<'a> Session<'a> {
         if d.outcome.is_err() {
             self.failed_topic = self.core.ledger().topic_of(ticket).map(str::to_owned);
         }
-        self.core
-            .on_delivery(ticket, acked, d.at_unix_micros)
-            .map_err(|e| lift(e, &self.cfg.slot))?;
+        self.core.on_delivery(ticket, acked, d.at_unix_micros)?;
         match d.outcome {
             Ok(_) => Ok(()),
             Err(failure) => Err(RelayError::Delivery(failure)),
@@ -626,8 +595,16 @@ impl<'a> Session<'a> {
     /// "unknown topic or partition" is also what a partition without a leader for now
     /// gives, so a topic is called missing only when the brokers' metadata says so.
     /// Retrying a missing topic would re-send every message behind it on each attempt.
+    /// A bad row's error gets the slot, which the way past it names.
     pub(super) async fn explain(&self, e: RelayError) -> RelayError {
         match (e, &self.failed_topic) {
+            (RelayError::Session(SessionError::BadRow { error, commit_lsn }), _) => {
+                RelayError::BadRow {
+                    error,
+                    slot: self.cfg.slot.clone(),
+                    commit_lsn,
+                }
+            }
             (RelayError::Delivery(f), Some(topic)) if f.may_be_a_missing_topic() => {
                 // Twice, a moment apart: one broker that has not yet learned of a topic
                 // (just created, or recreated) must not stop a healthy relay.
