@@ -109,8 +109,8 @@ pub use record::{
 };
 pub use replay::{Held, NextRow, PartialMismatch, ReplayCore, ReplayStart, Step};
 pub use session::{
-    After, BadRowPolicy, CoreConfig, Observe, Sent, SessionCore, SessionError, Skipped, ToSend,
-    PUBLICATION_GUARD_PREFIX,
+    After, BadRowPolicy, CoreConfig, Observe, RelationRole, Sent, SessionCore, SessionError,
+    Skipped, ToSend, PUBLICATION_GUARD_PREFIX,
 };
 pub use topic::{validate_topic_name, EventFields, TopicField, TopicName, TopicTemplate};
 pub use value::PayloadKind;

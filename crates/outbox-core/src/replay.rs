@@ -71,6 +71,30 @@ pub struct PartialMismatch {
     pub reason: Doubt,
 }
 
+/// What came back, against what the progress record says.
+impl std::fmt::Display for PartialMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let PartialMismatch {
+            commit_lsn,
+            recorded,
+            read,
+            reason,
+        } = self;
+        write!(f, "{commit_lsn} came back with ")?;
+        if *reason == Doubt::PartialDigest {
+            write!(
+                f,
+                "other leading rows than the {recorded} the progress record names"
+            )
+        } else {
+            write!(
+                f,
+                "{read} published rows where the progress record counted {recorded} delivered"
+            )
+        }
+    }
+}
+
 /// How a session starts: what it was told, and where it is.
 #[derive(Debug, Clone)]
 pub struct ReplayStart {

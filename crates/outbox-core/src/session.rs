@@ -106,6 +106,16 @@ enum Role {
     Ignored { name: String, unreported: u64 },
 }
 
+/// What [`SessionCore::on_relation`] made of a relation: the caller's checks of the
+/// outbox's columns (binary values) follow the rules' word, not a second reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelationRole {
+    /// The outbox table, or a partition of it.
+    Outbox,
+    /// Another published relation.
+    Ignored,
+}
+
 /// What the caller does after a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
@@ -214,7 +224,7 @@ impl<O: Observe> SessionCore<O> {
         &mut self,
         r: &Relation,
         partition_of_outbox: Option<bool>,
-    ) -> Result<(), SessionError> {
+    ) -> Result<RelationRole, SessionError> {
         let table = &self.cfg.table;
         let bound = if !self.cfg.relay_table {
             None
@@ -237,19 +247,22 @@ impl<O: Observe> SessionCore<O> {
         } else {
             None
         };
-        let role = match bound {
-            Some(bound) => Role::Outbox(Arc::new(bound)),
-            None => Role::Ignored {
-                name: qualified_relation_name(r),
-                // A re-sent Relation (after a schema change) keeps the count not reported.
-                unreported: match self.relations.get(&r.rel_id) {
-                    Some(Role::Ignored { unreported, .. }) => *unreported,
-                    _ => 0,
+        let (role, told) = match bound {
+            Some(bound) => (Role::Outbox(Arc::new(bound)), RelationRole::Outbox),
+            None => (
+                Role::Ignored {
+                    name: qualified_relation_name(r),
+                    // A re-sent Relation (after a schema change) keeps the count not reported.
+                    unreported: match self.relations.get(&r.rel_id) {
+                        Some(Role::Ignored { unreported, .. }) => *unreported,
+                        _ => 0,
+                    },
                 },
-            },
+                RelationRole::Ignored,
+            ),
         };
         self.relations.insert(r.rel_id, role);
-        Ok(())
+        Ok(told)
     }
 
     /// Any other message of the stream; `now` dates a non-transactional message.
@@ -623,16 +636,22 @@ impl<O: Observe> SessionCore<O> {
         Ok(())
     }
 
-    /// A delivery report (`acked`: the broker has it). A failure freezes the position;
-    /// the caller ends the session.
-    pub fn on_delivery(&mut self, ticket: Ticket, acked: bool) -> Result<(), SessionError> {
+    /// A delivery report (`acked`: the broker has it), reported at `at_unix_micros` (the
+    /// producer's clock: reports may be taken in batches, later). A failure freezes the
+    /// position; the caller ends the session.
+    pub fn on_delivery(
+        &mut self,
+        ticket: Ticket,
+        acked: bool,
+        at_unix_micros: i64,
+    ) -> Result<(), SessionError> {
         if acked {
             let entry = self.ledger.delivered(ticket, Outcome::Acked)?;
             if let Some(row) = entry.row {
                 self.replay.acked(row);
             }
             self.events_acked = self.events_acked.saturating_add(1);
-            self.obs.acked(entry.commit_unix_micros);
+            self.obs.acked(entry.commit_unix_micros, at_unix_micros);
         } else {
             self.ledger.delivered(ticket, Outcome::Failed)?;
             self.obs.delivery_failed();

@@ -14,15 +14,16 @@ use pgoutput::{Begin, Column, Commit, ReplicaIdentity, TupleValue};
 #[derive(Default)]
 struct Seen {
     dead: Vec<RowErrorKind>,
-    acked: usize,
+    /// When each ack was reported.
+    acked_at: Vec<i64>,
 }
 
 impl Observe for Seen {
     fn dead_lettered(&mut self, error: &RowError, _topic: &TopicName) {
         self.dead.push(error.kind());
     }
-    fn acked(&mut self, _: i64) {
-        self.acked += 1;
+    fn acked(&mut self, _: i64, acked_at_unix_micros: i64) {
+        self.acked_at.push(acked_at_unix_micros);
     }
 }
 
@@ -175,15 +176,16 @@ fn confirmed_only_at_the_end_of_a_transaction_whose_rows_are_all_acked() {
     assert_eq!(sent.len(), 2);
     assert_eq!(sent[0].1.key.as_deref(), Some(&b"a"[..]));
     assert_eq!(c.advance(), None, "nothing acked");
-    c.on_delivery(sent[1].0, true).expect("ack");
+    c.on_delivery(sent[1].0, true, 7).expect("ack");
     assert_eq!(c.advance(), None, "one row of the transaction unacked");
-    c.on_delivery(sent[0].0, true).expect("ack");
+    c.on_delivery(sent[0].0, true, 8).expect("ack");
     assert_eq!(
         c.advance(),
         Some(Lsn(224)),
         "its end_lsn, never commit_lsn or +1"
     );
     assert!(c.may_stop());
+    assert_eq!(c.observer().acked_at, [7, 8], "each report's own time");
 }
 
 #[test]
@@ -196,7 +198,7 @@ fn a_keepalive_moves_the_position_only_when_nothing_is_open_or_unacked() {
     let sent = send_all(&mut c);
     c.on_keepalive(Lsn(600)).expect("keepalive");
     assert_eq!(c.advance(), None, "unacked: the keepalive does not pass it");
-    c.on_delivery(sent[0].0, true).expect("ack");
+    c.on_delivery(sent[0].0, true, 0).expect("ack");
     assert_eq!(c.advance(), Some(Lsn(224)));
     c.on_keepalive(Lsn(700)).expect("keepalive");
     assert_eq!(c.advance(), Some(Lsn(700)));
@@ -211,8 +213,8 @@ fn a_failed_delivery_freezes_the_position() {
         feed(&mut c, commit(commit_lsn, commit_lsn + 24));
     }
     let sent = send_all(&mut c);
-    c.on_delivery(sent[0].0, false).expect("report");
-    c.on_delivery(sent[1].0, true).expect("report");
+    c.on_delivery(sent[0].0, false, 0).expect("report");
+    c.on_delivery(sent[1].0, true, 0).expect("report");
     c.on_keepalive(Lsn(900)).expect("keepalive");
     assert_eq!(c.advance(), None);
 }
@@ -227,7 +229,7 @@ fn a_bad_row_is_dead_lettered_in_its_transaction_or_stops_before_it() {
     assert_eq!(&*sent[0].1.topic, "dlq");
     assert_eq!(c.observer().dead, vec![RowErrorKind::NullAggregateId]);
     assert_eq!(c.advance(), None, "the dead letter is unacked");
-    c.on_delivery(sent[0].0, true).expect("ack");
+    c.on_delivery(sent[0].0, true, 0).expect("ack");
     assert_eq!(c.advance(), Some(Lsn(224)));
 
     let mut c = with_outbox(BadRowPolicy::Stop);
@@ -263,10 +265,10 @@ fn a_non_transactional_message_holds_the_position_until_acked() {
     feed(&mut c, emitted(false, 250));
     let sent = send_all(&mut c);
     assert_eq!(sent.len(), 2);
-    c.on_delivery(sent[0].0, true).expect("ack");
+    c.on_delivery(sent[0].0, true, 0).expect("ack");
     c.on_keepalive(Lsn(400)).expect("keepalive");
     assert_eq!(c.advance(), Some(Lsn(224)), "not past the unacked message");
-    c.on_delivery(sent[1].0, true).expect("ack");
+    c.on_delivery(sent[1].0, true, 0).expect("ack");
     c.on_keepalive(Lsn(400)).expect("keepalive");
     assert_eq!(c.advance(), Some(Lsn(400)));
 }
@@ -280,7 +282,7 @@ fn the_position_waits_for_a_matching_look_at_the_publication() {
     feed(&mut c, insert(1, row(Some("a"))));
     feed(&mut c, commit(200, 224));
     let sent = send_all(&mut c);
-    c.on_delivery(sent[0].0, true).expect("ack");
+    c.on_delivery(sent[0].0, true, 0).expect("ack");
     assert_eq!(c.advance(), None, "acked, but no look since");
     let acked = c.watermark();
     c.raise_cap(acked);
@@ -296,7 +298,8 @@ fn partitions_are_bound_by_the_catalog_and_other_tables_counted() {
     reordered.reverse();
     let part = relation(2, "outbox_p1", reordered.clone());
     assert!(c.asks_parent(&part));
-    c.on_relation(&part, Some(true)).expect("partition");
+    let role = c.on_relation(&part, Some(true)).expect("partition");
+    assert_eq!(role, RelationRole::Outbox, "the relay checks its columns");
     let detached = relation(3, "outbox_old", reordered);
     match c.on_relation(&detached, Some(false)) {
         Err(SessionError::OutboxLikeRelation { relation, .. }) => {
@@ -305,7 +308,8 @@ fn partitions_are_bound_by_the_catalog_and_other_tables_counted() {
         other => panic!("{other:?}"),
     }
     let other = relation(4, "audit", vec![col("k", pgtype::INT4)]);
-    c.on_relation(&other, Some(false)).expect("other table");
+    let role = c.on_relation(&other, Some(false)).expect("other table");
+    assert_eq!(role, RelationRole::Ignored);
     feed(&mut c, begin(200));
     let mut tuple = row(Some("a"));
     tuple.columns.reverse();
@@ -436,7 +440,7 @@ fn an_outbox_row_read_through_for_its_size_is_dead_lettered_with_its_leading_col
     assert!(error.contains("OUTBOXD_MAX_MESSAGE_BYTES"), "{error}");
     assert_eq!(&*sent[2].1.topic, &*sent[0].1.topic);
     for (ticket, _) in &sent {
-        c.on_delivery(*ticket, true).expect("ack");
+        c.on_delivery(*ticket, true, 0).expect("ack");
     }
     assert_eq!(
         c.advance(),

@@ -225,6 +225,11 @@ impl Eos {
         self.cluster.commit(changes, size, time, false);
     }
 
+    /// The simulated clock, as the producer's delivery reports carry it.
+    fn now_micros(&self) -> i64 {
+        i64::try_from(self.now.as_micros()).unwrap_or(i64::MAX)
+    }
+
     fn pass_time(&mut self, most_ms: u64) -> Result<(), Violation> {
         self.now += Duration::from_millis(1 + self.rng.below(most_ms));
         // A status update of the slot's holder: the position it handed on.
@@ -452,13 +457,13 @@ impl Eos {
         if !self.broker.append(s.epoch, w) {
             s.life
                 .core
-                .on_delivery(ticket, false)
+                .on_delivery(ticket, false, self.now_micros())
                 .map_err(Failure::rules)?;
             return Err(Failure::Txn(TxnError::Fenced("produce: _FENCED".into())));
         }
         s.life
             .core
-            .on_delivery(ticket, true)
+            .on_delivery(ticket, true, self.now_micros())
             .map_err(Failure::rules)
     }
 
@@ -575,7 +580,7 @@ impl Eos {
         let ok = self.broker.append(s.epoch, w);
         s.life
             .core
-            .on_delivery(ticket, ok)
+            .on_delivery(ticket, ok, self.now_micros())
             .map_err(Failure::rules)?;
         match ok {
             true => Ok(()),

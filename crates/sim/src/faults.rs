@@ -51,7 +51,7 @@ impl Sim {
             // fails too.
             life.queues[p].clear();
             life.core
-                .on_delivery(ticket, false)
+                .on_delivery(ticket, false, self.clock)
                 .map_err(|e| Violation(format!("fail: {e}")))?;
             life.failing = true;
         }

@@ -586,7 +586,7 @@ impl Sim {
         self.stats.events += 1;
         self.stats.dead_letters += u64::from(w.dead);
         life.core
-            .on_delivery(ticket, true)
+            .on_delivery(ticket, true, self.clock)
             .map_err(|e| Violation(format!("ack: {e}")))?;
         Ok(true)
     }

@@ -56,7 +56,8 @@ impl CoreConfig {
     }
 }
 
-/// Why a session stops.
+/// Why a session stops. The texts end with the remedy ([`SessionError::remedy`]), so the
+/// relay prints them as they are.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     #[error("ack tracking error: {0}")]
@@ -65,17 +66,17 @@ pub enum SessionError {
     Shape(#[from] ShapeError),
     #[error("replication protocol error: {0}")]
     Protocol(String),
-    #[error("the partly delivered transaction at {} came back with {} rows where {} were recorded ({})", .0.commit_lsn, .0.read, .0.recorded, .0.reason.explain())]
+    #[error("the partly delivered transaction committing at {}: {}", .0, remedy(self))]
     PartialReplay(PartialMismatch),
     /// The proof of a replay failed after its hold spilled (`ReplayCore::spill`): rows were
     /// dropped unproven, so the session ends before anything past them is confirmed, and
     /// the next one publishes them.
-    #[error("a replay too long to hold was not proven delivered ({}): it is published again", .0.explain())]
+    #[error("a replay too long to hold in memory was not proven delivered ({}): the next session publishes it again", .0.explain())]
     ReplayUnproven(Doubt),
     /// Under [`BadRowPolicy::Stop`]; the slot stays before `commit_lsn`.
-    #[error("bad outbox row: {error}")]
+    #[error("bad outbox row{}: {error}", shown_id(error))]
     BadRow { error: RowError, commit_lsn: Lsn },
-    #[error("bad outbox row: {error}; its dead-letter record of {size} bytes does not fit")]
+    #[error("bad outbox row{}: {error}; {}", shown_id(error), remedy(self))]
     DeadLetterTooLarge { error: RowError, size: usize },
     /// A record held while its replay was proven, then released, was refused as too large:
     /// its transaction is committed, so no dead letter can take its place.
@@ -83,7 +84,10 @@ pub enum SessionError {
     ReleasedTooLarge { topic: String, size: usize },
     /// Inserts into a relation shaped like the outbox that the catalog does not call a
     /// partition of it (one detached or dropped since its rows were written).
-    #[error("inserts into {relation}, shaped like {table} but not a partition of it")]
+    #[error(
+        "the stream carries inserts into {relation}, which has the outbox's columns {}",
+        remedy(self)
+    )]
     OutboxLikeRelation { relation: String, table: String },
 }
 
@@ -93,10 +97,47 @@ impl SessionError {
     pub fn remedy(&self) -> Option<String> {
         let text = match self {
             SessionError::ReleasedTooLarge { .. } => String::from("nothing past it is confirmed"),
+            SessionError::PartialReplay(m) => format!(
+                "it is published again whole from the slot (duplicates, never a loss){}",
+                if m.reason == Doubt::PartialDigest {
+                    "; likely a record outboxd did not write: allow only outboxd's own \
+                     Kafka principal to write OUTBOXD_PROGRESS_TOPIC \
+                     (docs/replay-skip.md#who-may-write-the-progress-topic)"
+                } else {
+                    ""
+                }
+            ),
+            SessionError::DeadLetterTooLarge { size, .. } => format!(
+                "its dead-letter record of {size} bytes does not fit OUTBOXD_MAX_MESSAGE_BYTES \
+                either, so outboxd stopped without acknowledging the row. Raise \
+                OUTBOXD_MAX_MESSAGE_BYTES (with the broker's message.max.bytes) and restart"
+            ),
+            SessionError::OutboxLikeRelation { relation, table } => format!(
+                "but is neither {table} nor, in the current catalog, one of its partitions: \
+                probably a partition detached or dropped before outboxd relayed its rows. \
+                Ignoring them could lose events, so outboxd stopped before confirming them. \
+                Re-attach the partition until outboxd has relayed them (ALTER TABLE {table} \
+                ATTACH PARTITION {relation} ...), or, if {relation} really is another \
+                table, take it out of the publication. A dropped partition cannot be \
+                re-attached: its rows can then only be skipped, knowingly, with \
+                pg_replication_slot_advance (README, Bad rows)"
+            ),
             _ => return None,
         };
         Some(text)
     }
+}
+
+fn remedy(e: &SessionError) -> String {
+    e.remedy().unwrap_or_default()
+}
+
+/// A bad row's event id as its error's text shows it (` id=…`), if it has one.
+fn shown_id(error: &RowError) -> String {
+    error
+        .event_id()
+        .map(|id| format!(" id={}", crate::error::short_id(id)))
+        .unwrap_or_default()
 }
 
 /// A row left unpublished because Kafka has it.
@@ -118,8 +159,9 @@ pub trait Observe {
     /// A bad row's dead-letter record was queued (or held with its replay); under
     /// [`BadRowPolicy::Stop`] nothing is: the row was not dead-lettered.
     fn dead_lettered(&mut self, _error: &RowError, _topic: &TopicName) {}
-    /// The broker acknowledged a message of a transaction committed at this time.
-    fn acked(&mut self, _commit_unix_micros: i64) {}
+    /// The broker acknowledged a message of a transaction committed at
+    /// `commit_unix_micros`; the report came at `acked_at_unix_micros`.
+    fn acked(&mut self, _commit_unix_micros: i64, _acked_at_unix_micros: i64) {}
     fn delivery_failed(&mut self) {}
     /// How many records the replay holds now.
     fn held(&mut self, _n: usize) {}

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use outbox_core::{AckError, RowError, ShapeError, TxnNext};
+use outbox_core::{RowError, SessionError, TxnNext};
 /// Permanent errors need an operator; retryable ones reconnect with backoff and resume
 /// from the slot.
 pub use pgoutput::ErrorClass;
@@ -126,8 +126,6 @@ pub enum RelayError {
         setting: &'static str,
         problem: String,
     },
-    #[error("the stream carries inserts into {relation}, which has the outbox's columns but is neither {table} {}", self.remedy().unwrap_or_default())]
-    OutboxLikeRelation { relation: String, table: String },
     #[error("the sharded outbox {table} is not laid out as OUTBOXD_SHARD_COUNT says: {problem}")]
     ShardLayout { table: String, problem: String },
     #[error("the server at {host}:{port} is a standby (in recovery); {}", self.remedy().unwrap_or_default())]
@@ -148,8 +146,6 @@ pub enum RelayError {
     },
     #[error("the server's output settings changed while binary values were streamed {}", self.remedy().unwrap_or_default())]
     OutputSettingsChanged { was: String, now: String },
-    #[error(transparent)]
-    Shape(#[from] ShapeError),
     #[error("bad outbox row{}: {error}; {}", .error.event_id().map(|id| format!(" id={}", outbox_core::short_id(id))).unwrap_or_default(), self.remedy().unwrap_or_default())]
     BadRow {
         error: RowError,
@@ -157,8 +153,6 @@ pub enum RelayError {
         /// The transaction's commit LSN: a slot confirmed past it no longer decodes it.
         commit_lsn: pgoutput::Lsn,
     },
-    #[error("bad outbox row{}: {error}; {}", .error.event_id().map(|id| format!(" id={}", outbox_core::short_id(id))).unwrap_or_default(), self.remedy().unwrap_or_default())]
-    DeadLetterTooLarge { error: RowError, size: usize },
     #[error("Kafka producer setup failed: {0}")]
     KafkaSetup(#[from] KafkaSetupError),
     #[error("{0}")]
@@ -170,24 +164,12 @@ pub enum RelayError {
     Transaction(#[from] TxnError),
     #[error("replication protocol error: {0}")]
     Protocol(String),
-    #[error("ack tracking error: {0}")]
-    Ack(#[from] AckError),
+    /// The session's rules stopped it. A bad row's becomes [`RelayError::BadRow`] where
+    /// the slot is known (`Session::explain`).
+    #[error(transparent)]
+    Session(#[from] SessionError),
     #[error("the server closed the replication stream")]
     StreamClosed,
-    #[error("the partly delivered transaction committing at {commit_lsn} {}: {}",
-        if *digest_differs { format!("came back with other leading rows than the {recorded} the progress record names") }
-        else { format!("came back with {read} published rows where the progress record counted {recorded} delivered") },
-        self.remedy().unwrap_or_default())]
-    PartialReplay {
-        commit_lsn: pgoutput::Lsn,
-        recorded: u64,
-        read: u64,
-        /// The rows' digest differs (not their count): a record written by someone else.
-        digest_differs: bool,
-    },
-    /// See `SessionError::ReplayUnproven`.
-    #[error("a replay too long to hold in memory was not proven delivered ({}): the next session publishes it again whole from the slot (duplicates, never a loss)", .0.explain())]
-    ReplayUnproven(outbox_core::Doubt),
 }
 
 impl RelayError {
@@ -335,18 +317,6 @@ impl RelayError {
                 row that may not be in Kafka (docs/operations.md, \"A lost slot: \
                 re-publishing\")"
             ),
-            RelayError::OutboxLikeRelation {
-                relation, table, ..
-            } => format!(
-                "nor, in the current catalog, one of its partitions: probably a partition \
-                detached or dropped before outboxd relayed its rows. Ignoring them could lose \
-                events, so outboxd stopped before confirming them. Re-attach the partition \
-                until outboxd has relayed them (ALTER TABLE {table} ATTACH PARTITION \
-                {relation} ...), or, if {relation} really is another table, take it out of \
-                the publication. A dropped partition cannot be re-attached: its rows can then \
-                only be skipped, knowingly, with pg_replication_slot_advance (README, Bad \
-                rows)"
-            ),
             RelayError::InRecovery { .. } => String::from(
                 "outboxd streams only from a primary and waits for this one to be promoted, or \
                 for the address to point at the primary",
@@ -385,21 +355,7 @@ impl RelayError {
                 pg_replication_slot_advance('{slot}', '{commit_lsn}'::pg_lsn + 1), then \
                 restart"
             ),
-            RelayError::DeadLetterTooLarge { size, .. } => format!(
-                "its dead-letter record of {size} bytes does not fit OUTBOXD_MAX_MESSAGE_BYTES \
-                either, so outboxd stopped without acknowledging the row. Raise \
-                OUTBOXD_MAX_MESSAGE_BYTES (with the broker's message.max.bytes) and restart"
-            ),
-            RelayError::PartialReplay { digest_differs, .. } => format!(
-                "it is published again whole from the slot (duplicates, never a loss){}",
-                if *digest_differs {
-                    "; likely a record outboxd did not write: allow only outboxd's own \
-                     Kafka principal to write OUTBOXD_PROGRESS_TOPIC \
-                     (docs/replay-skip.md#who-may-write-the-progress-topic)"
-                } else {
-                    ""
-                }
-            ),
+            RelayError::Session(e) => return e.remedy(),
             _ => return None,
         };
         Some(text)
@@ -429,11 +385,14 @@ impl RelayError {
             ),
             // Recognised by its SQLSTATE on the stream (see from_stream).
             E::PublicationDropped { .. } => (Permanent, sqlstate("42704")),
-            E::Shape(e) => (e.class(), None),
-            E::BadRow { error, .. } | E::DeadLetterTooLarge { error, .. } => (error.class(), None),
+            E::Session(SessionError::Shape(e)) => (e.class(), None),
+            E::BadRow { error, .. }
+            | E::Session(
+                SessionError::BadRow { error, .. } | SessionError::DeadLetterTooLarge { error, .. },
+            ) => (error.class(), None),
             // A broken message sequence or ack bookkeeping is a bug, not an outage: replaying
             // the same WAL would hit it again, so exit (code 1) with the log instead of looping.
-            E::Ack(e) => (e.class(), None),
+            E::Session(SessionError::Ack(e)) => (e.class(), None),
             E::SlotMissing { .. }
             | E::SlotDropped { .. }
             | E::SlotInvalidated { .. }
@@ -441,7 +400,11 @@ impl RelayError {
             | E::PublicationMissing { .. }
             | E::TableNotPublished { .. }
             | E::UnsupportedServer { .. }
-            | E::OutboxLikeRelation { .. }
+            | E::Session(
+                SessionError::OutboxLikeRelation { .. }
+                | SessionError::Protocol(_)
+                | SessionError::ReleasedTooLarge { .. },
+            )
             | E::ShardLayout { .. }
             | E::SlotLost { .. }
             | E::RowsBeforeSlot { .. }
@@ -493,8 +456,9 @@ impl RelayError {
             | E::InRecovery { .. }
             | E::BinaryRuledOutByRelation { .. }
             | E::OutputSettingsChanged { .. }
-            | E::PartialReplay { .. }
-            | E::ReplayUnproven(_) => (Retryable, None),
+            | E::Session(SessionError::PartialReplay(_) | SessionError::ReplayUnproven(_)) => {
+                (Retryable, None)
+            }
         }
     }
 
@@ -521,9 +485,17 @@ impl RelayError {
     pub fn exit_code(&self) -> i32 {
         use RelayError as E;
         match self {
-            E::BadRow { .. } | E::DeadLetterTooLarge { .. } => 4,
+            E::BadRow { .. }
+            | E::Session(SessionError::BadRow { .. } | SessionError::DeadLetterTooLarge { .. }) => {
+                4
+            }
             E::KafkaSetup(_) | E::Delivery(_) | E::Send(_) | E::Transaction(_) => 5,
-            E::Protocol(_) | E::Ack(_) => 1,
+            E::Protocol(_)
+            | E::Session(
+                SessionError::Protocol(_)
+                | SessionError::Ack(_)
+                | SessionError::ReleasedTooLarge { .. },
+            ) => 1,
             _ => 3,
         }
     }
@@ -546,6 +518,7 @@ impl RelayError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use outbox_core::{AckError, ShapeError};
     use pgrepl::ServerError;
 
     fn server(code: &str, message: &str) -> ReplError {
@@ -559,12 +532,12 @@ mod tests {
 
     #[test]
     fn a_forged_partial_count_names_who_may_write_the_record_in_one_line() {
-        let e = RelayError::PartialReplay {
+        let e = RelayError::from(SessionError::PartialReplay(outbox_core::PartialMismatch {
             commit_lsn: pgoutput::Lsn::ZERO,
             recorded: 5,
             read: 3,
-            digest_differs: true,
-        };
+            reason: outbox_core::Doubt::PartialDigest,
+        }));
         let text = e.to_string();
         assert!(
             text.contains("outboxd's own Kafka principal to write OUTBOXD_PROGRESS_TOPIC (docs/"),
@@ -629,7 +602,7 @@ mod tests {
                 Some("librdkafka RequestTimedOut"),
             ),
             (
-                RelayError::Ack(AckError::UnknownTxn { seq: 1 }),
+                RelayError::from(SessionError::from(AckError::UnknownTxn { seq: 1 })),
                 ErrorClass::Permanent,
                 None,
             ),
@@ -672,8 +645,87 @@ mod tests {
         let ack = AckError::NoOpenTransaction {
             operation: "Commit",
         };
-        assert_eq!(RelayError::Ack(ack.clone()).class(), ack.class());
-        assert_eq!(RelayError::Ack(ack).exit_code(), 1);
+        let relay = RelayError::from(SessionError::from(ack.clone()));
+        assert_eq!(relay.class(), ack.class());
+        assert_eq!(relay.exit_code(), 1);
+    }
+
+    #[test]
+    fn the_rules_errors_keep_their_class_exit_code_and_remedy() {
+        use ErrorClass::{Permanent, Retryable};
+        let row = || RowError::new(outbox_core::RowErrorKind::NullColumn, "id is NULL");
+        let cases = [
+            (
+                SessionError::BadRow {
+                    error: row(),
+                    commit_lsn: pgoutput::Lsn(7),
+                },
+                Permanent,
+                4,
+            ),
+            (
+                SessionError::DeadLetterTooLarge {
+                    error: row(),
+                    size: 9,
+                },
+                Permanent,
+                4,
+            ),
+            (SessionError::Protocol("x".into()), Permanent, 1),
+            (
+                SessionError::ReleasedTooLarge {
+                    topic: "t".into(),
+                    size: 9,
+                },
+                Permanent,
+                1,
+            ),
+            (
+                SessionError::Shape(ShapeError::WrongTable {
+                    expected: "public.outbox".into(),
+                    found: "public.other".into(),
+                }),
+                Permanent,
+                3,
+            ),
+            (
+                SessionError::OutboxLikeRelation {
+                    relation: "public.outbox_old".into(),
+                    table: "public.outbox".into(),
+                },
+                Permanent,
+                3,
+            ),
+            (
+                SessionError::PartialReplay(outbox_core::PartialMismatch {
+                    commit_lsn: pgoutput::Lsn(7),
+                    recorded: 5,
+                    read: 3,
+                    reason: outbox_core::Doubt::PartialRows,
+                }),
+                Retryable,
+                3,
+            ),
+        ];
+        for (e, class, code) in cases {
+            let core_text = e.to_string();
+            let e = RelayError::from(e);
+            assert_eq!((e.class(), e.exit_code()), (class, code), "{e}");
+            assert_eq!(e.to_string(), core_text, "the rules' text as it is");
+            let remedy = e.remedy().unwrap_or_default();
+            assert!(core_text.ends_with(&remedy), "{core_text}");
+        }
+        let e = RelayError::from(SessionError::DeadLetterTooLarge {
+            error: row().with_event_id(Some("e-1")),
+            size: 9,
+        });
+        assert!(
+            e.to_string().starts_with(
+                "bad outbox row id=e-1: outbox event \"e-1\": id is NULL; its dead-letter record \
+                 of 9 bytes does not fit OUTBOXD_MAX_MESSAGE_BYTES either"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

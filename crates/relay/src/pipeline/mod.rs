@@ -44,7 +44,7 @@ pub use slot::{
 };
 pub use slot_history::{judge_missing_slot, Consent, Creation, History};
 
-use outbox_core::{Ended, ReplayStart};
+use outbox_core::{Ended, ReplayStart, SessionError};
 
 use crate::kafka::{
     build_producer, build_transactional_producer, BrokerProbe, ProducerSettings, ProgressRecord,
@@ -602,7 +602,7 @@ async fn run_session(
     carry
         .life
         .session_ran(Some(session.delivered()), session.publication_seen());
-    if let Err(RelayError::ReplayUnproven(_)) = &result {
+    if let Err(RelayError::Session(SessionError::ReplayUnproven(_))) = &result {
         carry.life.replay_unproven();
     }
     match &result {

@@ -15,8 +15,8 @@
 use std::time::{Duration, Instant};
 
 use outbox_core::{
-    After, Doubt, KafkaTxnCore, Observe, ReplayStart, RowError, Sent, SessionCore, SessionError,
-    Skipped, Ticket, TopicName, TxnId, TxnRules,
+    After, Doubt, KafkaTxnCore, Observe, RelationRole, ReplayStart, RowError, Sent, SessionCore,
+    SessionError, Skipped, Ticket, TopicName, TxnId, TxnRules,
 };
 use pgoutput::{LogicalMessage, PgTimestamp};
 use pgrepl::{preflight, FlushHandle, ReplicationEvent, ReplicationStream};
@@ -120,8 +120,6 @@ struct Reports {
     obs: Observer,
     /// A doubt was logged in this session (once is enough; the metric counts each).
     doubt_logged: bool,
-    /// When librdkafka reported the delivery being handed to the rules.
-    acked_at_unix_micros: i64,
 }
 
 impl Observe for Reports {
@@ -139,9 +137,8 @@ impl Observe for Reports {
         self.obs.dead_lettered(error.kind());
     }
 
-    fn acked(&mut self, commit_unix_micros: i64) {
-        self.obs
-            .published(commit_unix_micros, self.acked_at_unix_micros);
+    fn acked(&mut self, commit_unix_micros: i64, acked_at_unix_micros: i64) {
+        self.obs.published(commit_unix_micros, acked_at_unix_micros);
     }
 
     fn delivery_failed(&mut self) {
@@ -189,34 +186,6 @@ pub(super) struct SessionStart {
     pub output_settings: Option<[String; 3]>,
 }
 
-/// The relay's error for the rules' (`slot`: named in the way past a bad row).
-fn lift(e: SessionError, slot: &str) -> RelayError {
-    match e {
-        SessionError::Ack(e) => RelayError::Ack(e),
-        SessionError::Shape(e) => RelayError::Shape(e),
-        SessionError::Protocol(m) => RelayError::Protocol(m),
-        e @ SessionError::ReleasedTooLarge { .. } => RelayError::Protocol(e.to_string()),
-        SessionError::ReplayUnproven(d) => RelayError::ReplayUnproven(d),
-        SessionError::PartialReplay(m) => RelayError::PartialReplay {
-            commit_lsn: m.commit_lsn,
-            recorded: m.recorded,
-            read: m.read,
-            digest_differs: m.reason == outbox_core::Doubt::PartialDigest,
-        },
-        SessionError::BadRow { error, commit_lsn } => RelayError::BadRow {
-            error,
-            slot: slot.to_owned(),
-            commit_lsn,
-        },
-        SessionError::DeadLetterTooLarge { error, size } => {
-            RelayError::DeadLetterTooLarge { error, size }
-        }
-        SessionError::OutboxLikeRelation { relation, table } => {
-            RelayError::OutboxLikeRelation { relation, table }
-        }
-    }
-}
-
 impl<'a> Session<'a> {
     pub(super) fn new(
         cfg: &'a RelayConfig,
@@ -231,7 +200,6 @@ impl<'a> Session<'a> {
         let reports = Reports {
             obs: obs.clone(),
             doubt_logged: false,
-            acked_at_unix_micros: 0,
         };
         Session {
             cfg,
@@ -420,7 +388,7 @@ impl<'a> Session<'a> {
     /// Whether there is room in flight to read on. A hold given up for it is sent first:
     /// the rules' records are answered before their next input.
     async fn room(&mut self) -> Result<bool, RelayError> {
-        let room = self.core.make_room().map_err(|e| lift(e, &self.cfg.slot))?;
+        let room = self.core.make_room()?;
         self.send_queued().await?;
         Ok(room)
     }
@@ -485,9 +453,7 @@ impl<'a> Session<'a> {
         match ev {
             ReplicationEvent::Keepalive { wal_end, .. } => {
                 self.obs.server_wal_end(wal_end);
-                self.core
-                    .on_keepalive(wal_end)
-                    .map_err(|e| lift(e, &self.cfg.slot))?;
+                self.core.on_keepalive(wal_end)?;
             }
             ReplicationEvent::XLogData {
                 wal_end, message, ..
@@ -499,12 +465,13 @@ impl<'a> Session<'a> {
                             false => None,
                             true => Some(self.is_partition_of_outbox(r.rel_id).await?),
                         };
-                        if self.cfg.rules.relay_table
-                            && (parent == Some(true) || self.cfg.rules.table.matches(&r))
-                        {
+                        let role = self.core.on_relation(&r, parent);
+                        // Only the outbox's columns (and its partitions') can rule binary
+                        // values out; the rules said which relation that is.
+                        if let Ok(RelationRole::Outbox) = role {
                             super::binary::verify_relation(self.cfg, &self.binary, &r)?;
                         }
-                        self.core.on_relation(&r, parent).map(|()| After::Nothing)
+                        role.map(|_| After::Nothing)
                     }
                     other => self.core.on_message(other, PgTimestamp::now()),
                 };
@@ -522,7 +489,7 @@ impl<'a> Session<'a> {
     }
 
     async fn after(&mut self, after: Result<After, SessionError>) -> Result<(), RelayError> {
-        match after.map_err(|e| lift(e, &self.cfg.slot))? {
+        match after? {
             After::Nothing => Ok(()),
             After::LookAtPublication { commit } => {
                 self.send_queued().await?;
@@ -536,19 +503,25 @@ impl<'a> Session<'a> {
         let mut sent_any = false;
         while let Some(send) = self.core.take_send() {
             sent_any = true;
-            let sent = self.send(&send.record, send.ticket).await;
-            let answer = match sent {
-                Ok(how) => self.core.sent(send, how),
-                Err(e) => {
-                    // No report will come, and the session ends with this error: settle
-                    // it as a failed delivery, which also keeps the watermark where it is.
-                    self.core
-                        .send_failed(send)
-                        .map_err(|e| lift(e, &self.cfg.slot))?;
-                    return Err(e);
-                }
+            // Reports taken while librdkafka's queue was full go to the rules after this
+            // send's answer: nothing comes between a send and its answer.
+            let mut reports = Vec::new();
+            let sent = self.send(&send.record, send.ticket, &mut reports).await;
+            // A record not sent gets no report, and the session ends: it is settled as a
+            // failed delivery, which also keeps the watermark where it is.
+            let (answer, error) = match sent {
+                Ok(Some(how)) => (self.core.sent(send, how), None),
+                // The failed report among `reports` is the error.
+                Ok(None) => (self.core.send_failed(send), None),
+                Err(e) => (self.core.send_failed(send), Some(e)),
             };
-            answer.map_err(|e| lift(e, &self.cfg.slot))?;
+            answer?;
+            for d in reports {
+                self.on_delivery(d)?;
+            }
+            if let Some(e) = error {
+                return Err(e);
+            }
         }
         // Only after a send, as before the core existed: this runs after every message.
         if sent_any {
@@ -558,12 +531,15 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    /// Hands one record to the producer.
+    /// Hands one record to the producer. `None`: not sent, because a delivery failed
+    /// while librdkafka's queue was full (its report is the last of `reports`, which
+    /// gathers the reports taken while waiting for room).
     async fn send(
         &mut self,
         rec: &outbox_core::OutboxRecord,
         ticket: Ticket,
-    ) -> Result<Sent, RelayError> {
+        reports: &mut Vec<Delivery>,
+    ) -> Result<Option<Sent>, RelayError> {
         if let Some(txn) = self.txn.as_mut() {
             if txn.core.on_send(txn.now()) {
                 if let Err(e) = self.producer.begin_transaction() {
@@ -574,13 +550,20 @@ impl<'a> Session<'a> {
         }
         loop {
             match self.producer.send_outbox(rec, ticket.index()) {
-                Ok(()) => return Ok(Sent::Queued),
-                Err(SendError::MessageTooLarge { size }) => return Ok(Sent::TooLarge { size }),
+                Ok(()) => return Ok(Some(Sent::Queued)),
+                Err(SendError::MessageTooLarge { size }) => {
+                    return Ok(Some(Sent::TooLarge { size }))
+                }
                 Err(SendError::QueueFull) => {
                     // librdkafka's own queue is full (its cap is at least ours, so rare):
-                    // wait for one delivery and try again.
+                    // a delivery report frees a place; try again. A failed one ends the
+                    // session, so trying stops there.
                     let d = self.deliveries.recv().await.ok_or_else(channel_closed)?;
-                    self.on_delivery(d)?;
+                    let failed = d.outcome.is_err();
+                    reports.push(d);
+                    if failed {
+                        return Ok(None);
+                    }
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -591,15 +574,12 @@ impl<'a> Session<'a> {
         if d.ticket == PROGRESS_TICKET {
             return d.outcome.map(|_| ()).map_err(RelayError::Delivery);
         }
-        self.core.observer().acked_at_unix_micros = d.at_unix_micros;
         let ticket = Ticket::from_index(d.ticket);
         let acked = d.outcome.is_ok();
         if d.outcome.is_err() {
             self.failed_topic = self.core.ledger().topic_of(ticket).map(str::to_owned);
         }
-        self.core
-            .on_delivery(ticket, acked)
-            .map_err(|e| lift(e, &self.cfg.slot))?;
+        self.core.on_delivery(ticket, acked, d.at_unix_micros)?;
         match d.outcome {
             Ok(_) => Ok(()),
             Err(failure) => Err(RelayError::Delivery(failure)),
@@ -610,8 +590,16 @@ impl<'a> Session<'a> {
     /// "unknown topic or partition" is also what a partition without a leader for now
     /// gives, so a topic is called missing only when the brokers' metadata says so.
     /// Retrying a missing topic would re-send every message behind it on each attempt.
+    /// A bad row's error gets the slot, which the way past it names.
     pub(super) async fn explain(&self, e: RelayError) -> RelayError {
         match (e, &self.failed_topic) {
+            (RelayError::Session(SessionError::BadRow { error, commit_lsn }), _) => {
+                RelayError::BadRow {
+                    error,
+                    slot: self.cfg.slot.clone(),
+                    commit_lsn,
+                }
+            }
             (RelayError::Delivery(f), Some(topic)) if f.may_be_a_missing_topic() => {
                 // Twice, a moment apart: one broker that has not yet learned of a topic
                 // (just created, or recreated) must not stop a healthy relay.

@@ -41,9 +41,7 @@ impl Session<'_> {
             .is_some_and(|p| p.store.foreign_writer())
         {
             // Another live copy records under this key: its claims prove nothing here.
-            self.core
-                .doubt(outbox_core::Doubt::ForeignWriter)
-                .map_err(|e| super::lift(e, &self.cfg.slot))?;
+            self.core.doubt(outbox_core::Doubt::ForeignWriter)?;
             self.send_queued().await?;
         }
         if let Some(Err(e)) = self
