@@ -380,6 +380,21 @@ fn unstable_records(bootstrap: &str, topics: &[String], partitions: i32) -> i64 
     end("read_uncommitted") - end("read_committed")
 }
 
+/// Lets `load` commit `more` events from now, stops it, and waits until `relay` confirmed
+/// the WAL after them: the committed events, in commit order.
+async fn finish_load(
+    load: support::ops::LoadGen,
+    relay: &mut Relay,
+    db: &pgtest::TestDb<'_>,
+    (more, limit): (usize, Duration),
+) -> Vec<Event> {
+    load.wait_committed(load.committed() + more, limit).await;
+    let events = load.stop().await;
+    let wal_after = schema::current_wal_lsn(db).await;
+    wait_confirmed_while_running(relay, db, wal_after).await;
+    events
+}
+
 /// Waits until `relay` confirmed `lsn` to PostgreSQL, failing at once (with its log) if it
 /// exits meanwhile.
 async fn wait_confirmed_while_running(relay: &mut Relay, db: &pgtest::TestDb<'_>, lsn: u64) {

@@ -5,12 +5,11 @@ use std::time::Duration;
 
 use pgtest::PgCluster;
 
-use super::{assert_exactly_once, wait_confirmed_while_running, EXACTLY_ONCE};
+use super::{assert_exactly_once, finish_load, EXACTLY_ONCE};
 use crate::support;
 use support::broker::Broker;
 use support::ops::{LoadGen, LoadShape};
 use support::scenario::Scenario;
-use support::schema;
 
 /// Three brokers, RF 3, min ISR 2: the leader of an event partition killed (kill -9)
 /// mid-stream under exactly-once, then back. Every event exactly once in read_committed.
@@ -103,11 +102,7 @@ async fn a_broker_hung_across_a_commit_neither_loses_nor_duplicates() {
         .wait_metric_at_least("outboxd_reconnects_total", reconnects + 1.0)
         .await;
     cluster.set_paused(1, false).expect("SIGCONT the broker");
-    load.wait_committed(load.committed() + 300, Duration::from_secs(60))
-        .await;
-    let events = load.stop().await;
-    let wal_after = schema::current_wal_lsn(db).await;
-    wait_confirmed_while_running(&mut relay, db, wal_after).await;
+    let events = finish_load(load, &mut relay, db, (300, Duration::from_secs(60))).await;
     assert_exactly_once(
         bootstrap,
         topics,
@@ -170,11 +165,7 @@ async fn the_transaction_coordinator_killed_neither_loses_nor_duplicates() {
         .transaction_coordinator(&format!("outboxd/{key}"))
         .expect("a new coordinator");
     tokio::task::block_in_place(|| cluster.restart(&[coordinator], 3)).expect("the broker rejoins");
-    load.wait_committed(load.committed() + 300, Duration::from_secs(60))
-        .await;
-    let events = load.stop().await;
-    let wal_after = schema::current_wal_lsn(db).await;
-    wait_confirmed_while_running(&mut relay, db, wal_after).await;
+    let events = finish_load(load, &mut relay, db, (300, Duration::from_secs(60))).await;
     assert_exactly_once(
         bootstrap,
         topics,
