@@ -416,11 +416,13 @@ impl<R> ReplayCore<R> {
             return Vec::new();
         }
         self.spilled = true;
-        let dropped = self.held.split_off(1);
-        for row in dropped.iter().filter_map(|h| h.row) {
+        // The first one's row too: its ticket, not its row, keeps the position back, and
+        // a row left undone would keep every later row of its transaction in the row
+        // ledger (a bulk insert replayed whole). None is claimed as partial meanwhile.
+        for row in self.held.iter().filter_map(|h| h.row) {
             self.rows.done(row);
         }
-        dropped
+        self.held.split_off(1)
     }
 
     /// Whether records were dropped unproven ([`ReplayCore::spill`]) and no mark has
@@ -472,15 +474,16 @@ impl<R> ReplayCore<R> {
         }
     }
 
-    /// The partly acked transaction worth recording at `lsn`. None after a spill until
-    /// proven: rows dropped unproven count as done, and must not be claimed.
+    /// The partly acked transaction worth recording at `lsn`. After a spill, until proven,
+    /// only the claim's own: rows dropped unproven count as done, and must not be claimed.
     fn partial_at(&self, lsn: Lsn) -> Option<PartialTxn> {
+        let claimed = self.proof.partial().filter(|p| p.txn.commit_lsn >= lsn);
         if self.spilled {
-            return None;
+            return claimed;
         }
         self.verifying
             .or_else(|| self.rows.partial(lsn))
-            .or(self.proof.partial().filter(|p| p.txn.commit_lsn >= lsn))
+            .or(claimed)
     }
 
     /// A transaction of `rows` published rows committed: the one before it becomes a
@@ -743,6 +746,25 @@ mod tests {
         last_mark.commit_time += 1;
         let (_, _, last) = spilled_replay(other);
         assert!(matches!(last, Step::Unproven(Doubt::Mismatch)), "{last:?}");
+    }
+
+    /// A review found a bulk insert replayed after a spill keeping every row's identity:
+    /// the first held row, never done, kept the rest of its transaction in the row ledger.
+    #[test]
+    fn a_spilled_transaction_leaves_nothing_per_row_behind() {
+        let mut c = from_100(Some(claim_over(0, 40, 3)), 0);
+        let _ = c.begin(id(1_000, 0, 1_000));
+        for i in 0..10_000u32 {
+            let Ok(NextRow::Publish(row)) = c.next_row(u64::from(i)) else {
+                panic!("no partial here");
+            };
+            let _ = c.hold(Ticket::from_index(i.try_into().unwrap()), 0, row);
+            if i == 0 {
+                assert!(c.spill().is_empty());
+            }
+        }
+        let open = c.rows.open_done().unwrap();
+        assert_eq!(open.rows, 10_000, "every row done, none pending");
     }
 
     #[test]

@@ -186,7 +186,11 @@ impl<O: Observe> SessionCore<O> {
             }
             self.obs.held(self.replay.held_len());
         }
-        Ok(self.ledger.has_room())
+        // The record a spill keeps back gets no report until the proof, which lies ahead
+        // in the stream: alone in flight, it must not stop the reading (a cap of 1, or a
+        // byte cap below one record).
+        let only_kept_back = self.replay.spilled() && self.awaiting_reports() == 0;
+        Ok(self.ledger.has_room() || only_kept_back)
     }
 
     /// A held record left unpublished as delivered: its ticket settles as acked.

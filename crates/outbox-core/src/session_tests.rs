@@ -546,8 +546,8 @@ fn an_emitted_message_of_ours_read_through_is_a_bad_row() {
 }
 
 /// A replay from 100 under a claim marking the transaction at 500 (`xid` 500, ending at
-/// 510), with room for 3 messages in flight.
-fn replaying(mark_time: i64) -> SessionCore<Seen> {
+/// 510), with room for `cap` messages in flight.
+fn replaying(mark_time: i64, cap: usize) -> SessionCore<Seen> {
     let mut claim = DeliveredPosition::at(1, Lsn(50), 1);
     let mark = TxnId {
         commit_lsn: Lsn(500),
@@ -568,7 +568,7 @@ fn replaying(mark_time: i64) -> SessionCore<Seen> {
         doubt_lineage: 8,
     };
     let mut cfg = rules(BadRowPolicy::DeadLetter);
-    cfg.caps.max_messages = 3;
+    cfg.caps.max_messages = cap;
     let mut c = SessionCore::new(cfg, start, false, Seen::default());
     c.on_relation(&relation(1, "outbox", outbox_columns()), None)
         .expect("relation");
@@ -600,7 +600,7 @@ fn read_before_the_mark(c: &mut SessionCore<Seen>) {
 
 #[test]
 fn a_spilled_hold_is_confirmed_only_once_its_mark_proves_it() {
-    let mut c = replaying(1_000);
+    let mut c = replaying(1_000, 3);
     read_before_the_mark(&mut c);
     feed(&mut c, begin(500));
     feed(&mut c, commit(500, 510));
@@ -609,7 +609,7 @@ fn a_spilled_hold_is_confirmed_only_once_its_mark_proves_it() {
 
     // Another history at the mark: what was dropped is not in Kafka, and the session
     // ends with the slot where it started.
-    let mut c = replaying(999);
+    let mut c = replaying(999, 3);
     read_before_the_mark(&mut c);
     let e = c.on_message(begin(500), NOW).expect_err("unproven");
     assert!(
@@ -618,4 +618,28 @@ fn a_spilled_hold_is_confirmed_only_once_its_mark_proves_it() {
     );
     assert_eq!(c.advance(), None);
     assert_eq!(c.confirmed(), Lsn(100));
+}
+
+/// A review found the relay stuck for good when the record a spill keeps back fills the
+/// caps alone (a cap of 1): it gets no report before the proof, which was never read.
+#[test]
+fn a_spill_at_a_cap_of_one_still_reads_on_to_its_mark() {
+    let mut c = replaying(1_000, 1);
+    for m in [
+        begin(200),
+        insert(1, row(Some("a"))),
+        insert(1, row(Some("b"))),
+    ] {
+        assert!(
+            c.make_room().expect("room"),
+            "the hold kept back blocks nothing"
+        );
+        feed(&mut c, m);
+    }
+    feed(&mut c, commit(200, 224));
+    assert!(c.spilled());
+    assert!(c.make_room().expect("room"));
+    feed(&mut c, begin(500));
+    feed(&mut c, commit(500, 510));
+    assert_eq!(c.advance(), Some(Lsn(510)));
 }
