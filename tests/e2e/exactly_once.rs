@@ -472,8 +472,18 @@ async fn stopped_past_the_transaction_timeout(name: &str, past_wal_sender_timeou
     relay
         .wait_metric_at_least("outboxd_events_published_total", 150.0)
         .await;
-    let open = tokio::task::block_in_place(|| unstable_records(bootstrap, topics, PARTITIONS));
-    assert_eq!(open, 50, "the last 50 events are in an open transaction");
+    // Acked is not yet in every replica's high watermark (three brokers): wait for it.
+    support::ops::wait_for(
+        "the last 50 events in an open transaction",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let open =
+                tokio::task::block_in_place(|| unstable_records(bootstrap, topics, PARTITIONS));
+            (open == 50).then_some(())
+        },
+    )
+    .await;
     relay.signal("STOP");
     if past_wal_sender_timeout {
         support::ops::wait_for(

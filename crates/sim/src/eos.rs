@@ -128,7 +128,7 @@ pub fn run_exactly_once(seed: u64) -> Result<EosStats, Violation> {
         trace: std::env::var_os("OUTBOXD_SIM_TRACE").is_some(),
         // Often below a transaction's or a Kafka transaction's events: a replay's hold
         // fills the caps and spills (no doubt, so no duplicate).
-        cap: 4 + rng.index(124),
+        cap: 1 + rng.index(127),
         rng,
         cluster: Cluster {
             history: Vec::new(),
