@@ -380,6 +380,27 @@ fn unstable_records(bootstrap: &str, topics: &[String], partitions: i32) -> i64 
     end("read_uncommitted") - end("read_committed")
 }
 
+/// Waits up to 60 s until `want` records of `topics` (of `partitions` each) lie between the
+/// last stable offset and the high watermark: in transactions still open.
+async fn wait_unstable(
+    bootstrap: &str,
+    (topics, partitions): (&[String], i32),
+    want: i64,
+    what: &str,
+) {
+    support::ops::wait_for(
+        what,
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let open =
+                tokio::task::block_in_place(|| unstable_records(bootstrap, topics, partitions));
+            (open == want).then_some(())
+        },
+    )
+    .await;
+}
+
 /// Lets `load` commit `more` events from now, stops it, and waits until `relay` confirmed
 /// the WAL after them: the committed events, in commit order.
 async fn finish_load(
@@ -471,16 +492,12 @@ async fn stopped_past_the_transaction_timeout(name: &str, past_wal_sender_timeou
     relay
         .wait_metric_at_least("outboxd_events_published_total", 150.0)
         .await;
-    // Acked is not yet in every replica's high watermark (three brokers): wait for it.
-    support::ops::wait_for(
+    let partitions = (topics, PARTITIONS);
+    wait_unstable(
+        bootstrap,
+        partitions,
+        50,
         "the last 50 events in an open transaction",
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async {
-            let open =
-                tokio::task::block_in_place(|| unstable_records(bootstrap, topics, PARTITIONS));
-            (open == 50).then_some(())
-        },
     )
     .await;
     relay.signal("STOP");
@@ -498,15 +515,11 @@ async fn stopped_past_the_transaction_timeout(name: &str, past_wal_sender_timeou
     }
     // The broker aborts it once transaction.timeout.ms has passed (its check runs every
     // 10 s): the abort markers make the last stable offsets catch up.
-    support::ops::wait_for(
+    wait_unstable(
+        bootstrap,
+        partitions,
+        0,
         "the broker to abort the stopped relay's transaction",
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async {
-            let open =
-                tokio::task::block_in_place(|| unstable_records(bootstrap, topics, PARTITIONS));
-            (open == 0).then_some(())
-        },
     )
     .await;
     relay.signal("CONT");
