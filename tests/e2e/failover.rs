@@ -126,8 +126,19 @@ async fn failover_once(round: usize, both_hosts: bool, shards: u32, exactly_once
     // unless it is given both hosts and has to find the primary itself.
     let relay_vip = (!both_hosts).then(|| Proxy::start(primary.port()));
     let load_vip = Proxy::start(primary.port());
-    let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &outbox).await;
+    // Exactly-once is shown on three brokers (issue 31), or on the user's own broker.
+    let (broker, topics) = if exactly_once {
+        let broker = Broker::three_for_tests();
+        let topics = match broker.own_kafka() {
+            Some(_) => ops::replicated_topics(&broker, &outbox).await,
+            None => ops::create_topics(&broker, &outbox).await,
+        };
+        (broker, topics)
+    } else {
+        let broker = Broker::default_for_tests();
+        let topics = ops::create_topics(&broker, &outbox).await;
+        (broker, topics)
+    };
     let (hosts, ports) = match &relay_vip {
         Some(vip) => ("127.0.0.1".to_owned(), vip.port().to_string()),
         None => (
