@@ -41,7 +41,9 @@ pub const PUBLICATION_GUARD_PREFIX: &str = "outboxd.publication";
 
 mod interface;
 
-pub use interface::{BadRowPolicy, CoreConfig, Observe, SessionError, Skipped};
+pub use interface::{
+    After, BadRowPolicy, CoreConfig, Observe, RelationRole, Sent, SessionError, Skipped,
+};
 
 /// A record to hand to the producer under `ticket`, answered with
 /// [`SessionCore::sent`] or [`SessionCore::send_failed`] before the next input: one
@@ -86,17 +88,6 @@ enum Origin {
     Released,
 }
 
-/// How the producer took a [`ToSend`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sent {
-    Queued,
-    /// Refused for `message.max.bytes`, as the producer measured it: a bad row, since
-    /// the same record is refused on every replay.
-    TooLarge {
-        size: usize,
-    },
-}
-
 /// What the rules make of a relation of the stream.
 #[derive(Debug)]
 enum Role {
@@ -104,28 +95,6 @@ enum Role {
     Outbox(Arc<BoundTable>),
     /// Another published relation: its inserts are counted, not published.
     Ignored { name: String, unreported: u64 },
-}
-
-/// What [`SessionCore::on_relation`] made of a relation: the caller's checks of the
-/// outbox's columns (binary values) follow the rules' word, not a second reading.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RelationRole {
-    /// The outbox table, or a partition of it.
-    Outbox,
-    /// Another published relation.
-    Ignored,
-}
-
-/// What the caller does after a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[must_use]
-pub enum After {
-    Nothing,
-    /// A publication-guard message: the transaction it is in changed a publication, so
-    /// look at it now (`commit`: where re-publishing would start).
-    LookAtPublication {
-        commit: Option<(Lsn, PgTimestamp)>,
-    },
 }
 
 /// See the module docs.

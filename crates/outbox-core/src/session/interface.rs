@@ -1,7 +1,7 @@
 //! What a session takes and reports: the settings its rules need, why it stops, and
 //! what it tells an observer as it goes.
 
-use pgoutput::{Lsn, Message, TupleData};
+use pgoutput::{Lsn, Message, PgTimestamp, TupleData};
 
 use crate::budget::InFlightCaps;
 use crate::delivered::{Doubt, TxnId};
@@ -168,4 +168,37 @@ pub trait Observe {
     fn doubt(&mut self, _d: Doubt, _held: usize) {}
     /// A partly delivered transaction begins: its first `rows` rows are skipped.
     fn resuming(&mut self, _txn: TxnId, _rows: u64) {}
+}
+
+/// How the producer took a [`crate::ToSend`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    Queued,
+    /// Refused for `message.max.bytes`, as the producer measured it: a bad row, since
+    /// the same record is refused on every replay.
+    TooLarge {
+        size: usize,
+    },
+}
+
+/// What [`crate::SessionCore::on_relation`] made of a relation: the caller's checks of the
+/// outbox's columns (binary values) follow the rules' word, not a second reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelationRole {
+    /// The outbox table, or a partition of it.
+    Outbox,
+    /// Another published relation.
+    Ignored,
+}
+
+/// What the caller does after a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum After {
+    Nothing,
+    /// A publication-guard message: the transaction it is in changed a publication, so
+    /// look at it now (`commit`: where re-publishing would start).
+    LookAtPublication {
+        commit: Option<(Lsn, PgTimestamp)>,
+    },
 }
