@@ -9,7 +9,7 @@ use outboxd_relay::kafka::{
     check_producer_settings, env_var_of_property, KafkaSetupError, ProducerSettings,
 };
 use outboxd_relay::pipeline::RelayConfig;
-use pgrepl::{ConnectConfig, Password, TargetSessionAttrs};
+use pgrepl::{ConnectConfig, TargetSessionAttrs};
 
 use crate::config::{self, Settings};
 
@@ -18,11 +18,10 @@ use crate::config::{self, Settings};
 /// standby-seeking values cannot work for them and are refused.
 pub fn needs_primary(s: &Settings) -> Result<(), config::ConfigError> {
     match s.pg.target_session_attrs {
-        None
-        | Some(TargetSessionAttrs::Any | TargetSessionAttrs::Primary | TargetSessionAttrs::ReadWrite) => {
+        TargetSessionAttrs::Any | TargetSessionAttrs::Primary | TargetSessionAttrs::ReadWrite => {
             Ok(())
         }
-        Some(other) => Err(config::ConfigError::new(
+        other => Err(config::ConfigError::new(
             "PGTARGETSESSIONATTRS",
             other.as_str(),
             "primary, read-write or any for run, init and check (they stream from and write to the primary); other values only for status",
@@ -30,40 +29,13 @@ pub fn needs_primary(s: &Settings) -> Result<(), config::ConfigError> {
     }
 }
 
-/// The connection for `run`, `init` and `check`: the primary among the hosts.
+/// The connection for `run`, `init` and `check`: the primary among the hosts. (`status`
+/// takes `Settings::pg` as it is: PGTARGETSESSIONATTRS as given, else the primary.)
 pub fn connect_config(s: &Settings) -> ConnectConfig {
-    let mut c = base_connect_config(s);
-    c.target_session_attrs = match s.pg.target_session_attrs {
-        Some(TargetSessionAttrs::ReadWrite) => TargetSessionAttrs::ReadWrite,
-        _ => TargetSessionAttrs::Primary,
-    };
-    c
-}
-
-/// The connection for `status`: PGTARGETSESSIONATTRS as given, else the primary.
-pub fn status_connect_config(s: &Settings) -> ConnectConfig {
-    let mut c = base_connect_config(s);
-    c.target_session_attrs =
-        s.pg.target_session_attrs
-            .unwrap_or(TargetSessionAttrs::Primary);
-    c
-}
-
-fn base_connect_config(s: &Settings) -> ConnectConfig {
-    let mut c = ConnectConfig::new(&s.pg.host, s.pg.port, &s.pg.user, &s.pg.dbname);
-    c.other_hosts = s.pg.other_hosts.clone();
-    c.password = s.pg.password.as_deref().map(Password::new);
-    c.passfile = s.pg.passfile.as_ref().map(Into::into);
-    c.ssl_mode = s.pg.ssl_mode;
-    c.ssl_root_cert = s.pg.ssl_root_cert.as_ref().map(Into::into);
-    c.channel_binding = s.pg.channel_binding;
-    c.require_auth = s.pg.require_auth.clone();
-    c.ssl_client_cert =
-        s.pg.ssl_client_cert
-            .as_ref()
-            .map(|(cert, key)| (cert.into(), key.into()));
-    c.connect_timeout = s.pg.connect_timeout;
-    c.application_name = s.pg.application_name.clone();
+    let mut c = s.pg.clone();
+    if c.target_session_attrs != TargetSessionAttrs::ReadWrite {
+        c.target_session_attrs = TargetSessionAttrs::Primary;
+    }
     c
 }
 
@@ -81,22 +53,10 @@ pub fn table_spec(s: &Settings) -> anyhow::Result<TableSpec> {
     })
 }
 
-pub fn producer_settings(s: &Settings) -> ProducerSettings {
-    let mut p = ProducerSettings::new(&s.bootstrap_servers);
-    p.overrides = s.kafka_overrides.clone();
-    p.max_message_bytes = s.max_message_bytes;
-    p.linger_ms = s.linger_ms;
-    // librdkafka's queue must never be the binding limit: ours is, and it is observable.
-    p.queue_max_messages = s.caps.max_messages.saturating_add(1000);
-    p.transactions = s.transactions;
-    p
-}
-
 /// The producer settings as the producer will get them, refused now (before anything is
 /// connected to) if the producer would refuse them, naming the variable that was set.
 pub fn checked_producer_settings(s: &Settings) -> anyhow::Result<ProducerSettings> {
-    let p = producer_settings(s);
-    check_producer_settings(&p).map_err(|e| {
+    check_producer_settings(&s.producer).map_err(|e| {
         let var = match &e {
             KafkaSetupError::RefusedOverride { property, .. }
             | KafkaSetupError::InvalidProperty { property, .. } => env_var_of_property(property),
@@ -104,7 +64,7 @@ pub fn checked_producer_settings(s: &Settings) -> anyhow::Result<ProducerSetting
         };
         anyhow::Error::new(e).context(var)
     })?;
-    Ok(p)
+    Ok(s.producer.clone())
 }
 
 /// What the session's rules take of the settings, around `table` (from [`table_spec`]).
@@ -124,7 +84,7 @@ fn rules(s: &Settings, table: TableSpec) -> anyhow::Result<CoreConfig> {
         dead_letter_topic: TopicName::parse(&s.dead_letter_topic)
             .with_context(|| format!("OUTBOXD_DEAD_LETTER_TOPIC={:?}", s.dead_letter_topic))?,
         bad_row_policy: s.bad_row_policy,
-        max_message_bytes: s.max_message_bytes,
+        max_message_bytes: s.producer.max_message_bytes,
         caps: s.caps,
         idle_flush: s.idle_flush,
     })

@@ -177,7 +177,7 @@ impl Shared<'_> {
                 "OUTBOXD_PROGRESS_TOPIC is empty: no progress record is kept".into(),
             ));
         };
-        if s.bootstrap_servers.trim().is_empty() {
+        if s.producer.bootstrap_servers.trim().is_empty() {
             return Ok(InitHistory::NotKept(
                 "OUTBOXD_KAFKA_BOOTSTRAP_SERVERS is not set, so the progress record was not read"
                     .into(),
@@ -214,8 +214,7 @@ impl InitHistory {
 
 /// Every shard's records, in one read of the topic.
 async fn read_records(s: &Settings, all: &[Settings], system_id: &str, topic: &str) -> TopicRead {
-    let store =
-        ProgressStore::new(&wiring::producer_settings(s), topic).map_err(|e| e.to_string())?;
+    let store = ProgressStore::new(&s.producer, topic).map_err(|e| e.to_string())?;
     let ids: Vec<SlotIdentity> = all
         .iter()
         .map(|v| super::slot_identity(v, system_id))
@@ -559,7 +558,7 @@ async fn record_cluster(
     let Some(topic) = &s.progress_topic else {
         return Ok(());
     };
-    if s.bootstrap_servers.trim().is_empty() {
+    if s.producer.bootstrap_servers.trim().is_empty() {
         say!("skip progress record (OUTBOXD_KAFKA_BOOTSTRAP_SERVERS is not set; `outboxd run` writes it)");
         return Ok(());
     }

@@ -8,7 +8,6 @@ use pgrepl::ReplError;
 
 use super::{say, EXIT_OK, EXIT_POSTGRES, EXIT_UNREACHABLE};
 use crate::config::Settings;
-use crate::wiring;
 
 pub async fn status(s: &Settings, json: bool) -> i32 {
     match status_inner(s, json).await {
@@ -46,9 +45,7 @@ fn unreachable(e: &ReplError) -> bool {
 }
 
 async fn status_inner(s: &Settings, json: bool) -> Result<i32, pgrepl::ReplError> {
-    let (_, sql) = wiring::status_connect_config(s)
-        .connect_sql_target()
-        .await?;
+    let (_, sql) = s.pg.connect_sql_target().await?;
     let current = preflight::current_wal_lsn(&sql).await?;
     let mut code = EXIT_OK;
     let mut docs = Vec::new();

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pgrepl::{ChannelBinding, RequireAuth, TargetSessionAttrs};
+use pgrepl::{ChannelBinding, ConnectConfig, Password, RequireAuth, TargetSessionAttrs};
 
-use super::{database_url, parse_ssl_mode, ConfigError, PgSettings, SslMode};
+use super::{database_url, parse_ssl_mode, ConfigError, SslMode};
 
 /// libpq keyword ↔ environment variable.
 const ENV_KEYWORDS: &[(&str, &str)] = &[
@@ -238,7 +238,7 @@ fn service_lookup(
 }
 
 /// Resolves the settings from a snapshot of the environment and the process's home.
-pub fn resolve(vars: &BTreeMap<String, String>, home: &Home) -> Result<PgSettings, ConfigError> {
+pub fn resolve(vars: &BTreeMap<String, String>, home: &Home) -> Result<ConnectConfig, ConfigError> {
     let mut values: BTreeMap<String, Value> = BTreeMap::new();
     for (keyword, var) in ENV_KEYWORDS {
         if let Some(v) = vars.get(*var).filter(|v| !v.is_empty()) {
@@ -309,7 +309,7 @@ fn bad(v: &Value, accepts: impl Into<String>) -> ConfigError {
     ConfigError::new(&v.origin, &v.text, accepts)
 }
 
-fn build(values: &BTreeMap<String, Value>, home: &Home) -> Result<PgSettings, ConfigError> {
+fn build(values: &BTreeMap<String, Value>, home: &Home) -> Result<ConnectConfig, ConfigError> {
     let get = |k: &str| values.get(k).filter(|v| !v.text.is_empty());
     let hosts: Vec<String> = match get("host") {
         Some(v) => v.text.split(',').map(|h| h.trim().to_owned()).collect(),
@@ -400,13 +400,10 @@ fn build(values: &BTreeMap<String, Value>, home: &Home) -> Result<PgSettings, Co
                 // libpq: a missing file under prefer/require means no verification.
                 None
             } else {
-                Some(v.text.clone())
+                Some(PathBuf::from(&v.text))
             }
         }
-        None => home
-            .file(".postgresql/root.crt")
-            .filter(|p| p.is_file())
-            .map(|p| p.display().to_string()),
+        None => home.file(".postgresql/root.crt").filter(|p| p.is_file()),
     };
     if ssl_mode == SslMode::VerifyCa && ssl_root_cert.is_none() {
         let (origin, value) = get("sslmode").map_or(("PGSSLMODE", "verify-ca"), |v| {
@@ -474,17 +471,19 @@ fn build(values: &BTreeMap<String, Value>, home: &Home) -> Result<PgSettings, Co
                     ),
                 ));
             }
-            Some((cert.display().to_string(), key.display().to_string()))
+            Some((cert, key))
         }
     };
+    // Unset: the primary, which every subcommand wants; `run`, `init` and `check` narrow
+    // the others (`wiring::connect_config`).
     let target_session_attrs = match get("target_session_attrs") {
-        Some(v) => Some(v.text.parse::<TargetSessionAttrs>().map_err(|_| {
+        Some(v) => v.text.parse::<TargetSessionAttrs>().map_err(|_| {
             bad(
                 v,
                 "any, read-write, read-only, primary, standby or prefer-standby",
             )
-        })?),
-        None => None,
+        })?,
+        None => TargetSessionAttrs::Primary,
     };
     let connect_timeout = match get("connect_timeout") {
         // libpq: 0 or negative waits forever, and less than 2 s is raised to 2 s.
@@ -496,15 +495,15 @@ fn build(values: &BTreeMap<String, Value>, home: &Home) -> Result<PgSettings, Co
         // outboxd's own default: libpq waits forever.
         None => Duration::from_secs(10),
     };
-    Ok(PgSettings {
+    Ok(ConnectConfig {
         host,
         port,
         other_hosts,
         user,
-        password: get("password").map(|v| v.text.clone()),
+        password: get("password").map(|v| Password::new(v.text.as_str())),
         passfile: match get("passfile") {
-            Some(v) => Some(v.text.clone()),
-            None => home.file(".pgpass").map(|p| p.display().to_string()),
+            Some(v) => Some(PathBuf::from(&v.text)),
+            None => home.file(".pgpass"),
         },
         dbname,
         ssl_mode,
@@ -544,10 +543,13 @@ mod tests {
         assert_eq!(pg.port, 5432);
         assert_eq!(pg.user, "alice");
         assert_eq!(pg.dbname, "alice");
-        assert_eq!(pg.passfile.as_deref(), Some("/nonexistent-home/.pgpass"));
+        assert_eq!(
+            pg.passfile.as_deref(),
+            Some(Path::new("/nonexistent-home/.pgpass"))
+        );
         assert_eq!(pg.ssl_mode, SslMode::Prefer);
         assert!(pg.ssl_root_cert.is_none() && pg.ssl_client_cert.is_none());
-        assert!(pg.target_session_attrs.is_none());
+        assert_eq!(pg.target_session_attrs, TargetSessionAttrs::Primary);
     }
 
     #[test]
@@ -572,7 +574,7 @@ mod tests {
         .unwrap();
         assert_eq!((pg.host.as_str(), pg.port), ("h1", 11));
         assert_eq!(pg.other_hosts, vec![("h2".into(), 12)]);
-        assert_eq!(pg.target_session_attrs, Some(TargetSessionAttrs::ReadWrite));
+        assert_eq!(pg.target_session_attrs, TargetSessionAttrs::ReadWrite);
         let e = resolve(&vars(&[("PGTARGETSESSIONATTRS", "master")]), &home()).unwrap_err();
         assert_eq!(e.var, "PGTARGETSESSIONATTRS");
     }

@@ -11,8 +11,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use outbox_core::{InFlightCaps, OutboxColumns};
-use outboxd_relay::kafka::{is_secret_property, kafka_property_from_env};
+use outboxd_relay::kafka::{
+    is_secret_property, kafka_property_from_env, ProducerSettings, Transactions,
+};
 use outboxd_relay::pipeline::ShardSpec;
+use pgrepl::ConnectConfig;
 
 pub use shards::{shard_table, Shards};
 #[cfg(test)]
@@ -64,56 +67,6 @@ pub fn parse_ssl_mode(var: &str, s: &str) -> Result<SslMode, ConfigError> {
         .map_err(|_| ConfigError::new(var, s, "disable, prefer, require, verify-ca or verify-full"))
 }
 
-/// Where and how to reach Postgres. `Debug` never shows the password.
-#[derive(Clone, PartialEq, Eq)]
-pub struct PgSettings {
-    /// The first host; a Unix-socket directory when it starts with `/`.
-    pub host: String,
-    pub port: u16,
-    /// Further hosts of a `PGHOST=a,b,c` list, tried in order.
-    pub other_hosts: Vec<(String, u16)>,
-    pub user: String,
-    pub password: Option<String>,
-    /// The password file to read when no password is given (PGPASSFILE or ~/.pgpass).
-    pub passfile: Option<String>,
-    pub dbname: String,
-    pub ssl_mode: SslMode,
-    /// The CA file for verify-ca / verify-full; `None`: the system's trust store.
-    pub ssl_root_cert: Option<String>,
-    /// Client certificate and key files.
-    pub ssl_client_cert: Option<(String, String)>,
-    /// libpq's `channel_binding` (PGCHANNELBINDING).
-    pub channel_binding: pgrepl::ChannelBinding,
-    /// libpq's `require_auth` (PGREQUIREAUTH).
-    pub require_auth: pgrepl::RequireAuth,
-    /// As given; each subcommand decides what it needs (see `wiring::connect_config`).
-    pub target_session_attrs: Option<pgrepl::TargetSessionAttrs>,
-    pub connect_timeout: Duration,
-    pub application_name: String,
-}
-
-impl std::fmt::Debug for PgSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgSettings")
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .field("other_hosts", &self.other_hosts)
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("dbname", &self.dbname)
-            .field("ssl_mode", &self.ssl_mode)
-            .field("passfile", &self.passfile)
-            .field("ssl_root_cert", &self.ssl_root_cert)
-            .field("ssl_client_cert", &self.ssl_client_cert)
-            .field("channel_binding", &self.channel_binding)
-            .field("require_auth", &self.require_auth)
-            .field("target_session_attrs", &self.target_session_attrs)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("application_name", &self.application_name)
-            .finish()
-    }
-}
-
 /// `OUTBOXD_BAD_ROW_POLICY`: the relay's own type, parsed here.
 pub use outboxd_relay::pipeline::BadRowPolicy;
 
@@ -163,7 +116,10 @@ pub enum LogFormat {
 /// Everything outboxd was told, validated.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub pg: PgSettings,
+    /// Where and how to reach Postgres (libpq's variables, service file and
+    /// `OUTBOXD_DATABASE_URL`). `target_session_attrs` is PGTARGETSESSIONATTRS as given, else
+    /// `primary`; `run`, `init` and `check` narrow it (see `wiring::connect_config`).
+    pub pg: ConnectConfig,
     pub slot: String,
     pub publication: String,
     pub create_slot: bool,
@@ -180,14 +136,14 @@ pub struct Settings {
     pub message_prefix: Option<String>,
     /// false: emitted messages only (an explicit choice).
     pub relay_table: bool,
-    pub bootstrap_servers: String,
-    /// librdkafka properties from `OUTBOXD_KAFKA_<PROPERTY>`; values may be secrets.
-    pub kafka_overrides: BTreeMap<String, String>,
+    /// The brokers, `OUTBOXD_KAFKA_<PROPERTY>` overrides (values may be secrets: `Debug`
+    /// redacts them), `OUTBOXD_MAX_MESSAGE_BYTES` (the rules' limit too),
+    /// `OUTBOXD_KAFKA_LINGER_MS` and `OUTBOXD_DELIVERY=exactly-once`'s commit settings.
+    /// `bootstrap_servers` is empty when `init` or `status` were not given it.
+    pub producer: ProducerSettings,
     pub topic_template: String,
     pub bad_row_policy: BadRowPolicy,
     pub dead_letter_topic: String,
-    pub max_message_bytes: usize,
-    pub linger_ms: u32,
     pub caps: InFlightCaps,
     pub status_interval: Option<Duration>,
     pub idle_flush: bool,
@@ -197,9 +153,6 @@ pub struct Settings {
     pub progress_topic: Option<String>,
     pub progress_interval: Duration,
     pub progress_read_wait: Duration,
-    /// `OUTBOXD_DELIVERY=exactly-once`: when Kafka transactions commit; `None`:
-    /// at-least-once.
-    pub transactions: Option<outboxd_relay::kafka::Transactions>,
     pub publication_check_interval: Duration,
     /// Goes into the progress record's key: keeps copies of one cluster apart.
     pub cluster_name: String,
@@ -407,7 +360,7 @@ fn table(env: &Env<'_>) -> Result<(String, String), ConfigError> {
     }
 }
 
-fn pg_settings(env: &Env<'_>) -> Result<PgSettings, ConfigError> {
+fn pg_settings(env: &Env<'_>) -> Result<ConnectConfig, ConfigError> {
     libpq::resolve(env.vars, &libpq::Home::of_process(env.vars))
 }
 
@@ -539,46 +492,59 @@ pub fn from_vars_for(
             "true, or false together with OUTBOXD_MESSAGE_PREFIX (otherwise nothing is relayed)",
         ));
     }
-    let settings = Settings {
-        pg: pg_settings(&env)?,
-        slot: slot_name(&env)?,
-        publication: env.identifier("OUTBOXD_PUBLICATION")?,
-        create_slot: env.boolean("OUTBOXD_CREATE_SLOT")?,
+    // Of two bad variables the one judged first is named, so the order is kept: the
+    // connection, slot and table, the brokers, the topics, then the producer's sizes.
+    let pg = pg_settings(&env)?;
+    let slot = slot_name(&env)?;
+    let publication = env.identifier("OUTBOXD_PUBLICATION")?;
+    let create_slot = env.boolean("OUTBOXD_CREATE_SLOT")?;
+    let check_standbys = standby_list(&env)?;
+    let columns = OutboxColumns {
+        id: env.identifier("OUTBOXD_COLUMN_ID")?,
+        aggregate_type: env.identifier("OUTBOXD_COLUMN_AGGREGATE_TYPE")?,
+        aggregate_id: env.identifier("OUTBOXD_COLUMN_AGGREGATE_ID")?,
+        event_type: env.identifier("OUTBOXD_COLUMN_EVENT_TYPE")?,
+        payload: env.identifier("OUTBOXD_COLUMN_PAYLOAD")?,
+        headers_required: false,
+        headers: env.optional_identifier("OUTBOXD_COLUMN_HEADERS")?,
+        header_columns: header_columns(&env)?,
+    };
+    let header_format = header_format(&env)?;
+    let bootstrap_servers = if needs_kafka {
+        env.required(
+            "OUTBOXD_KAFKA_BOOTSTRAP_SERVERS",
+            "Kafka bootstrap servers as host:port[,host:port]",
+        )?
+    } else {
+        env.string("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS")
+            .unwrap_or_default()
+    };
+    let mut settings = Settings {
+        pg,
+        slot,
+        publication,
+        create_slot,
         failover_slot,
         pgoutput_binary,
-        check_standbys: standby_list(&env)?,
+        check_standbys,
         table_schema,
         table_name,
-        columns: OutboxColumns {
-            id: env.identifier("OUTBOXD_COLUMN_ID")?,
-            aggregate_type: env.identifier("OUTBOXD_COLUMN_AGGREGATE_TYPE")?,
-            aggregate_id: env.identifier("OUTBOXD_COLUMN_AGGREGATE_ID")?,
-            event_type: env.identifier("OUTBOXD_COLUMN_EVENT_TYPE")?,
-            payload: env.identifier("OUTBOXD_COLUMN_PAYLOAD")?,
-            headers_required: false,
-            headers: env.optional_identifier("OUTBOXD_COLUMN_HEADERS")?,
-            header_columns: header_columns(&env)?,
-        },
-        header_format: header_format(&env)?,
+        columns,
+        header_format,
         message_prefix: env
             .string("OUTBOXD_MESSAGE_PREFIX")
             .filter(|p| !p.is_empty()),
         relay_table,
-        bootstrap_servers: if needs_kafka {
-            env.required(
-                "OUTBOXD_KAFKA_BOOTSTRAP_SERVERS",
-                "Kafka bootstrap servers as host:port[,host:port]",
-            )?
-        } else {
-            env.string("OUTBOXD_KAFKA_BOOTSTRAP_SERVERS")
-                .unwrap_or_default()
-        },
-        kafka_overrides,
         topic_template: env.required("OUTBOXD_TOPIC", "a topic or topic template")?,
         bad_row_policy,
         dead_letter_topic: env.required("OUTBOXD_DEAD_LETTER_TOPIC", "a topic name")?,
-        max_message_bytes: env.number::<usize>("OUTBOXD_MAX_MESSAGE_BYTES", 1024)?,
-        linger_ms: env.number::<u32>("OUTBOXD_KAFKA_LINGER_MS", 0)?,
+        producer: ProducerSettings {
+            overrides: kafka_overrides,
+            max_message_bytes: env.number::<usize>("OUTBOXD_MAX_MESSAGE_BYTES", 1024)?,
+            linger_ms: env.number::<u32>("OUTBOXD_KAFKA_LINGER_MS", 0)?,
+            transactions,
+            ..ProducerSettings::new(bootstrap_servers)
+        },
         caps: InFlightCaps {
             max_messages: env.number::<usize>("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", 1)?,
             max_bytes: env.number::<usize>("OUTBOXD_MAX_IN_FLIGHT_BYTES", 1024)?,
@@ -593,7 +559,6 @@ pub fn from_vars_for(
             .filter(|t| !t.trim().is_empty()),
         progress_interval: env.millis("OUTBOXD_PROGRESS_INTERVAL_MS", 100)?,
         progress_read_wait,
-        transactions,
         publication_check_interval: env.millis("OUTBOXD_PUBLICATION_CHECK_INTERVAL_MS", 1000)?,
         cluster_name: cluster_name(&env)?,
         http_addr: env
@@ -607,6 +572,8 @@ pub fn from_vars_for(
         shards: shards::shards(&env)?,
         shard: None,
     };
+    // librdkafka's queue must never be the binding limit: ours is, and it is observable.
+    settings.producer.queue_max_messages = settings.caps.max_messages.saturating_add(1000);
     shards::validate(&settings)?;
     Ok(settings)
 }
@@ -634,7 +601,7 @@ fn progress_read_wait(
 }
 
 /// `OUTBOXD_DELIVERY` and the commit settings of its exactly-once mode.
-fn transactions(env: &Env<'_>) -> Result<Option<outboxd_relay::kafka::Transactions>, ConfigError> {
+fn transactions(env: &Env<'_>) -> Result<Option<Transactions>, ConfigError> {
     match env
         .required("OUTBOXD_DELIVERY", "a delivery mode")?
         .as_str()
@@ -651,7 +618,7 @@ fn transactions(env: &Env<'_>) -> Result<Option<outboxd_relay::kafka::Transactio
                     "at-least-once while OUTBOXD_PROGRESS_TOPIC is empty: the exactly-once mode writes what Kafka has into the progress record; set OUTBOXD_PROGRESS_TOPIC",
                 ));
             }
-            Ok(Some(outboxd_relay::kafka::Transactions {
+            Ok(Some(Transactions {
                 commit_every: env.millis("OUTBOXD_TXN_COMMIT_MS", 1)?,
                 commit_events: env.number::<usize>("OUTBOXD_TXN_MAX_EVENTS", 1)?,
             }))

@@ -33,7 +33,11 @@ fn defaults_apply_when_only_bootstrap_is_set() {
     assert_eq!(s.pg.port, 5432);
     assert!(s.idle_flush);
     assert!(s.heartbeat_interval.is_none());
-    assert!(s.kafka_overrides.is_empty(), "{:?}", s.kafka_overrides);
+    assert!(
+        s.producer.overrides.is_empty(),
+        "{:?}",
+        s.producer.overrides
+    );
 }
 
 #[test]
@@ -80,16 +84,16 @@ fn kafka_passthrough_maps_names_to_librdkafka_properties() {
     ]))
     .unwrap();
     assert_eq!(
-        s.kafka_overrides.get("sasl.mechanism").unwrap(),
+        s.producer.overrides.get("sasl.mechanism").unwrap(),
         "SCRAM-SHA-512"
     );
     assert_eq!(
-        s.kafka_overrides.get("security.protocol").unwrap(),
+        s.producer.overrides.get("security.protocol").unwrap(),
         "sasl_ssl"
     );
     // A documented variable is not passed through twice.
-    assert!(!s.kafka_overrides.contains_key("linger.ms"));
-    assert_eq!(s.linger_ms, 20);
+    assert!(!s.producer.overrides.contains_key("linger.ms"));
+    assert_eq!(s.producer.linger_ms, 20);
 }
 
 #[test]
@@ -121,7 +125,10 @@ fn database_url_overrides_pg_variables_and_secrets_stay_hidden() {
     assert_eq!(s.pg.host, "db.internal");
     assert_eq!(s.pg.port, 6543);
     assert_eq!(s.pg.user, "relay");
-    assert_eq!(s.pg.password.as_deref(), Some("p@ss"));
+    assert_eq!(
+        s.pg.password.as_ref().map(pgrepl::Password::expose),
+        Some("p@ss")
+    );
     assert_eq!(s.pg.dbname, "shop");
     assert_eq!(s.pg.ssl_mode, SslMode::Require);
     assert_eq!(s.pg.application_name, "relay1");
@@ -246,5 +253,16 @@ fn exactly_once_waits_longer_for_the_progress_record_by_default() {
     assert_eq!(
         wait(&[eos, ("OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS", "300000")]),
         Duration::from_secs(330)
+    );
+}
+
+#[test]
+fn the_in_flight_cap_binds_before_librdkafkas_queue() {
+    let s = from_vars(&vars(&[("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "250000")])).unwrap();
+    assert!(
+        s.producer.queue_max_messages > s.caps.max_messages,
+        "queue.buffering.max.messages {} <= OUTBOXD_MAX_IN_FLIGHT_MESSAGES {}",
+        s.producer.queue_max_messages,
+        s.caps.max_messages
     );
 }

@@ -182,7 +182,7 @@ impl Placeholders {
 
 pub(super) async fn check_kafka(r: &mut Report, s: &Settings, event_topics: &BTreeSet<String>) {
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let producer = match build_producer(&wiring::producer_settings(s), tx) {
+    let producer = match build_producer(&s.producer, tx) {
         Ok(p) => p,
         Err(e) => return r.fail("kafka producer settings", e),
     };
@@ -250,7 +250,7 @@ pub(super) async fn check_kafka(r: &mut Report, s: &Settings, event_topics: &BTr
     if let Some(topic) = &s.progress_topic {
         check_progress_topic(r, s, topic, info.topics.contains(topic)).await;
     }
-    if s.transactions.is_some() {
+    if s.producer.transactions.is_some() {
         check_transactions(r, s, &producer, info.brokers.first().map(|b| b.id)).await;
     }
 }
@@ -267,7 +267,7 @@ pub(super) async fn check_transactions(
     let Some(id) = broker else {
         return r.fail(what, "no broker listed");
     };
-    let wanted = wiring::producer_settings(s).transaction_timeout();
+    let wanted = s.producer.transaction_timeout();
     let max = producer
         .broker_config(
             id,
@@ -355,7 +355,7 @@ pub(super) async fn check_progress_topic(r: &mut Report, s: &Settings, topic: &s
     if exists {
         return r.ok(what, topic);
     }
-    let store = match ProgressStore::new(&wiring::producer_settings(s), topic) {
+    let store = match ProgressStore::new(&s.producer, topic) {
         Ok(store) => store,
         Err(e) => return r.fail(what, e),
     };

@@ -79,7 +79,7 @@ pub(super) async fn check_slot(
         return r.warn(what, format!("{} does not exist; whether `outboxd run` may create it depends on the progress record, which needs the replication connection", s.slot));
     };
     let identity = crate::cli::slot_identity(s, &system.system_id);
-    let store = match ProgressStore::new(&wiring::producer_settings(s), topic) {
+    let store = match ProgressStore::new(&s.producer, topic) {
         Ok(store) => store,
         Err(e) => return r.fail(what, format!("cannot read the progress record: {e}")),
     };
@@ -123,11 +123,11 @@ pub(super) async fn check_record(
     let Some(topic) = &s.progress_topic else {
         return;
     };
-    if s.bootstrap_servers.trim().is_empty() {
+    if s.producer.bootstrap_servers.trim().is_empty() {
         return;
     }
     let identity = crate::cli::slot_identity(s, &system.system_id);
-    let store = match ProgressStore::new(&wiring::producer_settings(s), topic) {
+    let store = match ProgressStore::new(&s.producer, topic) {
         Ok(store) => store,
         Err(e) => return r.warn(what, format!("cannot read it: {e}")),
     };
