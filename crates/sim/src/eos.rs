@@ -12,13 +12,17 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use outbox_core::{CommitStep, KafkaTxnCore, ReplayStart, SessionError, TxnError, TxnNext};
+use outbox_core::{CommitStep, KafkaTxnCore, SessionError, TxnError};
 use pgoutput::Lsn;
 
 use crate::eos_broker::{Broker, Commit};
 use crate::life::{self, Cursor, Life, OTHER, OUTBOX, OUTBOX_PARTITION};
 use crate::model::{Change, Cluster, Config, PARTITIONS};
 use crate::{Rng, Violation};
+
+#[path = "eos_instance.rs"]
+mod instance;
+use instance::Instance;
 
 /// `transaction.timeout.ms` of the model.
 const TIMEOUT: Duration = Duration::from_millis(1_000);
@@ -76,17 +80,6 @@ struct Session {
     flush: Lsn,
     /// Its replay's hold spilled (counted once).
     spilled: bool,
-}
-
-#[derive(Default)]
-struct Instance {
-    session: Option<Session>,
-    /// SIGSTOPped at this time.
-    stopped_at: Option<Duration>,
-    process: u64,
-    /// Its last session's spilled replay was doubted: the next skips nothing (the relay's
-    /// `LifeCore::replay_unproven`).
-    unproven: bool,
 }
 
 struct Eos {
@@ -150,7 +143,7 @@ pub fn run_exactly_once(seed: u64) -> Result<EosStats, Violation> {
         cfg,
         rules,
         broker: Broker::default(),
-        instances: [Instance::default(), Instance::default()],
+        instances: [Instance::new(), Instance::new()],
         holder: None,
         now: Duration::ZERO,
         next_id: 1,
@@ -268,67 +261,6 @@ impl Eos {
         }
     }
 
-    /// An idle instance takes the slot when it is free: `init_transactions` (a new epoch,
-    /// the previous holder's open transaction aborted), the record read (read_committed),
-    /// a session from the slot's position.
-    fn start(&mut self, i: usize) -> Result<(), Violation> {
-        let inst = &self.instances[i];
-        if inst.session.is_some() || inst.stopped_at.is_some() || self.holder.is_some() {
-            return Ok(());
-        }
-        self.holder = Some(i);
-        let epoch = self.broker.init_transactions();
-        let unproven = std::mem::take(&mut self.instances[i].unproven);
-        let claim = self.broker.last_record().filter(|_| !unproven);
-        let start = self.cluster.confirmed;
-        if self.trace {
-            eprintln!("  instance {i} starts at {start:?}, epoch {epoch}, claim {claim:?}");
-        }
-        let replay = ReplayStart {
-            timeline: 1,
-            start,
-            server_end: self.cluster.wal_end,
-            claim,
-            fingerprint: self
-                .cfg
-                .fingerprint()
-                .map_err(|e| Violation(format!("settings: {e}")))?,
-            foreign_writer: false,
-            mark_every: crate::model::caps(self.cap).mark_every(),
-            new_lineage: self.rng.next_u64() | 1,
-            doubt_lineage: self.rng.next_u64() | 1,
-        };
-        let first = self
-            .cluster
-            .history
-            .iter()
-            .position(|t| t.commit_lsn >= start)
-            .unwrap_or(self.cluster.history.len());
-        let process = self.instances[i].process;
-        let life = Life::new(
-            i,
-            process,
-            self.cfg,
-            self.cap,
-            replay,
-            Cursor::Before(first),
-            crate::life::Seen {
-                identity: 1,
-                wal_lsn: start,
-            },
-        )?;
-        self.instances[i].session = Some(Session {
-            life,
-            txn: KafkaTxnCore::new(self.rules),
-            epoch,
-            stream_lost: false,
-            flush: start,
-            spilled: false,
-        });
-        Ok(())
-    }
-
-    /// One turn of an instance's loop: a read (`read`) or an ack, then a commit if due.
     fn relay_turn(&mut self, i: usize, read: bool) -> Result<(), Violation> {
         if self.instances[i].stopped_at.is_some() {
             return Ok(());
@@ -588,140 +520,6 @@ impl Eos {
         }
     }
 
-    /// The session ends with `e`: an open transaction aborted, a fence judged, and the
-    /// instance goes on (a new session, a new producer) or stops.
-    fn end_session(&mut self, i: usize, mut s: Session, e: Failure) -> Result<(), Violation> {
-        let e = match e {
-            Failure::Violation(v) => return Err(v),
-            Failure::Rules(e) => return Err(Violation(format!("the rules failed: {e}"))),
-            Failure::Session(why) => TxnError::Abortable(why),
-            Failure::Unproven(why) => {
-                self.instances[i].unproven = true;
-                TxnError::Abortable(why)
-            }
-            Failure::Txn(e) => e,
-        };
-        if s.txn.aborting(self.now) {
-            self.stats.aborts += 1;
-            let abort = self.broker.end_txn(s.epoch, Commit::Abort);
-            // Anything but fenced or broken leaves the transaction to the next start.
-            let e = KafkaTxnCore::after_abort(e, abort);
-            return self.judged(i, &s, e);
-        }
-        self.judged(i, &s, e)
-    }
-
-    fn judged(&mut self, i: usize, s: &Session, e: TxnError) -> Result<(), Violation> {
-        let fence = matches!(e, TxnError::Fenced(_));
-        // The relay asks which walsender holds the slot: its own, or none once
-        // PostgreSQL ended its walsender, is its own.
-        let ours = self.holder.is_none_or(|h| h == i && !s.stream_lost);
-        let e = match e {
-            TxnError::Fenced(why) => s.txn.judge_fence(why, ours),
-            e => e,
-        };
-        if self.trace {
-            eprintln!("  instance {i}'s session ended: {e}");
-        }
-        // The broker knows whether another instance registered since this session did
-        // (only a slot holder does): then the fence is a takeover, and this zombie must
-        // stop while that instance holds the slot, whatever it made of it (its own
-        // transaction may have expired first). One that took over and left has recorded
-        // what it delivered: starting over from that record is any restart.
-        let taken = self.holder.is_some_and(|h| h != i);
-        if fence && e.next() != TxnNext::Stop && self.broker.last_init > s.epoch && taken {
-            return Err(Violation(format!(
-                "exactly-once: instance {i}, fenced by another's takeover, goes on ({e})"
-            )));
-        }
-        if self.holder == Some(i) {
-            self.holder = None;
-        }
-        match e.next() {
-            TxnNext::Stop => {
-                if matches!(e, TxnError::Fenced(_)) {
-                    self.stats.fenced += 1;
-                }
-                // The process exits; its supervisor starts another, which stands by.
-                self.instances[i].process += 1;
-            }
-            TxnNext::AbortAndResume | TxnNext::CallAgain => {
-                self.stats.expired += u64::from(matches!(e, TxnError::Expired(_)));
-            }
-        }
-        Ok(())
-    }
-
-    /// kill -9 of an instance, at any step: between sending and committing too. Its open
-    /// transaction stays open until the next `init_transactions` or the timeout.
-    fn kill(&mut self, i: usize) {
-        let inst = &mut self.instances[i];
-        if inst.session.take().is_some() {
-            self.stats.kills += 1;
-        }
-        inst.stopped_at = None;
-        inst.process += 1;
-        if self.holder == Some(i) {
-            self.holder = None;
-        }
-    }
-
-    /// SIGSTOP: the instance does nothing until resumed; its walsender times out later.
-    fn stop(&mut self, i: usize) {
-        let inst = &mut self.instances[i];
-        if inst.session.is_some() && inst.stopped_at.is_none() {
-            inst.stopped_at = Some(self.now);
-        }
-    }
-
-    /// SIGCONT: a zombie if another took over meanwhile; it goes on where it was.
-    fn resume(&mut self, i: usize) -> Result<(), Violation> {
-        let Some(at) = self.instances[i].stopped_at.take() else {
-            return Ok(());
-        };
-        let zombie = self.holder != Some(i);
-        self.stats.zombies += u64::from(zombie && self.now - at >= TIMEOUT);
-        // It acts at once: a commit if one is due (the oldest zombie's first wish).
-        self.relay_turn(i, false)
-    }
-
-    /// A zombie: the instance is stopped past the timeout and its walsender's, the other
-    /// takes the slot over (a new epoch) and runs a while, then the zombie resumes.
-    fn zombie(&mut self, i: usize) -> Result<(), Violation> {
-        if self.instances[i].session.is_none() {
-            return Ok(());
-        }
-        self.stop(i);
-        while self.holder == Some(i) {
-            self.pass_time(200)?;
-            self.expire();
-        }
-        let other = 1 - i;
-        self.start(other)?;
-        for _ in 0..self.rng.below(20) {
-            let read = self.rng.chance(600);
-            self.relay_turn(other, read)?;
-        }
-        self.resume(i)
-    }
-
-    /// An abortable error mid-transaction (a produce failed): the session aborts and the
-    /// next resumes from the record.
-    fn fail_abortable(&mut self, i: usize) -> Result<(), Violation> {
-        if self.instances[i].stopped_at.is_some() {
-            return Ok(());
-        }
-        let Some(s) = self.instances[i].session.take() else {
-            return Ok(());
-        };
-        self.end_session(
-            i,
-            s,
-            Failure::Txn(TxnError::Abortable("a produce failed".into())),
-        )
-    }
-
-    /// No more faults: instances run until the slot covers the whole history.
     fn quiesce(&mut self) -> Result<(), Violation> {
         for inst in &mut self.instances {
             inst.stopped_at = None;
