@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use pgoutput::Lsn;
 
+use crate::DeliveredPosition;
+
 /// A Kafka transaction call's failure, in librdkafka's classes: what the caller may do
 /// next is [`TxnError::next`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -128,6 +130,10 @@ pub struct KafkaTxnCore {
     /// How long the transaction the session aborted after failing had been open: the
     /// broker expires only transactions open `timeout` or longer (see `judge_fence`).
     age_at_abort: Option<Duration>,
+    /// What the progress record produced in the open transaction claims.
+    recording: Option<DeliveredPosition>,
+    /// What the newest committed record claims: the session's start, then each commit's.
+    committed_claim: Option<DeliveredPosition>,
 }
 
 impl KafkaTxnCore {
@@ -140,7 +146,28 @@ impl KafkaTxnCore {
             events: 0,
             confirmed: Lsn::ZERO,
             age_at_abort: None,
+            recording: None,
+            committed_claim: None,
         }
+    }
+
+    /// The session starts from `claim`: the committed record it read (or the slot's
+    /// position, confirmed only after a commit).
+    pub fn starts_from(&mut self, claim: DeliveredPosition) {
+        self.committed_claim = Some(claim);
+    }
+
+    /// The progress record produced in the open transaction claims `claim`.
+    pub fn recording(&mut self, claim: DeliveredPosition) {
+        self.recording = Some(claim);
+    }
+
+    /// What the newest committed record claims. The session's own claim counts rows acked
+    /// in the open transaction, which an abort takes back: a lost slot's error that named
+    /// its time would have the operator re-publish from past rows Kafka's readers never
+    /// see. `None` only before [`Self::starts_from`].
+    pub fn committed_claim(&self) -> Option<&DeliveredPosition> {
+        self.committed_claim.as_ref()
     }
 
     pub fn rules(&self) -> TxnRules {
@@ -231,6 +258,10 @@ impl KafkaTxnCore {
     /// `EndTxn` that timed out, a late request of the old transaction could land in the
     /// next one; the next session goes on with a new producer.
     pub fn committed(&mut self, now: Duration, attempts: u32) -> Result<(), TxnError> {
+        // Committed, even when the answer below is an error.
+        if let Some(claim) = self.recording.take() {
+            self.committed_claim = Some(claim);
+        }
         self.open_since = None;
         self.events = 0;
         if let (Some(began), 1) = (self.last_commit, attempts) {
@@ -262,6 +293,7 @@ impl KafkaTxnCore {
     /// (its records never visible to read_committed consumers, and the next start need
     /// not wait for it). Its age is kept for [`Self::judge_fence`].
     pub fn aborting(&mut self, now: Duration) -> bool {
+        self.recording = None;
         let Some(since) = self.open_since.take() else {
             return false;
         };
@@ -342,6 +374,34 @@ mod tests {
             timeout,
             commit_attempts: 5,
         }
+    }
+
+    /// A lost slot's error names the newest committed record's time: what the open
+    /// transaction acked is aborted with it (issue 33's probe, exactly-once seed 7).
+    #[test]
+    fn only_a_committed_record_names_a_lost_slots_time() {
+        let claim = |lsn: u64, since: i64| DeliveredPosition {
+            since: Some(since),
+            ..DeliveredPosition::at(1, Lsn(lsn), 0)
+        };
+        let mut txn = KafkaTxnCore::new(rules(Duration::from_secs(60)));
+        txn.starts_from(claim(100, 10));
+        assert!(txn.on_send(ms(0)));
+        txn.recording(claim(200, 20));
+        assert_eq!(txn.committed_claim(), Some(&claim(100, 10)), "still open");
+        txn.begin_commit(ms(1));
+        txn.committed(ms(2), 1).expect("committed");
+        assert_eq!(txn.committed_claim(), Some(&claim(200, 20)));
+        assert!(txn.on_send(ms(3)));
+        txn.recording(claim(300, 30));
+        assert!(txn.aborting(ms(4)));
+        txn.committed(ms(5), 1).expect("nothing open");
+        assert_eq!(txn.committed_claim(), Some(&claim(200, 20)), "aborted");
+        // A commit retried is still a commit, though the session then ends.
+        assert!(txn.on_send(ms(6)));
+        txn.recording(claim(400, 40));
+        assert!(txn.committed(ms(7), 2).is_err());
+        assert_eq!(txn.committed_claim(), Some(&claim(400, 40)));
     }
 
     #[test]

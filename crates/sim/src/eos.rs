@@ -12,6 +12,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use outbox_core::slot_fate::{self, SlotNow, SlotStop};
 use outbox_core::{CommitStep, KafkaTxnCore, SessionError, TxnError};
 use pgoutput::Lsn;
 
@@ -299,11 +300,47 @@ impl Eos {
         });
         match result {
             Ok(()) => {
+                self.check_lost_slot_time(&s)?;
                 self.instances[i].session = Some(s);
                 Ok(())
             }
             Err(e) => self.end_session(i, s, e),
         }
+    }
+
+    /// Were the slot invalidated now, the relay's error would name a time to re-publish
+    /// from (`slot_fate::streaming`, with the claim the relay's tick gives it): no event
+    /// committed before it may be missing from the read_committed view.
+    fn check_lost_slot_time(&self, s: &Session) -> Result<(), Violation> {
+        let claim = match s.txn.committed_claim() {
+            Some(committed) => committed.clone(),
+            None => return Err(Violation("a session without its start claim".into())),
+        };
+        let Err(SlotStop::Invalidated { since: Some(since) }) =
+            slot_fate::streaming(SlotNow::Invalidated, &claim)
+        else {
+            return Ok(());
+        };
+        let visible = self.broker.committed_ids();
+        for t in self
+            .cluster
+            .history
+            .iter()
+            .filter(|t| t.commit_time < since)
+        {
+            for &ch in &t.changes {
+                match self.event_id(ch) {
+                    Some(id) if !visible.contains(&id) => {
+                        return Err(Violation(format!(
+                            "exactly-once: a lost slot's error would name time {since}, past event {id} (committed at {}), which no committed Kafka transaction holds",
+                            t.commit_time
+                        )))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The next message of the stream, fed to the rules; what they queue is produced
@@ -470,6 +507,7 @@ impl Eos {
         if self.trace {
             eprintln!("  instance {i} commits (split {split}), record {claim:?}");
         }
+        s.txn.recording(claim.0.clone());
         if !self.broker.append_record(s.epoch, claim) {
             return Err(Failure::Txn(TxnError::Fenced("record: _FENCED".into())));
         }

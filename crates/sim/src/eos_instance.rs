@@ -112,7 +112,7 @@ impl Eos {
             .position(|t| t.commit_lsn >= start)
             .unwrap_or(self.cluster.history.len());
         let process = self.instances[i].process;
-        let life = Life::new(
+        let mut life = Life::new(
             i,
             process,
             self.cfg,
@@ -124,9 +124,11 @@ impl Eos {
                 wal_lsn: start,
             },
         )?;
+        let mut txn = KafkaTxnCore::new(self.rules);
+        txn.starts_from(life.core.claim().0);
         self.instances[i].session = Some(Session {
             life,
-            txn: KafkaTxnCore::new(self.rules),
+            txn,
             epoch,
             stream_lost: false,
             flush: start,

@@ -201,7 +201,7 @@ impl<'a> Session<'a> {
             obs: obs.clone(),
             doubt_logged: false,
         };
-        Session {
+        let mut session = Session {
             cfg,
             obs,
             sql,
@@ -241,7 +241,12 @@ impl<'a> Session<'a> {
                     }),
                     origin: Instant::now(),
                 }),
+        };
+        let start = session.core.claim().0;
+        if let Some(t) = session.txn.as_mut() {
+            t.core.starts_from(start);
         }
+        session
     }
 
     /// After the server went away (not Kafka): waits a little for the acks of what is in

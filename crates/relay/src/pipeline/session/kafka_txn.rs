@@ -117,6 +117,9 @@ impl Session<'_> {
         let looked = Instant::now();
         self.core.advance();
         let record = self.progress_record();
+        if let Some(t) = self.txn.as_mut() {
+            t.core.recording(record.claim.clone());
+        }
         let Some(p) = self.progress.as_ref() else {
             return Err(RelayError::Protocol(
                 "exactly-once delivery without a progress topic".into(),

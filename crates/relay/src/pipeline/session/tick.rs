@@ -101,8 +101,13 @@ impl Session<'_> {
                 Some(_) => SlotNow::Usable,
             };
             // Building the claim folds the ledger: only for a slot that stops the session.
+            // Exactly-once: the last commit's, not what the open transaction acked.
             if now != SlotNow::Usable {
-                slot_fate::streaming(now, &self.core.claim().0)
+                let claim = match self.txn.as_ref().and_then(|t| t.core.committed_claim()) {
+                    Some(committed) => committed.clone(),
+                    None => self.core.claim().0,
+                };
+                slot_fate::streaming(now, &claim)
                     .map_err(|stop| slot::stop_error(stop, &self.cfg.slot))?;
             }
             if let Some(stats) = stats {
