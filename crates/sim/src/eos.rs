@@ -109,6 +109,7 @@ struct Eos {
 pub fn run_exactly_once(seed: u64) -> Result<EosStats, Violation> {
     let mut rng = Rng::new(seed ^ 0xe0_5e0_5e0);
     let cfg = Config {
+        relay_table: true,
         tag: 0,
         relay_messages: rng.chance(400),
         heartbeat: false,

@@ -125,6 +125,7 @@ impl Sim {
         self.lives.push(None);
         self.carry.push(LifeCore::new(false));
         self.configs.push(cfg);
+        self.steady.push(self.steady[0]);
         self.processes.push(0);
         self.epochs.push(0);
     }
@@ -134,7 +135,12 @@ impl Sim {
         let c = self.rng.index(self.clusters.len());
         let cfg = &mut self.configs[c];
         match self.rng.below(5) {
-            0 => cfg.relay_messages = !cfg.relay_messages,
+            // An emit-only relay keeps relaying them: it has nothing else.
+            0 if !cfg.relay_table => {}
+            0 => {
+                cfg.relay_messages = !cfg.relay_messages;
+                self.steady[c] = false;
+            }
             1 => cfg.heartbeat = !cfg.heartbeat,
             2 => cfg.other_published = !cfg.other_published,
             3 => cfg.dead_letter = !cfg.dead_letter,

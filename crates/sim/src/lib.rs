@@ -122,6 +122,16 @@ struct Sim {
     clock_back: i64,
     /// The relay process of each cluster that streamed from its slot.
     slot_seen: HashMap<usize, u64>,
+    /// Choices of the kinds of schedule added later (their own stream: see `run`).
+    kinds: Rng,
+    /// The relays relay emitted messages alone (`OUTBOXD_RELAY_TABLE=false`): the outbox
+    /// table stays empty, every event is a `pg_logical_emit_message`.
+    emit_only: bool,
+    /// Per cluster: every relay process of it relayed event messages, so each must reach
+    /// Kafka (or be lost with a slot, as the operator was told).
+    steady: Vec<bool>,
+    /// Event messages lost with a slot: in the WAL only, never re-published.
+    lost_messages: HashSet<u64>,
     cap: usize,
     /// The progress topic deletes old records (retention instead of compaction).
     uncompacted: bool,
@@ -134,14 +144,26 @@ pub fn run(seed: u64) -> Result<Stats, Violation> {
     let cap = 2 + rng.index(10);
     let falls_back = rng.chance(600);
     let uncompacted = rng.chance(200);
-    let base = Config {
+    let mut base = Config {
         tag: 0,
+        relay_table: true,
         relay_messages: rng.chance(500),
         heartbeat: rng.chance(500),
         other_published: rng.chance(500),
         dead_letter: rng.chance(700),
         limit_raised: false,
     };
+    // Kinds of schedule added later draw from their own stream, so the schedules before
+    // them keep their draws (and the mutation table its seeds).
+    let mut kinds = Rng::new(seed ^ 0x6b69_6e64_735f_7631);
+    let emit_only = kinds.chance(100);
+    // An emit-only relay depends on its process's memory of the slot when the record is
+    // gone: its table never refuses a creation.
+    let uncompacted = uncompacted || (emit_only && kinds.chance(500));
+    if emit_only {
+        base.relay_table = false;
+        base.relay_messages = true;
+    }
     let mut sim = Sim {
         trace: std::env::var_os("OUTBOXD_SIM_TRACE").is_some(),
         rng,
@@ -174,6 +196,10 @@ pub fn run(seed: u64) -> Result<Stats, Violation> {
         clock: 1_000_000,
         clock_back: 0,
         slot_seen: HashMap::new(),
+        kinds,
+        emit_only,
+        steady: vec![base.relay_messages],
+        lost_messages: HashSet::new(),
         cap,
         uncompacted,
         stats: Stats::default(),
@@ -257,7 +283,7 @@ impl Sim {
         let mut changes = Vec::with_capacity(n);
         for _ in 0..n {
             let agg = u32::try_from(self.rng.below(4)).unwrap_or(0);
-            let change = match if bare { 8 } else { self.rng.below(10) } {
+            let mut change = match if bare { 8 } else { self.rng.below(10) } {
                 0..=5 => {
                     let id = self.next_id;
                     self.next_id += 1;
@@ -278,6 +304,12 @@ impl Sim {
                 }
                 _ => Change::Message { event: None },
             };
+            if let (true, Change::Outbox { id, agg, .. }) = (self.emit_only, change) {
+                // An emit-only relay's events: its table stays empty.
+                change = Change::Message {
+                    event: Some((id, agg)),
+                };
+            }
             changes.push(change);
         }
         self.clock += 1 + i64::try_from(self.rng.below(5000)).unwrap_or(0);

@@ -112,6 +112,9 @@ impl Cluster {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Config {
     pub tag: u8,
+    /// false: an emit-only relay (`OUTBOXD_RELAY_TABLE=false`), relaying emitted
+    /// messages alone; its outbox table stays empty.
+    pub relay_table: bool,
     pub relay_messages: bool,
     pub heartbeat: bool,
     pub other_published: bool,
@@ -139,7 +142,7 @@ impl Config {
                 topic,
                 ..TableSpec::default()
             },
-            relay_table: true,
+            relay_table: self.relay_table,
             emit,
             dead_letter_topic: TopicName::parse(&format!("dlq{}", self.tag))?,
             bad_row_policy: if self.dead_letter {
@@ -168,7 +171,7 @@ impl Config {
     /// Whether pgoutput sends the change to this session.
     pub fn streams(self, c: Change) -> bool {
         match c {
-            Change::Outbox { .. } => true,
+            Change::Outbox { .. } => self.relay_table,
             Change::Other => self.other_published,
             Change::Message { .. } => self.relay_messages || self.heartbeat,
         }

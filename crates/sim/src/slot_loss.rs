@@ -41,6 +41,11 @@ impl Sim {
         };
         self.clusters[0].slot = now;
         self.stats.slot_losses += 1;
+        if self.emit_only && self.kinds.chance(300) {
+            // The progress record gone too (a Kafka migration, its topic deleted): only the
+            // process that streamed from the slot still knows it existed.
+            self.kafka.records.remove(&key);
+        }
         if self.trace {
             eprintln!("  slot of cluster 0 lost: {now:?}");
         }
@@ -83,7 +88,10 @@ impl Sim {
                     Consent::default(),
                 );
                 match judged {
-                    Ok(_) => self.create_slot(c, false)?,
+                    Ok(_) => {
+                        self.created_silently(c, seen)?;
+                        self.create_slot(c, false)?;
+                    }
                     Err(refusal) => {
                         self.named_by(c, refusal, "the relay's lost-slot error")?;
                         self.slot_procedure(c, None)?;
@@ -109,6 +117,10 @@ impl Sim {
     fn slot_procedure(&mut self, c: usize, named: Option<i64>) -> Result<(), Violation> {
         self.carry[c] = LifeCore::new(false);
         self.processes[c] += 1;
+        // The stop told the operator the slot is lost: event messages Kafka lacks were in
+        // its WAL alone, and no procedure brings them back.
+        let lost = self.lacking_messages(c);
+        self.lost_messages.extend(lost.iter().map(|&(id, _)| id));
         if let Some(t) = named {
             self.check_republish_time(c, Some(t), "the relay's error")?;
         }
@@ -143,6 +155,47 @@ impl Sim {
         }
         self.create_slot(c, true)?;
         self.republish_since(c, since);
+        Ok(())
+    }
+
+    /// The event messages of cluster `c` that Kafka lacks (and not already lost), with
+    /// their commit times, where every relay process of it relayed them.
+    fn lacking_messages(&self, c: usize) -> Vec<(u64, i64)> {
+        if !self.steady[c] {
+            return Vec::new();
+        }
+        let cl = &self.clusters[c];
+        let family = [cl.tag & 1, (cl.tag & 1) | 2];
+        cl.history
+            .iter()
+            .flat_map(|t| t.changes.iter().map(move |ch| (t.commit_time, *ch)))
+            .filter_map(|(at, ch)| match ch {
+                Change::Message {
+                    event: Some((id, _)),
+                } => Some((id, at)),
+                _ => None,
+            })
+            .filter(|&(id, _)| {
+                !self.lost_messages.contains(&id)
+                    && !family
+                        .iter()
+                        .any(|&tag| self.kafka.written.contains(&(tag, id)))
+            })
+            .collect()
+    }
+
+    /// A relay creates its missing slot with no one told. Event messages Kafka lacks are
+    /// then lost without a trace: a violation when this process streamed from the slot
+    /// (the seen-slot rule's witness), and the progress record's loss otherwise (outboxd
+    /// refuses a progress topic that deletes records; the simulator models one anyway).
+    fn created_silently(&mut self, c: usize, seen: bool) -> Result<(), Violation> {
+        let lacking = self.lacking_messages(c);
+        if let (true, Some(&(id, _))) = (seen, lacking.first()) {
+            return Err(Violation(format!(
+                "cluster {c}'s slot, gone under the relay process that streamed from it, was created again silently, skipping event message {id} that Kafka lacks"
+            )));
+        }
+        self.lost_messages.extend(lacking.iter().map(|&(id, _)| id));
         Ok(())
     }
 
