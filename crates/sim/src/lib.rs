@@ -81,6 +81,10 @@ pub struct Stats {
     pub forged: u64,
     /// Slots invalidated or dropped.
     pub slot_losses: u64,
+    /// Event messages lost with a slot, as the operator was told.
+    pub messages_lost: u64,
+    /// Schedules of emit-only relays.
+    pub emit_only: u64,
 }
 
 impl Tally for Stats {
@@ -95,6 +99,8 @@ impl Tally for Stats {
         self.publication_stops += o.publication_stops;
         self.forged += o.forged;
         self.slot_losses += o.slot_losses;
+        self.messages_lost += o.messages_lost;
+        self.emit_only += o.emit_only;
     }
 }
 
@@ -204,6 +210,7 @@ pub fn run(seed: u64) -> Result<Stats, Violation> {
         uncompacted,
         stats: Stats::default(),
     };
+    sim.stats.emit_only = u64::from(emit_only);
     let steps = 150 + sim.rng.below(250);
     for _ in 0..steps {
         sim.step(true)?;

@@ -117,10 +117,6 @@ impl Sim {
     fn slot_procedure(&mut self, c: usize, named: Option<i64>) -> Result<(), Violation> {
         self.carry[c] = LifeCore::new(false);
         self.processes[c] += 1;
-        // The stop told the operator the slot is lost: event messages Kafka lacks were in
-        // its WAL alone, and no procedure brings them back.
-        let lost = self.lacking_messages(c);
-        self.lost_messages.extend(lost.iter().map(|&(id, _)| id));
         if let Some(t) = named {
             self.check_republish_time(c, Some(t), "the relay's error")?;
         }
@@ -128,7 +124,10 @@ impl Sim {
         let history = self.history_seen(c);
         let rows = self.table_seen(c);
         let refusal = match slot_fate::judge_missing_slot(history, rows, Consent::default()) {
-            Ok(_) => return self.create_slot(c, false),
+            Ok(_) => {
+                self.told_lost(c);
+                return self.create_slot(c, false);
+            }
             Err(refusal) => refusal,
         };
         self.named_by(c, refusal, "outboxd init")?;
@@ -153,6 +152,7 @@ impl Sim {
         if !cl.outbox_published || cl.publication != cl.accepted {
             self.publication_stop(c, pgoutput::Lsn::ZERO);
         }
+        self.told_lost(c);
         self.create_slot(c, true)?;
         self.republish_since(c, since);
         Ok(())
@@ -182,6 +182,20 @@ impl Sim {
                         .any(|&tag| self.kafka.written.contains(&(tag, id)))
             })
             .collect()
+    }
+
+    /// The operator creates the slot again, told by the errors (the relay's and
+    /// `outboxd init`'s remedies, `RelayError::remedy`) that messages emitted since the
+    /// time they name cannot be re-published from the table: the event messages Kafka
+    /// lacks now were in the lost slot's WAL alone. Those before that time were checked
+    /// (`check_republish_time`).
+    fn told_lost(&mut self, c: usize) {
+        let lost = self.lacking_messages(c);
+        if self.trace && !lost.is_empty() {
+            eprintln!("  event messages lost with the slot of cluster {c}: {lost:?}");
+        }
+        self.stats.messages_lost += u64::try_from(lost.len()).unwrap_or(0);
+        self.lost_messages.extend(lost.iter().map(|&(id, _)| id));
     }
 
     /// A relay creates its missing slot with no one told. Event messages Kafka lacks are
@@ -234,6 +248,17 @@ impl Sim {
                     latest.insert(id, (t.commit_time, t.hidden));
                 }
             }
+        }
+        // An event message the time leaves out is lost unnamed: the operator is told
+        // only that those since the time are.
+        if let Some((id, at)) = self
+            .lacking_messages(c)
+            .into_iter()
+            .find(|&(_, at)| at < from)
+        {
+            return Err(Violation(format!(
+                "cluster {c}: {who} named a lost slot's time {since} past event message {id}, committed at {at}, which Kafka lacks"
+            )));
         }
         for (id, (at, hidden)) in latest {
             // A hidden row is the publication procedure's to publish again.
