@@ -162,6 +162,10 @@ impl Sim {
         let cl = &mut self.clusters[c];
         cl.outbox_published = !cl.outbox_published;
         cl.publication += 1;
+        if self.guarded {
+            self.clock += 1;
+            cl.commit_guard(self.clock);
+        }
         // One in two waits for a synchronous standby: looks meanwhile see the old catalog.
         if self.rng.chance(2) {
             cl.visible = cl.publication;
@@ -200,6 +204,8 @@ impl Sim {
             }
             let result = self.read_one(&mut life);
             self.after_rules(&mut life)?;
+            // The last look below stands in for the guard's.
+            life.guard_seen();
             if let Err(e) = result {
                 return self.settle_read(life, Err(e));
             }

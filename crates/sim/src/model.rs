@@ -43,6 +43,9 @@ pub(crate) struct Txn {
     /// The outbox was out of the publication when this committed: its rows are never
     /// decoded (PostgreSQL decodes by the catalog as it was).
     pub hidden: bool,
+    /// It changed the publication, and `sql/publication-guard.sql`'s event trigger wrote
+    /// its message in it (`changes` is empty).
+    pub guard: bool,
 }
 
 /// One PostgreSQL server: its history (commit order), its slot and its WAL end.
@@ -104,7 +107,16 @@ impl Cluster {
             changes,
             bare,
             hidden: !self.outbox_published,
+            guard: false,
         });
+    }
+
+    /// The transaction that changed the publication, with the guard's message in it.
+    pub fn commit_guard(&mut self, commit_time: i64) {
+        self.commit(Vec::new(), 40, commit_time, false);
+        if let Some(t) = self.history.last_mut() {
+            t.guard = true;
+        }
     }
 }
 
