@@ -7,7 +7,7 @@ use outbox_core::pgtype::quote_ident;
 use std::collections::BTreeMap;
 
 use outboxd_relay::kafka::{
-    BackfillState, ProgressRecord, ProgressStore, SlotIdentity, SlotRecords,
+    BackfillState, ProgressRecord, ProgressStore, SlotIdentity, SlotRecords, EMITTED_LOST_TEXT,
 };
 use outboxd_relay::pipeline::{
     compare_publication, create_checked, judge_missing_slot, judge_slot, look_at_publication,
@@ -341,12 +341,12 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
             match &creation {
                 Creation::FirstStart => {}
                 Creation::Recreate(old) if shared.flags.backfill.is_some() => say!(
-                    "warn slot {} existed (last confirmed {}): rows committed since then that the back-fill's condition did not select are not relayed (docs/operations.md, \"A lost slot: re-publishing\")",
+                    "warn slot {} existed (last confirmed {}): rows committed since then that the back-fill's condition did not select are not relayed (docs/operations.md, \"A lost slot: re-publishing\"). {EMITTED_LOST_TEXT}",
                     s.slot,
                     old.confirmed_lsn(),
                 ),
                 Creation::Recreate(old) => say!(
-                    "warn slot {} existed (last confirmed {}): rows committed since then are not relayed; re-publish {} (docs/operations.md, \"A lost slot: re-publishing\")",
+                    "warn slot {} existed (last confirmed {}): rows committed since then are not relayed; re-publish {} (docs/operations.md, \"A lost slot: re-publishing\"). {EMITTED_LOST_TEXT}",
                     s.slot,
                     old.confirmed_lsn(),
                     old.republish_text()

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use pgoutput::Lsn;
 
-use crate::DeliveredPosition;
+use crate::{DeliveredPosition, Observe, SessionCore};
 
 /// A Kafka transaction call's failure, in librdkafka's classes: what the caller may do
 /// next is [`TxnError::next`].
@@ -334,6 +334,20 @@ impl KafkaTxnCore {
             true => TxnError::Expired(why),
             false => TxnError::Fenced(why),
         }
+    }
+}
+
+/// The claim a lost slot's error names while a session streams (its time is where the
+/// operator re-publishes from): in exactly-once mode (`txn`) the newest committed
+/// record's, since an abort takes back what the open transaction acked; otherwise the
+/// session's own.
+pub fn lost_slot_claim<O: Observe>(
+    txn: Option<&KafkaTxnCore>,
+    session: &mut SessionCore<O>,
+) -> DeliveredPosition {
+    match txn.and_then(KafkaTxnCore::committed_claim) {
+        Some(committed) => committed.clone(),
+        None => session.claim().0,
     }
 }
 

@@ -97,7 +97,7 @@ pub use error::{
     TopicNameProblem,
 };
 pub use inflight::InFlightEntry;
-pub use kafka_txn::{CommitStep, KafkaTxnCore, TxnError, TxnNext, TxnRules};
+pub use kafka_txn::{lost_slot_claim, CommitStep, KafkaTxnCore, TxnError, TxnNext, TxnRules};
 pub use ledger::{InFlightLedger, Outcome, Outgoing, Ticket};
 pub use life::{Claim, Ended, Known, LifeCore, RecordRead, Refusal, SlotView};
 pub use mapping::{BoundTable, OutboxColumns, TableSpec};

@@ -69,6 +69,9 @@ pub struct PublicationWatch<S> {
     /// it once read, or stops the session.
     start_unsettled: bool,
     unsettled: bool,
+    /// A guard moved `last` to its commit and no look has counted since: the change it
+    /// announced may not be seen yet.
+    guard_pending: bool,
     own_wal_end: Lsn,
     /// What was acked when the look under way began.
     began: Option<Lsn>,
@@ -82,6 +85,7 @@ impl<S: CatalogLook> PublicationWatch<S> {
             compared,
             start_unsettled: !start_settled,
             unsettled: false,
+            guard_pending: false,
             own_wal_end: Lsn::ZERO,
             began: None,
         }
@@ -131,6 +135,7 @@ impl<S: CatalogLook> PublicationWatch<S> {
             return Ok(Looked::Unsettled { first });
         }
         let settled_again = std::mem::take(&mut self.unsettled);
+        self.guard_pending = false;
         self.last = seen;
         // The watermark never goes back, so `min` changes nothing but keeps the cap within
         // what is acked if a caller began a look under another ledger.
@@ -144,9 +149,13 @@ impl<S: CatalogLook> PublicationWatch<S> {
     /// A guard message's transaction changed a publication: rows after it follow the new
     /// catalog, so a change seen next is named from this commit (`at`, the last look's
     /// identity with the commit's position and time). Kept even if the look fails: the
-    /// next session of the process starts from it.
+    /// next session of the process starts from it. Until a look counts, a later guard
+    /// keeps the earlier commit: a look not settled (a commit waiting for a synchronous
+    /// standby) may not have seen the first change, and rows after it were hidden.
     pub fn guard(&mut self, at: S) {
-        self.last = at;
+        if !std::mem::replace(&mut self.guard_pending, true) {
+            self.last = at;
+        }
     }
 
     /// The session's watch from the start's look (`None`: no publication of this name, so

@@ -144,6 +144,33 @@ fn a_guard_names_its_commit_and_a_look_without_begin_raises_nothing() {
 }
 
 #[test]
+fn a_second_guard_before_a_look_counts_keeps_the_first_commit() {
+    // The first change's look waits for its standby; a second change (the table put
+    // back) follows: rows between the two commits were hidden, so a change seen later
+    // is named from the first.
+    let mut w = PublicationWatch::new(seen(1, 10), true, true);
+    w.guard(seen(1, 300));
+    w.begin(Lsn(290));
+    assert_eq!(
+        w.looked(look(1, 320, false), Lsn(10_000)),
+        Ok(Looked::Unsettled { first: true })
+    );
+    w.guard(seen(1, 900));
+    assert_eq!(
+        w.looked(look(3, 920, true), Lsn(10_000)),
+        Err(WatchStop::Changed {
+            since: seen(1, 300)
+        })
+    );
+    // Once a look counts, the next guard names its own commit.
+    let mut w = PublicationWatch::new(seen(1, 10), true, true);
+    w.guard(seen(1, 300));
+    assert!(w.looked(look(1, 320, true), Lsn(10_000)).is_ok());
+    w.guard(seen(1, 900));
+    assert_eq!(w.last(), &seen(1, 900));
+}
+
+#[test]
 fn early_looks_skip_the_looks_own_wal() {
     let mut w = PublicationWatch::new(seen(1, 10), true, true);
     w.begin(Lsn(100));

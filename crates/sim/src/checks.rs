@@ -97,6 +97,28 @@ impl Sim {
                 }
             }
         }
+        if self.steady[0] {
+            // Event messages exist in the WAL alone: each reached Kafka, or was lost with
+            // a slot as the operator was told.
+            for t in &cl.history {
+                for ch in &t.changes {
+                    if let Change::Message {
+                        event: Some((id, _)),
+                    } = *ch
+                    {
+                        let arrived = family
+                            .iter()
+                            .any(|&tag| self.kafka.written.contains(&(tag, id)));
+                        if !arrived && !self.lost_messages.contains(&id) {
+                            return Err(Violation(format!(
+                                "event message {id} (transaction {:?}) never reached Kafka",
+                                t.commit_lsn
+                            )));
+                        }
+                    }
+                }
+            }
+        }
         // One the producer refused as too large went to the dead-letter topic (a replay
         // after the limit was raised may publish it too, late).
         let dead: HashSet<u64> = self

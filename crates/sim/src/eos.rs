@@ -9,7 +9,7 @@
 //! message) exactly once, in per-aggregate order; the slot is never confirmed past what
 //! committed Kafka transactions hold; a fenced instance commits nothing.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
 use outbox_core::slot_fate::{self, SlotNow, SlotStop};
@@ -21,6 +21,8 @@ use crate::life::{self, Cursor, Life, OTHER, OUTBOX, OUTBOX_PARTITION};
 use crate::model::{Change, Cluster, Config, PARTITIONS};
 use crate::{Rng, Violation};
 
+#[path = "eos_final.rs"]
+mod eos_final;
 #[path = "eos_instance.rs"]
 mod instance;
 use instance::Instance;
@@ -103,6 +105,7 @@ struct Eos {
 pub fn run_exactly_once(seed: u64) -> Result<EosStats, Violation> {
     let mut rng = Rng::new(seed ^ 0xe0_5e0_5e0);
     let cfg = Config {
+        relay_table: true,
         tag: 0,
         relay_messages: rng.chance(400),
         heartbeat: false,
@@ -300,7 +303,7 @@ impl Eos {
         });
         match result {
             Ok(()) => {
-                self.check_lost_slot_time(&s)?;
+                self.check_lost_slot_time(&mut s)?;
                 self.instances[i].session = Some(s);
                 Ok(())
             }
@@ -311,11 +314,8 @@ impl Eos {
     /// Were the slot invalidated now, the relay's error would name a time to re-publish
     /// from (`slot_fate::streaming`, with the claim the relay's tick gives it): no event
     /// committed before it may be missing from the read_committed view.
-    fn check_lost_slot_time(&self, s: &Session) -> Result<(), Violation> {
-        let claim = match s.txn.committed_claim() {
-            Some(committed) => committed.clone(),
-            None => return Err(Violation("a session without its start claim".into())),
-        };
+    fn check_lost_slot_time(&self, s: &mut Session) -> Result<(), Violation> {
+        let claim = outbox_core::lost_slot_claim(Some(&s.txn), &mut s.life.core);
         let Err(SlotStop::Invalidated { since: Some(since) }) =
             slot_fate::streaming(SlotNow::Invalidated, &claim)
         else {
@@ -579,51 +579,6 @@ impl Eos {
         Err(Violation(
             "exactly-once: the relay never caught up once quiet".into(),
         ))
-    }
-
-    /// The read_committed view: every event of the history exactly once, and per
-    /// aggregate in commit order.
-    fn check_final(&mut self) -> Result<(), Violation> {
-        let mut count: HashMap<u64, usize> = HashMap::new();
-        for w in self.broker.read_committed() {
-            *count.entry(w.id).or_default() += 1;
-        }
-        let mut order: HashMap<u64, usize> = HashMap::new();
-        for t in &self.cluster.history {
-            for &ch in &t.changes {
-                let Some(id) = self.event_id(ch) else {
-                    continue;
-                };
-                let n = count.get(&id).copied().unwrap_or(0);
-                let doubted = self.stats.doubts > 0;
-                if n > 1 && doubted {
-                    self.stats.duplicates += 1;
-                } else if n != 1 {
-                    return Err(Violation(format!(
-                        "exactly-once: event {id} (transaction {:?}) is {n} times in the read_committed view",
-                        t.commit_lsn
-                    )));
-                }
-                let next = order.len();
-                order.insert(id, next);
-            }
-        }
-        let mut last: HashMap<u32, (usize, u64)> = HashMap::new();
-        for w in self.broker.read_committed().filter(|w| !w.dead) {
-            let Some(&at) = order.get(&w.id) else {
-                continue;
-            };
-            if let Some(&(before, prev)) = last.get(&w.agg) {
-                if at < before {
-                    return Err(Violation(format!(
-                        "exactly-once: aggregate {}: event {} after event {prev}, committed after it",
-                        w.agg, w.id
-                    )));
-                }
-            }
-            last.insert(w.agg, (at, w.id));
-        }
-        Ok(())
     }
 }
 

@@ -125,6 +125,7 @@ impl Sim {
         self.lives.push(None);
         self.carry.push(LifeCore::new(false));
         self.configs.push(cfg);
+        self.steady.push(self.steady[0]);
         self.processes.push(0);
         self.epochs.push(0);
     }
@@ -134,7 +135,12 @@ impl Sim {
         let c = self.rng.index(self.clusters.len());
         let cfg = &mut self.configs[c];
         match self.rng.below(5) {
-            0 => cfg.relay_messages = !cfg.relay_messages,
+            // An emit-only relay keeps relaying them: it has nothing else.
+            0 if !cfg.relay_table => {}
+            0 => {
+                cfg.relay_messages = !cfg.relay_messages;
+                self.steady[c] = false;
+            }
             1 => cfg.heartbeat = !cfg.heartbeat,
             2 => cfg.other_published = !cfg.other_published,
             3 => cfg.dead_letter = !cfg.dead_letter,
@@ -156,6 +162,10 @@ impl Sim {
         let cl = &mut self.clusters[c];
         cl.outbox_published = !cl.outbox_published;
         cl.publication += 1;
+        if self.guarded {
+            self.clock += 1;
+            cl.commit_guard(self.clock);
+        }
         // One in two waits for a synchronous standby: looks meanwhile see the old catalog.
         if self.rng.chance(2) {
             cl.visible = cl.publication;
@@ -194,6 +204,8 @@ impl Sim {
             }
             let result = self.read_one(&mut life);
             self.after_rules(&mut life)?;
+            // The last look below stands in for the guard's.
+            life.guard_seen();
             if let Err(e) = result {
                 return self.settle_read(life, Err(e));
             }

@@ -15,6 +15,7 @@ mod eos_broker;
 mod faults;
 mod life;
 mod model;
+mod publication;
 mod slot_loss;
 mod starts;
 mod sweep;
@@ -24,7 +25,7 @@ use std::collections::{HashMap, HashSet};
 pub use eos::{run_exactly_once, EosStats};
 pub use sweep::{env_u64, replay_from_env, sweep, Swept, Tally};
 
-use outbox_core::{Ended, LifeCore, Looked, ReplayStart, SessionError, WatchStop};
+use outbox_core::{Ended, LifeCore, ReplayStart, SessionError};
 use pgoutput::Lsn;
 
 use life::{Cursor, Life, Seen, OTHER, OUTBOX, OUTBOX_PARTITION};
@@ -81,6 +82,12 @@ pub struct Stats {
     pub forged: u64,
     /// Slots invalidated or dropped.
     pub slot_losses: u64,
+    /// Event messages lost with a slot, as the operator was told.
+    pub messages_lost: u64,
+    /// Schedules of emit-only relays.
+    pub emit_only: u64,
+    /// Guard messages a session decoded (and looked at the publication at once).
+    pub guard_looks: u64,
 }
 
 impl Tally for Stats {
@@ -95,6 +102,9 @@ impl Tally for Stats {
         self.publication_stops += o.publication_stops;
         self.forged += o.forged;
         self.slot_losses += o.slot_losses;
+        self.messages_lost += o.messages_lost;
+        self.emit_only += o.emit_only;
+        self.guard_looks += o.guard_looks;
     }
 }
 
@@ -122,6 +132,19 @@ struct Sim {
     clock_back: i64,
     /// The relay process of each cluster that streamed from its slot.
     slot_seen: HashMap<usize, u64>,
+    /// Choices of the kinds of schedule added later (their own stream: see `run`).
+    kinds: Rng,
+    /// The relays relay emitted messages alone (`OUTBOXD_RELAY_TABLE=false`): the outbox
+    /// table stays empty, every event is a `pg_logical_emit_message`.
+    emit_only: bool,
+    /// `sql/publication-guard.sql` is installed (on every server: copies and backups
+    /// keep it): each publication change writes the guard's message in its transaction.
+    guarded: bool,
+    /// Per cluster: every relay process of it relayed event messages, so each must reach
+    /// Kafka (or be lost with a slot, as the operator was told).
+    steady: Vec<bool>,
+    /// Event messages lost with a slot: in the WAL only, never re-published.
+    lost_messages: HashSet<u64>,
     cap: usize,
     /// The progress topic deletes old records (retention instead of compaction).
     uncompacted: bool,
@@ -134,14 +157,28 @@ pub fn run(seed: u64) -> Result<Stats, Violation> {
     let cap = 2 + rng.index(10);
     let falls_back = rng.chance(600);
     let uncompacted = rng.chance(200);
-    let base = Config {
+    let mut base = Config {
         tag: 0,
+        relay_table: true,
         relay_messages: rng.chance(500),
         heartbeat: rng.chance(500),
         other_published: rng.chance(500),
         dead_letter: rng.chance(700),
         limit_raised: false,
     };
+    // Kinds of schedule added later draw from their own stream, so the schedules before
+    // them keep their draws (and the mutation table its seeds).
+    let mut kinds = Rng::new(seed ^ 0x6b69_6e64_735f_7631);
+    let emit_only = kinds.chance(100);
+    let expiring = kinds.chance(500);
+    let guarded = kinds.chance(300);
+    // An emit-only relay depends on its process's memory of the slot when the record is
+    // gone: its table never refuses a creation.
+    let uncompacted = uncompacted || (emit_only && expiring);
+    if emit_only {
+        base.relay_table = false;
+        base.relay_messages = true;
+    }
     let mut sim = Sim {
         trace: std::env::var_os("OUTBOXD_SIM_TRACE").is_some(),
         rng,
@@ -174,10 +211,16 @@ pub fn run(seed: u64) -> Result<Stats, Violation> {
         clock: 1_000_000,
         clock_back: 0,
         slot_seen: HashMap::new(),
+        kinds,
+        emit_only,
+        guarded,
+        steady: vec![base.relay_messages],
+        lost_messages: HashSet::new(),
         cap,
         uncompacted,
         stats: Stats::default(),
     };
+    sim.stats.emit_only = u64::from(emit_only);
     let steps = 150 + sim.rng.below(250);
     for _ in 0..steps {
         sim.step(true)?;
@@ -257,7 +300,7 @@ impl Sim {
         let mut changes = Vec::with_capacity(n);
         for _ in 0..n {
             let agg = u32::try_from(self.rng.below(4)).unwrap_or(0);
-            let change = match if bare { 8 } else { self.rng.below(10) } {
+            let mut change = match if bare { 8 } else { self.rng.below(10) } {
                 0..=5 => {
                     let id = self.next_id;
                     self.next_id += 1;
@@ -278,6 +321,12 @@ impl Sim {
                 }
                 _ => Change::Message { event: None },
             };
+            if let (true, Change::Outbox { id, agg, .. }) = (self.emit_only, change) {
+                // An emit-only relay's events: its table stays empty.
+                change = Change::Message {
+                    event: Some((id, agg)),
+                };
+            }
             changes.push(change);
         }
         self.clock += 1 + i64::try_from(self.rng.below(5000)).unwrap_or(0);
@@ -367,7 +416,8 @@ impl Sim {
         }
         let result = self.read_one(&mut life);
         self.after_rules(&mut life)?;
-        self.settle_read(life, result)
+        self.settle_read(life, result)?;
+        self.on_guard(c)
     }
 
     /// After a read: the session goes on (its position handed on), or ends as the relay's
@@ -495,7 +545,7 @@ impl Sim {
                     }
                     return life.pump();
                 }
-                if !txn.changes.iter().any(|&ch| self.streamed(life, &txn, ch)) {
+                if !txn.guard && !txn.changes.iter().any(|&ch| self.streamed(life, &txn, ch)) {
                     // PostgreSQL 15+ sends no empty transaction.
                     life.cursor = Cursor::Before(i + 1);
                     return Ok(());
@@ -532,6 +582,12 @@ impl Sim {
                     // A keepalive inside a transaction: the decoder read past its commit
                     // before sending its changes.
                     life.core.on_keepalive(txn.end_lsn)?;
+                }
+                if txn.guard && k == 0 {
+                    // The guard's message, the transaction's only change the relay gets.
+                    life.cursor = Cursor::Inside(i, 1);
+                    life.message(life::guard_message(&txn), self.clock)?;
+                    return life.pump();
                 }
                 let Some(&change) = streamed.get(k) else {
                     life.cursor = Cursor::Before(i + 1);
@@ -604,101 +660,6 @@ impl Sim {
         Ok(())
     }
 
-    /// The relay looks at the publication: it begins (what is acked then, and the catalog
-    /// read), and returns now or at a later look step, steps of the stream in between.
-    /// The same as at its last matching look, or it stops.
-    fn look_at_publication(&mut self) -> Result<(), Violation> {
-        let c = self.rng.index(self.clusters.len());
-        if self.rng.chance(3) {
-            // The synchronous standby confirms: the waiting commit becomes visible.
-            let cl = &mut self.clusters[c];
-            cl.visible = cl.publication;
-        }
-        let Some(mut life) = self.lives[c].take() else {
-            return Ok(());
-        };
-        if life.look.is_none() {
-            life.watch.begin(life.core.watermark());
-            life.look = Some(self.clusters[c].look());
-            if self.rng.chance(2) {
-                self.lives[c] = Some(life);
-                return Ok(());
-            }
-        }
-        // A slow look (a settler waiting, a busy server): the stream goes on meanwhile.
-        let Some(look) = life.look.take_if(|_| self.rng.chance(2)) else {
-            self.lives[c] = Some(life);
-            return Ok(());
-        };
-        match life.watch.looked(look, life.core.watermark()) {
-            Ok(Looked::Counts { raise_cap, .. }) => {
-                if let Some(acked) = raise_cap {
-                    life.core.raise_cap(acked);
-                }
-                self.hand_on(&mut life)?;
-                self.lives[c] = Some(life);
-            }
-            Ok(Looked::Unsettled { .. }) => self.lives[c] = Some(life),
-            Err(stop) => {
-                let since = match stop {
-                    WatchStop::Changed { since } => since.wal_lsn,
-                    WatchStop::Dropped | WatchStop::StandbysUnsettled => Lsn::ZERO,
-                };
-                self.end_life(life, false);
-                self.publication_stop(c, since);
-            }
-        }
-        Ok(())
-    }
-
-    /// The relay stopped on a changed publication: the operator puts the outbox back,
-    /// publishes again the rows the change hid (the same event ids), and accepts the
-    /// publication as it is now. `since`: where the error says re-publishing starts.
-    fn publication_stop(&mut self, c: usize, since: Lsn) {
-        self.stats.publication_stops += 1;
-        self.carry[c] = LifeCore::new(false);
-        self.processes[c] += 1;
-        let cl = &mut self.clusters[c];
-        if !cl.outbox_published {
-            cl.outbox_published = true;
-            cl.publication += 1;
-        }
-        let mut copies = Vec::new();
-        cl.visible = cl.publication;
-        for t in cl
-            .history
-            .iter()
-            .filter(|t| t.hidden && t.commit_lsn > since)
-        {
-            for ch in &t.changes {
-                if let Change::Outbox { id, .. } = *ch {
-                    if cl.republished.insert(id) {
-                        copies.push(*ch);
-                    }
-                }
-            }
-        }
-        cl.accepted = cl.publication;
-        if self.trace {
-            eprintln!(
-                "  publication changed on cluster {c}: {} rows published again",
-                copies.len()
-            );
-        }
-        self.publish_again(c, copies);
-    }
-
-    /// The operator's re-insert of `copies` into cluster `c`'s outbox with their own event
-    /// ids, in one transaction, by either procedure (a publication change, a lost slot).
-    fn publish_again(&mut self, c: usize, copies: Vec<Change>) {
-        if copies.is_empty() {
-            return;
-        }
-        self.clock += 1;
-        let size = 40 * u64::try_from(copies.len()).unwrap_or(1);
-        self.clusters[c].commit(copies, size, self.clock, false);
-    }
-
     /// The session writes its claim; checked against every history there ever was.
     fn write_record(&mut self) -> Result<(), Violation> {
         let c = self.rng.index(self.clusters.len());
@@ -763,6 +724,10 @@ impl Sim {
         if !self.clusters[0].outbox_published {
             self.clusters[0].outbox_published = true;
             self.clusters[0].publication += 1;
+            if self.guarded {
+                self.clock += 1;
+                self.clusters[0].commit_guard(self.clock);
+            }
         }
         self.clusters[0].visible = self.clusters[0].publication;
         for _ in 0..200_000 {

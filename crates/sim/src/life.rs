@@ -106,6 +106,9 @@ pub(crate) struct Life {
     pub look: Option<Look<Seen>>,
     /// The producer refuses the next record outright (a fatal error).
     pub fail_next_send: bool,
+    /// A guard message was decoded: the relay looks at the publication now, the
+    /// re-publish start the transaction's commit (`After::LookAtPublication`).
+    pub guarded: Option<Option<(Lsn, PgTimestamp)>>,
     /// Leading rows of a partly delivered transaction skipped before their digest was
     /// checked: each must be in Kafka once the check passes; a mismatch gives them up
     /// (the session ends unconfirmed, and the next publishes them).
@@ -143,8 +146,23 @@ impl Life {
             watch: PublicationWatch::new(start_look, true, true),
             look: None,
             fail_next_send: false,
+            guarded: None,
             unproven: Vec::new(),
         })
+    }
+
+    /// Applies a guard message decoded since the last call (`PublicationWatch::guard`,
+    /// the last look's identity at the commit's position); true if there was one.
+    pub fn guard_seen(&mut self) -> bool {
+        let Some(commit) = self.guarded.take() else {
+            return false;
+        };
+        let at = Seen {
+            identity: self.watch.last().identity,
+            wal_lsn: commit.map_or(Lsn::ZERO, |(lsn, _)| lsn),
+        };
+        self.watch.guard(at);
+        true
     }
 
     /// An insert into `rel`, after its Relation message if this session has not had it.
@@ -171,10 +189,9 @@ impl Life {
     }
 
     pub fn message(&mut self, m: LogicalMessage, now: i64) -> Result<(), SessionError> {
-        // A guard message never comes here: the simulation has no event trigger.
-        let After::Nothing = self.core.on_message(m, PgTimestamp(now))? else {
-            return Ok(());
-        };
+        if let After::LookAtPublication { commit } = self.core.on_message(m, PgTimestamp(now))? {
+            self.guarded = Some(commit);
+        }
         Ok(())
     }
 
@@ -307,6 +324,17 @@ pub(crate) fn logical_message(txn: &Txn, event: Option<(u64, u32)>) -> LogicalMe
         lsn: txn.commit_lsn,
         prefix: prefix.to_owned(),
         content: Bytes::from(content),
+    })
+}
+
+/// The guard's message in the transaction that changed the publication.
+pub(crate) fn guard_message(txn: &Txn) -> LogicalMessage {
+    LogicalMessage::Message(Message {
+        xid: None,
+        flags: 1,
+        lsn: txn.commit_lsn,
+        prefix: outbox_core::PUBLICATION_GUARD_PREFIX.to_owned(),
+        content: Bytes::from_static(b"ALTER PUBLICATION"),
     })
 }
 

@@ -43,6 +43,9 @@ pub(crate) struct Txn {
     /// The outbox was out of the publication when this committed: its rows are never
     /// decoded (PostgreSQL decodes by the catalog as it was).
     pub hidden: bool,
+    /// It changed the publication, and `sql/publication-guard.sql`'s event trigger wrote
+    /// its message in it (`changes` is empty).
+    pub guard: bool,
 }
 
 /// One PostgreSQL server: its history (commit order), its slot and its WAL end.
@@ -104,7 +107,16 @@ impl Cluster {
             changes,
             bare,
             hidden: !self.outbox_published,
+            guard: false,
         });
+    }
+
+    /// The transaction that changed the publication, with the guard's message in it.
+    pub fn commit_guard(&mut self, commit_time: i64) {
+        self.commit(Vec::new(), 40, commit_time, false);
+        if let Some(t) = self.history.last_mut() {
+            t.guard = true;
+        }
     }
 }
 
@@ -112,6 +124,9 @@ impl Cluster {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Config {
     pub tag: u8,
+    /// false: an emit-only relay (`OUTBOXD_RELAY_TABLE=false`), relaying emitted
+    /// messages alone; its outbox table stays empty.
+    pub relay_table: bool,
     pub relay_messages: bool,
     pub heartbeat: bool,
     pub other_published: bool,
@@ -139,7 +154,7 @@ impl Config {
                 topic,
                 ..TableSpec::default()
             },
-            relay_table: true,
+            relay_table: self.relay_table,
             emit,
             dead_letter_topic: TopicName::parse(&format!("dlq{}", self.tag))?,
             bad_row_policy: if self.dead_letter {
@@ -168,7 +183,7 @@ impl Config {
     /// Whether pgoutput sends the change to this session.
     pub fn streams(self, c: Change) -> bool {
         match c {
-            Change::Outbox { .. } => true,
+            Change::Outbox { .. } => self.relay_table,
             Change::Other => self.other_published,
             Change::Message { .. } => self.relay_messages || self.heartbeat,
         }

@@ -41,6 +41,11 @@ impl Sim {
         };
         self.clusters[0].slot = now;
         self.stats.slot_losses += 1;
+        if self.emit_only && self.kinds.chance(300) {
+            // The progress record gone too (a Kafka migration, its topic deleted): only the
+            // process that streamed from the slot still knows it existed.
+            self.kafka.records.remove(&key);
+        }
         if self.trace {
             eprintln!("  slot of cluster 0 lost: {now:?}");
         }
@@ -83,7 +88,10 @@ impl Sim {
                     Consent::default(),
                 );
                 match judged {
-                    Ok(_) => self.create_slot(c, false)?,
+                    Ok(_) => {
+                        self.created_silently(c, seen)?;
+                        self.create_slot(c, false)?;
+                    }
                     Err(refusal) => {
                         self.named_by(c, refusal, "the relay's lost-slot error")?;
                         self.slot_procedure(c, None)?;
@@ -116,7 +124,10 @@ impl Sim {
         let history = self.history_seen(c);
         let rows = self.table_seen(c);
         let refusal = match slot_fate::judge_missing_slot(history, rows, Consent::default()) {
-            Ok(_) => return self.create_slot(c, false),
+            Ok(_) => {
+                self.told_lost(c);
+                return self.create_slot(c, false);
+            }
             Err(refusal) => refusal,
         };
         self.named_by(c, refusal, "outboxd init")?;
@@ -141,8 +152,64 @@ impl Sim {
         if !cl.outbox_published || cl.publication != cl.accepted {
             self.publication_stop(c, pgoutput::Lsn::ZERO);
         }
+        self.told_lost(c);
         self.create_slot(c, true)?;
         self.republish_since(c, since);
+        Ok(())
+    }
+
+    /// The event messages of cluster `c` that Kafka lacks (and not already lost), with
+    /// their commit times, where every relay process of it relayed them.
+    fn lacking_messages(&self, c: usize) -> Vec<(u64, i64)> {
+        if !self.steady[c] {
+            return Vec::new();
+        }
+        let cl = &self.clusters[c];
+        let family = [cl.tag & 1, (cl.tag & 1) | 2];
+        cl.history
+            .iter()
+            .flat_map(|t| t.changes.iter().map(move |ch| (t.commit_time, *ch)))
+            .filter_map(|(at, ch)| match ch {
+                Change::Message {
+                    event: Some((id, _)),
+                } => Some((id, at)),
+                _ => None,
+            })
+            .filter(|&(id, _)| {
+                !self.lost_messages.contains(&id)
+                    && !family
+                        .iter()
+                        .any(|&tag| self.kafka.written.contains(&(tag, id)))
+            })
+            .collect()
+    }
+
+    /// The operator creates the slot again, told by the errors (the relay's and
+    /// `outboxd init`'s remedies, `RelayError::remedy`) that messages emitted since the
+    /// time they name cannot be re-published from the table: the event messages Kafka
+    /// lacks now were in the lost slot's WAL alone. Those before that time were checked
+    /// (`check_republish_time`).
+    fn told_lost(&mut self, c: usize) {
+        let lost = self.lacking_messages(c);
+        if self.trace && !lost.is_empty() {
+            eprintln!("  event messages lost with the slot of cluster {c}: {lost:?}");
+        }
+        self.stats.messages_lost += u64::try_from(lost.len()).unwrap_or(0);
+        self.lost_messages.extend(lost.iter().map(|&(id, _)| id));
+    }
+
+    /// A relay creates its missing slot with no one told. Event messages Kafka lacks are
+    /// then lost without a trace: a violation when this process streamed from the slot
+    /// (the seen-slot rule's witness), and the progress record's loss otherwise (outboxd
+    /// refuses a progress topic that deletes records; the simulator models one anyway).
+    fn created_silently(&mut self, c: usize, seen: bool) -> Result<(), Violation> {
+        let lacking = self.lacking_messages(c);
+        if let (true, Some(&(id, _))) = (seen, lacking.first()) {
+            return Err(Violation(format!(
+                "cluster {c}'s slot, gone under the relay process that streamed from it, was created again silently, skipping event message {id} that Kafka lacks"
+            )));
+        }
+        self.lost_messages.extend(lacking.iter().map(|&(id, _)| id));
         Ok(())
     }
 
@@ -181,6 +248,17 @@ impl Sim {
                     latest.insert(id, (t.commit_time, t.hidden));
                 }
             }
+        }
+        // An event message the time leaves out is lost unnamed: the operator is told
+        // only that those since the time are.
+        if let Some((id, at)) = self
+            .lacking_messages(c)
+            .into_iter()
+            .find(|&(_, at)| at < from)
+        {
+            return Err(Violation(format!(
+                "cluster {c}: {who} named a lost slot's time {since} past event message {id}, committed at {at}, which Kafka lacks"
+            )));
         }
         for (id, (at, hidden)) in latest {
             // A hidden row is the publication procedure's to publish again.

@@ -30,7 +30,7 @@ pub use producer::{
 };
 pub use progress::{
     pg_time_text, republish_text, BackfillState, ProgressError, ProgressRecord, ProgressStore,
-    PublicationSeen, SlotIdentity, SlotRecords,
+    PublicationSeen, SlotIdentity, SlotRecords, EMITTED_LOST_TEXT,
 };
 pub use rdkafka::types::RDKafkaErrorCode;
 pub use settings::{

@@ -38,7 +38,7 @@ mod record;
 use record::SlotScan;
 pub use record::{
     pg_time_text, republish_text, BackfillState, ProgressRecord, PublicationSeen, SlotIdentity,
-    SlotRecords,
+    SlotRecords, EMITTED_LOST_TEXT,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -9,7 +9,9 @@ use outbox_core::{RowError, SessionError, TxnNext};
 pub use pgoutput::ErrorClass;
 use pgrepl::ReplError;
 
-use crate::kafka::{DeliveryFailure, KafkaSetupError, RDKafkaErrorCode, SendError, TxnError};
+use crate::kafka::{
+    DeliveryFailure, KafkaSetupError, RDKafkaErrorCode, SendError, TxnError, EMITTED_LOST_TEXT,
+};
 
 /// The code a class was decided by, named in the log line that reports the error, so an
 /// operator can look it up (PostgreSQL's Appendix A, librdkafka's `rdkafka.h`).
@@ -179,10 +181,11 @@ impl RelayError {
     /// where the account says it all.
     pub fn remedy(&self) -> Option<String> {
         let text = match self {
-            RelayError::SlotDropped { .. } => String::from(
+            RelayError::SlotDropped { .. } => format!(
                 "events committed since its last confirmed position may not be relayed. \
                 Recreating it silently would skip them: re-publish the affected outbox rows \
-                if needed, then recreate the slot with `outboxd init` and restart",
+                if needed, then recreate the slot with `outboxd init` and restart. \
+                {EMITTED_LOST_TEXT}"
             ),
             RelayError::SlotInvalidated { since, slot, .. } => format!(
                 "the WAL it needed is gone, so rows committed since its last confirmed \
@@ -192,8 +195,8 @@ impl RelayError {
                 `outboxd init --recreate-lost-slot` creates the slot again \
                 (docs/operations.md, \"A lost slot: re-publishing\"); `outboxd init \
                 --recreate-lost-slot --backfill \"<SQL condition>\"` also publishes the rows \
-                the condition selects before streaming. Raise max_slot_wal_keep_size or keep \
-                outboxd running to avoid this"
+                the condition selects before streaming. {EMITTED_LOST_TEXT}. Raise \
+                max_slot_wal_keep_size or keep outboxd running to avoid this"
             ),
             RelayError::PublicationMissing { publication, .. } => format!(
                 "create it with CREATE PUBLICATION {publication} FOR TABLE <outbox table> WITH \
@@ -220,7 +223,7 @@ impl RelayError {
                 outboxd again; or have init publish the rows a condition selects from the new \
                 slot's snapshot before streaming: `outboxd init --recreate-lost-slot \
                 --backfill \"<SQL condition>\"` (docs/operations.md, \"Back-filling through \
-                the slot's snapshot\")"
+                the slot's snapshot\"). {EMITTED_LOST_TEXT}"
             ),
             RelayError::RowsBeforeSlot { .. } => String::from(
                 "a slot created now starts after them, and any not relayed yet would be \
@@ -635,6 +638,22 @@ mod tests {
             remedy.contains("`outboxd init --recreate-lost-slot --backfill \"<SQL condition>\"`"),
             "{remedy}"
         );
+        // Re-inserting rows cannot bring back what was emitted: the operator is told.
+        let invalidated = RelayError::SlotInvalidated {
+            slot: "outboxd".into(),
+            reason: "wal_removed".into(),
+            since: String::new(),
+        };
+        let dropped = RelayError::SlotDropped {
+            slot: "outboxd".into(),
+        };
+        for lost in [&e, &invalidated, &dropped] {
+            let remedy = lost.remedy().unwrap_or_default();
+            assert!(
+                remedy.contains("pg_logical_emit_message") && remedy.contains("are lost"),
+                "{remedy}"
+            );
+        }
         assert_eq!(RelayError::StreamClosed.remedy(), None);
         assert_eq!(e.exit_code(), 3);
     }

@@ -103,10 +103,8 @@ impl Session<'_> {
             // Building the claim folds the ledger: only for a slot that stops the session.
             // Exactly-once: the last commit's, not what the open transaction acked.
             if now != SlotNow::Usable {
-                let claim = match self.txn.as_ref().and_then(|t| t.core.committed_claim()) {
-                    Some(committed) => committed.clone(),
-                    None => self.core.claim().0,
-                };
+                let txn = self.txn.as_ref().map(|t| &t.core);
+                let claim = outbox_core::lost_slot_claim(txn, &mut self.core);
                 slot_fate::streaming(now, &claim)
                     .map_err(|stop| slot::stop_error(stop, &self.cfg.slot))?;
             }

@@ -1,0 +1,54 @@
+//! The exactly-once schedules' final check: what a `read_committed` consumer sees once
+//! the system is quiet.
+
+use std::collections::HashMap;
+
+use super::Eos;
+use crate::Violation;
+
+impl Eos {
+    /// The read_committed view: every event of the history exactly once, and per
+    /// aggregate in commit order.
+    pub(super) fn check_final(&mut self) -> Result<(), Violation> {
+        let mut count: HashMap<u64, usize> = HashMap::new();
+        for w in self.broker.read_committed() {
+            *count.entry(w.id).or_default() += 1;
+        }
+        let mut order: HashMap<u64, usize> = HashMap::new();
+        for t in &self.cluster.history {
+            for &ch in &t.changes {
+                let Some(id) = self.event_id(ch) else {
+                    continue;
+                };
+                let n = count.get(&id).copied().unwrap_or(0);
+                let doubted = self.stats.doubts > 0;
+                if n > 1 && doubted {
+                    self.stats.duplicates += 1;
+                } else if n != 1 {
+                    return Err(Violation(format!(
+                        "exactly-once: event {id} (transaction {:?}) is {n} times in the read_committed view",
+                        t.commit_lsn
+                    )));
+                }
+                let next = order.len();
+                order.insert(id, next);
+            }
+        }
+        let mut last: HashMap<u32, (usize, u64)> = HashMap::new();
+        for w in self.broker.read_committed().filter(|w| !w.dead) {
+            let Some(&at) = order.get(&w.id) else {
+                continue;
+            };
+            if let Some(&(before, prev)) = last.get(&w.agg) {
+                if at < before {
+                    return Err(Violation(format!(
+                        "exactly-once: aggregate {}: event {} after event {prev}, committed after it",
+                        w.agg, w.id
+                    )));
+                }
+            }
+            last.insert(w.agg, (at, w.id));
+        }
+        Ok(())
+    }
+}
