@@ -14,7 +14,7 @@ fn every_schedule_keeps_every_invariant() {
     let swept = sweep(first, count, run);
     let total = &swept.total;
     eprintln!(
-        "simulation: {count} schedules from seed {first} in {:.1} s ({} steps, {} records acked, {} dead letters, {} duplicates, {} kills, {} skipped as delivered, {} doubts, {} publication stops, {} forged records, {} slots lost)",
+        "simulation: {count} schedules from seed {first} in {:.1} s ({} steps, {} records acked, {} dead letters, {} duplicates, {} kills, {} skipped as delivered, {} doubts, {} publication stops, {} forged records, {} slots lost, {} progress records written, {} read back by another lineage, {} clean shutdowns)",
         swept.seconds,
         total.steps,
         total.events,
@@ -25,7 +25,10 @@ fn every_schedule_keeps_every_invariant() {
         total.doubts,
         total.publication_stops,
         total.forged,
-        total.slot_losses
+        total.slot_losses,
+        total.records_written,
+        total.lineage_checks_found,
+        total.clean_stops
     );
     swept.assert_passed();
 }
