@@ -55,6 +55,10 @@
 //! - **The slot's fate** ([`slot_fate`]): a missing or invalidated slot streams, is
 //!   created, or stops the relay with the time to re-publish from; one that existed is
 //!   never created again silently.
+//! - **The progress record's cadence** ([`cadence`]): [`RecordCadence`] says when a
+//!   session writes its record and reads it back for another writer.
+//! - **A clean shutdown** ([`shutdown`]): [`Shutdown`], the order of its steps (finish the
+//!   open transaction, acks or the Kafka commit, a last look, confirm, the final record).
 //! - **Exactly-once** ([`kafka_txn`]): [`KafkaTxnCore`] says when a Kafka transaction
 //!   commits or splits, when the slot may move, and what each error class leads to.
 //! - Every error type has a [`ErrorClass`] (permanent or retryable) decided in one place.
@@ -63,6 +67,7 @@ pub mod ack;
 pub mod backoff;
 pub mod binary;
 pub mod budget;
+pub mod cadence;
 pub mod delivered;
 pub mod dlq;
 pub mod emit;
@@ -78,6 +83,7 @@ pub mod publication;
 pub mod record;
 pub mod replay;
 pub mod session;
+pub mod shutdown;
 pub mod slot_fate;
 pub mod topic;
 mod value;
@@ -86,6 +92,7 @@ pub use ack::{AckTracker, TxnSeq};
 pub use backoff::Backoff;
 pub use binary::{text_only_column, BinaryMode, OutputSettings, ReadAs, TextOnly};
 pub use budget::InFlightCaps;
+pub use cadence::{CadenceRules, RecordAcks, RecordCadence, RecordFacts, RecordTurn};
 pub use delivered::{
     Begin as ReplayBegin, DeliveredPosition, Doubt, Fingerprint, PartialTxn, ReplayProof, RowId,
     RowLedger, Settle, TxnId, TxnMark,
@@ -112,5 +119,6 @@ pub use session::{
     After, BadRowPolicy, CoreConfig, Observe, RelationRole, Sent, SessionCore, SessionError,
     Skipped, ToSend, PUBLICATION_GUARD_PREFIX,
 };
+pub use shutdown::{Happened, LookEnd, Shutdown, ShutdownRules, ShutdownStep};
 pub use topic::{validate_topic_name, EventFields, TopicField, TopicName, TopicTemplate};
 pub use value::PayloadKind;

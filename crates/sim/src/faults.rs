@@ -2,12 +2,28 @@
 //! copies, settings and publication changes, a progress topic that expires records,
 //! clock steps, a clean shutdown, another writer of the progress record.
 
+use std::time::Duration;
+
 use outbox_core::slot_fate::SlotNow;
-use outbox_core::{Doubt, LifeCore, Looked, PartialTxn, TxnId};
+use outbox_core::{
+    Doubt, Happened, LifeCore, LookEnd, Looked, PartialTxn, Shutdown, ShutdownRules, ShutdownStep,
+    TxnId,
+};
 
 use crate::life::Life;
 use crate::model::{Config, Record, PARTITIONS};
 use crate::{Sim, Violation};
+
+/// A clean shutdown here: a turn of the relay's loop stands for a millisecond, so the
+/// deadline is 10,000 turns.
+const SHUTDOWN: ShutdownRules = ShutdownRules {
+    exactly_once: false,
+    watches_publication: true,
+    keeps_record: true,
+    timeout: Duration::from_secs(10),
+    final_record_min: Duration::from_secs(1),
+};
+const TURN: Duration = Duration::from_millis(1);
 
 impl Sim {
     /// A progress topic with retention instead of compaction deletes a key's records
@@ -182,63 +198,114 @@ impl Sim {
         }
     }
 
-    /// SIGTERM: the relay finishes the open transaction, waits for every ack (the broker
-    /// is up), takes a last look at the publication, confirms, writes its record and
-    /// exits; the next process starts from the slot.
+    /// SIGTERM: the relay's clean shutdown, in `outbox_core::Shutdown`'s order: it reads
+    /// on to the open transaction's end (turns of its loop stand for the time), awaits
+    /// every ack (the broker is up), takes a last look at the publication (which may fail,
+    /// or find it changed: the relay stops), confirms, writes its record and exits; the
+    /// next process starts from the slot.
     pub(crate) fn graceful_stop(&mut self) -> Result<(), Violation> {
         let c = self.rng.index(self.clusters.len());
         let Some(mut life) = self.lives[c].take() else {
             return Ok(());
         };
-        for _ in 0..10_000 {
-            if life.core.may_stop() {
-                break;
-            }
-            if life.failing {
-                self.end_life(life, true);
-                return Ok(());
-            }
-            if self.rng.chance(500) {
-                self.ack_all(&mut life)?;
-                continue;
-            }
-            let result = self.read_one(&mut life);
-            self.after_rules(&mut life)?;
-            // The last look below stands in for the guard's.
-            life.guard_seen();
-            if let Err(e) = result {
-                return self.settle_read(life, Err(e));
-            }
-            self.hand_on(&mut life)?;
+        let mut stop = Shutdown::new(SHUTDOWN, Duration::ZERO);
+        let mut now = Duration::ZERO;
+        loop {
+            let happened = match stop.step() {
+                ShutdownStep::ReadOn => {
+                    now += TURN;
+                    let turn = Happened::Turn {
+                        now,
+                        may_stop: life.core.may_stop(),
+                    };
+                    if stop.on(turn) != ShutdownStep::ReadOn {
+                        continue;
+                    }
+                    if life.failing {
+                        self.end_life(life, true);
+                        return Ok(());
+                    }
+                    if self.rng.chance(500) {
+                        self.ack_all(&mut life)?;
+                        continue;
+                    }
+                    let result = self.read_one(&mut life);
+                    self.after_rules(&mut life)?;
+                    // The last look below stands in for the guard's.
+                    life.guard_seen();
+                    if let Err(e) = result {
+                        return self.settle_read(life, Err(e));
+                    }
+                    self.hand_on(&mut life)?;
+                    continue;
+                }
+                // Not in these schedules (at-least-once).
+                ShutdownStep::FinishKafkaTxn => Happened::KafkaTxnCommitted,
+                ShutdownStep::AwaitAcks => {
+                    if !stop.left(now).is_zero() {
+                        self.ack_all(&mut life)?;
+                    }
+                    Happened::AcksAwaited
+                }
+                ShutdownStep::LastLook => {
+                    let end = if stop.left(now).is_zero() {
+                        LookEnd::TimedOut
+                    } else if self.rng.chance(100) {
+                        LookEnd::Failed
+                    } else {
+                        life.look = None;
+                        let look = self.clusters[c].look();
+                        life.watch.begin(life.core.watermark());
+                        match life.watch.looked(look, life.core.watermark()) {
+                            Ok(Looked::Counts { raise_cap, .. }) => {
+                                if let Some(acked) = raise_cap {
+                                    life.core.raise_cap(acked);
+                                }
+                                LookEnd::Answered
+                            }
+                            Ok(Looked::Unsettled { .. }) => LookEnd::Answered,
+                            Err(e) => {
+                                if stop.on(Happened::Looked(LookEnd::Stopped)) == ShutdownStep::Stop
+                                {
+                                    self.stopped_by_publication(life, e);
+                                    return Ok(());
+                                }
+                                continue;
+                            }
+                        }
+                    };
+                    Happened::Looked(end)
+                }
+                ShutdownStep::Stop => {
+                    // Only a changed publication stops, and that returned above.
+                    self.end_life(life, false);
+                    self.processes[c] += 1;
+                    return Ok(());
+                }
+                ShutdownStep::Confirm => {
+                    self.hand_on(&mut life)?;
+                    let cl = &mut self.clusters[c];
+                    cl.confirmed = cl.confirmed.max(life.core.confirmed());
+                    Happened::Confirmed
+                }
+                ShutdownStep::WriteRecord => {
+                    self.lives[c] = Some(life);
+                    self.write_record_of(c)?;
+                    let Some(back) = self.lives[c].take() else {
+                        return Ok(());
+                    };
+                    life = back;
+                    Happened::RecordWritten
+                }
+                ShutdownStep::Done => {
+                    self.stats.clean_stops += 1;
+                    self.end_life(life, false);
+                    self.processes[c] += 1;
+                    return Ok(());
+                }
+            };
+            stop.on(happened);
         }
-        if !life.core.may_stop() {
-            // The shutdown timeout: the transaction is read again after the restart.
-            self.end_life(life, false);
-            self.processes[c] += 1;
-            return Ok(());
-        }
-        self.ack_all(&mut life)?;
-        // The last look; a failed one leaves the slot at the look before.
-        life.look = None;
-        let look = self.clusters[c].look();
-        life.watch.begin(life.core.watermark());
-        if let Ok(Looked::Counts {
-            raise_cap: Some(acked),
-            ..
-        }) = life.watch.looked(look, life.core.watermark())
-        {
-            life.core.raise_cap(acked);
-        }
-        self.hand_on(&mut life)?;
-        let cl = &mut self.clusters[c];
-        cl.confirmed = cl.confirmed.max(life.core.confirmed());
-        self.lives[c] = Some(life);
-        self.write_record_of(c)?;
-        if let Some(life) = self.lives[c].take() {
-            self.end_life(life, false);
-        }
-        self.processes[c] += 1;
-        Ok(())
     }
 
     /// The broker acks everything the session sent.
@@ -253,6 +320,11 @@ impl Sim {
     /// prove nothing any more.
     pub(crate) fn foreign_writer(&mut self) -> Result<(), Violation> {
         let c = self.rng.index(self.clusters.len());
+        self.foreign_writer_of(c)
+    }
+
+    /// Cluster `c`'s session learns that another lineage wrote its record.
+    pub(crate) fn foreign_writer_of(&mut self, c: usize) -> Result<(), Violation> {
         let Some(mut life) = self.lives[c].take() else {
             return Ok(());
         };

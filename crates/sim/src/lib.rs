@@ -21,11 +21,12 @@ mod starts;
 mod sweep;
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 pub use eos::{run_exactly_once, EosStats};
 pub use sweep::{env_u64, replay_from_env, sweep, Swept, Tally};
 
-use outbox_core::{Ended, LifeCore, ReplayStart, SessionError};
+use outbox_core::{Ended, LifeCore, RecordAcks, RecordFacts, ReplayStart, SessionError};
 use pgoutput::Lsn;
 
 use life::{Cursor, Life, Seen, OTHER, OUTBOX, OUTBOX_PARTITION};
@@ -88,6 +89,12 @@ pub struct Stats {
     pub emit_only: u64,
     /// Guard messages a session decoded (and looked at the publication at once).
     pub guard_looks: u64,
+    /// Progress records written while streaming, at the cadence's word.
+    pub records_written: u64,
+    /// Lineage checks that found another writer's record.
+    pub lineage_checks_found: u64,
+    /// Clean shutdowns that ran to their final record.
+    pub clean_stops: u64,
 }
 
 impl Tally for Stats {
@@ -105,6 +112,9 @@ impl Tally for Stats {
         self.messages_lost += o.messages_lost;
         self.emit_only += o.emit_only;
         self.guard_looks += o.guard_looks;
+        self.records_written += o.records_written;
+        self.lineage_checks_found += o.lineage_checks_found;
+        self.clean_stops += o.clean_stops;
     }
 }
 
@@ -398,6 +408,7 @@ impl Sim {
                     wal_lsn: cl.wal_end,
                 },
             )?;
+            life.cadence = outbox_core::RecordCadence::new(life::CADENCE, self.relay_clock());
             self.after_rules(&mut life)?;
             self.lives[c] = Some(life);
         }
@@ -660,10 +671,60 @@ impl Sim {
         Ok(())
     }
 
-    /// The session writes its claim; checked against every history there ever was.
+    /// A turn of a session's loop, as far as its progress record goes: the relay's
+    /// cadence (`outbox_core::RecordCadence`, on the relay's clock) says whether the
+    /// record is written (at once, and acked) and whether it is read back for another
+    /// lineage (which ends the claims, as the relay's tick does).
     fn write_record(&mut self) -> Result<(), Violation> {
         let c = self.rng.index(self.clusters.len());
-        self.write_record_of(c)
+        let now = self.relay_clock();
+        let key = self.clusters[c].key;
+        let Some(life) = self.lives[c].as_mut() else {
+            return Ok(());
+        };
+        if !life.cadence.looks(now, life.watch.compared()) {
+            return Ok(());
+        }
+        let (claim, lineage) = life.core.claim();
+        let facts = RecordFacts {
+            position: claim.lsn,
+            partial: claim.partial,
+            lineage,
+        };
+        let lineages = life.core.lineages();
+        let acks = RecordAcks {
+            any_this_session: life.record_acked.is_some(),
+            own_lineage: life.record_acked == Some(lineages.0),
+        };
+        let turn = life.cadence.turn(now, facts, acks);
+        // Read before this turn's write lands: the relay's read runs beside it.
+        let foreign = turn.check_lineage
+            && self
+                .kafka
+                .records
+                .get(&key)
+                .and_then(|r| r.last())
+                .is_some_and(|r| {
+                    r.lineage != 0 && r.lineage != lineages.0 && r.lineage != lineages.1
+                });
+        if turn.write {
+            self.write_record_of(c)?;
+            self.stats.records_written += 1;
+            if let Some(life) = self.lives[c].as_mut() {
+                life.cadence.sent(now, facts);
+                life.record_acked = Some(lineage);
+            }
+        }
+        if foreign {
+            self.stats.lineage_checks_found += 1;
+            return self.foreign_writer_of(c);
+        }
+        Ok(())
+    }
+
+    /// The relay's monotonic clock: the simulated one without its steps back.
+    fn relay_clock(&self) -> Duration {
+        Duration::from_micros(u64::try_from(self.clock + self.clock_back).unwrap_or(0))
     }
 
     fn write_record_of(&mut self, c: usize) -> Result<(), Violation> {

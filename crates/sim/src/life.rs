@@ -4,11 +4,12 @@
 //! handed to the model producer.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use bytes::Bytes;
 use outbox_core::{
-    pgtype, After, CatalogLook, Doubt, Look, Observe, PublicationWatch, ReplayStart, Sent,
-    SessionCore, SessionError, Skipped, Ticket,
+    pgtype, After, CadenceRules, CatalogLook, Doubt, Look, Observe, PublicationWatch,
+    RecordCadence, ReplayStart, Sent, SessionCore, SessionError, Skipped, Ticket,
 };
 use pgoutput::{
     Begin, Column, Commit, Insert, LogicalMessage, Lsn, Message, PgTimestamp, Relation,
@@ -113,7 +114,22 @@ pub(crate) struct Life {
     /// checked: each must be in Kafka once the check passes; a mismatch gives them up
     /// (the session ends unconfirmed, and the next publishes them).
     pub unproven: Vec<Written>,
+    /// When the session writes its progress record and reads it back (the relay's rules).
+    pub cadence: RecordCadence,
+    /// The lineage of the newest record of this session the broker acked.
+    pub record_acked: Option<u64>,
 }
+
+/// The progress record's cadence on the simulation's clock (microseconds: a commit every
+/// 2.5 ms on average, a schedule a fraction of a second): the relay's intervals scaled
+/// down, so that looks come too early, records go unchanged past an idle rewrite and are
+/// read back, all within a schedule.
+pub(crate) const CADENCE: CadenceRules = CadenceRules {
+    interval: Duration::from_millis(10),
+    rewrite_idle_every: Duration::from_millis(60),
+    lineage_check_every: Duration::from_millis(30),
+    exactly_once: false,
+};
 
 impl Life {
     pub fn new(
@@ -148,6 +164,9 @@ impl Life {
             fail_next_send: false,
             guarded: None,
             unproven: Vec::new(),
+            // Started again on the simulation's clock by who has one (`Sim::start_relays`).
+            cadence: RecordCadence::new(CADENCE, Duration::ZERO),
+            record_acked: None,
         })
     }
 

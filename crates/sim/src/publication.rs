@@ -72,16 +72,21 @@ impl Sim {
                 self.lives[c] = Some(life);
             }
             Ok(Looked::Unsettled { .. }) => self.lives[c] = Some(life),
-            Err(stop) => {
-                let since = match stop {
-                    WatchStop::Changed { since } => since.wal_lsn,
-                    WatchStop::Dropped | WatchStop::StandbysUnsettled => Lsn::ZERO,
-                };
-                self.end_life(life, false);
-                self.publication_stop(c, since);
-            }
+            Err(stop) => self.stopped_by_publication(life, stop),
         }
         Ok(())
+    }
+
+    /// A look found the publication changed: the relay stops, and the operator follows
+    /// the error.
+    pub(crate) fn stopped_by_publication(&mut self, life: Life, stop: WatchStop<Seen>) {
+        let since = match stop {
+            WatchStop::Changed { since } => since.wal_lsn,
+            WatchStop::Dropped | WatchStop::StandbysUnsettled => Lsn::ZERO,
+        };
+        let c = life.cluster;
+        self.end_life(life, false);
+        self.publication_stop(c, since);
     }
 
     /// The relay stopped on a changed publication: the operator puts the outbox back,

@@ -14,7 +14,7 @@ fn every_schedule_keeps_every_invariant() {
     let swept = sweep(first, count, run);
     let total = &swept.total;
     eprintln!(
-        "simulation: {count} schedules from seed {first} in {:.1} s ({} steps, {} records acked, {} dead letters, {} duplicates, {} kills, {} skipped as delivered, {} doubts, {} publication stops, {} forged records, {} slots lost, {} event messages lost with them, {} emit-only schedules, {} guard looks)",
+        "simulation: {count} schedules from seed {first} in {:.1} s ({} steps, {} records acked, {} dead letters, {} duplicates, {} kills, {} skipped as delivered, {} doubts, {} publication stops, {} forged records, {} slots lost, {} event messages lost with them, {} emit-only schedules, {} guard looks, {} progress records written, {} read back by another lineage, {} clean shutdowns)",
         swept.seconds,
         total.steps,
         total.events,
@@ -28,7 +28,10 @@ fn every_schedule_keeps_every_invariant() {
         total.slot_losses,
         total.messages_lost,
         total.emit_only,
-        total.guard_looks
+        total.guard_looks,
+        total.records_written,
+        total.lineage_checks_found,
+        total.clean_stops
     );
     swept.assert_passed();
 }

@@ -9,14 +9,16 @@
 //! `outbox_core::SessionCore`'s, with no IO; this file is the IO around it: the stream
 //! loop, the producer and delivery reports. Beside it: `relations` (the catalog's word on
 //! partitions, and ignored rows' reports), `progress` (the progress record), `publication`
-//! (looks at the publication), `tick` (periodic checks, metrics and reports) and
-//! `kafka_txn` (the exactly-once mode's Kafka transactions).
+//! (looks at the publication), `shutdown` (a clean shutdown's steps), `tick` (periodic
+//! checks, metrics and reports) and `kafka_txn` (the exactly-once mode's Kafka
+//! transactions).
 
 use std::time::{Duration, Instant};
 
 use outbox_core::{
-    After, Doubt, KafkaTxnCore, Observe, RelationRole, ReplayStart, RowError, Sent, SessionCore,
-    SessionError, Skipped, Ticket, TopicName, TxnId, TxnRules,
+    After, CadenceRules, Doubt, Happened, KafkaTxnCore, Observe, RelationRole, ReplayStart,
+    RowError, Sent, SessionCore, SessionError, Shutdown, ShutdownStep, Skipped, Ticket, TopicName,
+    TxnId, TxnRules,
 };
 use pgoutput::{LogicalMessage, PgTimestamp};
 use pgrepl::{preflight, FlushHandle, ReplicationEvent, ReplicationStream};
@@ -34,6 +36,7 @@ mod kafka_txn;
 mod progress;
 pub(super) mod publication;
 mod relations;
+mod shutdown;
 mod tick;
 
 use progress::ProgressWriter;
@@ -63,9 +66,6 @@ const COMMIT_ATTEMPTS: u32 = 5;
 
 /// How long aborting a Kafka transaction may take when a session ends with an error.
 const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The final progress record gets at least this long, even past the shutdown deadline.
-const FINAL_PROGRESS_WRITE_MIN: Duration = Duration::from_secs(1);
 
 /// Longest wait for a query on the side SQL connection (a few rows, normally
 /// milliseconds).
@@ -218,9 +218,15 @@ impl<'a> Session<'a> {
             status_updates_reported: 0,
             last_stuck_report: None,
             reports_taken_at: Instant::now(),
-            progress: begin
-                .progress
-                .map(|(store, identity)| ProgressWriter::new(store, identity)),
+            progress: begin.progress.map(|(store, identity)| {
+                let rules = CadenceRules {
+                    interval: cfg.progress_interval,
+                    rewrite_idle_every: progress::REWRITE_IDLE_EVERY,
+                    lineage_check_every: progress::LINEAGE_CHECK_EVERY,
+                    exactly_once: cfg.producer.transactions.is_some(),
+                };
+                ProgressWriter::new(store, identity, rules)
+            }),
             catchup: CatchUp::default(),
             publication: begin.publication,
             timeline,
@@ -304,26 +310,29 @@ impl<'a> Session<'a> {
             t
         });
         let mut ticks: u64 = 0;
-        // One deadline for the whole shutdown: finishing the open transaction, draining
-        // acks and the final progress record all fit in OUTBOXD_SHUTDOWN_TIMEOUT_MS, so an
-        // orchestrator's grace period sized from it is enough.
-        let mut deadline: Option<tokio::time::Instant> = None;
+        // The order and the one deadline of a clean shutdown: `outbox_core::Shutdown`.
+        let mut stop: Option<Shutdown> = None;
         let failure = stream.failure();
         loop {
-            if *shutdown.borrow() && deadline.is_none() {
+            if *shutdown.borrow() && stop.is_none() {
                 tracing::info!(
                     "shutdown requested: finishing the open transaction, then draining acks"
                 );
-                deadline = Some(tokio::time::Instant::now() + self.cfg.shutdown_timeout);
+                stop = Some(self.shutdown_requested());
             }
             // On shutdown, keep reading only to finish an open transaction, so its acked
             // messages are confirmed and not re-sent after the restart.
-            let stopping = deadline.is_some();
-            if let Some(at) = deadline {
-                if self.core.may_stop() || tokio::time::Instant::now() >= at {
-                    return self.drain(stream, at).await;
+            let stopping = stop.is_some();
+            if let Some(s) = stop.as_mut() {
+                let turn = Happened::Turn {
+                    now: self.since_start(),
+                    may_stop: self.core.may_stop(),
+                };
+                if s.on(turn) != ShutdownStep::ReadOn {
+                    return self.drain(stream, s).await;
                 }
             }
+            let deadline = stop.as_ref().map(|s| self.instant(s.deadline()));
             // Reports that came meanwhile, without a wake-up of their own (see below).
             self.take_reports()?;
             let room = self.room().await?;
@@ -344,7 +353,7 @@ impl<'a> Session<'a> {
                 changed = shutdown.changed(), if !stopping => {
                     if changed.is_err() {
                         // The sender is gone: treat as a shutdown request.
-                        deadline = Some(tokio::time::Instant::now() + self.cfg.shutdown_timeout);
+                        stop = Some(self.shutdown_requested());
                     }
                 }
                 // Unconditionally: at the in-flight cap the stream is not read, and a
@@ -630,63 +639,6 @@ impl<'a> Session<'a> {
             Ok(preflight::is_partition_of(&self.sql, rel_id, &table.schema, &table.table).await?)
         })
         .await
-    }
-
-    /// Stop reading, wait (bounded) for in-flight acks, confirm, and end the stream.
-    async fn drain(
-        &mut self,
-        stream: &mut ReplicationStream,
-        deadline: tokio::time::Instant,
-    ) -> Result<SessionEnd, RelayError> {
-        if self.txn.is_some() {
-            // Committed whole or not at all: an abort leaves it to the next start.
-            if let Err(e) = self.commit_kafka_txn().await {
-                return Err(self.abort_open_txn(e).await);
-            }
-        } else if !self.await_acks(deadline, true).await? {
-            tracing::warn!(
-                unacked = self.core.ledger().len(),
-                "shutdown timeout: unacknowledged messages will be re-sent after restart"
-            );
-        }
-        // A last look, so the final position can cover what was acked since the one before.
-        if self.publication.is_some() {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            match tokio::time::timeout(left, self.watch_publication()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(
-                    e @ (RelayError::PublicationChanged { .. }
-                    | RelayError::PublicationDropped { .. }),
-                )) => return Err(e),
-                Ok(Err(e)) => tracing::warn!("the last look at the publication failed ({e}): the slot stays confirmed at the look before, and what was acked since is sent again after the restart"),
-                Err(_) => tracing::warn!("the last look at the publication timed out: the slot stays confirmed at the look before"),
-            }
-        }
-        self.advance();
-        tracing::info!(confirmed = %self.core.confirmed(), "confirming the final position and closing the stream");
-        stream.send_status_now().await?;
-        // After the status update, and within what is left of the deadline (at least a
-        // moment): with Kafka down the write would otherwise hold the shutdown for its own
-        // 30 s timeout. A record left older only records that the slot exists.
-        // Exactly-once: the record went with the last commit.
-        let record =
-            (self.progress.is_some() && self.txn.is_none()).then(|| self.progress_record());
-        if let (Some(p), Some(record)) = (&self.progress, record) {
-            let left = deadline
-                .saturating_duration_since(tokio::time::Instant::now())
-                .max(FINAL_PROGRESS_WRITE_MIN);
-            match tokio::time::timeout(left, p.store.write_and_wait(&p.identity, &record)).await {
-                Ok(Ok(())) => self.obs.progress_recorded(record.confirmed_lsn()),
-                Ok(Err(e)) => {
-                    self.obs.progress_write_failed();
-                    tracing::warn!("writing the final progress record failed: {e}");
-                }
-                Err(_) => tracing::warn!(
-                    "writing the final progress record timed out after {left:?}; it stays at an older position"
-                ),
-            }
-        }
-        Ok(SessionEnd::Shutdown)
     }
 }
 

@@ -5,8 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_core::{DeliveredPosition, PartialTxn};
-use pgoutput::Lsn;
+use outbox_core::{CadenceRules, DeliveredPosition, RecordAcks, RecordCadence, RecordFacts};
 
 use super::Session;
 use crate::kafka::{ProgressRecord, ProgressStore, SlotIdentity};
@@ -16,57 +15,41 @@ use crate::kafka::{ProgressRecord, ProgressStore, SlotIdentity};
 /// one, not the same one retried.
 const STREAMED_LONG_ENOUGH: Duration = Duration::from_secs(60);
 
-/// Keeps the slot's progress record current (see `kafka::progress`).
+/// Keeps the slot's progress record current (see `kafka::progress`); when, is
+/// `outbox_core::RecordCadence`'s.
 pub(super) struct ProgressWriter {
     pub(super) store: ProgressStore,
     pub(super) identity: SlotIdentity,
-    /// Position of the last record written by this session; `None`: none yet, so the
-    /// first tick writes one even without progress (a slot from before records existed).
-    written: Option<Lsn>,
-    written_partial: Option<PartialTxn>,
-    /// The lineage of the last record written: a new one (after a doubt) is written at
-    /// once, or the record would go on naming the doubted claim.
-    written_lineage: u64,
-    /// When the record was last written or found unchanged.
-    last_write: Instant,
-    /// When a write was last sent.
-    last_sent: Instant,
-    /// The store's acknowledged writes when the session started: until one more is
-    /// acknowledged, the record may not exist at all (a slot made by `outboxd init`, with
-    /// Kafka down at the first tick), so the write is retried even without progress.
+    cadence: RecordCadence,
+    /// The cadence's clock: its times are since this instant.
+    origin: Instant,
+    /// The store's acknowledged writes when the session started (see
+    /// `outbox_core::RecordAcks::any_this_session`).
     acked_at_start: u64,
-    /// When the record was last read back to see whether another lineage writes it.
-    last_lineage_check: Instant,
-    /// The lineage of the newest record the broker acknowledged: the record is read back
-    /// only once it is this session's own (before, the newest may well be the previous
-    /// session's, of another lineage, and no sign of another writer).
+    /// The lineage of the newest record the broker acknowledged (see
+    /// `outbox_core::RecordAcks::own_lineage`).
     acked_lineage: Arc<AtomicU64>,
 }
 
 impl ProgressWriter {
-    pub(super) fn new(store: ProgressStore, identity: SlotIdentity) -> Self {
+    pub(super) fn new(store: ProgressStore, identity: SlotIdentity, rules: CadenceRules) -> Self {
         ProgressWriter {
             acked_at_start: store.writes_acked(),
             store,
             identity,
-            written: None,
-            written_partial: None,
-            written_lineage: 0,
-            last_write: Instant::now(),
-            last_sent: Instant::now(),
-            last_lineage_check: Instant::now(),
+            cadence: RecordCadence::new(rules, Duration::ZERO),
+            origin: Instant::now(),
             acked_lineage: Arc::new(AtomicU64::new(0)),
         }
     }
 }
 
-/// An idle slot's record is written again this often: a record that is never rewritten
-/// is the first a topic's retention or a stray delete takes, and the newest write of a key
-/// is what says the slot exists.
-const REWRITE_IDLE_EVERY: Duration = Duration::from_secs(300);
+/// An idle slot's record is written again this often (see
+/// `outbox_core::CadenceRules::rewrite_idle_every`).
+pub(super) const REWRITE_IDLE_EVERY: Duration = Duration::from_secs(300);
 
 /// How often a writing session looks at whether another lineage wrote its record.
-const LINEAGE_CHECK_EVERY: Duration = Duration::from_secs(30);
+pub(super) const LINEAGE_CHECK_EVERY: Duration = Duration::from_secs(30);
 
 impl Session<'_> {
     /// The record of what this session claims Kafka has.
@@ -89,66 +72,53 @@ impl Session<'_> {
     }
 
     /// Brings the progress record up to the confirmed position, at most every interval.
-    /// Called on every turn of the loop: the clock is looked at first, so between writes
-    /// this costs one `Instant` comparison.
+    /// Called on every turn of the loop: between looks this costs one clock reading.
     pub(super) fn update_progress(&mut self) {
-        let interval = self.cfg.progress_interval;
         let Some(p) = self.progress.as_ref() else {
             return;
         };
-        if self.txn.is_some() {
-            // Exactly-once: written only inside each Kafka transaction, as its last record
-            // (a record outside one could claim what an abort then takes back).
-            return;
-        }
-        if self.publication.as_ref().is_some_and(|w| !w.compared()) {
-            // It would replace the record's look at the publication with one never
-            // compared with it (and its position cannot move meanwhile anyway).
-            return;
-        }
-        if p.written.is_some() && p.last_write.elapsed() < interval {
+        let now = p.origin.elapsed();
+        let compared = self.publication.as_ref().is_none_or(|w| w.compared());
+        if !p.cadence.looks(now, compared) {
             return;
         }
         // Building the record scans the ledger: once per interval at most, also when
         // nothing changed (a stuck partition holds everything still for a long time).
         let record = self.progress_record();
-        let position = record.confirmed_lsn();
+        let facts = RecordFacts {
+            position: record.confirmed_lsn(),
+            partial: record.claim.partial,
+            lineage: record.lineage,
+        };
         let lineages = self.core.lineages();
         let obs = self.obs.clone();
-        if let Some(p) = self.progress.as_mut() {
-            let unacked = p.store.writes_acked() == p.acked_at_start;
-            let due = match p.written {
-                None => true,
-                Some(w) => {
-                    position > w
-                        || record.claim.partial != p.written_partial
-                        || record.lineage != p.written_lineage
-                        || unacked
-                        || p.last_sent.elapsed() >= REWRITE_IDLE_EVERY
-                }
-            };
-            p.last_write = Instant::now();
-            let own_acked = p.acked_lineage.load(Ordering::Acquire) == lineages.0;
-            if own_acked && p.last_lineage_check.elapsed() >= LINEAGE_CHECK_EVERY {
-                p.last_lineage_check = Instant::now();
-                let store = p.store.clone();
-                let identity = p.identity.clone();
-                let topic = p.store.topic().to_owned();
-                let obs = obs.clone();
+        let Some(p) = self.progress.as_mut() else {
+            return;
+        };
+        let acks = RecordAcks {
+            any_this_session: p.store.writes_acked() != p.acked_at_start,
+            own_lineage: p.acked_lineage.load(Ordering::Acquire) == lineages.0,
+        };
+        let turn = p.cadence.turn(now, facts, acks);
+        if turn.check_lineage {
+            let store = p.store.clone();
+            let identity = p.identity.clone();
+            let topic = p.store.topic().to_owned();
+            let obs = obs.clone();
+            p.store
+                .check_lineage_in_background(&p.identity, lineages, move |_, writer| {
+                    if store.mark_foreign_writer() {
+                        obs.progress_foreign_write();
+                        tracing::error!(writer = %writer, "this slot's progress record was just written by another relay");
+                        crate::pipeline::claim::warn_foreign_writer(&identity, &topic);
+                    }
+                });
+        }
+        if turn.write {
+            let lineage = facts.lineage;
+            let acked_lineage = Arc::clone(&p.acked_lineage);
+            let sent =
                 p.store
-                    .check_lineage_in_background(&p.identity, lineages, move |_, writer| {
-                        if store.mark_foreign_writer() {
-                            obs.progress_foreign_write();
-                            tracing::error!(writer = %writer, "this slot's progress record was just written by another relay");
-                            crate::pipeline::claim::warn_foreign_writer(&identity, &topic);
-                        }
-                    });
-            }
-            if due {
-                let (partial, lineage) = (record.claim.partial, record.lineage);
-                let acked_lineage = Arc::clone(&p.acked_lineage);
-                let sent = p
-                    .store
                     .write_in_background(&p.identity, record, move |answer| match answer {
                         Ok(lsn) => {
                             acked_lineage.store(lineage, Ordering::Release);
@@ -156,13 +126,9 @@ impl Session<'_> {
                         }
                         Err(_) => obs.progress_write_failed(),
                     });
-                // Skipped while an earlier write is unanswered: due again next time.
-                if sent {
-                    p.last_sent = Instant::now();
-                    p.written_partial = partial;
-                    p.written_lineage = lineage;
-                    p.written = Some(position);
-                }
+            // Skipped while an earlier write is unanswered: due again next time.
+            if sent {
+                p.cadence.sent(now, facts);
             }
         }
     }

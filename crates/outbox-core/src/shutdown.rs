@@ -1,0 +1,177 @@
+//! A clean shutdown's order (on SIGTERM): [`Shutdown`], the steps the relay's session and
+//! the simulator both go through, fed what happened at each.
+//!
+//! 1. Read on only to finish the open transaction (its acked messages are then confirmed,
+//!    not sent again after the restart), until no transaction is open or the deadline.
+//! 2. Exactly-once: commit the Kafka transaction (whole or not at all). Otherwise: await
+//!    the acks of what is in flight, until the deadline.
+//! 3. A last look at the publication, so the final position can cover what was acked
+//!    since the look before. A changed or dropped publication stops with that error; a
+//!    look that failed or ran out of time leaves the slot at the look before.
+//! 4. Confirm: the final position, in a status update.
+//! 5. The final progress record, after the status update (not in exactly-once mode: the
+//!    record went with the last commit), with what is left of the deadline but at least a
+//!    moment: a record left older only records that the slot exists.
+//!
+//! One deadline covers it all, so an orchestrator's grace period sized from the shutdown
+//! timeout is enough. The clock is the caller's, a monotonic [`Duration`] since any
+//! origin.
+
+use std::time::Duration;
+
+/// What the session has, and how long it may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownRules {
+    /// Exactly-once mode: a Kafka transaction to commit; the record goes with it.
+    pub exactly_once: bool,
+    /// A publication is watched (some table is relayed): a last look is taken.
+    pub watches_publication: bool,
+    /// A progress record is kept.
+    pub keeps_record: bool,
+    /// From the request to the end of the last step but the record's.
+    pub timeout: Duration,
+    /// The final record's write gets at least this long, even past the deadline.
+    pub final_record_min: Duration,
+}
+
+/// What to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownStep {
+    /// Read the stream on, to the open transaction's end.
+    ReadOn,
+    /// Exactly-once: commit the open Kafka transaction.
+    FinishKafkaTxn,
+    /// Await the acks of what is in flight, until the deadline.
+    AwaitAcks,
+    /// Look at the publication once more, with what is left of the deadline.
+    LastLook,
+    /// End with the last look's error: the publication changed or was dropped.
+    Stop,
+    /// Confirm the final position (advance, send the status update).
+    Confirm,
+    /// Write the final progress record, within [`Shutdown::record_time`].
+    WriteRecord,
+    /// The session ends.
+    Done,
+}
+
+/// How the last look at the publication ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LookEnd {
+    /// It was answered (the cap raised if it counts).
+    Answered,
+    /// The publication changed or was dropped.
+    Stopped,
+    /// The query failed.
+    Failed,
+    /// Out of time.
+    TimedOut,
+}
+
+/// What happened at the step asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Happened {
+    /// A turn of the reading loop at `now`; `may_stop`: no transaction is open.
+    Turn {
+        now: Duration,
+        may_stop: bool,
+    },
+    KafkaTxnCommitted,
+    /// The acks were awaited (all of them or until the deadline).
+    AcksAwaited,
+    Looked(LookEnd),
+    Confirmed,
+    /// The final record was written, or failed, or ran out of time.
+    RecordWritten,
+}
+
+/// One clean shutdown, from the request on.
+#[derive(Debug, Clone)]
+pub struct Shutdown {
+    rules: ShutdownRules,
+    deadline: Duration,
+    step: ShutdownStep,
+}
+
+impl Shutdown {
+    /// Requested at `now`.
+    pub fn new(rules: ShutdownRules, now: Duration) -> Self {
+        Shutdown {
+            rules,
+            deadline: now.saturating_add(rules.timeout),
+            step: ShutdownStep::ReadOn,
+        }
+    }
+
+    /// What to do now.
+    pub fn step(&self) -> ShutdownStep {
+        self.step
+    }
+
+    /// When the steps up to the final record must be done.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// What is left of the deadline at `now`.
+    pub fn left(&self, now: Duration) -> Duration {
+        self.deadline.saturating_sub(now)
+    }
+
+    /// How long the final record's write may take at `now`: with Kafka down it would
+    /// otherwise hold the shutdown for its own timeout.
+    pub fn record_time(&self, now: Duration) -> Duration {
+        self.left(now).max(self.rules.final_record_min)
+    }
+
+    /// Takes what happened at the step asked for; returns the next. Anything else leaves
+    /// the step as it is.
+    pub fn on(&mut self, happened: Happened) -> ShutdownStep {
+        use ShutdownStep as S;
+        self.step = match (self.step, happened) {
+            (S::ReadOn, Happened::Turn { now, may_stop }) => {
+                if may_stop || now >= self.deadline {
+                    self.after_reading()
+                } else {
+                    S::ReadOn
+                }
+            }
+            (S::FinishKafkaTxn, Happened::KafkaTxnCommitted)
+            | (S::AwaitAcks, Happened::AcksAwaited) => self.after_acks(),
+            (S::LastLook, Happened::Looked(LookEnd::Stopped)) => S::Stop,
+            // A failed look, or one out of time, leaves the slot at the look before: the
+            // cap is where that one put it.
+            (S::LastLook, Happened::Looked(_)) => S::Confirm,
+            (S::Confirm, Happened::Confirmed) => {
+                if self.rules.keeps_record && !self.rules.exactly_once {
+                    S::WriteRecord
+                } else {
+                    S::Done
+                }
+            }
+            (S::WriteRecord, Happened::RecordWritten) => S::Done,
+            (step, _) => step,
+        };
+        self.step
+    }
+
+    fn after_reading(&self) -> ShutdownStep {
+        if self.rules.exactly_once {
+            ShutdownStep::FinishKafkaTxn
+        } else {
+            ShutdownStep::AwaitAcks
+        }
+    }
+
+    fn after_acks(&self) -> ShutdownStep {
+        if self.rules.watches_publication {
+            ShutdownStep::LastLook
+        } else {
+            ShutdownStep::Confirm
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "shutdown_tests.rs"]
+mod tests;
