@@ -492,6 +492,24 @@ pub fn from_vars_for(
             "true, or false together with OUTBOXD_MESSAGE_PREFIX (otherwise nothing is relayed)",
         ));
     }
+    // Emitted messages are in the WAL alone: after a lost slot only the progress record
+    // tells a slot that existed from a new one, so without it `outboxd init` would create
+    // the slot again as new and say nothing of the messages Kafka lacked.
+    let emits = env
+        .string("OUTBOXD_MESSAGE_PREFIX")
+        .is_some_and(|p| !p.is_empty());
+    let recorded = env
+        .string("OUTBOXD_PROGRESS_TOPIC")
+        .is_some_and(|t| !t.trim().is_empty());
+    if emits && !recorded {
+        return Err(ConfigError::new(
+            "OUTBOXD_PROGRESS_TOPIC",
+            "",
+            "a topic while OUTBOXD_MESSAGE_PREFIX is set: emitted messages are in no table, so \
+             only the progress record tells a lost slot from a new one (otherwise `outboxd \
+             init` recreates it silently, losing the messages Kafka lacked)",
+        ));
+    }
     // Of two bad variables the one judged first is named, so the order is kept: the
     // connection, slot and table, the brokers, the topics, then the producer's sizes.
     let pg = pg_settings(&env)?;

@@ -266,3 +266,25 @@ fn the_in_flight_cap_binds_before_librdkafkas_queue() {
         s.caps.max_messages
     );
 }
+
+/// Emitted messages are in no table: only the progress record tells `outboxd init` that a
+/// missing slot existed, so relaying them without one is refused (a review's finding: an
+/// emit-only relay's lost slot was recreated silently).
+#[test]
+fn emitted_messages_need_the_progress_record() {
+    let e = from_vars(&vars(&[
+        ("OUTBOXD_MESSAGE_PREFIX", "outbox"),
+        ("OUTBOXD_PROGRESS_TOPIC", ""),
+    ]))
+    .unwrap_err();
+    assert_eq!(e.var, "OUTBOXD_PROGRESS_TOPIC", "{e}");
+    assert!(e.to_string().contains("recreates it silently"), "{e}");
+    let emit_only = from_vars(&vars(&[
+        ("OUTBOXD_MESSAGE_PREFIX", "outbox"),
+        ("OUTBOXD_RELAY_TABLE", "false"),
+        ("OUTBOXD_PROGRESS_TOPIC", " "),
+    ]));
+    assert!(emit_only.is_err());
+    assert!(from_vars(&vars(&[("OUTBOXD_MESSAGE_PREFIX", "outbox")])).is_ok());
+    assert!(from_vars(&vars(&[("OUTBOXD_PROGRESS_TOPIC", "")])).is_ok());
+}
