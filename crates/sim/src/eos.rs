@@ -18,7 +18,7 @@ use pgoutput::Lsn;
 
 use crate::eos_broker::{Broker, Commit};
 use crate::life::{self, Cursor, Life, OTHER, OUTBOX, OUTBOX_PARTITION};
-use crate::model::{Change, Cluster, Config, PARTITIONS};
+use crate::model::{Change, Cluster, Config, Txn, PARTITIONS};
 use crate::{Rng, Violation};
 
 #[path = "eos_final.rs"]
@@ -321,26 +321,30 @@ impl Eos {
         else {
             return Ok(());
         };
+        match self.first_not_committed(|t| t.commit_time < since) {
+            Some((id, t)) => Err(Violation(format!(
+                "exactly-once: a lost slot's error would name time {since}, past event {id} (committed at {}), which no committed Kafka transaction holds",
+                t.commit_time
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The first event of the transactions `which` picks that no committed Kafka
+    /// transaction holds, and its transaction.
+    fn first_not_committed(&self, which: impl Fn(&Txn) -> bool) -> Option<(u64, &Txn)> {
         let visible = self.broker.committed_ids();
-        for t in self
-            .cluster
+        self.cluster
             .history
             .iter()
-            .filter(|t| t.commit_time < since)
-        {
-            for &ch in &t.changes {
-                match self.event_id(ch) {
-                    Some(id) if !visible.contains(&id) => {
-                        return Err(Violation(format!(
-                            "exactly-once: a lost slot's error would name time {since}, past event {id} (committed at {}), which no committed Kafka transaction holds",
-                            t.commit_time
-                        )))
-                    }
-                    _ => {}
-                }
-            }
-        }
-        Ok(())
+            .filter(|t| which(t))
+            .find_map(|t| {
+                t.changes
+                    .iter()
+                    .filter_map(|&ch| self.event_id(ch))
+                    .find(|id| !visible.contains(id))
+                    .map(|id| (id, t))
+            })
     }
 
     /// The next message of the stream, fed to the rules; what they queue is produced
@@ -454,23 +458,13 @@ impl Eos {
         if w <= self.cluster.confirmed {
             return Ok(());
         }
-        let visible = self.broker.committed_ids();
-        for t in self
-            .cluster
-            .history
-            .iter()
-            .filter(|t| t.end_lsn > self.cluster.confirmed && t.end_lsn <= w)
+        let confirmed = self.cluster.confirmed;
+        if let Some((id, t)) = self.first_not_committed(|t| t.end_lsn > confirmed && t.end_lsn <= w)
         {
-            for &ch in &t.changes {
-                if let Some(id) = self.event_id(ch) {
-                    if !visible.contains(&id) {
-                        return Err(Violation(format!(
-                            "exactly-once: the slot confirmed {w:?} past event {id} (transaction {:?}), which no committed Kafka transaction holds",
-                            t.commit_lsn
-                        )));
-                    }
-                }
-            }
+            return Err(Violation(format!(
+                "exactly-once: the slot confirmed {w:?} past event {id} (transaction {:?}), which no committed Kafka transaction holds",
+                t.commit_lsn
+            )));
         }
         self.cluster.confirmed = self.cluster.confirmed.max(w);
         Ok(())
