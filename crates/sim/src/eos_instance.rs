@@ -133,6 +133,7 @@ impl Eos {
             stream_lost: false,
             flush: start,
             spilled: false,
+            lost_slot_checked: None,
         });
         Ok(())
     }
