@@ -481,11 +481,10 @@ pub fn from_vars_for(
     let transactions = transactions(&env)?;
     let progress_read_wait = progress_read_wait(&env, transactions.is_some(), &kafka_overrides)?;
     let relay_table = env.boolean("OUTBOXD_RELAY_TABLE")?;
-    if !relay_table
-        && env
-            .string("OUTBOXD_MESSAGE_PREFIX")
-            .is_none_or(|p| p.is_empty())
-    {
+    let message_prefix = env
+        .string("OUTBOXD_MESSAGE_PREFIX")
+        .filter(|p| !p.is_empty());
+    if !relay_table && message_prefix.is_none() {
         return Err(ConfigError::new(
             "OUTBOXD_RELAY_TABLE",
             "false",
@@ -495,13 +494,8 @@ pub fn from_vars_for(
     // Emitted messages are in the WAL alone: after a lost slot only the progress record
     // tells a slot that existed from a new one, so without it `outboxd init` would create
     // the slot again as new and say nothing of the messages Kafka lacked.
-    let emits = env
-        .string("OUTBOXD_MESSAGE_PREFIX")
-        .is_some_and(|p| !p.is_empty());
-    let recorded = env
-        .string("OUTBOXD_PROGRESS_TOPIC")
-        .is_some_and(|t| !t.trim().is_empty());
-    if emits && !recorded {
+    let progress_topic = progress_topic(&env);
+    if message_prefix.is_some() && progress_topic.is_none() {
         return Err(ConfigError::new(
             "OUTBOXD_PROGRESS_TOPIC",
             "",
@@ -549,9 +543,7 @@ pub fn from_vars_for(
         table_name,
         columns,
         header_format,
-        message_prefix: env
-            .string("OUTBOXD_MESSAGE_PREFIX")
-            .filter(|p| !p.is_empty()),
+        message_prefix,
         relay_table,
         topic_template: env.required("OUTBOXD_TOPIC", "a topic or topic template")?,
         bad_row_policy,
@@ -572,9 +564,7 @@ pub fn from_vars_for(
         heartbeat_interval: nonzero_millis("OUTBOXD_HEARTBEAT_INTERVAL_MS")?,
         shutdown_timeout: env.millis("OUTBOXD_SHUTDOWN_TIMEOUT_MS", 0)?,
         reconnect_max_backoff: env.millis("OUTBOXD_RECONNECT_MAX_BACKOFF_MS", 100)?,
-        progress_topic: env
-            .string("OUTBOXD_PROGRESS_TOPIC")
-            .filter(|t| !t.trim().is_empty()),
+        progress_topic,
         progress_interval: env.millis("OUTBOXD_PROGRESS_INTERVAL_MS", 100)?,
         progress_read_wait,
         publication_check_interval: env.millis("OUTBOXD_PUBLICATION_CHECK_INTERVAL_MS", 1000)?,
@@ -618,6 +608,12 @@ fn progress_read_wait(
     }
 }
 
+/// `OUTBOXD_PROGRESS_TOPIC`; `None`: empty, no progress record is kept.
+fn progress_topic(env: &Env<'_>) -> Option<String> {
+    env.string("OUTBOXD_PROGRESS_TOPIC")
+        .filter(|t| !t.trim().is_empty())
+}
+
 /// `OUTBOXD_DELIVERY` and the commit settings of its exactly-once mode.
 fn transactions(env: &Env<'_>) -> Result<Option<Transactions>, ConfigError> {
     match env
@@ -626,10 +622,7 @@ fn transactions(env: &Env<'_>) -> Result<Option<Transactions>, ConfigError> {
     {
         "at-least-once" => Ok(None),
         "exactly-once" => {
-            let progress = env
-                .string("OUTBOXD_PROGRESS_TOPIC")
-                .filter(|t| !t.trim().is_empty());
-            if progress.is_none() {
+            if progress_topic(env).is_none() {
                 return Err(ConfigError::new(
                     "OUTBOXD_DELIVERY",
                     "exactly-once",
