@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use outbox_core::slot_fate::SlotNow;
 use outbox_core::{
-    Doubt, Happened, LifeCore, LookEnd, Looked, PartialTxn, Shutdown, ShutdownRules, ShutdownStep,
-    TxnId,
+    Doubt, Happened, LifeCore, LookEnd, PartialTxn, Shutdown, ShutdownRules, ShutdownStep, TxnId,
 };
 
 use crate::life::Life;
@@ -253,17 +252,8 @@ impl Sim {
                     } else if self.rng.chance(100) {
                         LookEnd::Failed
                     } else {
-                        life.look = None;
-                        let look = self.clusters[c].look();
-                        life.watch.begin(life.core.watermark());
-                        match life.watch.looked(look, life.core.watermark()) {
-                            Ok(Looked::Counts { raise_cap, .. }) => {
-                                if let Some(acked) = raise_cap {
-                                    life.core.raise_cap(acked);
-                                }
-                                LookEnd::Answered
-                            }
-                            Ok(Looked::Unsettled { .. }) => LookEnd::Answered,
+                        match self.look_at_once(c, &mut life) {
+                            Ok(_) => LookEnd::Answered,
                             Err(e) => {
                                 if stop.on(Happened::Looked(LookEnd::Stopped)) == ShutdownStep::Stop
                                 {

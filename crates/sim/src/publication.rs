@@ -35,6 +35,7 @@ impl Sim {
             self.lives[c] = Some(life);
             return Ok(());
         };
+        let look = self.returned(&mut life, look);
         self.look_returned(c, life, look)
     }
 
@@ -50,28 +51,50 @@ impl Sim {
             return Ok(());
         }
         self.stats.guard_looks += 1;
-        life.watch.begin(life.core.watermark());
-        let look = self.clusters[c].look();
-        life.look = None;
+        let look = self.look_at_once(c, &mut life);
         self.look_returned(c, life, look)
     }
 
-    /// A look returned: it counts (the cap raised), is not settled, or stops the relay.
+    /// A look that begins and returns at once (in place of one under way): whether it
+    /// counts (the cap raised), or what stops the relay.
+    pub(crate) fn look_at_once(
+        &mut self,
+        c: usize,
+        life: &mut Life,
+    ) -> Result<bool, WatchStop<Seen>> {
+        life.look = None;
+        life.watch.begin(life.core.watermark());
+        let look = self.clusters[c].look();
+        self.returned(life, look)
+    }
+
+    /// A look returned: whether it counts (the cap raised), or what stops the relay.
+    fn returned(&self, life: &mut Life, look: Look<Seen>) -> Result<bool, WatchStop<Seen>> {
+        match life.watch.looked(look, life.core.watermark())? {
+            Looked::Counts { raise_cap, .. } => {
+                if let Some(acked) = raise_cap {
+                    life.core.raise_cap(acked);
+                }
+                Ok(true)
+            }
+            Looked::Unsettled { .. } => Ok(false),
+        }
+    }
+
+    /// What a look that returned leads to: it counts (the position handed on), is not
+    /// settled, or stops the relay.
     fn look_returned(
         &mut self,
         c: usize,
         mut life: Life,
-        look: Look<Seen>,
+        look: Result<bool, WatchStop<Seen>>,
     ) -> Result<(), Violation> {
-        match life.watch.looked(look, life.core.watermark()) {
-            Ok(Looked::Counts { raise_cap, .. }) => {
-                if let Some(acked) = raise_cap {
-                    life.core.raise_cap(acked);
-                }
+        match look {
+            Ok(true) => {
                 self.hand_on(&mut life)?;
                 self.lives[c] = Some(life);
             }
-            Ok(Looked::Unsettled { .. }) => self.lives[c] = Some(life),
+            Ok(false) => self.lives[c] = Some(life),
             Err(stop) => self.stopped_by_publication(life, stop),
         }
         Ok(())
