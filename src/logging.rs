@@ -1,21 +1,183 @@
 //! Logs go to stderr as text or JSON; librdkafka's logs arrive through `tracing` too.
+//!
+//! `outboxd run` hands its lines to a thread of their own. The relay's one thread also
+//! writes the walsender's status updates, and a write to a stderr nobody reads (a full
+//! pipe behind a log shipper that fell behind, a file on a disk stalled by another
+//! process's fsyncs) would block it: no status update, and the server ends the
+//! replication connection after `wal_sender_timeout`. Lines that do not fit in
+//! [`QUEUE_BYTES`] are dropped, counted, and the count is logged once the queue drains.
+//! The one-shot commands write directly, in order with what they print.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, OnceLock};
+use std::time::Duration;
 
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogFormat, Settings};
 
-pub fn init(settings: &Settings) {
+/// The most the queued lines may hold: a stalled reader costs this much memory at most.
+const QUEUE_BYTES: usize = 8 << 20;
+
+/// How long an exit waits for the queued lines to be written (a stderr that is never
+/// read again must not hold the exit).
+pub const EXIT_FLUSH: Duration = Duration::from_secs(5);
+
+/// Whether log writes may block the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writes {
+    /// Directly, in order with the command's own output.
+    Direct,
+    /// Through the writer thread: the caller never waits for stderr.
+    Queued,
+}
+
+pub fn init(settings: &Settings, writes: Writes) {
     let filter =
         EnvFilter::try_new(&settings.log_filter).unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(Lines(writes == Writes::Queued && start_writer()))
         .with_target(true)
         .with_ansi(std::io::stderr().is_terminal());
     let _ = match settings.log_format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),
     };
+}
+
+/// Waits up to `limit` for the lines queued so far to reach stderr.
+pub fn flush(limit: Duration) {
+    let Some(queue) = QUEUE.get() else {
+        return;
+    };
+    let (done, written) = mpsc::sync_channel(1);
+    if queue.tx.send(Message::Flush(done)).is_ok() {
+        let _ = written.recv_timeout(limit);
+    }
+}
+
+enum Message {
+    Line(Vec<u8>),
+    Flush(mpsc::SyncSender<()>),
+}
+
+struct Queue {
+    tx: mpsc::Sender<Message>,
+    /// Bytes sent and not yet written.
+    queued: AtomicUsize,
+    /// Lines dropped since the last report.
+    dropped: AtomicU64,
+}
+
+static QUEUE: OnceLock<Queue> = OnceLock::new();
+
+impl Queue {
+    fn push(&self, line: Vec<u8>) {
+        let len = line.len();
+        if self.queued.fetch_add(len, Ordering::AcqRel) + len > QUEUE_BYTES {
+            self.queued.fetch_sub(len, Ordering::AcqRel);
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if self.tx.send(Message::Line(line)).is_err() {
+            self.queued.fetch_sub(len, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Starts the writer thread; false if it cannot be started (then writes are direct).
+fn start_writer() -> bool {
+    let (tx, rx) = mpsc::channel();
+    let queue = Queue {
+        tx,
+        queued: AtomicUsize::new(0),
+        dropped: AtomicU64::new(0),
+    };
+    if QUEUE.set(queue).is_err() {
+        return true;
+    }
+    std::thread::Builder::new()
+        .name("outboxd-log".into())
+        .spawn(move || write_lines(&rx))
+        .is_ok()
+}
+
+fn write_lines(rx: &mpsc::Receiver<Message>) {
+    let Some(queue) = QUEUE.get() else {
+        return;
+    };
+    let mut stderr = std::io::stderr();
+    for message in rx {
+        match message {
+            Message::Line(line) => {
+                let _ = stderr.write_all(&line);
+                let left = queue
+                    .queued
+                    .fetch_sub(line.len(), Ordering::AcqRel)
+                    .saturating_sub(line.len());
+                // Said once the reader keeps up again, through the same format.
+                if left < QUEUE_BYTES / 2 {
+                    let dropped = queue.dropped.swap(0, Ordering::Relaxed);
+                    if dropped > 0 {
+                        tracing::warn!(
+                            dropped,
+                            "{dropped} log lines were dropped: stderr was not read fast enough (the relay does not wait for its log reader)"
+                        );
+                    }
+                }
+            }
+            Message::Flush(done) => {
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+/// The subscriber's writer: one line per event, queued when `.0`.
+struct Lines(bool);
+
+impl<'a> MakeWriter<'a> for Lines {
+    type Writer = Line;
+
+    fn make_writer(&'a self) -> Line {
+        Line {
+            buf: Vec::new(),
+            queued: self.0,
+        }
+    }
+}
+
+/// An event's text, written or queued whole when the formatter is done with it.
+struct Line {
+    buf: Vec<u8>,
+    queued: bool,
+}
+
+impl Write for Line {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for Line {
+    fn drop(&mut self) {
+        if self.buf.is_empty() {
+            return;
+        }
+        let line = std::mem::take(&mut self.buf);
+        match QUEUE.get().filter(|_| self.queued) {
+            Some(queue) => queue.push(line),
+            None => {
+                let _ = std::io::stderr().write_all(&line);
+            }
+        }
+    }
 }

@@ -286,13 +286,20 @@ pub fn main(args: &[String]) -> i32 {
             return EXIT_CONFIG;
         }
     }
-    crate::logging::init(&settings);
+    // `run` never waits for stderr (see `logging`); the one-shot commands write in order
+    // with what they print.
+    let writes = if name == "run" {
+        crate::logging::Writes::Queued
+    } else {
+        crate::logging::Writes::Direct
+    };
+    crate::logging::init(&settings, writes);
     // One thread: the relay is a single task, and with the IO driver on the same thread a
     // socket read wakes it without a cross-thread hand-off (measured as the top cost of
     // catching up a backlog of small transactions on a loaded machine). librdkafka has its
     // own threads. The status writer is a task on this thread: its timer fires while the
-    // relay awaits, so nothing here may block (side queries are bounded, and blocking
-    // Kafka calls go to spawn_blocking).
+    // relay awaits, so nothing here may block (side queries are bounded, blocking Kafka
+    // calls go to spawn_blocking, and `run`'s log lines to a thread of their own).
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -322,6 +329,7 @@ pub fn main(args: &[String]) -> i32 {
     // that is down; the work is done, so do not let it hold the exit (the shutdown
     // deadline an orchestrator's grace period is sized from).
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    crate::logging::flush(crate::logging::EXIT_FLUSH);
     code
 }
 

@@ -108,6 +108,7 @@ fn spawn_signal_handler(stop: watch::Sender<bool>) -> std::io::Result<()> {
                 let _ = stop.send(true);
             } else {
                 tracing::warn!("second signal: exiting without draining");
+                crate::logging::flush(std::time::Duration::from_secs(1));
                 std::process::exit(130);
             }
         }

@@ -257,3 +257,67 @@ async fn invalidated_slot_exits_3() {
         "{out}"
     );
 }
+
+/// Kills the relay when the test ends, passed or not.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The relay's stderr is a pipe nobody reads (a log shipper that fell behind, journald
+/// under load, a disk stalled by another process's fsyncs): logging must not hold up the
+/// relay's thread, which also writes the walsender's status updates. The same walsender
+/// streams throughout (wal_sender_timeout 5 s) and every event arrives.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unread_stderr_stops_neither_status_updates_nor_delivery() {
+    let cluster = dedicated(&["wal_sender_timeout = '5s'"]);
+    let s = Scenario::on(&cluster, "ops_log_stall").partitions(4).await;
+    let (db, outbox, topics, _, broker) = s.parts();
+    // Trace: lines for every message and status update, so the pipe's 64 KiB fill at once.
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_outboxd"))
+        .arg("run")
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(s.env(&[("OUTBOXD_LOG", "trace")]))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn outboxd");
+    let _relay = KillOnDrop(child);
+    let client = db.client().await;
+    let pid = s.wait_active(&client, Duration::from_secs(120)).await;
+    let load = LoadGen::spawn(
+        db.conn_string(),
+        outbox.table.clone(),
+        LoadShape {
+            pause: Duration::from_millis(20),
+            ..LoadShape::default()
+        },
+    );
+    load.wait_committed(500, Duration::from_secs(30)).await;
+    let mut pids = Vec::new();
+    for _ in 0..15 {
+        pids.push(
+            ops::slot_row(&client, &outbox.slot)
+                .await
+                .and_then(|r| r.active_pid),
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let events = load.stop().await;
+    assert!(
+        pids.iter().all(|p| *p == Some(pid)),
+        "the walsender changed or went away while stderr was not read: {pids:?}"
+    );
+    let report = ops::read_and_check(broker, topics, &events, Duration::from_secs(60));
+    eprintln!(
+        "unread stderr: {} events, {} duplicates, walsender pid {pid} kept",
+        events.len(),
+        report.duplicates
+    );
+}
