@@ -208,7 +208,7 @@ impl RelayError {
                 'insert') (see sql/publication.sql). If this error persists after recreating \
                 it, the slot cannot get past the changes committed while the publication was \
                 missing: re-publish the outbox rows committed since then, drop the slot and \
-                run `outboxd init`"
+                run `outboxd init`. {EMITTED_LOST_TEXT}"
             ),
             RelayError::SlotLost {
                 last_confirmed,
@@ -225,7 +225,7 @@ impl RelayError {
                 --backfill \"<SQL condition>\"` (docs/operations.md, \"Back-filling through \
                 the slot's snapshot\"). {EMITTED_LOST_TEXT}"
             ),
-            RelayError::RowsBeforeSlot { .. } => String::from(
+            RelayError::RowsBeforeSlot { .. } => format!(
                 "a slot created now starts after them, and any not relayed yet would be \
                 skipped without a trace. If every row in it was published already (by an \
                 earlier relay), or is not meant to be, create the slot with `outboxd init \
@@ -236,7 +236,7 @@ impl RelayError {
                 publish those a condition selects, from the new slot's snapshot, before \
                 streaming: `outboxd init --backfill \"<SQL condition>\"`, e.g. `outboxd init \
                 --backfill \"status = 'pending'\"` (docs/operations.md, \"Switching from a \
-                polling relay\")",
+                polling relay\"). If a slot was lost: {EMITTED_LOST_TEXT}",
             ),
             RelayError::BackfillUnfinished {
                 command,
@@ -318,7 +318,7 @@ impl RelayError {
                 stays unreadable: then `outboxd init --recreate-lost-slot` creates the slot \
                 and replaces it, and, if a slot of this name existed, re-publish every outbox \
                 row that may not be in Kafka (docs/operations.md, \"A lost slot: \
-                re-publishing\")"
+                re-publishing\"). If a slot was lost: {EMITTED_LOST_TEXT}"
             ),
             RelayError::InRecovery { .. } => String::from(
                 "outboxd streams only from a primary and waits for this one to be promoted, or \
@@ -647,7 +647,23 @@ mod tests {
         let dropped = RelayError::SlotDropped {
             slot: "outboxd".into(),
         };
-        for lost in [&e, &invalidated, &dropped] {
+        // Each way to a new slot over a lost one, and a publication gap a new slot skips.
+        let publication = RelayError::PublicationDropped {
+            publication: "outbox_pub".into(),
+            server: "publication \"outbox_pub\" does not exist".into(),
+        };
+        let rows = RelayError::RowsBeforeSlot {
+            slot: "outboxd".into(),
+            table: "public.outbox".into(),
+            rows: "has rows",
+            history: String::new(),
+        };
+        let unknown = RelayError::SlotHistoryUnknown {
+            slot: "outboxd".into(),
+            progress_topic: "outboxd.progress".into(),
+            reason: "timed out".into(),
+        };
+        for lost in [&e, &invalidated, &dropped, &publication, &rows, &unknown] {
             let remedy = lost.remedy().unwrap_or_default();
             assert!(
                 remedy.contains("pg_logical_emit_message") && remedy.contains("are lost"),

@@ -122,7 +122,8 @@ fn judge_idle_slot_timeout(timeout_s: i64) -> Verdict {
     let after = human_duration(Duration::from_secs(timeout_s.unsigned_abs()));
     Ok(Some(format!(
         "is {after}: PostgreSQL invalidates a slot no relay has streamed from for {after} \
-         (wal_status lost, outboxd exits 3, and the events since must be re-published). \
+         (wal_status lost, outboxd exits 3, and the events since must be re-published; \
+         messages emitted with pg_logical_emit_message since then that Kafka lacks are lost). \
          outboxd's status updates keep the slot alive while it streams, but a relay down \
          (or only standing by) for longer than {after} loses it. Set \
          idle_replication_slot_timeout = 0 for this cluster, or alert on the relay's \
