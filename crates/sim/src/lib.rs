@@ -95,6 +95,12 @@ pub struct Stats {
     pub lineage_checks_found: u64,
     /// Clean shutdowns that ran to their final record.
     pub clean_stops: u64,
+    /// Record writes answered turns after they were sent.
+    pub records_slow: u64,
+    /// Record writes that failed or timed out.
+    pub records_failed: u64,
+    /// Record writes that landed after their process was gone.
+    pub records_orphaned: u64,
 }
 
 impl Tally for Stats {
@@ -115,6 +121,9 @@ impl Tally for Stats {
         self.records_written += o.records_written;
         self.lineage_checks_found += o.lineage_checks_found;
         self.clean_stops += o.clean_stops;
+        self.records_slow += o.records_slow;
+        self.records_failed += o.records_failed;
+        self.records_orphaned += o.records_orphaned;
     }
 }
 
@@ -158,6 +167,8 @@ struct Sim {
     cap: usize,
     /// The progress topic deletes old records (retention instead of compaction).
     uncompacted: bool,
+    /// Progress-record writes in flight, and their fates.
+    record_writes: records::RecordWrites,
     stats: Stats,
 }
 
@@ -228,6 +239,7 @@ pub fn run(seed: u64) -> Result<Stats, Violation> {
         lost_messages: HashSet::new(),
         cap,
         uncompacted,
+        record_writes: records::RecordWrites::new(seed),
         stats: Stats::default(),
     };
     sim.stats.emit_only = u64::from(emit_only);
@@ -409,6 +421,8 @@ impl Sim {
                 },
             )?;
             life.cadence = outbox_core::RecordCadence::new(life::CADENCE, self.relay_clock());
+            self.record_writes.sessions += 1;
+            life.session = self.record_writes.sessions;
             self.after_rules(&mut life)?;
             self.lives[c] = Some(life);
         }

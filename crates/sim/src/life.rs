@@ -118,6 +118,10 @@ pub(crate) struct Life {
     pub cadence: RecordCadence,
     /// The lineage of the newest record of this session the broker acked.
     pub record_acked: Option<u64>,
+    /// A write of this process's store was acked during this session.
+    pub any_record_acked: bool,
+    /// Which session this is (`records::RecordWrites`).
+    pub session: u64,
 }
 
 /// The progress record's cadence on the simulation's clock (microseconds: a commit every
@@ -167,6 +171,8 @@ impl Life {
             // Started again on the simulation's clock by who has one (`Sim::start_relays`).
             cadence: RecordCadence::new(CADENCE, Duration::ZERO),
             record_acked: None,
+            any_record_acked: false,
+            session: 0,
         })
     }
 
