@@ -127,9 +127,12 @@ pub struct KafkaTxnCore {
     events: usize,
     /// The position last passed on to the server.
     confirmed: Lsn,
-    /// How long the transaction the session aborted after failing had been open: the
-    /// broker expires only transactions open `timeout` or longer (see `judge_fence`).
+    /// How long the transaction the session aborted after failing had been open when the
+    /// abort was answered: the broker expires only transactions open `timeout` or longer
+    /// (see `judge_fence`).
     age_at_abort: Option<Duration>,
+    /// When the transaction the session aborted had begun.
+    aborted_since: Option<Duration>,
     /// What the progress record produced in the open transaction claims.
     recording: Option<DeliveredPosition>,
     /// What the newest committed record claims: the session's start, then each commit's.
@@ -146,6 +149,7 @@ impl KafkaTxnCore {
             events: 0,
             confirmed: Lsn::ZERO,
             age_at_abort: None,
+            aborted_since: None,
             recording: None,
             committed_claim: None,
         }
@@ -297,8 +301,19 @@ impl KafkaTxnCore {
         let Some(since) = self.open_since.take() else {
             return false;
         };
+        self.aborted_since = Some(since);
         self.age_at_abort = Some(now.saturating_sub(since));
         true
+    }
+
+    /// The abort [`Self::aborting`] asked for was answered at `now`: a fence is judged by
+    /// the transaction's age then. librdkafka's abort first waits for the requests in
+    /// flight, and a slow broker is why a transaction is aborted, so the broker may expire
+    /// it meanwhile: its age when the session failed is too young to tell.
+    pub fn abort_answered(&mut self, now: Duration) {
+        if let Some(since) = self.aborted_since {
+            self.age_at_abort = Some(now.saturating_sub(since));
+        }
     }
 
     /// The session's error after its abort answered: a fenced producer's answer replaces
@@ -554,6 +569,28 @@ mod tests {
         );
         assert_eq!(
             txn.judge_fence("f".into(), false),
+            TxnError::Fenced("f".into())
+        );
+    }
+
+    #[test]
+    fn an_abort_answered_past_the_timeout_may_have_been_the_brokers_expiry() {
+        let mut txn = KafkaTxnCore::new(rules(ms(1_000)));
+        txn.on_send(ms(0));
+        // The acks deadline (before the timeout) ends the session; the abort waits for
+        // the requests in flight, and the broker expires the transaction meanwhile.
+        assert!(txn.aborting(ms(900)));
+        txn.abort_answered(ms(1_400));
+        assert_eq!(
+            txn.judge_fence("f".into(), true),
+            TxnError::Expired("f".into())
+        );
+        // Answered before the timeout: the broker cannot have expired it.
+        txn.on_send(ms(2_000));
+        assert!(txn.aborting(ms(2_900)));
+        txn.abort_answered(ms(2_950));
+        assert_eq!(
+            txn.judge_fence("f".into(), true),
             TxnError::Fenced("f".into())
         );
     }

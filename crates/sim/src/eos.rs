@@ -102,6 +102,9 @@ struct Eos {
     now: Duration,
     next_id: u64,
     stats: EosStats,
+    /// How long aborts wait for the requests in flight: their own stream, so the other
+    /// draws stay as they were.
+    abort_waits: Rng,
 }
 
 /// Runs the exactly-once schedule of `seed`.
@@ -155,6 +158,7 @@ pub fn run_exactly_once(seed: u64) -> Result<EosStats, Violation> {
         now: Duration::ZERO,
         next_id: 1,
         stats: EosStats::default(),
+        abort_waits: Rng::new(seed ^ 0x6162_6f72_745f_7761),
     };
     let steps = 100 + eos.rng.below(200);
     for _ in 0..steps {

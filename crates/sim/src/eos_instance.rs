@@ -162,7 +162,16 @@ impl Eos {
         }
         if s.txn.aborting(self.now) {
             self.stats.aborts += 1;
+            // librdkafka's abort first waits for the requests in flight (a slow broker is
+            // often why the session failed): the broker may expire the transaction
+            // meanwhile, and then answers the abort as fenced.
+            if self.abort_waits.chance(300) {
+                let most = u64::try_from(TIMEOUT.as_millis()).unwrap_or(1_000);
+                self.now += Duration::from_millis(1 + self.abort_waits.below(most));
+                self.expire();
+            }
             let abort = self.broker.end_txn(s.epoch, Commit::Abort);
+            s.txn.abort_answered(self.now);
             // Anything but fenced or broken leaves the transaction to the next start.
             let e = KafkaTxnCore::after_abort(e, abort);
             return self.judged(i, &s, e);
@@ -179,6 +188,14 @@ impl Eos {
             TxnError::Fenced(why) => s.txn.judge_fence(why, ours),
             e => e,
         };
+        // No instance registered since this session did, and the slot is its own: only the
+        // broker's timeout ended its epoch. Stopping as fenced would take the relay down
+        // (exit 5, "another instance took over") for an expiry to resume from.
+        if matches!(e, TxnError::Fenced(_)) && self.broker.last_init <= s.epoch && ours {
+            return Err(Violation(format!(
+                "exactly-once: instance {i} stops as fenced, though only the broker's timeout aborted its transaction ({e})"
+            )));
+        }
         if self.trace {
             eprintln!("  instance {i}'s session ended: {e}");
         }

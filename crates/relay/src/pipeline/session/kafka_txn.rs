@@ -179,6 +179,10 @@ impl Session<'_> {
             return e;
         }
         let abort = self.producer.abort_transaction(ABORT_TIMEOUT).await;
+        if let Some(t) = self.txn.as_mut() {
+            let now = t.now();
+            t.core.abort_answered(now);
+        }
         if let Err(why) = &abort {
             tracing::warn!(
                 "aborting the Kafka transaction after {e}: {why}; the next start aborts it"
