@@ -1,6 +1,7 @@
-//! The slot only moves past events the broker acknowledged: with every broker down the
-//! confirmed position stays put, and failed deliveries are replayed from the slot with
-//! nothing lost and per-aggregate order kept. Needs librdkafka's mock cluster.
+//! The slot only moves past events the broker acknowledged: with every broker down, or
+//! every write refused, the confirmed position stays put; refused writes are retried and
+//! failed deliveries are replayed from the slot, with nothing lost and per-aggregate order
+//! kept. The fatal producer error needs librdkafka's mock cluster; the rest run on Kafka.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,7 +11,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-use support::broker::Broker;
+use support::broker::{is_probe, Broker, KafkaCluster};
 use support::consume::{check_delivery, ids, read_until_ids, Received};
 use support::load::{insert_events, Event};
 use support::relay::Relay;
@@ -106,8 +107,164 @@ async fn brokers_down_hold_the_slot_until_acked() {
     drop(relay);
 }
 
-/// Produce requests fail with `err` while a load runs; afterwards every event is there,
-/// in commit order per aggregate. Returns the setup, the relay and the duplicate count.
+/// Writes to `topics` that the broker refused for want of in-sync replicas, one per
+/// partition of a Produce request, as its log counts them.
+fn refused_writes(kafka: &KafkaCluster, topics: &[String]) -> usize {
+    kafka
+        .log_text(1)
+        .expect("broker log")
+        .lines()
+        .filter(|l| {
+            l.contains("NotEnoughReplicasException")
+                && topics.iter().any(|t| l.contains(&format!("{t}-")))
+        })
+        .count()
+}
+
+/// A real broker refuses every acks=all write while the event topics want two in-sync
+/// replicas and have one (NOT_ENOUGH_REPLICAS, retriable): librdkafka retries the writes
+/// itself, so nothing is acked or confirmed meanwhile, and once the topics take writes
+/// again every event is there, once, in commit order per aggregate, with no failed
+/// delivery and no replay.
+#[tokio::test(flavor = "multi_thread")]
+async fn retriable_produce_errors_are_retried_without_loss_or_reordering() {
+    // Kafka caps a partition's min.insync.replicas at its replication factor, so one
+    // replica cannot be made too few: the event topics get two, on nodes 1 and 2, and
+    // node 2 goes down. Led by node 1 with it alone in sync, they take acks=all writes
+    // while min.insync.replicas is 1 and refuse them while it is 2; the switch is the
+    // config alone, with no leader moving.
+    let s = Scenario::new("ack_retriable")
+        .broker(Broker::kafka(3))
+        .no_topics()
+        .await;
+    let dead_letter = s.outbox.dead_letter_topic();
+    let topics: Vec<&str> = s
+        .topics
+        .iter()
+        .map(String::as_str)
+        .chain([dead_letter.as_str()])
+        .collect();
+    s.broker
+        .create_topics_replicated_on(&topics, 3, &[1, 2], &[("min.insync.replicas", "1")])
+        .await;
+    s.broker.create_progress_topic_on(1).await;
+    s.broker.kafka_cluster().kill(2).expect("node 2 down");
+    let bootstrap = s.broker.bootstrap();
+    let relay = Relay::start(Relay::env_for(&s.db, &s.outbox, &bootstrap, &[]), &["run"]);
+    let client = s.db.client().await;
+
+    let warm = insert_events(&client, &s.outbox.table, 100, 10, 10).await;
+    let wal_after_warm = schema::current_wal_lsn(&s.db).await;
+    let got = read_until_ids(
+        &bootstrap,
+        &s.topics,
+        &ids(&warm),
+        Duration::from_millis(300),
+        READ_LIMIT,
+    );
+    check_delivery(&warm, &got);
+    schema::wait_confirmed_at_least(&s.db, wal_after_warm, Duration::from_secs(60)).await;
+    let acked_warm = relay
+        .wait_metric_at_least("outboxd_events_published_total", 100.0)
+        .await;
+
+    for t in &s.topics {
+        s.broker
+            .set_topic_config(t, "min.insync.replicas", "2")
+            .await;
+    }
+    s.broker.wait_acks_all_refused(&s.topics, 3).await;
+    let kafka = s.broker.kafka_cluster();
+    let refused_before = refused_writes(kafka, &s.topics);
+    let before = schema::confirmed_flush_lsn(&s.db).await;
+    let load = insert_events(&client, &s.outbox.table, 3_000, 50, 20).await;
+    let wal_after_load = schema::current_wal_lsn(&s.db).await;
+
+    // Held until the relay has produced the whole load and the broker has refused its
+    // writes over several retries; nothing may be acked or confirmed meanwhile.
+    let mut max_during = before;
+    let hold_start = Instant::now();
+    let (held, in_flight, refused) = loop {
+        let c = schema::confirmed_flush_lsn(&s.db).await;
+        max_during = max_during.max(c);
+        assert!(
+            c < wal_after_load,
+            "confirmed_flush_lsn {c:#x} reached the end of refused inserts ({wal_after_load:#x})"
+        );
+        let acked = relay
+            .metric("outboxd_events_published_total")
+            .expect("metrics");
+        assert!(
+            acked == acked_warm,
+            "{acked} events acked while the topics refused every write ({acked_warm} before)"
+        );
+        let in_flight = relay.metric("outboxd_in_flight_messages").expect("metrics");
+        let refused = refused_writes(kafka, &s.topics) - refused_before;
+        if in_flight >= 3_000.0 && refused >= 12 && hold_start.elapsed() >= Duration::from_secs(3) {
+            break (hold_start.elapsed(), in_flight, refused);
+        }
+        assert!(
+            hold_start.elapsed() < READ_LIMIT,
+            "after {READ_LIMIT:?} of refusals: {in_flight} of 3000 events in flight, {refused} writes refused"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    for t in &s.topics {
+        s.broker
+            .set_topic_config(t, "min.insync.replicas", "1")
+            .await;
+    }
+    let all: Vec<Event> = warm.iter().chain(load.iter()).cloned().collect();
+    let got: Vec<Received> = read_until_ids(
+        &bootstrap,
+        &s.topics,
+        &ids(&all),
+        Duration::from_secs(1),
+        READ_LIMIT,
+    )
+    .into_iter()
+    .filter(|r| !is_probe(r))
+    .collect();
+    let report = check_delivery(&all, &got);
+
+    // Nothing at or past the first refused transaction's commit was confirmed.
+    let load_ids: HashSet<String> = ids(&load);
+    let first_load_commit = got
+        .iter()
+        .filter(|r| r.header("id").is_some_and(|id| load_ids.contains(id)))
+        .map(commit_lsn)
+        .min()
+        .expect("load records");
+    assert!(
+        max_during <= first_load_commit,
+        "confirmed_flush_lsn reached {max_during:#x} while the transaction committed at {first_load_commit:#x} was refused"
+    );
+    schema::wait_confirmed_at_least(&s.db, wal_after_load, Duration::from_secs(60)).await;
+    relay
+        .wait_metric_at_least("outboxd_events_published_total", 3_100.0)
+        .await;
+    let errors = relay
+        .metric("outboxd_delivery_errors_total")
+        .expect("metrics");
+    println!(
+        "NOT_ENOUGH_REPLICAS for {held:?}: {in_flight} in flight, {refused} writes refused, confirmed before {before:#x}, max during {max_during:#x}, {} duplicates, {errors} delivery errors",
+        report.duplicates
+    );
+    // librdkafka retries these itself: no failed delivery, no replay.
+    assert!(
+        errors == 0.0,
+        "{errors} delivery errors for a retriable broker error"
+    );
+    assert_eq!(report.duplicates, 0);
+    // Still the first session, streaming: nothing was replayed.
+    assert_eq!(relay.metric("outboxd_replication_connected"), Some(1.0));
+    assert_eq!(relay.metric("outboxd_reconnects_total"), Some(0.0));
+}
+
+/// On librdkafka's mock cluster, Produce requests fail with `err` while a load runs;
+/// afterwards every event is there, in commit order per aggregate. Returns the setup, the
+/// relay and the duplicate count.
 async fn produce_errors_lose_nothing(
     name: &str,
     err: RDKafkaRespErr,
@@ -165,29 +322,6 @@ async fn produce_errors_lose_nothing(
     );
     let report = check_delivery(&all, &got);
     (s, relay, report.duplicates)
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn retriable_produce_errors_are_retried_without_loss_or_reordering() {
-    let (_s, relay, duplicates) = produce_errors_lose_nothing(
-        "ack_retriable",
-        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
-        20,
-    )
-    .await;
-    let errors = relay
-        .metric("outboxd_delivery_errors_total")
-        .expect("metrics");
-    println!("NOT_LEADER_FOR_PARTITION x20: {duplicates} duplicates, {errors} delivery errors");
-    // librdkafka retries these itself: no failed delivery, no replay.
-    assert!(
-        errors == 0.0,
-        "{errors} delivery errors for a retriable broker error"
-    );
-    assert_eq!(duplicates, 0);
-    // Still the first session, streaming: nothing was replayed.
-    assert_eq!(relay.metric("outboxd_replication_connected"), Some(1.0));
-    assert_eq!(relay.metric("outboxd_reconnects_total"), Some(0.0));
 }
 
 #[tokio::test(flavor = "multi_thread")]

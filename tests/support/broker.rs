@@ -15,6 +15,14 @@ use rdkafka::producer::DefaultProducerContext;
 
 pub use outboxd_test_broker::kafka::KafkaCluster;
 
+/// The key of [`Broker::wait_acks_all_refused`]'s probe records.
+pub const PROBE_KEY: &str = "outboxd-test-probe";
+
+/// Whether `r` is a probe record of [`Broker::wait_acks_all_refused`], not an event.
+pub fn is_probe(r: &super::consume::Received) -> bool {
+    r.key_str() == PROBE_KEY
+}
+
 pub struct Broker(outboxd_test_broker::Broker);
 
 impl Broker {
@@ -97,6 +105,55 @@ impl Broker {
             .unwrap_or_else(|e| panic!("{key}={value} on {topic}: {e}"));
     }
 
+    /// Waits until every partition of `topics` refuses an acks=all write with
+    /// NOT_ENOUGH_REPLICAS, e.g. after raising their `min.insync.replicas` above their
+    /// replicas: the brokers describe a new config a moment before their partitions use it,
+    /// so a write sent in between would still be taken. Each probe is one record sent once,
+    /// keyed [`PROBE_KEY`] and without an `id` header; one taken before the change stays in
+    /// its topic, and a reader drops it ([`is_probe`]).
+    pub async fn wait_acks_all_refused(&self, topics: &[String], partitions: i32) {
+        use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+        use rdkafka::producer::{FutureProducer, FutureRecord};
+        let producer: FutureProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .set("enable.idempotence", "false")
+            .set("acks", "all")
+            .set("retries", "0")
+            .set("message.timeout.ms", "10000")
+            .create()
+            .expect("probe producer");
+        let mut open: Vec<(&str, i32)> = topics
+            .iter()
+            .flat_map(|t| (0..partitions).map(move |p| (t.as_str(), p)))
+            .collect();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !open.is_empty() {
+            let mut still = Vec::new();
+            for (topic, partition) in open {
+                let record = FutureRecord::to(topic)
+                    .partition(partition)
+                    .key(PROBE_KEY)
+                    .payload("");
+                match producer.send(record, std::time::Duration::ZERO).await {
+                    Err((
+                        KafkaError::MessageProduction(RDKafkaErrorCode::NotEnoughReplicas),
+                        _,
+                    )) => {}
+                    _ => still.push((topic, partition)),
+                }
+            }
+            open = still;
+            if open.is_empty() {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "after 60 s, {open:?} still take acks=all writes"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
     /// Creates topics on an own Kafka cluster with every partition's only replica on `node`
     /// (killing `node` then leaves them without a leader: a stuck partition), with topic
     /// `configs` set at creation (no window in which a reader sees the defaults).
@@ -108,9 +165,25 @@ impl Broker {
         configs: &[(&str, &str)],
     ) {
         self.0
-            .create_topics_on(topics, partitions, node, configs)
+            .create_topics_on(topics, partitions, &[node], configs)
             .await
             .expect("create_topics_on");
+    }
+
+    /// [`Broker::create_topics_on`] with every partition replicated to `nodes`, the first
+    /// preferred as leader (killing another then shrinks the partitions' in-sync replicas
+    /// without moving their leader).
+    pub async fn create_topics_replicated_on(
+        &self,
+        topics: &[&str],
+        partitions: i32,
+        nodes: &[i32],
+        configs: &[(&str, &str)],
+    ) {
+        self.0
+            .create_topics_on(topics, partitions, nodes, configs)
+            .await
+            .expect("create_topics_replicated_on");
     }
 
     /// outboxd's progress topic, compacted, with its only replica on `node` of an own

@@ -336,6 +336,18 @@ log.cleaner.threads=1
             .and_then(|n| n.running.as_ref().map(|r| r.java_pid))
     }
 
+    /// What node `id` has logged (warnings and errors): the broker's own word on what it
+    /// refused, e.g. a write that lacked in-sync replicas.
+    pub fn log_text(&self, id: i32) -> Result<String> {
+        let path = self
+            .lock()
+            .iter()
+            .find(|n| n.id == id)
+            .map(Node::log)
+            .ok_or(Error::NoSuchNode(id))?;
+        std::fs::read_to_string(&path).map_err(io(format!("reading {}", path.display())))
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Node>> {
         self.nodes.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -266,22 +266,22 @@ impl Broker {
     }
 
     /// Creates `topics` of `partitions` partitions on an own Kafka cluster with every
-    /// partition's only replica on `node`: killing that node leaves them without a leader
-    /// (a stuck partition) while the rest of the cluster answers; `configs` are set at
-    /// creation.
+    /// partition's replicas on `nodes`, the first preferred as leader: with one node,
+    /// killing it leaves them without a leader (a stuck partition) while the rest of the
+    /// cluster answers; with two, killing the second leaves them led, with one in-sync
+    /// replica. `configs` are set at creation.
     pub async fn create_topics_on(
         &self,
         topics: &[&str],
         partitions: i32,
-        node: i32,
+        nodes: &[i32],
         configs: &[(&str, &str)],
     ) -> Result<()> {
         let cluster = self.kafka_cluster()?;
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
             .set("bootstrap.servers", cluster.bootstrap())
             .create()?;
-        let replicas = [node];
-        let assignment: Vec<&[i32]> = (0..partitions).map(|_| &replicas[..]).collect();
+        let assignment: Vec<&[i32]> = (0..partitions).map(|_| nodes).collect();
         let new: Vec<NewTopic<'_>> = topics
             .iter()
             .map(|t| {
