@@ -87,6 +87,8 @@ pub(super) struct Session<'a> {
     /// (`outbox_core::session`); everything else here is IO around them.
     core: SessionCore<Reports>,
     flush: FlushHandle,
+    /// The session's one clock: the times its cores are given (the Kafka transaction's,
+    /// the record's cadence, the shutdown's) count from here.
     started_at: Instant,
     /// Status updates of this stream already added to the metrics.
     status_updates_reported: u64,
@@ -112,7 +114,7 @@ pub(super) struct Session<'a> {
     /// The topic of the message whose delivery failed, for an error that names it.
     failed_topic: Option<String>,
     /// Exactly-once mode: the Kafka transaction (docs/transactional-mode.md).
-    txn: Option<kafka_txn::KafkaTxn>,
+    txn: Option<KafkaTxnCore>,
 }
 
 /// What the rules report, as metrics and logs.
@@ -235,22 +237,18 @@ impl<'a> Session<'a> {
             failed_topic: None,
             binary: begin.binary,
             output_settings: begin.output_settings,
-            txn: cfg
-                .producer
-                .transactions
-                .map(|settings| kafka_txn::KafkaTxn {
-                    core: KafkaTxnCore::new(TxnRules {
-                        commit_every: settings.commit_every,
-                        commit_events: settings.commit_events,
-                        timeout: cfg.producer.transaction_timeout(),
-                        commit_attempts: COMMIT_ATTEMPTS,
-                    }),
-                    origin: Instant::now(),
-                }),
+            txn: cfg.producer.transactions.map(|settings| {
+                KafkaTxnCore::new(TxnRules {
+                    commit_every: settings.commit_every,
+                    commit_events: settings.commit_events,
+                    timeout: cfg.producer.transaction_timeout(),
+                    commit_attempts: COMMIT_ATTEMPTS,
+                })
+            }),
         };
         let start = session.core.claim().0;
         if let Some(t) = session.txn.as_mut() {
-            t.core.starts_from(start);
+            t.starts_from(start);
         }
         session
     }
@@ -448,6 +446,16 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
+    /// The session's clock for its cores: the time since it started.
+    pub(super) fn since_start(&self) -> Duration {
+        self.started_at.elapsed()
+    }
+
+    /// The instant of a time on [`Self::since_start`]'s clock.
+    pub(super) fn instant(&self, at: Duration) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.started_at + at)
+    }
+
     fn advance(&mut self) {
         let moved = self.core.advance();
         let Some(txn) = self.txn.as_mut() else {
@@ -457,7 +465,7 @@ impl<'a> Session<'a> {
             }
             return;
         };
-        if let Some(w) = txn.core.confirmable(self.core.confirmed()) {
+        if let Some(w) = txn.confirmable(self.core.confirmed()) {
             self.flush.advance(w);
             self.obs.confirmed(w);
         }
@@ -554,10 +562,11 @@ impl<'a> Session<'a> {
         ticket: Ticket,
         reports: &mut Vec<Delivery>,
     ) -> Result<Option<Sent>, RelayError> {
+        let now = self.since_start();
         if let Some(txn) = self.txn.as_mut() {
-            if txn.core.on_send(txn.now()) {
+            if txn.on_send(now) {
                 if let Err(e) = self.producer.begin_transaction() {
-                    txn.core.begin_failed();
+                    txn.begin_failed();
                     return Err(e.into());
                 }
             }

@@ -11,25 +11,6 @@ use super::{bounded, channel_closed, Session, ABORT_TIMEOUT, PROGRESS_TICKET};
 use crate::pipeline::error::RelayError;
 use crate::telemetry::TxnAbortCause;
 
-/// The exactly-once mode's Kafka transaction: its rules (`outbox_core::KafkaTxnCore`),
-/// and the clock they are given, as offsets from `origin`.
-pub(super) struct KafkaTxn {
-    pub(super) core: KafkaTxnCore,
-    pub(super) origin: Instant,
-}
-
-impl KafkaTxn {
-    /// Now, as the rules count time.
-    pub(super) fn now(&self) -> Duration {
-        self.origin.elapsed()
-    }
-
-    /// A time of the rules, as an instant.
-    fn at(&self, t: Duration) -> Instant {
-        self.origin + t
-    }
-}
-
 impl Session<'_> {
     /// Takes delivery reports until the progress record's (true) or `deadline` (false);
     /// its failure is the error.
@@ -55,32 +36,32 @@ impl Session<'_> {
     /// When the open Kafka transaction is due to commit by time (then at the next
     /// PostgreSQL commit, or inside a transaction that long).
     pub(super) fn commit_at(&self) -> Option<Instant> {
-        let txn = self.txn.as_ref()?;
-        let at = txn.core.commit_at(self.core.in_transaction())?;
-        Some(txn.at(at))
+        let at = self.txn.as_ref()?.commit_at(self.core.in_transaction())?;
+        Some(self.instant(at).into_std())
     }
 
     /// Whether to commit now (see `KafkaTxnCore::commit_due`).
     pub(super) fn commit_due(&self) -> bool {
+        let now = self.since_start();
         self.txn
             .as_ref()
-            .is_some_and(|txn| txn.core.commit_due(txn.now(), self.core.in_transaction()))
+            .is_some_and(|txn| txn.commit_due(now, self.core.in_transaction()))
     }
 
     /// Commits the open Kafka transaction, its last record the progress record of what it
     /// holds, then confirms that to PostgreSQL.
     pub(super) async fn commit_kafka_txn(&mut self) -> Result<(), RelayError> {
+        let now = self.since_start();
         let Some((timeout, deadline, opened)) = self.txn.as_mut().and_then(|t| {
-            let now = t.now();
-            let opened = t.core.open_for(now);
-            let deadline = t.core.begin_commit(now)?;
-            Some((t.core.rules().timeout, t.at(deadline), opened))
+            let opened = t.open_for(now);
+            let deadline = t.begin_commit(now)?;
+            Some((t.rules().timeout, deadline, opened))
         }) else {
             return Ok(());
         };
         // What is left of transaction.timeout.ms since the transaction opened, not all of
         // it from now: past it the broker aborts the transaction itself.
-        let deadline = tokio::time::Instant::from_std(deadline);
+        let deadline = self.instant(deadline);
         let began = Instant::now();
         let split = self.core.in_transaction();
         let too_slow = |what: &str| {
@@ -118,7 +99,7 @@ impl Session<'_> {
         self.core.advance();
         let record = self.progress_record();
         if let Some(t) = self.txn.as_mut() {
-            t.core.recording(record.claim.clone());
+            t.recording(record.claim.clone());
         }
         let Some(p) = self.progress.as_ref() else {
             return Err(RelayError::Protocol(
@@ -142,7 +123,7 @@ impl Session<'_> {
                 return Err(e.into());
             };
             let why = e.to_string();
-            match txn.core.after_commit_error(e, attempt) {
+            match txn.after_commit_error(e, attempt) {
                 CommitStep::Again => {
                     attempt += 1;
                     tracing::warn!(attempt, "committing the Kafka transaction again: {why}");
@@ -161,10 +142,11 @@ impl Session<'_> {
             end_txn = ?recorded.elapsed(),
             "committed the Kafka transaction"
         );
-        let committed = self.txn.as_mut().map_or(Ok(()), |t| {
-            let now = t.now();
-            t.core.committed(now, attempt)
-        });
+        let now = self.since_start();
+        let committed = self
+            .txn
+            .as_mut()
+            .map_or(Ok(()), |t| t.committed(now, attempt));
         self.take_reports()?;
         self.obs.progress_recorded(record.confirmed_lsn());
         self.advance();
@@ -175,13 +157,14 @@ impl Session<'_> {
     /// never visible to read_committed consumers and the next start need not wait for it.
     /// A fenced producer makes that the session's error: another instance took over.
     pub(in crate::pipeline) async fn abort_open_txn(&mut self, e: RelayError) -> RelayError {
-        if !self.txn.as_mut().is_some_and(|t| t.core.aborting(t.now())) {
+        let now = self.since_start();
+        if !self.txn.as_mut().is_some_and(|t| t.aborting(now)) {
             return e;
         }
         let abort = self.producer.abort_transaction(ABORT_TIMEOUT).await;
+        let now = self.since_start();
         if let Some(t) = self.txn.as_mut() {
-            let now = t.now();
-            t.core.abort_answered(now);
+            t.abort_answered(now);
         }
         if let Err(why) = &abort {
             tracing::warn!(
@@ -213,7 +196,7 @@ impl Session<'_> {
         let RelayError::Transaction(TxnError::Fenced(why)) = e else {
             return e;
         };
-        let Some(txn) = self.txn.as_ref().filter(|t| t.core.may_have_expired()) else {
+        let Some(txn) = self.txn.as_ref().filter(|t| t.may_have_expired()) else {
             return TxnError::Fenced(why).into();
         };
         let holder = match walsender {
@@ -234,7 +217,7 @@ impl Session<'_> {
             Ok(None) => walsender.is_some(),
             Err(_) => false,
         };
-        let judged = txn.core.judge_fence(why, ours);
+        let judged = txn.judge_fence(why, ours);
         if matches!(judged, TxnError::Expired(_)) {
             self.obs.kafka_txn_aborted(TxnAbortCause::Expired);
         }

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outbox_core::{CadenceRules, DeliveredPosition, RecordAcks, RecordCadence, RecordFacts};
 
@@ -21,8 +21,6 @@ pub(super) struct ProgressWriter {
     pub(super) store: ProgressStore,
     pub(super) identity: SlotIdentity,
     cadence: RecordCadence,
-    /// The cadence's clock: its times are since this instant.
-    origin: Instant,
     /// The store's acknowledged writes when the session started (see
     /// `outbox_core::RecordAcks::any_this_session`).
     acked_at_start: u64,
@@ -38,7 +36,6 @@ impl ProgressWriter {
             store,
             identity,
             cadence: RecordCadence::new(rules, Duration::ZERO),
-            origin: Instant::now(),
             acked_lineage: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -77,7 +74,7 @@ impl Session<'_> {
         let Some(p) = self.progress.as_ref() else {
             return;
         };
-        let now = p.origin.elapsed();
+        let now = self.since_start();
         let compared = self.publication.as_ref().is_none_or(|w| w.compared());
         if !p.cadence.looks(now, compared) {
             return;
@@ -142,7 +139,6 @@ impl Session<'_> {
     /// Whether this session moved the confirmed position, or streamed for a good while:
     /// what allows the reconnect backoff to start over.
     pub(in crate::pipeline) fn made_progress(&self) -> bool {
-        self.core.confirmed() > self.core.start()
-            || self.started_at.elapsed() >= STREAMED_LONG_ENOUGH
+        self.core.confirmed() > self.core.start() || self.since_start() >= STREAMED_LONG_ENOUGH
     }
 }

@@ -23,16 +23,6 @@ impl Session<'_> {
         Shutdown::new(rules, self.since_start())
     }
 
-    /// The session's clock for its cores: the time since it started.
-    pub(super) fn since_start(&self) -> Duration {
-        self.started_at.elapsed()
-    }
-
-    /// The instant of a time on [`Self::since_start`]'s clock.
-    pub(super) fn instant(&self, at: Duration) -> tokio::time::Instant {
-        tokio::time::Instant::from_std(self.started_at + at)
-    }
-
     /// After reading stopped: the shutdown's steps, in `outbox_core::Shutdown`'s order.
     pub(super) async fn drain(
         &mut self,

@@ -103,7 +103,7 @@ impl Session<'_> {
             // Building the claim folds the ledger: only for a slot that stops the session.
             // Exactly-once: the last commit's, not what the open transaction acked.
             if now != SlotNow::Usable {
-                let txn = self.txn.as_ref().map(|t| &t.core);
+                let txn = self.txn.as_ref();
                 let claim = outbox_core::lost_slot_claim(txn, &mut self.core);
                 slot_fate::streaming(now, &claim)
                     .map_err(|stop| slot::stop_error(stop, &self.cfg.slot))?;
@@ -125,7 +125,7 @@ impl Session<'_> {
             Duration::from_micros(u64::try_from(micros).unwrap_or(0))
         });
         let sample = Sample {
-            at: self.started_at.elapsed(),
+            at: self.since_start(),
             server_wal,
             confirmed: self.core.confirmed(),
             events: self.core.events_acked(),
