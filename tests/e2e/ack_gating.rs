@@ -24,6 +24,28 @@ async fn setup(name: &str, broker: Broker) -> Scenario<'static> {
     Scenario::new(name).broker(broker).partitions(3).await
 }
 
+/// `n` events over `aggregates` aggregates, ten per transaction: each in Kafka, in order,
+/// and the slot past them.
+async fn warm_up(
+    s: &Scenario<'_>,
+    client: &tokio_postgres::Client,
+    n: usize,
+    aggregates: usize,
+) -> Vec<Event> {
+    let warm = insert_events(client, &s.outbox.table, n, aggregates, 10).await;
+    let wal_after_warm = schema::current_wal_lsn(&s.db).await;
+    let got = read_until_ids(
+        &s.broker.bootstrap(),
+        &s.topics,
+        &ids(&warm),
+        Duration::from_millis(300),
+        READ_LIMIT,
+    );
+    check_delivery(&warm, &got);
+    schema::wait_confirmed_at_least(&s.db, wal_after_warm, Duration::from_secs(60)).await;
+    warm
+}
+
 fn commit_lsn(r: &Received) -> u64 {
     schema::parse_lsn(r.header("outboxd.commit_lsn").expect("commit_lsn header"))
 }
@@ -36,17 +58,7 @@ async fn brokers_down_hold_the_slot_until_acked() {
     let client = s.db.client().await;
 
     // The relay is up and has produced something.
-    let warm = insert_events(&client, &s.outbox.table, 200, 20, 10).await;
-    let wal_after_warm = schema::current_wal_lsn(&s.db).await;
-    let got = read_until_ids(
-        &bootstrap,
-        &s.topics,
-        &ids(&warm),
-        Duration::from_millis(300),
-        READ_LIMIT,
-    );
-    check_delivery(&warm, &got);
-    schema::wait_confirmed_at_least(&s.db, wal_after_warm, Duration::from_secs(60)).await;
+    let warm = warm_up(&s, &client, 200, 20).await;
 
     s.broker.set_all_down(true);
     let before = schema::confirmed_flush_lsn(&s.db).await;
@@ -153,17 +165,7 @@ async fn retriable_produce_errors_are_retried_without_loss_or_reordering() {
     let relay = Relay::start(Relay::env_for(&s.db, &s.outbox, &bootstrap, &[]), &["run"]);
     let client = s.db.client().await;
 
-    let warm = insert_events(&client, &s.outbox.table, 100, 10, 10).await;
-    let wal_after_warm = schema::current_wal_lsn(&s.db).await;
-    let got = read_until_ids(
-        &bootstrap,
-        &s.topics,
-        &ids(&warm),
-        Duration::from_millis(300),
-        READ_LIMIT,
-    );
-    check_delivery(&warm, &got);
-    schema::wait_confirmed_at_least(&s.db, wal_after_warm, Duration::from_secs(60)).await;
+    let warm = warm_up(&s, &client, 100, 10).await;
     let acked_warm = relay
         .wait_metric_at_least("outboxd_events_published_total", 100.0)
         .await;

@@ -86,14 +86,7 @@ async fn broker_down_60s_keeps_walsender_and_loses_nothing() {
     let mut relay = s.relay(&[("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "200")]);
     let client = db.client().await;
     let pid = s.wait_active(&client, Duration::from_secs(120)).await;
-    let load = LoadGen::spawn(
-        db.conn_string(),
-        outbox.table.clone(),
-        LoadShape {
-            pause: Duration::from_millis(20),
-            ..LoadShape::default()
-        },
-    );
+    let load = paced_load(db, outbox);
     load.wait_committed(200, Duration::from_secs(30)).await;
 
     broker.set_all_down(true);
@@ -136,6 +129,18 @@ async fn broker_down_60s_keeps_walsender_and_loses_nothing() {
         started.elapsed()
     );
     relay.kill();
+}
+
+/// Inserts that go on through the test, a pause between transactions.
+fn paced_load(db: &pgtest::TestDb<'_>, outbox: &support::schema::Outbox) -> LoadGen {
+    LoadGen::spawn(
+        db.conn_string(),
+        outbox.table.clone(),
+        LoadShape {
+            pause: Duration::from_millis(20),
+            ..LoadShape::default()
+        },
+    )
 }
 
 /// The last `n` lines of `log`: why a walsender ended is at the end, and a whole server
@@ -299,14 +304,7 @@ async fn an_unread_stderr_stops_neither_status_updates_nor_delivery() {
     let _relay = KillOnDrop(child);
     let client = db.client().await;
     let pid = s.wait_active(&client, Duration::from_secs(120)).await;
-    let load = LoadGen::spawn(
-        db.conn_string(),
-        outbox.table.clone(),
-        LoadShape {
-            pause: Duration::from_millis(20),
-            ..LoadShape::default()
-        },
-    );
+    let load = paced_load(db, outbox);
     load.wait_committed(500, Duration::from_secs(30)).await;
     let mut pids = Vec::new();
     for _ in 0..15 {
