@@ -99,10 +99,19 @@ fn start_writer() -> bool {
     if QUEUE.set(queue).is_err() {
         return true;
     }
-    std::thread::Builder::new()
+    let started = std::thread::Builder::new()
         .name("outboxd-log".into())
         .spawn(move || write_lines(&rx))
-        .is_ok()
+        .is_ok();
+    if started {
+        // What was logged before a panic comes before its message.
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            flush(Duration::from_secs(1));
+            report(info);
+        }));
+    }
+    started
 }
 
 fn write_lines(rx: &mpsc::Receiver<Message>) {
