@@ -15,9 +15,9 @@ use crate::model::Change;
 use crate::slot_loss::{self as operator, Lacking};
 use crate::Violation;
 
-/// One step in this many loses the slot (a few hundred steps a schedule: about one
-/// schedule in ten has a loss).
-pub(super) const EVERY: u64 = 2_000;
+/// One step in this many loses the slot, as in the at-least-once schedules (a few hundred
+/// steps a schedule: about one schedule in five has a loss).
+pub(super) const EVERY: u64 = 1_000;
 
 impl Eos {
     /// The slot is invalidated (its WAL removed) or dropped. The walsenders end, so the
