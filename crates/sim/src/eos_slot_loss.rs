@@ -135,7 +135,7 @@ impl Eos {
         let refusal = match slot_fate::judge_missing_slot(history, table, Consent::default()) {
             Ok(_) => {
                 self.told_lost();
-                self.create_slot(false);
+                self.create_slot(true);
                 return Ok(());
             }
             Err(r) => r,
@@ -173,8 +173,8 @@ impl Eos {
         Ok(())
     }
 
-    /// The slot created at the server's WAL end; by `outboxd init` (`consent`, or over
-    /// nothing a new slot skips), which writes its record outside any transaction.
+    /// The slot created at the server's WAL end, by the relay's start or by `outboxd
+    /// init` (`by_init`), which writes its record outside any transaction.
     fn create_slot(&mut self, by_init: bool) {
         let cl = &mut self.cluster;
         cl.slot = SlotNow::Usable;
