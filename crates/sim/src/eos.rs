@@ -9,10 +9,9 @@
 //! message) exactly once, in per-aggregate order; the slot is never confirmed past what
 //! committed Kafka transactions hold; a fenced instance commits nothing.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use outbox_core::slot_fate::{self, SlotNow, SlotStop};
 use outbox_core::{CommitStep, KafkaTxnCore, SessionError, TxnError};
 use pgoutput::Lsn;
 
@@ -25,6 +24,8 @@ use crate::{Rng, Violation};
 mod eos_final;
 #[path = "eos_instance.rs"]
 mod instance;
+#[path = "eos_slot_loss.rs"]
+mod slot_loss;
 use instance::Instance;
 
 /// `transaction.timeout.ms` of the model.
@@ -51,8 +52,15 @@ pub struct EosStats {
     pub spills: u64,
     /// Replays in doubt: they publish again (none arise in these schedules).
     pub doubts: u64,
-    /// Copies in the read_committed view, all after a doubt.
+    /// Copies in the read_committed view: after a doubt, or rows a lost slot's procedure
+    /// re-inserted that Kafka had (consumers drop them by event id).
     pub duplicates: u64,
+    /// Slots invalidated or dropped.
+    pub slot_losses: u64,
+    /// Outbox rows the operator re-inserted after a lost slot.
+    pub republished: u64,
+    /// Event messages lost with a slot, as the operator was told.
+    pub messages_lost: u64,
 }
 
 impl crate::Tally for EosStats {
@@ -69,6 +77,9 @@ impl crate::Tally for EosStats {
         self.spills += o.spills;
         self.doubts += o.doubts;
         self.duplicates += o.duplicates;
+        self.slot_losses += o.slot_losses;
+        self.republished += o.republished;
+        self.messages_lost += o.messages_lost;
     }
 }
 
@@ -91,6 +102,13 @@ struct Session {
 struct Eos {
     trace: bool,
     rng: Rng,
+    /// The lost slots' draws: a stream of their own, so that the schedules keep the
+    /// draws they had before lost slots were modelled (and the mutation table its seeds).
+    losses: Rng,
+    /// How often the operator re-inserted each outbox row (a lost slot's procedure).
+    reinserted: HashMap<u64, u64>,
+    /// Event messages lost with a slot: in the WAL only, never re-published.
+    lost_messages: HashSet<u64>,
     cluster: Cluster,
     cfg: Config,
     cap: usize,
@@ -129,6 +147,9 @@ pub fn run_exactly_once(seed: u64) -> Result<EosStats, Violation> {
     };
     let mut eos = Eos {
         trace: std::env::var_os("OUTBOXD_SIM_TRACE").is_some(),
+        losses: Rng::new(seed ^ 0x6c6f_7374_5f73_6c6f),
+        reinserted: HashMap::new(),
+        lost_messages: HashSet::new(),
         // Often below a transaction's or a Kafka transaction's events: a replay's hold
         // fills the caps and spills (no doubt, so no duplicate).
         cap: 1 + rng.index(127),
@@ -172,6 +193,9 @@ pub fn run_exactly_once(seed: u64) -> Result<EosStats, Violation> {
 impl Eos {
     fn step(&mut self, faults: bool) -> Result<(), Violation> {
         self.stats.steps += 1;
+        if faults && self.losses.below(slot_loss::EVERY) == 0 {
+            self.lose_slot()?;
+        }
         let roll = self.rng.below(1000);
         let i = self.rng.index(2);
         match roll {
@@ -224,9 +248,14 @@ impl Eos {
             };
             changes.push(change);
         }
-        let time = i64::try_from(self.now.as_millis()).unwrap_or(0) + 1_000_000;
         let size = 40 * u64::try_from(n).unwrap_or(1);
-        self.cluster.commit(changes, size, time, false);
+        self.cluster
+            .commit(changes, size, self.server_clock(), false);
+    }
+
+    /// The server's clock (it never steps back here), as commits carry it.
+    fn server_clock(&self) -> i64 {
+        i64::try_from(self.now.as_millis()).unwrap_or(0) + 1_000_000
     }
 
     /// The simulated clock, as the producer's delivery reports carry it.
@@ -315,28 +344,6 @@ impl Eos {
                 Ok(())
             }
             Err(e) => self.end_session(i, s, e),
-        }
-    }
-
-    /// Were the slot invalidated now, the relay's error would name a time to re-publish
-    /// from (`slot_fate::streaming`, with the claim the relay's tick gives it): no event
-    /// committed before it may be missing from the read_committed view.
-    fn check_lost_slot_time(&self, s: &mut Session) -> Result<(), Violation> {
-        let claim = outbox_core::lost_slot_claim(Some(&s.txn), &mut s.life.core);
-        let Err(SlotStop::Invalidated { since: Some(since) }) =
-            slot_fate::streaming(SlotNow::Invalidated, &claim)
-        else {
-            return Ok(());
-        };
-        if s.lost_slot_checked.replace(since) == Some(since) {
-            return Ok(());
-        }
-        match self.first_not_committed(|t| t.commit_time < since) {
-            Some((id, t)) => Err(Violation(format!(
-                "exactly-once: a lost slot's error would name time {since}, past event {id} (committed at {}), which no committed Kafka transaction holds",
-                t.commit_time
-            ))),
-            None => Ok(()),
         }
     }
 
@@ -512,7 +519,10 @@ impl Eos {
             eprintln!("  instance {i} commits (split {split}), record {claim:?}");
         }
         s.txn.recording(claim.0.clone());
-        if !self.broker.append_record(s.epoch, claim) {
+        if !self
+            .broker
+            .append_record(s.epoch, claim, self.server_clock())
+        {
             return Err(Failure::Txn(TxnError::Fenced("record: _FENCED".into())));
         }
         let mut attempt = 1;

@@ -36,8 +36,9 @@ pub(crate) struct Broker {
     states: HashMap<u64, State>,
     /// Every write, in append order, with its transaction's serial.
     log: Vec<(Written, u64)>,
-    /// Progress records, with their lineage and their transaction's serial.
-    records: Vec<(DeliveredPosition, u64, u64)>,
+    /// Progress records, with their lineage, their transaction's serial and when they
+    /// were written.
+    records: Vec<(DeliveredPosition, u64, u64, i64)>,
     /// A produce request of a committed transaction, still on its way, and the epoch of
     /// the producer that sent it.
     pub late: Option<(u64, Option<Written>)>,
@@ -91,15 +92,23 @@ impl Broker {
         }
     }
 
-    /// The progress record, last in the open transaction of `epoch`.
-    pub fn append_record(&mut self, epoch: u64, claim: (DeliveredPosition, u64)) -> bool {
+    /// The progress record, last in the open transaction of `epoch`, written at `at`.
+    pub fn append_record(&mut self, epoch: u64, claim: (DeliveredPosition, u64), at: i64) -> bool {
         match self.open {
             Some((serial, e, _)) if e == epoch && epoch == self.epoch => {
-                self.records.push((claim.0, claim.1, serial));
+                self.records.push((claim.0, claim.1, serial, at));
                 true
             }
             _ => false,
         }
+    }
+
+    /// A progress record written outside any transaction (`outboxd init`'s), at `at`: a
+    /// read_committed reader sees it at once.
+    pub fn write_record(&mut self, claim: DeliveredPosition, at: i64) {
+        self.serials += 1;
+        self.states.insert(self.serials, State::Committed);
+        self.records.push((claim, 0, self.serials, at));
     }
 
     /// `EndTxn` of `epoch`'s open transaction. Again after a commit whose answer was lost:
@@ -152,11 +161,17 @@ impl Broker {
 
     /// The newest progress record a read_committed reader finds.
     pub fn last_record(&self) -> Option<(DeliveredPosition, u64)> {
+        self.newest_record().map(|(c, l, _)| (c.clone(), l))
+    }
+
+    /// The newest progress record a read_committed reader finds, with its lineage and
+    /// when it was written.
+    pub fn newest_record(&self) -> Option<(&DeliveredPosition, u64, i64)> {
         self.records
             .iter()
             .rev()
-            .find(|(_, _, s)| self.committed(*s))
-            .map(|(c, l, _)| (c.clone(), *l))
+            .find(|(_, _, s, _)| self.committed(*s))
+            .map(|(c, l, _, at)| (c, *l, *at))
     }
 
     /// A write of the newest committed transaction.

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use outbox_core::slot_fate::SlotNow;
 use outbox_core::{
     Ended, KafkaTxnCore, LifeCore, RecordRead, Refusal, ReplayStart, SlotView, TxnError, TxnNext,
 };
@@ -27,6 +28,8 @@ pub(super) struct Instance {
     pub(super) process: u64,
     /// The process's memory between its sessions, by the relay's rules.
     pub(super) carry: LifeCore<()>,
+    /// This process streamed from the slot: the witness that it existed.
+    pub(super) streamed: bool,
 }
 
 impl Instance {
@@ -36,13 +39,15 @@ impl Instance {
             stopped_at: None,
             process: 0,
             carry: LifeCore::new(true),
+            streamed: false,
         }
     }
 
     /// The process exits (or is killed): the next one remembers nothing.
-    fn new_process(&mut self) {
+    pub(super) fn new_process(&mut self) {
         self.process += 1;
         self.carry = LifeCore::new(true);
+        self.streamed = false;
     }
 }
 
@@ -74,8 +79,13 @@ impl Eos {
             inst.carry.ended(Ended::SlotTaken);
             return Ok(());
         }
+        if self.cluster.slot != SlotNow::Usable && !self.slot_at_start(i)? {
+            return Ok(());
+        }
         self.holder = Some(i);
         let epoch = self.broker.init_transactions();
+        let inst = &mut self.instances[i];
+        inst.streamed = true;
         let read = match inst.carry.needs_record() {
             true => RecordRead::Read(SlotView {
                 ours: self.broker.last_record(),

@@ -10,10 +10,11 @@ use outbox_core::slot_fate::{
     TableSeen,
 };
 use outbox_core::{DeliveredPosition, LifeCore};
+use pgoutput::Lsn;
 
 use std::collections::HashMap;
 
-use crate::model::{Change, Record};
+use crate::model::{Change, Record, Txn};
 use crate::{Sim, Violation};
 
 impl Sim {
@@ -131,21 +132,11 @@ impl Sim {
             Err(refusal) => refusal,
         };
         self.named_by(c, refusal, "outboxd init")?;
-        let consent = Consent {
-            recreate_lost_slot: true,
-            ..Consent::default()
-        };
-        let since = match slot_fate::judge_missing_slot(history, rows, consent) {
-            Ok(Creation::Recreate { since }) => since,
-            // No record to name a time: every row still in the table, as the docs say
-            // when unsure.
-            Ok(Creation::FirstStart | Creation::OverRows) => None,
-            Err(r) => {
-                return Err(Violation(format!(
-                    "outboxd init --recreate-lost-slot refused on cluster {c}: {r:?}"
-                )))
-            }
-        };
+        let since = recreate_lost_slot(history, rows).map_err(|r| {
+            Violation(format!(
+                "outboxd init --recreate-lost-slot refused on cluster {c}: {r:?}"
+            ))
+        })?;
         // Re-inserted rows are published only through a publication that holds the
         // outbox: one changed meanwhile is put back first, by its own procedure.
         let cl = &self.clusters[c];
@@ -236,39 +227,23 @@ impl Sim {
         let from = since.saturating_sub(self.clock_back);
         let cl = &self.clusters[c];
         let family = [cl.tag & 1, (cl.tag & 1) | 2];
-        let in_kafka = |id| {
-            family
-                .iter()
-                .any(|&tag| self.kafka.written.contains(&(tag, id)))
+        let has = |id| {
+            self.lost_messages.contains(&id)
+                || family
+                    .iter()
+                    .any(|&tag| self.kafka.written.contains(&(tag, id)))
         };
-        let mut latest = HashMap::new();
-        for t in &cl.history {
-            for ch in &t.changes {
-                if let Change::Outbox { id, .. } = *ch {
-                    latest.insert(id, (t.commit_time, t.hidden));
-                }
-            }
-        }
-        // An event message the time leaves out is lost unnamed: the operator is told
-        // only that those since the time are.
-        if let Some((id, at)) = self
-            .lacking_messages(c)
-            .into_iter()
-            .find(|&(_, at)| at < from)
-        {
-            return Err(Violation(format!(
+        match lacking_before(&cl.history, from, self.steady[c], has) {
+            // An event message the time leaves out is lost unnamed: the operator is told
+            // only that those since the time are.
+            Some(Lacking::Message(id, at)) => Err(Violation(format!(
                 "cluster {c}: {who} named a lost slot's time {since} past event message {id}, committed at {at}, which Kafka lacks"
-            )));
+            ))),
+            Some(Lacking::Row(id, at)) => Err(Violation(format!(
+                "cluster {c}: {who} named a lost slot's re-publish time {since} past event {id}, committed at {at}, which Kafka lacks"
+            ))),
+            None => Ok(()),
         }
-        for (id, (at, hidden)) in latest {
-            // A hidden row is the publication procedure's to publish again.
-            if !hidden && at < from && !in_kafka(id) {
-                return Err(Violation(format!(
-                    "cluster {c}: {who} named a lost slot's re-publish time {since} past event {id}, committed at {at}, which Kafka lacks"
-                )));
-            }
-        }
-        Ok(())
     }
 
     /// The slot created at the server's WAL end, and its record written, as `init` (with
@@ -299,9 +274,7 @@ impl Sim {
         cl.slot = SlotNow::Usable;
         cl.confirmed = cl.wal_end;
         cl.persisted = cl.wal_end;
-        let since = slot_fate::init_record_since(Some(self.clock), None, false, cl.wal_end);
-        let mut claim = DeliveredPosition::at(cl.timeline, cl.wal_end, 0);
-        claim.since = since;
+        let claim = created_claim(cl.timeline, cl.wal_end, self.clock);
         if self.trace {
             eprintln!(
                 "  slot of cluster {c} created at {:?} (consent {consent})",
@@ -323,22 +296,7 @@ impl Sim {
     /// order (docs/operations.md: the order the DELETE finds them).
     fn republish_since(&mut self, c: usize, since: Option<i64>) {
         let from = since.map_or(i64::MIN, |t| t.saturating_sub(self.clock_back));
-        let cl = &self.clusters[c];
-        let mut table: HashMap<u64, (usize, usize, i64, Change)> = HashMap::new();
-        for (i, t) in cl.history.iter().enumerate() {
-            for (k, ch) in t.changes.iter().enumerate() {
-                if let Change::Outbox { id, .. } = *ch {
-                    table.insert(id, (i, k, t.commit_time, *ch));
-                }
-            }
-        }
-        let mut rows: Vec<(usize, usize, Change)> = table
-            .into_values()
-            .filter(|&(_, _, at, _)| at >= from)
-            .map(|(i, k, _, ch)| (i, k, ch))
-            .collect();
-        rows.sort_unstable_by_key(|&(i, k, _)| (i, k));
-        let copies: Vec<Change> = rows.into_iter().map(|(_, _, ch)| ch).collect();
+        let copies = rows_since(&self.clusters[c].history, from);
         if self.trace {
             eprintln!(
                 "  {} rows of cluster {c} published again from {from}",
@@ -365,17 +323,123 @@ impl Sim {
         }
     }
 
-    /// The outbox never deletes rows here: it holds every row ever committed.
     fn table_seen(&self, c: usize) -> TableSeen {
-        let any = self.clusters[c].history.iter().any(|t| {
-            t.changes
-                .iter()
-                .any(|ch| matches!(ch, Change::Outbox { .. }))
-        });
-        if any {
-            TableSeen::Some
-        } else {
-            TableSeen::Empty
+        table_seen(&self.clusters[c].history)
+    }
+}
+
+// The operator's side of a lost slot, the same in both kinds of schedule.
+
+/// The outbox never deletes rows here: it holds every row ever committed.
+pub(crate) fn table_seen(history: &[Txn]) -> TableSeen {
+    let any = history.iter().any(|t| {
+        t.changes
+            .iter()
+            .any(|ch| matches!(ch, Change::Outbox { .. }))
+    });
+    if any {
+        TableSeen::Some
+    } else {
+        TableSeen::Empty
+    }
+}
+
+/// `outboxd init --recreate-lost-slot`, run as `outboxd init`'s refusal says: the time
+/// to re-publish from (`None`: every row).
+pub(crate) fn recreate_lost_slot(
+    history: HistorySeen,
+    rows: TableSeen,
+) -> Result<Option<i64>, MissingRefusal> {
+    let consent = Consent {
+        recreate_lost_slot: true,
+        ..Consent::default()
+    };
+    match slot_fate::judge_missing_slot(history, rows, consent)? {
+        Creation::Recreate { since } => Ok(since),
+        // No record to name a time: every row still in the table, as the docs say
+        // when unsure.
+        Creation::FirstStart | Creation::OverRows => Ok(None),
+    }
+}
+
+/// The record `outboxd init` writes for a slot it created at `wal_end` when the server's
+/// clock read `clock`.
+pub(crate) fn created_claim(timeline: u32, wal_end: Lsn, clock: i64) -> DeliveredPosition {
+    let mut claim = DeliveredPosition::at(timeline, wal_end, 0);
+    claim.since = slot_fate::init_record_since(Some(clock), None, false, wal_end);
+    claim
+}
+
+/// Where each outbox row of `history` is in the table: its last insert (the operator's
+/// re-insert deletes it first), by transaction and change.
+fn last_inserts(history: &[Txn]) -> HashMap<u64, (usize, usize)> {
+    let mut table = HashMap::new();
+    for (i, t) in history.iter().enumerate() {
+        for (k, ch) in t.changes.iter().enumerate() {
+            if let Change::Outbox { id, .. } = *ch {
+                table.insert(id, (i, k));
+            }
         }
     }
+    table
+}
+
+/// The operator's re-insert: the outbox rows whose last insert committed at or after
+/// `from`, each once, with its own id, in the order the table has them.
+pub(crate) fn rows_since(history: &[Txn], from: i64) -> Vec<Change> {
+    let mut rows: Vec<(usize, usize)> = last_inserts(history)
+        .into_values()
+        .filter(|&(i, _)| history[i].commit_time >= from)
+        .collect();
+    rows.sort_unstable();
+    rows.into_iter()
+        .map(|(i, k)| history[i].changes[k])
+        .collect()
+}
+
+/// An event that re-publishing from a time would leave out.
+pub(crate) enum Lacking {
+    Row(u64, i64),
+    Message(u64, i64),
+}
+
+/// The first event of `history` (in commit order) committed before `from` that `has`
+/// lacks: an outbox row by its last insert only (a row inserted again since is
+/// re-published from there; a hidden one is the publication procedure's), an event
+/// message, when `messages`, by its commit (the WAL alone has it).
+pub(crate) fn lacking_before(
+    history: &[Txn],
+    from: i64,
+    messages: bool,
+    has: impl Fn(u64) -> bool,
+) -> Option<Lacking> {
+    // Looked for only where a row is lacking (rare but for re-inserted rows): this runs
+    // after every turn of the exactly-once schedules.
+    let inserted_later = |i: usize, id: u64| {
+        history[i + 1..].iter().any(|t| {
+            t.changes
+                .iter()
+                .any(|ch| matches!(*ch, Change::Outbox { id: again, .. } if again == id))
+        })
+    };
+    for (i, t) in history.iter().enumerate() {
+        if t.commit_time >= from {
+            continue;
+        }
+        for ch in &t.changes {
+            let lacking = match *ch {
+                Change::Outbox { id, .. } if !t.hidden => Lacking::Row(id, t.commit_time),
+                Change::Message {
+                    event: Some((id, _)),
+                } if messages => Lacking::Message(id, t.commit_time),
+                _ => continue,
+            };
+            let (Lacking::Row(id, _) | Lacking::Message(id, _)) = lacking;
+            if has(id) || matches!(lacking, Lacking::Row(..)) && inserted_later(i, id) {
+                continue;
+            }
+            return Some(lacking);
+        }
+    }
+    None
 }
