@@ -140,11 +140,7 @@ fn refused_writes(kafka: &KafkaCluster, topics: &[String]) -> usize {
 /// delivery and no replay.
 #[tokio::test(flavor = "multi_thread")]
 async fn retriable_produce_errors_are_retried_without_loss_or_reordering() {
-    // Kafka caps a partition's min.insync.replicas at its replication factor, so one
-    // replica cannot be made too few: the event topics get two, on nodes 1 and 2, and
-    // node 2 goes down. Led by node 1 with it alone in sync, they take acks=all writes
-    // while min.insync.replicas is 1 and refuse them while it is 2; the switch is the
-    // config alone, with no leader moving.
+    // Refusable: see Broker::create_refusable_topics.
     let s = Scenario::new("ack_retriable")
         .broker(Broker::kafka(3))
         .no_topics()
@@ -156,11 +152,7 @@ async fn retriable_produce_errors_are_retried_without_loss_or_reordering() {
         .map(String::as_str)
         .chain([dead_letter.as_str()])
         .collect();
-    s.broker
-        .create_topics_replicated_on(&topics, 3, &[1, 2], &[("min.insync.replicas", "1")])
-        .await;
-    s.broker.create_progress_topic_on(1).await;
-    s.broker.kafka_cluster().kill(2).expect("node 2 down");
+    s.broker.create_refusable_topics(&topics, 3).await;
     let bootstrap = s.broker.bootstrap();
     let relay = Relay::start(Relay::env_for(&s.db, &s.outbox, &bootstrap, &[]), &["run"]);
     let client = s.db.client().await;
@@ -170,12 +162,7 @@ async fn retriable_produce_errors_are_retried_without_loss_or_reordering() {
         .wait_metric_at_least("outboxd_events_published_total", 100.0)
         .await;
 
-    for t in &s.topics {
-        s.broker
-            .set_topic_config(t, "min.insync.replicas", "2")
-            .await;
-    }
-    s.broker.wait_acks_all_refused(&s.topics, 3).await;
+    s.broker.refuse_acks_all(&s.topics, 3).await;
     let kafka = s.broker.kafka_cluster();
     let refused_before = refused_writes(kafka, &s.topics);
     let before = schema::confirmed_flush_lsn(&s.db).await;
@@ -212,11 +199,7 @@ async fn retriable_produce_errors_are_retried_without_loss_or_reordering() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
 
-    for t in &s.topics {
-        s.broker
-            .set_topic_config(t, "min.insync.replicas", "1")
-            .await;
-    }
+    s.broker.take_acks_all(&s.topics).await;
     let all: Vec<Event> = warm.iter().chain(load.iter()).cloned().collect();
     let got: Vec<Received> = read_until_ids(
         &bootstrap,

@@ -10,11 +10,12 @@
 
 use crate::support;
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use pgtest::{ClusterOptions, PgCluster};
-use support::broker::Broker;
-use support::consume::check_delivery;
+use support::broker::{is_probe, Broker};
+use support::consume::{check_delivery, ids, read_until_ids, Received};
 use support::load::{insert_events, Event};
 use support::ops::{self, read_all_blocking, wait_active_pid, wait_for};
 use support::relay::{run_to_end, Relay};
@@ -84,10 +85,12 @@ async fn recreate_and_republish(
         moved >= u64::try_from(pending).unwrap(),
         "re-publishing since {since} (as the error said) moved {moved} rows; {pending} were never relayed"
     );
-    check_delivery(
-        all,
-        &read_all_blocking(&broker.bootstrap(), topics, all, Duration::from_secs(60)),
-    );
+    let got: Vec<Received> =
+        read_all_blocking(&broker.bootstrap(), topics, all, Duration::from_secs(60))
+            .into_iter()
+            .filter(|r| !is_probe(r))
+            .collect();
+    check_delivery(all, &got);
     drop(relay);
 }
 
@@ -98,33 +101,43 @@ async fn relayed_then_pending(
     broker: &Broker,
 ) -> (Outbox, ops::FirstBatch, Vec<Event>) {
     let outbox = schema::setup_without_slot(db).await;
-    let mut batch = ops::relay_first_batch(db, client, &outbox, broker, &[], 10).await;
+    let (batch, pending) = pending_after_a_batch(db, client, broker, &outbox).await;
+    (outbox, batch, pending)
+}
+
+/// [`relayed_then_pending`] on an outbox set up by the caller (whose topics, made first,
+/// `ops::relay_first_batch` finds there).
+async fn pending_after_a_batch(
+    db: &pgtest::TestDb<'_>,
+    client: &tokio_postgres::Client,
+    broker: &Broker,
+    outbox: &Outbox,
+) -> (ops::FirstBatch, Vec<Event>) {
+    let mut batch = ops::relay_first_batch(db, client, outbox, broker, &[], 10).await;
     batch.stop();
     let pending = insert_events(client, &outbox.table, 20, 3, 3).await;
     // Anything written from here on is seconds after the rows.
     ops::wait_clock_past_rows(client).await;
-    (outbox, batch, pending)
+    (batch, pending)
 }
 
 /// Restarted while its topics refuse every write (the progress topic still takes its
 /// record): the session publishes nothing and its record names no transaction, yet the
-/// rows it could not publish came before the time it writes.
+/// rows it could not publish came before the time it writes. On a three-node Kafka of
+/// its own: refusing writes takes a killed replica (`Broker::create_refusable_topics`).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_session_that_published_nothing_keeps_the_time_to_republish_from() {
     let db = PgCluster::shared()
         .fresh_database("lost_time_session")
         .await;
     let client = db.client().await;
-    let broker = Broker::default_for_tests();
-    let (outbox, batch, pending) = relayed_then_pending(&db, &client, &broker).await;
+    let broker = Broker::kafka(3);
+    let outbox = schema::setup_without_slot(&db).await;
+    ops::refusable_topics(&broker, &outbox).await;
+    let (batch, pending) = pending_after_a_batch(&db, &client, &broker, &outbox).await;
     let key = ops::progress_key(&client, &db.name, &outbox.slot).await;
     let before = ops::latest_progress_record(&broker.bootstrap(), &key).expect("record");
-    // One replica short of what every write needs: each send fails until it times out.
-    for topic in &batch.topics {
-        broker
-            .set_topic_config(topic, "min.insync.replicas", "2")
-            .await;
-    }
+    broker.refuse_acks_all(&batch.topics, 4).await;
     let mut stuck = Relay::start(batch.env.clone(), &["run"]);
     wait_for(
         "the restarted relay's progress record",
@@ -136,12 +149,39 @@ async fn a_session_that_published_nothing_keeps_the_time_to_republish_from() {
         },
     )
     .await;
+    // Once the session has sent the pending rows (in flight, or acked had the topics
+    // taken them), none may have been published while the topics refused every write.
+    let sent = f64::from(u32::try_from(pending.len()).unwrap());
+    stuck
+        .wait_metrics("the restarted relay to send the pending rows", |body| {
+            let in_flight = ops::metric_sum(body, "outboxd_in_flight_messages")?;
+            let acked = ops::metric_sum(body, "outboxd_events_published_total")?;
+            (in_flight + acked >= sent).then_some(())
+        })
+        .await;
+    let in_topics: Vec<String> = tokio::task::block_in_place(|| {
+        read_until_ids(
+            &broker.bootstrap(),
+            &batch.topics,
+            &HashSet::new(),
+            Duration::from_secs(2),
+            Duration::from_secs(60),
+        )
+    })
+    .iter()
+    .filter_map(|r| r.header("id"))
+    .filter(|id| ids(&pending).contains(*id))
+    .map(str::to_owned)
+    .collect();
+    let published = stuck.metric("outboxd_events_published_total");
+    assert!(
+        published == Some(0.0) && in_topics.is_empty(),
+        "the restarted session published {published:?} events, {} of the {} pending rows in the topics, while they refused every write",
+        in_topics.len(),
+        pending.len()
+    );
     stuck.kill();
-    for topic in &batch.topics {
-        broker
-            .set_topic_config(topic, "min.insync.replicas", "1")
-            .await;
-    }
+    broker.take_acks_all(&batch.topics).await;
     let all = [batch.first.clone(), pending.clone()].concat();
     follow_the_error(
         &client,

@@ -105,6 +105,41 @@ impl Broker {
             .unwrap_or_else(|e| panic!("{key}={value} on {topic}: {e}"));
     }
 
+    /// Creates `topics` on a three-node own Kafka (`Broker::kafka(3)`) so that their acks=all
+    /// writes can be refused on demand ([`Broker::refuse_acks_all`]), and the progress topic
+    /// on node 1 alone, writable throughout. Kafka caps a partition's min.insync.replicas at
+    /// its replication factor, so one replica cannot be made too few: every partition gets
+    /// two, on nodes 1 and 2, and node 2 goes down. Led by node 1 with it alone in sync, they
+    /// take acks=all writes while min.insync.replicas is 1 and refuse them while it is 2; the
+    /// switch is the config alone, with no leader moving.
+    pub async fn create_refusable_topics(&self, topics: &[&str], partitions: i32) {
+        self.create_topics_replicated_on(
+            topics,
+            partitions,
+            &[1, 2],
+            &[("min.insync.replicas", "1")],
+        )
+        .await;
+        self.create_progress_topic_on(1).await;
+        self.kafka_cluster().kill(2).expect("node 2 down");
+    }
+
+    /// Every acks=all write to `topics` (made by [`Broker::create_refusable_topics`]) refused
+    /// with NOT_ENOUGH_REPLICAS, retriable, from when this returns.
+    pub async fn refuse_acks_all(&self, topics: &[String], partitions: i32) {
+        for t in topics {
+            self.set_topic_config(t, "min.insync.replicas", "2").await;
+        }
+        self.wait_acks_all_refused(topics, partitions).await;
+    }
+
+    /// Undoes [`Broker::refuse_acks_all`]: `topics` take acks=all writes again.
+    pub async fn take_acks_all(&self, topics: &[String]) {
+        for t in topics {
+            self.set_topic_config(t, "min.insync.replicas", "1").await;
+        }
+    }
+
     /// Waits until every partition of `topics` refuses an acks=all write with
     /// NOT_ENOUGH_REPLICAS, e.g. after raising their `min.insync.replicas` above their
     /// replicas: the brokers describe a new config a moment before their partitions use it,

@@ -216,6 +216,16 @@ pub async fn replicated_topics(broker: &Broker, outbox: &Outbox) -> Vec<String> 
     topics
 }
 
+/// [`create_topics`] on a three-node own Kafka whose acks=all writes can be refused on
+/// demand ([`Broker::create_refusable_topics`]), with the progress topic on node 1.
+pub async fn refusable_topics(broker: &Broker, outbox: &Outbox) -> Vec<String> {
+    let topics = vec![outbox.topic("order"), outbox.topic("customer")];
+    broker
+        .create_refusable_topics(&[&topics[0], &topics[1], &outbox.dead_letter_topic()], 4)
+        .await;
+    topics
+}
+
 /// [`create_topics`] on an own Kafka cluster, every partition's only replica on `node`.
 pub async fn create_topics_on(
     broker: &Broker,
