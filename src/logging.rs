@@ -18,8 +18,10 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogFormat, Settings};
 
-/// The most the queued lines may hold: a stalled reader costs this much memory at most.
+/// The most the queued lines may hold, each counted with [`LINE_COST`] for the channel's
+/// and the allocator's share: a stalled reader costs about this much memory at most.
 const QUEUE_BYTES: usize = 8 << 20;
+const LINE_COST: usize = 64;
 
 /// How long an exit waits for the queued lines to be written (a stderr that is never
 /// read again must not hold the exit).
@@ -75,15 +77,19 @@ struct Queue {
 static QUEUE: OnceLock<Queue> = OnceLock::new();
 
 impl Queue {
-    fn push(&self, line: Vec<u8>) {
-        let len = line.len();
-        if self.queued.fetch_add(len, Ordering::AcqRel) + len > QUEUE_BYTES {
-            self.queued.fetch_sub(len, Ordering::AcqRel);
+    /// `keep`: queued even over [`QUEUE_BYTES`] (errors: rare, and the one that stops the
+    /// relay carries its remedy).
+    fn push(&self, line: Vec<u8>, keep: bool) {
+        let cost = line.len() + LINE_COST;
+        if self.queued.fetch_add(cost, Ordering::AcqRel) + cost > QUEUE_BYTES && !keep {
+            self.queued.fetch_sub(cost, Ordering::AcqRel);
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if self.tx.send(Message::Line(line)).is_err() {
-            self.queued.fetch_sub(len, Ordering::AcqRel);
+        if let Err(mpsc::SendError(Message::Line(line))) = self.tx.send(Message::Line(line)) {
+            // The writer thread is gone: directly, rather than not at all.
+            self.queued.fetch_sub(cost, Ordering::AcqRel);
+            let _ = std::io::stderr().write_all(&line);
         }
     }
 }
@@ -123,26 +129,38 @@ fn write_lines(rx: &mpsc::Receiver<Message>) {
         match message {
             Message::Line(line) => {
                 let _ = stderr.write_all(&line);
+                let cost = line.len() + LINE_COST;
                 let left = queue
                     .queued
-                    .fetch_sub(line.len(), Ordering::AcqRel)
-                    .saturating_sub(line.len());
+                    .fetch_sub(cost, Ordering::AcqRel)
+                    .saturating_sub(cost);
                 // Said once the reader keeps up again, through the same format.
                 if left < QUEUE_BYTES / 2 {
-                    let dropped = queue.dropped.swap(0, Ordering::Relaxed);
-                    if dropped > 0 {
-                        tracing::warn!(
-                            dropped,
-                            "{dropped} log lines were dropped: stderr was not read fast enough (the relay does not wait for its log reader)"
-                        );
-                    }
+                    report_dropped(queue);
                 }
             }
             Message::Flush(done) => {
-                let _ = done.send(());
+                // An exit: the count goes out first, behind what is queued.
+                if report_dropped(queue) {
+                    let _ = queue.tx.send(Message::Flush(done));
+                } else {
+                    let _ = done.send(());
+                }
             }
         }
     }
+}
+
+/// Logs how many lines were dropped since the last report; true if there were any.
+fn report_dropped(queue: &Queue) -> bool {
+    let dropped = queue.dropped.swap(0, Ordering::Relaxed);
+    if dropped > 0 {
+        tracing::warn!(
+            dropped,
+            "{dropped} log lines were dropped: stderr was not read fast enough (the relay does not wait for its log reader)"
+        );
+    }
+    dropped > 0
 }
 
 /// The subscriber's writer: one line per event, queued when `.0`.
@@ -155,6 +173,15 @@ impl<'a> MakeWriter<'a> for Lines {
         Line {
             buf: Vec::new(),
             queued: self.0,
+            keep: false,
+        }
+    }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> Line {
+        Line {
+            buf: Vec::new(),
+            queued: self.0,
+            keep: *meta.level() == tracing::Level::ERROR,
         }
     }
 }
@@ -163,6 +190,8 @@ impl<'a> MakeWriter<'a> for Lines {
 struct Line {
     buf: Vec<u8>,
     queued: bool,
+    /// Queued even when the queue is full (see [`Queue::push`]).
+    keep: bool,
 }
 
 impl Write for Line {
@@ -183,7 +212,7 @@ impl Drop for Line {
         }
         let line = std::mem::take(&mut self.buf);
         match QUEUE.get().filter(|_| self.queued) {
-            Some(queue) => queue.push(line),
+            Some(queue) => queue.push(line, self.keep),
             None => {
                 let _ = std::io::stderr().write_all(&line);
             }

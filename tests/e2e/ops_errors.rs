@@ -271,6 +271,20 @@ async fn invalidated_slot_exits_3() {
     );
 }
 
+/// Whether process `pid`'s log thread (`outboxd-log`) is in the write system call now
+/// (x86-64 Linux: number 1), as /proc says; `None` if it cannot be told.
+fn log_thread_in_write(pid: u32) -> Option<bool> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let dir = task.ok()?.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+        if comm.trim() == "outboxd-log" {
+            let call = std::fs::read_to_string(dir.join("syscall")).ok()?;
+            return Some(call.split_whitespace().next() == Some("1"));
+        }
+    }
+    None
+}
+
 /// Kills the relay when the test ends, passed or not.
 struct KillOnDrop(std::process::Child);
 
@@ -301,6 +315,7 @@ async fn an_unread_stderr_stops_neither_status_updates_nor_delivery() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn outboxd");
+    let relay_pid = child.id();
     let _relay = KillOnDrop(child);
     let client = db.client().await;
     let pid = s.wait_active(&client, Duration::from_secs(120)).await;
@@ -315,10 +330,17 @@ async fn an_unread_stderr_stops_neither_status_updates_nor_delivery() {
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    // Not vacuous: the pipe is full, and the relay's log thread waits in write(2) on it.
+    let blocked = log_thread_in_write(relay_pid);
     let events = load.stop().await;
     assert!(
         pids.iter().all(|p| *p == Some(pid)),
         "the walsender changed or went away while stderr was not read: {pids:?}"
+    );
+    assert_eq!(
+        blocked,
+        Some(true),
+        "the relay's log thread is not waiting in write(2) on the unread pipe"
     );
     let report = ops::read_and_check(broker, topics, &events, Duration::from_secs(60));
     eprintln!(

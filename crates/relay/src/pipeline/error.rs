@@ -183,9 +183,12 @@ impl RelayError {
         let text = match self {
             RelayError::SlotDropped { .. } => format!(
                 "events committed since its last confirmed position may not be relayed. \
-                Recreating it silently would skip them: re-publish the affected outbox rows \
-                if needed, then recreate the slot with `outboxd init` and restart. \
-                {EMITTED_LOST_TEXT}"
+                Recreating it silently would skip them, so outboxd will not. Run `outboxd \
+                init`: from the progress record it names the time to re-publish the outbox \
+                rows from; create the slot with `outboxd init --recreate-lost-slot`, start \
+                outboxd, and only then re-publish those rows (re-inserted before the slot \
+                exists, they would be skipped too; docs/operations.md, \"A lost slot: \
+                re-publishing\"). {EMITTED_LOST_TEXT}"
             ),
             RelayError::SlotInvalidated { since, slot, .. } => format!(
                 "the WAL it needed is gone, so rows committed since its last confirmed \
@@ -207,8 +210,10 @@ impl RelayError {
                 it: CREATE PUBLICATION {publication} FOR TABLE <outbox table> WITH (publish = \
                 'insert') (see sql/publication.sql). If this error persists after recreating \
                 it, the slot cannot get past the changes committed while the publication was \
-                missing: re-publish the outbox rows committed since then, drop the slot and \
-                run `outboxd init`. {EMITTED_LOST_TEXT}"
+                missing: drop the slot, run `outboxd init` (it names the time to re-publish \
+                from) and `outboxd init --recreate-lost-slot`, start outboxd, and only then \
+                re-publish the outbox rows committed since that time (docs/operations.md, \
+                \"A lost slot: re-publishing\"). {EMITTED_LOST_TEXT}"
             ),
             RelayError::SlotLost {
                 last_confirmed,
@@ -236,7 +241,7 @@ impl RelayError {
                 publish those a condition selects, from the new slot's snapshot, before \
                 streaming: `outboxd init --backfill \"<SQL condition>\"`, e.g. `outboxd init \
                 --backfill \"status = 'pending'\"` (docs/operations.md, \"Switching from a \
-                polling relay\"). If a slot was lost: {EMITTED_LOST_TEXT}",
+                polling relay\"). If a slot of this name was lost: {EMITTED_LOST_TEXT}",
             ),
             RelayError::BackfillUnfinished {
                 command,
@@ -318,7 +323,7 @@ impl RelayError {
                 stays unreadable: then `outboxd init --recreate-lost-slot` creates the slot \
                 and replaces it, and, if a slot of this name existed, re-publish every outbox \
                 row that may not be in Kafka (docs/operations.md, \"A lost slot: \
-                re-publishing\"). If a slot was lost: {EMITTED_LOST_TEXT}"
+                re-publishing\"). If a slot of this name was lost: {EMITTED_LOST_TEXT}"
             ),
             RelayError::InRecovery { .. } => String::from(
                 "outboxd streams only from a primary and waits for this one to be promoted, or \

@@ -467,9 +467,9 @@ pub fn republish_text(since: Option<i64>) -> String {
 /// What no re-publishing brings back after a lost slot, as the errors and `init` say it:
 /// an emitted message is in the WAL alone, never in a table (issue 33).
 pub const EMITTED_LOST_TEXT: &str = "With OUTBOXD_MESSAGE_PREFIX set, the messages \
-    emitted with pg_logical_emit_message since then that Kafka does not have are lost: they \
-    were in the slot's WAL alone, and no table holds them to re-publish; their writers must \
-    emit them again";
+    emitted with pg_logical_emit_message after the lost slot's last confirmed position that \
+    Kafka does not have are lost: they were in its WAL alone, and no table holds them to \
+    re-publish; their writers must emit them again";
 
 /// A PostgreSQL timestamp (microseconds since 2000-01-01) as RFC 3339 UTC text, to the
 /// second, rounded down (an earlier bound is the safe one).
