@@ -55,6 +55,7 @@ mod record_size;
 mod relay_e2e;
 mod replay_skip;
 mod republish;
+mod shard_changes;
 mod shards;
 mod slot_history;
 mod slot_lifecycle;

@@ -72,6 +72,7 @@ pub(super) async fn create_table(
         quote_ident(&s.columns.payload),
     );
     if let Some(shards) = &s.shards {
+        refuse_taken_partition_names(s, sql, shards.count).await?;
         for i in 0..shards.count {
             ddl.push_str(&format!(
                 ";\nCREATE TABLE IF NOT EXISTS {schema}.{} PARTITION OF {table} FOR VALUES WITH (MODULUS {}, REMAINDER {i})",
@@ -84,6 +85,44 @@ pub(super) async fn create_table(
         Err(e) if e.code().map(|c| c.code()) == Some("42501") => Err(refused()),
         other => Ok(other?),
     }
+}
+
+/// The table is missing, so a table named as one of its shards' partitions belongs to
+/// something else (an old table renamed away without its partitions): `CREATE TABLE IF NOT
+/// EXISTS` would pass over it and leave the new table without that shard.
+async fn refuse_taken_partition_names(
+    s: &Settings,
+    sql: &Client,
+    count: u32,
+) -> Result<(), InitError> {
+    let names: Vec<String> = (0..count).map(|i| shard_table(&s.table_name, i)).collect();
+    let taken = sql
+        .query(
+            "SELECT c.relname::text, \
+                    (SELECT i.inhparent::pg_catalog.regclass::text FROM pg_catalog.pg_inherits i \
+                     WHERE i.inhrelid = c.oid LIMIT 1) \
+             FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = ANY($2) ORDER BY c.relname",
+            &[&s.table_schema, &names],
+        )
+        .await?;
+    let Some(first) = taken.first() else {
+        return Ok(());
+    };
+    let name: String = first.try_get(0)?;
+    let parent: Option<String> = first.try_get(1)?;
+    let schema = quote_ident(&s.table_schema);
+    let owner = parent.map_or_else(String::new, |p| format!(" (a partition of {p})"));
+    Err(InitError::Refused(format!(
+        "cannot create the sharded table's partitions: {schema}.{} exists{owner}, and {} of \
+         the {count} partition names are taken. Rename the old tables away (ALTER TABLE \
+         {schema}.{} RENAME TO {}, and each other one), then run `outboxd init` again \
+         (docs/operations.md, \"Sharding: adding shards or changing their count\")",
+        quote_ident(&name),
+        taken.len(),
+        quote_ident(&name),
+        quote_ident(&format!("{name}_old")),
+    )))
 }
 
 /// An existing publication is left as it is (it may serve other subscribers, and its
