@@ -12,7 +12,7 @@ use std::time::Duration;
 use pgtest::PgCluster;
 use support::broker::Broker;
 use support::load::{insert_events, Event};
-use support::ops::{self, wait_active_pid};
+use support::ops::{self, read_all_blocking, wait_active_pid, LoadGen, LoadShape};
 use support::relay::{run_to_end, Relay};
 use support::schema::Outbox;
 
@@ -213,4 +213,135 @@ async fn init_names_old_partitions_that_hold_the_shards_names() {
     let events = insert_events(&client, &o.table, 600, 8, 40).await;
     let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(90));
     assert_eq!(report.unique, 600);
+}
+
+/// The last line of the relay's log that says why it stopped.
+fn stop_reason(relay: &Relay) -> String {
+    relay
+        .log_text()
+        .lines()
+        .rev()
+        .find(|l| l.contains("ERROR"))
+        .unwrap_or_else(|| panic!("no ERROR line:\n{}", relay.log_text()))
+        .to_owned()
+}
+
+/// The text between `after` and the next `until` in `text`.
+fn between<'a>(text: &'a str, after: &str, until: &str) -> &'a str {
+    let rest = text
+        .split(after)
+        .nth(1)
+        .unwrap_or_else(|| panic!("no {after:?} in: {text}"));
+    rest.split(until).next().unwrap_or(rest)
+}
+
+/// `outboxd check`'s fixes, run as printed (the statement of the first FAIL that names
+/// one), until no FAIL but `publication unchanged` is left: what "Make sure it publishes
+/// the outbox's inserts (`outboxd check`)" asks.
+async fn follow_check(env: &[(String, String)], client: &tokio_postgres::Client) -> usize {
+    for round in 0..5 {
+        let (_, out) = run_to_end(env, &["check"]);
+        let fails: Vec<&str> = out
+            .lines()
+            .filter(|l| l.starts_with("FAIL") && !l.starts_with("FAIL  publication unchanged"))
+            .collect();
+        if fails.is_empty() {
+            return round;
+        }
+        let statement = fails
+            .iter()
+            .find_map(|l| l.split_once("ALTER ").map(|(_, s)| s))
+            .map(|s| format!("ALTER {}", s.split(';').next().unwrap_or(s)))
+            .unwrap_or_else(|| panic!("no FAIL names a statement:\n{out}"));
+        eprintln!("check says: {statement}");
+        client.batch_execute(&statement).await.unwrap();
+    }
+    panic!("`outboxd check` still fails after 5 fixes");
+}
+
+/// A migration recreates shard 1's partition under another name while the relay runs and
+/// the application writes: shard 1's publication no longer holds the partition the rows
+/// go to. The relay stops (exit 3), and the operator follows what it prints, in its order,
+/// while the writes go on. Every event arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_recreated_under_another_name_loses_nothing_by_the_remedy() {
+    let db = PgCluster::shared().fresh_database("shards_renamed").await;
+    let o = Outbox::for_db(&db);
+    let broker = Broker::default_for_tests();
+    let topics = ops::create_topics(&broker, &o).await;
+    let client = db.client().await;
+    let env = shard_env(&db, &o, &broker, 2);
+    init(&env);
+    let mut relay = start(env.clone(), &client, &o, 2).await;
+    let load = LoadGen::spawn(db.conn_string(), o.table.clone(), LoadShape::default());
+    load.wait_committed(300, Duration::from_secs(60)).await;
+    client
+        .batch_execute(
+            "BEGIN;
+             ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1;
+             ALTER TABLE public.outbox_shard_1 RENAME TO outbox_shard_1_before;
+             CREATE TABLE public.outbox_p1 PARTITION OF public.outbox
+                 FOR VALUES WITH (MODULUS 2, REMAINDER 1);
+             COMMIT;",
+        )
+        .await
+        .unwrap();
+    let status = relay.wait_exit(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(3), "{}", relay.log_text());
+    let reason = stop_reason(&relay);
+    // Rows went to a partition no publication held meanwhile: the remedy must get them out.
+    let stranded: i64 = client
+        .query_one("SELECT count(*) FROM public.outbox_p1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(stranded > 0, "no row was written to the new partition");
+    // 1. "Make sure it publishes the outbox's inserts (`outboxd check`)".
+    let fixes = follow_check(&env, &client).await;
+    assert!(fixes >= 2, "the rename and the publication: {fixes} fixes");
+    // 2. "re-publish the outbox rows committed since <time>, minus your longest
+    // transaction": the runbook's statement, with the time minus a margin.
+    let since = between(&reason, "committed since ", ",");
+    let from: String = client
+        .query_one(
+            "SELECT ($1::text::timestamptz - interval '30 seconds')::text",
+            &[&since],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let republish =
+        runbook_block("A lost slot: re-publishing", "sql").replace("2026-12-01 09:00:00+00", &from);
+    client.batch_execute(&republish).await.unwrap();
+    // 3. "then run `outboxd init --accept-publication-change` and start outboxd".
+    let command = between(&reason, "then run `outboxd ", "`");
+    let args: Vec<&str> = command.split_whitespace().collect();
+    let (code, out) = run_to_end(&env, &args);
+    assert_eq!(code, 0, "`outboxd {command}`:\n{out}");
+    relay.restart();
+    for i in 0..2 {
+        wait_active_pid(&client, &shard_slot(&o, i), Duration::from_secs(120)).await;
+    }
+    let committed = load.committed();
+    load.wait_committed(committed + 300, Duration::from_secs(60))
+        .await;
+    let events = load.stop().await;
+    let received = read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &events,
+        Duration::from_secs(120),
+    );
+    let counts = ops::id_counts(&received);
+    let missing: Vec<&str> = events
+        .iter()
+        .filter(|e| !counts.contains_key(&e.id))
+        .map(|e| e.id.as_str())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} events never arrived ({stranded} were written to the recreated partition)",
+        missing.len(),
+        events.len()
+    );
 }
