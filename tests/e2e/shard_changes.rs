@@ -345,3 +345,79 @@ async fn a_partition_recreated_under_another_name_loses_nothing_by_the_remedy() 
         events.len()
     );
 }
+
+/// A remainder split into two partitions of modulus 4 while the relay runs and the
+/// application writes: their rows are in no shard's publication. The relay stops (exit
+/// 3) and prints the statements that make the table two shards again; run as printed,
+/// then outboxd started, every event arrives, the split partitions' rows included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repartitioning_while_running_stops_and_the_printed_fix_loses_nothing() {
+    let db = PgCluster::shared()
+        .fresh_database("shards_repartition")
+        .await;
+    let o = Outbox::for_db(&db);
+    let broker = Broker::default_for_tests();
+    let topics = ops::create_topics(&broker, &o).await;
+    let client = db.client().await;
+    let env = shard_env(&db, &o, &broker, 2);
+    init(&env);
+    let mut relay = start(env.clone(), &client, &o, 2).await;
+    let load = LoadGen::spawn(db.conn_string(), o.table.clone(), LoadShape::default());
+    load.wait_committed(300, Duration::from_secs(60)).await;
+    client
+        .batch_execute(
+            "BEGIN;
+             ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1;
+             CREATE TABLE public.outbox_m4_1 PARTITION OF public.outbox
+                 FOR VALUES WITH (MODULUS 4, REMAINDER 1);
+             CREATE TABLE public.outbox_m4_3 PARTITION OF public.outbox
+                 FOR VALUES WITH (MODULUS 4, REMAINDER 3);
+             COMMIT;",
+        )
+        .await
+        .unwrap();
+    let status = relay.wait_exit(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(3), "{}", relay.log_text());
+    let reason = stop_reason(&relay);
+    let stranded: i64 = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM public.outbox_m4_1) + (SELECT count(*) FROM public.outbox_m4_3)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(stranded > 0, "no row was written to the split partitions");
+    let fix = between(&reason, "run as one transaction: ", "; then start outboxd");
+    client
+        .batch_execute(&format!("BEGIN; {fix}; COMMIT;"))
+        .await
+        .unwrap_or_else(|e| panic!("the printed fix failed: {e}\n{fix}"));
+    let (code, out) = run_to_end(&env, &["check"]);
+    assert_eq!(code, 0, "`outboxd check` after the fix:\n{out}");
+    relay.restart();
+    for i in 0..2 {
+        wait_active_pid(&client, &shard_slot(&o, i), Duration::from_secs(120)).await;
+    }
+    let committed = load.committed();
+    load.wait_committed(committed + 300, Duration::from_secs(60))
+        .await;
+    let events = load.stop().await;
+    let received = read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &events,
+        Duration::from_secs(120),
+    );
+    let counts = ops::id_counts(&received);
+    let missing = events
+        .iter()
+        .filter(|e| !counts.contains_key(&e.id))
+        .count();
+    assert_eq!(
+        missing,
+        0,
+        "{missing} of {} events never arrived ({stranded} were written to the split partitions)",
+        events.len()
+    );
+}

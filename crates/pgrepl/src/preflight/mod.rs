@@ -679,6 +679,28 @@ pub struct PartitionBound {
     pub bound: String,
 }
 
+/// Which of `names` are tables in `schema` that are no partition (a partition detached, or
+/// a table never attached).
+pub async fn loose_tables(
+    client: &Client,
+    schema: &str,
+    names: &[String],
+) -> Result<Vec<String>, ReplError> {
+    let rows = client
+        .query(
+            "SELECT c.relname::text FROM pg_catalog.pg_class c \
+               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+              WHERE n.nspname = $1 AND c.relname = ANY($2) AND c.relkind IN ('r', 'p') \
+                AND NOT c.relispartition ORDER BY 1",
+            &[&schema, &names],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| r.try_get(0))
+        .collect::<Result<Vec<String>, tokio_postgres::Error>>()?)
+}
+
 /// `None` when `schema.table` does not exist.
 pub async fn partitioning(
     client: &Client,

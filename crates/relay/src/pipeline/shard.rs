@@ -36,7 +36,14 @@ impl ShardSpec {
 /// The one rule for "is this table sharded the way the settings say", shared by `run`
 /// (at start-up and on every slot-stats tick) and `check`. `Err` is the problem and its
 /// fix.
-pub fn judge_shard_layout(layout: Option<&Partitioning>, shard: &ShardSpec) -> Result<(), String> {
+///
+/// `loose`: the names of the shards' partitions that exist in the root's schema as tables
+/// outside it (detached): the fix attaches them again rather than creating them.
+pub fn judge_shard_layout(
+    layout: Option<&Partitioning>,
+    shard: &ShardSpec,
+    loose: &[String],
+) -> Result<(), String> {
     let root = shard.root_name();
     let count = shard.count;
     let create = "create it with `outboxd init` (or sql/shards.sql)";
@@ -64,6 +71,8 @@ pub fn judge_shard_layout(layout: Option<&Partitioning>, shard: &ShardSpec) -> R
         }
     }
     let mut seen = vec![false; usize::try_from(count).unwrap_or(0)];
+    // (schema, name, modulus) of each partition of another modulus.
+    let mut foreign: Vec<(String, String, u32)> = Vec::new();
     for p in &layout.partitions {
         let Some((modulus, remainder)) = hash_bound(&p.bound) else {
             return Err(format!(
@@ -72,12 +81,8 @@ pub fn judge_shard_layout(layout: Option<&Partitioning>, shard: &ShardSpec) -> R
             ));
         };
         if modulus != count {
-            return Err(format!(
-                "partition {}.{} of {root} has modulus {modulus}, but OUTBOXD_SHARD_COUNT={count}: \
-                 its rows would be published by no shard. Set OUTBOXD_SHARD_COUNT to the table's \
-                 partition count, or repartition the table into {count} partitions",
-                p.schema, p.name
-            ));
+            foreign.push((p.schema.clone(), p.name.clone(), modulus));
+            continue;
         }
         let expected = ShardSpec::partition_name(&shard.root_table, remainder);
         if p.name != expected || p.schema != shard.root_schema {
@@ -93,21 +98,88 @@ pub fn judge_shard_layout(layout: Option<&Partitioning>, shard: &ShardSpec) -> R
             *slot = true;
         }
     }
+    let missing: Vec<u32> = (0..count)
+        .filter(|r| {
+            usize::try_from(*r)
+                .ok()
+                .and_then(|i| seen.get(i))
+                .is_some_and(|s| !*s)
+        })
+        .collect();
+    if let Some((schema, name, modulus)) = foreign.first() {
+        return Err(format!(
+            "partition {schema}.{name} of {root} has modulus {modulus}, but OUTBOXD_SHARD_COUNT={count}: \
+             no shard's publication has it, so its rows are relayed by no shard. To go back to \
+             {count} shards, run as one transaction: {}; then start outboxd (and follow \
+             `outboxd check` if it names a publication). To change the shard count instead: \
+             docs/operations.md, \"Sharding: adding shards or changing their count\"",
+            back_to_shards(shard, &foreign, &missing, loose)
+        ));
+    }
     // Hash partitioning has no default partition: with a remainder missing, inserts of
     // its aggregates fail, so nothing is lost, but say it before the application does.
-    let missing: Vec<String> = seen
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| !**s)
-        .map(|(i, _)| i.to_string())
-        .collect();
     if !missing.is_empty() {
+        let list: Vec<String> = missing.iter().map(u32::to_string).collect();
         return Err(format!(
-            "{root} has no partition for remainder {} of {count} (inserts of those aggregates fail): {create}",
-            missing.join(", ")
+            "{root} has no partition for remainder {} of {count} (inserts of those aggregates fail): {}",
+            list.join(", "),
+            back_to_shards(shard, &[], &missing, loose)
         ));
     }
     Ok(())
+}
+
+/// The statements that make the table `shard.count` shards again: the `foreign`
+/// partitions (of another modulus) detached, each `missing` remainder's partition attached
+/// (when `loose`, detached earlier) or created, and the detached partitions' rows inserted
+/// again through the table, so that the shards' slots decode them: when they were written,
+/// no shard's publication had their partition.
+fn back_to_shards(
+    shard: &ShardSpec,
+    foreign: &[(String, String, u32)],
+    missing: &[u32],
+    loose: &[String],
+) -> String {
+    let root = shard.root_name();
+    let count = shard.count;
+    let mut sql = Vec::new();
+    // Where each detached partition's rows are read from: one holding a shard's name is
+    // renamed out of its way.
+    let mut sources = Vec::new();
+    for (schema, name, modulus) in foreign {
+        sql.push(format!(
+            "ALTER TABLE {root} DETACH PARTITION {schema}.{name}"
+        ));
+        let taken = (0..count).any(|r| ShardSpec::partition_name(&shard.root_table, r) == *name);
+        if taken {
+            let moved = format!("{name}_of_{modulus}");
+            sql.push(format!("ALTER TABLE {schema}.{name} RENAME TO {moved}"));
+            sources.push(format!("{schema}.{moved}"));
+        } else {
+            sources.push(format!("{schema}.{name}"));
+        }
+    }
+    for r in missing {
+        let name = ShardSpec::partition_name(&shard.root_table, *r);
+        let bound = format!("FOR VALUES WITH (MODULUS {count}, REMAINDER {r})");
+        sql.push(if loose.contains(&name) {
+            format!(
+                "ALTER TABLE {root} ATTACH PARTITION {}.{name} {bound}",
+                shard.root_schema
+            )
+        } else {
+            format!(
+                "CREATE TABLE {}.{name} PARTITION OF {root} {bound}",
+                shard.root_schema
+            )
+        });
+    }
+    sql.extend(
+        sources
+            .iter()
+            .map(|from| format!("INSERT INTO {root} SELECT * FROM {from}")),
+    );
+    sql.join("; ")
 }
 
 /// `FOR VALUES WITH (modulus 4, remainder 1)` → (4, 1).
@@ -133,7 +205,11 @@ fn hash_bound(bound: &str) -> Option<(u32, u32)> {
 /// Reads the catalog and applies [`judge_shard_layout`].
 pub async fn verify_shard_layout(sql: &Client, shard: &ShardSpec) -> Result<(), RelayError> {
     let layout = preflight::partitioning(sql, &shard.root_schema, &shard.root_table).await?;
-    judge_shard_layout(layout.as_ref(), shard).map_err(|problem| RelayError::ShardLayout {
+    let names: Vec<String> = (0..shard.count)
+        .map(|i| ShardSpec::partition_name(&shard.root_table, i))
+        .collect();
+    let loose = preflight::loose_tables(sql, &shard.root_schema, &names).await?;
+    judge_shard_layout(layout.as_ref(), shard, &loose).map_err(|problem| RelayError::ShardLayout {
         table: shard.root_name(),
         problem,
     })
@@ -172,7 +248,7 @@ mod tests {
     #[test]
     fn the_layout_init_creates_is_accepted() {
         let l = layout(&[("outbox_shard_0", 2, 0), ("outbox_shard_1", 2, 1)]);
-        assert_eq!(judge_shard_layout(Some(&l), &spec(2)), Ok(()));
+        assert_eq!(judge_shard_layout(Some(&l), &spec(2), &[]), Ok(()));
     }
 
     #[test]
@@ -184,13 +260,42 @@ mod tests {
             ("outbox_shard_2", 4, 2),
             ("outbox_shard_3", 4, 3),
         ]);
-        let e = judge_shard_layout(Some(&l), &spec(2)).unwrap_err();
+        let e = judge_shard_layout(Some(&l), &spec(2), &[]).unwrap_err();
         assert!(
-            e.contains("modulus 4") && e.contains("published by no shard"),
+            e.contains("has modulus 4") && e.contains("relayed by no shard"),
             "{e}"
         );
+        // Back to two shards: the statements, in an order that runs. The partitions
+        // holding shard names move out of the way; their rows come back through the root.
+        let back = "ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_0; \
+            ALTER TABLE public.outbox_shard_0 RENAME TO outbox_shard_0_of_4; \
+            ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1; \
+            ALTER TABLE public.outbox_shard_1 RENAME TO outbox_shard_1_of_4; \
+            ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_2; \
+            ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_3; \
+            CREATE TABLE public.outbox_shard_0 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 0); \
+            CREATE TABLE public.outbox_shard_1 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 1); \
+            INSERT INTO public.outbox SELECT * FROM public.outbox_shard_0_of_4; \
+            INSERT INTO public.outbox SELECT * FROM public.outbox_shard_1_of_4; \
+            INSERT INTO public.outbox SELECT * FROM public.outbox_shard_2; \
+            INSERT INTO public.outbox SELECT * FROM public.outbox_shard_3;";
+        assert!(e.contains(back), "{e}");
+        // Remainder 1 split in two, its old partition detached and kept: attached again.
+        let split = layout(&[
+            ("outbox_shard_0", 2, 0),
+            ("outbox_m4_1", 4, 1),
+            ("outbox_m4_3", 4, 3),
+        ]);
+        let loose = vec!["outbox_shard_1".to_owned()];
+        let e = judge_shard_layout(Some(&split), &spec(2), &loose).unwrap_err();
+        let back = "ALTER TABLE public.outbox DETACH PARTITION public.outbox_m4_1; \
+            ALTER TABLE public.outbox DETACH PARTITION public.outbox_m4_3; \
+            ALTER TABLE public.outbox ATTACH PARTITION public.outbox_shard_1 FOR VALUES WITH (MODULUS 2, REMAINDER 1); \
+            INSERT INTO public.outbox SELECT * FROM public.outbox_m4_1; \
+            INSERT INTO public.outbox SELECT * FROM public.outbox_m4_3;";
+        assert!(e.contains(back), "{e}");
         let renamed = layout(&[("outbox_p0", 2, 0), ("outbox_shard_1", 2, 1)]);
-        let e = judge_shard_layout(Some(&renamed), &spec(2)).unwrap_err();
+        let e = judge_shard_layout(Some(&renamed), &spec(2), &[]).unwrap_err();
         assert!(e.contains("RENAME TO outbox_shard_0"), "{e}");
     }
 
@@ -198,25 +303,29 @@ mod tests {
     fn wrong_keys_kinds_and_gaps_are_refused() {
         let mut l = layout(&[("outbox_shard_0", 2, 0), ("outbox_shard_1", 2, 1)]);
         l.key = Some("HASH (id)".into());
-        assert!(judge_shard_layout(Some(&l), &spec(2))
+        assert!(judge_shard_layout(Some(&l), &spec(2), &[])
             .unwrap_err()
             .contains("not HASH (aggregate_id)"));
         l.key = Some("RANGE (aggregate_id)".into());
-        assert!(judge_shard_layout(Some(&l), &spec(2)).is_err());
+        assert!(judge_shard_layout(Some(&l), &spec(2), &[]).is_err());
         l.key = None;
         l.kind = "r".into();
-        assert!(judge_shard_layout(Some(&l), &spec(2))
+        assert!(judge_shard_layout(Some(&l), &spec(2), &[])
             .unwrap_err()
             .contains("not partitioned"));
-        assert!(judge_shard_layout(None, &spec(2))
+        assert!(judge_shard_layout(None, &spec(2), &[])
             .unwrap_err()
             .contains("does not exist"));
         let gap = layout(&[("outbox_shard_0", 3, 0), ("outbox_shard_2", 3, 2)]);
-        let e = judge_shard_layout(Some(&gap), &spec(3)).unwrap_err();
+        let e = judge_shard_layout(Some(&gap), &spec(3), &[]).unwrap_err();
         assert!(e.contains("remainder 1 of 3"), "{e}");
+        assert!(
+            e.ends_with("CREATE TABLE public.outbox_shard_1 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 3, REMAINDER 1)"),
+            "{e}"
+        );
         let mut list = layout(&[("outbox_shard_0", 2, 0)]);
         list.partitions[0].bound = "FOR VALUES IN ('a')".into();
-        assert!(judge_shard_layout(Some(&list), &spec(2))
+        assert!(judge_shard_layout(Some(&list), &spec(2), &[])
             .unwrap_err()
             .contains("not FOR VALUES WITH"));
     }
