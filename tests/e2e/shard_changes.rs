@@ -16,9 +16,7 @@ use support::ops::{self, read_all_blocking, wait_active_pid, LoadGen, LoadShape}
 use support::relay::{run_to_end, Relay};
 use support::schema::Outbox;
 
-fn shard_slot(o: &Outbox, i: u32) -> String {
-    format!("{}_{i}", o.slot)
-}
+use crate::shards::{shard_slot, start_relaying, wait_shards_confirmed};
 
 fn shard_env(
     db: &pgtest::TestDb<'_>,
@@ -38,19 +36,6 @@ fn shard_env(
 fn init(env: &[(String, String)]) {
     let (code, out) = run_to_end(env, &["init"]);
     assert_eq!(code, 0, "`outboxd init` failed:\n{out}");
-}
-
-async fn start(
-    env: Vec<(String, String)>,
-    client: &tokio_postgres::Client,
-    o: &Outbox,
-    shards: u32,
-) -> Relay {
-    let relay = Relay::start(env, &["run"]);
-    for i in 0..shards {
-        wait_active_pid(client, &shard_slot(o, i), Duration::from_secs(120)).await;
-    }
-    relay
 }
 
 const RUNBOOK: &str = include_str!("../../docs/operations.md");
@@ -87,27 +72,6 @@ fn runbook_command(line: &str, env: &[(String, String)]) -> (Vec<(String, String
     (env, words.map(str::to_owned).collect())
 }
 
-/// Step 2 of the procedure: every shard's slot confirmed at or past `wal`, the position
-/// noted after writes stopped.
-async fn wait_relayed(client: &tokio_postgres::Client, o: &Outbox, shards: u32, wal: u64) {
-    ops::wait_for(
-        "every shard's slot confirmed past the writes",
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async {
-            let mut all = true;
-            for i in 0..shards {
-                let row = ops::slot_row(client, &shard_slot(o, i))
-                    .await
-                    .expect("slot");
-                all &= row.confirmed_flush.unwrap_or(0) >= wal;
-            }
-            all.then_some(())
-        },
-    )
-    .await;
-}
-
 /// Two shards grown to three, step by step as docs/operations.md says, with events
 /// before and after: all of them arrive, in order per aggregate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,12 +83,12 @@ async fn the_documented_shard_count_change_loses_nothing() {
     let client = db.client().await;
     let two = shard_env(&db, &o, &broker, 2);
     init(&two);
-    let mut relay = start(two.clone(), &client, &o, 2).await;
+    let mut relay = start_relaying(two.clone(), &client, &o, 2).await;
     let mut events: Vec<Event> = insert_events(&client, &o.table, 1_000, 8, 40).await;
 
     // 1. Writes stopped. 2. Every shard has relayed everything.
     let wal = support::schema::current_wal_lsn(&db).await;
-    wait_relayed(&client, &o, 2, wal).await;
+    wait_shards_confirmed(&client, &o, 2, wal).await;
     // 3. outboxd stopped.
     relay.signal("TERM");
     let status = relay.wait_exit(Duration::from_secs(60));
@@ -152,7 +116,7 @@ async fn the_documented_shard_count_change_loses_nothing() {
         args.join(" ")
     );
     // 6. Started with the new count; writes resume.
-    let _relay = start(three, &client, &o, 3).await;
+    let _relay = start_relaying(three, &client, &o, 3).await;
     events.extend(insert_events(&client, &o.table, 1_500, 8, 40).await);
 
     let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(90));
@@ -209,7 +173,7 @@ async fn init_names_old_partitions_that_hold_the_shards_names() {
         .await
         .unwrap();
     init(&env);
-    let _relay = start(env, &client, &o, 3).await;
+    let _relay = start_relaying(env, &client, &o, 3).await;
     let events = insert_events(&client, &o.table, 600, 8, 40).await;
     let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(90));
     assert_eq!(report.unique, 600);
@@ -259,50 +223,127 @@ async fn follow_check(env: &[(String, String)], client: &tokio_postgres::Client)
     panic!("`outboxd check` still fails after 5 fixes");
 }
 
+/// Two shards relayed by one process while the application writes, and a migration run
+/// meanwhile that the relay must stop on (exit 3).
+struct UnderLoad {
+    db: pgtest::TestDb<'static>,
+    o: Outbox,
+    broker: Broker,
+    topics: Vec<String>,
+    client: tokio_postgres::Client,
+    env: Vec<(String, String)>,
+    relay: Relay,
+    load: LoadGen,
+}
+
+impl UnderLoad {
+    /// Runs `ddl` under load; returns the scenario and why the relay stopped.
+    async fn migrate(name: &str, ddl: &str) -> (UnderLoad, String) {
+        let db = PgCluster::shared().fresh_database(name).await;
+        let o = Outbox::for_db(&db);
+        let broker = Broker::default_for_tests();
+        let topics = ops::create_topics(&broker, &o).await;
+        let client = db.client().await;
+        let env = shard_env(&db, &o, &broker, 2);
+        init(&env);
+        let mut relay = start_relaying(env.clone(), &client, &o, 2).await;
+        let load = LoadGen::spawn(db.conn_string(), o.table.clone(), LoadShape::default());
+        load.wait_committed(300, Duration::from_secs(60)).await;
+        client.batch_execute(ddl).await.unwrap();
+        let status = relay.wait_exit(Duration::from_secs(60));
+        assert_eq!(status.code(), Some(3), "{}", relay.log_text());
+        let reason = stop_reason(&relay);
+        let scenario = UnderLoad {
+            db,
+            o,
+            broker,
+            topics,
+            client,
+            env,
+            relay,
+            load,
+        };
+        (scenario, reason)
+    }
+
+    /// Rows in `tables`: written where no shard's slot decodes them.
+    async fn rows_in(&self, tables: &[&str]) -> i64 {
+        let mut n = 0;
+        for t in tables {
+            let rows: i64 = self
+                .client
+                .query_one(&format!("SELECT count(*) FROM {t}"), &[])
+                .await
+                .unwrap()
+                .get(0);
+            n += rows;
+        }
+        n
+    }
+
+    /// outboxd started again; 300 more events; every event of the load must arrive.
+    async fn restart_and_check(mut self, stranded: i64) {
+        self.relay.restart();
+        for i in 0..2 {
+            wait_active_pid(
+                &self.client,
+                &shard_slot(&self.o, i),
+                Duration::from_secs(120),
+            )
+            .await;
+        }
+        let committed = self.load.committed();
+        self.load
+            .wait_committed(committed + 300, Duration::from_secs(60))
+            .await;
+        let events = self.load.stop().await;
+        let received = read_all_blocking(
+            &self.broker.bootstrap(),
+            &self.topics,
+            &events,
+            Duration::from_secs(120),
+        );
+        let counts = ops::id_counts(&received);
+        let missing = events
+            .iter()
+            .filter(|e| !counts.contains_key(&e.id))
+            .count();
+        assert_eq!(
+            missing,
+            0,
+            "{missing} of {} events never arrived ({stranded} were written where no slot reads)",
+            events.len()
+        );
+        drop(self.db);
+    }
+}
+
 /// A migration recreates shard 1's partition under another name while the relay runs and
 /// the application writes: shard 1's publication no longer holds the partition the rows
 /// go to. The relay stops (exit 3), and the operator follows what it prints, in its order,
 /// while the writes go on. Every event arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_recreated_under_another_name_loses_nothing_by_the_remedy() {
-    let db = PgCluster::shared().fresh_database("shards_renamed").await;
-    let o = Outbox::for_db(&db);
-    let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &o).await;
-    let client = db.client().await;
-    let env = shard_env(&db, &o, &broker, 2);
-    init(&env);
-    let mut relay = start(env.clone(), &client, &o, 2).await;
-    let load = LoadGen::spawn(db.conn_string(), o.table.clone(), LoadShape::default());
-    load.wait_committed(300, Duration::from_secs(60)).await;
-    client
-        .batch_execute(
-            "BEGIN;
-             ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1;
-             ALTER TABLE public.outbox_shard_1 RENAME TO outbox_shard_1_before;
-             CREATE TABLE public.outbox_p1 PARTITION OF public.outbox
-                 FOR VALUES WITH (MODULUS 2, REMAINDER 1);
-             COMMIT;",
-        )
-        .await
-        .unwrap();
-    let status = relay.wait_exit(Duration::from_secs(60));
-    assert_eq!(status.code(), Some(3), "{}", relay.log_text());
-    let reason = stop_reason(&relay);
-    // Rows went to a partition no publication held meanwhile: the remedy must get them out.
-    let stranded: i64 = client
-        .query_one("SELECT count(*) FROM public.outbox_p1", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let (s, reason) = UnderLoad::migrate(
+        "shards_renamed",
+        "BEGIN;
+         ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1;
+         ALTER TABLE public.outbox_shard_1 RENAME TO outbox_shard_1_before;
+         CREATE TABLE public.outbox_p1 PARTITION OF public.outbox
+             FOR VALUES WITH (MODULUS 2, REMAINDER 1);
+         COMMIT;",
+    )
+    .await;
+    let stranded = s.rows_in(&["public.outbox_p1"]).await;
     assert!(stranded > 0, "no row was written to the new partition");
     // 1. "Make sure it publishes the outbox's inserts (`outboxd check`)".
-    let fixes = follow_check(&env, &client).await;
+    let fixes = follow_check(&s.env, &s.client).await;
     assert!(fixes >= 2, "the rename and the publication: {fixes} fixes");
     // 2. "re-publish the outbox rows committed since <time>, minus your longest
     // transaction": the runbook's statement, with the time minus a margin.
     let since = between(&reason, "committed since ", ",");
-    let from: String = client
+    let from: String = s
+        .client
         .query_one(
             "SELECT ($1::text::timestamptz - interval '30 seconds')::text",
             &[&since],
@@ -312,38 +353,13 @@ async fn a_partition_recreated_under_another_name_loses_nothing_by_the_remedy() 
         .get(0);
     let republish =
         runbook_block("A lost slot: re-publishing", "sql").replace("2026-12-01 09:00:00+00", &from);
-    client.batch_execute(&republish).await.unwrap();
+    s.client.batch_execute(&republish).await.unwrap();
     // 3. "then run `outboxd init --accept-publication-change` and start outboxd".
     let command = between(&reason, "then run `outboxd ", "`");
     let args: Vec<&str> = command.split_whitespace().collect();
-    let (code, out) = run_to_end(&env, &args);
+    let (code, out) = run_to_end(&s.env, &args);
     assert_eq!(code, 0, "`outboxd {command}`:\n{out}");
-    relay.restart();
-    for i in 0..2 {
-        wait_active_pid(&client, &shard_slot(&o, i), Duration::from_secs(120)).await;
-    }
-    let committed = load.committed();
-    load.wait_committed(committed + 300, Duration::from_secs(60))
-        .await;
-    let events = load.stop().await;
-    let received = read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(120),
-    );
-    let counts = ops::id_counts(&received);
-    let missing: Vec<&str> = events
-        .iter()
-        .filter(|e| !counts.contains_key(&e.id))
-        .map(|e| e.id.as_str())
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "{} of {} events never arrived ({stranded} were written to the recreated partition)",
-        missing.len(),
-        events.len()
-    );
+    s.restart_and_check(stranded).await;
 }
 
 /// A remainder split into two partitions of modulus 4 while the relay runs and the
@@ -352,72 +368,27 @@ async fn a_partition_recreated_under_another_name_loses_nothing_by_the_remedy() 
 /// then outboxd started, every event arrives, the split partitions' rows included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repartitioning_while_running_stops_and_the_printed_fix_loses_nothing() {
-    let db = PgCluster::shared()
-        .fresh_database("shards_repartition")
+    let (s, reason) = UnderLoad::migrate(
+        "shards_repartition",
+        "BEGIN;
+         ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1;
+         CREATE TABLE public.outbox_m4_1 PARTITION OF public.outbox
+             FOR VALUES WITH (MODULUS 4, REMAINDER 1);
+         CREATE TABLE public.outbox_m4_3 PARTITION OF public.outbox
+             FOR VALUES WITH (MODULUS 4, REMAINDER 3);
+         COMMIT;",
+    )
+    .await;
+    let stranded = s
+        .rows_in(&["public.outbox_m4_1", "public.outbox_m4_3"])
         .await;
-    let o = Outbox::for_db(&db);
-    let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &o).await;
-    let client = db.client().await;
-    let env = shard_env(&db, &o, &broker, 2);
-    init(&env);
-    let mut relay = start(env.clone(), &client, &o, 2).await;
-    let load = LoadGen::spawn(db.conn_string(), o.table.clone(), LoadShape::default());
-    load.wait_committed(300, Duration::from_secs(60)).await;
-    client
-        .batch_execute(
-            "BEGIN;
-             ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1;
-             CREATE TABLE public.outbox_m4_1 PARTITION OF public.outbox
-                 FOR VALUES WITH (MODULUS 4, REMAINDER 1);
-             CREATE TABLE public.outbox_m4_3 PARTITION OF public.outbox
-                 FOR VALUES WITH (MODULUS 4, REMAINDER 3);
-             COMMIT;",
-        )
-        .await
-        .unwrap();
-    let status = relay.wait_exit(Duration::from_secs(60));
-    assert_eq!(status.code(), Some(3), "{}", relay.log_text());
-    let reason = stop_reason(&relay);
-    let stranded: i64 = client
-        .query_one(
-            "SELECT (SELECT count(*) FROM public.outbox_m4_1) + (SELECT count(*) FROM public.outbox_m4_3)",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
     assert!(stranded > 0, "no row was written to the split partitions");
     let fix = between(&reason, "run as one transaction: ", "; then start outboxd");
-    client
+    s.client
         .batch_execute(&format!("BEGIN; {fix}; COMMIT;"))
         .await
         .unwrap_or_else(|e| panic!("the printed fix failed: {e}\n{fix}"));
-    let (code, out) = run_to_end(&env, &["check"]);
+    let (code, out) = run_to_end(&s.env, &["check"]);
     assert_eq!(code, 0, "`outboxd check` after the fix:\n{out}");
-    relay.restart();
-    for i in 0..2 {
-        wait_active_pid(&client, &shard_slot(&o, i), Duration::from_secs(120)).await;
-    }
-    let committed = load.committed();
-    load.wait_committed(committed + 300, Duration::from_secs(60))
-        .await;
-    let events = load.stop().await;
-    let received = read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(120),
-    );
-    let counts = ops::id_counts(&received);
-    let missing = events
-        .iter()
-        .filter(|e| !counts.contains_key(&e.id))
-        .count();
-    assert_eq!(
-        missing,
-        0,
-        "{missing} of {} events never arrived ({stranded} were written to the split partitions)",
-        events.len()
-    );
+    s.restart_and_check(stranded).await;
 }

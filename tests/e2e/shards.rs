@@ -18,7 +18,7 @@ use support::ops::{self, read_all_blocking, wait_active_pid, LoadGen, LoadShape}
 use support::relay::{run_to_end, Relay};
 use support::schema::Outbox;
 
-fn shard_slot(o: &Outbox, i: u32) -> String {
+pub(crate) fn shard_slot(o: &Outbox, i: u32) -> String {
     format!("{}_{i}", o.slot)
 }
 
@@ -33,7 +33,7 @@ fn init_shards(env: &[(String, String)]) {
 }
 
 /// Starts `outboxd run` and waits until each of its `shards` streams from its slot.
-async fn start_relaying(
+pub(crate) async fn start_relaying(
     env: Vec<(String, String)>,
     client: &tokio_postgres::Client,
     o: &Outbox,
@@ -47,7 +47,12 @@ async fn start_relaying(
 }
 
 /// Waits until the slot of each of `shards` is confirmed at or past `wal`.
-async fn wait_shards_confirmed(client: &tokio_postgres::Client, o: &Outbox, shards: u32, wal: u64) {
+pub(crate) async fn wait_shards_confirmed(
+    client: &tokio_postgres::Client,
+    o: &Outbox,
+    shards: u32,
+    wal: u64,
+) {
     ops::wait_for(
         "every shard's slot confirmed past the load",
         Duration::from_secs(60),
