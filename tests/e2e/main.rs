@@ -11,6 +11,7 @@ mod support;
 mod ack_gating;
 mod adopt_diagnostics;
 mod backfill;
+mod bad_row_advance;
 mod bad_rows;
 mod big_transaction;
 mod binary_mode;

@@ -233,6 +233,14 @@ impl AckTracker {
         self.open_txn().is_some()
     }
 
+    /// Whether every transaction committed before the open one (if any) is fully
+    /// acknowledged, none failed: the watermark is the end of the last one. What makes
+    /// skipping the open transaction by hand (advancing the slot to its commit) lose
+    /// nothing else.
+    pub fn acked_up_to_open(&self) -> bool {
+        self.failed.is_none() && self.pending.len() == usize::from(self.in_transaction())
+    }
+
     /// Messages produced without a delivery report yet.
     pub fn in_flight_messages(&self) -> u64 {
         self.in_flight
@@ -308,6 +316,35 @@ mod tests {
         assert_eq!(t.watermark(), lsn(150));
         assert!(t.is_idle());
         assert_eq!(t.oldest_unacked(), None);
+    }
+
+    #[test]
+    fn acked_up_to_open_needs_every_earlier_transaction_acked() {
+        let mut t = AckTracker::new(lsn(10));
+        assert!(t.acked_up_to_open());
+        t.begin().unwrap();
+        let a = t.track_message().unwrap();
+        t.commit(lsn(20)).unwrap();
+        // The bad row's transaction, with a message of its own before the bad row.
+        t.begin().unwrap();
+        let b = t.track_message().unwrap();
+        assert!(
+            !t.acked_up_to_open(),
+            "the transaction before it is unacked"
+        );
+        t.ack(b).unwrap();
+        assert!(!t.acked_up_to_open());
+        t.ack(a).unwrap();
+        assert!(t.acked_up_to_open());
+        assert_eq!(t.watermark(), lsn(20));
+        // A failed delivery before: never.
+        let mut f = AckTracker::new(lsn(10));
+        f.begin().unwrap();
+        let m = f.track_message().unwrap();
+        f.commit(lsn(20)).unwrap();
+        f.begin().unwrap();
+        f.fail(m).unwrap();
+        assert!(!f.acked_up_to_open());
     }
 
     #[test]

@@ -147,6 +147,11 @@ impl InFlightLedger {
         self.acks.in_transaction()
     }
 
+    /// See [`AckTracker::acked_up_to_open`].
+    pub fn acked_up_to_open(&self) -> bool {
+        self.acks.acked_up_to_open()
+    }
+
     /// A delivery failed; the watermark will not move again in this ledger.
     pub fn is_failed(&self) -> bool {
         self.acks.is_failed()

@@ -154,6 +154,8 @@ pub enum RelayError {
         slot: String,
         /// The transaction's commit LSN: a slot confirmed past it no longer decodes it.
         commit_lsn: pgoutput::Lsn,
+        /// Where the transactions before it stand: whether skipping it by hand is safe.
+        before: BeforeBadRow,
     },
     #[error("Kafka producer setup failed: {0}")]
     KafkaSetup(#[from] KafkaSetupError),
@@ -172,6 +174,20 @@ pub enum RelayError {
     Session(#[from] SessionError),
     #[error("the server closed the replication stream")]
     StreamClosed,
+}
+
+/// Where the transactions before a bad row's stand when the relay stops on it. Advancing
+/// the slot past the bad transaction by hand skips every transaction the slot has not
+/// confirmed too, so the way is offered only when they are all in Kafka.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BeforeBadRow {
+    /// Every one acknowledged by Kafka (outboxd waited for them before stopping).
+    Delivered,
+    /// Not all acknowledged in time (Kafka slow, a delivery failed, a replay unproven):
+    /// the slot is confirmed at `confirmed`.
+    Unacked { confirmed: pgoutput::Lsn },
+    /// Exactly-once: the Kafka transaction holding them was aborted.
+    Aborted,
 }
 
 impl RelayError {
@@ -351,18 +367,41 @@ impl RelayError {
                 settings (records between the reload and this check carry the old text form)"
             ),
             RelayError::BadRow {
-                commit_lsn, slot, ..
-            } => format!(
-                "OUTBOXD_BAD_ROW_POLICY=stop, so outboxd stopped without acknowledging it. The \
-                insert is in the WAL and the slot will deliver it again on every start, \
-                whatever happens to the row in the table now. To get past it: run once with \
-                OUTBOXD_BAD_ROW_POLICY=dead-letter (the row goes to \
-                OUTBOXD_DEAD_LETTER_TOPIC, later events follow), then switch back; or, \
-                accepting that this transaction's events are skipped and never published, \
-                stop outboxd and advance the slot past this transaction only with SELECT \
-                pg_replication_slot_advance('{slot}', '{commit_lsn}'::pg_lsn + 1), then \
-                restart"
-            ),
+                commit_lsn,
+                slot,
+                before,
+                ..
+            } => {
+                let dead_letter = format!(
+                    "OUTBOXD_BAD_ROW_POLICY=stop, so outboxd stopped without \
+                    acknowledging it. The insert is in the WAL and the slot will deliver it again \
+                    on every start, whatever happens to the row in the table now. To get past \
+                    it: run once with OUTBOXD_BAD_ROW_POLICY=dead-letter (the row goes to \
+                    OUTBOXD_DEAD_LETTER_TOPIC, later events follow), then switch back once \
+                    `outboxd status` shows the slot confirmed past {commit_lsn}"
+                );
+                match before {
+                    BeforeBadRow::Delivered => format!(
+                        "{dead_letter}; or, accepting that this transaction's events are skipped \
+                        and never published, advance the slot past this transaction only (every \
+                        transaction before it is in Kafka: outboxd waited for them and confirmed \
+                        them before stopping) with SELECT pg_replication_slot_advance('{slot}', \
+                        '{commit_lsn}'::pg_lsn + 1), then restart"
+                    ),
+                    BeforeBadRow::Unacked { confirmed } => format!(
+                        "{dead_letter}. Do not advance the slot past it now: Kafka had not \
+                        acknowledged every transaction before it when outboxd stopped (the slot \
+                        is confirmed at {confirmed}), and an advance would skip those too. Start \
+                        outboxd again: it delivers them, stops at this row again, and then says \
+                        whether skipping this transaction alone is safe"
+                    ),
+                    BeforeBadRow::Aborted => format!(
+                        "{dead_letter}. Do not advance the slot past it: with \
+                        OUTBOXD_DELIVERY=exactly-once the Kafka transaction holding the \
+                        transactions before it was aborted, and an advance would skip them too"
+                    ),
+                }
+            }
             RelayError::Session(e) => return e.remedy(),
             _ => return None,
         };

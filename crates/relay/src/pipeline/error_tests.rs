@@ -252,3 +252,42 @@ fn an_expired_transaction_is_retried_and_a_fence_stops_the_relay() {
     assert_eq!(fenced.class(), ErrorClass::Permanent);
     assert_eq!(fenced.exit_code(), 5);
 }
+
+#[test]
+fn a_bad_row_offers_the_slot_advance_only_when_nothing_before_it_is_unacked() {
+    let bad = |before| RelayError::BadRow {
+        error: RowError::new(
+            outbox_core::RowErrorKind::NullColumn,
+            "aggregate_id is NULL",
+        ),
+        slot: "outboxd".into(),
+        commit_lsn: pgoutput::Lsn(0x1000),
+        before,
+    };
+    let delivered = bad(BeforeBadRow::Delivered).to_string();
+    assert!(
+        delivered.contains("SELECT pg_replication_slot_advance('outboxd', '0/1000'::pg_lsn + 1)"),
+        "{delivered}"
+    );
+    for before in [
+        BeforeBadRow::Unacked {
+            confirmed: pgoutput::Lsn(0x800),
+        },
+        BeforeBadRow::Aborted,
+    ] {
+        let text = bad(before).to_string();
+        assert!(!text.contains("pg_replication_slot_advance"), "{text}");
+        assert!(
+            text.contains("OUTBOXD_BAD_ROW_POLICY=dead-letter"),
+            "{text}"
+        );
+    }
+    let unacked = bad(BeforeBadRow::Unacked {
+        confirmed: pgoutput::Lsn(0x800),
+    })
+    .to_string();
+    assert!(
+        unacked.contains("confirmed at 0/800") && unacked.contains("Start outboxd again"),
+        "{unacked}"
+    );
+}

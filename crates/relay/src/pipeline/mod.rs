@@ -28,7 +28,7 @@ pub use backfill::{
 };
 pub use claim::refuse_other_cluster;
 pub use config::RelayConfig;
-pub use error::{DecidingCode, ErrorClass, OtherClusterRecord, RelayError};
+pub use error::{BeforeBadRow, DecidingCode, ErrorClass, OtherClusterRecord, RelayError};
 pub use observe::Observer;
 pub use server::MIN_SERVER_VERSION_NUM;
 pub use server_settings::{judge_server, Verdict};
@@ -567,6 +567,7 @@ async fn run_session(
         confirmed_flush = %confirmed_flush,
         "streaming"
     );
+    let bad_row_wait = cfg.shutdown_timeout;
     let mut session = Session::new(
         cfg,
         obs,
@@ -586,6 +587,9 @@ async fn run_session(
     let result = match session.run(&mut stream, shutdown).await {
         Err(e) => {
             let e = session.explain(e).await;
+            let e = session
+                .settle_before_bad_row(e, &mut stream, bad_row_wait)
+                .await;
             let e = session.abort_open_txn(e).await;
             Err(session.judge_fence(e, walsender).await)
         }

@@ -28,7 +28,7 @@ use tokio_postgres::Client;
 
 use super::catchup::CatchUp;
 use super::config::RelayConfig;
-use super::error::RelayError;
+use super::error::{BeforeBadRow, RelayError};
 use super::observe::Observer;
 use crate::kafka::{Delivery, ProgressStore, RelayProducer, SendError, SlotIdentity};
 
@@ -287,6 +287,50 @@ impl<'a> Session<'a> {
             }
         }
         Ok(true)
+    }
+
+    /// A bad row's stop: what was sent before it is given `limit` to be acknowledged and
+    /// is confirmed, so that the error can tell whether skipping the bad transaction by
+    /// hand skips nothing else. Exactly-once: the open Kafka transaction is aborted next.
+    pub(super) async fn settle_before_bad_row(
+        &mut self,
+        e: RelayError,
+        stream: &mut ReplicationStream,
+        limit: Duration,
+    ) -> RelayError {
+        let RelayError::BadRow {
+            error,
+            slot,
+            commit_lsn,
+            ..
+        } = e
+        else {
+            return e;
+        };
+        let before = if self.txn.is_some() {
+            BeforeBadRow::Aborted
+        } else {
+            let deadline = tokio::time::Instant::now() + limit;
+            // A delivery error ends the wait: the ledger then says not all were acked.
+            let _ = self.await_acks(deadline, true).await;
+            self.advance();
+            if let Err(e) = stream.send_status_now().await {
+                tracing::warn!("confirming what was acked before the bad row: {e}");
+            }
+            if self.core.ledger().acked_up_to_open() {
+                BeforeBadRow::Delivered
+            } else {
+                BeforeBadRow::Unacked {
+                    confirmed: self.core.confirmed(),
+                }
+            }
+        };
+        RelayError::BadRow {
+            error,
+            slot,
+            commit_lsn,
+            before,
+        }
     }
 
     /// Drops the producer without sending what it still holds: after an error the
@@ -621,6 +665,9 @@ impl<'a> Session<'a> {
                     error,
                     slot: self.cfg.slot.clone(),
                     commit_lsn,
+                    before: BeforeBadRow::Unacked {
+                        confirmed: self.core.confirmed(),
+                    },
                 }
             }
             (RelayError::Delivery(f), Some(topic)) if f.may_be_a_missing_topic() => {
