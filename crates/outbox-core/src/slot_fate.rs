@@ -21,8 +21,8 @@ pub enum SlotNow {
 /// Why the relay stops over its slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotStop {
-    /// Gone after this process streamed from it.
-    Dropped,
+    /// Gone after this process streamed from it. `since`: as for `Invalidated`.
+    Dropped { since: Option<i64> },
     /// Its WAL is gone. `since`: the time to re-publish from (PostgreSQL microseconds
     /// since 2000-01-01), when the relay knows it (a session's claim); at a start it does
     /// not, and `outboxd init` names the record's.
@@ -46,7 +46,7 @@ pub fn at_start(now: SlotNow, seen_slot: bool, create_slot: bool) -> Result<AtSt
     match now {
         SlotNow::Usable => Ok(AtStart::Stream),
         SlotNow::Invalidated => Err(SlotStop::Invalidated { since: None }),
-        SlotNow::Absent if seen_slot => Err(SlotStop::Dropped),
+        SlotNow::Absent if seen_slot => Err(SlotStop::Dropped { since: None }),
         SlotNow::Absent if create_slot => Ok(AtStart::CreateIfNew),
         SlotNow::Absent => Err(SlotStop::Missing),
     }
@@ -58,7 +58,7 @@ pub fn streaming(now: SlotNow, claim: &DeliveredPosition) -> Result<(), SlotStop
     match now {
         SlotNow::Usable => Ok(()),
         SlotNow::Invalidated => Err(SlotStop::Invalidated { since: claim.since }),
-        SlotNow::Absent => Err(SlotStop::Dropped),
+        SlotNow::Absent => Err(SlotStop::Dropped { since: claim.since }),
     }
 }
 

@@ -21,11 +21,11 @@ fn read(existed: Option<SlotRecordSeen>, topic_had_records: bool) -> HistorySeen
 fn a_slot_gone_after_this_process_streamed_is_dropped_whatever_the_settings() {
     assert_eq!(
         at_start(SlotNow::Absent, true, true),
-        Err(SlotStop::Dropped)
+        Err(SlotStop::Dropped { since: None })
     );
     assert_eq!(
         at_start(SlotNow::Absent, true, false),
-        Err(SlotStop::Dropped)
+        Err(SlotStop::Dropped { since: None })
     );
     assert_eq!(
         at_start(SlotNow::Absent, false, true),
@@ -52,7 +52,10 @@ fn an_invalidated_slot_stops_and_names_the_claims_time_only_while_streaming() {
         streaming(SlotNow::Invalidated, &claim),
         Err(SlotStop::Invalidated { since: Some(1_234) })
     );
-    assert_eq!(streaming(SlotNow::Absent, &claim), Err(SlotStop::Dropped));
+    assert_eq!(
+        streaming(SlotNow::Absent, &claim),
+        Err(SlotStop::Dropped { since: Some(1_234) })
+    );
     assert_eq!(streaming(SlotNow::Usable, &claim), Ok(()));
 }
 

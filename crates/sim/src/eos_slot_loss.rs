@@ -60,7 +60,7 @@ impl Eos {
                     "exactly-once: a lost slot went unnoticed while streaming".into(),
                 ))
             }
-            Err(SlotStop::Invalidated { since }) => since,
+            Err(SlotStop::Invalidated { since } | SlotStop::Dropped { since }) => since,
             Err(_) => None,
         };
         // The error ends the process; its open Kafka transaction is left to the broker

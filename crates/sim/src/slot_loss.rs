@@ -67,7 +67,8 @@ impl Sim {
             )),
             Err(stop) => {
                 let named = match stop {
-                    slot_fate::SlotStop::Invalidated { since } => since,
+                    slot_fate::SlotStop::Invalidated { since }
+                    | slot_fate::SlotStop::Dropped { since } => since,
                     _ => None,
                 };
                 self.slot_procedure(0, named)

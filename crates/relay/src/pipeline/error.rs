@@ -39,7 +39,11 @@ pub enum RelayError {
     #[error("replication slot {slot:?} does not exist: run `outboxd init`, or set OUTBOXD_CREATE_SLOT=true to create it at start-up")]
     SlotMissing { slot: String },
     #[error("replication slot {slot:?} was dropped while outboxd was using it; {}", self.remedy().unwrap_or_default())]
-    SlotDropped { slot: String },
+    SlotDropped {
+        slot: String,
+        /// `" (committed since …)"` when the relay knows it, else empty.
+        since: String,
+    },
     #[error("replication slot {slot:?} was invalidated ({reason}); {}", self.remedy().unwrap_or_default())]
     SlotInvalidated {
         slot: String,
@@ -197,8 +201,8 @@ impl RelayError {
     /// where the account says it all.
     pub fn remedy(&self) -> Option<String> {
         let text = match self {
-            RelayError::SlotDropped { .. } => format!(
-                "events committed since its last confirmed position may not be relayed. \
+            RelayError::SlotDropped { since, .. } => format!(
+                "events committed since its last confirmed position{since} may not be relayed. \
                 Recreating it silently would skip them, so outboxd will not. Run `outboxd \
                 init`: from the progress record it names the time to re-publish the outbox \
                 rows from; create the slot with `outboxd init --recreate-lost-slot`, start \
@@ -252,7 +256,10 @@ impl RelayError {
                 earlier relay), or is not meant to be, create the slot with `outboxd init \
                 --skip-existing-rows`; if a slot of this name existed and was lost, create it \
                 with `outboxd init --recreate-lost-slot` and re-publish the rows committed \
-                since it went (docs/operations.md, \"A lost slot: re-publishing\"). If some \
+                since its last confirmed position: not since it went, since what it had not \
+                confirmed was never relayed either (the time of the last \
+                outboxd_confirmed_lsn sample that moved, minus your longest transaction; if \
+                unsure, every row; docs/operations.md, \"A lost slot: re-publishing\"). If some \
                 rows are not published yet (a polling relay's pending rows), have init \
                 publish those a condition selects, from the new slot's snapshot, before \
                 streaming: `outboxd init --backfill \"<SQL condition>\"`, e.g. `outboxd init \

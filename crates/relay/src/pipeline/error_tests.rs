@@ -124,6 +124,7 @@ fn the_text_ends_with_the_remedy_and_its_commands() {
     };
     let dropped = RelayError::SlotDropped {
         slot: "outboxd".into(),
+        since: String::new(),
     };
     // Each way to a new slot over a lost one, and a publication gap a new slot skips.
     let publication = RelayError::PublicationDropped {

@@ -134,18 +134,26 @@ pub fn judge_slot(
     }
 }
 
+/// `" (committed since …)"`: the session's claim's time, when the rules know it.
+fn since_text(since: Option<i64>) -> String {
+    since.map_or_else(String::new, |t| {
+        format!(" (committed since {})", crate::kafka::pg_time_text(t))
+    })
+}
+
 /// The relay's error for a stop the slot's rules (`outbox_core::slot_fate`) decided.
 pub fn stop_error(stop: SlotStop, slot: &str) -> RelayError {
     let slot = slot.to_owned();
     match stop {
-        SlotStop::Dropped => RelayError::SlotDropped { slot },
+        SlotStop::Dropped { since } => RelayError::SlotDropped {
+            slot,
+            since: since_text(since),
+        },
         SlotStop::Missing => RelayError::SlotMissing { slot },
         SlotStop::Invalidated { since } => RelayError::SlotInvalidated {
             slot,
             reason: "wal_status = lost".into(),
-            since: since.map_or_else(String::new, |t| {
-                format!(" (committed since {})", crate::kafka::pg_time_text(t))
-            }),
+            since: since_text(since),
         },
     }
 }
