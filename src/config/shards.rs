@@ -158,6 +158,7 @@ impl Settings {
             root_schema: self.table_schema.clone(),
             root_table: self.table_name.clone(),
             key_column: self.columns.aggregate_id.clone(),
+            publication_base: self.publication.clone(),
         });
         s.shards = None;
         s

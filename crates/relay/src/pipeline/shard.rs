@@ -20,6 +20,8 @@ pub struct ShardSpec {
     pub root_table: String,
     /// The aggregate-id column: the table must be hash-partitioned by it alone.
     pub key_column: String,
+    /// OUTBOXD_PUBLICATION: shard `i`'s publication is `<publication_base>_<i>`.
+    pub publication_base: String,
 }
 
 impl ShardSpec {
@@ -111,7 +113,8 @@ pub fn judge_shard_layout(
             "partition {schema}.{name} of {root} has modulus {modulus}, but OUTBOXD_SHARD_COUNT={count}: \
              no shard's publication has it, so its rows are relayed by no shard. To go back to \
              {count} shards, run as one transaction: {}; then start outboxd (and follow \
-             `outboxd check` if it names a publication). To change the shard count instead: \
+             `outboxd check` if it names a publication; an ALTER PUBLICATION above whose \
+             publication does not exist yet is left out: `outboxd init` creates it). To change the shard count instead: \
              docs/operations.md, \"Sharding: adding shards or changing their count\"",
             back_to_shards(shard, &foreign, &missing, loose)
         ));
@@ -121,7 +124,7 @@ pub fn judge_shard_layout(
     if !missing.is_empty() {
         let list: Vec<String> = missing.iter().map(u32::to_string).collect();
         return Err(format!(
-            "{root} has no partition for remainder {} of {count} (inserts of those aggregates fail): {}",
+            "{root} has no partition for remainder {} of {count} (inserts of those aggregates fail): {} (an ALTER PUBLICATION whose publication does not exist yet is left out: `outboxd init` creates it)",
             list.join(", "),
             back_to_shards(shard, &[], &missing, loose)
         ));
@@ -162,17 +165,22 @@ fn back_to_shards(
     for r in missing {
         let name = ShardSpec::partition_name(&shard.root_table, *r);
         let bound = format!("FOR VALUES WITH (MODULUS {count}, REMAINDER {r})");
-        sql.push(if loose.contains(&name) {
-            format!(
-                "ALTER TABLE {root} ATTACH PARTITION {}.{name} {bound}",
-                shard.root_schema
-            )
+        let schema = &shard.root_schema;
+        if loose.contains(&name) {
+            sql.push(format!(
+                "ALTER TABLE {root} ATTACH PARTITION {schema}.{name} {bound}"
+            ));
         } else {
-            format!(
-                "CREATE TABLE {}.{name} PARTITION OF {root} {bound}",
-                shard.root_schema
-            )
-        });
+            // A new table is in no publication (they hold tables, not names): the rows
+            // inserted below would be decoded by no slot.
+            sql.push(format!(
+                "CREATE TABLE {schema}.{name} PARTITION OF {root} {bound}"
+            ));
+            sql.push(format!(
+                "ALTER PUBLICATION {}_{r} ADD TABLE {schema}.{name}",
+                shard.publication_base
+            ));
+        }
     }
     sql.extend(
         sources
@@ -227,6 +235,7 @@ mod tests {
             root_schema: "public".into(),
             root_table: "outbox".into(),
             key_column: "aggregate_id".into(),
+            publication_base: "outboxd".into(),
         }
     }
 
@@ -274,7 +283,9 @@ mod tests {
             ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_2; \
             ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_3; \
             CREATE TABLE public.outbox_shard_0 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 0); \
+            ALTER PUBLICATION outboxd_0 ADD TABLE public.outbox_shard_0; \
             CREATE TABLE public.outbox_shard_1 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 1); \
+            ALTER PUBLICATION outboxd_1 ADD TABLE public.outbox_shard_1; \
             INSERT INTO public.outbox SELECT * FROM public.outbox_shard_0_of_4; \
             INSERT INTO public.outbox SELECT * FROM public.outbox_shard_1_of_4; \
             INSERT INTO public.outbox SELECT * FROM public.outbox_shard_2; \
@@ -320,7 +331,7 @@ mod tests {
         let e = judge_shard_layout(Some(&gap), &spec(3), &[]).unwrap_err();
         assert!(e.contains("remainder 1 of 3"), "{e}");
         assert!(
-            e.ends_with("CREATE TABLE public.outbox_shard_1 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 3, REMAINDER 1)"),
+            e.contains("(inserts of those aggregates fail): CREATE TABLE public.outbox_shard_1 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 3, REMAINDER 1); ALTER PUBLICATION outboxd_1 ADD TABLE public.outbox_shard_1 ("),
             "{e}"
         );
         let mut list = layout(&[("outbox_shard_0", 2, 0)]);
