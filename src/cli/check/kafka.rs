@@ -222,7 +222,7 @@ pub(super) async fn check_kafka(r: &mut Report, s: &Settings, event_topics: &BTr
             creates_or_not => r.fail(
                 "event topics",
                 format!(
-                    "{absent}: the relay stops (exit 5) at the first event for a missing topic. Fix: create each with the partitions and replication you want (kafka-topics.sh --create --topic {} --partitions <n> --replication-factor <r>), and let outboxd's principal Write it{}",
+                    "{absent}: the relay stops (exit 5) at the first event for a missing topic. Fix: create each with the partitions and replication you want (kafka-topics.sh --bootstrap-server BROKER --create --topic {} --partitions <n> --replication-factor <r>), and let outboxd's principal Write it{}",
                     missing[0],
                     unknown_auto_create(creates_or_not)
                 ),
@@ -240,7 +240,7 @@ pub(super) async fn check_kafka(r: &mut Report, s: &Settings, event_topics: &BTr
                 creates_or_not => r.fail(
                     "dead-letter topic",
                     format!(
-                        "{absent}: the relay stops (exit 5) at the first bad row. Fix: create it (kafka-topics.sh --create --topic {dlq} ...) and let outboxd's principal Write it, or set OUTBOXD_BAD_ROW_POLICY=stop{}",
+                        "{absent}: the relay stops (exit 5) at the first bad row. Fix: create it (kafka-topics.sh --bootstrap-server BROKER --create --topic {dlq} ...) and let outboxd's principal Write it, or set OUTBOXD_BAD_ROW_POLICY=stop{}",
                         unknown_auto_create(creates_or_not)
                     ),
                 ),
@@ -359,7 +359,7 @@ pub(super) async fn check_progress_topic(r: &mut Report, s: &Settings, topic: &s
         Ok(store) => store,
         Err(e) => return r.fail(what, e),
     };
-    let fix = format!("create it yourself: kafka-topics.sh --create --topic {topic} --partitions 1 --config cleanup.policy=compact --config segment.ms=600000, and let outboxd's principal Read, Write, Describe and DescribeConfigs it");
+    let fix = format!("create it yourself: kafka-topics.sh --bootstrap-server BROKER --create --topic {topic} --partitions 1 --config cleanup.policy=compact --config segment.ms=600000, and let outboxd's principal Read, Write, Describe and DescribeConfigs it");
     match store.may_create_topic().await {
         Ok(()) => r.ok(what, format!("{topic} does not exist yet; `outboxd run` creates it (the brokers accepted a validate-only CreateTopics)")),
         Err(e) if e.is_denied() => r.fail(

@@ -66,7 +66,7 @@ impl ProgressError {
         let text = match self {
             ProgressError::NotDurable { topic, .. } => format!(
                 "once the slot's record is deleted, a lost slot can no longer be told from a \
-                first start. Make it compacted: kafka-configs --alter --entity-type topics \
+                first start. Make it compacted: kafka-configs --bootstrap-server BROKER --alter --entity-type topics \
                 --entity-name {topic} --add-config cleanup.policy=compact (or \
                 retention.ms=-1), then start outboxd again"
             ),

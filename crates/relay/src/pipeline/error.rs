@@ -223,12 +223,15 @@ impl RelayError {
             ),
             RelayError::PublicationMissing { publication, .. } => format!(
                 "create it with CREATE PUBLICATION {publication} FOR TABLE <outbox table> WITH \
-                (publish = 'insert') (see sql/publication.sql), before the slot"
+                (publish = 'insert', publish_via_partition_root = true) (see \
+                sql/publication.sql; a sharded outbox's shard n: its partition \
+                <table>_shard_<n>), before the slot"
             ),
             RelayError::PublicationDropped { publication, .. } => format!(
                 "the server cannot decode changes committed while it did not exist. Recreate \
                 it: CREATE PUBLICATION {publication} FOR TABLE <outbox table> WITH (publish = \
-                'insert') (see sql/publication.sql). If this error persists after recreating \
+                'insert', publish_via_partition_root = true) (see sql/publication.sql; a \
+                sharded outbox's shard n: its partition <table>_shard_<n>). If this error persists after recreating \
                 it, the slot cannot get past the changes committed while the publication was \
                 missing: drop the slot, run `outboxd init` (it names the time to re-publish \
                 from) and `outboxd init --recreate-lost-slot`, start outboxd, and only then \
@@ -598,6 +601,6 @@ impl std::fmt::Display for OtherClusterRecord {
             last_confirmed,
             recorded_at,
         } = self;
-        write!(f, "the progress record of slot {slot:?} of database {database:?} in Kafka topic {progress_topic:?} was written on another cluster (system identifier {recorded}, last confirmed position {last_confirmed}, recorded {recorded_at}), and there is none for this server's cluster (system identifier {found}): outboxd is pointed at a different cluster than before (a wrong PGHOST, or the database moved by dump/restore or pg_upgrade). Positions of one cluster mean nothing on another, and events the old cluster still holds would be left behind silently, so outboxd stopped. A wrong host: fix PGHOST. This cluster is the new home on purpose: relay what is left on the old one, then run `outboxd init` (it records this cluster, and creates the slot if missing) and start again. Two clusters meant to share the topic with the same database and slot names: run `outboxd init` once here, or give each its own OUTBOXD_PROGRESS_TOPIC")
+        write!(f, "the progress record of slot {slot:?} of database {database:?} in Kafka topic {progress_topic:?} was written on another cluster (system identifier {recorded}, last confirmed position {last_confirmed}, recorded {recorded_at}), and there is none for this server's cluster (system identifier {found}): outboxd is pointed at a different cluster than before (a wrong PGHOST, or the database moved by dump/restore or pg_upgrade). Positions of one cluster mean nothing on another, and events the old cluster still holds would be left behind silently, so outboxd stopped. A wrong host: fix PGHOST. This cluster is the new home on purpose: relay what is left on the old one, then run `outboxd init` (it records this cluster, and creates the slot if missing; with a new slot and the table's rows moved along, relayed on the old cluster already, `outboxd init --skip-existing-rows`) and start again. Two clusters meant to share the topic with the same database and slot names: run `outboxd init` once here, or give each its own OUTBOXD_PROGRESS_TOPIC")
     }
 }
