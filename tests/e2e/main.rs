@@ -60,6 +60,7 @@ mod shard_changes;
 mod shards;
 mod slot_history;
 mod slot_lifecycle;
+mod slot_rename;
 mod sql_immunity;
 mod standby_ready;
 mod timeline_fork;
