@@ -432,7 +432,7 @@ async fn backfill_over_existing_slot(
         }
     }
     Err(InitError::Refused(format!(
-        "replication slot {} exists, so --backfill has no snapshot to read the rows in: it publishes rows only from the snapshot of a slot it creates. Rows committed since the slot was created are streamed from it; re-publish older ones by hand (docs/operations.md, \"A lost slot: re-publishing\"), or drop the slot before anything streamed from it (SELECT pg_drop_replication_slot('{}')) and run the same `outboxd init --backfill ...` again",
+        "replication slot {} exists, so --backfill has no snapshot to read the rows in: it publishes rows only from the snapshot of a slot it creates. Rows committed since the slot was created are streamed from it; re-publish older ones by hand (docs/operations.md, \"A lost slot: re-publishing\"), or drop the slot before anything streamed from it (SELECT pg_drop_replication_slot('{}')) and run `outboxd init --recreate-lost-slot --backfill ...` with the same condition (the progress record says the slot existed, so plain `init` would refuse to create it again)",
         s.slot, s.slot
     )))
 }

@@ -281,8 +281,8 @@ impl UnderLoad {
         n
     }
 
-    /// outboxd started again; 300 more events; every event of the load must arrive.
-    async fn restart_and_check(mut self, stranded: i64) {
+    /// outboxd started again, streaming from every shard's slot.
+    async fn restart(mut self) -> UnderLoad {
         self.relay.restart();
         for i in 0..2 {
             wait_active_pid(
@@ -292,6 +292,17 @@ impl UnderLoad {
             )
             .await;
         }
+        self
+    }
+
+    /// outboxd started again; 300 more events; every event of the load must arrive.
+    async fn restart_and_check(self, stranded: i64) {
+        let s = self.restart().await;
+        s.check(stranded).await;
+    }
+
+    /// 300 more events; every event of the load must arrive.
+    async fn check(self, stranded: i64) {
         let committed = self.load.committed();
         self.load
             .wait_committed(committed + 300, Duration::from_secs(60))
@@ -339,7 +350,13 @@ async fn a_partition_recreated_under_another_name_loses_nothing_by_the_remedy() 
     // 1. "Make sure it publishes the outbox's inserts (`outboxd check`)".
     let fixes = follow_check(&s.env, &s.client).await;
     assert!(fixes >= 2, "the rename and the publication: {fixes} fixes");
-    // 2. "re-publish the outbox rows committed since <time>, minus your longest
+    // 2. "run `outboxd init --accept-publication-change`", 3. "start outboxd".
+    let command = between(&reason, "run `outboxd ", "`");
+    let args: Vec<&str> = command.split_whitespace().collect();
+    let (code, out) = run_to_end(&s.env, &args);
+    assert_eq!(code, 0, "`outboxd {command}`:\n{out}");
+    let s = s.restart().await;
+    // 4. "and then re-publish the outbox rows committed since <time>, minus your longest
     // transaction": the runbook's statement, with the time minus a margin.
     let since = between(&reason, "committed since ", ",");
     let from: String = s
@@ -354,12 +371,7 @@ async fn a_partition_recreated_under_another_name_loses_nothing_by_the_remedy() 
     let republish =
         runbook_block("A lost slot: re-publishing", "sql").replace("2026-12-01 09:00:00+00", &from);
     s.client.batch_execute(&republish).await.unwrap();
-    // 3. "then run `outboxd init --accept-publication-change` and start outboxd".
-    let command = between(&reason, "then run `outboxd ", "`");
-    let args: Vec<&str> = command.split_whitespace().collect();
-    let (code, out) = run_to_end(&s.env, &args);
-    assert_eq!(code, 0, "`outboxd {command}`:\n{out}");
-    s.restart_and_check(stranded).await;
+    s.check(stranded).await;
 }
 
 /// A remainder split into two partitions of modulus 4 while the relay runs and the

@@ -311,9 +311,11 @@ impl RelayError {
                 written, so outbox rows committed while it did not publish them were never \
                 sent, and can never be decoded again; outboxd stopped before confirming \
                 anything after that look. Make sure it publishes the outbox's inserts \
-                (`outboxd check`), re-publish the outbox rows committed since {since}, minus \
-                your longest transaction (docs/operations.md, \"The publication changed\"), \
-                then run `outboxd init --accept-publication-change` and start outboxd"
+                (`outboxd check`), run `outboxd init --accept-publication-change` (if the \
+                publication was dropped and created again, the slot cannot decode past the \
+                gap: drop the slot and run `outboxd init --recreate-lost-slot` instead), start \
+                outboxd, and then re-publish the outbox rows committed since {since}, minus \
+                your longest transaction (docs/operations.md, \"The publication changed\")"
             ),
             RelayError::PublicationUnverified {
                 key,
