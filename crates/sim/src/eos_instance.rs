@@ -1,7 +1,8 @@
 //! An instance of the exactly-once schedules: one relay process after another, each with
 //! the relay's rules between its sessions (`outbox_core::LifeCore`, exactly-once: the
 //! record read through read_committed is the whole truth), and what ends its sessions and
-//! its processes: errors judged as the relay judges them, kill -9, SIGSTOP and a zombie.
+//! its processes: errors judged as the relay judges them, kill -9, SIGSTOP and a zombie
+//! (SIGTERM, the clean shutdown, is `eos_shutdown.rs`).
 
 use std::time::Duration;
 
