@@ -3,8 +3,10 @@
 //!
 //! 1. Read on only to finish the open transaction (its acked messages are then confirmed,
 //!    not sent again after the restart), until no transaction is open or the deadline.
-//! 2. Exactly-once: commit the Kafka transaction (whole or not at all). Otherwise: await
-//!    the acks of what is in flight, until the deadline.
+//! 2. Exactly-once: commit the Kafka transaction (whole or not at all; a commit that
+//!    failed stops the shutdown with its error, nothing confirmed: the next start
+//!    resumes from the last committed record). Otherwise: await the acks of what is in
+//!    flight, until the deadline.
 //! 3. A last look at the publication, so the final position can cover what was acked
 //!    since the look before. A changed or dropped publication stops with that error; a
 //!    look that failed or ran out of time leaves the slot at the look before.
@@ -45,7 +47,8 @@ pub enum ShutdownStep {
     AwaitAcks,
     /// Look at the publication once more, with what is left of the deadline.
     LastLook,
-    /// End with the last look's error: the publication changed or was dropped.
+    /// End with the error of the step before: the last look found the publication
+    /// changed or dropped, or the Kafka commit failed. Nothing more is confirmed.
     Stop,
     /// Confirm the final position (advance, send the status update).
     Confirm,
@@ -77,6 +80,9 @@ pub enum Happened {
         may_stop: bool,
     },
     KafkaTxnCommitted,
+    /// The Kafka commit failed (fenced, expired, aborted, or its outcome unknown); the
+    /// transaction was aborted, or is left to the next start's `init_transactions`.
+    KafkaTxnFailed,
     /// The acks were awaited (all of them or until the deadline).
     AcksAwaited,
     Looked(LookEnd),
@@ -138,6 +144,8 @@ impl Shutdown {
             }
             (S::FinishKafkaTxn, Happened::KafkaTxnCommitted)
             | (S::AwaitAcks, Happened::AcksAwaited) => self.after_acks(),
+            // Confirming now would pass the slot over what the aborted transaction held.
+            (S::FinishKafkaTxn, Happened::KafkaTxnFailed) => S::Stop,
             (S::LastLook, Happened::Looked(LookEnd::Stopped)) => S::Stop,
             // A failed look, or one out of time, leaves the slot at the look before: the
             // cap is where that one put it.

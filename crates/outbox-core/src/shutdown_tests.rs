@@ -89,6 +89,18 @@ fn exactly_once_commits_the_kafka_transaction_and_writes_no_record_outside_it() 
 }
 
 #[test]
+fn exactly_once_a_failed_kafka_commit_stops_without_confirming() {
+    let rules = ShutdownRules {
+        exactly_once: true,
+        ..RULES
+    };
+    let mut s = Shutdown::new(rules, secs(0));
+    assert_eq!(s.on(turn(1, true)), S::FinishKafkaTxn);
+    assert_eq!(s.on(Happened::KafkaTxnFailed), S::Stop);
+    assert_eq!(s.on(Happened::Confirmed), S::Stop);
+}
+
+#[test]
 fn a_changed_or_dropped_publication_at_the_last_look_stops_before_confirming() {
     assert_eq!(
         steps(RULES, LookEnd::Stopped),

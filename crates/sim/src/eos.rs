@@ -3,7 +3,8 @@
 //! instances of one slot (the active one and a standby), and faults: kills between
 //! sending and committing, a commit whose response is lost, an abortable error, the
 //! broker's own abort of a transaction open past `transaction.timeout.ms`, and a zombie
-//! (an instance stopped past the timeout, then resumed after the standby took over).
+//! (an instance stopped past the timeout, then resumed after the standby took over); and
+//! SIGTERM, the relay's clean shutdown (`eos_shutdown.rs`).
 //!
 //! Invariants: the read_committed view holds every committed outbox row (and event
 //! message) exactly once, in per-aggregate order; the slot is never confirmed past what
@@ -24,6 +25,8 @@ use crate::{Rng, Violation};
 mod eos_final;
 #[path = "eos_instance.rs"]
 mod instance;
+#[path = "eos_shutdown.rs"]
+mod shutdown;
 #[path = "eos_slot_loss.rs"]
 mod slot_loss;
 use instance::Instance;
@@ -61,6 +64,9 @@ pub struct EosStats {
     pub republished: u64,
     /// Event messages lost with a slot, as the operator was told.
     pub messages_lost: u64,
+    /// SIGTERMs to an instance with a session, and those that ended cleanly.
+    pub shutdowns: u64,
+    pub clean_stops: u64,
 }
 
 impl crate::Tally for EosStats {
@@ -80,6 +86,8 @@ impl crate::Tally for EosStats {
         self.slot_losses += o.slot_losses;
         self.republished += o.republished;
         self.messages_lost += o.messages_lost;
+        self.shutdowns += o.shutdowns;
+        self.clean_stops += o.clean_stops;
     }
 }
 
@@ -123,6 +131,8 @@ struct Eos {
     /// How long aborts wait for the requests in flight: their own stream, so the other
     /// draws stay as they were.
     abort_waits: Rng,
+    /// SIGTERMs and the draws of their shutdowns: their own stream too.
+    sigterms: Rng,
 }
 
 /// Runs the exactly-once schedule of `seed`.
@@ -180,6 +190,7 @@ pub fn run_exactly_once(seed: u64) -> Result<EosStats, Violation> {
         next_id: 1,
         stats: EosStats::default(),
         abort_waits: Rng::new(seed ^ 0x6162_6f72_745f_7761),
+        sigterms: Rng::new(seed ^ 0x7369_6774_6572_6d73),
     };
     let steps = 100 + eos.rng.below(200);
     for _ in 0..steps {
@@ -195,6 +206,10 @@ impl Eos {
         self.stats.steps += 1;
         if faults && self.losses.below(slot_loss::EVERY) == 0 {
             self.lose_slot()?;
+        }
+        if faults && self.sigterms.below(shutdown::EVERY) == 0 {
+            let i = self.sigterms.index(2);
+            self.sigterm(i)?;
         }
         let roll = self.rng.below(1000);
         let i = self.rng.index(2);

@@ -1,7 +1,8 @@
 //! An instance of the exactly-once schedules: one relay process after another, each with
 //! the relay's rules between its sessions (`outbox_core::LifeCore`, exactly-once: the
 //! record read through read_committed is the whole truth), and what ends its sessions and
-//! its processes: errors judged as the relay judges them, kill -9, SIGSTOP and a zombie.
+//! its processes: errors judged as the relay judges them, kill -9, SIGSTOP and a zombie
+//! (SIGTERM, the clean shutdown, is `eos_shutdown.rs`).
 
 use std::time::Duration;
 
@@ -156,6 +157,18 @@ impl Eos {
         mut s: Session,
         e: Failure,
     ) -> Result<(), Violation> {
+        let e = self.abort_open(i, &mut s, e)?;
+        self.judged(i, &s, e)
+    }
+
+    /// The session failed with `e`: what its process carries, and its open transaction
+    /// aborted (as the relay's `abort_open_txn`); the error it ends with.
+    pub(super) fn abort_open(
+        &mut self,
+        i: usize,
+        s: &mut Session,
+        e: Failure,
+    ) -> Result<TxnError, Violation> {
         let unproven = matches!(e, Failure::Unproven(_));
         let e = match e {
             Failure::Violation(v) => return Err(v),
@@ -183,10 +196,9 @@ impl Eos {
             let abort = self.broker.end_txn(s.epoch, Commit::Abort);
             s.txn.abort_answered(self.now);
             // Anything but fenced or broken leaves the transaction to the next start.
-            let e = KafkaTxnCore::after_abort(e, abort);
-            return self.judged(i, &s, e);
+            return Ok(KafkaTxnCore::after_abort(e, abort));
         }
-        self.judged(i, &s, e)
+        Ok(e)
     }
 
     pub(super) fn judged(&mut self, i: usize, s: &Session, e: TxnError) -> Result<(), Violation> {

@@ -29,18 +29,25 @@ impl Session<'_> {
         stream: &mut ReplicationStream,
         s: &mut Shutdown,
     ) -> Result<SessionEnd, RelayError> {
+        // The error `ShutdownStep::Stop` ends with.
+        let mut failed: Option<RelayError> = None;
         loop {
             let happened = match s.step() {
-                ShutdownStep::ReadOn | ShutdownStep::Stop | ShutdownStep::Done => {
-                    return Ok(SessionEnd::Shutdown)
-                }
-                ShutdownStep::FinishKafkaTxn => {
-                    // Committed whole or not at all: an abort leaves it to the next start.
-                    if let Err(e) = self.commit_kafka_txn().await {
-                        return Err(self.abort_open_txn(e).await);
+                ShutdownStep::ReadOn | ShutdownStep::Done => return Ok(SessionEnd::Shutdown),
+                ShutdownStep::Stop => {
+                    return match failed.take() {
+                        Some(e) => Err(e),
+                        None => Ok(SessionEnd::Shutdown),
                     }
-                    Happened::KafkaTxnCommitted
                 }
+                ShutdownStep::FinishKafkaTxn => match self.commit_kafka_txn().await {
+                    Ok(()) => Happened::KafkaTxnCommitted,
+                    // Committed whole or not at all: an abort leaves it to the next start.
+                    Err(e) => {
+                        failed = Some(self.abort_open_txn(e).await);
+                        Happened::KafkaTxnFailed
+                    }
+                },
                 ShutdownStep::AwaitAcks => {
                     if !self.await_acks(self.instant(s.deadline()), true).await? {
                         tracing::warn!(
@@ -70,10 +77,8 @@ impl Session<'_> {
                             (LookEnd::TimedOut, None)
                         }
                     };
-                    if let (ShutdownStep::Stop, Some(e)) = (s.on(Happened::Looked(end)), error) {
-                        return Err(e);
-                    }
-                    continue;
+                    failed = error;
+                    Happened::Looked(end)
                 }
                 ShutdownStep::Confirm => {
                     self.advance();
