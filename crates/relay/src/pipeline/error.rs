@@ -187,8 +187,8 @@ pub enum RelayError {
 pub enum BeforeBadRow {
     /// Every one acknowledged by Kafka (outboxd waited for them before stopping).
     Delivered,
-    /// Not all acknowledged in time (Kafka slow, a delivery failed, a replay unproven):
-    /// the slot is confirmed at `confirmed`.
+    /// Not all acknowledged in time (Kafka slow, a delivery failed, a replay unproven), or
+    /// no look at the publication vouched for them: the slot is confirmed at `confirmed`.
     Unacked { confirmed: pgoutput::Lsn },
     /// Exactly-once: the Kafka transaction holding them was aborted.
     Aborted,
@@ -260,9 +260,11 @@ impl RelayError {
                 --skip-existing-rows`; if a slot of this name existed and was lost, create it \
                 with `outboxd init --recreate-lost-slot` and re-publish the rows committed \
                 since its last confirmed position: not since it went, since what it had not \
-                confirmed was never relayed either (the time of the last \
-                outboxd_confirmed_lsn sample that moved, minus your longest transaction; if \
-                unsure, every row; docs/operations.md, \"A lost slot: re-publishing\"). If some \
+                confirmed was never relayed either (the time of the sample before the last \
+                move of outboxd_confirmed_lsn, minus the scrape interval, \
+                OUTBOXD_PUBLICATION_CHECK_INTERVAL_MS and your longest transaction: a \
+                confirmation trails its commits; if unsure, every row; docs/operations.md, \
+                \"A lost slot: re-publishing\"). If some \
                 rows are not published yet (a polling relay's pending rows), have init \
                 publish those a condition selects, from the new slot's snapshot, before \
                 streaming: `outboxd init --backfill \"<SQL condition>\"`, e.g. `outboxd init \
@@ -394,18 +396,22 @@ impl RelayError {
                 );
                 match before {
                     BeforeBadRow::Delivered => format!(
-                        "{dead_letter}; or, accepting that this transaction's events are skipped \
-                        and never published, advance the slot past this transaction only (every \
+                        "{dead_letter}; or, accepting that this transaction's events not \
+                        published yet are skipped, stop every outboxd instance of this slot (a \
+                        standby takes it over otherwise) and advance the slot past this \
+                        transaction only (every \
                         transaction before it is in Kafka: outboxd waited for them and confirmed \
                         them before stopping) with SELECT pg_replication_slot_advance('{slot}', \
                         '{commit_lsn}'::pg_lsn + 1), then restart"
                     ),
                     BeforeBadRow::Unacked { confirmed } => format!(
                         "{dead_letter}. Do not advance the slot past it now: Kafka had not \
-                        acknowledged every transaction before it when outboxd stopped (the slot \
-                        is confirmed at {confirmed}), and an advance would skip those too. Start \
+                        acknowledged every transaction before it when outboxd stopped, or no look \
+                        at the publication vouched for them (the slot is confirmed at \
+                        {confirmed}), and an advance would skip those too. Start \
                         outboxd again: it delivers them, stops at this row again, and then says \
-                        whether skipping this transaction alone is safe"
+                        whether skipping this transaction alone is safe (if this repeats, raise \
+                        OUTBOXD_SHUTDOWN_TIMEOUT_MS: outboxd waits that long for the acks)"
                     ),
                     BeforeBadRow::Aborted => format!(
                         "{dead_letter}. Do not advance the slot past it: with \

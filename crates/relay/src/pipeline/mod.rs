@@ -610,7 +610,9 @@ async fn run_session(
         carry.life.replay_unproven();
     }
     match &result {
-        Ok(_) => {
+        // A bad row's stop confirmed what Kafka acknowledged before it: CopyDone makes the
+        // walsender read that status update before the connection goes.
+        Ok(_) | Err(RelayError::BadRow { .. }) => {
             // Bounded: the final position was already sent; CopyDone is a courtesy.
             match tokio::time::timeout(Duration::from_secs(2), stream.stop()).await {
                 Ok(Ok(())) => {}

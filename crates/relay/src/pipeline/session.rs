@@ -313,11 +313,30 @@ impl<'a> Session<'a> {
             let deadline = tokio::time::Instant::now() + limit;
             // A delivery error ends the wait: the ledger then says not all were acked.
             let _ = self.await_acks(deadline, true).await;
+            let acked = self.core.ledger().acked_up_to_open();
+            if acked {
+                // A look at the publication, as a shutdown's last one: the slot may then
+                // be confirmed over what was acked since the look before. Without it an
+                // advance past the bad row would jump WAL no look has vouched for.
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let left = left.max(Duration::from_secs(1));
+                match tokio::time::timeout(left, self.watch_publication()).await {
+                    Ok(Err(
+                        e @ (RelayError::PublicationChanged { .. }
+                        | RelayError::PublicationDropped { .. }),
+                    )) => return e,
+                    Ok(Err(e)) => tracing::warn!(
+                        "the look at the publication before stopping at the bad row failed ({e})"
+                    ),
+                    Ok(Ok(())) | Err(_) => {}
+                }
+            }
             self.advance();
             if let Err(e) = stream.send_status_now().await {
                 tracing::warn!("confirming what was acked before the bad row: {e}");
             }
-            if self.core.ledger().acked_up_to_open() {
+            // Kafka has every earlier transaction, and a look vouched for the WAL up to it.
+            if acked && self.core.confirmed() >= self.core.ledger().watermark() {
                 BeforeBadRow::Delivered
             } else {
                 BeforeBadRow::Unacked {

@@ -112,7 +112,7 @@ pub fn judge_shard_layout(
         return Err(format!(
             "partition {schema}.{name} of {root} has modulus {modulus}, but OUTBOXD_SHARD_COUNT={count}: \
              no shard's publication has it, so its rows are relayed by no shard. To go back to \
-             {count} shards, run as one transaction: {}; then start outboxd (and follow \
+             {count} shards, run: BEGIN; {}; COMMIT; then start outboxd (and follow \
              `outboxd check` if it names a publication; an ALTER PUBLICATION above whose \
              publication does not exist yet is left out: `outboxd init` creates it). To change the shard count instead: \
              docs/operations.md, \"Sharding: adding shards or changing their count\"",
