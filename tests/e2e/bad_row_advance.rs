@@ -79,21 +79,11 @@ async fn advancing_past_a_bad_row_as_printed_skips_only_its_transaction() {
     }
     relay.restart();
     events.extend(insert_events(&client, &o.table, 1_000, 10, 40).await);
-    let received = read_all_blocking(
+    // Waits for every committed event, and fails naming how many never arrived.
+    read_all_blocking(
         &broker.bootstrap(),
         &topics,
         &events,
         Duration::from_secs(120),
-    );
-    let counts = ops::id_counts(&received);
-    let missing = events
-        .iter()
-        .filter(|e| !counts.contains_key(&e.id))
-        .count();
-    assert_eq!(
-        missing,
-        0,
-        "{missing} of {} good events never arrived",
-        events.len()
     );
 }

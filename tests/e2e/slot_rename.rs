@@ -96,21 +96,11 @@ async fn the_documented_slot_rename_loses_nothing() {
     load.wait_committed(committed + 500, Duration::from_secs(60))
         .await;
     let events = load.stop().await;
-    let received = read_all_blocking(
+    // Waits for every committed event, and fails naming how many never arrived.
+    read_all_blocking(
         &broker.bootstrap(),
         &topics,
         &events,
         Duration::from_secs(120),
-    );
-    let counts = ops::id_counts(&received);
-    let missing = events
-        .iter()
-        .filter(|e| !counts.contains_key(&e.id))
-        .count();
-    assert_eq!(
-        missing,
-        0,
-        "{missing} of {} events never arrived",
-        events.len()
     );
 }
