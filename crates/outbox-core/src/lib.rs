@@ -119,6 +119,6 @@ pub use session::{
     After, BadRowPolicy, CoreConfig, Observe, RelationRole, Sent, SessionCore, SessionError,
     Skipped, ToSend, PUBLICATION_GUARD_PREFIX,
 };
-pub use shutdown::{Happened, LookEnd, Shutdown, ShutdownRules, ShutdownStep};
+pub use shutdown::{BeforeBadRow, Happened, LookEnd, Shutdown, ShutdownRules, ShutdownStep};
 pub use topic::{validate_topic_name, EventFields, TopicField, TopicName, TopicTemplate};
 pub use value::PayloadKind;

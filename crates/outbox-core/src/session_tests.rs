@@ -7,6 +7,7 @@ use crate::emit::EmitMapper;
 use crate::error::RowErrorKind;
 use crate::mapping::TableSpec;
 use crate::pgtype;
+use crate::shutdown::BeforeBadRow;
 use crate::topic::TopicName;
 use bytes::Bytes;
 use pgoutput::{Begin, Column, Commit, ReplicaIdentity, TupleValue};
@@ -239,6 +240,39 @@ fn a_bad_row_is_dead_lettered_in_its_transaction_or_stops_before_it() {
         other => panic!("{other:?}"),
     }
     assert!(c.observer().dead.is_empty(), "stop dead-letters nothing");
+}
+
+#[test]
+fn skipping_a_bad_row_by_hand_is_safe_only_once_everything_before_it_is_acked_and_confirmed() {
+    let mut c = core(BadRowPolicy::Stop, true);
+    c.on_relation(&relation(1, "outbox", outbox_columns()), None)
+        .expect("relation");
+    feed(&mut c, begin(200));
+    feed(&mut c, insert(1, row(Some("a"))));
+    feed(&mut c, commit(200, 224));
+    feed(&mut c, begin(300));
+    feed(&mut c, insert(1, row(Some("b"))));
+    assert!(matches!(
+        c.on_message(insert(1, row(None)), NOW),
+        Err(SessionError::BadRow { .. })
+    ));
+    let sent = send_all(&mut c);
+    let unacked = BeforeBadRow::Unacked {
+        confirmed: Lsn(100),
+    };
+    assert_eq!(c.before_bad_row(), unacked, "nothing acked");
+    // The bad transaction's own row does not matter: the advance skips it anyway.
+    c.on_delivery(sent[0].0, true, 0).expect("ack");
+    c.advance();
+    assert_eq!(
+        c.before_bad_row(),
+        unacked,
+        "acked, but no look vouched for it"
+    );
+    let acked = c.watermark();
+    c.raise_cap(acked);
+    c.advance();
+    assert_eq!(c.before_bad_row(), BeforeBadRow::Delivered);
 }
 
 #[test]

@@ -18,8 +18,16 @@
 //! One deadline covers it all, so an orchestrator's grace period sized from the shutdown
 //! timeout is enough. The clock is the caller's, a monotonic [`Duration`] since any
 //! origin.
+//!
+//! A bad row's stop (under `OUTBOXD_BAD_ROW_POLICY=stop`) goes through steps 2 to 4 too
+//! ([`Shutdown::before_bad_row`]), so that [`BeforeBadRow`] can tell whether skipping the
+//! bad transaction by hand skips nothing else.
 
 use std::time::Duration;
+
+use pgoutput::Lsn;
+
+use crate::{Observe, SessionCore};
 
 /// What the session has, and how long it may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +117,23 @@ impl Shutdown {
         }
     }
 
+    /// A bad row's stop at `now`: the transaction it is in is never finished, so there is
+    /// no reading on; what was sent before it is awaited, looked at and confirmed, and no
+    /// record is written (the next start claims from the slot). Exactly-once has no such
+    /// stop: its open Kafka transaction is aborted ([`BeforeBadRow::Aborted`]).
+    pub fn before_bad_row(rules: ShutdownRules, now: Duration) -> Self {
+        let rules = ShutdownRules {
+            exactly_once: false,
+            keeps_record: false,
+            ..rules
+        };
+        Shutdown {
+            rules,
+            deadline: now.saturating_add(rules.timeout),
+            step: ShutdownStep::AwaitAcks,
+        }
+    }
+
     /// What to do now.
     pub fn step(&self) -> ShutdownStep {
         self.step
@@ -176,6 +201,33 @@ impl Shutdown {
             ShutdownStep::LastLook
         } else {
             ShutdownStep::Confirm
+        }
+    }
+}
+
+/// Where the transactions before a bad row's stand once its stop went through
+/// [`Shutdown::before_bad_row`]. Advancing the slot past the bad transaction by hand skips
+/// every transaction the slot has not confirmed too, so that way is offered only when they
+/// are all in Kafka and confirmed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BeforeBadRow {
+    /// Every one acknowledged by Kafka and confirmed.
+    Delivered,
+    /// Not all acknowledged in time (Kafka slow, a delivery failed, a replay unproven), or
+    /// no look at the publication vouched for them: the slot is confirmed at `confirmed`.
+    Unacked { confirmed: Lsn },
+    /// Exactly-once: the Kafka transaction holding them was aborted.
+    Aborted,
+}
+
+impl<O: Observe> SessionCore<O> {
+    /// Judged after a bad row's stop was confirmed (see [`BeforeBadRow`]).
+    pub fn before_bad_row(&self) -> BeforeBadRow {
+        let confirmed = self.confirmed();
+        if self.ledger().acked_up_to_open() && confirmed >= self.ledger().watermark() {
+            BeforeBadRow::Delivered
+        } else {
+            BeforeBadRow::Unacked { confirmed }
         }
     }
 }

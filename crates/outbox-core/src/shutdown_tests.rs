@@ -22,7 +22,10 @@ fn turn(now: u64, may_stop: bool) -> Happened {
 
 /// The steps a shutdown asked for, fed `look` at its last look.
 fn steps(rules: ShutdownRules, look: LookEnd) -> Vec<ShutdownStep> {
-    let mut s = Shutdown::new(rules, secs(0));
+    steps_of(Shutdown::new(rules, secs(0)), look)
+}
+
+fn steps_of(mut s: Shutdown, look: LookEnd) -> Vec<ShutdownStep> {
     let mut seen = vec![s.step()];
     // Bounded: a shutdown that never ends fails the comparison instead of hanging.
     while !matches!(s.step(), S::Done | S::Stop) && seen.len() < 10 {
@@ -155,4 +158,30 @@ fn what_happened_at_another_step_changes_nothing() {
     assert_eq!(s.on(turn(1, true)), S::AwaitAcks);
     assert_eq!(s.on(Happened::RecordWritten), S::AwaitAcks);
     assert_eq!(s.on(turn(2, true)), S::AwaitAcks);
+}
+
+#[test]
+fn a_bad_rows_stop_awaits_looks_and_confirms_but_neither_reads_on_nor_writes_a_record() {
+    let s = Shutdown::before_bad_row(RULES, secs(5));
+    assert_eq!(s.deadline(), secs(35), "the shutdown timeout");
+    assert_eq!(
+        steps_of(s, LookEnd::Answered),
+        [S::AwaitAcks, S::LastLook, S::Confirm, S::Done]
+    );
+    assert_eq!(
+        steps_of(Shutdown::before_bad_row(RULES, secs(5)), LookEnd::Stopped),
+        [S::AwaitAcks, S::LastLook, S::Stop],
+        "a changed publication is the error then"
+    );
+    let unwatched = ShutdownRules {
+        watches_publication: false,
+        ..RULES
+    };
+    assert_eq!(
+        steps_of(
+            Shutdown::before_bad_row(unwatched, secs(5)),
+            LookEnd::Answered
+        ),
+        [S::AwaitAcks, S::Confirm, S::Done]
+    );
 }

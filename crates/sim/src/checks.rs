@@ -49,6 +49,10 @@ impl Sim {
         for t in confirmed_by_it {
             for ch in &t.changes {
                 let id = match *ch {
+                    Change::Outbox { id, .. }
+                    | Change::Message {
+                        event: Some((id, _)),
+                    } if self.skipped_by_hand.contains(&id) => continue,
                     Change::Outbox { id, .. } if !(t.hidden && cl.republished.contains(&id)) => id,
                     Change::Message {
                         event: Some((id, _)),
@@ -81,6 +85,9 @@ impl Sim {
             }
             for ch in &t.changes {
                 if let Change::Outbox { id, bad, .. } = *ch {
+                    if self.skipped_by_hand.contains(&id) {
+                        continue;
+                    }
                     if !family
                         .iter()
                         .any(|&tag| self.kafka.written.contains(&(tag, id)))
@@ -91,7 +98,8 @@ impl Sim {
                         )));
                     }
                     let next = commit_index.len();
-                    if !bad && !cl.republished.contains(&id) {
+                    if !bad && !cl.republished.contains(&id) && !self.skipped_by_hand.contains(&id)
+                    {
                         commit_index.entry(id).or_insert(next);
                     }
                 }
@@ -109,7 +117,10 @@ impl Sim {
                         let arrived = family
                             .iter()
                             .any(|&tag| self.kafka.written.contains(&(tag, id)));
-                        if !arrived && !self.lost_messages.contains(&id) {
+                        if !arrived
+                            && !self.lost_messages.contains(&id)
+                            && !self.skipped_by_hand.contains(&id)
+                        {
                             return Err(Violation(format!(
                                 "event message {id} (transaction {:?}) never reached Kafka",
                                 t.commit_lsn

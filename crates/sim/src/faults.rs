@@ -15,7 +15,7 @@ use crate::{Sim, Violation};
 
 /// A clean shutdown here: a turn of the relay's loop stands for a millisecond, so the
 /// deadline is 10,000 turns.
-const SHUTDOWN: ShutdownRules = ShutdownRules {
+pub(crate) const SHUTDOWN: ShutdownRules = ShutdownRules {
     exactly_once: false,
     watches_publication: true,
     keeps_record: true,
@@ -204,10 +204,27 @@ impl Sim {
     /// next process starts from the slot.
     pub(crate) fn graceful_stop(&mut self) -> Result<(), Violation> {
         let c = self.rng.index(self.clusters.len());
-        let Some(mut life) = self.lives[c].take() else {
+        let Some(life) = self.lives[c].take() else {
             return Ok(());
         };
-        let mut stop = Shutdown::new(SHUTDOWN, Duration::ZERO);
+        if let Some(life) = self.drive_stop(life, Shutdown::new(SHUTDOWN, Duration::ZERO))? {
+            self.stats.clean_stops += 1;
+            self.end_life(life, false);
+            self.processes[c] += 1;
+        }
+        Ok(())
+    }
+
+    /// Drives `stop` for `life`'s session as the relay's `drain` does: the session back
+    /// when it is done, or `None` when it ended otherwise (a failure, or a publication
+    /// change), handled as the relay's would be. The broker is slow now and then: not
+    /// every ack comes before the deadline.
+    pub(crate) fn drive_stop(
+        &mut self,
+        mut life: Life,
+        mut stop: Shutdown,
+    ) -> Result<Option<Life>, Violation> {
+        let c = life.cluster;
         let mut now = Duration::ZERO;
         loop {
             let happened = match stop.step() {
@@ -222,7 +239,7 @@ impl Sim {
                     }
                     if life.failing {
                         self.end_life(life, true);
-                        return Ok(());
+                        return Ok(None);
                     }
                     if self.rng.chance(500) {
                         self.ack_all(&mut life)?;
@@ -233,7 +250,8 @@ impl Sim {
                     // The last look below stands in for the guard's.
                     life.guard_seen();
                     if let Err(e) = result {
-                        return self.settle_read(life, Err(e));
+                        self.settle_read(life, Err(e))?;
+                        return Ok(None);
                     }
                     self.hand_on(&mut life)?;
                     continue;
@@ -241,7 +259,10 @@ impl Sim {
                 // Not in these schedules (at-least-once).
                 ShutdownStep::FinishKafkaTxn => Happened::KafkaTxnCommitted,
                 ShutdownStep::AwaitAcks => {
-                    if !stop.left(now).is_zero() {
+                    if stop.left(now).is_zero() {
+                    } else if self.rng.chance(200) {
+                        self.ack_some(&mut life)?;
+                    } else {
                         self.ack_all(&mut life)?;
                     }
                     Happened::AcksAwaited
@@ -258,7 +279,7 @@ impl Sim {
                                 if stop.on(Happened::Looked(LookEnd::Stopped)) == ShutdownStep::Stop
                                 {
                                     self.stopped_by_publication(life, e);
-                                    return Ok(());
+                                    return Ok(None);
                                 }
                                 continue;
                             }
@@ -270,7 +291,7 @@ impl Sim {
                     // Only a changed publication stops, and that returned above.
                     self.end_life(life, false);
                     self.processes[c] += 1;
-                    return Ok(());
+                    return Ok(None);
                 }
                 ShutdownStep::Confirm => {
                     self.hand_on(&mut life)?;
@@ -282,20 +303,25 @@ impl Sim {
                     self.lives[c] = Some(life);
                     self.write_record_of(c)?;
                     let Some(back) = self.lives[c].take() else {
-                        return Ok(());
+                        return Ok(None);
                     };
                     life = back;
                     Happened::RecordWritten
                 }
-                ShutdownStep::Done => {
-                    self.stats.clean_stops += 1;
-                    self.end_life(life, false);
-                    self.processes[c] += 1;
-                    return Ok(());
-                }
+                ShutdownStep::Done => return Ok(Some(life)),
             };
             stop.on(happened);
         }
+    }
+
+    /// A slow broker: it acks some of what the session sent, a prefix of each partition.
+    fn ack_some(&mut self, life: &mut Life) -> Result<(), Violation> {
+        for p in 0..PARTITIONS {
+            for _ in 0..self.rng.below(3) {
+                self.broker_acks(life, p)?;
+            }
+        }
+        Ok(())
     }
 
     /// The broker acks everything the session sent.

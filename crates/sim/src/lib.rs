@@ -9,6 +9,7 @@
 //! (`crates/relay`) is the IO around the same core; `Life` here feeds it pgoutput
 //! messages built from seeded histories.
 
+mod bad_row;
 mod checks;
 mod eos;
 mod eos_broker;
@@ -101,6 +102,12 @@ pub struct Stats {
     pub records_failed: u64,
     /// Record writes that landed after their process was gone.
     pub records_orphaned: u64,
+    /// Bad rows that stopped the relay (under `stop`), and how many of those stops
+    /// offered the slot advance.
+    pub bad_row_stops: u64,
+    pub bad_row_offers: u64,
+    /// Bad transactions skipped by hand, as a bad row's error offered.
+    pub bad_row_advances: u64,
 }
 
 impl Tally for Stats {
@@ -124,6 +131,9 @@ impl Tally for Stats {
         self.records_slow += o.records_slow;
         self.records_failed += o.records_failed;
         self.records_orphaned += o.records_orphaned;
+        self.bad_row_stops += o.bad_row_stops;
+        self.bad_row_offers += o.bad_row_offers;
+        self.bad_row_advances += o.bad_row_advances;
     }
 }
 
@@ -164,6 +174,10 @@ struct Sim {
     steady: Vec<bool>,
     /// Event messages lost with a slot: in the WAL only, never re-published.
     lost_messages: HashSet<u64>,
+    /// Events of bad transactions the operator skipped by advancing the slot, as the bad
+    /// row's error offered: lost knowingly (a copy or a restored snapshot of the cluster
+    /// may publish them late).
+    skipped_by_hand: HashSet<u64>,
     cap: usize,
     /// The progress topic deletes old records (retention instead of compaction).
     uncompacted: bool,
@@ -237,6 +251,7 @@ pub fn run(seed: u64) -> Result<Stats, Violation> {
         guarded,
         steady: vec![base.relay_messages],
         lost_messages: HashSet::new(),
+        skipped_by_hand: HashSet::new(),
         cap,
         uncompacted,
         record_writes: records::RecordWrites::new(seed),
@@ -270,9 +285,9 @@ enum End {
     /// The process starts another session with what it carries (a partial-replay
     /// mismatch, a delivery error).
     Retry,
-    /// The relay stopped with a bad row under `stop`; the operator switches to
-    /// dead-letter, as the error says, and starts it again.
-    BadRow,
+    /// The relay stopped with a bad row under `stop` in the transaction committing
+    /// there; the operator follows the error (`bad_row`).
+    BadRow(Lsn),
     /// A record held by a replay was refused as too large: the relay stops; the operator
     /// raises the limit, as the error says.
     RaiseLimit,
@@ -468,15 +483,7 @@ impl Sim {
                             self.carry[c].replay_unproven();
                         }
                     }
-                    End::BadRow => {
-                        if self.trace {
-                            eprintln!("  bad row under stop: the operator switches to dead-letter");
-                        }
-                        self.configs[c].dead_letter = true;
-                        self.end_life(life, false);
-                        self.carry[c] = LifeCore::new(false);
-                        self.processes[c] += 1;
-                    }
+                    End::BadRow(commit_lsn) => self.bad_row_stop(life, commit_lsn)?,
                     End::RaiseLimit => {
                         self.configs[c].limit_raised = true;
                         self.end_life(life, false);
@@ -493,7 +500,7 @@ impl Sim {
     fn session_error(&self, e: SessionError) -> Result<End, Violation> {
         match e {
             SessionError::PartialReplay(_) | SessionError::ReplayUnproven(_) => Ok(End::Retry),
-            SessionError::BadRow { .. } => Ok(End::BadRow),
+            SessionError::BadRow { commit_lsn, .. } => Ok(End::BadRow(commit_lsn)),
             SessionError::ReleasedTooLarge { .. } => Ok(End::RaiseLimit),
             other => Err(Violation(format!("the rules failed: {other}"))),
         }

@@ -230,6 +230,7 @@ impl Sim {
         let family = [cl.tag & 1, (cl.tag & 1) | 2];
         let has = |id| {
             self.lost_messages.contains(&id)
+                || self.skipped_by_hand.contains(&id)
                 || family
                     .iter()
                     .any(|&tag| self.kafka.written.contains(&(tag, id)))
@@ -257,9 +258,10 @@ impl Sim {
             for t in cl.history.iter().filter(|t| !t.hidden) {
                 for ch in &t.changes {
                     if let Change::Outbox { id, .. } = *ch {
-                        if !family
-                            .iter()
-                            .any(|&tag| self.kafka.written.contains(&(tag, id)))
+                        if !self.skipped_by_hand.contains(&id)
+                            && !family
+                                .iter()
+                                .any(|&tag| self.kafka.written.contains(&(tag, id)))
                         {
                             return Err(Violation(format!(
                                 "cluster {c}'s slot, which existed, was created again silently, skipping event {id} that Kafka lacks"

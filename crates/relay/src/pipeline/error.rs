@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+pub use outbox_core::BeforeBadRow;
 use outbox_core::{RowError, SessionError, TxnNext};
 /// Permanent errors need an operator; retryable ones reconnect with backoff and resume
 /// from the slot.
@@ -178,20 +179,6 @@ pub enum RelayError {
     Session(#[from] SessionError),
     #[error("the server closed the replication stream")]
     StreamClosed,
-}
-
-/// Where the transactions before a bad row's stand when the relay stops on it. Advancing
-/// the slot past the bad transaction by hand skips every transaction the slot has not
-/// confirmed too, so the way is offered only when they are all in Kafka.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BeforeBadRow {
-    /// Every one acknowledged by Kafka (outboxd waited for them before stopping).
-    Delivered,
-    /// Not all acknowledged in time (Kafka slow, a delivery failed, a replay unproven), or
-    /// no look at the publication vouched for them: the slot is confirmed at `confirmed`.
-    Unacked { confirmed: pgoutput::Lsn },
-    /// Exactly-once: the Kafka transaction holding them was aborted.
-    Aborted,
 }
 
 impl RelayError {

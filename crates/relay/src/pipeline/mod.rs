@@ -567,7 +567,6 @@ async fn run_session(
         confirmed_flush = %confirmed_flush,
         "streaming"
     );
-    let bad_row_wait = cfg.shutdown_timeout;
     let mut session = Session::new(
         cfg,
         obs,
@@ -587,9 +586,7 @@ async fn run_session(
     let result = match session.run(&mut stream, shutdown).await {
         Err(e) => {
             let e = session.explain(e).await;
-            let e = session
-                .settle_before_bad_row(e, &mut stream, bad_row_wait)
-                .await;
+            let e = session.settle_before_bad_row(e, &mut stream).await;
             let e = session.abort_open_txn(e).await;
             Err(session.judge_fence(e, walsender).await)
         }

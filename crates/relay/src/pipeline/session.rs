@@ -289,64 +289,36 @@ impl<'a> Session<'a> {
         Ok(true)
     }
 
-    /// A bad row's stop: what was sent before it is given `limit` to be acknowledged and
-    /// is confirmed, so that the error can tell whether skipping the bad transaction by
+    /// A bad row's stop: what was sent before it is given the shutdown timeout to be
+    /// acknowledged, looked at and confirmed (`Shutdown::before_bad_row`, the steps of a
+    /// clean shutdown), so that the error can tell whether skipping the bad transaction by
     /// hand skips nothing else. Exactly-once: the open Kafka transaction is aborted next.
     pub(super) async fn settle_before_bad_row(
         &mut self,
         e: RelayError,
         stream: &mut ReplicationStream,
-        limit: Duration,
     ) -> RelayError {
-        let RelayError::BadRow {
-            error,
-            slot,
-            commit_lsn,
-            ..
-        } = e
-        else {
+        let RelayError::Session(SessionError::BadRow { error, commit_lsn }) = e else {
             return e;
         };
         let before = if self.txn.is_some() {
             BeforeBadRow::Aborted
         } else {
-            let deadline = tokio::time::Instant::now() + limit;
-            // A delivery error ends the wait: the ledger then says not all were acked.
-            let _ = self.await_acks(deadline, true).await;
-            let acked = self.core.ledger().acked_up_to_open();
-            if acked {
-                // A look at the publication, as a shutdown's last one: the slot may then
-                // be confirmed over what was acked since the look before. Without it an
-                // advance past the bad row would jump WAL no look has vouched for.
-                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                let left = left.max(Duration::from_secs(1));
-                match tokio::time::timeout(left, self.watch_publication()).await {
-                    Ok(Err(
-                        e @ (RelayError::PublicationChanged { .. }
-                        | RelayError::PublicationDropped { .. }),
-                    )) => return e,
-                    Ok(Err(e)) => tracing::warn!(
-                        "the look at the publication before stopping at the bad row failed ({e})"
-                    ),
-                    Ok(Ok(())) | Err(_) => {}
-                }
+            let mut s = Shutdown::before_bad_row(self.shutdown_rules(), self.since_start());
+            match self.drain(stream, &mut s).await {
+                Ok(_) => {}
+                Err(
+                    e @ (RelayError::PublicationChanged { .. }
+                    | RelayError::PublicationDropped { .. }),
+                ) => return e,
+                // What was acked before it still counts; the judgement below says the rest.
+                Err(e) => tracing::warn!("settling what came before the bad row: {e}"),
             }
-            self.advance();
-            if let Err(e) = stream.send_status_now().await {
-                tracing::warn!("confirming what was acked before the bad row: {e}");
-            }
-            // Kafka has every earlier transaction, and a look vouched for the WAL up to it.
-            if acked && self.core.confirmed() >= self.core.ledger().watermark() {
-                BeforeBadRow::Delivered
-            } else {
-                BeforeBadRow::Unacked {
-                    confirmed: self.core.confirmed(),
-                }
-            }
+            self.core.before_bad_row()
         };
         RelayError::BadRow {
             error,
-            slot,
+            slot: self.cfg.slot.clone(),
             commit_lsn,
             before,
         }
@@ -676,19 +648,8 @@ impl<'a> Session<'a> {
     /// "unknown topic or partition" is also what a partition without a leader for now
     /// gives, so a topic is called missing only when the brokers' metadata says so.
     /// Retrying a missing topic would re-send every message behind it on each attempt.
-    /// A bad row's error gets the slot, which the way past it names.
     pub(super) async fn explain(&self, e: RelayError) -> RelayError {
         match (e, &self.failed_topic) {
-            (RelayError::Session(SessionError::BadRow { error, commit_lsn }), _) => {
-                RelayError::BadRow {
-                    error,
-                    slot: self.cfg.slot.clone(),
-                    commit_lsn,
-                    before: BeforeBadRow::Unacked {
-                        confirmed: self.core.confirmed(),
-                    },
-                }
-            }
             (RelayError::Delivery(f), Some(topic)) if f.may_be_a_missing_topic() => {
                 // Twice, a moment apart: one broker that has not yet learned of a topic
                 // (just created, or recreated) must not stop a healthy relay.

@@ -13,14 +13,17 @@ const FINAL_PROGRESS_WRITE_MIN: Duration = Duration::from_secs(1);
 impl Session<'_> {
     /// A clean shutdown requested now.
     pub(super) fn shutdown_requested(&self) -> Shutdown {
-        let rules = ShutdownRules {
+        Shutdown::new(self.shutdown_rules(), self.since_start())
+    }
+
+    pub(super) fn shutdown_rules(&self) -> ShutdownRules {
+        ShutdownRules {
             exactly_once: self.txn.is_some(),
             watches_publication: self.publication.is_some(),
             keeps_record: self.progress.is_some(),
             timeout: self.cfg.shutdown_timeout,
             final_record_min: FINAL_PROGRESS_WRITE_MIN,
-        };
-        Shutdown::new(rules, self.since_start())
+        }
     }
 
     /// After reading stopped: the shutdown's steps, in `outbox_core::Shutdown`'s order.
