@@ -87,6 +87,7 @@ fn rules(s: &Settings, table: TableSpec) -> anyhow::Result<CoreConfig> {
         max_message_bytes: s.producer.max_message_bytes,
         caps: s.caps,
         idle_flush: s.idle_flush,
+        former_partitions: s.former_partitions.clone(),
     })
 }
 

@@ -147,6 +147,8 @@ pub struct Settings {
     pub caps: InFlightCaps,
     pub status_interval: Option<Duration>,
     pub idle_flush: bool,
+    /// See `outbox_core::CoreConfig::former_partitions`.
+    pub former_partitions: Vec<String>,
     pub heartbeat_interval: Option<Duration>,
     pub shutdown_timeout: Duration,
     pub reconnect_max_backoff: Duration,
@@ -241,6 +243,29 @@ impl Env<'_> {
             Some(_) => self.identifier(name).map(Some),
         }
     }
+}
+
+/// OUTBOXD_FORMER_PARTITIONS: `schema.table` (or `table`, in public) entries separated by
+/// commas, as the relay's error names them.
+fn former_partitions(env: &Env<'_>) -> Result<Vec<String>, ConfigError> {
+    const NAME: &str = "OUTBOXD_FORMER_PARTITIONS";
+    let raw = env.string(NAME).unwrap_or_default();
+    let valid = |s: &str| !s.is_empty() && s.len() <= 63 && !s.contains('"') && !s.contains('.');
+    raw.split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(|entry| {
+            let (schema, name) = entry.split_once('.').unwrap_or(("public", entry));
+            match valid(schema) && valid(name) {
+                true => Ok(format!("{schema}.{name}")),
+                false => Err(ConfigError::new(
+                    NAME,
+                    &raw,
+                    "schema.table entries separated by commas (unquoted, as the error names them)",
+                )),
+            }
+        })
+        .collect()
 }
 
 /// The headers outboxd itself sets: a header column of one of these names would be
@@ -561,6 +586,7 @@ pub fn from_vars_for(
         },
         status_interval,
         idle_flush: env.boolean("OUTBOXD_IDLE_FLUSH")?,
+        former_partitions: former_partitions(&env)?,
         heartbeat_interval: nonzero_millis("OUTBOXD_HEARTBEAT_INTERVAL_MS")?,
         shutdown_timeout: env.millis("OUTBOXD_SHUTDOWN_TIMEOUT_MS", 0)?,
         reconnect_max_backoff: env.millis("OUTBOXD_RECONNECT_MAX_BACKOFF_MS", 100)?,

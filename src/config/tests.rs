@@ -288,3 +288,18 @@ fn emitted_messages_need_the_progress_record() {
     assert!(from_vars(&vars(&[("OUTBOXD_MESSAGE_PREFIX", "outbox")])).is_ok());
     assert!(from_vars(&vars(&[("OUTBOXD_PROGRESS_TOPIC", "")])).is_ok());
 }
+
+#[test]
+fn former_partitions_are_schema_qualified_as_the_error_names_them() {
+    let s = from_vars(&vars(&[(
+        "OUTBOXD_FORMER_PARTITIONS",
+        " public.outbox_2025, outbox_2026_h0 ,",
+    )]))
+    .unwrap();
+    assert_eq!(
+        s.former_partitions,
+        ["public.outbox_2025", "public.outbox_2026_h0"]
+    );
+    let e = from_vars(&vars(&[("OUTBOXD_FORMER_PARTITIONS", "\"Outbox\".old")])).unwrap_err();
+    assert!(e.to_string().contains("OUTBOXD_FORMER_PARTITIONS"), "{e}");
+}

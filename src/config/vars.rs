@@ -56,6 +56,7 @@ pub const VARS: &[VarSpec] = &[
     var("OUTBOXD_TABLE", Some("public.outbox"), "outbox table as schema.table; a partitioned table's partitions (any depth) are its rows"),
     var("OUTBOXD_SHARD_COUNT", Some("0"), "0: one table, one slot. N > 0: OUTBOXD_TABLE is partitioned BY HASH (aggregate id) into N partitions named <table>_shard_<i>, each relayed through its own slot <OUTBOXD_SLOT>_<i> and publication <OUTBOXD_PUBLICATION>_<i> (`outboxd init` creates them; see sql/shards.sql)"),
     var("OUTBOXD_SHARDS", Some("all"), "with OUTBOXD_SHARD_COUNT: the shards this process relays: all, a list such as 0,2, or ordinal (the number ending HOSTNAME, as in a StatefulSet pod outboxd-2)"),
+    var("OUTBOXD_FORMER_PARTITIONS", Some(""), "schema.table entries, comma-separated: relations that were partitions of OUTBOXD_TABLE when rows were written to them and were detached or dropped before outboxd relayed those rows; their inserts still in the WAL are published as the table's. Set only as the relay's error says, and unset once the slot is confirmed past the position it names"),
     var("OUTBOXD_RELAY_TABLE", Some("true"), "false: relay only emitted logical messages (OUTBOXD_MESSAGE_PREFIX); otherwise the table must be in the publication, which is checked at start-up and while running"),
     var("OUTBOXD_COLUMN_ID", Some("id"), "column holding the event id (sent as header id)"),
     var("OUTBOXD_COLUMN_AGGREGATE_TYPE", Some("aggregate_type"), "column holding the aggregate type"),

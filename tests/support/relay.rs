@@ -13,7 +13,7 @@ pub struct Relay {
     child: Option<Child>,
     pub log: PathBuf,
     pub http_port: u16,
-    env: Vec<(String, String)>,
+    pub env: Vec<(String, String)>,
 }
 
 /// A port that was free a moment ago and that no earlier call of this process returned

@@ -210,13 +210,15 @@ impl<O: Observe> SessionCore<O> {
             ))
         })? {
             Some(BoundTable::bind_partition(r, table)?)
-        } else if BoundTable::bind_partition(r, table).is_ok() {
+        } else if let Ok(bound) = BoundTable::bind_partition(r, table) {
             // Shaped like the outbox but, in today's catalog, neither it nor a partition
-            // of it: ignoring it could drop events.
-            return Err(SessionError::OutboxLikeRelation {
-                relation: qualified_relation_name(r),
-                table: table.qualified_name(),
-            });
+            // of it: ignoring it could drop events, unless the operator named it.
+            let relation = qualified_relation_name(r);
+            if !self.cfg.former_partitions.contains(&relation) {
+                let table = table.qualified_name();
+                return Err(SessionError::OutboxLikeRelation { relation, table });
+            }
+            Some(bound)
         } else {
             None
         };

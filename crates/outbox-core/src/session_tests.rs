@@ -42,6 +42,7 @@ fn rules(policy: BadRowPolicy) -> CoreConfig {
             max_bytes: usize::MAX,
         },
         idle_flush: true,
+        former_partitions: Vec::new(),
     }
 }
 
@@ -341,6 +342,12 @@ fn partitions_are_bound_by_the_catalog_and_other_tables_counted() {
         }
         other => panic!("{other:?}"),
     }
+    // Named by the operator as a partition detached or dropped since its rows were written.
+    c.cfg.former_partitions = vec!["public.outbox_old".into()];
+    let role = c
+        .on_relation(&detached, Some(false))
+        .expect("a former partition");
+    assert_eq!(role, RelationRole::Outbox);
     let other = relation(4, "audit", vec![col("k", pgtype::INT4)]);
     let role = c.on_relation(&other, Some(false)).expect("other table");
     assert_eq!(role, RelationRole::Ignored);

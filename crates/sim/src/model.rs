@@ -165,6 +165,7 @@ impl Config {
             max_message_bytes: if self.limit_raised { 4 << 20 } else { 1 << 20 },
             caps: caps(cap),
             idle_flush: true,
+            former_partitions: Vec::new(),
         })
     }
 

@@ -34,6 +34,10 @@ pub struct CoreConfig {
     pub caps: InFlightCaps,
     /// Keepalives may move the position over WAL with nothing for the relay.
     pub idle_flush: bool,
+    /// `OUTBOXD_FORMER_PARTITIONS`: relations (`schema.name`) that were partitions of the
+    /// table when rows were written to them, detached or dropped since: their inserts
+    /// still in the WAL are the table's rows.
+    pub former_partitions: Vec<String>,
 }
 
 impl CoreConfig {
@@ -42,7 +46,7 @@ impl CoreConfig {
     /// and `catalog`: its name and catalog identity).
     pub fn fingerprint(&self, heartbeat: bool, publication: &str, catalog: &str) -> u64 {
         let on = |b: bool| if b { "on" } else { "off" };
-        crate::delivered::Fingerprint::default()
+        let f = crate::delivered::Fingerprint::default()
             .add("table", &format!("{:?}", self.table))
             .add("relay_table", on(self.relay_table))
             .add("emit", &format!("{:?}", self.emit))
@@ -51,8 +55,13 @@ impl CoreConfig {
             .add("bad_row_policy", &format!("{:?}", self.bad_row_policy))
             .add("max_message_bytes", &self.max_message_bytes.to_string())
             .add("publication", publication)
-            .add("publication_catalog", catalog)
-            .finish()
+            .add("publication_catalog", catalog);
+        // Only when set, so that claims recorded before the setting existed still count.
+        let f = match self.former_partitions.is_empty() {
+            true => f,
+            false => f.add("former_partitions", &self.former_partitions.join(",")),
+        };
+        f.finish()
     }
 }
 
@@ -116,11 +125,13 @@ impl SessionError {
                 "but is neither {table} nor, in the current catalog, one of its partitions: \
                 probably a partition detached or dropped before outboxd relayed its rows. \
                 Ignoring them could lose events, so outboxd stopped before confirming them. \
-                Re-attach the partition until outboxd has relayed them (ALTER TABLE {table} \
-                ATTACH PARTITION {relation} ...), or, if {relation} really is another \
-                table, take it out of the publication. A dropped partition cannot be \
-                re-attached: its rows can then only be skipped, knowingly, with \
-                pg_replication_slot_advance (README, Bad rows)"
+                If {relation} was a partition of {table} when they were written, note \
+                `SELECT pg_current_wal_lsn()`, set OUTBOXD_FORMER_PARTITIONS={relation} \
+                (comma-separated, with any named before) and restart: its rows still in \
+                the WAL are published as {table}'s. Unset it once `outboxd status` shows \
+                the slot confirmed past the noted position (a later table of that name \
+                would be published too). If {relation} really is another table, take it out \
+                of the publication instead"
             ),
             _ => return None,
         };
