@@ -440,7 +440,8 @@ async fn rows_of_a_partition_detached_or_dropped_before_they_are_relayed_are_not
         2,
         "the detached and the dropped partition are named, one stop each: {named:?}"
     );
-    // "Unset it once `outboxd status` shows the slot confirmed past the noted position."
+    // "Unset it once `outboxd status` shows the slot confirmed past the noted position and
+    // a CHECKPOINT has run since."
     let noted = noted.expect("noted");
     let env = relay.env.clone();
     ops::wait_for(
@@ -461,6 +462,7 @@ async fn rows_of_a_partition_detached_or_dropped_before_they_are_relayed_are_not
         },
     )
     .await;
+    client.batch_execute("CHECKPOINT").await.expect("checkpoint");
     relay.kill();
     relay.set_env("OUTBOXD_FORMER_PARTITIONS", "");
     relay.restart();

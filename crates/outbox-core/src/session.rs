@@ -501,6 +501,10 @@ impl<O: Observe> SessionCore<O> {
             BadRowPolicy::Stop => Err(SessionError::BadRow {
                 error,
                 commit_lsn: ctx.commit_lsn,
+                skip_to: match closes_own_txn {
+                    true => ctx.commit_lsn,
+                    false => Lsn(ctx.commit_lsn.0.saturating_add(1)),
+                },
             }),
             BadRowPolicy::DeadLetter => {
                 let origin = Origin::DeadLetter { error };

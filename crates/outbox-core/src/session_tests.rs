@@ -495,8 +495,13 @@ fn an_outbox_row_read_through_for_its_size_stops_under_stop_naming_it() {
     let mut c = with_outbox(BadRowPolicy::Stop);
     feed(&mut c, begin(200));
     match c.on_truncated(truncated_insert(1, 1), NOW) {
-        Err(SessionError::BadRow { error, commit_lsn }) => {
+        Err(SessionError::BadRow {
+            error,
+            commit_lsn,
+            skip_to,
+        }) => {
             assert_eq!(commit_lsn, Lsn(200));
+            assert_eq!(skip_to, Lsn(201), "its commit record starts at 200");
             assert_eq!(error.kind(), RowErrorKind::Oversize);
             assert_eq!(
                 error.event_id(),
@@ -571,12 +576,14 @@ fn an_emitted_message_of_ours_read_through_is_a_bad_row() {
     );
     assert_eq!(c.observer().dead, vec![RowErrorKind::Oversize]);
 
-    // Non-transactional too (it would be published in a transaction of its own).
+    // Non-transactional too (it would be published in a transaction of its own). Its
+    // position is where its record ends and the next one may start: the slot advanced past
+    // it alone goes there, not one further.
     let mut c = with_outbox(BadRowPolicy::Stop);
-    assert!(matches!(
-        c.on_truncated(truncated_message(Some("outbox"), false), NOW),
-        Err(SessionError::BadRow { .. })
-    ));
+    match c.on_truncated(truncated_message(Some("outbox"), false), NOW) {
+        Err(SessionError::BadRow { skip_to, .. }) => assert_eq!(skip_to, Lsn(210)),
+        other => panic!("{other:?}"),
+    }
     // The publication guard's, whole or not, is a look at the publication.
     let mut c = with_outbox(BadRowPolicy::Stop);
     feed(&mut c, begin(200));

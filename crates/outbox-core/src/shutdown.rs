@@ -105,6 +105,8 @@ pub struct Shutdown {
     rules: ShutdownRules,
     deadline: Duration,
     step: ShutdownStep,
+    /// The last look gets at least this long, even past the deadline.
+    look_min: Duration,
 }
 
 impl Shutdown {
@@ -114,6 +116,7 @@ impl Shutdown {
             rules,
             deadline: now.saturating_add(rules.timeout),
             step: ShutdownStep::ReadOn,
+            look_min: Duration::ZERO,
         }
     }
 
@@ -131,6 +134,9 @@ impl Shutdown {
             rules,
             deadline: now.saturating_add(rules.timeout),
             step: ShutdownStep::AwaitAcks,
+            // Acks that took the whole timeout would leave the look none, and the advance
+            // would then never be offered: the process is stopping anyway.
+            look_min: rules.final_record_min,
         }
     }
 
@@ -147,6 +153,11 @@ impl Shutdown {
     /// What is left of the deadline at `now`.
     pub fn left(&self, now: Duration) -> Duration {
         self.deadline.saturating_sub(now)
+    }
+
+    /// How long the last look may take at `now`.
+    pub fn look_time(&self, now: Duration) -> Duration {
+        self.left(now).max(self.look_min)
     }
 
     /// How long the final record's write may take at `now`: with Kafka down it would

@@ -165,6 +165,12 @@ fn a_bad_rows_stop_awaits_looks_and_confirms_but_neither_reads_on_nor_writes_a_r
     let s = Shutdown::before_bad_row(RULES, secs(5));
     assert_eq!(s.deadline(), secs(35), "the shutdown timeout");
     assert_eq!(
+        s.look_time(secs(40)),
+        secs(1),
+        "a look even after slow acks"
+    );
+    assert_eq!(Shutdown::new(RULES, secs(5)).look_time(secs(40)), secs(0));
+    assert_eq!(
         steps_of(s, LookEnd::Answered),
         [S::AwaitAcks, S::LastLook, S::Confirm, S::Done]
     );

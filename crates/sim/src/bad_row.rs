@@ -15,8 +15,14 @@ use crate::model::Change;
 use crate::{Sim, Violation};
 
 impl Sim {
-    /// `life`'s session met a bad row in the transaction committing at `commit_lsn`.
-    pub(crate) fn bad_row_stop(&mut self, life: Life, commit_lsn: Lsn) -> Result<(), Violation> {
+    /// `life`'s session met a bad row in the transaction committing at `commit_lsn`; the
+    /// error's advance goes to `skip_to`.
+    pub(crate) fn bad_row_stop(
+        &mut self,
+        life: Life,
+        commit_lsn: Lsn,
+        skip_to: Lsn,
+    ) -> Result<(), Violation> {
         let c = life.cluster;
         self.stats.bad_row_stops += 1;
         let stop = Shutdown::before_bad_row(SHUTDOWN, Duration::ZERO);
@@ -36,10 +42,10 @@ impl Sim {
                 );
             }
             self.stats.bad_row_advances += 1;
-            // pg_replication_slot_advance('<slot>', '<commit_lsn>'::pg_lsn + 1): durable
-            // at the next checkpoint, like any confirmation.
+            // pg_replication_slot_advance('<slot>', '<skip_to>'): durable at the next
+            // checkpoint, like any confirmation.
             let cl = &mut self.clusters[c];
-            cl.confirmed = cl.confirmed.max(Lsn(commit_lsn.0 + 1));
+            cl.confirmed = cl.confirmed.max(skip_to);
             let skipped = cl.history.iter().filter(|t| t.commit_lsn == commit_lsn);
             let ids = skipped.flat_map(|t| &t.changes).filter_map(|ch| match *ch {
                 Change::Outbox { id, .. }

@@ -285,9 +285,10 @@ enum End {
     /// The process starts another session with what it carries (a partial-replay
     /// mismatch, a delivery error).
     Retry,
-    /// The relay stopped with a bad row under `stop` in the transaction committing
-    /// there; the operator follows the error (`bad_row`).
-    BadRow(Lsn),
+    /// The relay stopped with a bad row under `stop` in the transaction committing at the
+    /// first position; an advance past it alone goes to the second. The operator follows
+    /// the error (`bad_row`).
+    BadRow(Lsn, Lsn),
     /// A record held by a replay was refused as too large: the relay stops; the operator
     /// raises the limit, as the error says.
     RaiseLimit,
@@ -483,7 +484,9 @@ impl Sim {
                             self.carry[c].replay_unproven();
                         }
                     }
-                    End::BadRow(commit_lsn) => self.bad_row_stop(life, commit_lsn)?,
+                    End::BadRow(commit_lsn, skip_to) => {
+                        self.bad_row_stop(life, commit_lsn, skip_to)?
+                    }
                     End::RaiseLimit => {
                         self.configs[c].limit_raised = true;
                         self.end_life(life, false);
@@ -500,7 +503,11 @@ impl Sim {
     fn session_error(&self, e: SessionError) -> Result<End, Violation> {
         match e {
             SessionError::PartialReplay(_) | SessionError::ReplayUnproven(_) => Ok(End::Retry),
-            SessionError::BadRow { commit_lsn, .. } => Ok(End::BadRow(commit_lsn)),
+            SessionError::BadRow {
+                commit_lsn,
+                skip_to,
+                ..
+            } => Ok(End::BadRow(commit_lsn, skip_to)),
             SessionError::ReleasedTooLarge { .. } => Ok(End::RaiseLimit),
             other => Err(Violation(format!("the rules failed: {other}"))),
         }

@@ -82,9 +82,16 @@ pub enum SessionError {
     /// the next one publishes them.
     #[error("a replay too long to hold in memory was not proven delivered ({}): the next session publishes it again", .0.explain())]
     ReplayUnproven(Doubt),
-    /// Under [`BadRowPolicy::Stop`]; the slot stays before `commit_lsn`.
+    /// Under [`BadRowPolicy::Stop`]; the slot stays before `commit_lsn`. `skip_to`: the
+    /// slot position past it and nothing later (`commit_lsn + 1` for a transaction, whose
+    /// commit record starts there; a non-transactional message's own position, where the
+    /// next record may start).
     #[error("bad outbox row{}: {error}", shown_id(error))]
-    BadRow { error: RowError, commit_lsn: Lsn },
+    BadRow {
+        error: RowError,
+        commit_lsn: Lsn,
+        skip_to: Lsn,
+    },
     #[error("bad outbox row{}: {error}; {}", shown_id(error), remedy(self))]
     DeadLetterTooLarge { error: RowError, size: usize },
     /// A record held while its replay was proven, then released, was refused as too large:
@@ -129,8 +136,10 @@ impl SessionError {
                 `SELECT pg_current_wal_lsn()`, set OUTBOXD_FORMER_PARTITIONS={relation} \
                 (comma-separated, with any named before) and restart: its rows still in \
                 the WAL are published as {table}'s. Unset it once `outboxd status` shows \
-                the slot confirmed past the noted position (a later table of that name \
-                would be published too). If {relation} really is another table, take it out \
+                the slot confirmed past the noted position and a CHECKPOINT has run since \
+                (a crash before one takes the slot back; a later table of that name would \
+                be published too; with OUTBOXD_IDLE_FLUSH=false the slot gets there with \
+                the next outbox row). If {relation} really is another table, take it out \
                 of the publication instead"
             ),
             _ => return None,

@@ -159,6 +159,8 @@ pub enum RelayError {
         slot: String,
         /// The transaction's commit LSN: a slot confirmed past it no longer decodes it.
         commit_lsn: pgoutput::Lsn,
+        /// Where an advance past it alone takes the slot (`SessionError::BadRow`).
+        skip_to: pgoutput::Lsn,
         /// Where the transactions before it stand: whether skipping it by hand is safe.
         before: BeforeBadRow,
     },
@@ -369,6 +371,7 @@ impl RelayError {
             ),
             RelayError::BadRow {
                 commit_lsn,
+                skip_to,
                 slot,
                 before,
                 ..
@@ -389,7 +392,7 @@ impl RelayError {
                         transaction only (every \
                         transaction before it is in Kafka: outboxd waited for them and confirmed \
                         them before stopping) with SELECT pg_replication_slot_advance('{slot}', \
-                        '{commit_lsn}'::pg_lsn + 1), then restart"
+                        '{skip_to}'), then restart"
                     ),
                     BeforeBadRow::Unacked { confirmed } => format!(
                         "{dead_letter}. Do not advance the slot past it now: Kafka had not \
@@ -398,7 +401,8 @@ impl RelayError {
                         {confirmed}), and an advance would skip those too. Start \
                         outboxd again: it delivers them, stops at this row again, and then says \
                         whether skipping this transaction alone is safe (if this repeats, raise \
-                        OUTBOXD_SHUTDOWN_TIMEOUT_MS: outboxd waits that long for the acks)"
+                        OUTBOXD_SHUTDOWN_TIMEOUT_MS: outboxd waits that long for the acks; a \
+                        failed delivery is logged before this error, and its cause comes first)"
                     ),
                     BeforeBadRow::Aborted => format!(
                         "{dead_letter}. Do not advance the slot past it: with \

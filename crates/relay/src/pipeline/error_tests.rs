@@ -173,6 +173,7 @@ fn the_rules_errors_keep_their_class_exit_code_and_remedy() {
             SessionError::BadRow {
                 error: row(),
                 commit_lsn: pgoutput::Lsn(7),
+                skip_to: pgoutput::Lsn(8),
             },
             Permanent,
             4,
@@ -263,11 +264,12 @@ fn a_bad_row_offers_the_slot_advance_only_when_nothing_before_it_is_unacked() {
         ),
         slot: "outboxd".into(),
         commit_lsn: pgoutput::Lsn(0x1000),
+        skip_to: pgoutput::Lsn(0x1001),
         before,
     };
     let delivered = bad(BeforeBadRow::Delivered).to_string();
     assert!(
-        delivered.contains("SELECT pg_replication_slot_advance('outboxd', '0/1000'::pg_lsn + 1)"),
+        delivered.contains("SELECT pg_replication_slot_advance('outboxd', '0/1001')"),
         "{delivered}"
     );
     for before in [

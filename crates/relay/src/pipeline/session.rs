@@ -298,7 +298,12 @@ impl<'a> Session<'a> {
         e: RelayError,
         stream: &mut ReplicationStream,
     ) -> RelayError {
-        let RelayError::Session(SessionError::BadRow { error, commit_lsn }) = e else {
+        let RelayError::Session(SessionError::BadRow {
+            error,
+            commit_lsn,
+            skip_to,
+        }) = e
+        else {
             return e;
         };
         let before = if self.txn.is_some() {
@@ -311,8 +316,15 @@ impl<'a> Session<'a> {
                     e @ (RelayError::PublicationChanged { .. }
                     | RelayError::PublicationDropped { .. }),
                 ) => return e,
-                // What was acked before it still counts; the judgement below says the rest.
-                Err(e) => tracing::warn!("settling what came before the bad row: {e}"),
+                // A failed delivery ends the wait: what was acked before it still counts,
+                // and the judgement below says the rest.
+                Err(e) => {
+                    tracing::warn!("settling what came before the bad row: {e}");
+                    self.advance();
+                    if let Err(e) = stream.send_status_now().await {
+                        tracing::warn!("confirming what was acked before the bad row: {e}");
+                    }
+                }
             }
             self.core.before_bad_row()
         };
@@ -320,6 +332,7 @@ impl<'a> Session<'a> {
             error,
             slot: self.cfg.slot.clone(),
             commit_lsn,
+            skip_to,
             before,
         }
     }

@@ -6,6 +6,7 @@
 //! shards. A partition outside them (a modulus changed, a partition added under another
 //! name) is published by no shard's publication, and its rows would never be relayed.
 
+use outbox_core::pgtype::quote_ident;
 use pgrepl::preflight::{self, Partitioning};
 use tokio_postgres::Client;
 
@@ -143,7 +144,9 @@ fn back_to_shards(
     missing: &[u32],
     loose: &[String],
 ) -> String {
-    let root = shard.root_name();
+    // Quoted where the catalog's names need it (OUTBOXD_TABLE may be mixed-case).
+    let q = |schema: &str, name: &str| format!("{}.{}", quote_ident(schema), quote_ident(name));
+    let root = q(&shard.root_schema, &shard.root_table);
     let count = shard.count;
     let mut sql = Vec::new();
     // Where each detached partition's rows are read from: one holding a shard's name is
@@ -151,42 +154,46 @@ fn back_to_shards(
     let mut sources = Vec::new();
     for (schema, name, modulus) in foreign {
         sql.push(format!(
-            "ALTER TABLE {root} DETACH PARTITION {schema}.{name}"
+            "ALTER TABLE {root} DETACH PARTITION {}",
+            q(schema, name)
         ));
         let taken = (0..count).any(|r| ShardSpec::partition_name(&shard.root_table, r) == *name);
         if taken {
             let moved = format!("{name}_of_{modulus}");
-            sql.push(format!("ALTER TABLE {schema}.{name} RENAME TO {moved}"));
-            sources.push(format!("{schema}.{moved}"));
+            sql.push(format!(
+                "ALTER TABLE {} RENAME TO {}",
+                q(schema, name),
+                quote_ident(&moved)
+            ));
+            sources.push(q(schema, &moved));
         } else {
-            sources.push(format!("{schema}.{name}"));
+            sources.push(q(schema, name));
         }
     }
     for r in missing {
         let name = ShardSpec::partition_name(&shard.root_table, *r);
         let bound = format!("FOR VALUES WITH (MODULUS {count}, REMAINDER {r})");
-        let schema = &shard.root_schema;
+        let partition = q(&shard.root_schema, &name);
         if loose.contains(&name) {
             sql.push(format!(
-                "ALTER TABLE {root} ATTACH PARTITION {schema}.{name} {bound}"
+                "ALTER TABLE {root} ATTACH PARTITION {partition} {bound}"
             ));
         } else {
             // A new table is in no publication (they hold tables, not names): the rows
             // inserted below would be decoded by no slot.
             sql.push(format!(
-                "CREATE TABLE {schema}.{name} PARTITION OF {root} {bound}"
+                "CREATE TABLE {partition} PARTITION OF {root} {bound}"
             ));
             sql.push(format!(
-                "ALTER PUBLICATION {}_{r} ADD TABLE {schema}.{name}",
-                shard.publication_base
+                "ALTER PUBLICATION {} ADD TABLE {partition}",
+                quote_ident(&format!("{}_{r}", shard.publication_base))
             ));
         }
     }
-    sql.extend(
-        sources
-            .iter()
-            .map(|from| format!("INSERT INTO {root} SELECT * FROM {from}")),
-    );
+    // By column name: an attached table's columns may be in another order than the root's.
+    sql.extend(sources.iter().map(|from| {
+        format!("INSERT INTO {root} SELECT (jsonb_populate_record(NULL::{root}, to_jsonb(t))).* FROM {from} t")
+    }));
     sql.join("; ")
 }
 
@@ -286,10 +293,10 @@ mod tests {
             ALTER PUBLICATION outboxd_0 ADD TABLE public.outbox_shard_0; \
             CREATE TABLE public.outbox_shard_1 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 1); \
             ALTER PUBLICATION outboxd_1 ADD TABLE public.outbox_shard_1; \
-            INSERT INTO public.outbox SELECT * FROM public.outbox_shard_0_of_4; \
-            INSERT INTO public.outbox SELECT * FROM public.outbox_shard_1_of_4; \
-            INSERT INTO public.outbox SELECT * FROM public.outbox_shard_2; \
-            INSERT INTO public.outbox SELECT * FROM public.outbox_shard_3;";
+            INSERT INTO public.outbox SELECT (jsonb_populate_record(NULL::public.outbox, to_jsonb(t))).* FROM public.outbox_shard_0_of_4 t; \
+            INSERT INTO public.outbox SELECT (jsonb_populate_record(NULL::public.outbox, to_jsonb(t))).* FROM public.outbox_shard_1_of_4 t; \
+            INSERT INTO public.outbox SELECT (jsonb_populate_record(NULL::public.outbox, to_jsonb(t))).* FROM public.outbox_shard_2 t; \
+            INSERT INTO public.outbox SELECT (jsonb_populate_record(NULL::public.outbox, to_jsonb(t))).* FROM public.outbox_shard_3 t;";
         assert!(e.contains(back), "{e}");
         // Remainder 1 split in two, its old partition detached and kept: attached again.
         let split = layout(&[
@@ -302,12 +309,27 @@ mod tests {
         let back = "ALTER TABLE public.outbox DETACH PARTITION public.outbox_m4_1; \
             ALTER TABLE public.outbox DETACH PARTITION public.outbox_m4_3; \
             ALTER TABLE public.outbox ATTACH PARTITION public.outbox_shard_1 FOR VALUES WITH (MODULUS 2, REMAINDER 1); \
-            INSERT INTO public.outbox SELECT * FROM public.outbox_m4_1; \
-            INSERT INTO public.outbox SELECT * FROM public.outbox_m4_3;";
+            INSERT INTO public.outbox SELECT (jsonb_populate_record(NULL::public.outbox, to_jsonb(t))).* FROM public.outbox_m4_1 t; \
+            INSERT INTO public.outbox SELECT (jsonb_populate_record(NULL::public.outbox, to_jsonb(t))).* FROM public.outbox_m4_3 t;";
         assert!(e.contains(back), "{e}");
         let renamed = layout(&[("outbox_p0", 2, 0), ("outbox_shard_1", 2, 1)]);
         let e = judge_shard_layout(Some(&renamed), &spec(2), &[]).unwrap_err();
         assert!(e.contains("RENAME TO outbox_shard_0"), "{e}");
+    }
+
+    #[test]
+    fn the_printed_fix_quotes_mixed_case_names() {
+        let spec = ShardSpec {
+            root_table: "Outbox".into(),
+            publication_base: "Pub".into(),
+            ..spec(2)
+        };
+        let e =
+            judge_shard_layout(Some(&layout(&[("Outbox_shard_0", 2, 0)])), &spec, &[]).unwrap_err();
+        assert!(
+            e.contains("CREATE TABLE public.\"Outbox_shard_1\" PARTITION OF public.\"Outbox\" FOR VALUES WITH (MODULUS 2, REMAINDER 1); ALTER PUBLICATION \"Pub_1\" ADD TABLE public.\"Outbox_shard_1\""),
+            "{e}"
+        );
     }
 
     #[test]

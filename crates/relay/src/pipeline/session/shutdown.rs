@@ -62,7 +62,7 @@ impl Session<'_> {
                 }
                 ShutdownStep::LastLook => {
                     // So the final position can cover what was acked since the look before.
-                    let left = s.left(self.since_start());
+                    let left = s.look_time(self.since_start());
                     let (end, error) = match tokio::time::timeout(left, self.watch_publication())
                         .await
                     {
