@@ -462,7 +462,10 @@ async fn rows_of_a_partition_detached_or_dropped_before_they_are_relayed_are_not
         },
     )
     .await;
-    client.batch_execute("CHECKPOINT").await.expect("checkpoint");
+    client
+        .batch_execute("CHECKPOINT")
+        .await
+        .expect("checkpoint");
     relay.kill();
     relay.set_env("OUTBOXD_FORMER_PARTITIONS", "");
     relay.restart();

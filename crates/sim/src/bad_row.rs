@@ -44,6 +44,7 @@ impl Sim {
             self.stats.bad_row_advances += 1;
             // pg_replication_slot_advance('<slot>', '<skip_to>'): durable at the next
             // checkpoint, like any confirmation.
+            let family = self.configs[c].tag & 1;
             let cl = &mut self.clusters[c];
             cl.confirmed = cl.confirmed.max(skip_to);
             let skipped = cl.history.iter().filter(|t| t.commit_lsn == commit_lsn);
@@ -51,7 +52,7 @@ impl Sim {
                 Change::Outbox { id, .. }
                 | Change::Message {
                     event: Some((id, _)),
-                } => Some(id),
+                } => Some((family, id)),
                 _ => None,
             });
             self.skipped_by_hand.extend(ids);

@@ -52,7 +52,7 @@ impl Sim {
                     Change::Outbox { id, .. }
                     | Change::Message {
                         event: Some((id, _)),
-                    } if self.skipped_by_hand.contains(&id) => continue,
+                    } if self.skipped_by_hand.contains(&(cfg.tag & 1, id)) => continue,
                     Change::Outbox { id, .. } if !(t.hidden && cl.republished.contains(&id)) => id,
                     Change::Message {
                         event: Some((id, _)),
@@ -85,7 +85,7 @@ impl Sim {
             }
             for ch in &t.changes {
                 if let Change::Outbox { id, bad, .. } = *ch {
-                    if self.skipped_by_hand.contains(&id) {
+                    if self.skipped_by_hand.contains(&(cl.tag & 1, id)) {
                         continue;
                     }
                     if !family
@@ -98,7 +98,9 @@ impl Sim {
                         )));
                     }
                     let next = commit_index.len();
-                    if !bad && !cl.republished.contains(&id) && !self.skipped_by_hand.contains(&id)
+                    if !bad
+                        && !cl.republished.contains(&id)
+                        && !self.skipped_by_hand.contains(&(cl.tag & 1, id))
                     {
                         commit_index.entry(id).or_insert(next);
                     }
@@ -119,7 +121,7 @@ impl Sim {
                             .any(|&tag| self.kafka.written.contains(&(tag, id)));
                         if !arrived
                             && !self.lost_messages.contains(&id)
-                            && !self.skipped_by_hand.contains(&id)
+                            && !self.skipped_by_hand.contains(&(cl.tag & 1, id))
                         {
                             return Err(Violation(format!(
                                 "event message {id} (transaction {:?}) never reached Kafka",

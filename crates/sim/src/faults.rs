@@ -10,7 +10,7 @@ use outbox_core::{
 };
 
 use crate::life::Life;
-use crate::model::{Config, Record, PARTITIONS};
+use crate::model::{Change, Config, Record, PARTITIONS};
 use crate::{Sim, Violation};
 
 /// A clean shutdown here: a turn of the relay's loop stands for a millisecond, so the
@@ -136,6 +136,25 @@ impl Sim {
             tag: copy.tag,
             ..self.configs[0]
         };
+        // A bad transaction skipped by hand before the copy's slot position is skipped in
+        // the copy too.
+        let from = self.configs[0].tag & 1;
+        let inherited: Vec<(u8, u64)> = copy
+            .history
+            .iter()
+            .filter(|t| t.commit_lsn < copy.confirmed)
+            .flat_map(|t| &t.changes)
+            .filter_map(|ch| match *ch {
+                Change::Outbox { id, .. }
+                | Change::Message {
+                    event: Some((id, _)),
+                } => Some(id),
+                _ => None,
+            })
+            .filter(|id| self.skipped_by_hand.contains(&(from, *id)))
+            .map(|id| (copy.tag & 1, id))
+            .collect();
+        self.skipped_by_hand.extend(inherited);
         self.clusters.push(copy);
         self.lives.push(None);
         self.carry.push(LifeCore::new(false));

@@ -176,8 +176,8 @@ struct Sim {
     lost_messages: HashSet<u64>,
     /// Events of bad transactions the operator skipped by advancing the slot, as the bad
     /// row's error offered: lost knowingly (a copy or a restored snapshot of the cluster
-    /// may publish them late).
-    skipped_by_hand: HashSet<u64>,
+    /// may publish them late), by the family of topics (`tag & 1`) they were to go to.
+    skipped_by_hand: HashSet<(u8, u64)>,
     cap: usize,
     /// The progress topic deletes old records (retention instead of compaction).
     uncompacted: bool,

@@ -230,7 +230,7 @@ impl Sim {
         let family = [cl.tag & 1, (cl.tag & 1) | 2];
         let has = |id| {
             self.lost_messages.contains(&id)
-                || self.skipped_by_hand.contains(&id)
+                || self.skipped_by_hand.contains(&(cl.tag & 1, id))
                 || family
                     .iter()
                     .any(|&tag| self.kafka.written.contains(&(tag, id)))
@@ -258,7 +258,7 @@ impl Sim {
             for t in cl.history.iter().filter(|t| !t.hidden) {
                 for ch in &t.changes {
                     if let Change::Outbox { id, .. } = *ch {
-                        if !self.skipped_by_hand.contains(&id)
+                        if !self.skipped_by_hand.contains(&(cl.tag & 1, id))
                             && !family
                                 .iter()
                                 .any(|&tag| self.kafka.written.contains(&(tag, id)))
