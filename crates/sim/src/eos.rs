@@ -148,6 +148,7 @@ pub fn run_exactly_once(seed: u64) -> Result<EosStats, Violation> {
         // Bad rows are dead-lettered inside the transaction; records the producer refuses
         // as too large are the at-least-once schedules' business.
         limit_raised: true,
+        former_partition: false,
     };
     let rules = outbox_core::TxnRules {
         commit_every: Duration::from_millis(50 + rng.below(400)),
@@ -180,6 +181,7 @@ pub fn run_exactly_once(seed: u64) -> Result<EosStats, Violation> {
             accepted: 1,
             republished: HashSet::new(),
             slot: outbox_core::slot_fate::SlotNow::Usable,
+            partition_dropped: false,
         },
         cfg,
         rules,

@@ -164,6 +164,13 @@ impl Sim {
         self.epochs.push(0);
     }
 
+    /// Retention drops the outbox's partition: rows written to it that no relay has read
+    /// yet are in the WAL alone, and the catalog no longer calls it a partition.
+    pub(crate) fn drop_partition(&mut self) {
+        let c = self.rng.index(self.clusters.len());
+        self.clusters[c].partition_dropped = true;
+    }
+
     /// The operator changes a relay's settings; its next process uses them.
     pub(crate) fn change_config(&mut self) {
         let c = self.rng.index(self.clusters.len());

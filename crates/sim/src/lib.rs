@@ -108,6 +108,8 @@ pub struct Stats {
     pub bad_row_offers: u64,
     /// Bad transactions skipped by hand, as a bad row's error offered.
     pub bad_row_advances: u64,
+    /// Stops on rows of a dropped partition (then named in `OUTBOXD_FORMER_PARTITIONS`).
+    pub former_partition_stops: u64,
 }
 
 impl Tally for Stats {
@@ -134,6 +136,7 @@ impl Tally for Stats {
         self.bad_row_stops += o.bad_row_stops;
         self.bad_row_offers += o.bad_row_offers;
         self.bad_row_advances += o.bad_row_advances;
+        self.former_partition_stops += o.former_partition_stops;
     }
 }
 
@@ -200,6 +203,7 @@ pub fn run(seed: u64) -> Result<Stats, Violation> {
         other_published: rng.chance(500),
         dead_letter: rng.chance(700),
         limit_raised: false,
+        former_partition: false,
     };
     // Kinds of schedule added later draw from their own stream, so the schedules before
     // them keep their draws (and the mutation table its seeds).
@@ -233,6 +237,7 @@ pub fn run(seed: u64) -> Result<Stats, Violation> {
             accepted: 1,
             republished: HashSet::new(),
             slot: outbox_core::slot_fate::SlotNow::Usable,
+            partition_dropped: false,
         }],
         archive: Vec::new(),
         kafka: Kafka::default(),
@@ -292,6 +297,9 @@ enum End {
     /// A record held by a replay was refused as too large: the relay stops; the operator
     /// raises the limit, as the error says.
     RaiseLimit,
+    /// Rows of the dropped partition: the relay stops; the operator names it in
+    /// `OUTBOXD_FORMER_PARTITIONS`, as the error says.
+    FormerPartition,
 }
 
 impl Sim {
@@ -324,6 +332,7 @@ impl Sim {
             991..=993 => self.graceful_stop()?,
             994..=995 => self.foreign_writer()?,
             996 => self.forge_partial(),
+            998 => self.drop_partition(),
             999 => self.lose_slot()?,
             _ => self.clock_jump(),
         }
@@ -345,7 +354,7 @@ impl Sim {
                     Change::Outbox {
                         id,
                         agg,
-                        partition: self.rng.chance(300),
+                        partition: self.rng.chance(300) && !self.clusters[c].partition_dropped,
                         bad: self.rng.chance(30),
                     }
                 }
@@ -487,6 +496,13 @@ impl Sim {
                     End::BadRow(commit_lsn, skip_to) => {
                         self.bad_row_stop(life, commit_lsn, skip_to)?
                     }
+                    End::FormerPartition => {
+                        self.stats.former_partition_stops += 1;
+                        self.configs[c].former_partition = true;
+                        self.end_life(life, false);
+                        self.carry[c] = LifeCore::new(false);
+                        self.processes[c] += 1;
+                    }
                     End::RaiseLimit => {
                         self.configs[c].limit_raised = true;
                         self.end_life(life, false);
@@ -509,6 +525,7 @@ impl Sim {
                 ..
             } => Ok(End::BadRow(commit_lsn, skip_to)),
             SessionError::ReleasedTooLarge { .. } => Ok(End::RaiseLimit),
+            SessionError::OutboxLikeRelation { .. } => Ok(End::FormerPartition),
             other => Err(Violation(format!("the rules failed: {other}"))),
         }
     }
@@ -636,6 +653,7 @@ impl Sim {
                 match change {
                     Change::Outbox { partition, .. } => {
                         let rel = if partition { OUTBOX_PARTITION } else { OUTBOX };
+                        life.partition_gone = cl.partition_dropped;
                         life.insert(rel, life::tuple(rel, change))?;
                     }
                     Change::Other => life.insert(OTHER, life::tuple(OTHER, change))?,

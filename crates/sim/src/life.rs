@@ -67,6 +67,7 @@ pub(crate) enum Cursor {
 /// The relations of the stream.
 pub(crate) const OUTBOX: u32 = 1;
 pub(crate) const OUTBOX_PARTITION: u32 = 2;
+pub(crate) const PARTITION_NAME: &str = "outbox_p1";
 pub(crate) const OTHER: u32 = 3;
 
 /// What a look at the publication read: the catalog's identity, and the WAL's end
@@ -107,6 +108,8 @@ pub(crate) struct Life {
     pub look: Option<Look<Seen>>,
     /// The producer refuses the next record outright (a fatal error).
     pub fail_next_send: bool,
+    /// The catalog no longer knows the outbox's partition (dropped).
+    pub partition_gone: bool,
     /// A guard message was decoded: the relay looks at the publication now, the
     /// re-publish start the transaction's commit (`After::LookAtPublication`).
     pub guarded: Option<Option<(Lsn, PgTimestamp)>>,
@@ -162,6 +165,7 @@ impl Life {
             cursor,
             described: [false; 3],
             failing: false,
+            partition_gone: false,
             start,
             watch: PublicationWatch::new(start_look, true, true),
             look: None,
@@ -197,7 +201,8 @@ impl Life {
             self.described[slot] = true;
             let r = relation(rel);
             // The catalog's answer, as the relay's side connection gives it.
-            let parent = self.core.asks_parent(&r).then_some(rel == OUTBOX_PARTITION);
+            let partition = rel == OUTBOX_PARTITION && !self.partition_gone;
+            let parent = self.core.asks_parent(&r).then_some(partition);
             self.core.on_relation(&r, parent)?;
         }
         let ins = Insert {
@@ -259,7 +264,7 @@ fn relation(rel: u32) -> Relation {
     ];
     let (name, columns) = match rel {
         OUTBOX => ("outbox", outbox.to_vec()),
-        OUTBOX_PARTITION => ("outbox_p1", outbox.iter().rev().cloned().collect()),
+        OUTBOX_PARTITION => (PARTITION_NAME, outbox.iter().rev().cloned().collect()),
         _ => (
             "other",
             vec![col("k", pgtype::INT4), col("v", pgtype::TEXT)],

@@ -77,6 +77,9 @@ pub(crate) struct Cluster {
     pub republished: HashSet<u64>,
     /// The replication slot (`slot_loss`): usable, invalidated or gone.
     pub slot: SlotNow,
+    /// The outbox's partition was dropped (retention): the catalog no longer knows it, and
+    /// its rows are in the WAL alone.
+    pub partition_dropped: bool,
 }
 
 impl Cluster {
@@ -133,6 +136,8 @@ pub(crate) struct Config {
     pub dead_letter: bool,
     /// The operator raised `OUTBOXD_MAX_MESSAGE_BYTES`: the producer refuses nothing.
     pub limit_raised: bool,
+    /// `OUTBOXD_FORMER_PARTITIONS` names the dropped partition, as its error says.
+    pub former_partition: bool,
 }
 
 /// The relay's prefix for events sent as logical messages.
@@ -165,7 +170,10 @@ impl Config {
             max_message_bytes: if self.limit_raised { 4 << 20 } else { 1 << 20 },
             caps: caps(cap),
             idle_flush: true,
-            former_partitions: Vec::new(),
+            former_partitions: match self.former_partition {
+                true => vec![format!("public.{}", crate::life::PARTITION_NAME)],
+                false => Vec::new(),
+            },
         })
     }
 

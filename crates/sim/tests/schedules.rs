@@ -14,7 +14,7 @@ fn every_schedule_keeps_every_invariant() {
     let swept = sweep(first, count, run);
     let total = &swept.total;
     eprintln!(
-        "simulation: {count} schedules from seed {first} in {:.1} s ({} steps, {} records acked, {} dead letters, {} duplicates, {} kills, {} skipped as delivered, {} doubts, {} publication stops, {} forged records, {} slots lost, {} event messages lost with them, {} emit-only schedules, {} guard looks, {} progress records written, {} read back by another lineage, {} answered late, {} failed, {} landed after their process, {} clean shutdowns, {} bad-row stops, {} offering the slot advance, {} taken)",
+        "simulation: {count} schedules from seed {first} in {:.1} s ({} steps, {} records acked, {} dead letters, {} duplicates, {} kills, {} skipped as delivered, {} doubts, {} publication stops, {} forged records, {} slots lost, {} event messages lost with them, {} emit-only schedules, {} guard looks, {} progress records written, {} read back by another lineage, {} answered late, {} failed, {} landed after their process, {} clean shutdowns, {} bad-row stops, {} offering the slot advance, {} taken, {} stops on a dropped partition's rows)",
         swept.seconds,
         total.steps,
         total.events,
@@ -37,7 +37,8 @@ fn every_schedule_keeps_every_invariant() {
         total.clean_stops,
         total.bad_row_stops,
         total.bad_row_offers,
-        total.bad_row_advances
+        total.bad_row_advances,
+        total.former_partition_stops
     );
     swept.assert_passed();
 }
