@@ -87,3 +87,84 @@ async fn advancing_past_a_bad_row_as_printed_skips_only_its_transaction() {
         Duration::from_secs(120),
     );
 }
+
+/// A bad non-transactional message's way past, followed as printed. Its position is where
+/// its WAL record ends, which is where the next record starts: an advance one byte past it
+/// (what a transaction's commit LSN takes) would skip the message written right after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advancing_past_a_bad_message_as_printed_skips_only_it() {
+    let db = PgCluster::shared()
+        .fresh_database("bad_message_advance")
+        .await;
+    let o = schema::setup(&db).await;
+    let broker = Broker::default_for_tests();
+    let topic = o.topic("order");
+    broker
+        .create_topics(&[&topic, &o.dead_letter_topic()], 3)
+        .await;
+    let client = db.client().await;
+    let env = Relay::env_for(
+        &db,
+        &o,
+        &broker.bootstrap(),
+        &[
+            ("OUTBOXD_BAD_ROW_POLICY", "stop"),
+            ("OUTBOXD_MESSAGE_PREFIX", "outbox"),
+        ],
+    );
+    let (code, out) = support::relay::run_to_end(&env, &["init"]);
+    assert_eq!(code, 0, "{out}");
+    let envelope = |id: &str, aggregate_id: &str| {
+        format!(
+            r#"{{"id": "{id}", "aggregate_type": "order", "aggregate_id": {aggregate_id}, "event_type": "E", "payload": {{}}}}"#
+        )
+    };
+    let good = uuid::Uuid::new_v4().to_string();
+    // One statement: the two records are written back to back.
+    client
+        .execute(
+            "SELECT pg_logical_emit_message(false, 'outbox', $1::text), \
+                    pg_logical_emit_message(false, 'outbox', $2::text)",
+            &[
+                &envelope(&uuid::Uuid::new_v4().to_string(), "null"),
+                &envelope(&good, "\"agg-1\""),
+            ],
+        )
+        .await
+        .unwrap();
+    let mut relay = Relay::start(env, &["run"]);
+    let status = relay.wait_exit(Duration::from_secs(120));
+    assert_eq!(status.code(), Some(4), "{}", relay.log_text());
+    let log = relay.log_text();
+    let reason = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("bad outbox row"))
+        .unwrap_or_else(|| panic!("no bad-row error:\n{log}"));
+    let args = reason
+        .split("SELECT pg_replication_slot_advance(")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .unwrap_or_else(|| panic!("nothing was before it, yet no advance offered: {reason}"));
+    client
+        .batch_execute(&format!("SELECT pg_replication_slot_advance({args})"))
+        .await
+        .unwrap();
+    relay.restart();
+    let want: std::collections::HashSet<String> = [good].into_iter().collect();
+    let received = tokio::task::block_in_place(|| {
+        support::consume::read_until_ids(
+            &broker.bootstrap(),
+            &[topic],
+            &want,
+            Duration::from_secs(2),
+            Duration::from_secs(60),
+        )
+    });
+    assert!(
+        received
+            .iter()
+            .any(|r| want.contains(r.header("id").unwrap_or(""))),
+        "the message after the bad one never arrived: the advance skipped it ({args})"
+    );
+}
