@@ -51,22 +51,14 @@ async fn advancing_past_a_bad_row_as_printed_skips_only_its_transaction() {
     let mut relay = Relay::start(env, &["run"]);
     let mut rounds = 0;
     loop {
-        let status = relay.wait_exit(Duration::from_secs(120));
-        assert_eq!(status.code(), Some(4), "{}", relay.log_text());
-        let log = relay.log_text();
-        let reason = log
-            .lines()
-            .rev()
-            .find(|l| l.contains("bad outbox row"))
-            .unwrap_or_else(|| panic!("no bad-row error:\n{log}"));
+        let reason = bad_row_stop(&mut relay);
         rounds += 1;
         assert!(
             rounds <= 3,
             "still no safe way past after {rounds} stops: {reason}"
         );
         // The advance, where the text offers it; else it says to start outboxd again.
-        if let Some(rest) = reason.split("SELECT pg_replication_slot_advance(").nth(1) {
-            let args = rest.split(')').next().unwrap();
+        if let Some(args) = printed_advance(&reason) {
             eprintln!("advancing as printed: pg_replication_slot_advance({args})");
             client
                 .batch_execute(&format!("SELECT pg_replication_slot_advance({args})"))
@@ -133,18 +125,8 @@ async fn advancing_past_a_bad_message_as_printed_skips_only_it() {
         .await
         .unwrap();
     let mut relay = Relay::start(env, &["run"]);
-    let status = relay.wait_exit(Duration::from_secs(120));
-    assert_eq!(status.code(), Some(4), "{}", relay.log_text());
-    let log = relay.log_text();
-    let reason = log
-        .lines()
-        .rev()
-        .find(|l| l.contains("bad outbox row"))
-        .unwrap_or_else(|| panic!("no bad-row error:\n{log}"));
-    let args = reason
-        .split("SELECT pg_replication_slot_advance(")
-        .nth(1)
-        .and_then(|rest| rest.split(')').next())
+    let reason = bad_row_stop(&mut relay);
+    let args = printed_advance(&reason)
         .unwrap_or_else(|| panic!("nothing was before it, yet no advance offered: {reason}"));
     client
         .batch_execute(&format!("SELECT pg_replication_slot_advance({args})"))
@@ -167,4 +149,24 @@ async fn advancing_past_a_bad_message_as_printed_skips_only_it() {
             .any(|r| want.contains(r.header("id").unwrap_or(""))),
         "the message after the bad one never arrived: the advance skipped it ({args})"
     );
+}
+
+/// Waits for the relay's exit 4 and returns its bad-row error line.
+fn bad_row_stop(relay: &mut Relay) -> String {
+    let status = relay.wait_exit(Duration::from_secs(120));
+    assert_eq!(status.code(), Some(4), "{}", relay.log_text());
+    let log = relay.log_text();
+    log.lines()
+        .rev()
+        .find(|l| l.contains("bad outbox row"))
+        .unwrap_or_else(|| panic!("no bad-row error:\n{log}"))
+        .to_owned()
+}
+
+/// The arguments of the `pg_replication_slot_advance` the error offers, if it does.
+fn printed_advance(reason: &str) -> Option<&str> {
+    reason
+        .split("SELECT pg_replication_slot_advance(")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
 }
