@@ -15,12 +15,12 @@ use crate::model::Change;
 use crate::{Sim, Violation};
 
 impl Sim {
-    /// `life`'s session met a bad row in the transaction committing at `commit_lsn`; the
-    /// error's advance goes to `skip_to`.
+    /// `life`'s session met a bad row, event `event` (every bad row here names its event);
+    /// the error's advance goes to `skip_to`.
     pub(crate) fn bad_row_stop(
         &mut self,
         life: Life,
-        commit_lsn: Lsn,
+        event: Option<u64>,
         skip_to: Lsn,
     ) -> Result<(), Violation> {
         let c = life.cluster;
@@ -37,9 +37,7 @@ impl Sim {
         self.processes[c] += 1;
         if before == BeforeBadRow::Delivered && self.rng.chance(500) {
             if self.trace {
-                eprintln!(
-                    "  bad row under stop: the operator advances the slot past {commit_lsn:?}"
-                );
+                eprintln!("  bad row under stop: the operator advances the slot to {skip_to:?}");
             }
             self.stats.bad_row_advances += 1;
             // pg_replication_slot_advance('<slot>', '<skip_to>'): durable at the next
@@ -47,14 +45,26 @@ impl Sim {
             let family = self.configs[c].tag & 1;
             let cl = &mut self.clusters[c];
             cl.confirmed = cl.confirmed.max(skip_to);
-            let skipped = cl.history.iter().filter(|t| t.commit_lsn == commit_lsn);
-            let ids = skipped.flat_map(|t| &t.changes).filter_map(|ch| match *ch {
+            // What the operator accepts to lose: the bad event's own transaction (or bare
+            // message), found by the event the error names (the last one holding it before
+            // the advance: a re-published copy keeps its id), not by the position printed.
+            let id_of = |ch: &Change| match *ch {
                 Change::Outbox { id, .. }
                 | Change::Message {
                     event: Some((id, _)),
-                } => Some((family, id)),
+                } => Some(id),
                 _ => None,
+            };
+            let skipped = cl.history.iter().rfind(|t| {
+                t.commit_lsn <= skip_to
+                    && event.is_some()
+                    && t.changes.iter().any(|ch| id_of(ch) == event)
             });
+            let ids = skipped
+                .into_iter()
+                .flat_map(|t| &t.changes)
+                .filter_map(id_of)
+                .map(|id| (family, id));
             self.skipped_by_hand.extend(ids);
         } else {
             if self.trace {

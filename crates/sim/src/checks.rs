@@ -40,8 +40,8 @@ impl Sim {
         }
         let confirmed_by_it = cl.history.iter().filter(|t| {
             if t.bare {
-                // Decoded by its own position, alone.
-                t.commit_lsn >= start && t.commit_lsn < w
+                // Decoded alone, and passed once the position reaches its end.
+                t.commit_lsn > start && t.commit_lsn <= w
             } else {
                 t.end_lsn > start && t.end_lsn <= w
             }

@@ -120,7 +120,7 @@ impl Eos {
             .cluster
             .history
             .iter()
-            .position(|t| t.commit_lsn >= start)
+            .position(|t| t.decoded_from(start))
             .unwrap_or(self.cluster.history.len());
         let process = self.instances[i].process;
         let mut life = Life::new(

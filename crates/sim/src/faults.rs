@@ -142,7 +142,7 @@ impl Sim {
         let inherited: Vec<(u8, u64)> = copy
             .history
             .iter()
-            .filter(|t| t.commit_lsn < copy.confirmed)
+            .filter(|t| !t.decoded_from(copy.confirmed))
             .flat_map(|t| &t.changes)
             .filter_map(|ch| match *ch {
                 Change::Outbox { id, .. }

@@ -290,10 +290,9 @@ enum End {
     /// The process starts another session with what it carries (a partial-replay
     /// mismatch, a delivery error).
     Retry,
-    /// The relay stopped with a bad row under `stop` in the transaction committing at the
-    /// first position; an advance past it alone goes to the second. The operator follows
-    /// the error (`bad_row`).
-    BadRow(Lsn, Lsn),
+    /// The relay stopped with a bad row under `stop`: the event it names, if any, and
+    /// where an advance past it alone goes. The operator follows the error (`bad_row`).
+    BadRow(Option<u64>, Lsn),
     /// A record held by a replay was refused as too large: the relay stops; the operator
     /// raises the limit, as the error says.
     RaiseLimit,
@@ -378,6 +377,14 @@ impl Sim {
         }
         self.clock += 1 + i64::try_from(self.rng.below(5000)).unwrap_or(0);
         let size = 40 * u64::try_from(n).unwrap_or(1) + self.rng.below(3) * 8;
+        // Right after a bare message, a transaction whose changes were written before it
+        // may commit at the message's end: where a slot advanced past the message stands.
+        let after_bare = self.clusters[c].history.last().is_some_and(|t| t.bare);
+        let size = if !bare && after_bare && self.rng.chance(300) {
+            0
+        } else {
+            size
+        };
         self.clusters[c].commit(changes, size, self.clock, bare);
     }
 
@@ -427,11 +434,11 @@ impl Sim {
                 doubt_lineage: self.rng.next_u64() | 1,
             };
             // PostgreSQL sends what commits at or after the slot's position (a bare
-            // message too: it is decoded by its own position).
+            // message: what ends past it).
             let first = cl
                 .history
                 .iter()
-                .position(|t| t.commit_lsn >= start)
+                .position(|t| t.decoded_from(start))
                 .unwrap_or(cl.history.len());
             let mut life = Life::new(
                 c,
@@ -493,9 +500,7 @@ impl Sim {
                             self.carry[c].replay_unproven();
                         }
                     }
-                    End::BadRow(commit_lsn, skip_to) => {
-                        self.bad_row_stop(life, commit_lsn, skip_to)?
-                    }
+                    End::BadRow(event, skip_to) => self.bad_row_stop(life, event, skip_to)?,
                     End::FormerPartition => {
                         self.stats.former_partition_stops += 1;
                         self.configs[c].former_partition = true;
@@ -519,11 +524,10 @@ impl Sim {
     fn session_error(&self, e: SessionError) -> Result<End, Violation> {
         match e {
             SessionError::PartialReplay(_) | SessionError::ReplayUnproven(_) => Ok(End::Retry),
-            SessionError::BadRow {
-                commit_lsn,
+            SessionError::BadRow { error, skip_to, .. } => Ok(End::BadRow(
+                error.event_id().map(model::event_number),
                 skip_to,
-                ..
-            } => Ok(End::BadRow(commit_lsn, skip_to)),
+            )),
             SessionError::ReleasedTooLarge { .. } => Ok(End::RaiseLimit),
             SessionError::OutboxLikeRelation { .. } => Ok(End::FormerPartition),
             other => Err(Violation(format!("the rules failed: {other}"))),

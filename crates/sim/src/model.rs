@@ -37,8 +37,9 @@ pub(crate) struct Txn {
     pub xid: u32,
     pub commit_time: i64,
     pub changes: Vec<Change>,
-    /// A non-transactional message written at `commit_lsn`: decoded at once, alone,
-    /// with no Begin or Commit around it (`changes` is that one message).
+    /// A non-transactional message whose record ends at `commit_lsn` (its position, as
+    /// pgoutput gives it: where the next record starts): decoded at once, alone, with no
+    /// Begin or Commit around it (`changes` is that one message).
     pub bare: bool,
     /// The outbox was out of the publication when this committed: its rows are never
     /// decoded (PostgreSQL decodes by the catalog as it was).
@@ -82,6 +83,18 @@ pub(crate) struct Cluster {
     pub partition_dropped: bool,
 }
 
+impl Txn {
+    /// Whether a slot at `start` decodes it: PostgreSQL skips a record that starts before
+    /// the slot's position (a transaction's commit record starts at its commit LSN; a bare
+    /// message's record ends at its position, so a slot there has passed it).
+    pub fn decoded_from(&self, start: Lsn) -> bool {
+        match self.bare {
+            true => self.commit_lsn > start,
+            false => self.commit_lsn >= start,
+        }
+    }
+}
+
 impl Cluster {
     /// A look at the publication: what queries see now, settled unless a commit is
     /// still waiting for its standby.
@@ -97,9 +110,16 @@ impl Cluster {
     }
 
     /// A transaction (or a bare message) of `size` bytes of WAL commits at `commit_time`.
+    /// A bare message's position is its record's end, where the next record starts; a
+    /// transaction's commit record starts at its commit LSN (right at a message's end when
+    /// `size` is 0: its changes were written before the message).
     pub fn commit(&mut self, changes: Vec<Change>, size: u64, commit_time: i64, bare: bool) {
         let commit_lsn = Lsn(self.wal_end.0 + size);
-        let end_lsn = Lsn(commit_lsn.0 + 24);
+        let end_lsn = if bare {
+            commit_lsn
+        } else {
+            Lsn(commit_lsn.0 + 24)
+        };
         self.wal_end = end_lsn;
         self.next_xid += 1;
         self.history.push(Txn {

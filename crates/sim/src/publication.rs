@@ -133,7 +133,8 @@ impl Sim {
         for t in cl
             .history
             .iter()
-            .filter(|t| t.hidden && t.commit_lsn > since)
+            // A commit that starts right at the look's WAL end came after the look.
+            .filter(|t| t.hidden && t.commit_lsn >= since)
         {
             for ch in &t.changes {
                 if let Change::Outbox { id, .. } = *ch {

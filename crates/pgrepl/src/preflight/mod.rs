@@ -669,6 +669,11 @@ pub struct Partitioning {
     pub key: Option<String>,
     /// Direct partitions, by name.
     pub partitions: Vec<PartitionBound>,
+    /// The columns an INSERT may name, in order (not dropped, not generated).
+    pub columns: Vec<String>,
+    /// A `GENERATED ALWAYS AS IDENTITY` column is among them: an INSERT naming it needs
+    /// `OVERRIDING SYSTEM VALUE`.
+    pub identity_always: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -740,9 +745,28 @@ pub async fn partitioning(
             })
         })
         .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
+    let columns = client
+        .query(
+            "SELECT a.attname::text, a.attidentity = 'a' \
+               FROM pg_catalog.pg_attribute a \
+              WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped \
+                AND a.attgenerated = '' ORDER BY a.attnum",
+            &[&oid],
+        )
+        .await?;
+    let mut identity_always = false;
+    let columns = columns
+        .iter()
+        .map(|r| {
+            identity_always |= r.try_get::<_, bool>(1)?;
+            r.try_get(0)
+        })
+        .collect::<Result<Vec<String>, tokio_postgres::Error>>()?;
     Ok(Some(Partitioning {
         kind: row.try_get(1)?,
         key: row.try_get(2)?,
         partitions,
+        columns,
+        identity_always,
     }))
 }

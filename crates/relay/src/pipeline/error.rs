@@ -378,7 +378,7 @@ impl RelayError {
             } => {
                 let dead_letter = format!(
                     "OUTBOXD_BAD_ROW_POLICY=stop, so outboxd stopped without \
-                    acknowledging it. The insert is in the WAL and the slot will deliver it again \
+                    acknowledging it. It is in the WAL and the slot will deliver it again \
                     on every start, whatever happens to the row in the table now. To get past \
                     it: run once with OUTBOXD_BAD_ROW_POLICY=dead-letter (the row goes to \
                     OUTBOXD_DEAD_LETTER_TOPIC, later events follow), then switch back once \

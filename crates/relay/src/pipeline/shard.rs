@@ -6,7 +6,7 @@
 //! shards. A partition outside them (a modulus changed, a partition added under another
 //! name) is published by no shard's publication, and its rows would never be relayed.
 
-use outbox_core::pgtype::quote_ident;
+use outbox_core::pgtype::{qualified, quote_ident};
 use pgrepl::preflight::{self, Partitioning};
 use tokio_postgres::Client;
 
@@ -117,7 +117,7 @@ pub fn judge_shard_layout(
              `outboxd check` if it names a publication; an ALTER PUBLICATION above whose \
              publication does not exist yet is left out: `outboxd init` creates it). To change the shard count instead: \
              docs/operations.md, \"Sharding: adding shards or changing their count\"",
-            back_to_shards(shard, &foreign, &missing, loose)
+            back_to_shards(shard, layout, &foreign, &missing, loose)
         ));
     }
     // Hash partitioning has no default partition: with a remainder missing, inserts of
@@ -127,7 +127,7 @@ pub fn judge_shard_layout(
         return Err(format!(
             "{root} has no partition for remainder {} of {count} (inserts of those aggregates fail): {} (an ALTER PUBLICATION whose publication does not exist yet is left out: `outboxd init` creates it)",
             list.join(", "),
-            back_to_shards(shard, &[], &missing, loose)
+            back_to_shards(shard, layout, &[], &missing, loose)
         ));
     }
     Ok(())
@@ -140,12 +140,13 @@ pub fn judge_shard_layout(
 /// no shard's publication had their partition.
 fn back_to_shards(
     shard: &ShardSpec,
+    layout: &Partitioning,
     foreign: &[(String, String, u32)],
     missing: &[u32],
     loose: &[String],
 ) -> String {
     // Quoted where the catalog's names need it (OUTBOXD_TABLE may be mixed-case).
-    let q = |schema: &str, name: &str| format!("{}.{}", quote_ident(schema), quote_ident(name));
+    let q = qualified;
     let root = q(&shard.root_schema, &shard.root_table);
     let count = shard.count;
     let mut sql = Vec::new();
@@ -190,9 +191,16 @@ fn back_to_shards(
             ));
         }
     }
-    // By column name: an attached table's columns may be in another order than the root's.
+    // By column name: an attached table's columns may be in another order than the
+    // root's. Values are copied as stored (a json payload keeps its bytes).
+    let columns: Vec<String> = layout.columns.iter().map(|c| quote_ident(c)).collect();
+    let columns = columns.join(", ");
+    let overriding = match layout.identity_always {
+        true => " OVERRIDING SYSTEM VALUE",
+        false => "",
+    };
     sql.extend(sources.iter().map(|from| {
-        format!("INSERT INTO {root} SELECT (jsonb_populate_record(NULL::{root}, to_jsonb(t))).* FROM {from} t")
+        format!("INSERT INTO {root} ({columns}){overriding} SELECT {columns} FROM {from}")
     }));
     sql.join("; ")
 }
@@ -258,6 +266,8 @@ mod tests {
                     bound: format!("FOR VALUES WITH (modulus {m}, remainder {r})"),
                 })
                 .collect(),
+            columns: vec!["id".into(), "aggregate_id".into(), "Payload".into()],
+            identity_always: false,
         }
     }
 
@@ -293,10 +303,10 @@ mod tests {
             ALTER PUBLICATION outboxd_0 ADD TABLE public.outbox_shard_0; \
             CREATE TABLE public.outbox_shard_1 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 1); \
             ALTER PUBLICATION outboxd_1 ADD TABLE public.outbox_shard_1; \
-            INSERT INTO public.outbox SELECT (jsonb_populate_record(NULL::public.outbox, to_jsonb(t))).* FROM public.outbox_shard_0_of_4 t; \
-            INSERT INTO public.outbox SELECT (jsonb_populate_record(NULL::public.outbox, to_jsonb(t))).* FROM public.outbox_shard_1_of_4 t; \
-            INSERT INTO public.outbox SELECT (jsonb_populate_record(NULL::public.outbox, to_jsonb(t))).* FROM public.outbox_shard_2 t; \
-            INSERT INTO public.outbox SELECT (jsonb_populate_record(NULL::public.outbox, to_jsonb(t))).* FROM public.outbox_shard_3 t;";
+            INSERT INTO public.outbox (id, aggregate_id, \"Payload\") SELECT id, aggregate_id, \"Payload\" FROM public.outbox_shard_0_of_4; \
+            INSERT INTO public.outbox (id, aggregate_id, \"Payload\") SELECT id, aggregate_id, \"Payload\" FROM public.outbox_shard_1_of_4; \
+            INSERT INTO public.outbox (id, aggregate_id, \"Payload\") SELECT id, aggregate_id, \"Payload\" FROM public.outbox_shard_2; \
+            INSERT INTO public.outbox (id, aggregate_id, \"Payload\") SELECT id, aggregate_id, \"Payload\" FROM public.outbox_shard_3;";
         assert!(e.contains(back), "{e}");
         // Remainder 1 split in two, its old partition detached and kept: attached again.
         let split = layout(&[
@@ -309,8 +319,8 @@ mod tests {
         let back = "ALTER TABLE public.outbox DETACH PARTITION public.outbox_m4_1; \
             ALTER TABLE public.outbox DETACH PARTITION public.outbox_m4_3; \
             ALTER TABLE public.outbox ATTACH PARTITION public.outbox_shard_1 FOR VALUES WITH (MODULUS 2, REMAINDER 1); \
-            INSERT INTO public.outbox SELECT (jsonb_populate_record(NULL::public.outbox, to_jsonb(t))).* FROM public.outbox_m4_1 t; \
-            INSERT INTO public.outbox SELECT (jsonb_populate_record(NULL::public.outbox, to_jsonb(t))).* FROM public.outbox_m4_3 t;";
+            INSERT INTO public.outbox (id, aggregate_id, \"Payload\") SELECT id, aggregate_id, \"Payload\" FROM public.outbox_m4_1; \
+            INSERT INTO public.outbox (id, aggregate_id, \"Payload\") SELECT id, aggregate_id, \"Payload\" FROM public.outbox_m4_3;";
         assert!(e.contains(back), "{e}");
         let renamed = layout(&[("outbox_p0", 2, 0), ("outbox_shard_1", 2, 1)]);
         let e = judge_shard_layout(Some(&renamed), &spec(2), &[]).unwrap_err();
