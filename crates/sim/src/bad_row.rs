@@ -48,22 +48,15 @@ impl Sim {
             // What the operator accepts to lose: the bad event's own transaction (or bare
             // message), found by the event the error names (the last one holding it before
             // the advance: a re-published copy keeps its id), not by the position printed.
-            let id_of = |ch: &Change| match *ch {
-                Change::Outbox { id, .. }
-                | Change::Message {
-                    event: Some((id, _)),
-                } => Some(id),
-                _ => None,
-            };
             let skipped = cl.history.iter().rfind(|t| {
                 t.commit_lsn <= skip_to
                     && event.is_some()
-                    && t.changes.iter().any(|ch| id_of(ch) == event)
+                    && t.changes.iter().any(|ch| ch.event_id() == event)
             });
             let ids = skipped
                 .into_iter()
                 .flat_map(|t| &t.changes)
-                .filter_map(id_of)
+                .filter_map(Change::event_id)
                 .map(|id| (family, id));
             self.skipped_by_hand.extend(ids);
         } else {

@@ -48,11 +48,13 @@ impl Sim {
         });
         for t in confirmed_by_it {
             for ch in &t.changes {
+                if ch
+                    .event_id()
+                    .is_some_and(|id| self.skipped_by_hand.contains(&(cfg.tag & 1, id)))
+                {
+                    continue;
+                }
                 let id = match *ch {
-                    Change::Outbox { id, .. }
-                    | Change::Message {
-                        event: Some((id, _)),
-                    } if self.skipped_by_hand.contains(&(cfg.tag & 1, id)) => continue,
                     Change::Outbox { id, .. } if !(t.hidden && cl.republished.contains(&id)) => id,
                     Change::Message {
                         event: Some((id, _)),

@@ -144,13 +144,7 @@ impl Sim {
             .iter()
             .filter(|t| !t.decoded_from(copy.confirmed))
             .flat_map(|t| &t.changes)
-            .filter_map(|ch| match *ch {
-                Change::Outbox { id, .. }
-                | Change::Message {
-                    event: Some((id, _)),
-                } => Some(id),
-                _ => None,
-            })
+            .filter_map(Change::event_id)
             .filter(|id| self.skipped_by_hand.contains(&(from, *id)))
             .map(|id| (copy.tag & 1, id))
             .collect();

@@ -30,6 +30,19 @@ pub(crate) enum Change {
     Message { event: Option<(u64, u32)> },
 }
 
+impl Change {
+    /// The event it carries, a row's or a message's.
+    pub fn event_id(&self) -> Option<u64> {
+        match *self {
+            Change::Outbox { id, .. }
+            | Change::Message {
+                event: Some((id, _)),
+            } => Some(id),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Txn {
     pub commit_lsn: Lsn,

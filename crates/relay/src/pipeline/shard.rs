@@ -146,8 +146,7 @@ fn back_to_shards(
     loose: &[String],
 ) -> String {
     // Quoted where the catalog's names need it (OUTBOXD_TABLE may be mixed-case).
-    let q = qualified;
-    let root = q(&shard.root_schema, &shard.root_table);
+    let root = qualified(&shard.root_schema, &shard.root_table);
     let count = shard.count;
     let mut sql = Vec::new();
     // Where each detached partition's rows are read from: one holding a shard's name is
@@ -156,25 +155,25 @@ fn back_to_shards(
     for (schema, name, modulus) in foreign {
         sql.push(format!(
             "ALTER TABLE {root} DETACH PARTITION {}",
-            q(schema, name)
+            qualified(schema, name)
         ));
         let taken = (0..count).any(|r| ShardSpec::partition_name(&shard.root_table, r) == *name);
         if taken {
             let moved = format!("{name}_of_{modulus}");
             sql.push(format!(
                 "ALTER TABLE {} RENAME TO {}",
-                q(schema, name),
+                qualified(schema, name),
                 quote_ident(&moved)
             ));
-            sources.push(q(schema, &moved));
+            sources.push(qualified(schema, &moved));
         } else {
-            sources.push(q(schema, name));
+            sources.push(qualified(schema, name));
         }
     }
     for r in missing {
         let name = ShardSpec::partition_name(&shard.root_table, *r);
         let bound = format!("FOR VALUES WITH (MODULUS {count}, REMAINDER {r})");
-        let partition = q(&shard.root_schema, &name);
+        let partition = qualified(&shard.root_schema, &name);
         if loose.contains(&name) {
             sql.push(format!(
                 "ALTER TABLE {root} ATTACH PARTITION {partition} {bound}"
