@@ -20,6 +20,7 @@ use support::scenario::Scenario;
 use support::schema;
 
 mod broker_faults;
+mod left_open;
 mod pg_restart;
 
 const EXACTLY_ONCE: (&str, &str) = ("OUTBOXD_DELIVERY", "exactly-once");

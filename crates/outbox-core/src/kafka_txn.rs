@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use pgoutput::Lsn;
 
-use crate::{DeliveredPosition, Observe, SessionCore};
+use crate::{DeliveredPosition, FirstWrites, Observe, SessionCore};
 
 /// A Kafka transaction call's failure, in librdkafka's classes: what the caller may do
 /// next is [`TxnError::next`].
@@ -40,6 +40,10 @@ pub enum TxnError {
     Expired(String),
     #[error("the transactional Kafka producer failed fatally: {0}")]
     Fatal(String),
+    /// Kafka holds an older transaction open where this one's records begin
+    /// ([`crate::left_open`]): committing would commit it too.
+    #[error("{}: committing would make its records visible too; {}", .0, self.remedy().unwrap_or_default())]
+    LeftOpen(crate::OpenBefore),
 }
 
 /// What a [`TxnError`] leads to.
@@ -74,6 +78,20 @@ impl TxnError {
                 OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS (the broker caps it at \
                 transaction.max.timeout.ms)"
             ),
+            TxnError::LeftOpen(o) => format!(
+                "this transaction was aborted instead, which closes such a transaction of this \
+                relay's own (Kafka answered it aborted but skipped a partition that had no \
+                leader then), and outboxd resumes from the slot. If it stays open, it is another \
+                producer's, or this abort missed the partition too: see it with \
+                kafka-transactions.sh --bootstrap-server BROKER describe-producers --topic {t} \
+                --partition {p}, and abort it with kafka-transactions.sh --bootstrap-server \
+                BROKER abort --topic {t} --partition {p} --start-offset {from}",
+                t = o.topic,
+                p = o.partition,
+                from = o
+                    .open_from
+                    .map_or_else(|| "<its first offset>".to_owned(), |f| f.to_string()),
+            ),
             _ => return None,
         };
         Some(text)
@@ -83,7 +101,9 @@ impl TxnError {
     pub fn next(&self) -> TxnNext {
         match self {
             TxnError::Retriable(_) => TxnNext::CallAgain,
-            TxnError::Abortable(_) | TxnError::Expired(_) => TxnNext::AbortAndResume,
+            TxnError::Abortable(_) | TxnError::Expired(_) | TxnError::LeftOpen(_) => {
+                TxnNext::AbortAndResume
+            }
             TxnError::Fenced(_) | TxnError::Fatal(_) => TxnNext::Stop,
         }
     }
@@ -137,6 +157,9 @@ pub struct KafkaTxnCore {
     recording: Option<DeliveredPosition>,
     /// What the newest committed record claims: the session's start, then each commit's.
     committed_claim: Option<DeliveredPosition>,
+    /// The partitions to check for a transaction Kafka left open before the first commit
+    /// into each ([`crate::left_open`]).
+    first_writes: FirstWrites,
 }
 
 impl KafkaTxnCore {
@@ -152,7 +175,14 @@ impl KafkaTxnCore {
             aborted_since: None,
             recording: None,
             committed_claim: None,
+            first_writes: FirstWrites::default(),
         }
+    }
+
+    /// Where the open transaction's records began in the partitions this session has
+    /// not yet checked for a transaction Kafka left open.
+    pub fn first_writes(&mut self) -> &mut FirstWrites {
+        &mut self.first_writes
     }
 
     /// The session starts from `claim`: the committed record it read (or the slot's
@@ -298,6 +328,7 @@ impl KafkaTxnCore {
     /// not wait for it). Its age is kept for [`Self::judge_fence`].
     pub fn aborting(&mut self, now: Duration) -> bool {
         self.recording = None;
+        self.first_writes.aborted();
         let Some(since) = self.open_since.take() else {
             return false;
         };

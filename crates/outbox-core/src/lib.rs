@@ -76,6 +76,7 @@ pub mod inflight;
 mod json;
 pub mod kafka_txn;
 pub mod ledger;
+pub mod left_open;
 pub mod life;
 pub mod mapping;
 pub mod pgtype;
@@ -106,6 +107,7 @@ pub use error::{
 pub use inflight::InFlightEntry;
 pub use kafka_txn::{lost_slot_claim, CommitStep, KafkaTxnCore, TxnError, TxnNext, TxnRules};
 pub use ledger::{InFlightLedger, Outcome, Outgoing, Ticket};
+pub use left_open::{FirstWrites, OpenBefore, TopicPartition};
 pub use life::{Claim, Ended, Known, LifeCore, RecordRead, Refusal, SlotView};
 pub use mapping::{BoundTable, OutboxColumns, TableSpec};
 pub use publication::{CatalogLook, Look, Looked, PublicationWatch, WatchStop};

@@ -7,6 +7,7 @@
 //! - `context`: librdkafka callbacks (logs → `tracing`, fatal errors, deliveries).
 //! - `delivery`: the delivery report type and permanent/retryable classification.
 //! - `progress`: the per-slot progress record that makes a lost slot loud.
+//! - `stable`: partitions' last stable offsets (a transaction Kafka left open).
 
 mod config;
 mod context;
@@ -16,6 +17,7 @@ mod probe;
 mod producer;
 mod progress;
 mod settings;
+mod stable;
 
 #[cfg(test)]
 mod mock_tests;
@@ -37,3 +39,4 @@ pub use settings::{
     env_var_of_property, is_secret_property, kafka_property_from_env, transaction_timeout_in,
     ProducerSettings, RedactedSettings, Transactions, KAFKA_ENV_PREFIX,
 };
+pub use stable::StableOffsets;

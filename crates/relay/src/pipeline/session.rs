@@ -643,12 +643,21 @@ impl<'a> Session<'a> {
 
     fn on_delivery(&mut self, d: Delivery) -> Result<(), RelayError> {
         if d.ticket == PROGRESS_TICKET {
+            if let (Ok(at), Some(p), Some(txn)) = (&d.outcome, &self.progress, &mut self.txn) {
+                txn.first_writes()
+                    .acked(p.store.topic(), at.partition, at.offset);
+            }
             return d.outcome.map(|_| ()).map_err(RelayError::Delivery);
         }
         let ticket = Ticket::from_index(d.ticket);
         let acked = d.outcome.is_ok();
         if d.outcome.is_err() {
             self.failed_topic = self.core.ledger().topic_of(ticket).map(str::to_owned);
+        }
+        if let (Ok(at), Some(txn)) = (&d.outcome, &mut self.txn) {
+            if let Some(topic) = self.core.ledger().topic_of(ticket) {
+                txn.first_writes().acked(topic, at.partition, at.offset);
+            }
         }
         self.core.on_delivery(ticket, acked, d.at_unix_micros)?;
         match d.outcome {

@@ -113,6 +113,7 @@ impl Session<'_> {
         if !self.await_progress_ack(deadline).await? {
             return Err(too_slow("the progress record was not acknowledged"));
         }
+        self.check_left_open(deadline).await?;
         let recorded = Instant::now();
         let mut attempt = 1;
         loop {
@@ -153,6 +154,42 @@ impl Session<'_> {
         Ok(committed?)
     }
 
+    /// Before the session's first commit into a partition: no older transaction may be
+    /// open where this one's records begin (`outbox_core::left_open`), or the commit
+    /// would make it visible too. Another producer's transaction in progress there ends
+    /// soon, so the offsets are read again until `deadline`; one Kafka left open never
+    /// ends.
+    async fn check_left_open(&mut self, deadline: tokio::time::Instant) -> Result<(), RelayError> {
+        let Some(txn) = self.txn.as_mut() else {
+            return Ok(());
+        };
+        let parts = txn.first_writes().to_check();
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let trial = txn.first_writes().clone();
+        let settings = self.cfg.producer.clone();
+        let until = deadline.into_std();
+        let stable = tokio::task::spawn_blocking(move || {
+            let reader = crate::kafka::StableOffsets::new(&settings)?;
+            loop {
+                let stable = reader.read(&parts, until);
+                if trial.clone().judge(&stable).is_ok() || Instant::now() >= until {
+                    return Ok::<_, RelayError>(stable);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+        .await
+        .map_err(|e| RelayError::Protocol(format!("reading last stable offsets: {e}")))??;
+        let Some(txn) = self.txn.as_mut() else {
+            return Ok(());
+        };
+        txn.first_writes()
+            .judge(&stable)
+            .map_err(|open| RelayError::Transaction(TxnError::LeftOpen(open)))
+    }
+
     /// After the session failed: aborts an open Kafka transaction, so its records are
     /// never visible to read_committed consumers and the next start need not wait for it.
     /// A fenced producer makes that the session's error: another instance took over.
@@ -175,7 +212,9 @@ impl Session<'_> {
         // Any other failed abort counts: the next start's `init_transactions` aborts it
         // all the same.
         let cause = match e {
-            RelayError::Transaction(TxnError::Abortable(_)) => Some(TxnAbortCause::Abortable),
+            RelayError::Transaction(TxnError::Abortable(_) | TxnError::LeftOpen(_)) => {
+                Some(TxnAbortCause::Abortable)
+            }
             RelayError::Transaction(TxnError::Fenced(_)) => None,
             _ => Some(TxnAbortCause::Restart),
         };
