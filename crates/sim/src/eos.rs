@@ -33,6 +33,14 @@ use instance::Instance;
 
 /// `transaction.timeout.ms` of the model.
 const TIMEOUT: Duration = Duration::from_millis(1_000);
+/// The event topic, as the left-open check names it.
+const TOPIC: &str = "events";
+
+/// A model partition as Kafka numbers it.
+fn partition(p: usize) -> i32 {
+    i32::try_from(p).unwrap_or(i32::MAX)
+}
+
 /// How long a walsender outlives a stopped relay before the slot is free.
 const SENDER_TIMEOUT: Duration = Duration::from_millis(1_500);
 
@@ -67,6 +75,10 @@ pub struct EosStats {
     /// SIGTERMs to an instance with a session, and those that ended cleanly.
     pub shutdowns: u64,
     pub clean_stops: u64,
+    /// Coordinator aborts that wrote no marker to some of their partitions.
+    pub markers_skipped: u64,
+    /// Commits aborted instead: an older transaction left open where theirs began.
+    pub left_open: u64,
 }
 
 impl crate::Tally for EosStats {
@@ -88,6 +100,8 @@ impl crate::Tally for EosStats {
         self.messages_lost += o.messages_lost;
         self.shutdowns += o.shutdowns;
         self.clean_stops += o.clean_stops;
+        self.markers_skipped += o.markers_skipped;
+        self.left_open += o.left_open;
     }
 }
 
@@ -133,6 +147,8 @@ struct Eos {
     abort_waits: Rng,
     /// SIGTERMs and the draws of their shutdowns: their own stream too.
     sigterms: Rng,
+    /// Which partitions a coordinator's abort skips: their own stream too.
+    markers: Rng,
 }
 
 /// Runs the exactly-once schedule of `seed`.
@@ -193,6 +209,7 @@ pub fn run_exactly_once(seed: u64) -> Result<EosStats, Violation> {
         stats: EosStats::default(),
         abort_waits: Rng::new(seed ^ 0x6162_6f72_745f_7761),
         sigterms: Rng::new(seed ^ 0x7369_6774_6572_6d73),
+        markers: Rng::new(seed ^ 0x6d61_726b_6572_7321),
     };
     let steps = 100 + eos.rng.below(200);
     for _ in 0..steps {
@@ -200,6 +217,7 @@ pub fn run_exactly_once(seed: u64) -> Result<EosStats, Violation> {
     }
     eos.quiesce()?;
     eos.check_final()?;
+    eos.stats.markers_skipped = eos.broker.skipped_aborts;
     Ok(eos.stats)
 }
 
@@ -308,9 +326,21 @@ impl Eos {
         Ok(())
     }
 
+    /// The partitions a coordinator's abort writes no marker to: now and then some,
+    /// leaderless at that moment.
+    fn skipped_markers(&mut self) -> Vec<usize> {
+        if !self.markers.chance(100) {
+            return Vec::new();
+        }
+        (0..PARTITIONS)
+            .filter(|_| self.markers.chance(600))
+            .collect()
+    }
+
     /// The broker aborts a transaction open past the timeout and ends its epoch.
     fn expire(&mut self) {
-        if self.broker.expire(self.now, TIMEOUT) && self.trace {
+        let skipped = self.skipped_markers();
+        if self.broker.expire(self.now, TIMEOUT, &skipped) && self.trace {
             eprintln!(
                 "  broker: transaction expired, epoch now {}",
                 self.broker.epoch
@@ -461,13 +491,14 @@ impl Eos {
         let Some((ticket, w)) = s.life.queues[p].pop_front() else {
             return Ok(());
         };
-        if !self.broker.append(s.epoch, w) {
+        let Some(offset) = self.broker.append(s.epoch, p, w) else {
             s.life
                 .core
                 .on_delivery(ticket, false, self.now_micros())
                 .map_err(Failure::rules)?;
             return Err(Failure::Txn(TxnError::Fenced("produce: _FENCED".into())));
-        }
+        };
+        s.txn.first_writes().acked(TOPIC, partition(p), offset);
         s.life
             .core
             .on_delivery(ticket, true, self.now_micros())
@@ -542,6 +573,23 @@ impl Eos {
         {
             return Err(Failure::Txn(TxnError::Fenced("record: _FENCED".into())));
         }
+        // The relay's check before the first commit into a partition: an older
+        // transaction open below this one's records would be committed with them.
+        let parts = s.txn.first_writes().to_check();
+        let stable: Vec<i64> = parts
+            .iter()
+            .map(|(_, p)| {
+                let p = usize::try_from(*p).unwrap_or(usize::MAX);
+                self.broker.last_stable_offset(p)
+            })
+            .collect();
+        if let Err(open) = s.txn.first_writes().judge(&stable) {
+            self.stats.left_open += 1;
+            if self.trace {
+                eprintln!("  instance {i} aborts its commit: {open}");
+            }
+            return Err(Failure::Txn(TxnError::LeftOpen(open)));
+        }
         let mut attempt = 1;
         loop {
             // Now and then the response is lost: committed or not, the caller cannot tell.
@@ -578,14 +626,17 @@ impl Eos {
         let Some((ticket, w)) = s.life.queues[p].pop_front() else {
             return Ok(());
         };
-        let ok = self.broker.append(s.epoch, w);
+        let offset = self.broker.append(s.epoch, p, w);
+        if let Some(offset) = offset {
+            s.txn.first_writes().acked(TOPIC, partition(p), offset);
+        }
         s.life
             .core
-            .on_delivery(ticket, ok, self.now_micros())
+            .on_delivery(ticket, offset.is_some(), self.now_micros())
             .map_err(Failure::rules)?;
-        match ok {
-            true => Ok(()),
-            false => Err(Failure::Txn(TxnError::Fenced("produce: _FENCED".into()))),
+        match offset {
+            Some(_) => Ok(()),
+            None => Err(Failure::Txn(TxnError::Fenced("produce: _FENCED".into()))),
         }
     }
 

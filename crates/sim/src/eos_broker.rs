@@ -4,7 +4,10 @@
 //! reader until their transaction commits, the broker's own abort of a transaction open
 //! past `transaction.timeout.ms` (which also ends the epoch, KIP-588), and no KIP-890: a
 //! late produce request of a retried commit lands in the same producer's next
-//! transaction.
+//! transaction. The coordinator's aborts may skip partitions (no leader at that moment,
+//! taken for deleted: seen with Apache Kafka 4.4): there the records stay open, and the
+//! next `EndTxn` of the same producer id that writes to the partition decides them with
+//! its own (docs/transactional-mode.md, "A transaction Kafka left open").
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -34,14 +37,24 @@ pub(crate) struct Broker {
     open: Option<(u64, u64, Duration)>,
     serials: u64,
     states: HashMap<u64, State>,
-    /// Every write, in append order, with its transaction's serial.
-    log: Vec<(Written, u64)>,
+    /// Every write, in append order, with its transaction's serial, its partition and its
+    /// offset there.
+    log: Vec<(Written, u64, usize, i64)>,
+    /// Each partition's next offset.
+    ends: HashMap<usize, i64>,
+    /// Partitions of aborted transactions the coordinator wrote no marker to: their
+    /// records are still open there.
+    left_open: HashSet<(u64, usize)>,
+    /// How such records were decided later, by another transaction's marker.
+    decided: HashMap<(u64, usize), State>,
+    /// Aborts that left records open somewhere.
+    pub skipped_aborts: u64,
     /// Progress records, with their lineage, their transaction's serial and when they
     /// were written.
     records: Vec<(DeliveredPosition, u64, u64, i64)>,
     /// A produce request of a committed transaction, still on its way, and the epoch of
     /// the producer that sent it.
-    pub late: Option<(u64, Option<Written>)>,
+    pub late: Option<(u64, Option<(Written, usize)>)>,
     /// The epoch the newest `init_transactions` began: a producer of an older epoch has
     /// been taken over by another (the broker's expiry also ends epochs, but begins none
     /// that a producer holds).
@@ -49,18 +62,56 @@ pub(crate) struct Broker {
 }
 
 impl Broker {
-    /// A new producer registers: the epoch moves on and the open transaction is aborted.
-    pub fn init_transactions(&mut self) -> u64 {
-        self.abort_open();
+    /// A new producer registers: the epoch moves on and the open transaction is aborted
+    /// (no marker to the partitions in `skipped`).
+    pub fn init_transactions(&mut self, skipped: &[usize]) -> u64 {
+        self.abort_open(skipped);
         self.epoch += 1;
         self.late = None;
         self.last_init = self.epoch;
         self.epoch
     }
 
-    fn abort_open(&mut self) {
+    fn abort_open(&mut self, skipped: &[usize]) {
         if let Some((serial, _, _)) = self.open.take() {
             self.states.insert(serial, State::Aborted);
+            let before = self.left_open.len();
+            for &p in skipped {
+                if self.log.iter().any(|(_, s, q, _)| *s == serial && *q == p) {
+                    self.left_open.insert((serial, p));
+                }
+            }
+            self.skipped_aborts += u64::from(self.left_open.len() > before);
+        }
+    }
+
+    fn push(&mut self, w: Written, serial: u64, p: usize) -> i64 {
+        let end = self.ends.entry(p).or_insert(0);
+        let offset = *end;
+        *end += 1;
+        self.log.push((w, serial, p, offset));
+        offset
+    }
+
+    /// Partition `p`'s last stable offset: where its oldest open records begin (this
+    /// producer's open transaction's, or an aborted one's left open), else its end.
+    pub fn last_stable_offset(&self, p: usize) -> i64 {
+        self.log
+            .iter()
+            .filter(|(_, s, q, _)| *q == p && self.state(*s, p) == State::Open)
+            .map(|(_, _, _, o)| *o)
+            .min()
+            .unwrap_or_else(|| self.ends.get(&p).copied().unwrap_or(0))
+    }
+
+    /// How the records of transaction `serial` in partition `p` stand.
+    fn state(&self, serial: u64, p: usize) -> State {
+        if self.left_open.contains(&(serial, p)) {
+            return State::Open;
+        }
+        match self.decided.get(&(serial, p)) {
+            Some(s) => *s,
+            None => self.states.get(&serial).copied().unwrap_or(State::Aborted),
         }
     }
 
@@ -74,21 +125,21 @@ impl Broker {
         self.states.insert(self.serials, State::Open);
         if let Some((late_epoch, write)) = self.late.take() {
             if late_epoch == epoch {
-                if let Some(w) = write {
-                    self.log.push((w, self.serials));
+                if let Some((w, p)) = write {
+                    self.push(w, self.serials, p);
                 }
             }
         }
     }
 
-    /// Appends `w` to the open transaction of `epoch`; false: fenced (or none open).
-    pub fn append(&mut self, epoch: u64, w: Written) -> bool {
+    /// Appends `w` to partition `p` in the open transaction of `epoch`: its offset, or
+    /// `None`: fenced (or none open).
+    pub fn append(&mut self, epoch: u64, p: usize, w: Written) -> Option<i64> {
         match self.open {
             Some((serial, e, _)) if e == epoch && epoch == self.epoch => {
-                self.log.push((w, serial));
-                true
+                Some(self.push(w, serial, p))
             }
-            _ => false,
+            _ => None,
         }
     }
 
@@ -126,15 +177,32 @@ impl Broker {
             Commit::Abort => State::Aborted,
         };
         self.states.insert(serial, state);
+        // Its markers decide whatever of this producer id is still open in its partitions.
+        let parts: HashSet<usize> = self
+            .log
+            .iter()
+            .filter(|(_, s, _, _)| *s == serial)
+            .map(|(_, _, p, _)| *p)
+            .collect();
+        let open: Vec<(u64, usize)> = self
+            .left_open
+            .iter()
+            .filter(|(_, p)| parts.contains(p))
+            .copied()
+            .collect();
+        for key in open {
+            self.left_open.remove(&key);
+            self.decided.insert(key, state);
+        }
         Ok(())
     }
 
-    /// The coordinator aborts a transaction open `timeout` or longer, and ends its
-    /// producer's epoch; true if it did.
-    pub fn expire(&mut self, now: Duration, timeout: Duration) -> bool {
+    /// The coordinator aborts a transaction open `timeout` or longer (no marker to the
+    /// partitions in `skipped`), and ends its producer's epoch; true if it did.
+    pub fn expire(&mut self, now: Duration, timeout: Duration, skipped: &[usize]) -> bool {
         match self.open {
             Some((_, _, since)) if now.saturating_sub(since) >= timeout => {
-                self.abort_open();
+                self.abort_open(skipped);
                 self.epoch += 1;
                 true
             }
@@ -150,8 +218,8 @@ impl Broker {
     pub fn read_committed(&self) -> impl Iterator<Item = &Written> {
         self.log
             .iter()
-            .filter(|(_, s)| self.committed(*s))
-            .map(|(w, _)| w)
+            .filter(|(_, s, p, _)| self.state(*s, *p) == State::Committed)
+            .map(|(w, _, _, _)| w)
     }
 
     /// The ids a read_committed consumer has.
@@ -174,18 +242,18 @@ impl Broker {
             .map(|(c, l, _, at)| (c, *l, *at))
     }
 
-    /// A write of the newest committed transaction.
-    pub fn last_committed_write(&self) -> Option<Written> {
+    /// A write of the newest committed transaction, with its partition.
+    pub fn last_committed_write(&self) -> Option<(Written, usize)> {
         let serial = self
             .log
             .iter()
             .rev()
-            .find(|(_, s)| self.committed(*s))
-            .map(|(_, s)| *s)?;
+            .find(|(_, s, _, _)| self.committed(*s))
+            .map(|(_, s, _, _)| *s)?;
         self.log
             .iter()
             .rev()
-            .find(|(_, s)| *s == serial)
-            .map(|(w, _)| *w)
+            .find(|(_, s, _, _)| *s == serial)
+            .map(|(w, _, p, _)| (*w, *p))
     }
 }

@@ -84,7 +84,8 @@ impl Eos {
             return Ok(());
         }
         self.holder = Some(i);
-        let epoch = self.broker.init_transactions();
+        let skipped = self.skipped_markers();
+        let epoch = self.broker.init_transactions(&skipped);
         let inst = &mut self.instances[i];
         inst.streamed = true;
         let read = match inst.carry.needs_record() {
