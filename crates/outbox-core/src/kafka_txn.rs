@@ -40,10 +40,9 @@ pub enum TxnError {
     Expired(String),
     #[error("the transactional Kafka producer failed fatally: {0}")]
     Fatal(String),
-    /// Kafka holds an older transaction open where this one's records begin
-    /// ([`crate::left_open`]): committing would commit it too.
-    #[error("{}: committing would make its records visible too; {}", .0, self.remedy().unwrap_or_default())]
-    LeftOpen(crate::OpenBefore),
+    /// A commit would decide records it must not ([`crate::left_open`]).
+    #[error("{}; {}", .0, self.remedy().unwrap_or_default())]
+    LeftOpen(crate::LeftOpen),
 }
 
 /// What a [`TxnError`] leads to.
@@ -78,19 +77,10 @@ impl TxnError {
                 OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS (the broker caps it at \
                 transaction.max.timeout.ms)"
             ),
-            TxnError::LeftOpen(o) => format!(
-                "this transaction was aborted instead, which closes such a transaction of this \
-                relay's own (Kafka answered it aborted but skipped a partition that had no \
-                leader then), and outboxd resumes from the slot. If it stays open, it is another \
-                producer's, or this abort missed the partition too: see it with \
-                kafka-transactions.sh --bootstrap-server BROKER describe-producers --topic {t} \
-                --partition {p}, and abort it with kafka-transactions.sh --bootstrap-server \
-                BROKER abort --topic {t} --partition {p} --start-offset {from}",
-                t = o.topic,
-                p = o.partition,
-                from = o
-                    .open_from
-                    .map_or_else(|| "<its first offset>".to_owned(), |f| f.to_string()),
+            TxnError::LeftOpen(_) => String::from(
+                "the transaction is aborted, not committed, which closes it there (an abort \
+                marker of this producer id ends what of it is open), and outboxd resumes from \
+                the slot: its events are published again, nothing of them was confirmed",
             ),
             _ => return None,
         };
@@ -296,6 +286,7 @@ impl KafkaTxnCore {
         if let Some(claim) = self.recording.take() {
             self.committed_claim = Some(claim);
         }
+        self.first_writes.committed();
         self.open_since = None;
         self.events = 0;
         if let (Some(began), 1) = (self.last_commit, attempts) {
@@ -328,7 +319,9 @@ impl KafkaTxnCore {
     /// not wait for it). Its age is kept for [`Self::judge_fence`].
     pub fn aborting(&mut self, now: Duration) -> bool {
         self.recording = None;
-        self.first_writes.aborted();
+        if self.open_since.is_some() {
+            self.first_writes.aborted();
+        }
         let Some(since) = self.open_since.take() else {
             return false;
         };

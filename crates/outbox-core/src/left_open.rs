@@ -2,154 +2,237 @@
 //! mode's check before the first commit of a session into each partition
 //! (docs/transactional-mode.md, "A transaction Kafka left open").
 //!
-//! Kafka can answer that a transaction was aborted without writing its abort marker into
-//! a partition: the coordinator skips a partition that has no leader at that moment, taking
-//! it for a deleted one (seen with Apache Kafka 4.4 when a hung broker woke up fenced by
-//! its controller). The records stay open in that partition, and the next commit marker
-//! of the same producer id (the next session's, with a new epoch) commits them: every
-//! event of the aborted transaction read twice in `read_committed`. An abort marker of
-//! the same producer id closes them instead.
+//! Kafka can end a transaction without writing its marker into a partition: the
+//! coordinator skips a partition that has no leader at that moment, taking it for a
+//! deleted one (seen with Apache Kafka 4.4 when a hung broker woke up fenced by its
+//! controller). The records stay open there, and the next marker of the same producer id
+//! (the next session's, with a new epoch) decides them with its own: a commit makes an
+//! aborted transaction's records visible (every event twice in `read_committed`), an
+//! abort hides a committed one's (a loss, when its progress record or the slot moved on).
 //!
 //! So before a session's first commit into a partition, the partition's last stable
-//! offset must be where this transaction's own records there begin. Below it, an older
-//! transaction is open there: this relay's, left open, or another producer's. The
-//! transaction is then aborted rather than committed (which closes one of this relay's
-//! own) and the session resumes from the slot.
+//! offset is read. Where this transaction's own records there begin: nothing older is
+//! open. Below: an older transaction is open, and only one this process proved aborted
+//! (it ended it without ever asking Kafka to commit it) is closed by aborting this one.
+//! Anything else open there may be a commit of this relay's whose markers were skipped,
+//! or another producer's transaction: in doubt, commit (a duplicate is a cost, a wrong
+//! abort a loss).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A topic's partition.
 pub type TopicPartition = (String, i32);
 
-/// The partitions the open Kafka transaction wrote to that this session has not yet
-/// checked, with the offset of the first record it wrote to each.
+/// Per partition, where the newest transaction this process aborted without asking to
+/// commit it began there: records Kafka may have left open, proven never committed. A last
+/// stable offset at or below it means they may still be open.
+pub type AbortedSpans = BTreeMap<TopicPartition, i64>;
+
+/// One session's view of its Kafka transactions' first records per partition.
 #[derive(Debug, Default, Clone)]
 pub struct FirstWrites {
-    unchecked: BTreeMap<TopicPartition, i64>,
+    /// The open transaction's first acknowledged offset in each partition it wrote to.
+    txn: BTreeMap<TopicPartition, i64>,
+    /// Partitions checked in this session: nothing of this producer id is open there
+    /// below this session's records.
     checked: BTreeSet<TopicPartition>,
+    /// Proven aborted spans: the process's, then this session's.
+    aborted: AbortedSpans,
+    /// A commit of the open transaction was asked for: its outcome is not known.
+    commit_asked: bool,
 }
 
-/// An older transaction open where this one's records begin.
+/// Why a transaction must be aborted rather than committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OpenBefore {
-    pub topic: String,
-    pub partition: i32,
-    /// The partition's last stable offset (where the oldest open transaction begins),
-    /// `None` when it was not read.
+pub enum LeftOpen {
+    /// A transaction this process aborted is still open below this one's records (from
+    /// its first record there, or from an older one of the same span).
+    Aborted {
+        at: TopicPartition,
+        open_from: i64,
+        ours_from: i64,
+    },
+    /// The last stable offset is past this transaction's first record there: another
+    /// client decided (aborted) its records, and a commit would claim them.
+    Decided {
+        at: TopicPartition,
+        stable: i64,
+        ours_from: i64,
+    },
+    /// The last stable offset was not read where a transaction this process aborted
+    /// may still be open.
+    Unread { at: TopicPartition },
+}
+
+/// An older transaction open below this one's records, not one proven aborted: it is
+/// committed with them if it is this producer id's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenBelow {
+    pub at: TopicPartition,
+    /// The last stable offset, `None` when not read.
     pub open_from: Option<i64>,
-    /// Where this transaction's records in the partition begin.
     pub ours_from: i64,
 }
 
 impl FirstWrites {
-    /// A record of the open transaction acknowledged at `offset`.
+    /// A session's, with what its process proved aborted before.
+    pub fn new(aborted: AbortedSpans) -> Self {
+        FirstWrites {
+            aborted,
+            ..FirstWrites::default()
+        }
+    }
+
+    /// A record of the open transaction acknowledged at `offset` (a negative one, as
+    /// librdkafka reports a retried produce the broker had already, says nothing).
     pub fn acked(&mut self, topic: &str, partition: i32, offset: i64) {
-        let key = (topic.to_owned(), partition);
-        if self.checked.contains(&key) {
+        if offset < 0 {
             return;
         }
-        let first = self.unchecked.entry(key).or_insert(offset);
+        let first = self
+            .txn
+            .entry((topic.to_owned(), partition))
+            .or_insert(offset);
         *first = (*first).min(offset);
     }
 
-    /// What to look up before the commit: each partition's last stable offset.
+    /// The partitions whose last stable offset to read before the commit.
     pub fn to_check(&self) -> Vec<TopicPartition> {
-        self.unchecked.keys().cloned().collect()
+        self.txn
+            .keys()
+            .filter(|tp| !self.checked.contains(*tp))
+            .cloned()
+            .collect()
     }
 
-    /// Judges the last stable offsets looked up for [`FirstWrites::to_check`]'s
-    /// partitions (in its order). Each one at or past this transaction's first record
-    /// there is checked for the rest of the session; one below it is the error, and the
-    /// transaction must be aborted, not committed.
-    pub fn judge(&mut self, stable: &[i64]) -> Result<(), OpenBefore> {
-        let below = self
-            .unchecked
-            .iter()
-            .enumerate()
-            .find_map(|(i, (tp, ours))| {
-                let open_from = stable.get(i).copied();
-                (open_from.is_none_or(|s| s < *ours)).then(|| OpenBefore {
-                    topic: tp.0.clone(),
-                    partition: tp.1,
-                    open_from,
-                    ours_from: *ours,
-                })
-            });
-        if let Some(open) = below {
-            return Err(open);
+    /// Judges the last stable offsets read for [`FirstWrites::to_check`]'s partitions, in
+    /// its order (`None`: not read). `Err`: abort the transaction instead of committing
+    /// it. `Ok`: commit; the doubts are older transactions open below this one's records
+    /// that its commit may make visible.
+    pub fn judge(&mut self, stable: &[Option<i64>]) -> Result<Vec<OpenBelow>, LeftOpen> {
+        let mut doubts = Vec::new();
+        let mut checked = Vec::new();
+        for (i, at) in self.to_check().into_iter().enumerate() {
+            let Some(&ours_from) = self.txn.get(&at) else {
+                continue;
+            };
+            let aborted = self.aborted.get(&at).copied();
+            match stable.get(i).copied().flatten() {
+                // Nothing older open: a span proven aborted there is closed.
+                Some(s) if s == ours_from => {
+                    self.aborted.remove(&at);
+                }
+                Some(stable) if stable > ours_from => {
+                    return Err(LeftOpen::Decided {
+                        at,
+                        stable,
+                        ours_from,
+                    })
+                }
+                // Open from the proven span or below it: the span may still be open (this
+                // producer id's open records are one span from its oldest; what is below
+                // may be another producer's), and a commit would make it visible.
+                Some(open_from) if aborted.is_some_and(|a| open_from <= a) => {
+                    return Err(LeftOpen::Aborted {
+                        at,
+                        open_from,
+                        ours_from,
+                    })
+                }
+                None if aborted.is_some() => return Err(LeftOpen::Unread { at }),
+                open_from => {
+                    // Open above the proven span: that one is closed.
+                    self.aborted.remove(&at);
+                    doubts.push(OpenBelow {
+                        at: at.clone(),
+                        open_from,
+                        ours_from,
+                    });
+                }
+            }
+            checked.push(at);
         }
-        let checked = std::mem::take(&mut self.unchecked);
-        self.checked.extend(checked.into_keys());
-        Ok(())
+        self.checked.extend(checked);
+        Ok(doubts)
     }
 
-    /// The transaction ended without a commit: its first writes are no longer this
-    /// session's (the next transaction's records begin elsewhere).
+    /// The transaction's commit is being asked for: from now on its outcome is unknown
+    /// until answered.
+    pub fn commit_asked(&mut self) {
+        self.commit_asked = true;
+    }
+
+    /// The transaction committed: its markers decided whatever of this producer id was
+    /// open in its partitions.
+    pub fn committed(&mut self) {
+        for at in std::mem::take(&mut self.txn).into_keys() {
+            self.aborted.remove(&at);
+        }
+        self.commit_asked = false;
+    }
+
+    /// The transaction ends without a commit. Never asked to commit: proven aborted, so
+    /// its records are a span to close wherever Kafka left them open. Asked: its outcome
+    /// is unknown, and a span merged with it is no longer proven.
     pub fn aborted(&mut self) {
-        self.unchecked.clear();
+        for (at, first) in std::mem::take(&mut self.txn) {
+            if self.commit_asked {
+                self.aborted.remove(&at);
+            } else {
+                // The newest: an older one still open is part of the same span (this
+                // producer id's open records there are one span from the oldest).
+                let span = self.aborted.entry(at).or_insert(first);
+                *span = (*span).max(first);
+            }
+        }
+        self.commit_asked = false;
+    }
+
+    /// What the process carries into its next session.
+    pub fn spans(&self) -> &AbortedSpans {
+        &self.aborted
     }
 }
 
-impl std::fmt::Display for OpenBefore {
+impl LeftOpen {
+    fn at(&self) -> &TopicPartition {
+        match self {
+            LeftOpen::Aborted { at, .. }
+            | LeftOpen::Decided { at, .. }
+            | LeftOpen::Unread { at } => at,
+        }
+    }
+}
+
+impl std::fmt::Display for LeftOpen {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (topic, partition, ours) = (&self.topic, self.partition, self.ours_from);
-        match self.open_from {
-            Some(open) => write!(
+        let (topic, partition) = self.at();
+        match self {
+            LeftOpen::Aborted {
+                open_from,
+                ours_from,
+                ..
+            } => write!(
                 f,
-                "a transaction opened before this one is still open in {topic} [{partition}] \
-                 (from offset {open}; this one's records there begin at {ours})"
+                "a transaction this process aborted is still open in {topic} [{partition}] \
+                 (open from offset {open_from}; this one's records there begin at {ours_from})"
             ),
-            None => write!(
+            LeftOpen::Decided {
+                stable, ours_from, ..
+            } => write!(
                 f,
-                "the last stable offset of {topic} [{partition}] was not read, so whether an \
-                 older transaction is open there is not known"
+                "this transaction's records in {topic} [{partition}] were decided by another \
+                 client (the last stable offset {stable} is past their first, {ours_from})"
+            ),
+            LeftOpen::Unread { .. } => write!(
+                f,
+                "the last stable offset of {topic} [{partition}] was not read, where a \
+                 transaction this process aborted may still be open"
             ),
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_partition_whose_stable_offset_is_where_ours_begin_is_checked_once() {
-        let mut w = FirstWrites::default();
-        w.acked("t", 0, 12);
-        w.acked("t", 0, 10);
-        w.acked("t", 1, 5);
-        assert_eq!(w.to_check(), vec![("t".into(), 0), ("t".into(), 1)]);
-        assert_eq!(w.judge(&[10, 5]), Ok(()));
-        w.acked("t", 0, 40);
-        assert!(w.to_check().is_empty(), "checked for the session");
-    }
-
-    #[test]
-    fn an_older_open_transaction_is_the_error_and_stays_unchecked() {
-        let mut w = FirstWrites::default();
-        w.acked("t", 0, 60);
-        w.acked("u", 3, 7);
-        let open = w.judge(&[0, 7]).unwrap_err();
-        assert_eq!(
-            open,
-            OpenBefore {
-                topic: "t".into(),
-                partition: 0,
-                open_from: Some(0),
-                ours_from: 60
-            }
-        );
-        assert_eq!(w.to_check().len(), 2, "nothing taken as checked");
-        w.aborted();
-        assert!(w.to_check().is_empty());
-    }
-
-    #[test]
-    fn offsets_not_all_read_check_nothing() {
-        let mut w = FirstWrites::default();
-        w.acked("t", 0, 3);
-        w.acked("t", 1, 3);
-        assert!(w.judge(&[3]).is_err());
-        assert_eq!(w.to_check().len(), 2);
-    }
-}
+#[path = "left_open_tests.rs"]
+mod tests;

@@ -47,8 +47,14 @@ pub(crate) struct Broker {
     left_open: HashSet<(u64, usize)>,
     /// How such records were decided later, by another transaction's marker.
     decided: HashMap<(u64, usize), State>,
-    /// Aborts that left records open somewhere.
+    /// Transactions ended with records left open somewhere (markers skipped).
     pub skipped_aborts: u64,
+    pub trace: bool,
+    /// Each transaction's producer epoch.
+    epochs: HashMap<u64, u64>,
+    /// Records of aborted transactions a later commit marker made visible, by
+    /// transaction and partition: taken by the caller after each `end_txn`.
+    pub resurrected: Vec<(u64, usize)>,
     /// Progress records, with their lineage, their transaction's serial and when they
     /// were written.
     records: Vec<(DeliveredPosition, u64, u64, i64)>,
@@ -74,15 +80,50 @@ impl Broker {
 
     fn abort_open(&mut self, skipped: &[usize]) {
         if let Some((serial, _, _)) = self.open.take() {
-            self.states.insert(serial, State::Aborted);
-            let before = self.left_open.len();
-            for &p in skipped {
-                if self.log.iter().any(|(_, s, q, _)| *s == serial && *q == p) {
-                    self.left_open.insert((serial, p));
-                }
-            }
-            self.skipped_aborts += u64::from(self.left_open.len() > before);
+            self.finish(serial, State::Aborted, skipped);
         }
+    }
+
+    /// Transaction `serial` ends as `state`: its markers go to its partitions but those in
+    /// `skipped`, and each decides whatever of this producer id is open there (a span
+    /// left open before included); in a skipped one its records stay open.
+    fn finish(&mut self, serial: u64, state: State, skipped: &[usize]) {
+        self.states.insert(serial, state);
+        let parts: HashSet<usize> = self
+            .log
+            .iter()
+            .filter(|(_, s, _, _)| *s == serial)
+            .map(|(_, _, p, _)| *p)
+            .collect();
+        let marked: HashSet<usize> = parts
+            .iter()
+            .copied()
+            .filter(|p| !skipped.contains(p))
+            .collect();
+        let decided: Vec<(u64, usize)> = self
+            .left_open
+            .iter()
+            .filter(|(_, p)| marked.contains(p))
+            .copied()
+            .collect();
+        for key in decided {
+            if state == State::Committed && self.states.get(&key.0) == Some(&State::Aborted) {
+                self.resurrected.push(key);
+            }
+            if self.trace {
+                eprintln!("  broker: transaction {serial}'s marker decides {key:?} as {state:?}");
+            }
+            self.left_open.remove(&key);
+            self.decided.insert(key, state);
+        }
+        let before = self.left_open.len();
+        for p in parts.difference(&marked) {
+            if self.trace {
+                eprintln!("  broker: transaction {serial} ({state:?}) left open in partition {p}");
+            }
+            self.left_open.insert((serial, *p));
+        }
+        self.skipped_aborts += u64::from(self.left_open.len() > before);
     }
 
     fn push(&mut self, w: Written, serial: u64, p: usize) -> i64 {
@@ -91,6 +132,25 @@ impl Broker {
         *end += 1;
         self.log.push((w, serial, p, offset));
         offset
+    }
+
+    /// The open transaction's serial.
+    pub fn open_serial(&self) -> Option<u64> {
+        self.open.map(|(serial, _, _)| serial)
+    }
+
+    /// The producer epoch of transaction `serial`.
+    pub fn epoch_of(&self, serial: u64) -> Option<u64> {
+        self.epochs.get(&serial).copied()
+    }
+
+    /// The event ids transaction `serial` wrote to partition `p`.
+    pub fn ids_of(&self, serial: u64, p: usize) -> Vec<u64> {
+        self.log
+            .iter()
+            .filter(|(_, s, q, _)| *s == serial && *q == p)
+            .map(|(w, _, _, _)| w.id)
+            .collect()
     }
 
     /// Partition `p`'s last stable offset: where its oldest open records begin (this
@@ -104,15 +164,12 @@ impl Broker {
             .unwrap_or_else(|| self.ends.get(&p).copied().unwrap_or(0))
     }
 
-    /// How the records of transaction `serial` in partition `p` stand.
+    /// How the records of transaction `serial` in partition `p` stand now.
     fn state(&self, serial: u64, p: usize) -> State {
         if self.left_open.contains(&(serial, p)) {
             return State::Open;
         }
-        match self.decided.get(&(serial, p)) {
-            Some(s) => *s,
-            None => self.states.get(&serial).copied().unwrap_or(State::Aborted),
-        }
+        self.outcome(serial, p)
     }
 
     /// The producer of `epoch` begins a transaction at `now` (at its first produce).
@@ -122,6 +179,7 @@ impl Broker {
         }
         self.serials += 1;
         self.open = Some((self.serials, epoch, now));
+        self.epochs.insert(self.serials, epoch);
         self.states.insert(self.serials, State::Open);
         if let Some((late_epoch, write)) = self.late.take() {
             if late_epoch == epoch {
@@ -162,9 +220,10 @@ impl Broker {
         self.records.push((claim, 0, self.serials, at));
     }
 
-    /// `EndTxn` of `epoch`'s open transaction. Again after a commit whose answer was lost:
-    /// the same answer. An older epoch is fenced.
-    pub fn end_txn(&mut self, epoch: u64, how: Commit) -> Result<(), TxnError> {
+    /// `EndTxn` of `epoch`'s open transaction (no marker to the partitions in `skipped`).
+    /// Again after a commit whose answer was lost: the same answer. An older epoch is
+    /// fenced.
+    pub fn end_txn(&mut self, epoch: u64, how: Commit, skipped: &[usize]) -> Result<(), TxnError> {
         if epoch != self.epoch {
             return Err(TxnError::Fenced("EndTxn: PRODUCER_FENCED".into()));
         }
@@ -176,24 +235,7 @@ impl Broker {
             Commit::Commit => State::Committed,
             Commit::Abort => State::Aborted,
         };
-        self.states.insert(serial, state);
-        // Its markers decide whatever of this producer id is still open in its partitions.
-        let parts: HashSet<usize> = self
-            .log
-            .iter()
-            .filter(|(_, s, _, _)| *s == serial)
-            .map(|(_, _, p, _)| *p)
-            .collect();
-        let open: Vec<(u64, usize)> = self
-            .left_open
-            .iter()
-            .filter(|(_, p)| parts.contains(p))
-            .copied()
-            .collect();
-        for key in open {
-            self.left_open.remove(&key);
-            self.decided.insert(key, state);
-        }
+        self.finish(serial, state, skipped);
         Ok(())
     }
 
@@ -215,11 +257,23 @@ impl Broker {
     }
 
     /// What a read_committed consumer reads, in append order.
+    /// Records left open count as their transaction ended at the coordinator: what a
+    /// consumer reads once a marker decides them as Kafka should have. A marker of a later
+    /// transaction that decided them otherwise shows (a copy, or a gap).
     pub fn read_committed(&self) -> impl Iterator<Item = &Written> {
         self.log
             .iter()
-            .filter(|(_, s, p, _)| self.state(*s, *p) == State::Committed)
+            .filter(|(_, s, p, _)| self.outcome(*s, *p) == State::Committed)
             .map(|(w, _, _, _)| w)
+    }
+
+    /// How the records of transaction `serial` in partition `p` end: as a later marker
+    /// decided them, else as the coordinator ended their transaction.
+    fn outcome(&self, serial: u64, p: usize) -> State {
+        match self.decided.get(&(serial, p)) {
+            Some(s) => *s,
+            None => self.states.get(&serial).copied().unwrap_or(State::Aborted),
+        }
     }
 
     /// The ids a read_committed consumer has.

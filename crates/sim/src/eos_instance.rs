@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use outbox_core::slot_fate::SlotNow;
 use outbox_core::{
-    Ended, KafkaTxnCore, LifeCore, RecordRead, Refusal, ReplayStart, SlotView, TxnError, TxnNext,
+    Ended, FirstWrites, KafkaTxnCore, LifeCore, RecordRead, Refusal, ReplayStart, SlotView,
+    TxnError, TxnNext,
 };
 
 use super::{Eos, Failure, Session, TIMEOUT};
@@ -31,6 +32,9 @@ pub(super) struct Instance {
     pub(super) carry: LifeCore<()>,
     /// This process streamed from the slot: the witness that it existed.
     pub(super) streamed: bool,
+    /// Transactions this process aborted without asking to commit them, where the broker
+    /// may have left them open (`outbox_core::left_open`).
+    pub(super) aborted_spans: outbox_core::AbortedSpans,
 }
 
 impl Instance {
@@ -41,6 +45,7 @@ impl Instance {
             process: 0,
             carry: LifeCore::new(true),
             streamed: false,
+            aborted_spans: outbox_core::AbortedSpans::new(),
         }
     }
 
@@ -49,6 +54,7 @@ impl Instance {
         self.process += 1;
         self.carry = LifeCore::new(true);
         self.streamed = false;
+        self.aborted_spans.clear();
     }
 }
 
@@ -86,6 +92,8 @@ impl Eos {
         self.holder = Some(i);
         let skipped = self.skipped_markers();
         let epoch = self.broker.init_transactions(&skipped);
+        self.epoch_owners
+            .insert(epoch, (i, self.instances[i].process));
         let inst = &mut self.instances[i];
         inst.streamed = true;
         let read = match inst.carry.needs_record() {
@@ -101,7 +109,10 @@ impl Eos {
         let claim = inst.carry.known(read).map_err(|r| refused(i, r))?.claim;
         let start = self.cluster.confirmed;
         if self.trace {
-            eprintln!("  instance {i} starts at {start:?}, epoch {epoch}, claim {claim:?}");
+            eprintln!(
+                "  instance {i} starts at {start:?}, epoch {epoch}, spans it aborted {:?}, claim {claim:?}",
+                self.instances[i].aborted_spans
+            );
         }
         let replay = ReplayStart {
             timeline,
@@ -138,6 +149,7 @@ impl Eos {
         )?;
         let mut txn = KafkaTxnCore::new(self.rules);
         txn.starts_from(life.core.claim().0);
+        *txn.first_writes() = FirstWrites::new(self.instances[i].aborted_spans.clone());
         self.instances[i].session = Some(Session {
             life,
             txn,
@@ -159,6 +171,7 @@ impl Eos {
         e: Failure,
     ) -> Result<(), Violation> {
         let e = self.abort_open(i, &mut s, e)?;
+        self.instances[i].aborted_spans = s.txn.first_writes().spans().clone();
         self.judged(i, &s, e)
     }
 
@@ -194,7 +207,8 @@ impl Eos {
                 self.now += Duration::from_millis(1 + self.abort_waits.below(most));
                 self.expire();
             }
-            let abort = self.broker.end_txn(s.epoch, Commit::Abort);
+            let skipped = self.skipped_markers();
+            let abort = self.broker.end_txn(s.epoch, Commit::Abort, &skipped);
             s.txn.abort_answered(self.now);
             // Anything but fenced or broken leaves the transaction to the next start.
             return Ok(KafkaTxnCore::after_abort(e, abort));

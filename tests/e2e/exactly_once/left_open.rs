@@ -1,8 +1,8 @@
-//! A transaction open in an event partition before the relay's first records there. The
-//! relay must not commit past it: a commit marker of the relay's own producer id would make
-//! visible any records of it that Kafka left open after answering that they were aborted
-//! (docs/transactional-mode.md, "A transaction Kafka left open"). Another producer's open
-//! transaction stands in for such records: the relay cannot tell them apart by offsets.
+//! A transaction open in an event partition before the relay's first records there, not
+//! one this process aborted: the relay commits over it (docs/transactional-mode.md, "A
+//! transaction Kafka left open"). Its check reads the partition's last stable offset
+//! before the session's first commit there; only a span this process proved aborted makes
+//! it abort instead.
 
 use std::time::Duration;
 
@@ -14,13 +14,13 @@ use support::load::insert_events;
 use support::scenario::Scenario;
 use support::schema;
 
-/// A transaction opened by another producer in every event partition (one record each)
-/// before the relay starts: each session's commit finds it open below its own records,
-/// waits for it until nine tenths of `transaction.timeout.ms`, and aborts instead of
-/// committing, so nothing is confirmed. Once that transaction is aborted, the next session
-/// commits: every event exactly once in read_committed, the slot confirmed past them.
+/// Another producer's transaction, open in every event partition (one record each) before
+/// the relay starts. The relay's first commit finds it below its own records, does not
+/// wait for it or abort, and commits: the slot is confirmed past the events while that
+/// transaction is still open (read_committed consumers wait for it, as for any open
+/// transaction). Once it is aborted, every event is there exactly once.
 #[tokio::test(flavor = "multi_thread")]
-async fn an_older_open_transaction_in_a_partition_holds_the_commit_until_it_ends() {
+async fn another_producers_open_transaction_does_not_hold_the_relay() {
     let s = Scenario::new("eos_left_open").partitions(1).await;
     let (db, outbox, topics, bootstrap, _) = s.parts();
     let other: BaseProducer = rdkafka::ClientConfig::new()
@@ -55,29 +55,23 @@ async fn an_older_open_transaction_in_a_partition_holds_the_commit_until_it_ends
     s.wait_active(&client, Duration::from_secs(120)).await;
     let events = insert_events(&client, &outbox.table, 200, 10, 20).await;
     let wal_after = schema::current_wal_lsn(db).await;
-    let aborted = "outboxd_kafka_transactions_aborted_total{cause=\"abortable\"}";
-    support::ops::wait_for(
-        "two sessions' commits aborted for the open transaction",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || async { (relay.metric_series(aborted).unwrap_or(0.0) >= 2.0).then_some(()) },
-    )
-    .await;
+    wait_confirmed_while_running(&mut relay, db, wal_after).await;
     assert!(
-        schema::confirmed_flush_lsn(db).await < wal_after,
-        "the slot was confirmed past events whose Kafka transaction was not committed"
+        relay
+            .metric("outboxd_kafka_transactions_committed_total")
+            .unwrap_or(0.0)
+            >= 1.0,
+        "committed while the other transaction is open"
     );
     assert_eq!(
         relay
-            .metric("outboxd_kafka_transactions_committed_total")
+            .metric_series("outboxd_kafka_transactions_aborted_total{cause=\"abortable\"}")
             .unwrap_or(0.0),
         0.0,
-        "a commit past the open transaction"
+        "aborted over another producer's transaction"
     );
-    assert!(relay.is_running(), "{}", relay.log_text());
     tokio::task::block_in_place(|| other.abort_transaction(Duration::from_secs(30)))
         .expect("the other producer's abort");
-    wait_confirmed_while_running(&mut relay, db, wal_after).await;
     assert_exactly_once(
         bootstrap,
         topics,

@@ -2,18 +2,20 @@
 //! begins: the exactly-once mode's check for a transaction Kafka left open
 //! (`outbox_core::left_open`).
 
-use std::time::Instant;
+use std::time::Duration;
 
 use outbox_core::TopicPartition;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{Offset, TopicPartitionList};
 
 use super::config::reader_config;
 use super::context::LogContext;
 use super::error::KafkaSetupError;
 use super::settings::ProducerSettings;
 
-/// A read_committed reader of partitions' last stable offsets: its high watermark is
-/// the last stable offset (librdkafka asks with the reader's isolation level).
+/// A read_committed reader of partitions' last stable offsets: asked for the latest
+/// offset, a read_committed client gets the last stable one (librdkafka's ListOffsets
+/// carries the client's isolation level). One per session.
 pub struct StableOffsets {
     reader: BaseConsumer<LogContext>,
     settings: ProducerSettings,
@@ -31,26 +33,39 @@ impl StableOffsets {
         })
     }
 
-    /// The last stable offset of each of `parts`, in order, read until `deadline` or the
-    /// first that cannot be read (the rest are left out: not known is not checked).
-    /// Blocks.
-    pub fn read(&self, parts: &[TopicPartition], deadline: Instant) -> Vec<i64> {
-        let mut stable = Vec::with_capacity(parts.len());
+    /// The last stable offset of each of `parts`, in order (`None`: not read within
+    /// `timeout`), in one request per partition leader. Blocks.
+    pub fn read(&self, parts: &[TopicPartition], timeout: Duration) -> Vec<Option<i64>> {
+        let mut latest = TopicPartitionList::new();
         for (topic, partition) in parts {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.reader.fetch_watermarks(topic, *partition, left) {
-                Ok((_, high)) => stable.push(high),
-                Err(e) => {
-                    tracing::warn!(
-                        topic = %topic,
-                        partition,
-                        "reading the partition's last stable offset: {}",
-                        self.settings.scrub(&e.to_string())
-                    );
-                    break;
-                }
+            // The latest offset is asked for as the timestamp -1 (ListOffsets' LATEST).
+            if let Err(e) = latest.add_partition_offset(topic, *partition, Offset::End) {
+                tracing::warn!("asking for a last stable offset: {e}");
             }
         }
-        stable
+        let answer = match self.reader.offsets_for_times(latest, timeout) {
+            Ok(answer) => answer,
+            Err(e) => {
+                tracing::warn!(
+                    "reading last stable offsets: {}",
+                    self.settings.scrub(&e.to_string())
+                );
+                return vec![None; parts.len()];
+            }
+        };
+        parts
+            .iter()
+            .map(|(topic, partition)| {
+                let found = answer.find_partition(topic, *partition)?;
+                if let Err(e) = found.error() {
+                    tracing::warn!(topic = %topic, partition, "reading the last stable offset: {e}");
+                    return None;
+                }
+                match found.offset() {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                }
+            })
+            .collect()
     }
 }

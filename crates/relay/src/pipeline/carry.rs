@@ -1,6 +1,6 @@
 //! What one session of a process hands the next.
 
-use outbox_core::{LifeCore, TextOnly};
+use outbox_core::{AbortedSpans, LifeCore, TextOnly};
 
 use crate::kafka::PublicationSeen;
 
@@ -20,6 +20,9 @@ pub(super) struct Carry {
     pub(super) standing_by: bool,
     /// A Relation ruled binary values out in an earlier session: later ones stream text.
     pub(super) binary_ruled_out: Option<TextOnly>,
+    /// Exactly-once mode: Kafka transactions this process aborted without asking to
+    /// commit them, where Kafka may have left them open (`outbox_core::left_open`).
+    pub(super) aborted_spans: AbortedSpans,
 }
 
 impl Carry {
@@ -31,6 +34,7 @@ impl Carry {
             settings_warned: false,
             standing_by: false,
             binary_ruled_out: None,
+            aborted_spans: AbortedSpans::default(),
         }
     }
 }

@@ -581,6 +581,7 @@ async fn run_session(
             server,
             binary,
             output_settings,
+            aborted_spans: carry.aborted_spans.clone(),
         },
     );
     let result = match session.run(&mut stream, shutdown).await {
@@ -599,6 +600,7 @@ async fn run_session(
         session.settle_in_flight(SETTLE_AFTER_SERVER_LOSS).await;
     }
     carry.progressed = session.made_progress();
+    carry.aborted_spans = session.aborted_spans();
     // Kept for the next session only if this one ends in a retry (`relay_loop`).
     carry
         .life

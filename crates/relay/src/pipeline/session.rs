@@ -115,6 +115,8 @@ pub(super) struct Session<'a> {
     failed_topic: Option<String>,
     /// Exactly-once mode: the Kafka transaction (docs/transactional-mode.md).
     txn: Option<KafkaTxnCore>,
+    /// Exactly-once mode: the reader of last stable offsets, made at the first check.
+    stable_offsets: Option<std::sync::Arc<crate::kafka::StableOffsets>>,
 }
 
 /// What the rules report, as metrics and logs.
@@ -186,6 +188,9 @@ pub(super) struct SessionStart {
     pub binary: super::binary::Binary,
     /// See `Session::output_settings`.
     pub output_settings: Option<[String; 3]>,
+    /// Exactly-once mode: spans of transactions this process aborted without asking to
+    /// commit them (`outbox_core::left_open`).
+    pub aborted_spans: outbox_core::AbortedSpans,
 }
 
 impl<'a> Session<'a> {
@@ -245,10 +250,12 @@ impl<'a> Session<'a> {
                     commit_attempts: COMMIT_ATTEMPTS,
                 })
             }),
+            stable_offsets: None,
         };
         let start = session.core.claim().0;
         if let Some(t) = session.txn.as_mut() {
             t.starts_from(start);
+            *t.first_writes() = outbox_core::FirstWrites::new(begin.aborted_spans);
         }
         session
     }

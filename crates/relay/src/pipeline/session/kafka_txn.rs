@@ -3,6 +3,7 @@
 //! `EndTxn`, and only then the position to PostgreSQL), its abort, and telling a fence
 //! by another instance from the broker's own abort of a transaction open too long.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_core::{CommitStep, KafkaTxnCore, TxnError};
@@ -114,6 +115,9 @@ impl Session<'_> {
             return Err(too_slow("the progress record was not acknowledged"));
         }
         self.check_left_open(deadline).await?;
+        if let Some(t) = self.txn.as_mut() {
+            t.first_writes().commit_asked();
+        }
         let recorded = Instant::now();
         let mut attempt = 1;
         loop {
@@ -154,11 +158,9 @@ impl Session<'_> {
         Ok(committed?)
     }
 
-    /// Before the session's first commit into a partition: no older transaction may be
-    /// open where this one's records begin (`outbox_core::left_open`), or the commit
-    /// would make it visible too. Another producer's transaction in progress there ends
-    /// soon, so the offsets are read again until `deadline`; one Kafka left open never
-    /// ends.
+    /// Before the session's first commit into a partition: what is open there below this
+    /// transaction's records (`outbox_core::left_open`). A transaction this process
+    /// aborted is closed by aborting this one; anything else is committed in doubt.
     async fn check_left_open(&mut self, deadline: tokio::time::Instant) -> Result<(), RelayError> {
         let Some(txn) = self.txn.as_mut() else {
             return Ok(());
@@ -167,27 +169,37 @@ impl Session<'_> {
         if parts.is_empty() {
             return Ok(());
         }
-        let trial = txn.first_writes().clone();
-        let settings = self.cfg.producer.clone();
-        let until = deadline.into_std();
-        let stable = tokio::task::spawn_blocking(move || {
-            let reader = crate::kafka::StableOffsets::new(&settings)?;
-            loop {
-                let stable = reader.read(&parts, until);
-                if trial.clone().judge(&stable).is_ok() || Instant::now() >= until {
-                    return Ok::<_, RelayError>(stable);
-                }
-                std::thread::sleep(Duration::from_millis(20));
+        let reader = match &self.stable_offsets {
+            Some(r) => Arc::clone(r),
+            None => {
+                let r = Arc::new(crate::kafka::StableOffsets::new(&self.cfg.producer)?);
+                self.stable_offsets = Some(Arc::clone(&r));
+                r
             }
-        })
-        .await
-        .map_err(|e| RelayError::Protocol(format!("reading last stable offsets: {e}")))??;
+        };
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let asked = parts.clone();
+        let stable = tokio::task::spawn_blocking(move || reader.read(&asked, left))
+            .await
+            .map_err(|e| RelayError::Protocol(format!("reading last stable offsets: {e}")))?;
         let Some(txn) = self.txn.as_mut() else {
             return Ok(());
         };
-        txn.first_writes()
+        let doubts = txn
+            .first_writes()
             .judge(&stable)
-            .map_err(|open| RelayError::Transaction(TxnError::LeftOpen(open)))
+            .map_err(|why| RelayError::Transaction(TxnError::LeftOpen(why)))?;
+        for d in doubts {
+            let (topic, partition) = &d.at;
+            tracing::info!(
+                topic = %topic,
+                partition,
+                last_stable_offset = ?d.open_from,
+                first_of_ours = d.ours_from,
+                "a transaction older than this one is open in this partition, not one this process aborted: committing (were it a transaction of this relay's that Kafka left open, its events are read twice; another producer's is not touched)"
+            );
+        }
+        Ok(())
     }
 
     /// After the session failed: aborts an open Kafka transaction, so its records are

@@ -136,6 +136,15 @@ impl Session<'_> {
         self.core.claim()
     }
 
+    /// Exactly-once mode: what the process carries into its next session of the spans it
+    /// aborted (`outbox_core::left_open`).
+    pub(in crate::pipeline) fn aborted_spans(&mut self) -> outbox_core::AbortedSpans {
+        self.txn
+            .as_mut()
+            .map(|t| t.first_writes().spans().clone())
+            .unwrap_or_default()
+    }
+
     /// Whether this session moved the confirmed position, or streamed for a good while:
     /// what allows the reconnect backoff to start over.
     pub(in crate::pipeline) fn made_progress(&self) -> bool {
