@@ -47,6 +47,13 @@ impl TopicNames {
         i
     }
 
+    pub fn named(&self, i: u32) -> Option<&str> {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| self.names.get(i))
+            .map(String::as_str)
+    }
+
     pub fn name(&self, i: u32) -> &str {
         usize::try_from(i)
             .ok()

@@ -78,9 +78,9 @@ impl TxnError {
                 transaction.max.timeout.ms)"
             ),
             TxnError::LeftOpen(_) => String::from(
-                "the transaction is aborted, not committed, which closes it there (an abort \
-                marker of this producer id ends what of it is open), and outboxd resumes from \
-                the slot: its events are published again, nothing of them was confirmed",
+                "the transaction is aborted rather than committed (an abort marker of this \
+                producer id closes what of it is open there), and outboxd resumes from the \
+                slot: these events are published again, none of them was confirmed",
             ),
             _ => return None,
         };

@@ -188,6 +188,14 @@ impl InFlightLedger {
         self.slab.get(ticket.0).map(|e| self.topics.name(e.topic))
     }
 
+    /// [`Self::topic_of`], but `None` past the bound on the names kept (the placeholder
+    /// names no topic).
+    pub fn named_topic_of(&self, ticket: Ticket) -> Option<&str> {
+        self.slab
+            .get(ticket.0)
+            .and_then(|e| self.topics.named(e.topic))
+    }
+
     /// The topic of an in-flight message, or a placeholder past the bound on the names
     /// kept (a template over the aggregate id could name millions).
     pub fn topic_name(&self, entry: &InFlightEntry) -> &str {

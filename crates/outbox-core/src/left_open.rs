@@ -23,10 +23,11 @@ use std::collections::{BTreeMap, BTreeSet};
 /// A topic's partition.
 pub type TopicPartition = (String, i32);
 
-/// Per partition, where the newest transaction this process aborted without asking to
-/// commit it began there: records Kafka may have left open, proven never committed. A last
-/// stable offset at or below it means they may still be open.
-pub type AbortedSpans = BTreeMap<TopicPartition, i64>;
+/// Per partition, where the oldest and the newest transaction this process aborted without
+/// asking to commit it (since its last commit there) began: records Kafka may have left
+/// open, proven never committed. A last stable offset between the two means they are still
+/// open; below the oldest, what is open there begins with records of unknown outcome.
+pub type AbortedSpans = BTreeMap<TopicPartition, (i64, i64)>;
 
 /// One session's view of its Kafka transactions' first records per partition.
 #[derive(Debug, Default, Clone)]
@@ -43,10 +44,10 @@ pub struct FirstWrites {
 }
 
 /// Why a transaction must be aborted rather than committed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LeftOpen {
-    /// A transaction this process aborted is still open below this one's records (from
-    /// its first record there, or from an older one of the same span).
+    /// A transaction this process aborted is still open below this one's records.
+    #[error("a transaction this process aborted is still open in {} [{}] (open from offset {open_from}; this one's records there begin at {ours_from})", .at.0, .at.1)]
     Aborted {
         at: TopicPartition,
         open_from: i64,
@@ -54,6 +55,7 @@ pub enum LeftOpen {
     },
     /// The last stable offset is past this transaction's first record there: another
     /// client decided (aborted) its records, and a commit would claim them.
+    #[error("this transaction's records in {} [{}] were decided by another client (the last stable offset {stable} is past their first, {ours_from})", .at.0, .at.1)]
     Decided {
         at: TopicPartition,
         stable: i64,
@@ -61,6 +63,7 @@ pub enum LeftOpen {
     },
     /// The last stable offset was not read where a transaction this process aborted
     /// may still be open.
+    #[error("the last stable offset of {} [{}] was not read, where a transaction this process aborted may still be open", .at.0, .at.1)]
     Unread { at: TopicPartition },
 }
 
@@ -109,19 +112,24 @@ impl FirstWrites {
     /// its order (`None`: not read). `Err`: abort the transaction instead of committing
     /// it. `Ok`: commit; the doubts are older transactions open below this one's records
     /// that its commit may make visible.
+    ///
+    /// An abort decides every partition the transaction wrote to: where what is open is
+    /// of unknown outcome (a commit whose markers were skipped too, or another producer's
+    /// transaction), or was not read, it could hide committed records. Then the
+    /// transaction is committed in doubt, proven spans included (copies, not a loss).
     pub fn judge(&mut self, stable: &[Option<i64>]) -> Result<Vec<OpenBelow>, LeftOpen> {
         let mut doubts = Vec::new();
-        let mut checked = Vec::new();
-        for (i, at) in self.to_check().into_iter().enumerate() {
-            let Some(&ours_from) = self.txn.get(&at) else {
+        let mut proven = Vec::new();
+        let mut clean = Vec::new();
+        let parts = self.to_check();
+        for (i, at) in parts.iter().enumerate() {
+            let Some(&ours_from) = self.txn.get(at) else {
                 continue;
             };
-            let aborted = self.aborted.get(&at).copied();
+            let aborted = self.aborted.get(at).copied();
+            let at = at.clone();
             match stable.get(i).copied().flatten() {
-                // Nothing older open: a span proven aborted there is closed.
-                Some(s) if s == ours_from => {
-                    self.aborted.remove(&at);
-                }
+                Some(s) if s == ours_from => clean.push(at),
                 Some(stable) if stable > ours_from => {
                     return Err(LeftOpen::Decided {
                         at,
@@ -129,30 +137,50 @@ impl FirstWrites {
                         ours_from,
                     })
                 }
-                // Open from the proven span or below it: the span may still be open (this
-                // producer id's open records are one span from its oldest; what is below
-                // may be another producer's), and a commit would make it visible.
-                Some(open_from) if aborted.is_some_and(|a| open_from <= a) => {
-                    return Err(LeftOpen::Aborted {
+                // Open from one of the proven transactions: they are still open (this
+                // producer id's open records are one span from its oldest). Below the
+                // oldest, the span begins with records of unknown outcome.
+                Some(open_from)
+                    if aborted.is_some_and(|(lo, hi)| lo <= open_from && open_from <= hi) =>
+                {
+                    proven.push(LeftOpen::Aborted {
                         at,
                         open_from,
                         ours_from,
                     })
                 }
-                None if aborted.is_some() => return Err(LeftOpen::Unread { at }),
-                open_from => {
-                    // Open above the proven span: that one is closed.
-                    self.aborted.remove(&at);
-                    doubts.push(OpenBelow {
-                        at: at.clone(),
-                        open_from,
-                        ours_from,
-                    });
-                }
+                None if aborted.is_some() => proven.push(LeftOpen::Unread { at }),
+                open_from => doubts.push(OpenBelow {
+                    at,
+                    open_from,
+                    ours_from,
+                }),
             }
-            checked.push(at);
         }
-        self.checked.extend(checked);
+        if doubts.is_empty() {
+            if let Some(why) = proven.into_iter().next() {
+                return Err(why);
+            }
+        } else {
+            for why in proven {
+                let (at, open_from) = match why {
+                    LeftOpen::Aborted { at, open_from, .. } => (at, Some(open_from)),
+                    LeftOpen::Unread { at } | LeftOpen::Decided { at, .. } => (at, None),
+                };
+                let ours_from = self.txn.get(&at).copied().unwrap_or_default();
+                doubts.push(OpenBelow {
+                    at,
+                    open_from,
+                    ours_from,
+                });
+            }
+        }
+        // Committed over: whatever of this producer id is open there is decided with this
+        // transaction, and nothing is open below its records from now on.
+        for at in clean.iter().chain(doubts.iter().map(|d| &d.at)) {
+            self.aborted.remove(at);
+        }
+        self.checked.extend(parts);
         Ok(doubts)
     }
 
@@ -179,10 +207,9 @@ impl FirstWrites {
             if self.commit_asked {
                 self.aborted.remove(&at);
             } else {
-                // The newest: an older one still open is part of the same span (this
-                // producer id's open records there are one span from the oldest).
-                let span = self.aborted.entry(at).or_insert(first);
-                *span = (*span).max(first);
+                let span = self.aborted.entry(at).or_insert((first, first));
+                span.0 = span.0.min(first);
+                span.1 = span.1.max(first);
             }
         }
         self.commit_asked = false;
@@ -191,45 +218,6 @@ impl FirstWrites {
     /// What the process carries into its next session.
     pub fn spans(&self) -> &AbortedSpans {
         &self.aborted
-    }
-}
-
-impl LeftOpen {
-    fn at(&self) -> &TopicPartition {
-        match self {
-            LeftOpen::Aborted { at, .. }
-            | LeftOpen::Decided { at, .. }
-            | LeftOpen::Unread { at } => at,
-        }
-    }
-}
-
-impl std::fmt::Display for LeftOpen {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (topic, partition) = self.at();
-        match self {
-            LeftOpen::Aborted {
-                open_from,
-                ours_from,
-                ..
-            } => write!(
-                f,
-                "a transaction this process aborted is still open in {topic} [{partition}] \
-                 (open from offset {open_from}; this one's records there begin at {ours_from})"
-            ),
-            LeftOpen::Decided {
-                stable, ours_from, ..
-            } => write!(
-                f,
-                "this transaction's records in {topic} [{partition}] were decided by another \
-                 client (the last stable offset {stable} is past their first, {ours_from})"
-            ),
-            LeftOpen::Unread { .. } => write!(
-                f,
-                "the last stable offset of {topic} [{partition}] was not read, where a \
-                 transaction this process aborted may still be open"
-            ),
-        }
     }
 }
 

@@ -111,35 +111,62 @@ fn an_unread_stable_offset_where_a_proven_span_may_be_open_aborts() {
 }
 
 #[test]
-fn a_proven_span_behind_an_older_open_one_still_aborts_and_a_clean_check_forgets_it() {
+fn only_a_stable_offset_within_the_proven_spans_aborts() {
     let mut first = FirstWrites::default();
     first.acked("t", 0, 5);
     first.aborted();
-    // Open from 2: an older span of the same producer id merged with the proven one.
-    let mut next = FirstWrites::new(first.spans().clone());
-    next.acked("t", 0, 9);
+    let mut second = FirstWrites::new(first.spans().clone());
+    second.acked("t", 0, 9);
+    second.aborted();
+    assert_eq!(second.spans().get(&tp("t", 0)), Some(&(5, 9)));
+    for open_from in [5, 7, 9] {
+        let mut next = FirstWrites::new(second.spans().clone());
+        next.acked("t", 0, 14);
+        assert_eq!(
+            next.judge(&[Some(open_from)]),
+            Err(LeftOpen::Aborted {
+                at: tp("t", 0),
+                open_from,
+                ours_from: 14
+            })
+        );
+    }
+    // Open from below the oldest: records of unknown outcome begin the span (a commit
+    // whose markers were skipped, say), and an abort would hide them: committed.
+    let mut below = FirstWrites::new(second.spans().clone());
+    below.acked("t", 0, 14);
     assert_eq!(
-        next.judge(&[Some(2)]),
-        Err(LeftOpen::Aborted {
-            at: tp("t", 0),
-            open_from: 2,
-            ours_from: 9
-        })
-    );
-    // Open from above the proven span only: it was closed; committed in doubt.
-    let mut later = FirstWrites::new(first.spans().clone());
-    later.acked("t", 0, 12);
-    assert_eq!(
-        later.judge(&[Some(7)]),
+        below.judge(&[Some(2)]),
         Ok(vec![OpenBelow {
             at: tp("t", 0),
-            open_from: Some(7),
-            ours_from: 12
+            open_from: Some(2),
+            ours_from: 14
         }])
     );
-    assert!(later.spans().is_empty());
-    let mut clean = FirstWrites::new(first.spans().clone());
+    assert!(below.spans().is_empty(), "committed over: decided");
+    // Open from above the newest only: the proven ones were closed.
+    let mut above = FirstWrites::new(second.spans().clone());
+    above.acked("t", 0, 14);
+    assert!(above.judge(&[Some(11)]).is_ok());
+    assert!(above.spans().is_empty());
+    let mut clean = FirstWrites::new(second.spans().clone());
     clean.acked("t", 0, 20);
     assert_eq!(clean.judge(&[Some(20)]), Ok(vec![]));
     assert!(clean.spans().is_empty(), "nothing older open: forgotten");
+}
+
+#[test]
+fn a_proven_span_is_committed_in_doubt_when_another_partition_is_unknown() {
+    let mut first = FirstWrites::default();
+    first.acked("t", 0, 5);
+    first.aborted();
+    let mut next = FirstWrites::new(first.spans().clone());
+    next.acked("t", 0, 9);
+    next.acked("t", 1, 30);
+    // An abort would also decide partition 1, where something of unknown outcome is open.
+    let doubts = next
+        .judge(&[Some(5), Some(12)])
+        .expect("committed in doubt");
+    assert_eq!(doubts.len(), 2);
+    assert!(next.spans().is_empty(), "both decided by the commit");
 }

@@ -16,6 +16,18 @@ use outbox_core::{DeliveredPosition, TxnError};
 
 use crate::model::Written;
 
+/// Records of transaction `serial` left open in partition `p` (from offset `first`),
+/// decided `by` a later marker of the producer id; `ended` is how the coordinator ended
+/// their transaction.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Decision {
+    pub serial: u64,
+    pub p: usize,
+    pub first: i64,
+    pub ended: State,
+    pub by: State,
+}
+
 /// How a transaction ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Commit {
@@ -24,7 +36,7 @@ pub(crate) enum Commit {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
+pub(crate) enum State {
     Open,
     Committed,
     Aborted,
@@ -52,9 +64,9 @@ pub(crate) struct Broker {
     pub trace: bool,
     /// Each transaction's producer epoch.
     epochs: HashMap<u64, u64>,
-    /// Records of aborted transactions a later commit marker made visible, by
-    /// transaction and partition: taken by the caller after each `end_txn`.
-    pub resurrected: Vec<(u64, usize)>,
+    /// What the markers of the latest ends decided of records left open before: taken
+    /// by the caller after each end.
+    pub decided_now: Vec<Decision>,
     /// Progress records, with their lineage, their transaction's serial and when they
     /// were written.
     records: Vec<(DeliveredPosition, u64, u64, i64)>,
@@ -107,9 +119,20 @@ impl Broker {
             .copied()
             .collect();
         for key in decided {
-            if state == State::Committed && self.states.get(&key.0) == Some(&State::Aborted) {
-                self.resurrected.push(key);
-            }
+            let first = self
+                .log
+                .iter()
+                .filter(|(_, s, q, _)| (*s, *q) == key)
+                .map(|(_, _, _, o)| *o)
+                .min()
+                .unwrap_or(0);
+            self.decided_now.push(Decision {
+                serial: key.0,
+                p: key.1,
+                first,
+                ended: self.states.get(&key.0).copied().unwrap_or(State::Aborted),
+                by: state,
+            });
             if self.trace {
                 eprintln!("  broker: transaction {serial}'s marker decides {key:?} as {state:?}");
             }
@@ -132,6 +155,15 @@ impl Broker {
         *end += 1;
         self.log.push((w, serial, p, offset));
         offset
+    }
+
+    /// The transactions with records left open in partition `p`.
+    pub fn left_open_in(&self, p: usize) -> Vec<u64> {
+        self.left_open
+            .iter()
+            .filter(|(_, q)| *q == p)
+            .map(|(s, _)| *s)
+            .collect()
     }
 
     /// The open transaction's serial.

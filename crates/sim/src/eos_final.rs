@@ -36,6 +36,9 @@ impl Eos {
                 if self.lost_messages.contains(&id) && n <= 1 {
                     continue;
                 }
+                if n == 0 && self.buried.contains(&id) {
+                    continue;
+                }
                 if n > 1 && n <= 1 + reinserted {
                     self.stats.duplicates += n - 1;
                 } else if n > 1 && doubted {
@@ -50,7 +53,12 @@ impl Eos {
         }
         let mut seen = HashSet::new();
         let mut last: HashMap<u32, (usize, u64)> = HashMap::new();
-        for w in self.broker.read_committed().filter(|w| !w.dead) {
+        // Kafka's burials aside: a copy published again after the loss comes late.
+        for w in self
+            .broker
+            .read_committed()
+            .filter(|w| !w.dead && !self.buried.contains(&w.id))
+        {
             let Some(&at) = order.get(&w.id) else {
                 continue;
             };

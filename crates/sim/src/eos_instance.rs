@@ -82,8 +82,11 @@ impl Eos {
             .connected::<String>(SYSTEM, timeline, server)
             .map_err(|r| refused(i, r))?;
         if self.holder.is_some() {
-            // The slot is in use: the other instance writes the record from now on.
+            // The slot is in use: the other instance writes the record from now on, under
+            // the same producer id (the relay forgets its aborted spans when it takes
+            // over, `pipeline/mod.rs`).
             inst.carry.ended(Ended::SlotTaken);
+            inst.aborted_spans.clear();
             return Ok(());
         }
         if self.cluster.slot != SlotNow::Usable && !self.slot_at_start(i)? {
@@ -92,6 +95,7 @@ impl Eos {
         self.holder = Some(i);
         let skipped = self.skipped_markers();
         let epoch = self.broker.init_transactions(&skipped);
+        self.judge_decided(None)?;
         self.epoch_owners
             .insert(epoch, (i, self.instances[i].process));
         let inst = &mut self.instances[i];
@@ -184,6 +188,7 @@ impl Eos {
         e: Failure,
     ) -> Result<TxnError, Violation> {
         let unproven = matches!(e, Failure::Unproven(_));
+        let left_open = matches!(e, Failure::Txn(TxnError::LeftOpen(_)));
         let e = match e {
             Failure::Violation(v) => return Err(v),
             Failure::Rules(e) => return Err(Violation(format!("the rules failed: {e}"))),
@@ -209,6 +214,12 @@ impl Eos {
             }
             let skipped = self.skipped_markers();
             let abort = self.broker.end_txn(s.epoch, Commit::Abort, &skipped);
+            let by = super::left_open::By {
+                i,
+                left_open,
+                in_doubt: false,
+            };
+            self.judge_decided(Some(by))?;
             s.txn.abort_answered(self.now);
             // Anything but fenced or broken leaves the transaction to the next start.
             return Ok(KafkaTxnCore::after_abort(e, abort));

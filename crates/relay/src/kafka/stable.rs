@@ -15,7 +15,7 @@ use super::settings::ProducerSettings;
 
 /// A read_committed reader of partitions' last stable offsets: asked for the latest
 /// offset, a read_committed client gets the last stable one (librdkafka's ListOffsets
-/// carries the client's isolation level). One per session.
+/// carries the client's isolation level). A session makes one at its first check.
 pub struct StableOffsets {
     reader: BaseConsumer<LogContext>,
     settings: ProducerSettings,

@@ -560,6 +560,9 @@ async fn run_session(
     };
     obs.connected(true, true);
     if std::mem::take(&mut carry.standing_by) {
+        // Another instance wrote meanwhile, under the same producer id: records of its
+        // below this process's aborted spans would be taken for them.
+        carry.aborted_spans.clear();
         tracing::info!(slot = %cfg.slot, "took over the slot: this instance is the active one now");
     }
     tracing::info!(

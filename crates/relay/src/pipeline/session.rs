@@ -662,7 +662,9 @@ impl<'a> Session<'a> {
             self.failed_topic = self.core.ledger().topic_of(ticket).map(str::to_owned);
         }
         if let (Ok(at), Some(txn)) = (&d.outcome, &mut self.txn) {
-            if let Some(topic) = self.core.ledger().topic_of(ticket) {
+            // Past the ledger's bound on topic names the partition goes unchecked: its
+            // commit is one in doubt (docs/transactional-mode.md).
+            if let Some(topic) = self.core.ledger().named_topic_of(ticket) {
                 txn.first_writes().acked(topic, at.partition, at.offset);
             }
         }

@@ -191,13 +191,20 @@ impl Session<'_> {
             .map_err(|why| RelayError::Transaction(TxnError::LeftOpen(why)))?;
         for d in doubts {
             let (topic, partition) = &d.at;
-            tracing::info!(
-                topic = %topic,
-                partition,
-                last_stable_offset = ?d.open_from,
-                first_of_ours = d.ours_from,
-                "a transaction older than this one is open in this partition, not one this process aborted: committing (were it a transaction of this relay's that Kafka left open, its events are read twice; another producer's is not touched)"
-            );
+            match d.open_from {
+                Some(open_from) => tracing::info!(
+                    topic = %topic,
+                    partition,
+                    last_stable_offset = open_from,
+                    first_of_ours = d.ours_from,
+                    "a transaction older than this one is open in this partition, not one this process aborted: committing in doubt (were it one of this relay's that Kafka left open after an abort, its events are read twice; another producer's is not touched)"
+                ),
+                None => tracing::info!(
+                    topic = %topic,
+                    partition,
+                    "the partition's last stable offset was not read, and this process aborted nothing there: committing in doubt"
+                ),
+            }
         }
         Ok(())
     }
