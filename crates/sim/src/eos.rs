@@ -605,7 +605,12 @@ impl Eos {
                 Some(self.broker.last_stable_offset(p))
             })
             .collect();
-        let in_doubt = match s.txn.first_writes().judge(&stable) {
+        let ps: Vec<usize> = parts
+            .iter()
+            .map(|(_, p)| usize::try_from(*p).unwrap_or(usize::MAX))
+            .collect();
+        self.waive_if_unknown(i, &ps);
+        match s.txn.first_writes().judge(&stable) {
             Err(why) => {
                 self.stats.left_open += 1;
                 if self.trace {
@@ -617,17 +622,10 @@ impl Eos {
                 if self.trace && !doubts.is_empty() {
                     eprintln!("  instance {i} commits over older open transactions: {doubts:?}");
                 }
-                // What is open there is committed in doubt, now or by a later marker.
-                for d in &doubts {
-                    let p = usize::try_from(d.at.1).unwrap_or(usize::MAX);
-                    for serial in self.broker.left_open_in(p) {
-                        self.waived.insert((serial, p));
-                    }
-                }
+
                 self.stats.left_open_doubts += u64::try_from(doubts.len()).unwrap_or(0);
-                !doubts.is_empty()
             }
-        };
+        }
         s.txn.first_writes().commit_asked();
         if let Some(serial) = self.broker.open_serial() {
             self.commit_asked.insert(serial);
@@ -645,7 +643,6 @@ impl Eos {
             let by = left_open::By {
                 i,
                 left_open: false,
-                in_doubt,
             };
             self.judge_decided(Some(by)).map_err(Failure::Violation)?;
             match answer {

@@ -166,6 +166,14 @@ impl Broker {
             .collect()
     }
 
+    /// The transaction of the record at `offset` in partition `p`.
+    pub fn serial_at(&self, p: usize, offset: i64) -> Option<u64> {
+        self.log
+            .iter()
+            .find(|(_, _, q, o)| *q == p && *o == offset)
+            .map(|(_, s, _, _)| *s)
+    }
+
     /// The open transaction's serial.
     pub fn open_serial(&self) -> Option<u64> {
         self.open.map(|(serial, _, _)| serial)

@@ -35,6 +35,11 @@ pub(super) struct Instance {
     /// Transactions this process aborted without asking to commit them, where the broker
     /// may have left them open (`outbox_core::left_open`).
     pub(super) aborted_spans: outbox_core::AbortedSpans,
+    /// The first epoch of the sessions whose aborts the relay remembers (after its last
+    /// start or takeover).
+    pub(super) known_since: u64,
+    /// It stood by: the next session it starts forgets.
+    forgets: bool,
 }
 
 impl Instance {
@@ -46,6 +51,8 @@ impl Instance {
             carry: LifeCore::new(true),
             streamed: false,
             aborted_spans: outbox_core::AbortedSpans::new(),
+            known_since: 0,
+            forgets: true,
         }
     }
 
@@ -55,6 +62,7 @@ impl Instance {
         self.carry = LifeCore::new(true);
         self.streamed = false;
         self.aborted_spans.clear();
+        self.forgets = true;
     }
 }
 
@@ -87,6 +95,7 @@ impl Eos {
             // over, `pipeline/mod.rs`).
             inst.carry.ended(Ended::SlotTaken);
             inst.aborted_spans.clear();
+            inst.forgets = true;
             return Ok(());
         }
         if self.cluster.slot != SlotNow::Usable && !self.slot_at_start(i)? {
@@ -98,6 +107,9 @@ impl Eos {
         self.judge_decided(None)?;
         self.epoch_owners
             .insert(epoch, (i, self.instances[i].process));
+        if std::mem::take(&mut self.instances[i].forgets) {
+            self.instances[i].known_since = epoch;
+        }
         let inst = &mut self.instances[i];
         inst.streamed = true;
         let read = match inst.carry.needs_record() {
@@ -214,11 +226,7 @@ impl Eos {
             }
             let skipped = self.skipped_markers();
             let abort = self.broker.end_txn(s.epoch, Commit::Abort, &skipped);
-            let by = super::left_open::By {
-                i,
-                left_open,
-                in_doubt: false,
-            };
+            let by = super::left_open::By { i, left_open };
             self.judge_decided(Some(by))?;
             s.txn.abort_answered(self.now);
             // Anything but fenced or broken leaves the transaction to the next start.

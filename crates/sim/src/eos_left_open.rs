@@ -15,11 +15,42 @@ pub(super) struct By {
     pub i: usize,
     /// An abort the left-open check asked for.
     pub left_open: bool,
-    /// A commit the check let through in doubt.
-    pub in_doubt: bool,
 }
 
 impl Eos {
+    /// Whether transaction `serial` is one that instance `i`'s process aborted without
+    /// asking to commit it, in a session since it last forgot (its start, or a takeover
+    /// after standing by): the relay knows where it began.
+    pub(super) fn known_aborted(&self, i: usize, serial: u64) -> bool {
+        let Some(epoch) = self.broker.epoch_of(serial) else {
+            return false;
+        };
+        self.epoch_owners.get(&epoch) == Some(&(i, self.instances[i].process))
+            && epoch >= self.instances[i].known_since
+            && !self.commit_asked.contains(&serial)
+    }
+
+    /// Before instance `i`'s check: where some partition in `parts` has, from its last
+    /// stable offset, records whose outcome the relay cannot know, committing in doubt is
+    /// the rule (an abort could hide committed records), and whatever is open in those
+    /// partitions is waived: a copy, now or when a later marker decides it.
+    pub(super) fn waive_if_unknown(&mut self, i: usize, parts: &[usize]) {
+        let open = self.broker.open_serial();
+        let unknown = parts.iter().any(|&p| {
+            let lso = self.broker.last_stable_offset(p);
+            self.broker
+                .serial_at(p, lso)
+                .is_some_and(|x| Some(x) != open && !self.known_aborted(i, x))
+        });
+        if unknown {
+            for &p in parts {
+                for serial in self.broker.left_open_in(p) {
+                    self.waived.insert((serial, p));
+                }
+            }
+        }
+    }
+
     /// The partitions a transaction's end writes no marker to: now and then some,
     /// leaderless at that moment (a stream of its own).
     pub(super) fn skipped_markers(&mut self) -> Vec<usize> {
@@ -37,21 +68,14 @@ impl Eos {
     /// - Records of an aborted transaction made visible by a commit: a copy, unless the
     ///   committing process had aborted that transaction itself without asking to commit
     ///   it (it knows that span), nothing of unknown outcome began the span below it, and
-    ///   the check did not commit in doubt (an abort would have decided such records too).
+    ///   no partition of the check's gave it cause to commit in doubt
+    ///   (`Eos::waive_if_unknown`).
     /// - Records of a committed transaction hidden by an abort: lost, which the relay
     ///   cannot tell from aborted ones, except when the left-open check's own abort did it.
     pub(super) fn judge_decided(&mut self, by: Option<By>) -> Result<(), Violation> {
         let decided = std::mem::take(&mut self.broker.decided_now);
-        let own = |this: &Eos, d: &Decision| {
-            let Some(By { i, .. }) = by else {
-                return false;
-            };
-            let owner = this
-                .broker
-                .epoch_of(d.serial)
-                .and_then(|e| this.epoch_owners.get(&e).copied());
-            owner == Some((i, this.instances[i].process)) && !this.commit_asked.contains(&d.serial)
-        };
+        let own =
+            |this: &Eos, d: &Decision| by.is_some_and(|b: By| this.known_aborted(b.i, d.serial));
         let mut oldest_unknown: HashMap<usize, i64> = HashMap::new();
         for d in &decided {
             if !own(self, d) {
@@ -63,9 +87,7 @@ impl Eos {
             match (d.ended, d.by) {
                 (State::Aborted, State::Committed) => {
                     let below = oldest_unknown.get(&d.p).is_some_and(|o| *o < d.first);
-                    let in_doubt =
-                        by.is_some_and(|b| b.in_doubt) || self.waived.contains(&(d.serial, d.p));
-                    if own(self, d) && !below && !in_doubt {
+                    if own(self, d) && !below && !self.waived.contains(&(d.serial, d.p)) {
                         let i = by.map_or(0, |b| b.i);
                         return Err(Violation(format!(
                             "exactly-once: instance {i} committed over its own process's aborted transaction {}, left open in partition {}",
