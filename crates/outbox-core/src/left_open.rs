@@ -99,13 +99,15 @@ impl FirstWrites {
         *first = (*first).min(offset);
     }
 
-    /// The partitions whose last stable offset to read before the commit.
+    /// The partitions whose last stable offset to read before the commit: none once
+    /// every partition the transaction wrote to was checked in this session, else all of
+    /// them (an abort would decide the checked ones too, where an earlier commit of this
+    /// session may have had its markers skipped).
     pub fn to_check(&self) -> Vec<TopicPartition> {
-        self.txn
-            .keys()
-            .filter(|tp| !self.checked.contains(*tp))
-            .cloned()
-            .collect()
+        if self.txn.keys().all(|tp| self.checked.contains(tp)) {
+            return Vec::new();
+        }
+        self.txn.keys().cloned().collect()
     }
 
     /// Judges the last stable offsets read for [`FirstWrites::to_check`]'s partitions, in

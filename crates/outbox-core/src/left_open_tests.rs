@@ -170,3 +170,33 @@ fn a_proven_span_is_committed_in_doubt_when_another_partition_is_unknown() {
     assert_eq!(doubts.len(), 2);
     assert!(next.spans().is_empty(), "both decided by the commit");
 }
+
+#[test]
+fn a_partition_checked_earlier_in_the_session_can_hold_off_an_abort() {
+    let mut first = FirstWrites::default();
+    first.acked("t", 1, 0);
+    first.aborted();
+    let mut w = FirstWrites::new(first.spans().clone());
+    w.acked("t", 0, 10);
+    assert_eq!(w.judge(&[Some(10)]), Ok(vec![]));
+    w.committed();
+    // The next transaction writes to the checked partition and to one with a proven span.
+    w.acked("t", 0, 20);
+    w.acked("t", 1, 5);
+    assert_eq!(w.to_check(), vec![tp("t", 0), tp("t", 1)], "all of them");
+    // The commit before left its records open in partition 0 (its markers skipped): an
+    // abort would hide them, so commit in doubt.
+    let doubts = w.judge(&[Some(10), Some(0)]).expect("committed in doubt");
+    assert_eq!(doubts.len(), 2);
+    // With partition 0 clean, the proven span is aborted over.
+    let mut v = FirstWrites::new(first.spans().clone());
+    v.acked("t", 0, 10);
+    assert_eq!(v.judge(&[Some(10)]), Ok(vec![]));
+    v.committed();
+    v.acked("t", 0, 20);
+    v.acked("t", 1, 5);
+    assert!(matches!(
+        v.judge(&[Some(20), Some(0)]),
+        Err(LeftOpen::Aborted { .. })
+    ));
+}

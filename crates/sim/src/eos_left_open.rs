@@ -54,7 +54,7 @@ impl Eos {
     /// The partitions a transaction's end writes no marker to: now and then some,
     /// leaderless at that moment (a stream of its own).
     pub(super) fn skipped_markers(&mut self) -> Vec<usize> {
-        if !self.markers.chance(50) {
+        if !self.markers.chance(150) {
             return Vec::new();
         }
         (0..PARTITIONS)
