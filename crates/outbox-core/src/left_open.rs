@@ -10,13 +10,13 @@
 //! aborted transaction's records visible (every event twice in `read_committed`), an
 //! abort hides a committed one's (a loss, when its progress record or the slot moved on).
 //!
-//! So before a session's first commit into a partition, the partition's last stable
-//! offset is read. Where this transaction's own records there begin: nothing older is
-//! open. Below: an older transaction is open, and only one this process proved aborted
-//! (it ended it without ever asking Kafka to commit it) is closed by aborting this one.
-//! Anything else open there may be a commit of this relay's whose markers were skipped,
-//! or another producer's transaction: in doubt, commit (a duplicate is a cost, a wrong
-//! abort a loss).
+//! So before a session's first commit into a partition, the last stable offsets of the
+//! transaction's partitions are read. Where this transaction's own records begin: nothing
+//! older is open. Below: an older transaction is open, and only one this process proved
+//! aborted (it ended it without ever asking Kafka to commit it) is closed by aborting this
+//! one, and only when nothing else is open in any of its partitions. Anything else open may
+//! be a commit of this relay's whose markers were skipped, or another producer's
+//! transaction: in doubt, commit (a duplicate is a cost, a wrong abort a loss).
 
 use std::collections::{BTreeMap, BTreeSet};
 
