@@ -321,14 +321,23 @@ impl Broker {
     }
 }
 
-/// CreateTopics; a topic that exists already is fine.
+/// CreateTopics; a topic that exists already is fine. A request that timed out is made
+/// again (twice at most): a three-node cluster just started, on a loaded machine, has
+/// let one time out (CI run 22, and once of two runs alone after it).
 async fn create(admin: &AdminClient<DefaultClientContext>, new: &[NewTopic<'_>]) -> Result<()> {
-    let results = admin
-        .create_topics(
-            new,
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(20))),
-        )
-        .await?;
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
+    let mut attempt = 1;
+    let results = loop {
+        match admin.create_topics(new, &options).await {
+            Err(e)
+                if attempt < 3
+                    && e.rdkafka_error_code() == Some(RDKafkaErrorCode::OperationTimedOut) =>
+            {
+                attempt += 1;
+            }
+            other => break other?,
+        }
+    };
     for r in results {
         if let Err((topic, code)) = r {
             if code != RDKafkaErrorCode::TopicAlreadyExists {
