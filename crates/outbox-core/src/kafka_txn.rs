@@ -319,12 +319,10 @@ impl KafkaTxnCore {
     /// not wait for it). Its age is kept for [`Self::judge_fence`].
     pub fn aborting(&mut self, now: Duration) -> bool {
         self.recording = None;
-        if self.open_since.is_some() {
-            self.first_writes.aborted();
-        }
         let Some(since) = self.open_since.take() else {
             return false;
         };
+        self.first_writes.aborted();
         self.aborted_since = Some(since);
         self.age_at_abort = Some(now.saturating_sub(since));
         true

@@ -178,8 +178,7 @@ impl Session<'_> {
             }
         };
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let asked = parts.clone();
-        let stable = tokio::task::spawn_blocking(move || reader.read(&asked, left))
+        let stable = tokio::task::spawn_blocking(move || reader.read(&parts, left))
             .await
             .map_err(|e| RelayError::Protocol(format!("reading last stable offsets: {e}")))?;
         let Some(txn) = self.txn.as_mut() else {
