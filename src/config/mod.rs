@@ -246,26 +246,18 @@ impl Env<'_> {
 }
 
 /// OUTBOXD_FORMER_PARTITIONS: `schema.table` (or `table`, in public) entries separated by
-/// commas, as the relay's error names them.
+/// commas, as the relay's error names them (`outbox_core::pgtype::setting_name`).
 fn former_partitions(env: &Env<'_>) -> Result<Vec<String>, ConfigError> {
     const NAME: &str = "OUTBOXD_FORMER_PARTITIONS";
     let raw = env.string(NAME).unwrap_or_default();
-    let valid = |s: &str| !s.is_empty() && s.len() <= 63 && !s.contains('"') && !s.contains('.');
-    raw.split(',')
-        .map(str::trim)
-        .filter(|e| !e.is_empty())
-        .map(|entry| {
-            let (schema, name) = entry.split_once('.').unwrap_or(("public", entry));
-            match valid(schema) && valid(name) {
-                true => Ok(format!("{schema}.{name}")),
-                false => Err(ConfigError::new(
-                    NAME,
-                    &raw,
-                    "schema.table entries separated by commas (unquoted, as the error names them)",
-                )),
-            }
-        })
-        .collect()
+    outbox_core::pgtype::parse_setting_names(&raw).ok_or_else(|| {
+        ConfigError::new(
+            NAME,
+            &raw,
+            "schema.table entries separated by commas, as the error names them (a name with \
+             '.', ',' or '\"' in double quotes)",
+        )
+    })
 }
 
 /// The headers outboxd itself sets: a header column of one of these names would be

@@ -300,6 +300,15 @@ fn former_partitions_are_schema_qualified_as_the_error_names_them() {
         s.former_partitions,
         ["public.outbox_2025", "public.outbox_2026_h0"]
     );
-    let e = from_vars(&vars(&[("OUTBOXD_FORMER_PARTITIONS", "\"Outbox\".old")])).unwrap_err();
+    let s = from_vars(&vars(&[(
+        "OUTBOXD_FORMER_PARTITIONS",
+        "Sales.\"outbox.2025\",\"a,b\".\"q\"\"\"",
+    )]))
+    .unwrap();
+    assert_eq!(
+        s.former_partitions,
+        ["Sales.\"outbox.2025\"", "\"a,b\".\"q\"\"\""]
+    );
+    let e = from_vars(&vars(&[("OUTBOXD_FORMER_PARTITIONS", "\"Outbox.old")])).unwrap_err();
     assert!(e.to_string().contains("OUTBOXD_FORMER_PARTITIONS"), "{e}");
 }

@@ -31,6 +31,7 @@ mod header_formats;
 mod huge_message;
 mod invisible_commit;
 mod kafka_cluster;
+mod keyword_names;
 mod libpq_parity;
 mod logical_messages;
 mod lost_slot_time;

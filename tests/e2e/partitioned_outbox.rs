@@ -385,13 +385,19 @@ async fn rows_of_a_partition_detached_or_dropped_before_they_are_relayed_are_not
     let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &outbox).await;
     let mut client = db.client().await;
+    // A name the setting's list cannot hold bare: the error prints it quoted, and it must
+    // work as printed.
+    client
+        .batch_execute("ALTER TABLE public.outbox_2026_h0 RENAME TO \"outbox.2026\"\"h0\"")
+        .await
+        .expect("rename");
     // outboxd is stopped (or lagging): rows go to both years' partitions...
     let mut events = insert_dated(&mut client, 40, &[2025, 2026]).await;
     // ...then retention runs: one partition detached, one leaf dropped.
     client
         .batch_execute(
             "ALTER TABLE public.outbox DETACH PARTITION public.outbox_2025; \
-             DROP TABLE public.outbox_2026_h0;",
+             DROP TABLE public.\"outbox.2026\"\"h0\";",
         )
         .await
         .expect("retention");
@@ -439,6 +445,10 @@ async fn rows_of_a_partition_detached_or_dropped_before_they_are_relayed_are_not
         named.len(),
         2,
         "the detached and the dropped partition are named, one stop each: {named:?}"
+    );
+    assert!(
+        named.iter().any(|n| n == "public.\"outbox.2026\"\"h0\""),
+        "{named:?}"
     );
     // "Unset it once `outboxd status` shows the slot confirmed past the noted position and
     // a CHECKPOINT has run since."

@@ -94,13 +94,37 @@ pub async fn try_insert(
     table: &str,
     batch: &[Event],
 ) -> Result<(), tokio_postgres::Error> {
+    try_insert_as(
+        client,
+        table,
+        "id, aggregate_type, aggregate_id, event_type, payload",
+        batch,
+    )
+    .await
+}
+
+/// `n` events over `aggregates` aggregates, not inserted: for a table of other column
+/// names ([`try_insert_as`]).
+pub fn make_events(n: usize, aggregates: usize) -> Vec<Event> {
+    let mut rng = rand::rngs::StdRng::from_entropy();
+    new_events(&mut rng, &mut vec![0u64; aggregates], n)
+}
+
+/// [`try_insert`] into a table whose columns for the id, aggregate type, aggregate id,
+/// event type and payload are `columns` (SQL, in that order).
+pub async fn try_insert_as(
+    client: &Client,
+    table: &str,
+    columns: &str,
+    batch: &[Event],
+) -> Result<(), tokio_postgres::Error> {
     let ids: Vec<&str> = batch.iter().map(|e| e.id.as_str()).collect();
     let types: Vec<&str> = batch.iter().map(|e| e.aggregate_type.as_str()).collect();
     let aggs: Vec<&str> = batch.iter().map(|e| e.aggregate_id.as_str()).collect();
     let evts: Vec<&str> = batch.iter().map(|e| e.event_type.as_str()).collect();
     let payloads: Vec<&str> = batch.iter().map(|e| e.payload.as_str()).collect();
     let sql = format!(
-        "INSERT INTO {table} (id, aggregate_type, aggregate_id, event_type, payload) \
+        "INSERT INTO {table} ({columns}) \
          SELECT i::uuid, t, a, e, p::jsonb FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
          WITH ORDINALITY AS u(i, t, a, e, p, n) ORDER BY n"
     );

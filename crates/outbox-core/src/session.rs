@@ -786,7 +786,7 @@ fn qualified_relation_name(r: &Relation) -> String {
     } else {
         r.namespace.as_str()
     };
-    format!("{namespace}.{}", r.name)
+    crate::pgtype::setting_name(namespace, &r.name)
 }
 
 #[cfg(test)]
