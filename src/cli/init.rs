@@ -69,11 +69,7 @@ fn quoted(name: &str) -> String {
 async fn init_inner(s: &Settings, flags: Flags) -> Result<(), InitError> {
     let (pg, sql) = wiring::connect_config(s).connect_sql_target().await?;
     let user = quote_ident(&s.pg.user);
-    let table = format!(
-        "{}.{}",
-        quote_ident(&s.table_schema),
-        quote_ident(&s.table_name)
-    );
+    let table = s.table();
     if preflight::table_columns(&sql, &s.table_schema, &s.table_name)
         .await?
         .is_some()
@@ -236,11 +232,7 @@ async fn read_records(s: &Settings, all: &[Settings], system_id: &str, topic: &s
 /// The publication and slot of one shard (unsharded: of the table).
 async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Result<(), InitError> {
     let user = quote_ident(&s.pg.user);
-    let table = format!(
-        "{}.{}",
-        quote_ident(&s.table_schema),
-        quote_ident(&s.table_name)
-    );
+    let table = s.table();
     if preflight::publication_exists(sql, &s.publication).await? {
         verify_existing_publication(s, sql).await?;
     } else {

@@ -107,11 +107,7 @@ async fn prune_table(s: &Settings, args: &PruneArgs) -> Result<u64, PruneError> 
     let config = wiring::connect_config(s);
     let (_, mut batch_conn) = config.connect_sql_target().await?;
     let (_, watch) = config.connect_sql_target().await?;
-    let table = format!(
-        "{}.{}",
-        outbox_core::pgtype::quote_ident(&s.table_schema),
-        outbox_core::pgtype::quote_ident(&s.table_name)
-    );
+    let table = s.table();
     // Exact pg_catalog operators on every pair (docs/sql.md): timestamptz < timestamptz,
     // (oid, tid) = (oid, tid).
     let delete = format!(

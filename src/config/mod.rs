@@ -171,6 +171,14 @@ pub struct Settings {
     pub shard: Option<ShardSpec>,
 }
 
+impl Settings {
+    /// The outbox table as SQL names it (quoted as needed): for the statements outboxd
+    /// runs and the ones it prints.
+    pub fn table(&self) -> String {
+        outbox_core::pgtype::qualified(&self.table_schema, &self.table_name)
+    }
+}
+
 /// A snapshot of the environment with typed getters that fall back to the documented default.
 struct Env<'a> {
     vars: &'a BTreeMap<String, String>,

@@ -117,8 +117,7 @@ pub fn qualified(schema: &str, table: &str) -> String {
 /// the server can hold can be set as printed.
 pub fn setting_name(schema: &str, table: &str) -> String {
     let part = |p: &str| {
-        let bare =
-            !p.is_empty() && p.trim() == p && !p.contains(|c: char| matches!(c, '.' | ',' | '"'));
+        let bare = !p.is_empty() && p.trim() == p && !p.contains(['.', ',', '"']);
         match bare {
             true => p.to_owned(),
             false => format!("\"{}\"", p.replace('"', "\"\"")),

@@ -49,7 +49,7 @@ pub(super) async fn event_topics(r: &mut Report, s: &Settings, sql: &Client) -> 
         return BTreeSet::new();
     }
     let placeholders = Placeholders::of(&spec);
-    let table = format!("{}.{}", s.table_schema, s.table_name);
+    let table = s.table();
     let (rows, cut) = match preflight::distinct_values(
         sql,
         &s.table_schema,

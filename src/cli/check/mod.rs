@@ -1,5 +1,6 @@
 //! `outboxd check`: every prerequisite, each reported as ok or FAIL with the fix.
 
+use outbox_core::pgtype::quote_ident;
 use outbox_core::BoundTable;
 use outboxd_relay::pipeline::{
     judge_publication, judge_server, missing_table, table_candidates, verify_shard_layout,
@@ -81,7 +82,7 @@ pub async fn check(s: &Settings) -> i32 {
                     "{e}; role {user} may not replicate: ALTER ROLE {user} WITH REPLICATION \
                      (see sql/role.sql), or on a managed service grant its replication role \
                      (RDS: GRANT rds_replication TO {user})",
-                    user = s.pg.user
+                    user = quote_ident(&s.pg.user)
                 ),
             );
             None
@@ -267,7 +268,7 @@ async fn check_postgres(r: &mut Report, s: &Settings, sql: &Client, replicates: 
             "REPLICATION attribute",
             format!(
                 "role {user} does not have it: ALTER ROLE {user} WITH REPLICATION",
-                user = s.pg.user
+                user = quote_ident(&s.pg.user)
             ),
         ),
         Err(e) => r.warn("REPLICATION attribute", e),
@@ -305,7 +306,7 @@ async fn check_publication(r: &mut Report, s: &Settings, sql: &Client) {
             ),
         );
     }
-    let table = format!("{}.{}", s.table_schema, s.table_name);
+    let table = s.table();
     let candidates = match table_candidates(sql, &coverage, &s.columns.aggregate_id).await {
         Ok(c) => c,
         Err(e) => return r.fail(what, e),
@@ -431,7 +432,7 @@ async fn check_table(r: &mut Report, s: &Settings, sql: &Client) {
             r.fail(
                 what,
                 missing_table(
-                    &format!("{}.{}", s.table_schema, s.table_name),
+                    &s.table(),
                     &candidates.unwrap_or_default(),
                 ),
             )

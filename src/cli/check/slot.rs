@@ -102,7 +102,7 @@ pub(super) async fn check_slot(
         Err(e) => return r.fail(what, e),
     };
     // The rule `run` applies (and `init`, with the operator's flags).
-    let table = format!("{}.{}", s.table_schema, s.table_name);
+    let table = s.table();
     match judge_missing_slot(&s.slot, &table, topic, History::Read(&found), rows, Consent::default()) {
         Ok(_) => r.ok(what, format!("{} does not exist yet; `outboxd run` will create it (OUTBOXD_CREATE_SLOT=true, no earlier slot recorded in {topic}, and {table} has no rows)", s.slot)),
         Err(e) => r.fail(what, e),

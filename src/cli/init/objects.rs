@@ -136,7 +136,7 @@ pub(super) async fn verify_existing_publication(
         say!("ok  publication {} (exists)", s.publication);
         return Ok(());
     }
-    let table = format!("{}.{}", s.table_schema, s.table_name);
+    let table = s.table();
     let coverage =
         preflight::publication_coverage(sql, &s.publication, &s.table_schema, &s.table_name)
             .await?
@@ -212,7 +212,9 @@ pub(super) async fn create_publication(
              ownership of the table (owner: {}), which role {user} lacks. Either GRANT {} TO \
              {user}; {alternative}",
             owner.as_deref().unwrap_or("?"),
-            owner.as_deref().unwrap_or("<owner>"),
+            owner
+                .as_deref()
+                .map_or_else(|| "<owner>".to_owned(), quote_ident),
         )));
     }
     let ddl = format!(

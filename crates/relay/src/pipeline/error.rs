@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use outbox_core::pgtype::quote_ident;
 pub use outbox_core::BeforeBadRow;
 use outbox_core::{RowError, SessionError, TxnNext};
 /// Permanent errors need an operator; retryable ones reconnect with backoff and resume
@@ -211,21 +212,23 @@ impl RelayError {
                 max_slot_wal_keep_size or keep outboxd running to avoid this"
             ),
             RelayError::PublicationMissing { publication, .. } => format!(
-                "create it with CREATE PUBLICATION {publication} FOR TABLE <outbox table> WITH \
+                "create it with CREATE PUBLICATION {} FOR TABLE <outbox table> WITH \
                 (publish = 'insert', publish_via_partition_root = true) (see \
                 sql/publication.sql; a sharded outbox's shard n: its partition \
-                <table>_shard_<n>), before the slot"
+                <table>_shard_<n>), before the slot",
+                quote_ident(publication)
             ),
             RelayError::PublicationDropped { publication, .. } => format!(
                 "the server cannot decode changes committed while it did not exist. Recreate \
-                it: CREATE PUBLICATION {publication} FOR TABLE <outbox table> WITH (publish = \
+                it: CREATE PUBLICATION {} FOR TABLE <outbox table> WITH (publish = \
                 'insert', publish_via_partition_root = true) (see sql/publication.sql; a \
                 sharded outbox's shard n: its partition <table>_shard_<n>). If this error persists after recreating \
                 it, the slot cannot get past the changes committed while the publication was \
                 missing: drop the slot, run `outboxd init` (it names the time to re-publish \
                 from) and `outboxd init --recreate-lost-slot`, start outboxd, and only then \
                 re-publish the outbox rows committed since that time (docs/operations.md, \
-                \"A lost slot: re-publishing\"). {EMITTED_LOST_TEXT}"
+                \"A lost slot: re-publishing\"). {EMITTED_LOST_TEXT}",
+                quote_ident(publication)
             ),
             RelayError::SlotLost {
                 last_confirmed,

@@ -26,8 +26,9 @@ pub struct ShardSpec {
 }
 
 impl ShardSpec {
+    /// The root table as SQL names it (quoted as needed).
     pub fn root_name(&self) -> String {
-        format!("{}.{}", self.root_schema, self.root_table)
+        qualified(&self.root_schema, &self.root_table)
     }
 
     /// The partition holding remainder `index`.
@@ -89,9 +90,27 @@ pub fn judge_shard_layout(
         }
         let expected = ShardSpec::partition_name(&shard.root_table, remainder);
         if p.name != expected || p.schema != shard.root_schema {
+            let mut fix = Vec::new();
+            if p.schema != shard.root_schema {
+                // RENAME cannot move a table to another schema.
+                fix.push(format!(
+                    "ALTER TABLE {} SET SCHEMA {}",
+                    qualified(&p.schema, &p.name),
+                    quote_ident(&shard.root_schema)
+                ));
+            }
+            if p.name != expected {
+                fix.push(format!(
+                    "ALTER TABLE {} RENAME TO {}",
+                    qualified(&shard.root_schema, &p.name),
+                    quote_ident(&expected)
+                ));
+            }
             return Err(format!(
-                "partition {}.{} of {root} holds remainder {remainder}, which shard {remainder} reads from {}.{expected}: ALTER TABLE {}.{} RENAME TO {expected}",
-                p.schema, p.name, shard.root_schema, p.schema, p.name
+                "partition {} of {root} holds remainder {remainder}, which shard {remainder} reads from {}: {};",
+                qualified(&p.schema, &p.name),
+                qualified(&shard.root_schema, &expected),
+                fix.join("; ")
             ));
         }
         if let Some(slot) = usize::try_from(remainder)

@@ -431,6 +431,8 @@ pub fn judge_publication(
     table: &str,
     candidates: &[String],
 ) -> Result<Option<String>, String> {
+    // The fixes below are SQL to run as printed.
+    let publication = &outbox_core::pgtype::quote_ident(publication);
     let Some(kind) = c.table_kind.as_deref() else {
         return Err(missing_table(table, candidates));
     };
