@@ -31,6 +31,14 @@ impl InFlightCaps {
             .unwrap_or(u64::MAX)
             .max(1)
     }
+
+    /// The rows the row ledger keeps past the leading done ones of their transactions:
+    /// eight times the message cap (about 25 bytes each: 6 MB at the default cap), room
+    /// for acks out of order across partitions; only a row stuck unacked while the rest
+    /// of its transaction is acked goes past it.
+    pub fn tracked_rows(&self) -> usize {
+        self.max_messages.saturating_mul(8)
+    }
 }
 
 #[cfg(test)]

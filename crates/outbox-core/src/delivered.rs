@@ -501,7 +501,7 @@ struct TxnRows {
     done: u64,
     /// The digest of rows 0..done.
     digest: RowDigest,
-    /// The identities of rows done..read, in order (at most the rows in flight).
+    /// The identities of rows done..read, in order.
     pending: VecDeque<u64>,
     /// Done rows past the first not done one.
     ahead: BTreeSet<u64>,
@@ -531,14 +531,47 @@ impl TxnRows {
 /// open one. The biggest of those that left is kept as `finished` until the confirmed
 /// position passes it: until then the watermark does not cover it, and a record that
 /// named neither would make a restart publish it whole.
-#[derive(Debug, Default)]
+///
+/// The rows between a transaction's first not done row and its last read are kept one by
+/// one, to digest in order: a row stuck unacked (a partition without a leader) while the
+/// rest of a bulk insert is acked would keep every later row. So reading waits while
+/// `limit` of them are kept over all transactions ([`RowLedger::has_room`]), as it waits
+/// for the in-flight caps. Following fewer rows is no way out: under exactly-once a claim
+/// must name every row a committed Kafka transaction holds, or a restart publishes them
+/// again.
+#[derive(Debug)]
 pub struct RowLedger {
     txns: BTreeMap<Lsn, TxnRows>,
     open: Option<Lsn>,
     finished: Option<PartialTxn>,
+    limit: usize,
+    /// Rows kept in `pending` over all transactions.
+    kept: usize,
+}
+
+impl Default for RowLedger {
+    fn default() -> Self {
+        RowLedger::new(usize::MAX)
+    }
 }
 
 impl RowLedger {
+    /// A ledger keeping at most `limit` rows past the leading done ones (see the type).
+    pub fn new(limit: usize) -> Self {
+        RowLedger {
+            txns: BTreeMap::new(),
+            open: None,
+            finished: None,
+            limit,
+            kept: 0,
+        }
+    }
+
+    /// The same limit, nothing in it.
+    pub fn emptied(&self) -> Self {
+        RowLedger::new(self.limit)
+    }
+
     /// A transaction's Begin.
     pub fn begin(&mut self, txn: TxnId) {
         self.txns.entry(txn.commit_lsn).or_insert(TxnRows {
@@ -561,6 +594,7 @@ impl RowLedger {
         let index = t.read;
         t.read += 1;
         t.pending.push_back(identity);
+        self.kept += 1;
         Some(RowId { commit_lsn, index })
     }
 
@@ -585,8 +619,10 @@ impl RowLedger {
         };
         if row.index == t.done {
             t.advance();
+            self.kept = self.kept.saturating_sub(1);
             while t.ahead.remove(&t.done) {
                 t.advance();
+                self.kept = self.kept.saturating_sub(1);
             }
         } else if row.index > t.done {
             t.ahead.insert(row.index);
@@ -623,6 +659,17 @@ impl RowLedger {
         if self.finished.is_some_and(|f| f.txn.commit_lsn < confirmed) {
             self.finished = None;
         }
+    }
+
+    /// Rows kept past the leading done rows of their transactions.
+    pub fn kept(&self) -> usize {
+        self.kept
+    }
+
+    /// Whether another row may be read: fewer than the limit kept past the leading done
+    /// rows of their transactions.
+    pub fn has_room(&self) -> bool {
+        self.kept < self.limit
     }
 
     /// The transaction at or past `confirmed` with the most leading rows done (the one

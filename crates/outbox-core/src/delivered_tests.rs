@@ -244,3 +244,74 @@ fn a_digest_depends_on_every_identity_and_their_order() {
     assert_eq!(d(&[1, 2, 3]), d(&[1, 2, 3]));
     assert_ne!(row_identity(b't', b"1"), row_identity(b'b', b"1"));
 }
+
+/// A row stuck unacked while the rest of a bulk insert is acked: the ledger has no room
+/// once its limit of rows is kept, and room again once the row is acked.
+#[test]
+fn a_stuck_row_fills_the_ledger_to_its_limit() {
+    let mut l = RowLedger::new(4);
+    l.begin(id(100, 1));
+    let mut rows = Vec::new();
+    while l.has_room() && rows.len() < 100 {
+        rows.push(l.next_row(u64::try_from(rows.len()).unwrap()).unwrap());
+        if let Some(row) = rows.get(1..).and_then(<[RowId]>::last) {
+            l.done(*row);
+        }
+    }
+    assert_eq!(rows.len(), 4, "row 0 unacked: reading waits at the limit");
+    l.done(rows[0]);
+    assert!(l.has_room());
+    let digest =
+        |ids: std::ops::Range<u64>| Some(ids.fold(RowDigest::default(), RowDigest::push).value());
+    assert_eq!(
+        l.partial(Lsn(0)),
+        Some(PartialTxn {
+            txn: id(100, 1),
+            rows: 4,
+            digest: digest(0..4),
+        })
+    );
+}
+
+proptest::proptest! {
+    /// Whatever the acks' order, a claim names only leading rows all done, with their
+    /// digest, and room is judged on the rows really kept.
+    #[test]
+    fn a_claim_names_only_leading_done_rows(
+        limit in 0usize..12,
+        order in proptest::collection::vec(0usize..1000, 0..60),
+    ) {
+        let mut l = RowLedger::new(limit);
+        let mut done = Vec::new();
+        let mut ids = Vec::new();
+        for t in 0..3u64 {
+            l.begin(id(100 + 10 * t, 1 + u32::try_from(t).unwrap()));
+            for r in 0..20u64 {
+                ids.push(l.next_row(t * 100 + r).unwrap());
+            }
+            l.commit();
+        }
+        for pick in order {
+            let row = ids[pick % ids.len()];
+            l.done(row);
+            done.push(row);
+            let pending: usize = l.txns.values().map(|t| t.pending.len()).sum();
+            proptest::prop_assert_eq!(l.kept, pending);
+            proptest::prop_assert_eq!(l.has_room(), pending < limit);
+            for t in 0..3u64 {
+                let lsn = Lsn(100 + 10 * t);
+                let claimed = l.partial(lsn).filter(|p| p.txn.commit_lsn == lsn);
+                if let Some(p) = claimed {
+                    for i in 0..p.rows {
+                        let row = RowId { commit_lsn: lsn, index: i };
+                        proptest::prop_assert!(done.contains(&row), "{:?} claimed, not done", row);
+                    }
+                    let expect = (t * 100..t * 100 + p.rows)
+                        .fold(RowDigest::default(), RowDigest::push)
+                        .value();
+                    proptest::prop_assert_eq!(p.digest, Some(expect));
+                }
+            }
+        }
+    }
+}

@@ -113,6 +113,9 @@ pub struct ReplayStart {
     /// only the newest confirmed transaction is marked): a later replay holds what lies
     /// before its next mark, and a hold that fills the in-flight caps spills.
     pub mark_every: u64,
+    /// At most this many rows kept in the row ledger past each transaction's leading done
+    /// ones ([`RowLedger`]): `InFlightCaps::tracked_rows`.
+    pub tracked_rows: usize,
     /// A fresh random lineage, used if the claim is not continued.
     pub new_lineage: u64,
     /// Another, for the claim of its own a session starts when it doubts the one it
@@ -230,7 +233,7 @@ impl<R> ReplayCore<R> {
             since_boundary: (None, 0),
             mark_every: s.mark_every,
             open: None,
-            rows: RowLedger::default(),
+            rows: RowLedger::new(s.tracked_rows),
             skip_rows: 0,
             partial_rows: None,
             verifying: None,
@@ -326,7 +329,7 @@ impl<R> ReplayCore<R> {
     /// again.
     fn partial_mismatch(&mut self, recorded: PartialTxn, reason: Doubt) -> PartialMismatch {
         let read = self.rows.open_rows();
-        self.rows = RowLedger::default();
+        self.rows = self.rows.emptied();
         self.verifying = None;
         self.partial_rows = None;
         self.skip_rows = 0;
@@ -356,6 +359,16 @@ impl<R> ReplayCore<R> {
         }
         self.held.push(held);
         None
+    }
+
+    /// Whether the row ledger may take another row ([`RowLedger::has_room`]).
+    pub fn rows_have_room(&self) -> bool {
+        self.rows.has_room()
+    }
+
+    /// Rows the row ledger keeps ([`RowLedger::kept`]).
+    pub fn rows_kept(&self) -> usize {
+        self.rows.kept()
     }
 
     /// A published row's ack.

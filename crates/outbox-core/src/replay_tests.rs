@@ -24,6 +24,7 @@ fn start(at: u64, new_lineage: u64, doubt_lineage: u64) -> ReplayCore<u32> {
         fingerprint: 7,
         foreign_writer: false,
         mark_every: 0,
+        tracked_rows: usize::MAX,
         new_lineage,
         doubt_lineage,
     })
@@ -73,6 +74,7 @@ fn from_100(claim: Option<DeliveredPosition>, mark_every: u64) -> ReplayCore<u32
         fingerprint: 7,
         foreign_writer: false,
         mark_every,
+        tracked_rows: usize::MAX,
         new_lineage: 1,
         doubt_lineage: 2,
     })
@@ -272,6 +274,7 @@ fn resume(claim: DeliveredPosition) -> ReplayCore<u32> {
         fingerprint: 7,
         foreign_writer: false,
         mark_every: 0,
+        tracked_rows: usize::MAX,
         new_lineage: 1,
         doubt_lineage: 2,
     })

@@ -145,11 +145,15 @@ impl<O: Observe> SessionCore<O> {
         &mut self.obs
     }
 
-    /// Whether the stream may be read: room in flight. A hold that fills it spills first
+    /// Whether the stream may be read: room in flight, and in the row ledger (rows acked
+    /// past one that is not: [`crate::RowLedger`]). A hold that fills either spills first
     /// (see [`ReplayCore::spill`]: nothing held is ever acked, so waiting for room would
-    /// wait forever).
+    /// wait forever). With nothing awaiting a report, no ack could make room.
     pub fn make_room(&mut self) -> Result<bool, SessionError> {
-        if self.replay.held_len() > 0 && !self.ledger.has_room() {
+        let room = |s: &Self| {
+            s.ledger.has_room() && (s.replay.rows_have_room() || s.awaiting_reports() == 0)
+        };
+        if self.replay.held_len() > 0 && !room(self) {
             for h in self.replay.spill() {
                 self.drop_delivered(h)?;
             }
@@ -159,7 +163,7 @@ impl<O: Observe> SessionCore<O> {
         // in the stream: alone in flight, it must not stop the reading (a cap of 1, or a
         // byte cap below one record).
         let only_kept_back = self.replay.spilled() && self.awaiting_reports() == 0;
-        Ok(self.ledger.has_room() || only_kept_back)
+        Ok(room(self) || only_kept_back)
     }
 
     /// A held record left unpublished as delivered: its ticket settles as acked.
@@ -752,6 +756,11 @@ impl<O: Observe> SessionCore<O> {
 
     pub fn held_len(&self) -> usize {
         self.replay.held_len()
+    }
+
+    /// Rows the row ledger keeps past its transactions' leading done rows.
+    pub fn rows_kept(&self) -> usize {
+        self.replay.rows_kept()
     }
 
     pub fn confirmed(&self) -> Lsn {

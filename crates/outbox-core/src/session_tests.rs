@@ -55,6 +55,7 @@ fn core(policy: BadRowPolicy, watch_publication: bool) -> SessionCore<Seen> {
         fingerprint: 1,
         foreign_writer: false,
         mark_every: 0,
+        tracked_rows: usize::MAX,
         new_lineage: 7,
         doubt_lineage: 8,
     };
@@ -612,6 +613,7 @@ fn replaying(mark_time: i64, cap: usize) -> SessionCore<Seen> {
         fingerprint: 1,
         foreign_writer: false,
         mark_every: 0,
+        tracked_rows: usize::MAX,
         new_lineage: 7,
         doubt_lineage: 8,
     };

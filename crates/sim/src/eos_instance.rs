@@ -141,6 +141,9 @@ impl Eos {
                 .map_err(|e| Violation(format!("settings: {e}")))?,
             foreign_writer: false,
             mark_every: crate::model::caps(self.cap).mark_every(),
+            // A sixteenth of the relay's (`InFlightCaps::tracked_rows`), so that transactions
+            // stop being followed here.
+            tracked_rows: self.cap / 2,
             new_lineage: self.rng.next_u64() | 1,
             doubt_lineage: self.rng.next_u64() | 1,
         };

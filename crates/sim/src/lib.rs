@@ -430,6 +430,9 @@ impl Sim {
                 // Another lineage was seen writing the record: nothing is skipped.
                 foreign_writer: known.foreign_writer || self.rng.chance(20),
                 mark_every: crate::model::caps(self.cap).mark_every(),
+                // A sixteenth of the relay's (`InFlightCaps::tracked_rows`), so that transactions
+                // stop being followed here.
+                tracked_rows: self.cap / 2,
                 new_lineage: self.rng.next_u64() | 1,
                 doubt_lineage: self.rng.next_u64() | 1,
             };
@@ -566,6 +569,15 @@ impl Sim {
             return Err(Violation(format!(
                 "{n} messages in flight, over the cap of {}",
                 self.cap
+            )));
+        }
+        // One read past the row ledger's limit; a hold (no report awaited) may keep up to
+        // the message cap, which the relay's limit is above, but this one is not.
+        let kept = life.core.rows_kept();
+        if kept > self.cap + 1 {
+            return Err(Violation(format!(
+                "{kept} rows kept in the row ledger, over its limit of {}",
+                self.cap / 2
             )));
         }
         Ok(())

@@ -551,6 +551,7 @@ async fn run_session(
         fingerprint,
         foreign_writer: progress.is_some_and(ProgressStore::foreign_writer),
         mark_every: cfg.rules.caps.mark_every(),
+        tracked_rows: cfg.rules.caps.tracked_rows(),
         new_lineage: rand::random(),
         doubt_lineage: rand::random(),
     };
