@@ -13,6 +13,7 @@ use std::time::Duration;
 use outbox_core::{InFlightCaps, OutboxColumns};
 use outboxd_relay::kafka::{
     is_secret_property, kafka_property_from_env, ProducerSettings, Transactions,
+    QUEUE_MAX_KBYTES_DEFAULT,
 };
 use outboxd_relay::pipeline::ShardSpec;
 use pgrepl::ConnectConfig;
@@ -608,6 +609,15 @@ pub fn from_vars_for(
     };
     // librdkafka's queue must never be the binding limit: ours is, and it is observable.
     settings.producer.queue_max_messages = settings.caps.max_messages.saturating_add(1000);
+    // Nor its byte bound: the caps let one message past the byte cap, and a dead letter
+    // may follow a refused one.
+    let needed = settings
+        .caps
+        .max_bytes
+        .saturating_add(settings.producer.max_message_bytes.saturating_mul(2))
+        .div_ceil(1024)
+        .saturating_add(1024);
+    settings.producer.queue_max_kbytes = needed.max(QUEUE_MAX_KBYTES_DEFAULT);
     shards::validate(&settings)?;
     Ok(settings)
 }

@@ -258,12 +258,28 @@ fn exactly_once_waits_longer_for_the_progress_record_by_default() {
 
 #[test]
 fn the_in_flight_cap_binds_before_librdkafkas_queue() {
-    let s = from_vars(&vars(&[("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "250000")])).unwrap();
+    let s = from_vars(&vars(&[
+        ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "250000"),
+        ("OUTBOXD_MAX_IN_FLIGHT_BYTES", "4294967296"),
+        ("OUTBOXD_MAX_MESSAGE_BYTES", "104857600"),
+    ]))
+    .unwrap();
     assert!(
         s.producer.queue_max_messages > s.caps.max_messages,
         "queue.buffering.max.messages {} <= OUTBOXD_MAX_IN_FLIGHT_MESSAGES {}",
         s.producer.queue_max_messages,
         s.caps.max_messages
+    );
+    // The byte cap lets one message past it.
+    assert!(
+        s.producer.queue_max_kbytes * 1024 >= s.caps.max_bytes + s.producer.max_message_bytes,
+        "queue.buffering.max.kbytes {} below 4 GiB and a 100 MiB message",
+        s.producer.queue_max_kbytes
+    );
+    let s = from_vars(&vars(&[])).unwrap();
+    assert_eq!(
+        s.producer.queue_max_kbytes, 1_048_576,
+        "librdkafka's default"
     );
 }
 

@@ -22,6 +22,9 @@
 //!   times out aborts its Kafka transaction, which leaves no gap.
 //! - `bootstrap.servers`, `message.max.bytes`, `queue.buffering.max.messages`: come from
 //!   the relay's own settings; an override must agree with them.
+//! - `queue.buffering.max.kbytes`: at least the relay's in-flight byte cap plus one message
+//!   (librdkafka's default of 1 GiB unless the cap needs more); an override below it is
+//!   refused.
 //! - `enable.gapless.guarantee`: either value is fine, every delivery error is already
 //!   fatal to the pipeline.
 //! - Everything else (security, SASL, SSL, compression, linger, batching, socket,
@@ -42,6 +45,8 @@ const MAX_IDEMPOTENT_IN_FLIGHT: u32 = 5;
 const MESSAGE_MAX_BYTES_RANGE: std::ops::RangeInclusive<usize> = 1000..=1_000_000_000;
 /// librdkafka's bound for `queue.buffering.max.messages`.
 const QUEUE_MAX_MESSAGES_MAX: usize = 2_147_483_647;
+/// librdkafka's bound for `queue.buffering.max.kbytes`.
+const QUEUE_MAX_KBYTES_MAX: usize = 2_147_483_647;
 
 /// librdkafka partitioners that send a non-empty key to the same partition every time
 /// (CONFIGURATION.md, `partitioner`).
@@ -80,6 +85,10 @@ pub(crate) fn producer_config(
         .set(
             "queue.buffering.max.messages",
             settings.queue_max_messages.to_string(),
+        )
+        .set(
+            "queue.buffering.max.kbytes",
+            settings.queue_max_kbytes.to_string(),
         );
     apply_overrides(&mut config, settings);
     Ok(config)
@@ -192,6 +201,13 @@ fn validate_settings(s: &ProducerSettings) -> Result<(), KafkaSetupError> {
             s.queue_max_messages
         )));
     }
+    if s.queue_max_kbytes == 0 || s.queue_max_kbytes > QUEUE_MAX_KBYTES_MAX {
+        return Err(KafkaSetupError::InvalidSettings(format!(
+            "queue max kbytes {} must be between 1 and {QUEUE_MAX_KBYTES_MAX}: lower \
+             OUTBOXD_MAX_IN_FLIGHT_BYTES",
+            s.queue_max_kbytes
+        )));
+    }
     Ok(())
 }
 
@@ -245,6 +261,10 @@ fn check_override(s: &ProducerSettings, name: &str, value: &str) -> Result<(), K
             v == s.queue_max_messages.to_string(),
             "conflicts with the relay's producer queue setting, which is sized to the in-flight cap; set it there",
         ),
+        "queue.buffering.max.kbytes" => require(
+            v.parse::<usize>().is_ok_and(|kb| kb >= s.queue_max_kbytes),
+            "below the in-flight byte cap plus one message: librdkafka would refuse a message the relay then waits on forever; lower OUTBOXD_MAX_IN_FLIGHT_BYTES instead",
+        ),
         _ => Ok(()),
     }
 }
@@ -272,6 +292,7 @@ mod tests {
             ("linger.ms", "5"),
             ("message.max.bytes", "1000000"),
             ("queue.buffering.max.messages", "100000"),
+            ("queue.buffering.max.kbytes", "1048576"),
             ("bootstrap.servers", "b:9092"),
         ] {
             assert_eq!(c.get(k), Some(v), "{k}");
@@ -300,6 +321,7 @@ mod tests {
             ("bootstrap.servers", "elsewhere:9092"),
             ("message.max.bytes", "5000000"),
             ("queue.buffering.max.messages", "10"),
+            ("queue.buffering.max.kbytes", "1024"),
             ("ACKS", "1"),
         ];
         for (name, value) in refused {
@@ -335,6 +357,7 @@ mod tests {
             ("message.timeout.ms", "0"),
             ("max.in.flight", "1"),
             ("partitioner", "murmur2"),
+            ("queue.buffering.max.kbytes", "2097152"),
             ("partitioner", "consistent_random"),
             ("partitioner", "consistent"),
             ("partitioner", "fnv1a"),

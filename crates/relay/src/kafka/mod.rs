@@ -37,6 +37,6 @@ pub use progress::{
 pub use rdkafka::types::RDKafkaErrorCode;
 pub use settings::{
     env_var_of_property, is_secret_property, kafka_property_from_env, transaction_timeout_in,
-    ProducerSettings, RedactedSettings, Transactions, KAFKA_ENV_PREFIX,
+    ProducerSettings, RedactedSettings, Transactions, KAFKA_ENV_PREFIX, QUEUE_MAX_KBYTES_DEFAULT,
 };
 pub use stable::StableOffsets;

@@ -25,6 +25,10 @@ pub struct ProducerSettings {
     /// Becomes `queue.buffering.max.messages`; must be at least the relay's in-flight cap,
     /// otherwise librdkafka's queue, not the relay, becomes the back-pressure point.
     pub queue_max_messages: usize,
+    /// Becomes `queue.buffering.max.kbytes`; must hold the relay's in-flight byte cap plus
+    /// one message: librdkafka refuses a message that would pass it, even into an empty
+    /// queue, and the relay would wait forever for a report that makes room.
+    pub queue_max_kbytes: usize,
     /// `OUTBOXD_DELIVERY=exactly-once`: events go out in Kafka transactions
     /// (docs/transactional-mode.md); `None`: at-least-once.
     pub transactions: Option<Transactions>,
@@ -38,6 +42,9 @@ pub struct Transactions {
     /// Or at the first PostgreSQL commit after this many events.
     pub commit_events: usize,
 }
+
+/// librdkafka's default `queue.buffering.max.kbytes` (1 GiB).
+pub const QUEUE_MAX_KBYTES_DEFAULT: usize = 1_048_576;
 
 /// librdkafka's default `transaction.timeout.ms`.
 const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
@@ -60,6 +67,7 @@ impl ProducerSettings {
             max_message_bytes: 1_000_000,
             linger_ms: 5,
             queue_max_messages: 100_000,
+            queue_max_kbytes: QUEUE_MAX_KBYTES_DEFAULT,
             transactions: None,
         }
     }
@@ -125,6 +133,7 @@ impl fmt::Display for RedactedSettings<'_> {
             .field("max_message_bytes", &s.max_message_bytes)
             .field("linger_ms", &s.linger_ms)
             .field("queue_max_messages", &s.queue_max_messages)
+            .field("queue_max_kbytes", &s.queue_max_kbytes)
             .finish()
     }
 }
