@@ -58,19 +58,11 @@ impl Sim {
     pub(crate) fn fail_delivery(&mut self) -> Result<(), Violation> {
         let c = self.rng.index(self.clusters.len());
         let p = self.rng.index(PARTITIONS);
-        let Some(life) = self.lives[c].as_mut() else {
-            return Ok(());
-        };
-        if let Some((ticket, _)) = life.queues[p].pop_front() {
-            // An idempotent producer leaves no gap: what came after it in the partition
-            // fails too.
-            life.queues[p].clear();
-            life.core
-                .on_delivery(ticket, false, self.clock)
-                .map_err(|e| Violation(format!("fail: {e}")))?;
-            life.failing = true;
+        let clock = self.clock;
+        match self.lives[c].as_mut() {
+            Some(life) => fail_front(life, p, clock),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// The server restarts (fast or immediate): the session ends; an older server falls
@@ -280,6 +272,13 @@ impl Sim {
                 ShutdownStep::FinishKafkaTxn => Happened::KafkaTxnCommitted,
                 ShutdownStep::AwaitAcks => {
                     if stop.left(now).is_zero() {
+                    } else if self.rng.chance(20) {
+                        // A delivery fails while draining: the rest of the steps go on,
+                        // and confirm only what was acked before it.
+                        self.ack_some(&mut life)?;
+                        let p = self.rng.index(PARTITIONS);
+                        fail_front(&mut life, p, self.clock)?;
+                        self.stats.drain_failures += u64::from(life.failing);
                     } else if self.rng.chance(200) {
                         self.ack_some(&mut life)?;
                     } else {
@@ -421,4 +420,18 @@ impl Sim {
         self.stats.forged += 1;
         self.kill_cluster(c);
     }
+}
+
+/// The delivery of the first message in flight to partition `p` fails (if any is).
+fn fail_front(life: &mut Life, p: usize, clock: i64) -> Result<(), Violation> {
+    if let Some((ticket, _)) = life.queues[p].pop_front() {
+        // An idempotent producer leaves no gap: what came after it in the partition fails
+        // too.
+        life.queues[p].clear();
+        life.core
+            .on_delivery(ticket, false, clock)
+            .map_err(|e| Violation(format!("fail: {e}")))?;
+        life.failing = true;
+    }
+    Ok(())
 }

@@ -14,7 +14,7 @@ fn every_schedule_keeps_every_invariant() {
     let swept = sweep(first, count, run);
     let total = &swept.total;
     eprintln!(
-        "simulation: {count} schedules from seed {first} in {:.1} s ({} steps, {} records acked, {} dead letters, {} duplicates, {} kills, {} skipped as delivered, {} doubts, {} publication stops, {} forged records, {} slots lost, {} event messages lost with them, {} emit-only schedules, {} guard looks, {} progress records written, {} read back by another lineage, {} answered late, {} failed, {} landed after their process, {} clean shutdowns, {} bad-row stops, {} offering the slot advance, {} taken, {} stops on a dropped partition's rows)",
+        "simulation: {count} schedules from seed {first} in {:.1} s ({} steps, {} records acked, {} dead letters, {} duplicates, {} kills, {} skipped as delivered, {} doubts, {} publication stops, {} forged records, {} slots lost, {} event messages lost with them, {} emit-only schedules, {} guard looks, {} progress records written, {} read back by another lineage, {} answered late, {} failed, {} landed after their process, {} clean shutdowns, {} with a delivery failed while draining, {} bad-row stops, {} offering the slot advance, {} taken, {} stops on a dropped partition's rows)",
         swept.seconds,
         total.steps,
         total.events,
@@ -35,6 +35,7 @@ fn every_schedule_keeps_every_invariant() {
         total.records_failed,
         total.records_orphaned,
         total.clean_stops,
+        total.drain_failures,
         total.bad_row_stops,
         total.bad_row_offers,
         total.bad_row_advances,

@@ -323,8 +323,9 @@ impl<'a> Session<'a> {
                     e @ (RelayError::PublicationChanged { .. }
                     | RelayError::PublicationDropped { .. }),
                 ) => return e,
-                // A failed delivery ends the wait: what was acked before it still counts,
-                // and the judgement below says the rest.
+                // The stream failed (a failed delivery is settled inside the drain):
+                // what was acked before still counts, and the judgement below says the
+                // rest.
                 Err(e) => {
                     tracing::warn!("settling what came before the bad row: {e}");
                     self.advance();

@@ -52,11 +52,19 @@ impl Session<'_> {
                     }
                 },
                 ShutdownStep::AwaitAcks => {
-                    if !self.await_acks(self.instant(s.deadline()), true).await? {
-                        tracing::warn!(
+                    match self.await_acks(self.instant(s.deadline()), true).await {
+                        Ok(true) => {}
+                        Ok(false) => tracing::warn!(
                             unacked = self.core.ledger().len(),
                             "shutdown timeout: unacknowledged messages will be re-sent after restart"
-                        );
+                        ),
+                        // The failure froze the position before the failed message: what
+                        // was acked before it is still looked at and confirmed below.
+                        Err(e) => tracing::warn!(
+                            unacked = self.core.ledger().len(),
+                            "a delivery failed while draining ({e}): the slot is confirmed \
+                             before it, and the rest is sent again after the restart"
+                        ),
                     }
                     Happened::AcksAwaited
                 }
