@@ -372,18 +372,34 @@ async fn standby_takes_over_within_5s_of_sigkill() {
 /// another to drain acks; nothing unacked was confirmed, so a restart relays it all.
 #[tokio::test(flavor = "multi_thread")]
 async fn shutdown_takes_at_most_the_shutdown_timeout() {
-    let s = ops::streaming_relay_on(
-        Broker::kafka(1),
-        "ops_shutdown_deadline",
-        &[
-            ("OUTBOXD_SHUTDOWN_TIMEOUT_MS", "10000"),
-            ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "10"),
-        ],
+    shutdown_within_the_timeout("ops_shutdown_deadline", None).await;
+}
+
+/// The same under exactly-once: the Kafka transaction's commit waits for its acks only
+/// until the shutdown's deadline, and its abort a moment after it (it once waited for
+/// the acks until transaction.timeout.ms, a minute, then 10 s for the abort).
+#[tokio::test(flavor = "multi_thread")]
+async fn exactly_once_shutdown_takes_at_most_the_shutdown_timeout() {
+    shutdown_within_the_timeout(
+        "ops_shutdown_deadline_eos",
+        Some(("OUTBOXD_DELIVERY", "exactly-once")),
     )
     .await;
+}
+
+async fn shutdown_within_the_timeout(name: &str, mode: Option<(&str, &str)>) {
+    let mut env = vec![
+        ("OUTBOXD_SHUTDOWN_TIMEOUT_MS", "10000"),
+        ("OUTBOXD_MAX_IN_FLIGHT_MESSAGES", "10"),
+    ];
+    env.extend(mode);
+    let s = ops::streaming_relay_on(Broker::kafka(1), name, &env).await;
+    // Kafka up long enough for the session to start (exactly-once: its first Kafka
+    // transaction committed).
+    let mut events = s.relay_events(5).await;
     let mut relay = s.relay;
     s.broker.set_all_down(true);
-    let events = support::load::insert_events(&s.client, &s.outbox.table, 200, 200, 4).await;
+    events.extend(support::load::insert_events(&s.client, &s.outbox.table, 200, 200, 4).await);
     ops::wait_for(
         "the relay to reach the in-flight cap inside the transaction",
         Duration::from_secs(30),

@@ -592,7 +592,7 @@ async fn run_session(
         Err(e) => {
             let e = session.explain(e).await;
             let e = session.settle_before_bad_row(e, &mut stream).await;
-            let e = session.abort_open_txn(e).await;
+            let e = session.abort_open_txn(e, None).await;
             Err(session.judge_fence(e, walsender).await)
         }
         ok => ok,

@@ -443,7 +443,7 @@ impl<'a> Session<'a> {
             }
             self.advance();
             if self.commit_due() {
-                self.commit_kafka_txn().await?;
+                self.commit_kafka_txn(deadline).await?;
             }
             if self.early_look_at().is_some_and(|at| at <= Instant::now()) {
                 self.watch_publication().await?;

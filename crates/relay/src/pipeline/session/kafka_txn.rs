@@ -50,8 +50,14 @@ impl Session<'_> {
     }
 
     /// Commits the open Kafka transaction, its last record the progress record of what it
-    /// holds, then confirms that to PostgreSQL.
-    pub(super) async fn commit_kafka_txn(&mut self) -> Result<(), RelayError> {
+    /// holds, then confirms that to PostgreSQL. While shutting down, all of it within
+    /// `stop_by`, the shutdown's deadline: a commit that cannot make it fails, and its
+    /// transaction is aborted (nothing confirmed) rather than hold the shutdown past the
+    /// grace period an orchestrator gives it.
+    pub(super) async fn commit_kafka_txn(
+        &mut self,
+        stop_by: Option<tokio::time::Instant>,
+    ) -> Result<(), RelayError> {
         let now = self.since_start();
         let Some((timeout, deadline, opened)) = self.txn.as_mut().and_then(|t| {
             let opened = t.open_for(now);
@@ -62,13 +68,20 @@ impl Session<'_> {
         };
         // What is left of transaction.timeout.ms since the transaction opened, not all of
         // it from now: past it the broker aborts the transaction itself.
-        let deadline = self.instant(deadline);
+        let txn_deadline = self.instant(deadline);
+        let deadline = stop_by.map_or(txn_deadline, |s| s.min(txn_deadline));
         let began = Instant::now();
         let split = self.core.in_transaction();
         let too_slow = |what: &str| {
-            RelayError::Transaction(TxnError::Abortable(format!(
-                "{what} within transaction.timeout.ms ({timeout:?}, less a tenth for the commit) of the Kafka transaction's start: raise OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS, or find why Kafka acknowledges slowly"
-            )))
+            RelayError::Transaction(TxnError::Abortable(match deadline < txn_deadline {
+                true => format!(
+                    "{what} before the shutdown's deadline (OUTBOXD_SHUTDOWN_TIMEOUT_MS): the \
+                     Kafka transaction is aborted and the next start sends it again"
+                ),
+                false => format!(
+                    "{what} within transaction.timeout.ms ({timeout:?}, less a tenth for the commit) of the Kafka transaction's start: raise OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS, or find why Kafka acknowledges slowly"
+                ),
+            }))
         };
         // The record claims what is acked: every report first.
         if !self.await_acks(deadline, false).await? {
@@ -121,6 +134,14 @@ impl Session<'_> {
         let recorded = Instant::now();
         let mut attempt = 1;
         loop {
+            // While shutting down, what is left (a moment at least, for EndTxn's answer).
+            let timeout = match stop_by {
+                Some(s) => timeout.min(
+                    s.saturating_duration_since(tokio::time::Instant::now())
+                        .max(Duration::from_secs(1)),
+                ),
+                None => timeout,
+            };
             let Err(e) = self.producer.commit_transaction(timeout).await else {
                 break;
             };
@@ -211,12 +232,22 @@ impl Session<'_> {
     /// After the session failed: aborts an open Kafka transaction, so its records are
     /// never visible to read_committed consumers and the next start need not wait for it.
     /// A fenced producer makes that the session's error: another instance took over.
-    pub(in crate::pipeline) async fn abort_open_txn(&mut self, e: RelayError) -> RelayError {
+    /// Within `ABORT_TIMEOUT`, or `stop_by` while shutting down (a moment at least): an
+    /// abort not answered is left to the next start's `init_transactions`.
+    pub(in crate::pipeline) async fn abort_open_txn(
+        &mut self,
+        e: RelayError,
+        stop_by: Option<tokio::time::Instant>,
+    ) -> RelayError {
         let now = self.since_start();
         if !self.txn.as_mut().is_some_and(|t| t.aborting(now)) {
             return e;
         }
-        let abort = self.producer.abort_transaction(ABORT_TIMEOUT).await;
+        let timeout = stop_by.map_or(ABORT_TIMEOUT, |s| {
+            s.saturating_duration_since(tokio::time::Instant::now())
+                .clamp(Duration::from_secs(1), ABORT_TIMEOUT)
+        });
+        let abort = self.producer.abort_transaction(timeout).await;
         let now = self.since_start();
         if let Some(t) = self.txn.as_mut() {
             t.abort_answered(now);

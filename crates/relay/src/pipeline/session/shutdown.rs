@@ -43,11 +43,15 @@ impl Session<'_> {
                         None => Ok(SessionEnd::Shutdown),
                     }
                 }
-                ShutdownStep::FinishKafkaTxn => match self.commit_kafka_txn().await {
+                ShutdownStep::FinishKafkaTxn => match self
+                    .commit_kafka_txn(Some(self.instant(s.deadline())))
+                    .await
+                {
                     Ok(()) => Happened::KafkaTxnCommitted,
                     // Committed whole or not at all: an abort leaves it to the next start.
                     Err(e) => {
-                        failed = Some(self.abort_open_txn(e).await);
+                        let stop_by = Some(self.instant(s.deadline()));
+                        failed = Some(self.abort_open_txn(e, stop_by).await);
                         Happened::KafkaTxnFailed
                     }
                 },
