@@ -593,7 +593,16 @@ impl<'a> Session<'a> {
                 Ok(None) => (self.core.send_failed(send), None),
                 Err(e) => (self.core.send_failed(send), Some(e)),
             };
-            answer?;
+            if let Err(e) = answer {
+                // The session ends on it; the acks taken meanwhile still count (a bad row's
+                // stop judges what was acked before it).
+                for d in reports {
+                    if self.on_delivery(d).is_err() {
+                        break;
+                    }
+                }
+                return Err(e.into());
+            }
             for d in reports {
                 self.on_delivery(d)?;
             }

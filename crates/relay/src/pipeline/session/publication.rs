@@ -248,8 +248,13 @@ impl Session<'_> {
                     watch.unsettled_at = Instant::now();
                     // Its own walsender as the synchronous standby: the look's commit
                     // waits for a confirmation that waits for the look. Never settles.
-                    let state =
-                        pgrepl::preflight::walsender_sync_state(&self.sql, &self.cfg.slot).await?;
+                    let state = bounded("looking up the walsender's sync state", async {
+                        Ok(
+                            pgrepl::preflight::walsender_sync_state(&self.sql, &self.cfg.slot)
+                                .await?,
+                        )
+                    })
+                    .await?;
                     if let Some(state) = state.filter(|s| s == "sync" || s == "quorum") {
                         return Err(RelayError::ServerSetting {
                             setting: "synchronous_standby_names",
