@@ -159,6 +159,7 @@ impl Settings {
             root_table: self.table_name.clone(),
             key_column: self.columns.aggregate_id.clone(),
             publication_base: self.publication.clone(),
+            slot_base: self.slot.clone(),
         });
         s.shards = None;
         s

@@ -9,11 +9,15 @@ use tokio_postgres::Client;
 use crate::error::ReplError;
 
 mod failover;
+mod partitions;
 mod publication;
 
 pub use failover::{
     in_recovery, server_version_num, slot_failover, standby_settings, standby_slots,
     synchronized_standby_slots, SlotFailover, StandbySettings, StandbySlot,
+};
+pub use partitions::{
+    partitioning, shard_objects, LooseTable, PartitionBound, Partitioning, ShardObjects,
 };
 pub use publication::{
     walsender_sync_state, PublicationLook, PublicationProbe, Settler, SETTLE_TIMEOUT,
@@ -658,115 +662,4 @@ pub async fn emit_message_functions_public_can_execute(
         )
         .await?;
     rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
-}
-
-/// A partitioned table's partitioning, as the catalog has it now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Partitioning {
-    /// `relkind` (`p` partitioned, `r` plain, ...).
-    pub kind: String,
-    /// `pg_get_partkeydef`, e.g. `HASH (aggregate_id)`; `None` unless partitioned.
-    pub key: Option<String>,
-    /// Direct partitions, by name.
-    pub partitions: Vec<PartitionBound>,
-    /// The columns an INSERT may name, in order (not dropped, not generated).
-    pub columns: Vec<String>,
-    /// A `GENERATED ALWAYS AS IDENTITY` column is among them: an INSERT naming it needs
-    /// `OVERRIDING SYSTEM VALUE`.
-    pub identity_always: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PartitionBound {
-    pub schema: String,
-    pub name: String,
-    /// `pg_get_expr(relpartbound)`, e.g. `FOR VALUES WITH (modulus 4, remainder 1)`.
-    pub bound: String,
-}
-
-/// Which of `names` are tables in `schema` that are no partition (a partition detached, or
-/// a table never attached).
-pub async fn loose_tables(
-    client: &Client,
-    schema: &str,
-    names: &[String],
-) -> Result<Vec<String>, ReplError> {
-    let rows = client
-        .query(
-            "SELECT c.relname::text FROM pg_catalog.pg_class c \
-               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-              WHERE n.nspname = $1 AND c.relname = ANY($2) AND c.relkind IN ('r', 'p') \
-                AND NOT c.relispartition ORDER BY 1",
-            &[&schema, &names],
-        )
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|r| r.try_get(0))
-        .collect::<Result<Vec<String>, tokio_postgres::Error>>()?)
-}
-
-/// `None` when `schema.table` does not exist.
-pub async fn partitioning(
-    client: &Client,
-    schema: &str,
-    table: &str,
-) -> Result<Option<Partitioning>, ReplError> {
-    let Some(row) = client
-        .query_opt(
-            "SELECT c.oid, c.relkind::text, \
-                    CASE WHEN c.relkind = 'p' THEN pg_catalog.pg_get_partkeydef(c.oid) END \
-               FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-              WHERE n.nspname = $1 AND c.relname = $2",
-            &[&schema, &table],
-        )
-        .await?
-    else {
-        return Ok(None);
-    };
-    let oid: u32 = row.try_get(0)?;
-    let partitions = client
-        .query(
-            "SELECT n.nspname::text, c.relname::text, \
-                    coalesce(pg_catalog.pg_get_expr(c.relpartbound, c.oid), '') \
-               FROM pg_catalog.pg_inherits i \
-               JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid \
-               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-              WHERE i.inhparent = $1 ORDER BY 1, 2",
-            &[&oid],
-        )
-        .await?
-        .iter()
-        .map(|r| {
-            Ok(PartitionBound {
-                schema: r.try_get(0)?,
-                name: r.try_get(1)?,
-                bound: r.try_get(2)?,
-            })
-        })
-        .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
-    let columns = client
-        .query(
-            "SELECT a.attname::text, a.attidentity = 'a' \
-               FROM pg_catalog.pg_attribute a \
-              WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped \
-                AND a.attgenerated = '' ORDER BY a.attnum",
-            &[&oid],
-        )
-        .await?;
-    let mut identity_always = false;
-    let columns = columns
-        .iter()
-        .map(|r| {
-            identity_always |= r.try_get::<_, bool>(1)?;
-            r.try_get(0)
-        })
-        .collect::<Result<Vec<String>, tokio_postgres::Error>>()?;
-    Ok(Some(Partitioning {
-        kind: row.try_get(1)?,
-        key: row.try_get(2)?,
-        partitions,
-        columns,
-        identity_always,
-    }))
 }

@@ -7,7 +7,7 @@
 //! name) is published by no shard's publication, and its rows would never be relayed.
 
 use outbox_core::pgtype::{qualified, quote_ident};
-use pgrepl::preflight::{self, Partitioning};
+use pgrepl::preflight::{self, PartitionBound, Partitioning, ShardObjects};
 use tokio_postgres::Client;
 
 use super::error::RelayError;
@@ -23,6 +23,8 @@ pub struct ShardSpec {
     pub key_column: String,
     /// OUTBOXD_PUBLICATION: shard `i`'s publication is `<publication_base>_<i>`.
     pub publication_base: String,
+    /// OUTBOXD_SLOT: shard `i`'s slot is `<slot_base>_<i>`.
+    pub slot_base: String,
 }
 
 impl ShardSpec {
@@ -38,15 +40,20 @@ impl ShardSpec {
 }
 
 /// The one rule for "is this table sharded the way the settings say", shared by `run`
-/// (at start-up and on every slot-stats tick) and `check`. `Err` is the problem and its
-/// fix.
+/// (at start-up and on every slot-stats tick), `check` and `init`. `Err` is the problem
+/// and its fix.
 ///
-/// `loose`: the names of the shards' partitions that exist in the root's schema as tables
-/// outside it (detached): the fix attaches them again rather than creating them.
+/// `objects`: what exists under the shards' names. A loose table (detached) holding a
+/// missing remainder's name is attached again as it is only when the shard's publication
+/// holds it: rows written to a table no publication holds are decoded by no slot, then or
+/// ever, so otherwise its rows are inserted again through the table, as those of a
+/// detached partition of another modulus are. The fix adds a new partition only to a
+/// publication that exists; a missing one is created, with its slot, before any row can
+/// reach the partition.
 pub fn judge_shard_layout(
     layout: Option<&Partitioning>,
     shard: &ShardSpec,
-    loose: &[String],
+    objects: &ShardObjects,
 ) -> Result<(), String> {
     let root = shard.root_name();
     let count = shard.count;
@@ -75,8 +82,8 @@ pub fn judge_shard_layout(
         }
     }
     let mut seen = vec![false; usize::try_from(count).unwrap_or(0)];
-    // (schema, name, modulus) of each partition of another modulus.
-    let mut foreign: Vec<(String, String, u32)> = Vec::new();
+    // Each partition of another modulus, with its modulus.
+    let mut foreign: Vec<(&PartitionBound, u32)> = Vec::new();
     for p in &layout.partitions {
         let Some((modulus, remainder)) = hash_bound(&p.bound) else {
             return Err(format!(
@@ -85,7 +92,7 @@ pub fn judge_shard_layout(
             ));
         };
         if modulus != count {
-            foreign.push((p.schema.clone(), p.name.clone(), modulus));
+            foreign.push((p, modulus));
             continue;
         }
         let expected = ShardSpec::partition_name(&shard.root_table, remainder);
@@ -128,86 +135,277 @@ pub fn judge_shard_layout(
                 .is_some_and(|s| !*s)
         })
         .collect();
-    if let Some((schema, name, modulus)) = foreign.first() {
-        return Err(format!(
-            "partition {schema}.{name} of {root} has modulus {modulus}, but OUTBOXD_SHARD_COUNT={count}: \
-             no shard's publication has it, so its rows are relayed by no shard. To go back to \
-             {count} shards, run: BEGIN; {}; COMMIT; then start outboxd (and follow \
-             `outboxd check` if it names a publication; an ALTER PUBLICATION above whose \
-             publication does not exist yet is left out: `outboxd init` creates it). To change the shard count instead: \
-             docs/operations.md, \"Sharding: adding shards or changing their count\"",
-            back_to_shards(shard, layout, &foreign, &missing, loose)
-        ));
-    }
-    // Hash partitioning has no default partition: with a remainder missing, inserts of
-    // its aggregates fail, so nothing is lost, but say it before the application does.
-    if !missing.is_empty() {
+    // Detached tables named like a shard's partition that no missing remainder takes
+    // back and no shard's publication holds: rows written to them while they were
+    // partitions (of another modulus) were decoded by no slot.
+    let stranded: Vec<&str> = objects
+        .loose
+        .iter()
+        .filter(|t| {
+            let retaken = partition_index(shard, &t.name).is_some_and(|r| missing.contains(&r));
+            let published = t
+                .publications
+                .iter()
+                .any(|p| shard_index(&shard.publication_base, p).is_some());
+            !retaken && !published
+        })
+        .map(|t| t.name.as_str())
+        .collect();
+    let problem = if let Some((p, modulus)) = foreign.first() {
+        format!(
+            "partition {} of {root} has modulus {modulus}, but OUTBOXD_SHARD_COUNT={count}{}",
+            qualified(&p.schema, &p.name),
+            match read_by_a_shard(shard, p) {
+                true => "",
+                false => ": no shard's publication has it, so its rows are relayed by no shard",
+            }
+        )
+    } else if !missing.is_empty() {
+        // Hash partitioning has no default partition: with a remainder missing, inserts
+        // of its aggregates fail, so nothing is lost, but say it before the application
+        // does.
         let list: Vec<String> = missing.iter().map(u32::to_string).collect();
-        return Err(format!(
-            "{root} has no partition for remainder {} of {count} (inserts of those aggregates fail): {} (an ALTER PUBLICATION whose publication does not exist yet is left out: `outboxd init` creates it)",
-            list.join(", "),
-            back_to_shards(shard, layout, &[], &missing, loose)
-        ));
+        format!(
+            "{root} has no partition for remainder {} of {count} (inserts of those aggregates fail)",
+            list.join(", ")
+        )
+    } else if let Some(name) = stranded.first() {
+        format!(
+            "{} is no partition of {root} and no shard's publication holds it, but it is named like a shard's partition: \
+             rows written to it while it was a partition (of another modulus) were decoded by no slot",
+            qualified(&shard.root_schema, name)
+        )
+    } else {
+        return Ok(());
+    };
+    let plan = back_to_shards(shard, layout, objects, &foreign, &missing, &stranded);
+    Err(format!("{problem}. {}", plan.text(shard)))
+}
+
+/// Whether a shard that remains (`< count`) has `p` in its publication: its rows were
+/// decoded by that shard's slot, which outboxd goes on reading.
+fn read_by_a_shard(shard: &ShardSpec, p: &PartitionBound) -> bool {
+    p.publications
+        .iter()
+        .any(|name| shard_index(&shard.publication_base, name).is_some_and(|k| k < shard.count))
+}
+
+/// `<root_table>_shard_<n>` → n.
+fn partition_index(shard: &ShardSpec, name: &str) -> Option<u32> {
+    shard_index(&format!("{}_shard", shard.root_table), name)
+}
+
+/// `<base>_<n>` → n.
+fn shard_index(base: &str, name: &str) -> Option<u32> {
+    let digits = name.strip_prefix(base)?.strip_prefix('_')?;
+    match digits.bytes().all(|b| b.is_ascii_digit()) {
+        true => digits.parse().ok(),
+        false => None,
     }
-    Ok(())
+}
+
+/// The remedy: statements run before the transaction (each on its own), the
+/// transaction, and the slots and publications left over for shards beyond the count.
+struct Plan {
+    /// A missing shard's publication (empty) and then its slot: a slot created after the
+    /// transaction would not decode the rows it moves into that shard's partition, nor
+    /// those the application writes before `outboxd init`.
+    before: Vec<String>,
+    transaction: Vec<String>,
+    /// The copies the transaction makes, and the detached tables it leaves named like
+    /// shards' partitions whose rows a publication held (named, not copied).
+    copied: Vec<String>,
+    set_aside: Vec<String>,
+    kept: Vec<String>,
+    /// Slot and publication names of shards `>= count`.
+    leftover_slots: Vec<String>,
+    leftover_publications: Vec<String>,
+}
+
+impl Plan {
+    fn text(&self, shard: &ShardSpec) -> String {
+        let count = shard.count;
+        let mut text = match self.before.is_empty() {
+            true => "To".to_owned(),
+            false => format!(
+                "First create the missing shards' publications and slots, each statement on its own (a slot cannot be created in a transaction that wrote): {}. Then, to",
+                self.before.join("; ")
+            ),
+        };
+        text.push_str(&format!(
+            " lay the table out as {count} shards, run: BEGIN; {GUARD_OFF}; {}; COMMIT; then {}start outboxd \
+             (and follow `outboxd check` if it names a publication). To change the shard count \
+             instead: docs/operations.md, \"Sharding: adding shards or changing their count\"",
+            self.transaction.join("; "),
+            match self.before.is_empty() {
+                true => "",
+                false => "run `outboxd init` (it finds the slots and records them) and ",
+            }
+        ));
+        if !self.copied.is_empty() {
+            text.push_str(&format!(
+                ". The transaction inserts again the rows of {}, which no remaining shard's slot decoded (a row an earlier slot relayed is published twice); drop those tables once outboxd has relayed past the COMMIT",
+                self.copied.join(", ")
+            ));
+        }
+        if !self.set_aside.is_empty() {
+            text.push_str(&format!(
+                ". The rows of {} were relayed by a shard that remains and are kept there; drop those tables once outboxd has relayed past the COMMIT",
+                self.set_aside.join(", ")
+            ));
+        }
+        if !self.kept.is_empty() {
+            text.push_str(&format!(
+                ". Also detached and named like a shard's partition, held by a publication: {}. If rows were written to one while no shard's slot read its publication, insert them again through {} as above",
+                self.kept.join(", "),
+                shard.root_name()
+            ));
+        }
+        if !self.leftover_slots.is_empty() || !self.leftover_publications.is_empty() {
+            let drops: Vec<String> = self
+                .leftover_slots
+                .iter()
+                .map(|s| format!("SELECT pg_catalog.pg_drop_replication_slot({})", literal(s)))
+                .chain(
+                    self.leftover_publications
+                        .iter()
+                        .map(|p| format!("DROP PUBLICATION {}", quote_ident(p))),
+                )
+                .collect();
+            text.push_str(&format!(
+                ". The slots and publications of shards {count} and above are read by no shard and keep WAL without limit: once the transaction above committed and every shard's slot confirmed past it (read SELECT pg_current_wal_lsn() after COMMIT; wait until each of {}_0..{}_{}'s confirmed_flush_lsn in pg_replication_slots is at or past it), and no outboxd process still relays them, run: {};",
+                shard.slot_base,
+                shard.slot_base,
+                count.saturating_sub(1),
+                drops.join("; ")
+            ));
+        }
+        text
+    }
+}
+
+/// What the fix's transaction sets for sql/shard-guard.sql, which refuses the partition
+/// changes it makes otherwise (a setting of that name does nothing without the guard).
+const GUARD_OFF: &str = "SET LOCAL outboxd.partition_change = 'on'";
+
+/// A SQL string literal.
+fn literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
 }
 
 /// The statements that make the table `shard.count` shards again: the `foreign`
 /// partitions (of another modulus) detached, each `missing` remainder's partition attached
-/// (when `loose`, detached earlier) or created, and the detached partitions' rows inserted
-/// again through the table, so that the shards' slots decode them: when they were written,
-/// no shard's publication had their partition.
+/// (when detached earlier and still in its shard's publication) or created, and the rows
+/// of the detached partitions and of `stranded` tables inserted again through the table,
+/// so that the shards' slots decode them: when they were written, no shard's publication
+/// had their table.
 fn back_to_shards(
     shard: &ShardSpec,
     layout: &Partitioning,
-    foreign: &[(String, String, u32)],
+    objects: &ShardObjects,
+    foreign: &[(&PartitionBound, u32)],
     missing: &[u32],
-    loose: &[String],
-) -> String {
+    stranded: &[&str],
+) -> Plan {
     // Quoted where the catalog's names need it (OUTBOXD_TABLE may be mixed-case).
     let root = qualified(&shard.root_schema, &shard.root_table);
+    let schema = &shard.root_schema;
     let count = shard.count;
+    let publication = |r: u32| format!("{}_{r}", shard.publication_base);
+    let mut before = Vec::new();
     let mut sql = Vec::new();
-    // Where each detached partition's rows are read from: one holding a shard's name is
-    // renamed out of its way.
+    // Where the rows to insert again are read from. A table left named like a shard's
+    // partition is renamed: the next check would take it for a stranded one.
     let mut sources = Vec::new();
-    for (schema, name, modulus) in foreign {
+    // Detached partitions whose rows a remaining shard's slot decoded: kept, not copied.
+    let mut set_aside = Vec::new();
+    let move_aside =
+        |sql: &mut Vec<String>, schema: &str, name: &str, to: String| match partition_index(
+            shard, name,
+        )
+        .is_some()
+        {
+            true => {
+                sql.push(format!(
+                    "ALTER TABLE {} RENAME TO {}",
+                    qualified(schema, name),
+                    quote_ident(&to)
+                ));
+                qualified(schema, &to)
+            }
+            false => qualified(schema, name),
+        };
+    for (p, modulus) in foreign {
         sql.push(format!(
             "ALTER TABLE {root} DETACH PARTITION {}",
-            qualified(schema, name)
+            qualified(&p.schema, &p.name)
         ));
-        let taken = (0..count).any(|r| ShardSpec::partition_name(&shard.root_table, r) == *name);
-        if taken {
-            let moved = format!("{name}_of_{modulus}");
-            sql.push(format!(
-                "ALTER TABLE {} RENAME TO {}",
-                qualified(schema, name),
-                quote_ident(&moved)
-            ));
-            sources.push(qualified(schema, &moved));
-        } else {
-            sources.push(qualified(schema, name));
+        let table = move_aside(
+            &mut sql,
+            &p.schema,
+            &p.name,
+            format!("{}_of_{modulus}", p.name),
+        );
+        match read_by_a_shard(shard, p) {
+            true => set_aside.push(table),
+            false => sources.push(table),
         }
+    }
+    for name in stranded {
+        sources.push(move_aside(
+            &mut sql,
+            schema,
+            name,
+            format!("{name}_detached"),
+        ));
     }
     for r in missing {
         let name = ShardSpec::partition_name(&shard.root_table, *r);
         let bound = format!("FOR VALUES WITH (MODULUS {count}, REMAINDER {r})");
-        let partition = qualified(&shard.root_schema, &name);
-        if loose.contains(&name) {
+        let partition = qualified(schema, &name);
+        let pub_name = publication(*r);
+        let loose = objects.loose.iter().find(|t| t.name == name);
+        if loose.is_some_and(|t| t.publications.contains(&pub_name)) {
             sql.push(format!(
                 "ALTER TABLE {root} ATTACH PARTITION {partition} {bound}"
             ));
-        } else {
-            // A new table is in no publication (they hold tables, not names): the rows
-            // inserted below would be decoded by no slot.
-            sql.push(format!(
-                "CREATE TABLE {partition} PARTITION OF {root} {bound}"
-            ));
-            sql.push(format!(
-                "ALTER PUBLICATION {} ADD TABLE {partition}",
-                quote_ident(&format!("{}_{r}", shard.publication_base))
+            continue;
+        }
+        if loose.is_some() {
+            sources.push(move_aside(
+                &mut sql,
+                schema,
+                &name,
+                format!("{name}_detached"),
             ));
         }
+        if !objects.publications.contains(&pub_name) {
+            // As `outboxd init` makes it, then holding no table: the slot's first
+            // decoded rows must find the publication in the catalog of their time.
+            before.push(format!(
+                "CREATE PUBLICATION {} WITH (publish = 'insert', publish_via_partition_root = true)",
+                quote_ident(&pub_name)
+            ));
+            // A new shard's: not by `init`, which checks the layout first; it then finds
+            // the slot and records it. One of this name in another database makes this
+            // fail, before any row.
+            let slot = format!("{}_{r}", shard.slot_base);
+            if !objects.slots.contains(&slot) {
+                before.push(format!(
+                    "SELECT pg_catalog.pg_create_logical_replication_slot({}, 'pgoutput')",
+                    literal(&slot)
+                ));
+            }
+        }
+        // A new table is in no publication (they hold tables, not names): the rows
+        // inserted below would be decoded by no slot.
+        sql.push(format!(
+            "CREATE TABLE {partition} PARTITION OF {root} {bound}"
+        ));
+        sql.push(format!(
+            "ALTER PUBLICATION {} ADD TABLE {partition}",
+            quote_ident(&pub_name)
+        ));
     }
     // By column name: an attached table's columns may be in another order than the
     // root's. Values are copied as stored (a json payload keeps its bytes).
@@ -220,7 +418,34 @@ fn back_to_shards(
     sql.extend(sources.iter().map(|from| {
         format!("INSERT INTO {root} ({columns}){overriding} SELECT {columns} FROM {from}")
     }));
-    sql.join("; ")
+    let beyond = |name: &String, base: &str| shard_index(base, name).is_some_and(|i| i >= count);
+    Plan {
+        before,
+        transaction: sql,
+        copied: sources,
+        set_aside,
+        kept: objects
+            .loose
+            .iter()
+            .filter(|t| {
+                !stranded.contains(&t.name.as_str())
+                    && !partition_index(shard, &t.name).is_some_and(|r| missing.contains(&r))
+            })
+            .map(|t| qualified(schema, &t.name))
+            .collect(),
+        leftover_slots: objects
+            .slots
+            .iter()
+            .filter(|s| beyond(s, &shard.slot_base))
+            .cloned()
+            .collect(),
+        leftover_publications: objects
+            .publications
+            .iter()
+            .filter(|p| beyond(p, &shard.publication_base))
+            .cloned()
+            .collect(),
+    }
 }
 
 /// `FOR VALUES WITH (modulus 4, remainder 1)` → (4, 1).
@@ -246,162 +471,22 @@ fn hash_bound(bound: &str) -> Option<(u32, u32)> {
 /// Reads the catalog and applies [`judge_shard_layout`].
 pub async fn verify_shard_layout(sql: &Client, shard: &ShardSpec) -> Result<(), RelayError> {
     let layout = preflight::partitioning(sql, &shard.root_schema, &shard.root_table).await?;
-    let names: Vec<String> = (0..shard.count)
-        .map(|i| ShardSpec::partition_name(&shard.root_table, i))
-        .collect();
-    let loose = preflight::loose_tables(sql, &shard.root_schema, &names).await?;
-    judge_shard_layout(layout.as_ref(), shard, &loose).map_err(|problem| RelayError::ShardLayout {
-        table: shard.root_name(),
-        problem,
+    let objects = preflight::shard_objects(
+        sql,
+        &shard.root_schema,
+        &shard.root_table,
+        &shard.publication_base,
+        &shard.slot_base,
+    )
+    .await?;
+    judge_shard_layout(layout.as_ref(), shard, &objects).map_err(|problem| {
+        RelayError::ShardLayout {
+            table: shard.root_name(),
+            problem,
+        }
     })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use pgrepl::preflight::PartitionBound;
-
-    fn spec(count: u32) -> ShardSpec {
-        ShardSpec {
-            index: 0,
-            count,
-            root_schema: "public".into(),
-            root_table: "outbox".into(),
-            key_column: "aggregate_id".into(),
-            publication_base: "outboxd".into(),
-        }
-    }
-
-    fn layout(parts: &[(&str, u32, u32)]) -> Partitioning {
-        Partitioning {
-            kind: "p".into(),
-            key: Some("HASH (aggregate_id)".into()),
-            partitions: parts
-                .iter()
-                .map(|(name, m, r)| PartitionBound {
-                    schema: "public".into(),
-                    name: (*name).into(),
-                    bound: format!("FOR VALUES WITH (modulus {m}, remainder {r})"),
-                })
-                .collect(),
-            columns: vec!["id".into(), "aggregate_id".into(), "Payload".into()],
-            identity_always: false,
-        }
-    }
-
-    #[test]
-    fn the_layout_init_creates_is_accepted() {
-        let l = layout(&[("outbox_shard_0", 2, 0), ("outbox_shard_1", 2, 1)]);
-        assert_eq!(judge_shard_layout(Some(&l), &spec(2), &[]), Ok(()));
-    }
-
-    #[test]
-    fn a_partition_no_shard_reads_is_refused() {
-        // Four partitions, two shards: the rows of remainders 2 and 3 would go nowhere.
-        let l = layout(&[
-            ("outbox_shard_0", 4, 0),
-            ("outbox_shard_1", 4, 1),
-            ("outbox_shard_2", 4, 2),
-            ("outbox_shard_3", 4, 3),
-        ]);
-        let e = judge_shard_layout(Some(&l), &spec(2), &[]).unwrap_err();
-        assert!(
-            e.contains("has modulus 4") && e.contains("relayed by no shard"),
-            "{e}"
-        );
-        // Back to two shards: the statements, in an order that runs. The partitions
-        // holding shard names move out of the way; their rows come back through the root.
-        let back = "ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_0; \
-            ALTER TABLE public.outbox_shard_0 RENAME TO outbox_shard_0_of_4; \
-            ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1; \
-            ALTER TABLE public.outbox_shard_1 RENAME TO outbox_shard_1_of_4; \
-            ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_2; \
-            ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_3; \
-            CREATE TABLE public.outbox_shard_0 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 0); \
-            ALTER PUBLICATION outboxd_0 ADD TABLE public.outbox_shard_0; \
-            CREATE TABLE public.outbox_shard_1 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 1); \
-            ALTER PUBLICATION outboxd_1 ADD TABLE public.outbox_shard_1; \
-            INSERT INTO public.outbox (id, aggregate_id, \"Payload\") SELECT id, aggregate_id, \"Payload\" FROM public.outbox_shard_0_of_4; \
-            INSERT INTO public.outbox (id, aggregate_id, \"Payload\") SELECT id, aggregate_id, \"Payload\" FROM public.outbox_shard_1_of_4; \
-            INSERT INTO public.outbox (id, aggregate_id, \"Payload\") SELECT id, aggregate_id, \"Payload\" FROM public.outbox_shard_2; \
-            INSERT INTO public.outbox (id, aggregate_id, \"Payload\") SELECT id, aggregate_id, \"Payload\" FROM public.outbox_shard_3;";
-        assert!(e.contains(back), "{e}");
-        // Remainder 1 split in two, its old partition detached and kept: attached again.
-        let split = layout(&[
-            ("outbox_shard_0", 2, 0),
-            ("outbox_m4_1", 4, 1),
-            ("outbox_m4_3", 4, 3),
-        ]);
-        let loose = vec!["outbox_shard_1".to_owned()];
-        let e = judge_shard_layout(Some(&split), &spec(2), &loose).unwrap_err();
-        let back = "ALTER TABLE public.outbox DETACH PARTITION public.outbox_m4_1; \
-            ALTER TABLE public.outbox DETACH PARTITION public.outbox_m4_3; \
-            ALTER TABLE public.outbox ATTACH PARTITION public.outbox_shard_1 FOR VALUES WITH (MODULUS 2, REMAINDER 1); \
-            INSERT INTO public.outbox (id, aggregate_id, \"Payload\") SELECT id, aggregate_id, \"Payload\" FROM public.outbox_m4_1; \
-            INSERT INTO public.outbox (id, aggregate_id, \"Payload\") SELECT id, aggregate_id, \"Payload\" FROM public.outbox_m4_3;";
-        assert!(e.contains(back), "{e}");
-        let renamed = layout(&[("outbox_p0", 2, 0), ("outbox_shard_1", 2, 1)]);
-        let e = judge_shard_layout(Some(&renamed), &spec(2), &[]).unwrap_err();
-        assert!(e.contains("RENAME TO outbox_shard_0"), "{e}");
-    }
-
-    #[test]
-    fn the_printed_fix_quotes_mixed_case_names() {
-        let spec = ShardSpec {
-            root_table: "Outbox".into(),
-            publication_base: "Pub".into(),
-            ..spec(2)
-        };
-        let e =
-            judge_shard_layout(Some(&layout(&[("Outbox_shard_0", 2, 0)])), &spec, &[]).unwrap_err();
-        assert!(
-            e.contains("CREATE TABLE public.\"Outbox_shard_1\" PARTITION OF public.\"Outbox\" FOR VALUES WITH (MODULUS 2, REMAINDER 1); ALTER PUBLICATION \"Pub_1\" ADD TABLE public.\"Outbox_shard_1\""),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn wrong_keys_kinds_and_gaps_are_refused() {
-        let mut l = layout(&[("outbox_shard_0", 2, 0), ("outbox_shard_1", 2, 1)]);
-        l.key = Some("HASH (id)".into());
-        assert!(judge_shard_layout(Some(&l), &spec(2), &[])
-            .unwrap_err()
-            .contains("not HASH (aggregate_id)"));
-        l.key = Some("RANGE (aggregate_id)".into());
-        assert!(judge_shard_layout(Some(&l), &spec(2), &[]).is_err());
-        l.key = None;
-        l.kind = "r".into();
-        assert!(judge_shard_layout(Some(&l), &spec(2), &[])
-            .unwrap_err()
-            .contains("not partitioned"));
-        assert!(judge_shard_layout(None, &spec(2), &[])
-            .unwrap_err()
-            .contains("does not exist"));
-        let gap = layout(&[("outbox_shard_0", 3, 0), ("outbox_shard_2", 3, 2)]);
-        let e = judge_shard_layout(Some(&gap), &spec(3), &[]).unwrap_err();
-        assert!(e.contains("remainder 1 of 3"), "{e}");
-        assert!(
-            e.contains("(inserts of those aggregates fail): CREATE TABLE public.outbox_shard_1 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 3, REMAINDER 1); ALTER PUBLICATION outboxd_1 ADD TABLE public.outbox_shard_1 ("),
-            "{e}"
-        );
-        let mut list = layout(&[("outbox_shard_0", 2, 0)]);
-        list.partitions[0].bound = "FOR VALUES IN ('a')".into();
-        assert!(judge_shard_layout(Some(&list), &spec(2), &[])
-            .unwrap_err()
-            .contains("not FOR VALUES WITH"));
-    }
-
-    #[test]
-    fn hash_bounds_parse() {
-        assert_eq!(
-            hash_bound("FOR VALUES WITH (modulus 4, remainder 1)"),
-            Some((4, 1))
-        );
-        assert_eq!(
-            hash_bound("FOR VALUES WITH (remainder 0, modulus 2)"),
-            Some((2, 0))
-        );
-        assert_eq!(hash_bound("DEFAULT"), None);
-        assert_eq!(hash_bound("FOR VALUES WITH (modulus x, remainder 1)"), None);
-    }
-}
+#[path = "shard_tests.rs"]
+mod tests;

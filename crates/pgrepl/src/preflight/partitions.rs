@@ -1,0 +1,195 @@
+//! A partitioned outbox as the catalog has it: its partitions, and the objects named like
+//! its shards' (tables, publications, slots) that a sharded layout's check weighs.
+
+use tokio_postgres::Client;
+
+use crate::error::ReplError;
+
+/// A partitioned table's partitioning, as the catalog has it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partitioning {
+    /// `relkind` (`p` partitioned, `r` plain, ...).
+    pub kind: String,
+    /// `pg_get_partkeydef`, e.g. `HASH (aggregate_id)`; `None` unless partitioned.
+    pub key: Option<String>,
+    /// Direct partitions, by name.
+    pub partitions: Vec<PartitionBound>,
+    /// The columns an INSERT may name, in order (not dropped, not generated).
+    pub columns: Vec<String>,
+    /// A `GENERATED ALWAYS AS IDENTITY` column is among them: an INSERT naming it needs
+    /// `OVERRIDING SYSTEM VALUE`.
+    pub identity_always: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionBound {
+    pub schema: String,
+    pub name: String,
+    /// `pg_get_expr(relpartbound)`, e.g. `FOR VALUES WITH (modulus 4, remainder 1)`.
+    pub bound: String,
+    /// The publications holding the partition itself (`pg_publication_rel`).
+    pub publications: Vec<String>,
+}
+
+/// `None` when `schema.table` does not exist.
+pub async fn partitioning(
+    client: &Client,
+    schema: &str,
+    table: &str,
+) -> Result<Option<Partitioning>, ReplError> {
+    let Some(row) = client
+        .query_opt(
+            "SELECT c.oid, c.relkind::text, \
+                    CASE WHEN c.relkind = 'p' THEN pg_catalog.pg_get_partkeydef(c.oid) END \
+               FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+              WHERE n.nspname = $1 AND c.relname = $2",
+            &[&schema, &table],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let oid: u32 = row.try_get(0)?;
+    let partitions = client
+        .query(
+            "SELECT n.nspname::text, c.relname::text, \
+                    coalesce(pg_catalog.pg_get_expr(c.relpartbound, c.oid), ''), \
+                    ARRAY(SELECT p.pubname::text FROM pg_catalog.pg_publication_rel r \
+                       JOIN pg_catalog.pg_publication p ON p.oid = r.prpubid \
+                      WHERE r.prrelid = c.oid ORDER BY 1) \
+               FROM pg_catalog.pg_inherits i \
+               JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid \
+               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+              WHERE i.inhparent = $1 ORDER BY 1, 2",
+            &[&oid],
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(PartitionBound {
+                schema: r.try_get(0)?,
+                name: r.try_get(1)?,
+                bound: r.try_get(2)?,
+                publications: r.try_get(3)?,
+            })
+        })
+        .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
+    let columns = client
+        .query(
+            "SELECT a.attname::text, a.attidentity = 'a' \
+               FROM pg_catalog.pg_attribute a \
+              WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped \
+                AND a.attgenerated = '' ORDER BY a.attnum",
+            &[&oid],
+        )
+        .await?;
+    let mut identity_always = false;
+    let columns = columns
+        .iter()
+        .map(|r| {
+            identity_always |= r.try_get::<_, bool>(1)?;
+            r.try_get(0)
+        })
+        .collect::<Result<Vec<String>, tokio_postgres::Error>>()?;
+    Ok(Some(Partitioning {
+        kind: row.try_get(1)?,
+        key: row.try_get(2)?,
+        partitions,
+        columns,
+        identity_always,
+    }))
+}
+
+/// A table named like a shard's partition that is no partition (detached, or never
+/// attached), and the publications holding it (`pg_publication_rel`: by the table, not
+/// its name; a detached partition stays in its publications).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LooseTable {
+    pub name: String,
+    pub publications: Vec<String>,
+}
+
+/// What exists under the shards' names, whatever the shard count: `<table>_shard_<n>`
+/// tables in the table's schema that are no partition, publications
+/// `<publication>_<n>`, and this database's slots `<slot>_<n>`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardObjects {
+    pub loose: Vec<LooseTable>,
+    pub publications: Vec<String>,
+    pub slots: Vec<String>,
+}
+
+/// Reads [`ShardObjects`]. Names are matched as `<prefix>_<digits>` exactly (a `LIKE`
+/// pattern would take `_` in a name for any character).
+pub async fn shard_objects(
+    client: &Client,
+    schema: &str,
+    table: &str,
+    publication: &str,
+    slot: &str,
+) -> Result<ShardObjects, ReplError> {
+    let numbered = |column: &str, n: u32| {
+        format!(
+            "pg_catalog.left({column}::text, pg_catalog.length(${n})) = ${n} \
+             AND pg_catalog.substr({column}::text, pg_catalog.length(${n}) + 1) ~ '^[0-9]+$'"
+        )
+    };
+    let loose = client
+        .query(
+            &format!(
+                "SELECT c.relname::text, \
+                        pg_catalog.array_remove(pg_catalog.array_agg(p.pubname::text ORDER BY p.pubname), NULL) \
+                   FROM pg_catalog.pg_class c \
+                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+                   LEFT JOIN pg_catalog.pg_publication_rel r ON r.prrelid = c.oid \
+                   LEFT JOIN pg_catalog.pg_publication p ON p.oid = r.prpubid \
+                  WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND NOT c.relispartition \
+                    AND {} \
+                  GROUP BY c.relname ORDER BY 1",
+                numbered("c.relname", 2)
+            ),
+            &[&schema, &format!("{table}_shard_")],
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(LooseTable {
+                name: r.try_get(0)?,
+                publications: r.try_get(1)?,
+            })
+        })
+        .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
+    let names = |rows: Vec<tokio_postgres::Row>| {
+        rows.iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<Vec<String>, tokio_postgres::Error>>()
+    };
+    let publications = names(
+        client
+            .query(
+                &format!(
+                    "SELECT pubname::text FROM pg_catalog.pg_publication WHERE {} ORDER BY 1",
+                    numbered("pubname", 1)
+                ),
+                &[&format!("{publication}_")],
+            )
+            .await?,
+    )?;
+    let slots = names(
+        client
+            .query(
+                &format!(
+                    "SELECT slot_name::text FROM pg_catalog.pg_replication_slots \
+                      WHERE database = pg_catalog.current_database() AND {} ORDER BY 1",
+                    numbered("slot_name", 1)
+                ),
+                &[&format!("{slot}_")],
+            )
+            .await?,
+    )?;
+    Ok(ShardObjects {
+        loose,
+        publications,
+        slots,
+    })
+}
