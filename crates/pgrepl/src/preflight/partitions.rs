@@ -117,6 +117,9 @@ pub struct ShardObjects {
     pub loose: Vec<LooseTable>,
     pub publications: Vec<String>,
     pub slots: Vec<String>,
+    /// Every relation in the table's schema whose name starts `<table>_shard_`: names a
+    /// rename must not take.
+    pub names: Vec<String>,
 }
 
 /// Reads [`ShardObjects`]. Names are matched as `<prefix>_<digits>` exactly (a `LIKE`
@@ -159,12 +162,12 @@ pub async fn shard_objects(
             })
         })
         .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
-    let names = |rows: Vec<tokio_postgres::Row>| {
+    let first_column = |rows: Vec<tokio_postgres::Row>| {
         rows.iter()
             .map(|r| r.try_get(0))
             .collect::<Result<Vec<String>, tokio_postgres::Error>>()
     };
-    let publications = names(
+    let publications = first_column(
         client
             .query(
                 &format!(
@@ -175,7 +178,7 @@ pub async fn shard_objects(
             )
             .await?,
     )?;
-    let slots = names(
+    let slots = first_column(
         client
             .query(
                 &format!(
@@ -187,9 +190,21 @@ pub async fn shard_objects(
             )
             .await?,
     )?;
+    let names = first_column(
+        client
+            .query(
+                "SELECT c.relname::text FROM pg_catalog.pg_class c \
+                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+                  WHERE n.nspname = $1 \
+                    AND pg_catalog.left(c.relname::text, pg_catalog.length($2)) = $2 ORDER BY 1",
+                &[&schema, &format!("{table}_shard_")],
+            )
+            .await?,
+    )?;
     Ok(ShardObjects {
         loose,
         publications,
         slots,
+        names,
     })
 }

@@ -254,6 +254,11 @@ impl Plan {
                 self.set_aside.join(", ")
             ));
         }
+        // Found by name only: a table detached under any other name is not.
+        text.push_str(&format!(
+            ". A partition of {root} detached under another name earlier (by a migration) is not looked for here: if rows were written to it while no shard's publication held it, insert them again through {root} as above",
+            root = shard.root_name()
+        ));
         if !self.kept.is_empty() {
             text.push_str(&format!(
                 ". Also detached and named like a shard's partition, held by a publication: {}. If rows were written to one while no shard's slot read its publication, insert them again through {} as above",
@@ -319,22 +324,24 @@ fn back_to_shards(
     let mut sources = Vec::new();
     // Detached partitions whose rows a remaining shard's slot decoded: kept, not copied.
     let mut set_aside = Vec::new();
-    let move_aside =
-        |sql: &mut Vec<String>, schema: &str, name: &str, to: String| match partition_index(
-            shard, name,
-        )
-        .is_some()
-        {
-            true => {
-                sql.push(format!(
-                    "ALTER TABLE {} RENAME TO {}",
-                    qualified(schema, name),
-                    quote_ident(&to)
-                ));
-                qualified(schema, &to)
-            }
-            false => qualified(schema, name),
-        };
+    // Names a rename must not take (an earlier fix's tables keep theirs).
+    let mut taken = objects.names.clone();
+    let mut move_aside = |sql: &mut Vec<String>, schema: &str, name: &str, to: String| {
+        if partition_index(shard, name).is_none() {
+            return qualified(schema, name);
+        }
+        let free = std::iter::once(to.clone())
+            .chain((2u32..).map(|k| format!("{to}_{k}")))
+            .find(|n| !taken.contains(n))
+            .unwrap_or(to);
+        taken.push(free.clone());
+        sql.push(format!(
+            "ALTER TABLE {} RENAME TO {}",
+            qualified(schema, name),
+            quote_ident(&free)
+        ));
+        qualified(schema, &free)
+    };
     for (p, modulus) in foreign {
         sql.push(format!(
             "ALTER TABLE {root} DETACH PARTITION {}",

@@ -42,6 +42,7 @@ fn made(n: u32) -> ShardObjects {
         loose: Vec::new(),
         publications: names.clone(),
         slots: names,
+        names: Vec::new(),
     }
 }
 
@@ -115,10 +116,19 @@ fn a_partition_no_shard_reads_is_refused() {
     assert!(e.contains(&copy_from("public.outbox_shard_0_of_4")), "{e}");
     // One held by a publication of a shard beyond the count is copied too: its slot is
     // to be dropped.
-    let mut elsewhere = l;
+    let mut elsewhere = l.clone();
     elsewhere.partitions[0].publications = vec!["outboxd_3".into()];
     let e = judge_shard_layout(Some(&elsewhere), &spec(2), &made(4)).unwrap_err();
     assert!(e.contains(&copy_from("public.outbox_shard_0_of_4")), "{e}");
+    // Lowered once before: the names its fix gave are taken, and a rename onto one
+    // would fail the transaction.
+    let mut again = made(4);
+    again.names = vec!["outbox_shard_0_of_4".into(), "outbox_shard_0_of_4_2".into()];
+    let e = judge_shard_layout(Some(&l), &spec(2), &again).unwrap_err();
+    assert!(
+        e.contains("ALTER TABLE public.outbox_shard_0 RENAME TO outbox_shard_0_of_4_3;"),
+        "{e}"
+    );
     let renamed = layout(&[("outbox_p0", 2, 0), ("outbox_shard_1", 2, 1)]);
     let e = judge_shard_layout(Some(&renamed), &spec(2), &made(2)).unwrap_err();
     assert!(e.contains("RENAME TO outbox_shard_0"), "{e}");
