@@ -10,9 +10,9 @@ use outboxd_relay::kafka::{
     BackfillState, ProgressRecord, ProgressStore, SlotIdentity, SlotRecords, EMITTED_LOST_TEXT,
 };
 use outboxd_relay::pipeline::{
-    compare_publication, create_checked, judge_missing_slot, judge_slot, look_at_publication,
-    outbox_rows, refuse_unfinished_backfill, resume_command, verify_shard_layout, Backfill,
-    Consent, Creation, History, SlotSnapshot,
+    compare_publication, create_checked, judge_missing_slot, judge_slot, leftover_shards,
+    look_at_publication, outbox_rows, refuse_unfinished_backfill, resume_command,
+    verify_shard_layout, Backfill, Consent, Creation, History, SlotSnapshot,
 };
 use pgoutput::Lsn;
 use pgrepl::{preflight, ConnectConfig, ReplError, ReplicationConnection};
@@ -95,6 +95,12 @@ async fn init_inner(s: &Settings, flags: Flags) -> Result<(), InitError> {
             quote_ident(&s.columns.aggregate_id),
             shard.count
         );
+        if let Some(advice) = leftover_shards(&sql, shard)
+            .await
+            .map_err(|e| InitError::Refused(e.to_string()))?
+        {
+            say!("warn {advice}");
+        }
     }
     let mut shared = Shared {
         pg: &pg,

@@ -3,8 +3,8 @@
 use outbox_core::pgtype::quote_ident;
 use outbox_core::BoundTable;
 use outboxd_relay::pipeline::{
-    judge_publication, judge_server, missing_table, table_candidates, verify_shard_layout,
-    MIN_SERVER_VERSION_NUM,
+    judge_publication, judge_server, leftover_shards, missing_table, table_candidates,
+    verify_shard_layout, MIN_SERVER_VERSION_NUM,
 };
 use pgoutput::{Column, Relation, ReplicaIdentity};
 use pgrepl::{
@@ -114,6 +114,11 @@ pub async fn check(s: &Settings) -> i32 {
                         spec.count.saturating_sub(1)
                     ),
                 ),
+                Err(e) => r.fail("shards", e),
+            }
+            match leftover_shards(sql, spec).await {
+                Ok(Some(advice)) => r.warn("shards", advice),
+                Ok(None) => {}
                 Err(e) => r.fail("shards", e),
             }
         }

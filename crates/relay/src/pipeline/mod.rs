@@ -37,7 +37,9 @@ pub use session::publication::{
     look as look_at_publication,
 };
 pub use session::SessionEnd;
-pub use shard::{judge_shard_layout, verify_shard_layout, ShardSpec};
+pub use shard::{
+    judge_leftover_shards, judge_shard_layout, leftover_shards, verify_shard_layout, ShardSpec,
+};
 pub use slot::{
     create_checked, judge_publication, judge_slot, missing_table, outbox_rows, table_candidates,
     CreatedSlot, FailoverSlot, SlotStart, SlotStats,

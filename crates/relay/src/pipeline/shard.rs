@@ -266,27 +266,65 @@ impl Plan {
                 shard.root_name()
             ));
         }
-        if !self.leftover_slots.is_empty() || !self.leftover_publications.is_empty() {
-            let drops: Vec<String> = self
-                .leftover_slots
-                .iter()
-                .map(|s| format!("SELECT pg_catalog.pg_drop_replication_slot({})", literal(s)))
-                .chain(
-                    self.leftover_publications
-                        .iter()
-                        .map(|p| format!("DROP PUBLICATION {}", quote_ident(p))),
-                )
-                .collect();
+        if let Some(drops) = drop_leftovers(&self.leftover_slots, &self.leftover_publications) {
             text.push_str(&format!(
-                ". The slots and publications of shards {count} and above are read by no shard and keep WAL without limit: once the transaction above committed and every shard's slot confirmed past it (read SELECT pg_current_wal_lsn() after COMMIT; wait until each of {}_0..{}_{}'s confirmed_flush_lsn in pg_replication_slots is at or past it), and no outboxd process still relays them, run: {};",
+                ". The slots and publications of shards {count} and above are read by no shard and keep WAL without limit: once the transaction above committed and every shard's slot confirmed past it (read SELECT pg_current_wal_lsn() after COMMIT; wait until each of {}_0..{}_{}'s confirmed_flush_lsn in pg_replication_slots is at or past it), and no outboxd process still relays them, run: {drops}",
                 shard.slot_base,
                 shard.slot_base,
                 count.saturating_sub(1),
-                drops.join("; ")
             ));
         }
         text
     }
+}
+
+/// The statements dropping `slots` and `publications`; `None` when there are none.
+fn drop_leftovers(slots: &[String], publications: &[String]) -> Option<String> {
+    let drops: Vec<String> = slots
+        .iter()
+        .map(|s| format!("SELECT pg_catalog.pg_drop_replication_slot({})", literal(s)))
+        .chain(
+            publications
+                .iter()
+                .map(|p| format!("DROP PUBLICATION {}", quote_ident(p))),
+        )
+        .collect();
+    (!drops.is_empty()).then(|| format!("{};", drops.join("; ")))
+}
+
+/// Slots and publications named for shards `>= count`.
+fn beyond_count(shard: &ShardSpec, objects: &ShardObjects) -> (Vec<String>, Vec<String>) {
+    let beyond = |names: &[String], base: &str| -> Vec<String> {
+        names
+            .iter()
+            .filter(|n| shard_index(base, n).is_some_and(|i| i >= shard.count))
+            .cloned()
+            .collect()
+    };
+    (
+        beyond(&objects.slots, &shard.slot_base),
+        beyond(&objects.publications, &shard.publication_base),
+    )
+}
+
+/// With the layout right, what is left of shards beyond the count (a count lowered by
+/// the fix [`judge_shard_layout`] prints keeps them): nothing reads those slots, and each
+/// keeps WAL without limit. A warning, not a refusal: whether their rows were relayed or
+/// copied back is not in the catalog.
+pub fn judge_leftover_shards(shard: &ShardSpec, objects: &ShardObjects) -> Option<String> {
+    let (slots, publications) = beyond_count(shard, objects);
+    let drops = drop_leftovers(&slots, &publications)?;
+    Some(format!(
+        "{} of shards beyond OUTBOXD_SHARD_COUNT={count} exist: no shard reads them, and a slot keeps WAL without limit. Once their rows were relayed or inserted again through {} (the fix outboxd printed for a lowered count does it), every shard's slot confirmed past that, and no outboxd process relays them, run: {drops}",
+        [("slots", &slots), ("publications", &publications)]
+            .iter()
+            .filter(|(_, names)| !names.is_empty())
+            .map(|(what, names)| format!("{what} {}", names.join(", ")))
+            .collect::<Vec<_>>()
+            .join(" and "),
+        shard.root_name(),
+        count = shard.count,
+    ))
 }
 
 /// What the fix's transaction sets for sql/shard-guard.sql, which refuses the partition
@@ -425,7 +463,7 @@ fn back_to_shards(
     sql.extend(sources.iter().map(|from| {
         format!("INSERT INTO {root} ({columns}){overriding} SELECT {columns} FROM {from}")
     }));
-    let beyond = |name: &String, base: &str| shard_index(base, name).is_some_and(|i| i >= count);
+    let (leftover_slots, leftover_publications) = beyond_count(shard, objects);
     Plan {
         before,
         transaction: sql,
@@ -440,18 +478,8 @@ fn back_to_shards(
             })
             .map(|t| qualified(schema, &t.name))
             .collect(),
-        leftover_slots: objects
-            .slots
-            .iter()
-            .filter(|s| beyond(s, &shard.slot_base))
-            .cloned()
-            .collect(),
-        leftover_publications: objects
-            .publications
-            .iter()
-            .filter(|p| beyond(p, &shard.publication_base))
-            .cloned()
-            .collect(),
+        leftover_slots,
+        leftover_publications,
     }
 }
 
@@ -475,17 +503,30 @@ fn hash_bound(bound: &str) -> Option<(u32, u32)> {
     Some((modulus?, remainder?))
 }
 
-/// Reads the catalog and applies [`judge_shard_layout`].
-pub async fn verify_shard_layout(sql: &Client, shard: &ShardSpec) -> Result<(), RelayError> {
-    let layout = preflight::partitioning(sql, &shard.root_schema, &shard.root_table).await?;
-    let objects = preflight::shard_objects(
+/// Reads the catalog and applies [`judge_leftover_shards`].
+pub async fn leftover_shards(
+    sql: &Client,
+    shard: &ShardSpec,
+) -> Result<Option<String>, RelayError> {
+    let objects = shard_objects(sql, shard).await?;
+    Ok(judge_leftover_shards(shard, &objects))
+}
+
+async fn shard_objects(sql: &Client, shard: &ShardSpec) -> Result<ShardObjects, RelayError> {
+    Ok(preflight::shard_objects(
         sql,
         &shard.root_schema,
         &shard.root_table,
         &shard.publication_base,
         &shard.slot_base,
     )
-    .await?;
+    .await?)
+}
+
+/// Reads the catalog and applies [`judge_shard_layout`].
+pub async fn verify_shard_layout(sql: &Client, shard: &ShardSpec) -> Result<(), RelayError> {
+    let layout = preflight::partitioning(sql, &shard.root_schema, &shard.root_table).await?;
+    let objects = shard_objects(sql, shard).await?;
     judge_shard_layout(layout.as_ref(), shard, &objects).map_err(|problem| {
         RelayError::ShardLayout {
             table: shard.root_name(),

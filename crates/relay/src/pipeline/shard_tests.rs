@@ -135,6 +135,24 @@ fn a_partition_no_shard_reads_is_refused() {
 }
 
 #[test]
+fn slots_of_shards_beyond_the_count_are_named_with_their_drops() {
+    assert_eq!(judge_leftover_shards(&spec(4), &made(4)), None);
+    let w = judge_leftover_shards(&spec(2), &made(4)).unwrap();
+    assert!(
+        w.starts_with("slots outboxd_2, outboxd_3 and publications outboxd_2, outboxd_3 of shards beyond OUTBOXD_SHARD_COUNT=2"),
+        "{w}"
+    );
+    assert!(
+        w.ends_with("run: SELECT pg_catalog.pg_drop_replication_slot('outboxd_2'); SELECT pg_catalog.pg_drop_replication_slot('outboxd_3'); DROP PUBLICATION outboxd_2; DROP PUBLICATION outboxd_3;"),
+        "{w}"
+    );
+    // Named like a shard's only when `<base>_<digits>`.
+    let mut other = made(2);
+    other.slots.push("outboxd_2_old".into());
+    assert_eq!(judge_leftover_shards(&spec(2), &other), None);
+}
+
+#[test]
 fn a_detached_partition_is_attached_again_only_from_its_shards_publication() {
     // Remainder 1 split in two, its old partition detached and kept: a detached
     // partition stays in its publication, so its rows were decoded and it goes back as
