@@ -212,10 +212,12 @@ struct Plan {
     /// those the application writes before `outboxd init`.
     before: Vec<String>,
     transaction: Vec<String>,
-    /// The copies the transaction makes, and the detached tables it leaves named like
-    /// shards' partitions whose rows a publication held (named, not copied).
+    /// The tables whose rows the transaction inserts again.
     copied: Vec<String>,
+    /// Detached partitions a remaining shard relayed: kept as they are, not copied.
     set_aside: Vec<String>,
+    /// Detached tables named like a shard's partition that a shard's publication holds:
+    /// named, not copied (whether a slot read them then is not in the catalog).
     kept: Vec<String>,
     /// Slot and publication names of shards `>= count`.
     leftover_slots: Vec<String>,
@@ -261,7 +263,7 @@ impl Plan {
         ));
         if !self.kept.is_empty() {
             text.push_str(&format!(
-                ". Also detached and named like a shard's partition, held by a publication: {}. If rows were written to one while no shard's slot read its publication, insert them again through {} as above",
+                ". Also detached and named like a shard's partition, held by a shard's publication: {}. If rows were written to one while no shard's slot read its publication, insert them again through {} as above",
                 self.kept.join(", "),
                 shard.root_name()
             ));

@@ -220,7 +220,8 @@ fn a_stranded_table_named_like_a_shard_is_refused_on_its_own() {
     let gap = layout(&[("outbox_shard_0", 2, 0)]);
     let e = judge_shard_layout(Some(&gap), &spec(2), &objects).unwrap_err();
     assert!(
-        e.contains("held by a publication: public.outbox_shard_3") && !e.contains("_3_detached"),
+        e.contains("held by a shard's publication: public.outbox_shard_3")
+            && !e.contains("_3_detached"),
         "{e}"
     );
 }
