@@ -199,6 +199,14 @@ fn between<'a>(text: &'a str, after: &str, until: &str) -> &'a str {
     rest.split(until).next().unwrap_or(rest)
 }
 
+/// The `outboxd init ...` a layout fix says to run after its COMMIT, run as printed.
+fn run_printed_init(fix: &str, env: &[(String, String)]) {
+    let command = between(fix, "COMMIT; then run `outboxd ", "`");
+    let args: Vec<&str> = command.split_whitespace().collect();
+    let (code, out) = run_to_end(env, &args);
+    assert_eq!(code, 0, "`outboxd {command}`:\n{out}");
+}
+
 /// `outboxd check`'s fixes, run as printed (the statement of the first FAIL that names
 /// one), until no FAIL but `publication unchanged` is left: what "Make sure it publishes
 /// the outbox's inserts (`outboxd check`)" asks.
@@ -386,12 +394,69 @@ async fn repartitioning_while_running_stops_and_the_printed_fix_loses_nothing() 
         .await;
     assert!(stranded > 0, "no row was written to the split partitions");
     // As printed, its BEGIN and COMMIT included.
-    let fix = between(&reason, " shards, run: ", " then start outboxd");
+    let fix = between(&reason, " shards, run: ", " then run `outboxd");
     s.client
         .batch_execute(fix)
         .await
         .unwrap_or_else(|e| panic!("the printed fix failed: {e}\n{fix}"));
+    run_printed_init(&reason, &s.env);
     let (code, out) = run_to_end(&s.env, &["check"]);
     assert_eq!(code, 0, "`outboxd check` after the fix:\n{out}");
     s.restart_and_check().await;
+}
+
+/// OUTBOXD_SHARD_COUNT raised from 2 to 4 on a running outbox while the application
+/// writes: `outboxd run` refuses the layout and prints what to do, which is followed
+/// literally: the new shards' publications and slots first, each statement on its own,
+/// then the transaction that lays the table out as four shards, then `outboxd init`,
+/// then outboxd with the new count. Every event arrives. (The fix once named
+/// publications that did not exist yet, so its transaction failed as printed; and left
+/// to itself, rows reached the new partitions before their slots existed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raising_the_shard_count_by_the_printed_fix_loses_nothing() {
+    let db = PgCluster::shared().fresh_database("shards_raise_fix").await;
+    let o = Outbox::for_db(&db);
+    let broker = Broker::default_for_tests();
+    let topics = ops::create_topics(&broker, &o).await;
+    let client = db.client().await;
+    let two = shard_env(&db, &o, &broker, 2);
+    init(&two);
+    let mut relay = start_relaying(two.clone(), &client, &o, 2).await;
+    let load = LoadGen::spawn(db.conn_string(), o.table.clone(), LoadShape::default());
+    load.wait_committed(300, Duration::from_secs(60)).await;
+    relay.signal("TERM");
+    let status = relay.wait_exit(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(0), "{}", relay.log_text());
+
+    let four = shard_env(&db, &o, &broker, 4);
+    let (code, out) = run_to_end(&four, &["run"]);
+    assert_eq!(code, 3, "`outboxd run` with 4 shards on 2:\n{out}");
+    let first = between(
+        &out,
+        "(a slot cannot be created in a transaction that wrote): ",
+        " Then, to lay",
+    );
+    for statement in first.trim_end_matches('.').split("; ") {
+        client
+            .batch_execute(statement)
+            .await
+            .unwrap_or_else(|e| panic!("the printed statement failed: {e}\n{statement}"));
+    }
+    let fix = between(&out, " shards, run: ", " then run `outboxd");
+    client
+        .batch_execute(fix)
+        .await
+        .unwrap_or_else(|e| panic!("the printed fix failed: {e}\n{fix}"));
+    run_printed_init(&out, &four);
+    let _relay = start_relaying(four, &client, &o, 4).await;
+    let committed = load.committed();
+    load.wait_committed(committed + 300, Duration::from_secs(60))
+        .await;
+    let events = load.stop().await;
+    read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &events,
+        Duration::from_secs(120),
+    );
 }

@@ -235,13 +235,15 @@ impl Plan {
             ),
         };
         text.push_str(&format!(
-            " lay the table out as {count} shards, run: BEGIN; {GUARD_OFF}; {}; COMMIT; then {}start outboxd \
+            " lay the table out as {count} shards, run: BEGIN; {GUARD_OFF}; {}; COMMIT; then run \
+             `outboxd init --accept-publication-change` (the transaction changed the shards' \
+             publications, as it must: `outboxd run` would stop on that; {}) and start outboxd \
              (and follow `outboxd check` if it names a publication). To change the shard count \
              instead: docs/operations.md, \"Sharding: adding shards or changing their count\"",
             self.transaction.join("; "),
             match self.before.is_empty() {
-                true => "",
-                false => "run `outboxd init` (it finds the slots and records them) and ",
+                true => "init records them as they are now",
+                false => "init records them as they are now, and finds the new slots",
             }
         ));
         if !self.copied.is_empty() {

@@ -96,7 +96,9 @@ fn a_partition_no_shard_reads_is_refused() {
         ALTER PUBLICATION outboxd_0 ADD TABLE public.outbox_shard_0; \
         CREATE TABLE public.outbox_shard_1 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 1); \
         ALTER PUBLICATION outboxd_1 ADD TABLE public.outbox_shard_1; \
-        {}; {}; COMMIT; then start outboxd",
+        {}; {}; COMMIT; then run `outboxd init --accept-publication-change` (the transaction \
+        changed the shards' publications, as it must: `outboxd run` would stop on that; init \
+        records them as they are now) and start outboxd",
         copy_from("public.outbox_shard_2_of_4"),
         copy_from("public.outbox_shard_3_of_4"),
     );
@@ -242,7 +244,7 @@ fn more_shards_get_their_publications_and_slots_before_any_row() {
         Then, to lay the table out as 4 shards, run: BEGIN;";
     assert!(e.contains(before), "{e}");
     assert!(
-        e.contains("COMMIT; then run `outboxd init` (it finds the slots and records them) and start outboxd"),
+        e.contains("COMMIT; then run `outboxd init --accept-publication-change` (the transaction changed the shards' publications, as it must: `outboxd run` would stop on that; init records them as they are now, and finds the new slots) and start outboxd"),
         "{e}"
     );
     assert!(!e.contains("CREATE PUBLICATION outboxd_0"), "{e}");
