@@ -70,6 +70,14 @@ async fn another_producers_open_transaction_does_not_hold_the_relay() {
         0.0,
         "aborted over another producer's transaction"
     );
+    // What an operator sees of it: the commits made in doubt over it, counted.
+    assert!(
+        relay
+            .metric("outboxd_kafka_partitions_committed_in_doubt_total")
+            .unwrap_or(0.0)
+            >= 1.0,
+        "the doubt is counted"
+    );
     tokio::task::block_in_place(|| other.abort_transaction(Duration::from_secs(30)))
         .expect("the other producer's abort");
     assert_exactly_once(

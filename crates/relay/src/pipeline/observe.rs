@@ -141,6 +141,10 @@ impl Observer {
         self.metrics.observe_kafka_txn_commit(took, split);
     }
 
+    pub(super) fn kafka_txn_in_doubt(&self) {
+        self.metrics.inc_kafka_txn_in_doubt();
+    }
+
     pub(super) fn kafka_txn_aborted(&self, cause: TxnAbortCause) {
         self.metrics.inc_kafka_txn_aborted(cause);
     }

@@ -145,6 +145,7 @@ pub struct Metrics {
     kafka_txn_committed: AtomicU64,
     /// Commits inside one PostgreSQL transaction (open half of `transaction.timeout.ms`).
     kafka_txn_split: AtomicU64,
+    kafka_txn_doubts: AtomicU64,
     kafka_txn_aborted: [AtomicU64; TxnAbortCause::ALL.len()],
     kafka_txn_commit: Histogram,
     /// Inserts into published relations that are not the outbox table, by relation:
@@ -192,6 +193,7 @@ impl Default for Metrics {
             commit_to_ack: Histogram::default(),
             kafka_txn_committed: AtomicU64::new(0),
             kafka_txn_split: AtomicU64::new(0),
+            kafka_txn_doubts: AtomicU64::new(0),
             kafka_txn_aborted: Default::default(),
             kafka_txn_commit: Histogram::default(),
             ignored_rows: Mutex::new(BTreeMap::new()),
@@ -257,6 +259,9 @@ pub struct MetricsSnapshot {
     /// Commits inside one PostgreSQL transaction, which ran longer than half of
     /// `transaction.timeout.ms`.
     pub kafka_txn_split_total: u64,
+    /// Partitions a Kafka transaction was committed into over an older transaction still
+    /// open there that this process had not aborted (`outbox_core::left_open`).
+    pub kafka_txn_in_doubt_total: u64,
     pub kafka_txn_aborted_total: Vec<(TxnAbortCause, u64)>,
     /// From the decision to commit to `commit_transaction`'s OK.
     pub kafka_txn_commit: HistogramSnapshot,
@@ -449,6 +454,11 @@ impl Metrics {
         self.kafka_txn_commit.observe(took);
     }
 
+    /// A partition committed into in doubt (see `kafka_txn_in_doubt_total`).
+    pub fn inc_kafka_txn_in_doubt(&self) {
+        add(&self.kafka_txn_doubts, 1);
+    }
+
     pub fn inc_kafka_txn_aborted(&self, cause: TxnAbortCause) {
         if let Some(c) = TxnAbortCause::ALL
             .iter()
@@ -512,6 +522,7 @@ impl Metrics {
             commit_to_ack: self.commit_to_ack.snapshot(),
             kafka_txn_committed_total: load(&self.kafka_txn_committed),
             kafka_txn_split_total: load(&self.kafka_txn_split),
+            kafka_txn_in_doubt_total: load(&self.kafka_txn_doubts),
             kafka_txn_aborted_total: TxnAbortCause::ALL
                 .into_iter()
                 .zip(&self.kafka_txn_aborted)
@@ -622,7 +633,9 @@ mod tests {
         m.inc_kafka_txn_aborted(TxnAbortCause::Restart);
         m.inc_kafka_txn_aborted(TxnAbortCause::Restart);
         m.inc_kafka_txn_aborted(TxnAbortCause::Expired);
+        m.inc_kafka_txn_in_doubt();
         let s = m.snapshot(SystemTime::now());
+        assert_eq!(s.kafka_txn_in_doubt_total, 1);
         assert_eq!(
             (s.kafka_txn_committed_total, s.kafka_txn_split_total),
             (2, 1)

@@ -311,6 +311,13 @@ pub fn render_all(relays: &[(Option<u32>, &MetricsSnapshot)]) -> String {
         "Kafka transactions committed inside one PostgreSQL transaction, because it was open longer than half of transaction.timeout.ms (or outboxd was stopping): a read_committed consumer sees that PostgreSQL transaction in parts.",
         |s| s.kafka_txn_split_total,
     );
+    out.single(
+        relays,
+        "kafka_partitions_committed_in_doubt_total",
+        "counter",
+        "Partitions a Kafka transaction was committed into while an older transaction was still open there that this process had not aborted (another producer's, or one of this relay's left open by Kafka or by a process that died; or the partition's last stable offset could not be read). Were it one of this relay's, its events are read twice (docs/transactional-mode.md, \"A transaction Kafka left open\").",
+        |s| s.kafka_txn_in_doubt_total,
+    );
     out.header(
         "kafka_transactions_aborted_total",
         "counter",

@@ -210,6 +210,7 @@ impl Session<'_> {
             .judge(&stable)
             .map_err(|why| RelayError::Transaction(TxnError::LeftOpen(why)))?;
         for d in doubts {
+            self.obs.kafka_txn_in_doubt();
             let (topic, partition) = &d.at;
             match d.open_from {
                 Some(open_from) => tracing::info!(
