@@ -245,8 +245,8 @@ struct UnderLoad {
 }
 
 impl UnderLoad {
-    /// Runs `ddl` under load; returns the scenario and why the relay stopped.
-    async fn migrate(name: &str, ddl: &str) -> (UnderLoad, String) {
+    /// Two shards relayed while the application writes: 300 events committed so far.
+    async fn start(name: &str) -> UnderLoad {
         let db = PgCluster::shared().fresh_database(name).await;
         let o = Outbox::for_db(&db);
         let broker = Broker::default_for_tests();
@@ -254,14 +254,10 @@ impl UnderLoad {
         let client = db.client().await;
         let env = shard_env(&db, &o, &broker, 2);
         init(&env);
-        let mut relay = start_relaying(env.clone(), &client, &o, 2).await;
+        let relay = start_relaying(env.clone(), &client, &o, 2).await;
         let load = LoadGen::spawn(db.conn_string(), o.table.clone(), LoadShape::default());
         load.wait_committed(300, Duration::from_secs(60)).await;
-        client.batch_execute(ddl).await.unwrap();
-        let status = relay.wait_exit(Duration::from_secs(60));
-        assert_eq!(status.code(), Some(3), "{}", relay.log_text());
-        let reason = stop_reason(&relay);
-        let scenario = UnderLoad {
+        UnderLoad {
             db,
             o,
             broker,
@@ -270,8 +266,17 @@ impl UnderLoad {
             env,
             relay,
             load,
-        };
-        (scenario, reason)
+        }
+    }
+
+    /// Runs `ddl` under load; returns the scenario and why the relay stopped.
+    async fn migrate(name: &str, ddl: &str) -> (UnderLoad, String) {
+        let mut s = UnderLoad::start(name).await;
+        s.client.batch_execute(ddl).await.unwrap();
+        let status = s.relay.wait_exit(Duration::from_secs(60));
+        assert_eq!(status.code(), Some(3), "{}", s.relay.log_text());
+        let reason = stop_reason(&s.relay);
+        (s, reason)
     }
 
     /// Rows in `tables`: written where no shard's slot decodes them.
@@ -414,21 +419,12 @@ async fn repartitioning_while_running_stops_and_the_printed_fix_loses_nothing() 
 /// to itself, rows reached the new partitions before their slots existed.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raising_the_shard_count_by_the_printed_fix_loses_nothing() {
-    let db = PgCluster::shared().fresh_database("shards_raise_fix").await;
-    let o = Outbox::for_db(&db);
-    let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &o).await;
-    let client = db.client().await;
-    let two = shard_env(&db, &o, &broker, 2);
-    init(&two);
-    let mut relay = start_relaying(two.clone(), &client, &o, 2).await;
-    let load = LoadGen::spawn(db.conn_string(), o.table.clone(), LoadShape::default());
-    load.wait_committed(300, Duration::from_secs(60)).await;
-    relay.signal("TERM");
-    let status = relay.wait_exit(Duration::from_secs(60));
-    assert_eq!(status.code(), Some(0), "{}", relay.log_text());
+    let mut s = UnderLoad::start("shards_raise_fix").await;
+    s.relay.signal("TERM");
+    let status = s.relay.wait_exit(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(0), "{}", s.relay.log_text());
 
-    let four = shard_env(&db, &o, &broker, 4);
+    let four = shard_env(&s.db, &s.o, &s.broker, 4);
     let (code, out) = run_to_end(&four, &["run"]);
     assert_eq!(code, 3, "`outboxd run` with 4 shards on 2:\n{out}");
     let first = between(
@@ -437,26 +433,17 @@ async fn raising_the_shard_count_by_the_printed_fix_loses_nothing() {
         " Then, to lay",
     );
     for statement in first.trim_end_matches('.').split("; ") {
-        client
+        s.client
             .batch_execute(statement)
             .await
             .unwrap_or_else(|e| panic!("the printed statement failed: {e}\n{statement}"));
     }
     let fix = between(&out, " shards, run: ", " then run `outboxd");
-    client
+    s.client
         .batch_execute(fix)
         .await
         .unwrap_or_else(|e| panic!("the printed fix failed: {e}\n{fix}"));
     run_printed_init(&out, &four);
-    let _relay = start_relaying(four, &client, &o, 4).await;
-    let committed = load.committed();
-    load.wait_committed(committed + 300, Duration::from_secs(60))
-        .await;
-    let events = load.stop().await;
-    read_all_blocking(
-        &broker.bootstrap(),
-        &topics,
-        &events,
-        Duration::from_secs(120),
-    );
+    let _relay = start_relaying(four, &s.client, &s.o, 4).await;
+    s.check().await;
 }

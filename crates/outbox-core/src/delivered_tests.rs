@@ -1,5 +1,10 @@
 use super::*;
 
+/// The digest of rows with these identities, in order.
+fn digest(ids: std::ops::Range<u64>) -> Option<u64> {
+    Some(ids.fold(RowDigest::default(), RowDigest::push).value())
+}
+
 fn id(lsn: u64, xid: u32) -> TxnId {
     TxnId {
         commit_lsn: Lsn(lsn),
@@ -200,8 +205,6 @@ fn the_ledger_counts_only_the_leading_done_rows() {
     l.done(rows[2]);
     assert_eq!(l.partial(Lsn(0)), None, "row 0 is not acked yet");
     l.done(rows[0]);
-    let digest =
-        |ids: std::ops::Range<u64>| Some(ids.fold(RowDigest::default(), RowDigest::push).value());
     assert_eq!(
         l.partial(Lsn(0)),
         Some(PartialTxn {
@@ -261,8 +264,6 @@ fn a_stuck_row_fills_the_ledger_to_its_limit() {
     assert_eq!(rows.len(), 4, "row 0 unacked: reading waits at the limit");
     l.done(rows[0]);
     assert!(l.has_room());
-    let digest =
-        |ids: std::ops::Range<u64>| Some(ids.fold(RowDigest::default(), RowDigest::push).value());
     assert_eq!(
         l.partial(Lsn(0)),
         Some(PartialTxn {
