@@ -39,6 +39,7 @@ fn init(env: &[(String, String)]) {
 }
 
 const RUNBOOK: &str = include_str!("../../docs/operations.md");
+const SHARD_GUARD: &str = include_str!("../../sql/shard-guard.sql");
 
 /// The first `lang` block of the runbook's section `title`, as an operator would paste it.
 fn runbook_block(title: &str, lang: &str) -> String {
@@ -420,6 +421,8 @@ async fn repartitioning_while_running_stops_and_the_printed_fix_loses_nothing() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raising_the_shard_count_by_the_printed_fix_loses_nothing() {
     let mut s = UnderLoad::start("shards_raise_fix").await;
+    // With the optional guard installed: the printed fix gets past it.
+    s.client.batch_execute(SHARD_GUARD).await.unwrap();
     s.relay.signal("TERM");
     let status = s.relay.wait_exit(Duration::from_secs(60));
     assert_eq!(status.code(), Some(0), "{}", s.relay.log_text());
@@ -427,6 +430,13 @@ async fn raising_the_shard_count_by_the_printed_fix_loses_nothing() {
     let four = shard_env(&s.db, &s.o, &s.broker, 4);
     let (code, out) = run_to_end(&four, &["run"]);
     assert_eq!(code, 3, "`outboxd run` with 4 shards on 2:\n{out}");
+    // "run `outboxd check`, and if it fails `publication unchanged`, follow that error
+    // first": it does not (the application's writes go on here, the harder case).
+    let (_, checked) = run_to_end(&four, &["check"]);
+    assert!(
+        !checked.contains("FAIL  publication unchanged"),
+        "{checked}"
+    );
     let first = between(
         &out,
         "(a slot cannot be created in a transaction that wrote): ",
@@ -446,4 +456,44 @@ async fn raising_the_shard_count_by_the_printed_fix_loses_nothing() {
     run_printed_init(&out, &four);
     let _relay = start_relaying(four, &s.client, &s.o, 4).await;
     s.check().await;
+}
+
+/// sql/shard-guard.sql, installed as written: the migration that stranded rows in
+/// partitions no shard's publication held (a remainder split into modulus 4) is refused,
+/// and nothing of it happens: the layout stays two shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shard_guard_refuses_a_partition_no_publication_holds() {
+    let db = PgCluster::shared().fresh_database("shards_guard").await;
+    let o = Outbox::for_db(&db);
+    let broker = Broker::default_for_tests();
+    ops::create_topics(&broker, &o).await;
+    let client = db.client().await;
+    let env = shard_env(&db, &o, &broker, 2);
+    init(&env);
+    client.batch_execute(SHARD_GUARD).await.unwrap();
+    for migration in [
+        "BEGIN;
+         ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1;
+         CREATE TABLE public.outbox_m4_1 PARTITION OF public.outbox
+             FOR VALUES WITH (MODULUS 4, REMAINDER 1);
+         CREATE TABLE public.outbox_m4_3 PARTITION OF public.outbox
+             FOR VALUES WITH (MODULUS 4, REMAINDER 3);
+         COMMIT;",
+        "BEGIN;
+         ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1;
+         ALTER TABLE public.outbox_shard_1 RENAME TO outbox_shard_1_before;
+         CREATE TABLE public.outbox_p1 PARTITION OF public.outbox
+             FOR VALUES WITH (MODULUS 2, REMAINDER 1);
+         COMMIT;",
+    ] {
+        let refused = client.batch_execute(migration).await;
+        let e = refused.expect_err("the guard lets the migration through");
+        assert!(
+            format!("{e:?}").contains("that no publication holds"),
+            "{e:?}"
+        );
+        client.batch_execute("ROLLBACK").await.unwrap();
+        let (code, out) = run_to_end(&env, &["check"]);
+        assert_eq!(code, 0, "the layout after a refused migration:\n{out}");
+    }
 }

@@ -227,13 +227,18 @@ struct Plan {
 impl Plan {
     fn text(&self, shard: &ShardSpec) -> String {
         let count = shard.count;
-        let mut text = match self.before.is_empty() {
-            true => "To".to_owned(),
+        // Writes stopped: an aggregate that moves to another shard keeps its order only
+        // if its old shard relayed everything before its new one starts. A publication
+        // changed otherwise than by the transaction must stop outboxd, not be accepted
+        // with the transaction's change below.
+        let mut text = "Stop the application's writes to the outbox, and resume them once `outboxd status` shows every shard confirmed past the COMMIT below; run `outboxd check`, and if it fails `publication unchanged`, follow that error first. ".to_owned();
+        text.push_str(&match self.before.is_empty() {
+            true => "Then, to".to_owned(),
             false => format!(
-                "First create the missing shards' publications and slots, each statement on its own (a slot cannot be created in a transaction that wrote): {}. Then, to",
+                "Then create the missing shards' publications and slots, each statement on its own (a slot cannot be created in a transaction that wrote): {}. Then, to",
                 self.before.join("; ")
             ),
-        };
+        });
         text.push_str(&format!(
             " lay the table out as {count} shards, run: BEGIN; {GUARD_OFF}; {}; COMMIT; then run \
              `outboxd init --accept-publication-change` (the transaction changed the shards' \
@@ -271,6 +276,10 @@ impl Plan {
             ));
         }
         if let Some(drops) = drop_leftovers(&self.leftover_slots, &self.leftover_publications) {
+            // Rows the application deleted as it wrote them are only in those slots.
+            text.push_str(&format!(
+                ". If the application deletes its outbox rows as it writes them, do not lower the count with this transaction: rows written to shards {count} and above since their relays stopped are then only in those shards' slots, which the copy cannot reach. Run outboxd with the old OUTBOXD_SHARD_COUNT instead (the table still has its layout), stop the writes, wait until every shard's slot is confirmed past SELECT pg_current_wal_lsn(), then follow docs/operations.md, \"Sharding: adding shards or changing their count\""
+            ));
             text.push_str(&format!(
                 ". The slots and publications of shards {count} and above are read by no shard and keep WAL without limit: once the transaction above committed and every shard's slot confirmed past it (read SELECT pg_current_wal_lsn() after COMMIT; wait until each of {}_0..{}_{}'s confirmed_flush_lsn in pg_replication_slots is at or past it), and no outboxd process still relays them, run: {drops}",
                 shard.slot_base,
@@ -428,23 +437,35 @@ fn back_to_shards(
                 format!("{name}_detached"),
             ));
         }
-        if !objects.publications.contains(&pub_name) {
+        let slot = format!("{}_{r}", shard.slot_base);
+        let has_publication = objects.publications.contains(&pub_name);
+        let has_slot = objects.slots.contains(&slot);
+        if !has_publication {
+            if has_slot {
+                // Made for a publication since dropped: it cannot decode past the gap,
+                // and the rows it would have decoded are copied below (or were never
+                // written: the remainder had no partition).
+                before.push(format!(
+                    "SELECT pg_catalog.pg_drop_replication_slot({})",
+                    literal(&slot)
+                ));
+            }
             // As `outboxd init` makes it, then holding no table: the slot's first
             // decoded rows must find the publication in the catalog of their time.
             before.push(format!(
                 "CREATE PUBLICATION {} WITH (publish = 'insert', publish_via_partition_root = true)",
                 quote_ident(&pub_name)
             ));
-            // A new shard's: not by `init`, which checks the layout first; it then finds
-            // the slot and records it. One of this name in another database makes this
-            // fail, before any row.
-            let slot = format!("{}_{r}", shard.slot_base);
-            if !objects.slots.contains(&slot) {
-                before.push(format!(
-                    "SELECT pg_catalog.pg_create_logical_replication_slot({}, 'pgoutput')",
-                    literal(&slot)
-                ));
-            }
+        }
+        // A new shard's: not by `init`, which checks the layout first; it then finds the
+        // slot and records it. Whenever it is missing, also where an earlier attempt made
+        // the publication but not the slot (max_replication_slots reached). One of this
+        // name in another database makes this fail, before any row.
+        if !has_publication || !has_slot {
+            before.push(format!(
+                "SELECT pg_catalog.pg_create_logical_replication_slot({}, 'pgoutput')",
+                literal(&slot)
+            ));
         }
         // A new table is in no publication (they hold tables, not names): the rows
         // inserted below would be decoded by no slot.
@@ -464,8 +485,15 @@ fn back_to_shards(
         true => " OVERRIDING SYSTEM VALUE",
         false => "",
     };
+    // In the order the rows were written, where the table says it (sql/outbox.sql's
+    // created_at): a heap scan's order is not, once deletes freed space, and the copies
+    // are an aggregate's events published again.
+    let order = match layout.columns.iter().any(|c| c == "created_at") {
+        true => " ORDER BY created_at",
+        false => "",
+    };
     sql.extend(sources.iter().map(|from| {
-        format!("INSERT INTO {root} ({columns}){overriding} SELECT {columns} FROM {from}")
+        format!("INSERT INTO {root} ({columns}){overriding} SELECT {columns} FROM {from}{order}")
     }));
     let (leftover_slots, leftover_publications) = beyond_count(shard, objects);
     Plan {

@@ -83,7 +83,7 @@ fn a_partition_no_shard_reads_is_refused() {
     // come back through the root; those of shards 0 and 1 were decoded by slots that
     // go on.
     let back = format!(
-        "To lay the table out as 2 shards, run: BEGIN; SET LOCAL outboxd.partition_change = 'on'; \
+        "Then, to lay the table out as 2 shards, run: BEGIN; SET LOCAL outboxd.partition_change = 'on'; \
         ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_0; \
         ALTER TABLE public.outbox_shard_0 RENAME TO outbox_shard_0_of_4; \
         ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1; \
@@ -236,7 +236,7 @@ fn more_shards_get_their_publications_and_slots_before_any_row() {
     // the COMMIT must find a slot.
     let l = layout(&[("outbox_shard_0", 2, 0), ("outbox_shard_1", 2, 1)]);
     let e = judge_shard_layout(Some(&l), &spec(4), &made(2)).unwrap_err();
-    let before = "First create the missing shards' publications and slots, each statement on its own (a slot cannot be created in a transaction that wrote): \
+    let before = "Then create the missing shards' publications and slots, each statement on its own (a slot cannot be created in a transaction that wrote): \
         CREATE PUBLICATION outboxd_2 WITH (publish = 'insert', publish_via_partition_root = true); \
         SELECT pg_catalog.pg_create_logical_replication_slot('outboxd_2', 'pgoutput'); \
         CREATE PUBLICATION outboxd_3 WITH (publish = 'insert', publish_via_partition_root = true); \
@@ -304,7 +304,7 @@ fn wrong_keys_kinds_and_gaps_are_refused() {
     let e = judge_shard_layout(Some(&gap), &spec(3), &none).unwrap_err();
     assert!(e.contains("remainder 1 of 3"), "{e}");
     assert!(
-        e.contains("(inserts of those aggregates fail). To lay the table out as 3 shards, run: BEGIN; SET LOCAL outboxd.partition_change = 'on'; CREATE TABLE public.outbox_shard_1 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 3, REMAINDER 1); ALTER PUBLICATION outboxd_1 ADD TABLE public.outbox_shard_1; COMMIT;"),
+        e.contains("Then, to lay the table out as 3 shards, run: BEGIN; SET LOCAL outboxd.partition_change = 'on'; CREATE TABLE public.outbox_shard_1 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 3, REMAINDER 1); ALTER PUBLICATION outboxd_1 ADD TABLE public.outbox_shard_1; COMMIT;"),
         "{e}"
     );
     let mut list = layout(&[("outbox_shard_0", 2, 0)]);
@@ -335,4 +335,57 @@ fn hash_bounds_parse() {
     );
     assert_eq!(hash_bound("DEFAULT"), None);
     assert_eq!(hash_bound("FOR VALUES WITH (modulus x, remainder 1)"), None);
+}
+
+#[test]
+fn a_missing_slot_is_made_even_where_its_publication_exists() {
+    // An earlier attempt created outboxd_2 and outboxd_3, then the slots failed
+    // (max_replication_slots): asked again, the fix must still make the slots first.
+    let l = layout(&[("outbox_shard_0", 2, 0), ("outbox_shard_1", 2, 1)]);
+    let mut objects = made(2);
+    objects
+        .publications
+        .extend(["outboxd_2".into(), "outboxd_3".into()]);
+    let e = judge_shard_layout(Some(&l), &spec(4), &objects).unwrap_err();
+    for r in [2, 3] {
+        assert!(
+            e.contains(&format!(
+                "SELECT pg_catalog.pg_create_logical_replication_slot('outboxd_{r}', 'pgoutput')"
+            )),
+            "{e}"
+        );
+        assert!(
+            !e.contains(&format!("CREATE PUBLICATION outboxd_{r} ")),
+            "{e}"
+        );
+    }
+    // A slot left without its publication decodes nothing past the gap: dropped, then
+    // made again after the publication.
+    let mut objects = made(2);
+    objects.slots.push("outboxd_2".into());
+    let e = judge_shard_layout(Some(&l), &spec(4), &objects).unwrap_err();
+    assert!(
+        e.contains(
+            "SELECT pg_catalog.pg_drop_replication_slot('outboxd_2'); \
+             CREATE PUBLICATION outboxd_2 WITH (publish = 'insert', publish_via_partition_root = true); \
+             SELECT pg_catalog.pg_create_logical_replication_slot('outboxd_2', 'pgoutput')"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn copies_go_in_the_order_the_rows_were_written() {
+    let mut l = layout(&[
+        ("outbox_shard_0", 4, 0),
+        ("outbox_shard_1", 4, 1),
+        ("outbox_shard_2", 4, 2),
+        ("outbox_shard_3", 4, 3),
+    ]);
+    l.columns.push("created_at".into());
+    let e = judge_shard_layout(Some(&l), &spec(2), &made(4)).unwrap_err();
+    assert!(
+        e.contains("FROM public.outbox_shard_2_of_4 ORDER BY created_at;"),
+        "{e}"
+    );
 }
