@@ -41,6 +41,25 @@ fn init(env: &[(String, String)]) {
 const RUNBOOK: &str = include_str!("../../docs/operations.md");
 const SHARD_GUARD: &str = include_str!("../../sql/shard-guard.sql");
 
+/// A migration that splits shard 1's remainder into two partitions of modulus 4, which no
+/// shard's publication holds.
+const SPLIT_REMAINDER: &str = "BEGIN;
+         ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1;
+         CREATE TABLE public.outbox_m4_1 PARTITION OF public.outbox
+             FOR VALUES WITH (MODULUS 4, REMAINDER 1);
+         CREATE TABLE public.outbox_m4_3 PARTITION OF public.outbox
+             FOR VALUES WITH (MODULUS 4, REMAINDER 3);
+         COMMIT;";
+
+/// A migration that recreates shard 1's partition under another name, which shard 1's
+/// publication does not hold.
+const RECREATED_ELSEWHERE: &str = "BEGIN;
+         ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1;
+         ALTER TABLE public.outbox_shard_1 RENAME TO outbox_shard_1_before;
+         CREATE TABLE public.outbox_p1 PARTITION OF public.outbox
+             FOR VALUES WITH (MODULUS 2, REMAINDER 1);
+         COMMIT;";
+
 /// The first `lang` block of the runbook's section `title`, as an operator would paste it.
 fn runbook_block(title: &str, lang: &str) -> String {
     let section = RUNBOOK
@@ -339,16 +358,7 @@ impl UnderLoad {
 /// while the writes go on. Every event arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_recreated_under_another_name_loses_nothing_by_the_remedy() {
-    let (s, reason) = UnderLoad::migrate(
-        "shards_renamed",
-        "BEGIN;
-         ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1;
-         ALTER TABLE public.outbox_shard_1 RENAME TO outbox_shard_1_before;
-         CREATE TABLE public.outbox_p1 PARTITION OF public.outbox
-             FOR VALUES WITH (MODULUS 2, REMAINDER 1);
-         COMMIT;",
-    )
-    .await;
+    let (s, reason) = UnderLoad::migrate("shards_renamed", RECREATED_ELSEWHERE).await;
     let stranded = s.rows_in(&["public.outbox_p1"]).await;
     assert!(stranded > 0, "no row was written to the new partition");
     // 1. "Make sure it publishes the outbox's inserts (`outboxd check`)".
@@ -384,17 +394,7 @@ async fn a_partition_recreated_under_another_name_loses_nothing_by_the_remedy() 
 /// then outboxd started, every event arrives, the split partitions' rows included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repartitioning_while_running_stops_and_the_printed_fix_loses_nothing() {
-    let (s, reason) = UnderLoad::migrate(
-        "shards_repartition",
-        "BEGIN;
-         ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1;
-         CREATE TABLE public.outbox_m4_1 PARTITION OF public.outbox
-             FOR VALUES WITH (MODULUS 4, REMAINDER 1);
-         CREATE TABLE public.outbox_m4_3 PARTITION OF public.outbox
-             FOR VALUES WITH (MODULUS 4, REMAINDER 3);
-         COMMIT;",
-    )
-    .await;
+    let (s, reason) = UnderLoad::migrate("shards_repartition", SPLIT_REMAINDER).await;
     let stranded = s
         .rows_in(&["public.outbox_m4_1", "public.outbox_m4_3"])
         .await;
@@ -471,21 +471,7 @@ async fn the_shard_guard_refuses_a_partition_no_publication_holds() {
     let env = shard_env(&db, &o, &broker, 2);
     init(&env);
     client.batch_execute(SHARD_GUARD).await.unwrap();
-    for migration in [
-        "BEGIN;
-         ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1;
-         CREATE TABLE public.outbox_m4_1 PARTITION OF public.outbox
-             FOR VALUES WITH (MODULUS 4, REMAINDER 1);
-         CREATE TABLE public.outbox_m4_3 PARTITION OF public.outbox
-             FOR VALUES WITH (MODULUS 4, REMAINDER 3);
-         COMMIT;",
-        "BEGIN;
-         ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1;
-         ALTER TABLE public.outbox_shard_1 RENAME TO outbox_shard_1_before;
-         CREATE TABLE public.outbox_p1 PARTITION OF public.outbox
-             FOR VALUES WITH (MODULUS 2, REMAINDER 1);
-         COMMIT;",
-    ] {
+    for migration in [SPLIT_REMAINDER, RECREATED_ELSEWHERE] {
         let refused = client.batch_execute(migration).await;
         let e = refused.expect_err("the guard lets the migration through");
         assert!(

@@ -126,6 +126,15 @@ pub fn setting_name(schema: &str, table: &str) -> String {
     format!("{}.{}", part(schema), part(table))
 }
 
+/// [`setting_name`] of a relation as pgoutput names it (an empty namespace is
+/// `pg_catalog`'s).
+pub fn relation_setting_name(namespace: &str, name: &str) -> String {
+    match namespace.is_empty() {
+        true => setting_name("pg_catalog", name),
+        false => setting_name(namespace, name),
+    }
+}
+
 /// Reads a comma-separated list of [`setting_name`]s (a bare `table` is in `public`) into
 /// their canonical [`setting_name`] form. `None` for a malformed list: an unclosed quote,
 /// an empty or over-long part, more than two parts, text after a closing quote.

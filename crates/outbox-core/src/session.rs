@@ -217,7 +217,7 @@ impl<O: Observe> SessionCore<O> {
         } else if let Ok(bound) = BoundTable::bind_partition(r, table) {
             // Shaped like the outbox but, in today's catalog, neither it nor a partition
             // of it: ignoring it could drop events, unless the operator named it.
-            let relation = qualified_relation_name(r);
+            let relation = crate::pgtype::relation_setting_name(&r.namespace, &r.name);
             if !self.cfg.former_partitions.contains(&relation) {
                 let table = table.qualified_name();
                 return Err(SessionError::OutboxLikeRelation { relation, table });
@@ -230,7 +230,7 @@ impl<O: Observe> SessionCore<O> {
             Some(bound) => (Role::Outbox(Arc::new(bound)), RelationRole::Outbox),
             None => (
                 Role::Ignored {
-                    name: qualified_relation_name(r),
+                    name: crate::pgtype::relation_setting_name(&r.namespace, &r.name),
                     // A re-sent Relation (after a schema change) keeps the count not reported.
                     unreported: match self.relations.get(&r.rel_id) {
                         Some(Role::Ignored { unreported, .. }) => *unreported,
@@ -787,15 +787,6 @@ impl<O: Observe> SessionCore<O> {
     pub fn events_acked(&self) -> u64 {
         self.events_acked
     }
-}
-
-fn qualified_relation_name(r: &Relation) -> String {
-    let namespace = if r.namespace.is_empty() {
-        "pg_catalog"
-    } else {
-        r.namespace.as_str()
-    };
-    crate::pgtype::setting_name(namespace, &r.name)
 }
 
 #[cfg(test)]
