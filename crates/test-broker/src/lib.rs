@@ -321,31 +321,52 @@ impl Broker {
     }
 }
 
-/// CreateTopics; a topic that exists already is fine. A request that timed out is made
-/// again (twice at most): a three-node cluster just started, on a loaded machine, has
-/// let one time out (CI run 22, and once of two runs alone after it).
+/// CreateTopics; a topic that exists already is fine. A request that timed out (locally
+/// or at the controller) is made again, for about three minutes at most: a three-node
+/// cluster just started, on a loaded machine, has let three in a row time out (CI runs 22
+/// and 25, the same test).
 async fn create(admin: &AdminClient<DefaultClientContext>, new: &[NewTopic<'_>]) -> Result<()> {
-    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
-    let mut attempt = 1;
-    let results = loop {
-        match admin.create_topics(new, &options).await {
-            Err(e)
-                if attempt < 3
-                    && e.rdkafka_error_code() == Some(RDKafkaErrorCode::OperationTimedOut) =>
-            {
-                attempt += 1;
-            }
-            other => break other?,
-        }
+    let options = AdminOptions::new()
+        .operation_timeout(Some(Duration::from_secs(20)))
+        .request_timeout(Some(Duration::from_secs(30)));
+    let again = |code: Option<RDKafkaErrorCode>| {
+        matches!(
+            code,
+            Some(
+                RDKafkaErrorCode::OperationTimedOut
+                    | RDKafkaErrorCode::RequestTimedOut
+                    | RDKafkaErrorCode::NotController
+            )
+        )
     };
-    for r in results {
-        if let Err((topic, code)) = r {
-            if code != RDKafkaErrorCode::TopicAlreadyExists {
-                return Err(Error::CreateTopic { topic, code });
+    let mut attempt = 1;
+    loop {
+        let last = attempt >= 6;
+        attempt += 1;
+        let results = match admin.create_topics(new, &options).await {
+            Err(e) if !last && again(e.rdkafka_error_code()) => {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            other => other?,
+        };
+        // Each topic's own answer: created, there already, or (again) timed out.
+        let mut timed_out = false;
+        for r in results {
+            if let Err((topic, code)) = r {
+                if code == RDKafkaErrorCode::TopicAlreadyExists {
+                } else if !last && again(Some(code)) {
+                    timed_out = true;
+                } else {
+                    return Err(Error::CreateTopic { topic, code });
+                }
             }
         }
+        if !timed_out {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    Ok(())
 }
 
 impl Drop for Broker {
