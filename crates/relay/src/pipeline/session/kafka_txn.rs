@@ -135,13 +135,7 @@ impl Session<'_> {
         let mut attempt = 1;
         loop {
             // While shutting down, what is left (a moment at least, for EndTxn's answer).
-            let timeout = match stop_by {
-                Some(s) => timeout.min(
-                    s.saturating_duration_since(tokio::time::Instant::now())
-                        .max(Duration::from_secs(1)),
-                ),
-                None => timeout,
-            };
+            let timeout = within_shutdown(timeout, stop_by);
             let Err(e) = self.producer.commit_transaction(timeout).await else {
                 break;
             };
@@ -244,10 +238,7 @@ impl Session<'_> {
         if !self.txn.as_mut().is_some_and(|t| t.aborting(now)) {
             return e;
         }
-        let timeout = stop_by.map_or(ABORT_TIMEOUT, |s| {
-            s.saturating_duration_since(tokio::time::Instant::now())
-                .clamp(Duration::from_secs(1), ABORT_TIMEOUT)
-        });
+        let timeout = within_shutdown(ABORT_TIMEOUT, stop_by);
         let abort = self.producer.abort_transaction(timeout).await;
         let now = self.since_start();
         if let Some(t) = self.txn.as_mut() {
@@ -312,4 +303,14 @@ impl Session<'_> {
         }
         judged.into()
     }
+}
+
+/// `timeout`, cut to what is left until `stop_by` while shutting down: a second at least,
+/// so a broker that answers at once is still heard.
+fn within_shutdown(timeout: Duration, stop_by: Option<tokio::time::Instant>) -> Duration {
+    stop_by.map_or(timeout, |s| {
+        s.saturating_duration_since(tokio::time::Instant::now())
+            .max(Duration::from_secs(1))
+            .min(timeout)
+    })
 }

@@ -32,12 +32,14 @@ impl Session<'_> {
         stream: &mut ReplicationStream,
         s: &mut Shutdown,
     ) -> Result<SessionEnd, RelayError> {
-        // The error `ShutdownStep::Stop` ends with.
+        // The error the shutdown ends with: the first failure that decides the exit code.
         let mut failed: Option<RelayError> = None;
         loop {
             let happened = match s.step() {
-                ShutdownStep::ReadOn | ShutdownStep::Done => return Ok(SessionEnd::Shutdown),
-                ShutdownStep::Stop => {
+                ShutdownStep::ReadOn => return Ok(SessionEnd::Shutdown),
+                // Confirmed up to the failure: its error still decides the exit code (a
+                // permanent one is not a clean stop; a retryable one is, as in `run`).
+                ShutdownStep::Stop | ShutdownStep::Done => {
                     return match failed.take() {
                         Some(e) => Err(e),
                         None => Ok(SessionEnd::Shutdown),
@@ -64,11 +66,14 @@ impl Session<'_> {
                         ),
                         // The failure froze the position before the failed message: what
                         // was acked before it is still looked at and confirmed below.
-                        Err(e) => tracing::warn!(
-                            unacked = self.core.ledger().len(),
-                            "a delivery failed while draining ({e}): the slot is confirmed \
-                             before it, and the rest is sent again after the restart"
-                        ),
+                        Err(e) => {
+                            tracing::warn!(
+                                unacked = self.core.ledger().len(),
+                                "a delivery failed while draining ({e}): the slot is confirmed \
+                                 before it, and the rest is sent again after the restart"
+                            );
+                            failed = Some(e);
+                        }
                     }
                     Happened::AcksAwaited
                 }
@@ -92,7 +97,11 @@ impl Session<'_> {
                             (LookEnd::TimedOut, None)
                         }
                     };
-                    failed = error;
+                    // A publication change stops before the confirm: it is the error that
+                    // matters then.
+                    if error.is_some() {
+                        failed = error;
+                    }
                     Happened::Looked(end)
                 }
                 ShutdownStep::Confirm => {
