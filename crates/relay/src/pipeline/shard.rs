@@ -487,10 +487,12 @@ fn back_to_shards(
     };
     // In the order the rows were written, where the table says it (sql/outbox.sql's
     // created_at): a heap scan's order is not, once deletes freed space, and the copies
-    // are an aggregate's events published again.
+    // are an aggregate's events published again. The rows of one transaction share
+    // `now()`: among them the table's physical order, in which one transaction's inserts
+    // usually lie, rather than a sort's chance (an event id need not be time-ordered).
     let order = match layout.columns.iter().any(|c| c == "created_at") {
-        true => " ORDER BY created_at",
-        false => "",
+        true => " ORDER BY created_at, ctid",
+        false => " ORDER BY ctid",
     };
     sql.extend(sources.iter().map(|from| {
         format!("INSERT INTO {root} ({columns}){overriding} SELECT {columns} FROM {from}{order}")

@@ -54,7 +54,7 @@ fn loose(name: &str, publications: &[&str]) -> LooseTable {
 }
 
 fn copy_from(table: &str) -> String {
-    format!("INSERT INTO public.outbox (id, aggregate_id, \"Payload\") SELECT id, aggregate_id, \"Payload\" FROM {table}")
+    format!("INSERT INTO public.outbox (id, aggregate_id, \"Payload\") SELECT id, aggregate_id, \"Payload\" FROM {table} ORDER BY ctid")
 }
 
 #[test]
@@ -385,7 +385,7 @@ fn copies_go_in_the_order_the_rows_were_written() {
     l.columns.push("created_at".into());
     let e = judge_shard_layout(Some(&l), &spec(2), &made(4)).unwrap_err();
     assert!(
-        e.contains("FROM public.outbox_shard_2_of_4 ORDER BY created_at;"),
+        e.contains("FROM public.outbox_shard_2_of_4 ORDER BY created_at, ctid;"),
         "{e}"
     );
 }
