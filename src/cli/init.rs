@@ -248,32 +248,11 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
     let failover = shared.replication(s).await?.failover;
     // An unfinished back-fill is resumed by the same `--backfill`, and refused otherwise.
     let resume = unfinished_backfill(s, shared).await?;
-    let mut slot_state = preflight::slot_state(sql, &s.slot).await?;
-    if let (Some(state), Some(existing)) = (&resume, &slot_state) {
-        // Created by the back-fill and never streamed from (`run` refuses): dropped,
-        // it is created again with a fresh snapshot, the rows still owed read in it.
-        if let (Some(at), Some(now)) = (state.consistent_point, existing.confirmed_flush_lsn) {
-            if at != now {
-                return Err(InitError::Refused(format!(
-                    "replication slot {} moved from {at} to {now} while its back-fill was unfinished: something streamed from it. Rows the back-fill had not published yet may be skipped: re-publish them by hand, then drop the slot (SELECT pg_drop_replication_slot('{}')) and run `{}` again",
-                    s.slot,
-                    s.slot,
-                    resume_command(state)
-                )));
-            }
-        }
-        shared
-            .replication(s)
-            .await?
-            .conn
-            .drop_slot(&s.slot, false)
-            .await?;
-        say!(
-            "ok  slot {} dropped to resume its back-fill ({} rows published before it stopped) in a new slot's snapshot",
-            s.slot,
-            state.published
-        );
-        slot_state = None;
+    let slot_state = preflight::slot_state(sql, &s.slot).await?;
+    if let (Some(state), Some(existing)) = (resume.clone(), &slot_state) {
+        // Created by the back-fill and never streamed from (`run` refuses): kept, so
+        // that what was committed after it is streamed, whatever the condition says now.
+        return resume_backfill(s, sql, shared, state, existing).await;
     }
     // The slot is new over a history (recreated, or over rows): its record starts afresh.
     let mut renew = false;
@@ -374,6 +353,60 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
     Ok(())
 }
 
+/// Resumes the unfinished back-fill over the slot its first attempt created: the rows
+/// still owed are read in a fresh snapshot, and the record is written as that attempt
+/// would have (the slot is new over whatever history the topic had).
+async fn resume_backfill(
+    s: &Settings,
+    sql: &Client,
+    shared: &mut Shared<'_>,
+    state: BackfillState,
+    existing: &preflight::SlotState,
+) -> Result<(), InitError> {
+    let resume = resume_command(&state);
+    let now = existing.confirmed_flush_lsn;
+    if let (Some(at), Some(now)) = (state.consistent_point, now) {
+        if at != now {
+            return Err(InitError::Refused(format!(
+                "replication slot {} moved from {at} to {now} while its back-fill was unfinished: something streamed from it. Rows the back-fill had not published yet may be skipped: re-publish them by hand, then drop the slot (SELECT pg_drop_replication_slot('{}')) and run `{resume}` again",
+                s.slot, s.slot,
+            )));
+        }
+    }
+    // Lost or otherwise unusable: only `--recreate-lost-slot` makes a new one.
+    judge_slot(existing, &s.slot, &s.pg.dbname).map_err(|e| {
+        InitError::Refused(format!(
+            "{e}. Its back-fill was unfinished: drop the slot (SELECT pg_drop_replication_slot('{}')) and run `outboxd init --recreate-lost-slot --backfill ...` with the same condition",
+            s.slot
+        ))
+    })?;
+    let Some(position) = now else {
+        return Err(InitError::Refused(format!(
+            "replication slot {} has no confirmed position: it is not a logical slot this back-fill created. Drop it (SELECT pg_drop_replication_slot('{}')) and run `{resume}` again",
+            s.slot, s.slot
+        )));
+    };
+    say!(
+        "ok  slot {} (kept: resuming its back-fill, {} rows published before it stopped)",
+        s.slot,
+        state.published
+    );
+    let since = state.slot_created_at;
+    let ready = prepare_backfill(s, sql, shared, &state).await?;
+    let snapshot = SlotSnapshot {
+        exported: None,
+        consistent_point: position,
+        // Back-filled records' commit time: any time after the slot's creation bounds
+        // the rows the first attempt's snapshot saw.
+        created_at: match since {
+            Some(t) => t,
+            None => preflight::server_clock(sql).await?,
+        },
+    };
+    publish_backfill(s, sql, &ready, &snapshot, state).await?;
+    record_cluster(s, sql, shared, (Some(position), since), true).await
+}
+
 /// The slot's unfinished back-fill, if the progress topic holds one: `Ok(Some)` when this
 /// `init` resumes it (the same `--backfill` condition), refused when it would not.
 async fn unfinished_backfill(
@@ -443,8 +476,44 @@ async fn create_and_backfill(
     sql: &Client,
     shared: &mut Shared<'_>,
     failover: bool,
-    mut state: BackfillState,
+    state: BackfillState,
 ) -> Result<outboxd_relay::pipeline::CreatedSlot, InitError> {
+    let ready = prepare_backfill(s, sql, shared, &state).await?;
+    let since = preflight::server_clock(sql).await?;
+    let Replication { conn, .. } = shared.replication(s).await?;
+    let created = conn.create_logical_slot_exported(&s.slot, failover).await?;
+    let Some(exported) = created.snapshot_name.as_deref() else {
+        return Err(InitError::Refused(format!(
+            "the server exported no snapshot when creating slot {}; drop it (SELECT pg_drop_replication_slot('{}')) and run `{}` again",
+            s.slot, s.slot, resume_command(&state)
+        )));
+    };
+    let snapshot = SlotSnapshot {
+        exported: Some(exported),
+        consistent_point: created.consistent_point,
+        created_at: since,
+    };
+    // The replication connection stays idle meanwhile: its next command ends the export.
+    publish_backfill(s, sql, &ready, &snapshot, state).await?;
+    Ok(outboxd_relay::pipeline::CreatedSlot {
+        consistent_point: created.consistent_point,
+        since,
+    })
+}
+
+/// What a back-fill publishes with, once its condition parsed and its state is written.
+struct ReadyBackfill {
+    cfg: outboxd_relay::pipeline::RelayConfig,
+    store: ProgressStore,
+    identity: SlotIdentity,
+}
+
+async fn prepare_backfill(
+    s: &Settings,
+    sql: &Client,
+    shared: &mut Shared<'_>,
+    state: &BackfillState,
+) -> Result<ReadyBackfill, InitError> {
     let cfg = wiring::relay_config(s).map_err(|e| InitError::Refused(e.to_string()))?;
     let table = cfg.rules.table.qualified_name();
     // A condition that does not parse fails here, before anything is created.
@@ -470,44 +539,51 @@ async fn create_and_backfill(
             ))
         }
     };
-    let resume = resume_command(&state);
+    let resume = resume_command(state);
     let kafka = |e: &dyn std::fmt::Display| {
         InitError::Refused(format!(
             "writing the back-fill's state to the progress topic failed ({e}); nothing was created. Run `{resume}` again once Kafka answers"
         ))
     };
-    match tokio::time::timeout(KAFKA_WAIT, store.write_backfill(&identity, &state)).await {
+    match tokio::time::timeout(KAFKA_WAIT, store.write_backfill(&identity, state)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(kafka(&e)),
         Err(_) => return Err(kafka(&format!("no acknowledgement within {KAFKA_WAIT:?}"))),
     }
-    let since = preflight::server_clock(sql).await?;
-    let Replication { conn, .. } = shared.replication(s).await?;
-    let created = conn.create_logical_slot_exported(&s.slot, failover).await?;
-    let Some(exported) = created.snapshot_name.as_deref() else {
-        return Err(InitError::Refused(format!(
-            "the server exported no snapshot when creating slot {}; drop it (SELECT pg_drop_replication_slot('{}')) and run `{resume}` again",
-            s.slot, s.slot
-        )));
-    };
+    Ok(ReadyBackfill {
+        cfg,
+        store,
+        identity,
+    })
+}
+
+/// Publishes the rows `state` still owes for `slot`, saying how far it got.
+async fn publish_backfill(
+    s: &Settings,
+    sql: &Client,
+    ready: &ReadyBackfill,
+    slot: &SlotSnapshot<'_>,
+    mut state: BackfillState,
+) -> Result<(), InitError> {
+    let table = ready.cfg.rules.table.qualified_name();
+    let resume = resume_command(&state);
     say!(
-        "ok  backfill: publishing the rows of {table} where {} (from the snapshot of slot {} at {}; {} published before)",
+        "ok  backfill: publishing the rows of {table} where {} ({} of slot {} at {}; {} published before)",
         state.condition,
+        match slot.exported {
+            Some(_) => "from the snapshot",
+            None => "resumed over the slot, from a new snapshot",
+        },
         s.slot,
-        created.consistent_point,
+        slot.consistent_point,
         state.published
     );
     let started = std::time::Instant::now();
-    let snapshot = SlotSnapshot {
-        exported,
-        consistent_point: created.consistent_point,
-        created_at: since,
-    };
     let backfill = Backfill {
-        cfg: &cfg,
+        cfg: &ready.cfg,
         sql,
-        store: &store,
-        identity: &identity,
+        store: &ready.store,
+        identity: &ready.identity,
     };
     let mut progress = |b: &BackfillState| {
         say!(
@@ -518,9 +594,8 @@ async fn create_and_backfill(
             b.after.as_ref().map_or("", |(at, _)| at.as_str())
         );
     };
-    // The replication connection stays idle meanwhile: its next command ends the export.
     backfill
-        .run(&snapshot, &mut state, &mut progress)
+        .run(slot, &mut state, &mut progress)
         .await
         .map_err(|e| {
             InitError::Refused(format!(
@@ -533,10 +608,7 @@ async fn create_and_backfill(
         state.dead_lettered,
         started.elapsed().as_secs_f64()
     );
-    Ok(outboxd_relay::pipeline::CreatedSlot {
-        consistent_point: created.consistent_point,
-        since,
-    })
+    Ok(())
 }
 
 /// Writes this cluster's progress record when the topic has none: the explicit step that

@@ -722,12 +722,12 @@ enum Failure {
 }
 
 impl Failure {
-    /// A partial replay that did not match its record ends the session, which the next
-    /// one retries; any other error of the rules is a violation.
+    /// A replay not proven (a partial one that did not match its record, or a spilled
+    /// one doubted) ends the session, which the next one retries skipping nothing; any
+    /// other error of the rules is a violation.
     fn rules(e: SessionError) -> Failure {
         match e {
-            SessionError::PartialReplay(_) => Failure::Session(e.to_string()),
-            SessionError::ReplayUnproven(_) => Failure::Unproven(e.to_string()),
+            e if e.doubts_replay() => Failure::Unproven(e.to_string()),
             e => Failure::Rules(e),
         }
     }

@@ -426,7 +426,7 @@ impl Sim {
                 Ok(())
             }
             Err(e) => {
-                let unproven = matches!(e, SessionError::ReplayUnproven(_));
+                let unproven = e.doubts_replay();
                 match self.session_error(e)? {
                     End::Retry => {
                         self.end_life(life, true);

@@ -108,6 +108,17 @@ pub enum SessionError {
 }
 
 impl SessionError {
+    /// The replay this session judged could not be proven delivered (a spilled hold
+    /// doubted, or a partly delivered transaction whose rows do not match its record): the
+    /// next session skips nothing ([`crate::LifeCore::replay_unproven`]), or it would meet
+    /// the same record the same way and end again, for ever.
+    pub fn doubts_replay(&self) -> bool {
+        matches!(
+            self,
+            SessionError::PartialReplay(_) | SessionError::ReplayUnproven(_)
+        )
+    }
+
     /// What follows the short account of what happened: why it matters and what to do.
     /// The error's text ends with it, so whatever prints the error prints the remedy too.
     pub fn remedy(&self) -> Option<String> {

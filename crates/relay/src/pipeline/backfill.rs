@@ -9,13 +9,21 @@
 //! in batches: each batch is acknowledged by Kafka before the state under the slot's
 //! `#backfill` key ([`BackfillState`]) says where it ended.
 //!
-//! Resuming after a kill: the exported snapshot died with the process, and the slot may
-//! have moved on, so the slot is dropped and created again (nothing streamed from it: `run`
-//! refuses while the state is unfinished) and the rows still to publish are, in the new
-//! snapshot, those past the recorded key, and those the recorded snapshot did not see
-//! (committed between the two slots, whatever their key). A row is judged "not seen" by
-//! its `xmin`; a row updated since has a newer one and is published again: a duplicate,
-//! never a loss.
+//! Resuming after a kill: the exported snapshot died with the process, but the slot did
+//! not (nothing streamed from it: `run` refuses while the state is unfinished), and every
+//! transaction committed after its consistent point is still the slot's to stream,
+//! whatever the condition says of it now and even if its rows were deleted since. So the
+//! slot is kept, and the rows still to publish are read in a fresh snapshot: every row
+//! the condition selects past the recorded key. (Dropping the slot and reading a new
+//! one's snapshot instead lost what was committed in between and then deleted, or no
+//! longer selected.) Rows committed after the slot and selected are then published twice,
+//! once read here and once streamed: telling them from older rows updated since (a new
+//! `xmin` either way) is not possible from SQL, and a duplicate is the cost that loses
+//! nothing.
+//!
+//! Only a slot that is gone (lost, and created again with `--recreate-lost-slot`) gets a
+//! new snapshot: the rows still to publish are then those past the recorded key and those
+//! the recorded snapshot did not see (committed between the two slots, whatever their key).
 
 use std::time::Duration;
 
@@ -110,7 +118,10 @@ pub struct Backfill<'a> {
 
 /// The slot the rows are read for: the snapshot it exported, and its consistent point.
 pub struct SlotSnapshot<'a> {
-    pub exported: &'a str,
+    /// The snapshot the slot exported as it was created now; `None` when resuming over the
+    /// slot a killed back-fill created, whose snapshot died with it: rows are then read in
+    /// a fresh snapshot, those the state's recorded snapshot saw.
+    pub exported: Option<&'a str>,
     pub consistent_point: Lsn,
     /// The server's clock just before the slot was created (PostgreSQL microseconds):
     /// every back-filled row committed before it, so its records carry it as commit time.
@@ -168,11 +179,17 @@ impl Backfill<'_> {
         progress: &mut dyn FnMut(&BackfillState),
     ) -> Result<(), BackfillError> {
         let table = self.cfg.rules.table.qualified_name();
+        let begin = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY";
         self.sql
-            .batch_execute(&format!(
-                "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY; SET TRANSACTION SNAPSHOT {}",
-                quote_literal(slot.exported)
-            ))
+            .batch_execute(&match slot.exported {
+                Some(exported) => {
+                    format!(
+                        "{begin}; SET TRANSACTION SNAPSHOT {}",
+                        quote_literal(exported)
+                    )
+                }
+                None => begin.to_owned(),
+            })
             .await?;
         let result = self.in_snapshot(&table, slot, state, progress).await;
         // Read-only: ending it either way loses nothing.
@@ -230,15 +247,37 @@ impl Backfill<'_> {
                 table: table.to_owned(),
             });
         }
-        let resume = match (&state.snapshot, &state.after) {
-            (Some(seen), Some((at, key))) => format!(
-                " AND (({order}, {id}) > ({}, {}) OR NOT {})",
+        let past = |(at, key): &(String, String)| {
+            format!(
+                "({order}, {id}) > ({}, {})",
                 quote_literal(at),
-                quote_literal(key),
-                seen_by(seen)
-            ),
-            _ => String::new(),
+                quote_literal(key)
+            )
         };
+        let resume = match (slot.exported, &state.snapshot, &state.after) {
+            // Over the slot the key was read for: every selected row past the key. Those
+            // committed after the slot are streamed too (published twice): a row the slot's
+            // snapshot saw and that was updated since has a new `xmin`, so "not seen" is
+            // no proof that a row is the slot's to stream.
+            (None, _, Some(after)) => format!(" AND {}", past(after)),
+            (None, _, None) => String::new(),
+            // A new slot after a lost one: also what the recorded snapshot did not see
+            // (committed between the two slots, or updated since: published again).
+            (Some(_), Some(seen), Some(after)) => {
+                format!(" AND ({} OR NOT {})", past(after), seen_by(seen))
+            }
+            (Some(_), _, _) => String::new(),
+        };
+        if slot.exported.is_some() {
+            // The new slot's snapshot, before any row: a kill from here on resumes over
+            // this slot. Every row it saw is still to publish (`after` none), those of the
+            // filter above included.
+            state.snapshot = Some(snapshot.clone());
+            state.consistent_point = Some(slot.consistent_point);
+            state.slot_created_at = Some(slot.created_at);
+            state.after = None;
+            self.store.write_backfill(self.identity, state).await?;
+        }
         // The condition is the operator's SQL (trusted, docs/operations.md); on this
         // connection it resolves functions and operators in pg_catalog only.
         self.sql
@@ -309,8 +348,6 @@ impl Backfill<'_> {
             }
             let Some(last) = last else { break };
             acks.wait_all().await?;
-            state.snapshot = Some(snapshot.clone());
-            state.consistent_point = Some(slot.consistent_point);
             state.after = Some(last);
             state.published += sent;
             state.dead_lettered += dead;

@@ -46,7 +46,7 @@ pub use slot::{
 };
 pub use slot_history::{judge_missing_slot, Consent, Creation, History};
 
-use outbox_core::{Ended, ReplayStart, SessionError};
+use outbox_core::{Ended, ReplayStart};
 
 use crate::kafka::{
     build_producer, build_transactional_producer, BrokerProbe, ProducerSettings, ProgressRecord,
@@ -611,8 +611,10 @@ async fn run_session(
     carry
         .life
         .session_ran(Some(session.delivered()), session.publication_seen());
-    if let Err(RelayError::Session(SessionError::ReplayUnproven(_))) = &result {
-        carry.life.replay_unproven();
+    if let Err(RelayError::Session(e)) = &result {
+        if e.doubts_replay() {
+            carry.life.replay_unproven();
+        }
     }
     match &result {
         // A bad row's stop confirmed what Kafka acknowledged before it: CopyDone makes the

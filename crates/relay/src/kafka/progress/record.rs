@@ -69,6 +69,9 @@ pub struct BackfillState {
     /// with the slot's consistent point then; `None` before a batch of it was acked.
     pub snapshot: Option<String>,
     pub consistent_point: Option<Lsn>,
+    /// The server's clock just before the slot was created (PostgreSQL microseconds):
+    /// kept so a resume over the same slot names the same time to re-publish from.
+    pub slot_created_at: Option<i64>,
     /// The ordering key (`created_at`, id, as text) of the last row acked in `snapshot`.
     pub after: Option<(String, String)>,
     /// Rows published (dead letters included) and dead-lettered, over every attempt.
@@ -84,6 +87,7 @@ impl BackfillState {
             "recreate_lost_slot": self.recreate_lost_slot,
             "snapshot": self.snapshot,
             "consistent_point": self.consistent_point.map(|l| l.to_string()),
+            "slot_created_at": self.slot_created_at,
             "after": self.after.as_ref().map(|(c, i)| serde_json::json!([c, i])),
             "published": self.published,
             "dead_lettered": self.dead_lettered,
@@ -124,6 +128,7 @@ impl BackfillState {
             recreate_lost_slot: flag("recreate_lost_slot").unwrap_or(false),
             snapshot: text("snapshot").map(str::to_owned),
             consistent_point,
+            slot_created_at: v.get("slot_created_at").and_then(serde_json::Value::as_i64),
             after,
             published: count("published").unwrap_or(0),
             dead_lettered: count("dead_lettered").unwrap_or(0),

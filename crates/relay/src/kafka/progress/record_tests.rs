@@ -7,6 +7,7 @@ fn backfill_state_round_trips_and_unreadable_is_unfinished() {
         recreate_lost_slot: true,
         snapshot: Some("750:760:752".into()),
         consistent_point: Some(Lsn(0x1_0000_00A0)),
+        slot_created_at: Some(849_000_000_000_000),
         after: Some(("2026-12-03 16:00:00.1+00".into(), "a-b".into())),
         published: 1500,
         dead_lettered: 2,
