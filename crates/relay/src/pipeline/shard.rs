@@ -204,6 +204,11 @@ fn shard_index(base: &str, name: &str) -> Option<u32> {
     }
 }
 
+/// The fix's transaction, read committed whatever `default_transaction_isolation` says: under
+/// repeatable read its snapshot would be taken as DETACH begins, before it waits for the
+/// application's transactions in flight, and the copies would miss their rows.
+const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
 /// The remedy: statements run before the transaction (each on its own), the
 /// transaction, and the slots and publications left over for shards beyond the count.
 struct Plan {
@@ -240,7 +245,7 @@ impl Plan {
             ),
         });
         text.push_str(&format!(
-            " lay the table out as {count} shards, run: BEGIN; {GUARD_OFF}; {}; COMMIT; then run \
+            " lay the table out as {count} shards, run: {BEGIN}; {GUARD_OFF}; {}; COMMIT; then run \
              `outboxd init --accept-publication-change` (the transaction changed the shards' \
              publications, as it must: `outboxd run` would stop on that; {}) and start outboxd \
              (and follow `outboxd check` if it names a publication). To change the shard count \

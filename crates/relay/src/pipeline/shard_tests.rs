@@ -83,7 +83,7 @@ fn a_partition_no_shard_reads_is_refused() {
     // come back through the root; those of shards 0 and 1 were decoded by slots that
     // go on.
     let back = format!(
-        "Then, to lay the table out as 2 shards, run: BEGIN; SET LOCAL outboxd.partition_change = 'on'; \
+        "Then, to lay the table out as 2 shards, run: BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL outboxd.partition_change = 'on'; \
         ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_0; \
         ALTER TABLE public.outbox_shard_0 RENAME TO outbox_shard_0_of_4; \
         ALTER TABLE public.outbox DETACH PARTITION public.outbox_shard_1; \
@@ -168,7 +168,7 @@ fn a_detached_partition_is_attached_again_only_from_its_shards_publication() {
     objects.loose = vec![loose("outbox_shard_1", &["outboxd_1"])];
     let e = judge_shard_layout(Some(&split), &spec(2), &objects).unwrap_err();
     let back = format!(
-        "BEGIN; SET LOCAL outboxd.partition_change = 'on'; ALTER TABLE public.outbox DETACH PARTITION public.outbox_m4_1; \
+        "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL outboxd.partition_change = 'on'; ALTER TABLE public.outbox DETACH PARTITION public.outbox_m4_1; \
         ALTER TABLE public.outbox DETACH PARTITION public.outbox_m4_3; \
         ALTER TABLE public.outbox ATTACH PARTITION public.outbox_shard_1 FOR VALUES WITH (MODULUS 2, REMAINDER 1); \
         {}; {}; COMMIT;",
@@ -184,7 +184,7 @@ fn a_detached_partition_is_attached_again_only_from_its_shards_publication() {
     objects.loose = vec![loose("outbox_shard_1", &[]), loose("outbox_shard_3", &[])];
     let e = judge_shard_layout(Some(&gap), &spec(2), &objects).unwrap_err();
     let back = format!(
-        "BEGIN; SET LOCAL outboxd.partition_change = 'on'; ALTER TABLE public.outbox_shard_3 RENAME TO outbox_shard_3_detached; \
+        "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL outboxd.partition_change = 'on'; ALTER TABLE public.outbox_shard_3 RENAME TO outbox_shard_3_detached; \
         ALTER TABLE public.outbox_shard_1 RENAME TO outbox_shard_1_detached; \
         CREATE TABLE public.outbox_shard_1 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 1); \
         ALTER PUBLICATION outboxd_1 ADD TABLE public.outbox_shard_1; \
@@ -211,7 +211,7 @@ fn a_stranded_table_named_like_a_shard_is_refused_on_its_own() {
         "{e}"
     );
     let back = format!(
-        "BEGIN; SET LOCAL outboxd.partition_change = 'on'; ALTER TABLE public.outbox_shard_3 RENAME TO outbox_shard_3_detached; {}; COMMIT;",
+        "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL outboxd.partition_change = 'on'; ALTER TABLE public.outbox_shard_3 RENAME TO outbox_shard_3_detached; {}; COMMIT;",
         copy_from("public.outbox_shard_3_detached")
     );
     assert!(e.contains(&back), "{e}");
@@ -241,7 +241,7 @@ fn more_shards_get_their_publications_and_slots_before_any_row() {
         SELECT pg_catalog.pg_create_logical_replication_slot('outboxd_2', 'pgoutput'); \
         CREATE PUBLICATION outboxd_3 WITH (publish = 'insert', publish_via_partition_root = true); \
         SELECT pg_catalog.pg_create_logical_replication_slot('outboxd_3', 'pgoutput'). \
-        Then, to lay the table out as 4 shards, run: BEGIN;";
+        Then, to lay the table out as 4 shards, run: BEGIN ISOLATION LEVEL READ COMMITTED;";
     assert!(e.contains(before), "{e}");
     assert!(
         e.contains("COMMIT; then run `outboxd init --accept-publication-change` (the transaction changed the shards' publications, as it must: `outboxd run` would stop on that; init records them as they are now, and finds the new slots) and start outboxd"),
@@ -252,7 +252,7 @@ fn more_shards_get_their_publications_and_slots_before_any_row() {
     assert!(!e.contains("INSERT INTO"), "{e}");
     assert!(!e.contains("To go back"), "{e}");
     // Every statement of the transaction names a publication that exists by then.
-    let transaction = e.split("BEGIN; ").nth(1).unwrap();
+    let transaction = e.split("BEGIN ISOLATION LEVEL READ COMMITTED; ").nth(1).unwrap();
     for r in 0..4 {
         assert!(
             transaction.contains(&format!(
@@ -304,7 +304,7 @@ fn wrong_keys_kinds_and_gaps_are_refused() {
     let e = judge_shard_layout(Some(&gap), &spec(3), &none).unwrap_err();
     assert!(e.contains("remainder 1 of 3"), "{e}");
     assert!(
-        e.contains("Then, to lay the table out as 3 shards, run: BEGIN; SET LOCAL outboxd.partition_change = 'on'; CREATE TABLE public.outbox_shard_1 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 3, REMAINDER 1); ALTER PUBLICATION outboxd_1 ADD TABLE public.outbox_shard_1; COMMIT;"),
+        e.contains("Then, to lay the table out as 3 shards, run: BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL outboxd.partition_change = 'on'; CREATE TABLE public.outbox_shard_1 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 3, REMAINDER 1); ALTER PUBLICATION outboxd_1 ADD TABLE public.outbox_shard_1; COMMIT;"),
         "{e}"
     );
     let mut list = layout(&[("outbox_shard_0", 2, 0)]);
