@@ -67,10 +67,9 @@ async fn recreate_and_republish(
     pending: usize,
     since: &str,
 ) {
+    // The runbook's order: the slot, the re-publish, then outboxd.
     let (code, out) = run_to_end(env, &["init", "--recreate-lost-slot"]);
     assert_eq!(code, 0, "{out}");
-    let relay = Relay::start(env.to_vec(), &["run"]);
-    wait_active_pid(client, &outbox.slot, Duration::from_secs(120)).await;
     let from: String = client
         .query_one(
             "SELECT ($1::text::timestamptz - interval '1 second')::text",
@@ -84,6 +83,8 @@ async fn recreate_and_republish(
         moved >= u64::try_from(pending).unwrap(),
         "re-publishing since {since} (as the error said) moved {moved} rows; {pending} were never relayed"
     );
+    let relay = Relay::start(env.to_vec(), &["run"]);
+    wait_active_pid(client, &outbox.slot, Duration::from_secs(120)).await;
     let got: Vec<Received> =
         read_all_blocking(&broker.bootstrap(), topics, all, Duration::from_secs(60))
             .into_iter()

@@ -44,14 +44,14 @@ async fn rows_committed_while_the_slot_was_lost_can_be_republished() {
     let mut refused = Relay::start(env.clone(), &["run"]);
     assert_eq!(refused.wait_exit(Duration::from_secs(60)).code(), Some(3));
 
-    // The runbook: init, start, re-publish the rows since the loss.
+    // The runbook: init, re-publish the rows since the loss, start.
     let (code, out) = run_to_end(&env, &["init", "--recreate-lost-slot"]);
     assert_eq!(code, 0, "{out}");
     assert!(slot_row(&client, &outbox.slot).await.is_some());
-    let relay = Relay::start(env, &["run"]);
-    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let moved = schema::republish_since(&client, &lost_since).await;
     assert_eq!(moved, 20, "the rows committed while the slot was lost");
+    let relay = Relay::start(env, &["run"]);
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let received = read_all_blocking(&broker.bootstrap(), &topics, &lost, Duration::from_secs(60));
     // Each aggregate's re-published events arrive in their original order.
     let all = [before, lost].concat();

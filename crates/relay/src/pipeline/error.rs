@@ -184,6 +184,13 @@ pub enum RelayError {
     StreamClosed,
 }
 
+/// Said wherever outboxd asks for rows to be re-published: prune deletes a row once the
+/// slot has confirmed past it, which a slot created (or accepted) after the row proves
+/// nothing about.
+const PRUNE_PAUSE: &str = "pause `outboxd prune` until the rows are re-published: it takes \
+    the slot's position as proof that older rows were relayed, which a slot created after \
+    them is not";
+
 impl RelayError {
     /// What follows the short account of what happened: why it matters and what the
     /// operator does about it, with every command to run. The error's text ends with it,
@@ -195,10 +202,10 @@ impl RelayError {
                 "events committed since its last confirmed position{since} may not be relayed. \
                 Recreating it silently would skip them, so outboxd will not. Run `outboxd \
                 init`: from the progress record it names the time to re-publish the outbox \
-                rows from; create the slot with `outboxd init --recreate-lost-slot`, start \
-                outboxd, and only then re-publish those rows (re-inserted before the slot \
-                exists, they would be skipped too; docs/operations.md, \"A lost slot: \
-                re-publishing\"). {EMITTED_LOST_TEXT}"
+                rows from; create the slot with `outboxd init --recreate-lost-slot`, only \
+                then re-publish those rows (re-inserted before the slot exists, they would be \
+                skipped too), and start outboxd; {PRUNE_PAUSE} (docs/operations.md, \"A lost \
+                slot: re-publishing\"). {EMITTED_LOST_TEXT}"
             ),
             RelayError::SlotInvalidated { since, slot, .. } => format!(
                 "the WAL it needed is gone, so rows committed since its last confirmed \
@@ -225,9 +232,9 @@ impl RelayError {
                 sharded outbox's shard n: its partition <table>_shard_<n>). If this error persists after recreating \
                 it, the slot cannot get past the changes committed while the publication was \
                 missing: drop the slot, run `outboxd init` (it names the time to re-publish \
-                from) and `outboxd init --recreate-lost-slot`, start outboxd, and only then \
-                re-publish the outbox rows committed since that time (docs/operations.md, \
-                \"A lost slot: re-publishing\"). {EMITTED_LOST_TEXT}",
+                from) and `outboxd init --recreate-lost-slot`, only then re-publish the \
+                outbox rows committed since that time, and start outboxd; {PRUNE_PAUSE} \
+                (docs/operations.md, \"A lost slot: re-publishing\"). {EMITTED_LOST_TEXT}",
                 quote_ident(publication)
             ),
             RelayError::SlotLost {
@@ -240,7 +247,7 @@ impl RelayError {
                 silently skip every event committed since then, so outboxd will not. Create \
                 it explicitly with `outboxd init --recreate-lost-slot`, then re-publish \
                 {republish} (docs/operations.md, \"A lost slot: re-publishing\"), and start \
-                outboxd again; or have init publish the rows a condition selects from the new \
+                outboxd again ({PRUNE_PAUSE}); or have init publish the rows a condition selects from the new \
                 slot's snapshot before streaming: `outboxd init --recreate-lost-slot \
                 --backfill \"<SQL condition>\"` (docs/operations.md, \"Back-filling through \
                 the slot's snapshot\"). {EMITTED_LOST_TEXT}"
@@ -307,9 +314,10 @@ impl RelayError {
                 anything after that look. Make sure it publishes the outbox's inserts \
                 (`outboxd check`), run `outboxd init --accept-publication-change` (if the \
                 publication was dropped and created again, the slot cannot decode past the \
-                gap: drop the slot and run `outboxd init --recreate-lost-slot` instead), start \
-                outboxd, and then re-publish the outbox rows committed since {since}, minus \
-                your longest transaction (docs/operations.md, \"The publication changed\")"
+                gap: drop the slot and run `outboxd init --recreate-lost-slot` instead), \
+                re-publish the outbox rows committed since {since}, minus your longest \
+                transaction, and start outboxd; {PRUNE_PAUSE} (docs/operations.md, \"The \
+                publication changed\")"
             ),
             RelayError::PublicationUnverified {
                 key,

@@ -252,7 +252,10 @@ fn more_shards_get_their_publications_and_slots_before_any_row() {
     assert!(!e.contains("INSERT INTO"), "{e}");
     assert!(!e.contains("To go back"), "{e}");
     // Every statement of the transaction names a publication that exists by then.
-    let transaction = e.split("BEGIN ISOLATION LEVEL READ COMMITTED; ").nth(1).unwrap();
+    let transaction = e
+        .split("BEGIN ISOLATION LEVEL READ COMMITTED; ")
+        .nth(1)
+        .unwrap();
     for r in 0..4 {
         assert!(
             transaction.contains(&format!(
