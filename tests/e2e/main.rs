@@ -58,6 +58,7 @@ mod relay_e2e;
 mod replay_skip;
 mod republish;
 mod shard_changes;
+mod shard_lowering;
 mod shards;
 mod slot_history;
 mod slot_lifecycle;

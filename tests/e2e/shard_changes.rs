@@ -18,7 +18,7 @@ use support::schema::Outbox;
 
 use crate::shards::{shard_slot, start_relaying, wait_shards_confirmed};
 
-fn shard_env(
+pub(crate) fn shard_env(
     db: &pgtest::TestDb<'_>,
     o: &Outbox,
     broker: &Broker,
@@ -39,7 +39,7 @@ fn init(env: &[(String, String)]) {
 }
 
 const RUNBOOK: &str = include_str!("../../docs/operations.md");
-const SHARD_GUARD: &str = include_str!("../../sql/shard-guard.sql");
+pub(crate) const SHARD_GUARD: &str = include_str!("../../sql/shard-guard.sql");
 
 /// A migration that splits shard 1's remainder into two partitions of modulus 4, which no
 /// shard's publication holds.
@@ -200,7 +200,7 @@ async fn init_names_old_partitions_that_hold_the_shards_names() {
 }
 
 /// The last line of the relay's log that says why it stopped.
-fn stop_reason(relay: &Relay) -> String {
+pub(crate) fn stop_reason(relay: &Relay) -> String {
     relay
         .log_text()
         .lines()
@@ -211,7 +211,7 @@ fn stop_reason(relay: &Relay) -> String {
 }
 
 /// The text between `after` and the next `until` in `text`.
-fn between<'a>(text: &'a str, after: &str, until: &str) -> &'a str {
+pub(crate) fn between<'a>(text: &'a str, after: &str, until: &str) -> &'a str {
     let rest = text
         .split(after)
         .nth(1)
@@ -220,7 +220,7 @@ fn between<'a>(text: &'a str, after: &str, until: &str) -> &'a str {
 }
 
 /// The `outboxd init ...` a layout fix says to run after its COMMIT, run as printed.
-fn run_printed_init(fix: &str, env: &[(String, String)]) {
+pub(crate) fn run_printed_init(fix: &str, env: &[(String, String)]) {
     let command = between(fix, "COMMIT; then run `outboxd ", "`");
     let args: Vec<&str> = command.split_whitespace().collect();
     let (code, out) = run_to_end(env, &args);
@@ -251,30 +251,35 @@ async fn follow_check(env: &[(String, String)], client: &tokio_postgres::Client)
     panic!("`outboxd check` still fails after 5 fixes");
 }
 
-/// Two shards relayed by one process while the application writes, and a migration run
-/// meanwhile that the relay must stop on (exit 3).
-struct UnderLoad {
-    db: pgtest::TestDb<'static>,
-    o: Outbox,
-    broker: Broker,
-    topics: Vec<String>,
-    client: tokio_postgres::Client,
-    env: Vec<(String, String)>,
-    relay: Relay,
-    load: LoadGen,
+/// Shards (two, unless [`UnderLoad::start_sharded`]) relayed by one process while the
+/// application writes, and a migration run meanwhile that the relay must stop on (exit 3).
+pub(crate) struct UnderLoad {
+    pub(crate) db: pgtest::TestDb<'static>,
+    pub(crate) o: Outbox,
+    pub(crate) broker: Broker,
+    pub(crate) topics: Vec<String>,
+    pub(crate) client: tokio_postgres::Client,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) relay: Relay,
+    pub(crate) load: LoadGen,
 }
 
 impl UnderLoad {
     /// Two shards relayed while the application writes: 300 events committed so far.
-    async fn start(name: &str) -> UnderLoad {
+    pub(crate) async fn start(name: &str) -> UnderLoad {
+        UnderLoad::start_sharded(name, 2).await
+    }
+
+    /// [`UnderLoad::start`] with `count` shards.
+    pub(crate) async fn start_sharded(name: &str, count: u32) -> UnderLoad {
         let db = PgCluster::shared().fresh_database(name).await;
         let o = Outbox::for_db(&db);
         let broker = Broker::default_for_tests();
         let topics = ops::create_topics(&broker, &o).await;
         let client = db.client().await;
-        let env = shard_env(&db, &o, &broker, 2);
+        let env = shard_env(&db, &o, &broker, count);
         init(&env);
-        let relay = start_relaying(env.clone(), &client, &o, 2).await;
+        let relay = start_relaying(env.clone(), &client, &o, count).await;
         let load = LoadGen::spawn(db.conn_string(), o.table.clone(), LoadShape::default());
         load.wait_committed(300, Duration::from_secs(60)).await;
         UnderLoad {
@@ -290,7 +295,7 @@ impl UnderLoad {
     }
 
     /// Runs `ddl` under load; returns the scenario and why the relay stopped.
-    async fn migrate(name: &str, ddl: &str) -> (UnderLoad, String) {
+    pub(crate) async fn migrate(name: &str, ddl: &str) -> (UnderLoad, String) {
         let mut s = UnderLoad::start(name).await;
         s.client.batch_execute(ddl).await.unwrap();
         let status = s.relay.wait_exit(Duration::from_secs(60));
@@ -300,7 +305,7 @@ impl UnderLoad {
     }
 
     /// Rows in `tables`: written where no shard's slot decodes them.
-    async fn rows_in(&self, tables: &[&str]) -> i64 {
+    pub(crate) async fn rows_in(&self, tables: &[&str]) -> i64 {
         let mut n = 0;
         for t in tables {
             let rows: i64 = self
@@ -315,7 +320,7 @@ impl UnderLoad {
     }
 
     /// outboxd started again, streaming from every shard's slot.
-    async fn restart(mut self) -> UnderLoad {
+    pub(crate) async fn restart(mut self) -> UnderLoad {
         self.relay.restart();
         for i in 0..2 {
             wait_active_pid(
@@ -335,7 +340,7 @@ impl UnderLoad {
     }
 
     /// 300 more events; every event of the load must arrive.
-    async fn check(self) {
+    pub(crate) async fn check(self) {
         let committed = self.load.committed();
         self.load
             .wait_committed(committed + 300, Duration::from_secs(60))

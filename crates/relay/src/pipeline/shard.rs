@@ -492,9 +492,12 @@ fn back_to_shards(
     };
     // In the order the rows were written, where the table says it (sql/outbox.sql's
     // created_at): a heap scan's order is not, once deletes freed space, and the copies
-    // are an aggregate's events published again. The rows of one transaction share
-    // `now()`: among them the table's physical order, in which one transaction's inserts
-    // usually lie, rather than a sort's chance (an event id need not be time-ordered).
+    // are an aggregate's events published again. created_at is a transaction's start, so
+    // a transaction's rows tie; their place in the table decides among them (a writer's
+    // rows fill its page, then the next it gets: in the order written, unless deletes
+    // left room on an earlier one). Without it the sort may swap them: it keeps the
+    // scan's order only where the scan is in created_at order already, which concurrent
+    // writers, committing out of start order, undo.
     let order = match layout.columns.iter().any(|c| c == "created_at") {
         true => " ORDER BY created_at, ctid",
         false => " ORDER BY ctid",

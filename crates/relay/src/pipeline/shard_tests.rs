@@ -387,6 +387,8 @@ fn copies_go_in_the_order_the_rows_were_written() {
     ]);
     l.columns.push("created_at".into());
     let e = judge_shard_layout(Some(&l), &spec(2), &made(4)).unwrap_err();
+    // One transaction's rows share created_at: where they lie in the table keeps their
+    // order among them (a sort of equal keys need not).
     assert!(
         e.contains("FROM public.outbox_shard_2_of_4 ORDER BY created_at, ctid;"),
         "{e}"
