@@ -296,6 +296,54 @@ async fn a_change_made_while_stopped_is_seen_once_kafka_answers() {
     assert_eq!(schema::confirmed_flush_lsn(&db).await, confirmed);
 }
 
+/// A new progress topic (no record holds a look) read only after the start (Kafka down
+/// then): the slot's catalog horizon must judge the change once the read comes, as it
+/// does when the read comes in time. It used to take the empty read as the comparison
+/// and go on, confirming past the rows the change hid.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_made_while_stopped_is_seen_under_a_new_topic_read_late() {
+    let db = PgCluster::shared().fresh_database("pub_late_topic").await;
+    let client = db.client().await;
+    let mut s = relayed_then_stopped(&db, &client, Broker::kafka(1)).await;
+    s.env.retain(|(k, _)| k != "OUTBOXD_PROGRESS_TOPIC");
+    s.env.push((
+        "OUTBOXD_PROGRESS_TOPIC".into(),
+        "outboxd.progress.pub_late_topic".into(),
+    ));
+    let p = &s.outbox.publication;
+    client
+        .batch_execute(&format!(
+            "ALTER PUBLICATION \"{p}\" DROP TABLE public.outbox"
+        ))
+        .await
+        .expect("drop table");
+    insert_events(&client, &s.outbox.table, 20, 3, 3).await;
+    client
+        .batch_execute(&format!(
+            "ALTER PUBLICATION \"{p}\" ADD TABLE public.outbox"
+        ))
+        .await
+        .expect("add table");
+    let confirmed = schema::confirmed_flush_lsn(&db).await;
+    s.broker.set_all_down(true);
+    let mut relay = Relay::start(s.env.clone(), &["run"]);
+    relay
+        .wait_metric_at_least("outboxd_progress_record_unread_total", 1.0)
+        .await;
+    s.broker.set_all_down(false);
+    assert_eq!(
+        relay.wait_exit(Duration::from_secs(120)).code(),
+        Some(3),
+        "the change must stop outboxd once the empty record is read: {}",
+        relay.log_text()
+    );
+    assert_eq!(
+        schema::confirmed_flush_lsn(&db).await,
+        confirmed,
+        "the slot moved past rows the publication hid"
+    );
+}
+
 /// With sql/publication-guard.sql the change is marked in the WAL, and the relay stops
 /// there, at once: here its looks at the catalog are an hour apart, so only the guard can
 /// stop it. The slot is never confirmed past the change.

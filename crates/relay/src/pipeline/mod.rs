@@ -521,6 +521,7 @@ async fn run_session(
         looked,
         &known,
         (pg.clone(), settler),
+        decoded_before,
     )?;
     // No look recorded though the slot decoded before (a new progress topic, a record
     // deleted): the slot's catalog horizon says whether the publication may have changed

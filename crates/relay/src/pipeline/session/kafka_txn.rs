@@ -93,7 +93,7 @@ impl Session<'_> {
         // The record carries the session's look: never one not yet compared with the
         // record's (it would bury that look, and a change made while outboxd was stopped).
         while self.publication.as_ref().is_some_and(|w| !w.compared()) {
-            self.compare_with_record()?;
+            self.compare_with_record().await?;
             if self.publication.as_ref().is_some_and(|w| w.compared()) {
                 break;
             }

@@ -167,6 +167,9 @@ pub(in crate::pipeline) struct PublicationWatch {
     /// standbys on (see [`look`]).
     pg: ConnectConfig,
     settler: Option<Settler>,
+    /// The slot had decoded before this session (`pg_stat_replication_slots`): a record
+    /// read late with no look is then judged by the slot's catalog horizon, as at the start.
+    decoded_before: bool,
 }
 
 impl PublicationWatch {
@@ -179,6 +182,7 @@ impl PublicationWatch {
         start: Option<Looked>,
         known: &outbox_core::Known<PublicationSeen>,
         (pg, settler): (ConnectConfig, Option<Settler>),
+        decoded_before: bool,
     ) -> Result<Option<Self>, RelayError> {
         let Some(start) = start else {
             return Ok(None);
@@ -198,6 +202,7 @@ impl PublicationWatch {
             unsettled_at: Instant::now(),
             pg,
             settler,
+            decoded_before,
         }))
     }
 
@@ -331,7 +336,7 @@ impl Session<'_> {
 
     /// While the start's look waits for the record to compare with: reads the record in
     /// the background, and compares once it is there. A failed read is tried again.
-    pub(super) fn compare_with_record(&mut self) -> Result<(), RelayError> {
+    pub(super) async fn compare_with_record(&mut self) -> Result<(), RelayError> {
         let (Some(watch), Some(p)) = (self.publication.as_mut(), self.progress.as_ref()) else {
             return Ok(());
         };
@@ -371,6 +376,23 @@ impl Session<'_> {
             p.store.topic(),
             &p.identity,
         )?;
+        // No look recorded, read too late for the start's check: the same check now. It
+        // still holds: nothing was confirmed past the start, so the slot's catalog_xmin
+        // is where the session found it.
+        if records.last_look().is_none() && watch.decoded_before {
+            let (key, topic) = (p.identity.key(), p.store.topic().to_owned());
+            let judged = judge_unrecorded(
+                &self.sql,
+                &self.cfg.publication,
+                &self.cfg.slot,
+                key,
+                &topic,
+            );
+            bounded("checking the slot's catalog horizon", judged).await?;
+        }
+        let Some(watch) = self.publication.as_mut() else {
+            return Ok(());
+        };
         watch
             .rules
             .record_read(records.last_look())

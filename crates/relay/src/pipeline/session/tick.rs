@@ -57,7 +57,7 @@ impl Session<'_> {
             }
         }
         // A change undone since the last look leaves the coverage as it was.
-        self.compare_with_record()?;
+        self.compare_with_record().await?;
         self.watch_output_settings().await?;
         if self.publication_look_due() {
             self.watch_publication().await?;
