@@ -95,12 +95,14 @@ impl BackfillError {
             BackfillError::NullOrder { table, .. } => format!(
                 "the back-fill publishes rows in {ORDER_COLUMN}, id order, and resumes by \
                 them, so such a row could be passed over. Give them a value (UPDATE {table} \
-                SET {ORDER_COLUMN} = pg_catalog.now() WHERE {ORDER_COLUMN} IS NULL), then run \
-                the same command again"
+                SET {ORDER_COLUMN} = pg_catalog.now() WHERE {ORDER_COLUMN} IS NULL; a row \
+                without an id needs one too: consumers dedup by it), then run the same \
+                command again"
             ),
-            BackfillError::BadRow { .. } => {
-                String::from("Fix or delete the row (or set OUTBOXD_BAD_ROW_POLICY=dead-letter)")
-            }
+            BackfillError::BadRow { .. } => String::from(
+                "Fix the row with an UPDATE (the resume reads it again), or set \
+                    OUTBOXD_BAD_ROW_POLICY=dead-letter; deleting it would publish it nowhere",
+            ),
             _ => return None,
         };
         Some(text)
