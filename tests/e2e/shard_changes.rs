@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use pgtest::PgCluster;
 use support::broker::Broker;
-use support::load::{insert_events, Event};
-use support::ops::{self, read_all_blocking, wait_active_pid, LoadGen, LoadShape};
+use support::load::{insert_events, Event, EVENT_COLUMNS};
+use support::ops::{self, read_all_blocking, wait_active_pid, wait_for, LoadGen, LoadShape};
 use support::relay::{run_to_end, Relay};
 use support::schema::Outbox;
 
@@ -369,13 +369,12 @@ async fn a_partition_recreated_under_another_name_loses_nothing_by_the_remedy() 
     // 1. "Make sure it publishes the outbox's inserts (`outboxd check`)".
     let fixes = follow_check(&s.env, &s.client).await;
     assert!(fixes >= 2, "the rename and the publication: {fixes} fixes");
-    // 2. "run `outboxd init --accept-publication-change`", 3. "start outboxd".
+    // 2. "run `outboxd init --accept-publication-change`".
     let command = between(&reason, "run `outboxd ", "`");
     let args: Vec<&str> = command.split_whitespace().collect();
     let (code, out) = run_to_end(&s.env, &args);
     assert_eq!(code, 0, "`outboxd {command}`:\n{out}");
-    let s = s.restart().await;
-    // 4. "and then re-publish the outbox rows committed since <time>, minus your longest
+    // 3. "re-publish the outbox rows committed since <time>, minus your longest
     // transaction": the runbook's statement, with the time minus a margin.
     let since = between(&reason, "committed since ", ",");
     let from: String = s
@@ -390,7 +389,9 @@ async fn a_partition_recreated_under_another_name_loses_nothing_by_the_remedy() 
     let republish =
         runbook_block("A lost slot: re-publishing", "sql").replace("2026-12-01 09:00:00+00", &from);
     s.client.batch_execute(&republish).await.unwrap();
-    s.check().await;
+    // 4. "and start outboxd".
+    assert!(reason.contains("and start outboxd"), "{reason}");
+    s.restart().await.check().await;
 }
 
 /// A remainder split into two partitions of modulus 4 while the relay runs and the
@@ -414,6 +415,102 @@ async fn repartitioning_while_running_stops_and_the_printed_fix_loses_nothing() 
     let (code, out) = run_to_end(&s.env, &["check"]);
     assert_eq!(code, 0, "`outboxd check` after the fix:\n{out}");
     s.restart_and_check().await;
+}
+
+/// The printed fix run where `default_transaction_isolation` is repeatable read, while a
+/// transaction of the application with rows in a split partition is still open (stopping
+/// the writes does not end one already in flight): DETACH waits for it, and the copies
+/// must still read its rows once it commits. A fix that began with a bare BEGIN took its
+/// snapshot as DETACH began, before the wait, and left them in a table no slot decodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_printed_fix_under_repeatable_read_copies_a_transaction_in_flight() {
+    let (s, reason) = UnderLoad::migrate("shards_fix_rr", SPLIT_REMAINDER).await;
+    let UnderLoad {
+        db,
+        broker,
+        topics,
+        client,
+        env,
+        mut relay,
+        load,
+        ..
+    } = s;
+    // "Stop the application's writes".
+    let mut events = load.stop().await;
+    client
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{}\" SET default_transaction_isolation = 'repeatable read'",
+            db.name
+        ))
+        .await
+        .unwrap();
+    let mut writer = db.client().await;
+    let open = writer.transaction().await.unwrap();
+    let mut late = Vec::new();
+    for i in 0..40 {
+        let row = open
+            .query_one(
+                &format!(
+                    "INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload)
+                     VALUES (gen_random_uuid(), 'order', 'late-{i}', 'Changed', '{{}}')
+                     RETURNING {EVENT_COLUMNS}"
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        late.push(Event::from_row(&row));
+    }
+    let in_split: i64 = open
+        .query_one(
+            "SELECT (SELECT count(*) FROM public.outbox_m4_1) + (SELECT count(*) FROM public.outbox_m4_3)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        in_split > 0,
+        "no row of the open transaction is in a split partition"
+    );
+    // As printed, on a new session (which takes the database's default isolation).
+    let fix = between(&reason, " shards, run: ", " then run `outboxd").to_owned();
+    let fixer = db.client().await;
+    let fixing = tokio::spawn(async move { fixer.batch_execute(&fix).await.map(|()| fix) });
+    wait_for(
+        "the fix to wait for the open transaction's lock",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || async {
+            let waiting: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    open.commit().await.unwrap();
+    let fixed = fixing.await.unwrap();
+    fixed.unwrap_or_else(|e| panic!("the printed fix failed: {e}"));
+    run_printed_init(&reason, &env);
+    relay.restart();
+    let o = Outbox::for_db(&db);
+    for i in 0..2 {
+        wait_active_pid(&client, &shard_slot(&o, i), Duration::from_secs(120)).await;
+    }
+    events.extend(late);
+    read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &events,
+        Duration::from_secs(120),
+    );
 }
 
 /// OUTBOXD_SHARD_COUNT raised from 2 to 4 on a running outbox while the application
