@@ -57,6 +57,8 @@
 //!   never created again silently.
 //! - **The progress record's cadence** ([`cadence`]): [`RecordCadence`] says when a
 //!   session writes its record and reads it back for another writer.
+//! - **A sharded outbox's layout** ([`shard`]): whether the table is partitioned as
+//!   `OUTBOXD_SHARD_COUNT` shards, and the fix as a [`shard::Plan`] of actions.
 //! - **A clean shutdown** ([`shutdown`]): [`Shutdown`], the order of its steps (finish the
 //!   open transaction, acks or the Kafka commit, a last look, confirm, the final record).
 //! - **Exactly-once** ([`kafka_txn`]): [`KafkaTxnCore`] says when a Kafka transaction
@@ -84,6 +86,7 @@ pub mod publication;
 pub mod record;
 pub mod replay;
 pub mod session;
+pub mod shard;
 pub mod shutdown;
 pub mod slot_fate;
 pub mod topic;

@@ -1,35 +1,11 @@
 //! A partitioned outbox as the catalog has it: its partitions, and the objects named like
-//! its shards' (tables, publications, slots) that a sharded layout's check weighs.
+//! its shards' (tables, publications, slots) that a sharded layout's check weighs. The
+//! facts' types are outbox-core's, whose shard rules weigh them without IO.
 
+pub use outbox_core::shard::{LooseTable, PartitionBound, Partitioning, ShardObjects};
 use tokio_postgres::Client;
 
 use crate::error::ReplError;
-
-/// A partitioned table's partitioning, as the catalog has it now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Partitioning {
-    /// `relkind` (`p` partitioned, `r` plain, ...).
-    pub kind: String,
-    /// `pg_get_partkeydef`, e.g. `HASH (aggregate_id)`; `None` unless partitioned.
-    pub key: Option<String>,
-    /// Direct partitions, by name.
-    pub partitions: Vec<PartitionBound>,
-    /// The columns an INSERT may name, in order (not dropped, not generated).
-    pub columns: Vec<String>,
-    /// A `GENERATED ALWAYS AS IDENTITY` column is among them: an INSERT naming it needs
-    /// `OVERRIDING SYSTEM VALUE`.
-    pub identity_always: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PartitionBound {
-    pub schema: String,
-    pub name: String,
-    /// `pg_get_expr(relpartbound)`, e.g. `FOR VALUES WITH (modulus 4, remainder 1)`.
-    pub bound: String,
-    /// The publications holding the partition itself (`pg_publication_rel`).
-    pub publications: Vec<String>,
-}
 
 /// `None` when `schema.table` does not exist.
 pub async fn partitioning(
@@ -98,28 +74,6 @@ pub async fn partitioning(
         columns,
         identity_always,
     }))
-}
-
-/// A table named like a shard's partition that is no partition (detached, or never
-/// attached), and the publications holding it (`pg_publication_rel`: by the table, not
-/// its name; a detached partition stays in its publications).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LooseTable {
-    pub name: String,
-    pub publications: Vec<String>,
-}
-
-/// What exists under the shards' names, whatever the shard count: `<table>_shard_<n>`
-/// tables in the table's schema that are no partition, publications
-/// `<publication>_<n>`, and this database's slots `<slot>_<n>`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ShardObjects {
-    pub loose: Vec<LooseTable>,
-    pub publications: Vec<String>,
-    pub slots: Vec<String>,
-    /// Every relation in the table's schema whose name starts `<table>_shard_`: names a
-    /// rename must not take.
-    pub names: Vec<String>,
 }
 
 /// Reads [`ShardObjects`]. Names are matched as `<prefix>_<digits>` exactly (a `LIKE`

@@ -5,7 +5,7 @@ use std::time::Duration;
 use outbox_core::{BinaryMode, CoreConfig};
 use pgrepl::ConnectConfig;
 
-use super::shard::ShardSpec;
+use super::shard_catalog::ShardSpec;
 use super::slot::FailoverSlot;
 use crate::kafka::ProducerSettings;
 

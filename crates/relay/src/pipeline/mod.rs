@@ -12,7 +12,7 @@ mod observe;
 mod server;
 mod server_settings;
 mod session;
-mod shard;
+mod shard_catalog;
 mod slot;
 mod slot_history;
 
@@ -37,7 +37,7 @@ pub use session::publication::{
     look as look_at_publication,
 };
 pub use session::SessionEnd;
-pub use shard::{
+pub use shard_catalog::{
     judge_leftover_shards, judge_shard_layout, leftover_shards, verify_shard_layout, ShardSpec,
 };
 pub use slot::{
@@ -364,7 +364,7 @@ async fn run_session(
         slot: cfg.slot.clone(),
     };
     if let Some(shard) = &cfg.shard {
-        shard::verify_shard_layout(&sql, shard).await?;
+        shard_catalog::verify_shard_layout(&sql, shard).await?;
     }
     let prepared = slot::prepare(
         &sql,

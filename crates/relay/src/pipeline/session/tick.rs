@@ -11,7 +11,7 @@ use super::{bounded, Session, SQL_TIMEOUT};
 use crate::kafka::SendError;
 use crate::pipeline::catchup::{self, Report, Sample};
 use crate::pipeline::error::RelayError;
-use crate::pipeline::{shard, slot};
+use crate::pipeline::{shard_catalog, slot};
 
 /// How long an unacked event waits before it is reported, and how often after that.
 const STUCK_REPORT_EVERY: Duration = Duration::from_secs(30);
@@ -84,7 +84,7 @@ impl Session<'_> {
                 // A partition added outside the shards is published by none of them.
                 bounded(
                     "checking the shard layout",
-                    shard::verify_shard_layout(&self.sql, shard),
+                    shard_catalog::verify_shard_layout(&self.sql, shard),
                 )
                 .await?;
             }

@@ -1,5 +1,4 @@
 use super::*;
-use pgrepl::preflight::{LooseTable, PartitionBound};
 
 fn spec(count: u32) -> ShardSpec {
     ShardSpec {

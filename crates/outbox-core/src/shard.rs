@@ -5,12 +5,18 @@
 //! What must hold, because nothing else would notice: every partition is one of the N
 //! shards. A partition outside them (a modulus changed, a partition added under another
 //! name) is published by no shard's publication, and its rows would never be relayed.
+//!
+//! The rules here read catalog facts ([`Partitioning`], [`ShardObjects`]) that the relay
+//! reads from the server (`pgrepl::preflight`), and print the fix as a [`Plan`] of
+//! [`Action`]s: the relay prints their SQL, the simulator applies them to its model.
 
-use outbox_core::pgtype::{qualified, quote_ident};
-use pgrepl::preflight::{self, PartitionBound, Partitioning, ShardObjects};
-use tokio_postgres::Client;
+use crate::pgtype::qualified;
 
-use super::error::RelayError;
+mod action;
+mod catalog;
+
+pub use action::{Action, Rel};
+pub use catalog::{LooseTable, PartitionBound, Partitioning, ShardObjects};
 
 /// Shard `index` of `count`: its table is the partition `<root_table>_shard_<index>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,30 +61,61 @@ pub fn judge_shard_layout(
     shard: &ShardSpec,
     objects: &ShardObjects,
 ) -> Result<(), String> {
+    judge_layout(layout, shard, objects).map_err(|r| r.message)
+}
+
+/// Why [`judge_layout`] refused, and its fix as actions where it prints statements.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The problem and its fix, as printed.
+    pub message: String,
+    pub fix: Fix,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fix {
+    /// The message says what to create or change (no table, another key or kind).
+    Told,
+    /// A partition of the right bound under another name: these statements, on their own.
+    Rename(Vec<Action>),
+    /// Back to the shards: [`Plan`].
+    Plan(Plan),
+}
+
+/// [`judge_shard_layout`], with the fix as actions.
+pub fn judge_layout(
+    layout: Option<&Partitioning>,
+    shard: &ShardSpec,
+    objects: &ShardObjects,
+) -> Result<(), Refusal> {
+    let told = |message: String| Refusal {
+        message,
+        fix: Fix::Told,
+    };
     let root = shard.root_name();
     let count = shard.count;
     let create = "create it with `outboxd init` (or sql/shards.sql)";
     let Some(layout) = layout else {
-        return Err(format!(
+        return Err(told(format!(
             "the table {root} does not exist; with OUTBOXD_SHARD_COUNT={count} it is partitioned by hash of {col} into {count} partitions: {create}",
             col = shard.key_column
-        ));
+        )));
     };
     let wanted_key = format!("HASH ({})", shard.key_column);
     let quoted_key = format!("HASH (\"{}\")", shard.key_column);
     match layout.key.as_deref() {
         Some(key) if key == wanted_key || key == quoted_key => {}
         Some(key) => {
-            return Err(format!(
+            return Err(told(format!(
                 "{root} is partitioned by {key}, not {wanted_key}: per-aggregate order across shards needs every row of an aggregate in one partition. Partition it BY HASH ({col}) ({create})",
                 col = shard.key_column
-            ))
+            )))
         }
         None => {
-            return Err(format!(
+            return Err(told(format!(
                 "{root} is not partitioned (relkind {}), but OUTBOXD_SHARD_COUNT={count}: partition it BY HASH ({}) into {count} partitions named {}_shard_<n> ({create}), or unset OUTBOXD_SHARD_COUNT",
                 layout.kind, shard.key_column, shard.root_table
-            ))
+            )))
         }
     }
     let mut seen = vec![false; usize::try_from(count).unwrap_or(0)];
@@ -86,10 +123,10 @@ pub fn judge_shard_layout(
     let mut foreign: Vec<(&PartitionBound, u32)> = Vec::new();
     for p in &layout.partitions {
         let Some((modulus, remainder)) = hash_bound(&p.bound) else {
-            return Err(format!(
+            return Err(told(format!(
                 "partition {}.{} of {root} has bound {:?}, not FOR VALUES WITH (MODULUS {count}, REMAINDER n)",
                 p.schema, p.name, p.bound
-            ));
+            )));
         };
         if modulus != count {
             foreign.push((p, modulus));
@@ -100,25 +137,26 @@ pub fn judge_shard_layout(
             let mut fix = Vec::new();
             if p.schema != shard.root_schema {
                 // RENAME cannot move a table to another schema.
-                fix.push(format!(
-                    "ALTER TABLE {} SET SCHEMA {}",
-                    qualified(&p.schema, &p.name),
-                    quote_ident(&shard.root_schema)
-                ));
+                fix.push(Action::SetSchema {
+                    table: Rel::new(&p.schema, &p.name),
+                    schema: shard.root_schema.clone(),
+                });
             }
             if p.name != expected {
-                fix.push(format!(
-                    "ALTER TABLE {} RENAME TO {}",
-                    qualified(&shard.root_schema, &p.name),
-                    quote_ident(&expected)
-                ));
+                fix.push(Action::Rename {
+                    table: Rel::new(&shard.root_schema, &p.name),
+                    to: expected.clone(),
+                });
             }
-            return Err(format!(
-                "partition {} of {root} holds remainder {remainder}, which shard {remainder} reads from {}: {};",
-                qualified(&p.schema, &p.name),
-                qualified(&shard.root_schema, &expected),
-                fix.join("; ")
-            ));
+            return Err(Refusal {
+                message: format!(
+                    "partition {} of {root} holds remainder {remainder}, which shard {remainder} reads from {}: {};",
+                    qualified(&p.schema, &p.name),
+                    qualified(&shard.root_schema, &expected),
+                    action::joined(&fix)
+                ),
+                fix: Fix::Rename(fix),
+            });
         }
         if let Some(slot) = usize::try_from(remainder)
             .ok()
@@ -179,7 +217,10 @@ pub fn judge_shard_layout(
         return Ok(());
     };
     let plan = back_to_shards(shard, layout, objects, &foreign, &missing, &stranded);
-    Err(format!("{problem}. {}", plan.text(shard)))
+    Err(Refusal {
+        message: format!("{problem}. {}", plan.text(shard)),
+        fix: Fix::Plan(plan),
+    })
 }
 
 /// Whether a shard that remains (`< count`) has `p` in its publication: its rows were
@@ -211,22 +252,23 @@ const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 /// The remedy: statements run before the transaction (each on its own), the
 /// transaction, and the slots and publications left over for shards beyond the count.
-struct Plan {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
     /// A missing shard's publication (empty) and then its slot: a slot created after the
     /// transaction would not decode the rows it moves into that shard's partition, nor
     /// those the application writes before `outboxd init`.
-    before: Vec<String>,
-    transaction: Vec<String>,
+    pub before: Vec<Action>,
+    pub transaction: Vec<Action>,
     /// The tables whose rows the transaction inserts again.
-    copied: Vec<String>,
+    pub copied: Vec<String>,
     /// Detached partitions a remaining shard relayed: kept as they are, not copied.
-    set_aside: Vec<String>,
+    pub set_aside: Vec<String>,
     /// Detached tables named like a shard's partition that a shard's publication holds:
     /// named, not copied (whether a slot read them then is not in the catalog).
-    kept: Vec<String>,
-    /// Slot and publication names of shards `>= count`.
-    leftover_slots: Vec<String>,
-    leftover_publications: Vec<String>,
+    pub kept: Vec<String>,
+    /// Drops of the slots and publications of shards `>= count`, to run once the
+    /// transaction committed and every shard's slot confirmed past it.
+    pub leftovers: Vec<Action>,
 }
 
 impl Plan {
@@ -241,7 +283,7 @@ impl Plan {
             true => "Then, to".to_owned(),
             false => format!(
                 "Then create the missing shards' publications and slots, each statement on its own (a slot cannot be created in a transaction that wrote): {}. Then, to",
-                self.before.join("; ")
+                action::joined(&self.before)
             ),
         });
         text.push_str(&format!(
@@ -250,7 +292,7 @@ impl Plan {
              publications, as it must: `outboxd run` would stop on that; {}) and start outboxd \
              (and follow `outboxd check` if it names a publication). To change the shard count \
              instead: docs/operations.md, \"Sharding: adding shards or changing their count\"",
-            self.transaction.join("; "),
+            action::joined(&self.transaction),
             match self.before.is_empty() {
                 true => "init records them as they are now",
                 false => "init records them as they are now, and finds the new slots",
@@ -280,7 +322,7 @@ impl Plan {
                 shard.root_name()
             ));
         }
-        if let Some(drops) = drop_leftovers(&self.leftover_slots, &self.leftover_publications) {
+        if let Some(drops) = drop_leftovers(&self.leftovers) {
             // Rows the application deleted as it wrote them are only in those slots.
             text.push_str(&format!(
                 ". If the application deletes its outbox rows as it writes them, do not lower the count with this transaction: rows written to shards {count} and above since their relays stopped are then only in those shards' slots, which the copy cannot reach. Run outboxd with the old OUTBOXD_SHARD_COUNT instead (the table still has its layout), stop the writes, wait until every shard's slot is confirmed past SELECT pg_current_wal_lsn(), then follow docs/operations.md, \"Sharding: adding shards or changing their count\""
@@ -296,18 +338,23 @@ impl Plan {
     }
 }
 
-/// The statements dropping `slots` and `publications`; `None` when there are none.
-fn drop_leftovers(slots: &[String], publications: &[String]) -> Option<String> {
-    let drops: Vec<String> = slots
-        .iter()
-        .map(|s| format!("SELECT pg_catalog.pg_drop_replication_slot({})", literal(s)))
+/// The statements of `drops`; `None` when there are none.
+fn drop_leftovers(drops: &[Action]) -> Option<String> {
+    (!drops.is_empty()).then(|| format!("{};", action::joined(drops)))
+}
+
+/// The drops of the slots and publications of shards `>= count`: slots first.
+pub fn leftover_drops(shard: &ShardSpec, objects: &ShardObjects) -> Vec<Action> {
+    let (slots, publications) = beyond_count(shard, objects);
+    slots
+        .into_iter()
+        .map(|name| Action::DropSlot { name })
         .chain(
             publications
-                .iter()
-                .map(|p| format!("DROP PUBLICATION {}", quote_ident(p))),
+                .into_iter()
+                .map(|name| Action::DropPublication { name }),
         )
-        .collect();
-    (!drops.is_empty()).then(|| format!("{};", drops.join("; ")))
+        .collect()
 }
 
 /// Slots and publications named for shards `>= count`.
@@ -331,7 +378,7 @@ fn beyond_count(shard: &ShardSpec, objects: &ShardObjects) -> (Vec<String>, Vec<
 /// copied back is not in the catalog.
 pub fn judge_leftover_shards(shard: &ShardSpec, objects: &ShardObjects) -> Option<String> {
     let (slots, publications) = beyond_count(shard, objects);
-    let drops = drop_leftovers(&slots, &publications)?;
+    let drops = drop_leftovers(&leftover_drops(shard, objects))?;
     Some(format!(
         "{} of shards beyond OUTBOXD_SHARD_COUNT={count} exist: no shard reads them, and a slot keeps WAL without limit. Once their rows were relayed or inserted again through {} (the fix outboxd printed for a lowered count does it), every shard's slot confirmed past that, and no outboxd process relays them, run: {drops}",
         [("slots", &slots), ("publications", &publications)]
@@ -349,11 +396,6 @@ pub fn judge_leftover_shards(shard: &ShardSpec, objects: &ShardObjects) -> Optio
 /// changes it makes otherwise (a setting of that name does nothing without the guard).
 const GUARD_OFF: &str = "SET LOCAL outboxd.partition_change = 'on'";
 
-/// A SQL string literal.
-fn literal(text: &str) -> String {
-    format!("'{}'", text.replace('\'', "''"))
-}
-
 /// The statements that make the table `shard.count` shards again: the `foreign`
 /// partitions (of another modulus) detached, each `missing` remainder's partition attached
 /// (when detached earlier and still in its shard's publication) or created, and the rows
@@ -369,7 +411,7 @@ fn back_to_shards(
     stranded: &[&str],
 ) -> Plan {
     // Quoted where the catalog's names need it (OUTBOXD_TABLE may be mixed-case).
-    let root = qualified(&shard.root_schema, &shard.root_table);
+    let root = Rel::new(&shard.root_schema, &shard.root_table);
     let schema = &shard.root_schema;
     let count = shard.count;
     let publication = |r: u32| format!("{}_{r}", shard.publication_base);
@@ -382,27 +424,26 @@ fn back_to_shards(
     let mut set_aside = Vec::new();
     // Names a rename must not take (an earlier fix's tables keep theirs).
     let mut taken = objects.names.clone();
-    let mut move_aside = |sql: &mut Vec<String>, schema: &str, name: &str, to: String| {
+    let mut move_aside = |sql: &mut Vec<Action>, schema: &str, name: &str, to: String| {
         if partition_index(shard, name).is_none() {
-            return qualified(schema, name);
+            return Rel::new(schema, name);
         }
         let free = std::iter::once(to.clone())
             .chain((2u32..).map(|k| format!("{to}_{k}")))
             .find(|n| !taken.contains(n))
             .unwrap_or(to);
         taken.push(free.clone());
-        sql.push(format!(
-            "ALTER TABLE {} RENAME TO {}",
-            qualified(schema, name),
-            quote_ident(&free)
-        ));
-        qualified(schema, &free)
+        sql.push(Action::Rename {
+            table: Rel::new(schema, name),
+            to: free.clone(),
+        });
+        Rel::new(schema, &free)
     };
     for (p, modulus) in foreign {
-        sql.push(format!(
-            "ALTER TABLE {root} DETACH PARTITION {}",
-            qualified(&p.schema, &p.name)
-        ));
+        sql.push(Action::Detach {
+            root: root.clone(),
+            partition: Rel::new(&p.schema, &p.name),
+        });
         let table = move_aside(
             &mut sql,
             &p.schema,
@@ -424,14 +465,16 @@ fn back_to_shards(
     }
     for r in missing {
         let name = ShardSpec::partition_name(&shard.root_table, *r);
-        let bound = format!("FOR VALUES WITH (MODULUS {count}, REMAINDER {r})");
-        let partition = qualified(schema, &name);
+        let partition = Rel::new(schema, &name);
         let pub_name = publication(*r);
         let loose = objects.loose.iter().find(|t| t.name == name);
         if loose.is_some_and(|t| t.publications.contains(&pub_name)) {
-            sql.push(format!(
-                "ALTER TABLE {root} ATTACH PARTITION {partition} {bound}"
-            ));
+            sql.push(Action::Attach {
+                root: root.clone(),
+                partition,
+                modulus: count,
+                remainder: *r,
+            });
             continue;
         }
         if loose.is_some() {
@@ -450,46 +493,34 @@ fn back_to_shards(
                 // Made for a publication since dropped: it cannot decode past the gap,
                 // and the rows it would have decoded are copied below (or were never
                 // written: the remainder had no partition).
-                before.push(format!(
-                    "SELECT pg_catalog.pg_drop_replication_slot({})",
-                    literal(&slot)
-                ));
+                before.push(Action::DropSlot { name: slot.clone() });
             }
             // As `outboxd init` makes it, then holding no table: the slot's first
             // decoded rows must find the publication in the catalog of their time.
-            before.push(format!(
-                "CREATE PUBLICATION {} WITH (publish = 'insert', publish_via_partition_root = true)",
-                quote_ident(&pub_name)
-            ));
+            before.push(Action::CreatePublication {
+                name: pub_name.clone(),
+            });
         }
         // A new shard's: not by `init`, which checks the layout first; it then finds the
         // slot and records it. Whenever it is missing, also where an earlier attempt made
         // the publication but not the slot (max_replication_slots reached). One of this
         // name in another database makes this fail, before any row.
         if !has_publication || !has_slot {
-            before.push(format!(
-                "SELECT pg_catalog.pg_create_logical_replication_slot({}, 'pgoutput')",
-                literal(&slot)
-            ));
+            before.push(Action::CreateSlot { name: slot });
         }
         // A new table is in no publication (they hold tables, not names): the rows
         // inserted below would be decoded by no slot.
-        sql.push(format!(
-            "CREATE TABLE {partition} PARTITION OF {root} {bound}"
-        ));
-        sql.push(format!(
-            "ALTER PUBLICATION {} ADD TABLE {partition}",
-            quote_ident(&pub_name)
-        ));
+        sql.push(Action::CreatePartition {
+            root: root.clone(),
+            partition: partition.clone(),
+            modulus: count,
+            remainder: *r,
+        });
+        sql.push(Action::AddToPublication {
+            publication: pub_name,
+            table: partition,
+        });
     }
-    // By column name: an attached table's columns may be in another order than the
-    // root's. Values are copied as stored (a json payload keeps its bytes).
-    let columns: Vec<String> = layout.columns.iter().map(|c| quote_ident(c)).collect();
-    let columns = columns.join(", ");
-    let overriding = match layout.identity_always {
-        true => " OVERRIDING SYSTEM VALUE",
-        false => "",
-    };
     // In the order the rows were written, where the table says it (sql/outbox.sql's
     // created_at): a heap scan's order is not, once deletes freed space, and the copies
     // are an aggregate's events published again. created_at is a transaction's start, so
@@ -498,19 +529,19 @@ fn back_to_shards(
     // left room on an earlier one). Without it the sort may swap them: it keeps the
     // scan's order only where the scan is in created_at order already, which concurrent
     // writers, committing out of start order, undo.
-    let order = match layout.columns.iter().any(|c| c == "created_at") {
-        true => " ORDER BY created_at, ctid",
-        false => " ORDER BY ctid",
-    };
-    sql.extend(sources.iter().map(|from| {
-        format!("INSERT INTO {root} ({columns}){overriding} SELECT {columns} FROM {from}{order}")
+    let ordered = layout.columns.iter().any(|c| c == "created_at");
+    sql.extend(sources.iter().map(|from| Action::CopyRows {
+        root: root.clone(),
+        from: from.clone(),
+        columns: layout.columns.clone(),
+        overriding: layout.identity_always,
+        ordered,
     }));
-    let (leftover_slots, leftover_publications) = beyond_count(shard, objects);
     Plan {
         before,
         transaction: sql,
-        copied: sources,
-        set_aside,
+        copied: sources.iter().map(Rel::to_string).collect(),
+        set_aside: set_aside.iter().map(Rel::to_string).collect(),
         kept: objects
             .loose
             .iter()
@@ -520,8 +551,7 @@ fn back_to_shards(
             })
             .map(|t| qualified(schema, &t.name))
             .collect(),
-        leftover_slots,
-        leftover_publications,
+        leftovers: leftover_drops(shard, objects),
     }
 }
 
@@ -543,38 +573,6 @@ fn hash_bound(bound: &str) -> Option<(u32, u32)> {
         }
     }
     Some((modulus?, remainder?))
-}
-
-/// Reads the catalog and applies [`judge_leftover_shards`].
-pub async fn leftover_shards(
-    sql: &Client,
-    shard: &ShardSpec,
-) -> Result<Option<String>, RelayError> {
-    let objects = shard_objects(sql, shard).await?;
-    Ok(judge_leftover_shards(shard, &objects))
-}
-
-async fn shard_objects(sql: &Client, shard: &ShardSpec) -> Result<ShardObjects, RelayError> {
-    Ok(preflight::shard_objects(
-        sql,
-        &shard.root_schema,
-        &shard.root_table,
-        &shard.publication_base,
-        &shard.slot_base,
-    )
-    .await?)
-}
-
-/// Reads the catalog and applies [`judge_shard_layout`].
-pub async fn verify_shard_layout(sql: &Client, shard: &ShardSpec) -> Result<(), RelayError> {
-    let layout = preflight::partitioning(sql, &shard.root_schema, &shard.root_table).await?;
-    let objects = shard_objects(sql, shard).await?;
-    judge_shard_layout(layout.as_ref(), shard, &objects).map_err(|problem| {
-        RelayError::ShardLayout {
-            table: shard.root_name(),
-            problem,
-        }
-    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,40 @@
+//! A sharded outbox's layout checks: the catalog read here, the rules in
+//! `outbox_core::shard` (which the simulator runs too).
+
+pub use outbox_core::shard::{judge_leftover_shards, judge_shard_layout, ShardSpec};
+use pgrepl::preflight::{self, ShardObjects};
+use tokio_postgres::Client;
+
+use super::error::RelayError;
+
+/// Reads the catalog and applies [`judge_leftover_shards`].
+pub async fn leftover_shards(
+    sql: &Client,
+    shard: &ShardSpec,
+) -> Result<Option<String>, RelayError> {
+    let objects = shard_objects(sql, shard).await?;
+    Ok(judge_leftover_shards(shard, &objects))
+}
+
+async fn shard_objects(sql: &Client, shard: &ShardSpec) -> Result<ShardObjects, RelayError> {
+    Ok(preflight::shard_objects(
+        sql,
+        &shard.root_schema,
+        &shard.root_table,
+        &shard.publication_base,
+        &shard.slot_base,
+    )
+    .await?)
+}
+
+/// Reads the catalog and applies [`judge_shard_layout`].
+pub async fn verify_shard_layout(sql: &Client, shard: &ShardSpec) -> Result<(), RelayError> {
+    let layout = preflight::partitioning(sql, &shard.root_schema, &shard.root_table).await?;
+    let objects = shard_objects(sql, shard).await?;
+    judge_shard_layout(layout.as_ref(), shard, &objects).map_err(|problem| {
+        RelayError::ShardLayout {
+            table: shard.root_name(),
+            problem,
+        }
+    })
+}
