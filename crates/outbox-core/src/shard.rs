@@ -50,10 +50,11 @@ impl ShardSpec {
 /// and its fix.
 ///
 /// `objects`: what exists under the shards' names. A loose table (detached) holding a
-/// missing remainder's name is attached again as it is only when the shard's publication
-/// holds it: rows written to a table no publication holds are decoded by no slot, then or
-/// ever, so otherwise its rows are inserted again through the table, as those of a
-/// detached partition of another modulus are. The fix adds a new partition only to a
+/// missing remainder's name is renamed aside and the partition made anew; its rows are
+/// kept where they are only when the shard's publication holds it: rows written to a
+/// table no publication holds are decoded by no slot, then or ever, so otherwise they are
+/// inserted again through the table, as those of a detached partition of another
+/// modulus are. The fix adds a new partition only to a
 /// publication that exists; a missing one is created, with its slot, before any row can
 /// reach the partition.
 pub fn judge_shard_layout(
@@ -79,7 +80,7 @@ pub enum Fix {
     /// A partition of the right bound under another name: these statements, on their own.
     Rename(Vec<Action>),
     /// Back to the shards: [`Plan`].
-    Plan(Plan),
+    Plan(Box<Plan>),
 }
 
 /// [`judge_shard_layout`], with the fix as actions.
@@ -219,7 +220,7 @@ pub fn judge_layout(
     let plan = back_to_shards(shard, layout, objects, &foreign, &missing, &stranded);
     Err(Refusal {
         message: format!("{problem}. {}", plan.text(shard)),
-        fix: Fix::Plan(plan),
+        fix: Fix::Plan(Box::new(plan)),
     })
 }
 
@@ -397,8 +398,8 @@ pub fn judge_leftover_shards(shard: &ShardSpec, objects: &ShardObjects) -> Optio
 const GUARD_OFF: &str = "SET LOCAL outboxd.partition_change = 'on'";
 
 /// The statements that make the table `shard.count` shards again: the `foreign`
-/// partitions (of another modulus) detached, each `missing` remainder's partition attached
-/// (when detached earlier and still in its shard's publication) or created, and the rows
+/// partitions (of another modulus) detached, each `missing` remainder's partition created
+/// (a table detached under its name renamed aside first), and the rows
 /// of the detached partitions and of `stranded` tables inserted again through the table,
 /// so that the shards' slots decode them: when they were written, no shard's publication
 /// had their table.
@@ -467,27 +468,20 @@ fn back_to_shards(
         let name = ShardSpec::partition_name(&shard.root_table, *r);
         let partition = Rel::new(schema, &name);
         let pub_name = publication(*r);
-        let loose = objects.loose.iter().find(|t| t.name == name);
-        if loose.is_some_and(|t| t.publications.contains(&pub_name)) {
-            sql.push(Action::Attach {
-                root: root.clone(),
-                partition,
-                modulus: count,
-                remainder: *r,
-            });
-            continue;
-        }
-        if loose.is_some() {
-            sources.push(move_aside(
-                &mut sql,
-                schema,
-                &name,
-                format!("{name}_detached"),
-            ));
-        }
         let slot = format!("{}_{r}", shard.slot_base);
         let has_publication = objects.publications.contains(&pub_name);
         let has_slot = objects.slots.contains(&slot);
+        // Not attached again as it is: it may have been a partition of another modulus,
+        // whose rows the ATTACH's check refuses (the simulator's shard seed 0: the fix
+        // failed on every run). Its rows were decoded by this shard's slot, which
+        // remains, only if its publication holds the table; else they are inserted again.
+        if let Some(t) = objects.loose.iter().find(|t| t.name == name) {
+            let table = move_aside(&mut sql, schema, &name, format!("{name}_detached"));
+            match t.publications.contains(&pub_name) && has_slot {
+                true => set_aside.push(table),
+                false => sources.push(table),
+            }
+        }
         if !has_publication {
             if has_slot {
                 // Made for a publication since dropped: it cannot decode past the gap,
@@ -521,6 +515,18 @@ fn back_to_shards(
             table: partition,
         });
     }
+    // Held only by shards beyond the count (a partition an earlier fix set aside for a
+    // shard that remained then; the simulator's shard seed 1): what their slots decoded
+    // and did not relay is in no remaining shard's slot, and nobody reads those. Out of
+    // the shards' names: once those publications are dropped, it would be stranded.
+    for name in orphaned(shard, objects, missing, stranded) {
+        sources.push(move_aside(
+            &mut sql,
+            schema,
+            name,
+            format!("{name}_detached"),
+        ));
+    }
     // In the order the rows were written, where the table says it (sql/outbox.sql's
     // created_at): a heap scan's order is not, once deletes freed space, and the copies
     // are an aggregate's events published again. created_at is a transaction's start, so
@@ -548,11 +554,35 @@ fn back_to_shards(
             .filter(|t| {
                 !stranded.contains(&t.name.as_str())
                     && !partition_index(shard, &t.name).is_some_and(|r| missing.contains(&r))
+                    && !orphaned(shard, objects, missing, stranded).any(|o| *o == t.name)
             })
             .map(|t| qualified(schema, &t.name))
             .collect(),
         leftovers: leftover_drops(shard, objects),
     }
+}
+
+/// Tables no partition that only publications of shards `>= count` hold, and that the
+/// fix does not move otherwise (`stranded`, or taking a `missing` remainder's name).
+fn orphaned<'a>(
+    shard: &'a ShardSpec,
+    objects: &'a ShardObjects,
+    missing: &'a [u32],
+    stranded: &'a [&str],
+) -> impl Iterator<Item = &'a String> + 'a {
+    objects
+        .held
+        .iter()
+        .filter(move |t| {
+            let remains = t
+                .publications
+                .iter()
+                .any(|p| shard_index(&shard.publication_base, p).is_some_and(|k| k < shard.count));
+            !remains
+                && !stranded.contains(&t.name.as_str())
+                && !partition_index(shard, &t.name).is_some_and(|r| missing.contains(&r))
+        })
+        .map(|t| &t.name)
 }
 
 /// `FOR VALUES WITH (modulus 4, remainder 1)` → (4, 1).

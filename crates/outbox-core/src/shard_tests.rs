@@ -41,6 +41,7 @@ fn made(n: u32) -> ShardObjects {
         loose: Vec::new(),
         publications: names.clone(),
         slots: names,
+        held: Vec::new(),
         names: Vec::new(),
     }
 }
@@ -154,10 +155,10 @@ fn slots_of_shards_beyond_the_count_are_named_with_their_drops() {
 }
 
 #[test]
-fn a_detached_partition_is_attached_again_only_from_its_shards_publication() {
+fn a_detached_partition_is_kept_only_where_its_shards_publication_holds_it() {
     // Remainder 1 split in two, its old partition detached and kept: a detached
-    // partition stays in its publication, so its rows were decoded and it goes back as
-    // it is.
+    // partition stays in its publication, so its rows were decoded; it is set aside and
+    // the partition made anew.
     let split = layout(&[
         ("outbox_shard_0", 2, 0),
         ("outbox_m4_1", 4, 1),
@@ -169,15 +170,27 @@ fn a_detached_partition_is_attached_again_only_from_its_shards_publication() {
     let back = format!(
         "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL outboxd.partition_change = 'on'; ALTER TABLE public.outbox DETACH PARTITION public.outbox_m4_1; \
         ALTER TABLE public.outbox DETACH PARTITION public.outbox_m4_3; \
-        ALTER TABLE public.outbox ATTACH PARTITION public.outbox_shard_1 FOR VALUES WITH (MODULUS 2, REMAINDER 1); \
+        ALTER TABLE public.outbox_shard_1 RENAME TO outbox_shard_1_detached; \
+        CREATE TABLE public.outbox_shard_1 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 2, REMAINDER 1); \
+        ALTER PUBLICATION outboxd_1 ADD TABLE public.outbox_shard_1; \
         {}; {}; COMMIT;",
         copy_from("public.outbox_m4_1"),
         copy_from("public.outbox_m4_3")
     );
     assert!(e.contains(&back), "{e}");
+    assert!(
+        e.contains(
+            "The rows of public.outbox_shard_1_detached were relayed by a shard that remains"
+        ),
+        "{e}"
+    );
+    assert!(
+        !e.contains(&copy_from("public.outbox_shard_1_detached")),
+        "{e}"
+    );
     // The same name held by a table no shard's publication has (a partition of modulus
     // 4 made under it, then detached with its sibling `outbox_shard_3`): its rows were
-    // decoded by no slot. Attached as it is, they never would be; both are copied back.
+    // decoded by no slot. Kept as it is, they never would be; both are copied back.
     let gap = layout(&[("outbox_shard_0", 2, 0)]);
     let mut objects = made(2);
     objects.loose = vec![loose("outbox_shard_1", &[]), loose("outbox_shard_3", &[])];
@@ -192,11 +205,41 @@ fn a_detached_partition_is_attached_again_only_from_its_shards_publication() {
         copy_from("public.outbox_shard_1_detached")
     );
     assert!(e.contains(&back), "{e}");
-    assert!(!e.contains("ATTACH"), "{e}");
     // In another shard's publication is not in its own.
     objects.loose[0] = loose("outbox_shard_1", &["outboxd_0"]);
     let e = judge_shard_layout(Some(&gap), &spec(2), &objects).unwrap_err();
+    assert!(
+        e.contains(&copy_from("public.outbox_shard_1_detached")),
+        "{e}"
+    );
+    // In its own shard's publication, but that shard's slot is gone: nothing decoded
+    // them for a shard that remains.
+    objects.loose[0] = loose("outbox_shard_1", &["outboxd_1"]);
+    objects.slots.retain(|s| s != "outboxd_1");
+    let e = judge_shard_layout(Some(&gap), &spec(2), &objects).unwrap_err();
+    assert!(
+        e.contains(&copy_from("public.outbox_shard_1_detached")),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_table_detached_from_another_modulus_is_not_attached_at_the_counts() {
+    // `outbox_shard_0` was remainder 0 of 2, detached; the count is now 3. Its rows are
+    // those of `hash % 2 = 0`, which an ATTACH at (3, 0) refuses: a fix that attached it
+    // failed every time it was run (the simulator's shard seed 0). It is set aside (its
+    // shard's slot decoded its rows) and remainder 0 made anew.
+    let l = layout(&[("outbox_shard_1", 3, 1), ("outbox_shard_2", 3, 2)]);
+    let mut objects = made(3);
+    objects.loose = vec![loose("outbox_shard_0", &["outboxd_0"])];
+    let e = judge_shard_layout(Some(&l), &spec(3), &objects).unwrap_err();
     assert!(!e.contains("ATTACH"), "{e}");
+    assert!(
+        e.contains("ALTER TABLE public.outbox_shard_0 RENAME TO outbox_shard_0_detached; \
+            CREATE TABLE public.outbox_shard_0 PARTITION OF public.outbox FOR VALUES WITH (MODULUS 3, REMAINDER 0); \
+            ALTER PUBLICATION outboxd_0 ADD TABLE public.outbox_shard_0; COMMIT;"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -214,9 +257,10 @@ fn a_stranded_table_named_like_a_shard_is_refused_on_its_own() {
         copy_from("public.outbox_shard_3_detached")
     );
     assert!(e.contains(&back), "{e}");
-    // Held by a shard's publication (shard 3 of an earlier count): its rows were
-    // decoded by that shard's slot; named when there is a fix to print, not refused.
-    objects.loose = vec![loose("outbox_shard_3", &["outboxd_3"])];
+    // Held by a shard's publication (shard 1's): its rows were decoded by that shard's
+    // slot; named when there is a fix to print, not refused.
+    objects.loose = vec![loose("outbox_shard_3", &["outboxd_1"])];
+    objects.held = objects.loose.clone();
     assert_eq!(judge_shard_layout(Some(&l), &spec(2), &objects), Ok(()));
     let gap = layout(&[("outbox_shard_0", 2, 0)]);
     let e = judge_shard_layout(Some(&gap), &spec(2), &objects).unwrap_err();
@@ -225,6 +269,40 @@ fn a_stranded_table_named_like_a_shard_is_refused_on_its_own() {
             && !e.contains("_3_detached"),
         "{e}"
     );
+}
+
+#[test]
+fn tables_only_shards_beyond_the_count_hold_are_copied() {
+    // 4 shards lowered to 2, then (before shard 3 relayed everything its slot decoded)
+    // to 1: `outbox_shard_1_of_4`, set aside by the first fix for shard 1, which
+    // remained then, and `outbox_shard_3` (detached), are held by publications of shards
+    // beyond the count alone. Nobody reads those slots, and the fix's drops remove them:
+    // their rows are inserted again (the simulator's shard seed 1 lost an event so).
+    let l = layout(&[("outbox_shard_0", 2, 0), ("outbox_shard_1", 2, 1)]);
+    let mut objects = made(4);
+    objects.loose = vec![loose("outbox_shard_3", &["outboxd_3"])];
+    objects.held = vec![
+        loose("outbox_shard_0_of_4", &["outboxd_0"]),
+        loose("outbox_shard_1_of_4", &["outboxd_1"]),
+        loose("outbox_shard_3", &["outboxd_3"]),
+    ];
+    let e = judge_shard_layout(Some(&l), &spec(1), &objects).unwrap_err();
+    for copied in [
+        "public.outbox_shard_1_of_2",
+        "public.outbox_shard_1_of_4",
+        "public.outbox_shard_3_detached",
+    ] {
+        assert!(e.contains(&copy_from(copied)), "{copied}: {e}");
+    }
+    // Out of the shards' names: once publication outboxd_3 is dropped as printed, no
+    // shard's publication holds it, and it would be taken for a stranded table.
+    assert!(
+        e.contains("ALTER TABLE public.outbox_shard_3 RENAME TO outbox_shard_3_detached;"),
+        "{e}"
+    );
+    // Shard 0 remains: what its slot decoded it relays.
+    assert!(!e.contains(&copy_from("public.outbox_shard_0_of_4")), "{e}");
+    assert!(!e.contains("held by a shard's publication"), "{e}");
 }
 
 #[test]

@@ -18,6 +18,8 @@ mod life;
 mod model;
 mod publication;
 mod records;
+mod shards;
+mod shards_catalog;
 mod slot_loss;
 mod starts;
 mod stats;
@@ -26,6 +28,7 @@ mod sweep;
 use std::collections::{HashMap, HashSet};
 
 pub use eos::{run_exactly_once, EosStats};
+pub use shards::{run_shards, ShardStats};
 pub use stats::Stats;
 pub use sweep::{env_u64, replay_from_env, sweep, Swept, Tally};
 

@@ -31,19 +31,30 @@ impl fmt::Display for Rel {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// As `outboxd init` makes a shard's publication, holding no table yet.
-    CreatePublication { name: String },
-    CreateSlot { name: String },
-    DropSlot { name: String },
-    DropPublication { name: String },
-    Detach { root: Rel, partition: Rel },
-    /// Renames `table` in its schema.
-    Rename { table: Rel, to: String },
-    SetSchema { table: Rel, schema: String },
-    Attach {
+    CreatePublication {
+        name: String,
+    },
+    CreateSlot {
+        name: String,
+    },
+    DropSlot {
+        name: String,
+    },
+    DropPublication {
+        name: String,
+    },
+    Detach {
         root: Rel,
         partition: Rel,
-        modulus: u32,
-        remainder: u32,
+    },
+    /// Renames `table` in its schema.
+    Rename {
+        table: Rel,
+        to: String,
+    },
+    SetSchema {
+        table: Rel,
+        schema: String,
     },
     CreatePartition {
         root: Rel,
@@ -51,7 +62,10 @@ pub enum Action {
         modulus: u32,
         remainder: u32,
     },
-    AddToPublication { publication: String, table: Rel },
+    AddToPublication {
+        publication: String,
+        table: Rel,
+    },
     /// Every row of `from` inserted again through `root`, by column name.
     CopyRows {
         root: Rel,
@@ -91,15 +105,6 @@ impl Action {
             Action::SetSchema { table, schema } => {
                 format!("ALTER TABLE {table} SET SCHEMA {}", quote_ident(schema))
             }
-            Action::Attach {
-                root,
-                partition,
-                modulus,
-                remainder,
-            } => format!(
-                "ALTER TABLE {root} ATTACH PARTITION {partition} {}",
-                bound(*modulus, *remainder)
-            ),
             Action::CreatePartition {
                 root,
                 partition,

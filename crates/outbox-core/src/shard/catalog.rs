@@ -44,6 +44,10 @@ pub struct ShardObjects {
     pub loose: Vec<LooseTable>,
     pub publications: Vec<String>,
     pub slots: Vec<String>,
+    /// Tables of the table's schema that are no partition, whatever their names, held by
+    /// a shard's publication `<publication>_<n>`, with those publications: detached
+    /// partitions whose rows that shard's slot decoded.
+    pub held: Vec<LooseTable>,
     /// Every relation in the table's schema whose name starts `<table>_shard_`: names a
     /// rename must not take.
     pub names: Vec<String>,

@@ -116,6 +116,30 @@ pub async fn shard_objects(
             })
         })
         .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
+    let held = client
+        .query(
+            &format!(
+                "SELECT c.relname::text, pg_catalog.array_agg(p.pubname::text ORDER BY p.pubname) \
+                   FROM pg_catalog.pg_publication_rel r \
+                   JOIN pg_catalog.pg_publication p ON p.oid = r.prpubid \
+                   JOIN pg_catalog.pg_class c ON c.oid = r.prrelid \
+                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+                  WHERE n.nspname = $1 AND c.relname::text <> $2 \
+                    AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND {} \
+                  GROUP BY c.relname ORDER BY 1",
+                numbered("p.pubname", 3)
+            ),
+            &[&schema, &table, &format!("{publication}_")],
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(LooseTable {
+                name: r.try_get(0)?,
+                publications: r.try_get(1)?,
+            })
+        })
+        .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
     let first_column = |rows: Vec<tokio_postgres::Row>| {
         rows.iter()
             .map(|r| r.try_get(0))
@@ -159,6 +183,7 @@ pub async fn shard_objects(
         loose,
         publications,
         slots,
+        held,
         names,
     })
 }
