@@ -8,6 +8,10 @@
 //! confirmed, the in-flight caps and the session's claim. The relay's session
 //! (`crates/relay`) is the IO around the same core; `Life` here feeds it pgoutput
 //! messages built from seeded histories.
+//!
+//! `shards` runs a sharded outbox's layout judge (`outbox_core::shard`) against a model of
+//! the catalog, an application writing through the partitioned root, migrations and an
+//! operator applying the judge's printed fix as actions.
 
 mod bad_row;
 mod checks;
