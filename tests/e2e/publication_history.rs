@@ -240,6 +240,25 @@ async fn publish_changed_and_changed_back_while_streaming_stops_the_relay() {
     assert_eq!(code, 6, "{out}");
 }
 
+/// While the relay is stopped: the table dropped from the publication, 20 rows committed,
+/// the table added back. The catalog looks as before; the rows were never decoded.
+async fn hide_rows(client: &tokio_postgres::Client, s: &Stopped) {
+    let p = &s.outbox.publication;
+    client
+        .batch_execute(&format!(
+            "ALTER PUBLICATION \"{p}\" DROP TABLE public.outbox"
+        ))
+        .await
+        .expect("drop table");
+    insert_events(client, &s.outbox.table, 20, 3, 3).await;
+    client
+        .batch_execute(&format!(
+            "ALTER PUBLICATION \"{p}\" ADD TABLE public.outbox"
+        ))
+        .await
+        .expect("add table");
+}
+
 /// The record cannot be read at the start (Kafka is down): the publication cannot be
 /// compared with the record's, so the slot must not move, not even on the keepalives of an
 /// idle outbox (whose hidden rows decode to nothing), until Kafka answers and the
@@ -249,20 +268,7 @@ async fn a_change_made_while_stopped_is_seen_once_kafka_answers() {
     let db = PgCluster::shared().fresh_database("pub_kafka_down").await;
     let client = db.client().await;
     let s = relayed_then_stopped(&db, &client, Broker::kafka(1)).await;
-    let p = &s.outbox.publication;
-    client
-        .batch_execute(&format!(
-            "ALTER PUBLICATION \"{p}\" DROP TABLE public.outbox"
-        ))
-        .await
-        .expect("drop table");
-    insert_events(&client, &s.outbox.table, 20, 3, 3).await;
-    client
-        .batch_execute(&format!(
-            "ALTER PUBLICATION \"{p}\" ADD TABLE public.outbox"
-        ))
-        .await
-        .expect("add table");
+    hide_rows(&client, &s).await;
     let past_the_rows = schema::current_wal_lsn(&db).await;
     let confirmed = schema::confirmed_flush_lsn(&db).await;
     s.broker.set_all_down(true);
@@ -310,20 +316,7 @@ async fn a_change_made_while_stopped_is_seen_under_a_new_topic_read_late() {
         "OUTBOXD_PROGRESS_TOPIC".into(),
         "outboxd.progress.pub_late_topic".into(),
     ));
-    let p = &s.outbox.publication;
-    client
-        .batch_execute(&format!(
-            "ALTER PUBLICATION \"{p}\" DROP TABLE public.outbox"
-        ))
-        .await
-        .expect("drop table");
-    insert_events(&client, &s.outbox.table, 20, 3, 3).await;
-    client
-        .batch_execute(&format!(
-            "ALTER PUBLICATION \"{p}\" ADD TABLE public.outbox"
-        ))
-        .await
-        .expect("add table");
+    hide_rows(&client, &s).await;
     let confirmed = schema::confirmed_flush_lsn(&db).await;
     s.broker.set_all_down(true);
     let mut relay = Relay::start(s.env.clone(), &["run"]);
