@@ -693,3 +693,22 @@ fn a_spill_at_a_cap_of_one_still_reads_on_to_its_mark() {
     feed(&mut c, commit(500, 510));
     assert_eq!(c.advance(), Some(Lsn(510)));
 }
+
+/// Either way a replay was not proven, the next session must skip nothing: a partial
+/// transaction whose rows do not match its record would otherwise meet the same record
+/// the same way in every session (exactly-once carries no claim of its own between them).
+#[test]
+fn a_partial_replay_that_did_not_match_is_doubted_like_a_spill() {
+    let partial = |reason| {
+        SessionError::PartialReplay(crate::replay::PartialMismatch {
+            commit_lsn: Lsn(100),
+            recorded: 3,
+            read: 2,
+            reason,
+        })
+    };
+    assert!(partial(Doubt::PartialDigest).doubts_replay());
+    assert!(partial(Doubt::PartialRows).doubts_replay());
+    assert!(SessionError::ReplayUnproven(Doubt::Mismatch).doubts_replay());
+    assert!(!SessionError::Protocol("x".into()).doubts_replay());
+}
