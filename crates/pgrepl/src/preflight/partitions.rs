@@ -107,15 +107,8 @@ pub async fn shard_objects(
             ),
             &[&schema, &format!("{table}_shard_")],
         )
-        .await?
-        .iter()
-        .map(|r| {
-            Ok(LooseTable {
-                name: r.try_get(0)?,
-                publications: r.try_get(1)?,
-            })
-        })
-        .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
+        .await?;
+    let loose = tables(&loose)?;
     let held = client
         .query(
             &format!(
@@ -131,15 +124,8 @@ pub async fn shard_objects(
             ),
             &[&schema, &table, &format!("{publication}_")],
         )
-        .await?
-        .iter()
-        .map(|r| {
-            Ok(LooseTable {
-                name: r.try_get(0)?,
-                publications: r.try_get(1)?,
-            })
-        })
-        .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
+        .await?;
+    let held = tables(&held)?;
     let first_column = |rows: Vec<tokio_postgres::Row>| {
         rows.iter()
             .map(|r| r.try_get(0))
@@ -186,4 +172,16 @@ pub async fn shard_objects(
         held,
         names,
     })
+}
+
+/// Rows of (table name, publication names) as [`LooseTable`]s.
+fn tables(rows: &[tokio_postgres::Row]) -> Result<Vec<LooseTable>, tokio_postgres::Error> {
+    rows.iter()
+        .map(|r| {
+            Ok(LooseTable {
+                name: r.try_get(0)?,
+                publications: r.try_get(1)?,
+            })
+        })
+        .collect()
 }
