@@ -471,3 +471,46 @@ fn copies_go_in_the_order_the_rows_were_written() {
         "{e}"
     );
 }
+
+/// The relay reads only the partitioning and the loose tables to decide, and the other
+/// objects only to print a refusal's fix (`verify_shard_layout`): the verdict must not
+/// depend on them.
+#[test]
+fn the_verdict_weighs_only_the_layout_and_the_loose_tables() {
+    let layouts = [
+        layout(&[("outbox_shard_0", 2, 0), ("outbox_shard_1", 2, 1)]),
+        layout(&[("outbox_shard_0", 2, 0)]),
+        layout(&[
+            ("outbox_shard_0", 4, 0),
+            ("outbox_shard_1", 4, 1),
+            ("outbox_shard_2", 4, 2),
+            ("outbox_shard_3", 4, 3),
+        ]),
+    ];
+    let looses = [
+        Vec::new(),
+        vec![loose("outbox_shard_1", &["outboxd_1"])],
+        vec![loose("outbox_shard_3", &[])],
+    ];
+    for l in &layouts {
+        for lo in &looses {
+            for count in [2, 3, 4] {
+                for made_n in [0, 2, 4] {
+                    let mut full = made(made_n);
+                    full.loose = lo.clone();
+                    full.names = vec!["outbox_shard_0_of_4".into()];
+                    full.held = vec![loose("outbox_shard_1_of_4", &["outboxd_3"])];
+                    let only = ShardObjects {
+                        loose: lo.clone(),
+                        ..ShardObjects::default()
+                    };
+                    assert_eq!(
+                        judge_shard_layout(Some(l), &spec(count), &full).is_ok(),
+                        judge_shard_layout(Some(l), &spec(count), &only).is_ok(),
+                        "{l:?} {lo:?} count {count} made {made_n}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -17,7 +17,8 @@ pub use failover::{
     synchronized_standby_slots, SlotFailover, StandbySettings, StandbySlot,
 };
 pub use partitions::{
-    partitioning, shard_objects, LooseTable, PartitionBound, Partitioning, ShardObjects,
+    loose_shard_tables, partitioning, shard_objects, LooseTable, PartitionBound, Partitioning,
+    ShardObjects,
 };
 pub use publication::{
     walsender_sync_state, PublicationLook, PublicationProbe, Settler, SETTLE_TIMEOUT,

@@ -85,30 +85,7 @@ pub async fn shard_objects(
     publication: &str,
     slot: &str,
 ) -> Result<ShardObjects, ReplError> {
-    let numbered = |column: &str, n: u32| {
-        format!(
-            "pg_catalog.left({column}::text, pg_catalog.length(${n})) = ${n} \
-             AND pg_catalog.substr({column}::text, pg_catalog.length(${n}) + 1) ~ '^[0-9]+$'"
-        )
-    };
-    let loose = client
-        .query(
-            &format!(
-                "SELECT c.relname::text, \
-                        pg_catalog.array_remove(pg_catalog.array_agg(p.pubname::text ORDER BY p.pubname), NULL) \
-                   FROM pg_catalog.pg_class c \
-                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-                   LEFT JOIN pg_catalog.pg_publication_rel r ON r.prrelid = c.oid \
-                   LEFT JOIN pg_catalog.pg_publication p ON p.oid = r.prpubid \
-                  WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND NOT c.relispartition \
-                    AND {} \
-                  GROUP BY c.relname ORDER BY 1",
-                numbered("c.relname", 2)
-            ),
-            &[&schema, &format!("{table}_shard_")],
-        )
-        .await?;
-    let loose = tables(&loose)?;
+    let loose = loose_shard_tables(client, schema, table).await?;
     let held = client
         .query(
             &format!(
@@ -184,4 +161,41 @@ fn tables(rows: &[tokio_postgres::Row]) -> Result<Vec<LooseTable>, tokio_postgre
             })
         })
         .collect()
+}
+
+/// Tables named `<table>_shard_<n>` in `schema` that are no partition, with the
+/// publications holding each: all a layout's verdict weighs besides the partitioning (the
+/// other [`ShardObjects`] only shape the printed fix).
+pub async fn loose_shard_tables(
+    client: &Client,
+    schema: &str,
+    table: &str,
+) -> Result<Vec<LooseTable>, ReplError> {
+    let loose = client
+        .query(
+            &format!(
+                "SELECT c.relname::text, \
+                        pg_catalog.array_remove(pg_catalog.array_agg(p.pubname::text ORDER BY p.pubname), NULL) \
+                   FROM pg_catalog.pg_class c \
+                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+                   LEFT JOIN pg_catalog.pg_publication_rel r ON r.prrelid = c.oid \
+                   LEFT JOIN pg_catalog.pg_publication p ON p.oid = r.prpubid \
+                  WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') AND NOT c.relispartition \
+                    AND {} \
+                  GROUP BY c.relname ORDER BY 1",
+                numbered("c.relname", 2)
+            ),
+            &[&schema, &format!("{table}_shard_")],
+        )
+        .await?;
+    Ok(tables(&loose)?)
+}
+
+/// SQL true when `column` is `$n` followed by digits only (a `LIKE` pattern would take `_`
+/// in a name for any character).
+fn numbered(column: &str, n: u32) -> String {
+    format!(
+        "pg_catalog.left({column}::text, pg_catalog.length(${n})) = ${n} \
+         AND pg_catalog.substr({column}::text, pg_catalog.length(${n}) + 1) ~ '^[0-9]+$'"
+    )
 }

@@ -27,9 +27,18 @@ async fn shard_objects(sql: &Client, shard: &ShardSpec) -> Result<ShardObjects, 
     .await?)
 }
 
-/// Reads the catalog and applies [`judge_shard_layout`].
+/// Reads the catalog and applies [`judge_shard_layout`]. Every few ticks of every shard:
+/// the verdict weighs the partitioning and the loose tables only, so the other objects
+/// (publications, slots, names) are read only to print the fix of a layout it refuses.
 pub async fn verify_shard_layout(sql: &Client, shard: &ShardSpec) -> Result<(), RelayError> {
     let layout = preflight::partitioning(sql, &shard.root_schema, &shard.root_table).await?;
+    let loose = ShardObjects {
+        loose: preflight::loose_shard_tables(sql, &shard.root_schema, &shard.root_table).await?,
+        ..ShardObjects::default()
+    };
+    if judge_shard_layout(layout.as_ref(), shard, &loose).is_ok() {
+        return Ok(());
+    }
     let objects = shard_objects(sql, shard).await?;
     judge_shard_layout(layout.as_ref(), shard, &objects).map_err(|problem| {
         RelayError::ShardLayout {
