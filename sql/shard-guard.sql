@@ -46,7 +46,7 @@ BEGIN
      WHERE i.inhparent = outbox
        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel r WHERE r.prrelid = i.inhrelid);
     SELECT pg_catalog.string_agg(DISTINCT pg_catalog.substring(
-               pg_catalog.pg_get_expr(p.relpartbound, p.oid), 'modulus ([0-9]+)'), ', ')
+               pg_catalog.pg_get_expr(p.relpartbound, 0), 'modulus ([0-9]+)'), ', ')
       INTO moduli
       FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class p ON p.oid = i.inhrelid
      WHERE i.inhparent = outbox;

@@ -16,6 +16,7 @@ mod bad_rows;
 mod big_transaction;
 mod binary_mode;
 mod bounded_memory;
+mod catalog_locks;
 mod catch_up;
 mod check_topics;
 mod compose_env;

@@ -24,7 +24,7 @@ pub(crate) fn shard_slot(o: &Outbox, i: u32) -> String {
 
 /// `outboxd init` with OUTBOXD_SHARD_COUNT: the partitioned table, and each shard's
 /// publication and slot; then `check` passes.
-fn init_shards(env: &[(String, String)]) {
+pub(crate) fn init_shards(env: &[(String, String)]) {
     let (code, out) = run_to_end(env, &["init"]);
     assert_eq!(code, 0, "init failed:\n{out}");
     let (code, out) = run_to_end(env, &["check"]);
@@ -301,7 +301,7 @@ async fn a_partition_no_shard_reads_is_refused_by_check_init_and_run() {
 }
 
 /// Inserts `n` rows dated `at` in one transaction, returning them in insertion order.
-async fn insert_dated(
+pub(crate) async fn insert_dated(
     client: &tokio_postgres::Client,
     table: &str,
     n: i32,
@@ -324,23 +324,15 @@ async fn insert_dated(
         .collect()
 }
 
-/// Shards partitioned further by day, for retention (sql/shards.sql says this works):
-/// `check` and `run` accept the layout, rows of every daily partition (and of the default
-/// one, and of a day attached while running) are published under their shard, once each,
-/// in order per aggregate.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shards_partitioned_by_day_publish_every_day() {
-    let db = PgCluster::shared().fresh_database("shards_by_day").await;
-    let o = Outbox::for_db(&db);
-    let broker = Broker::default_for_tests();
-    let topics = ops::create_topics(&broker, &o).await;
-    let client = db.client().await;
-    let today: String = client
-        .query_one("SELECT current_date::text", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let day = |offset: i32| format!("('{today}'::date + {offset})");
+/// The SQL date `offset` days after `today` (`YYYY-MM-DD`).
+pub(crate) fn day_after(today: &str, offset: i32) -> String {
+    format!("('{today}'::date + {offset})")
+}
+
+/// Two shards, each partitioned by range of `created_at`: a DEFAULT partition and one
+/// per day from yesterday to tomorrow (`_d0` to `_d2`), each shard its own publication.
+pub(crate) fn by_day_layout(o: &Outbox, today: &str) -> String {
+    let day = |offset: i32| day_after(today, offset);
     let mut ddl = format!(
         "CREATE TABLE {t} (id uuid NOT NULL, aggregate_type text NOT NULL, \
          aggregate_id text NOT NULL, event_type text NOT NULL, payload jsonb NOT NULL, \
@@ -368,6 +360,27 @@ async fn shards_partitioned_by_day_publish_every_day() {
             );
         }
     }
+    ddl
+}
+
+/// Shards partitioned further by day, for retention (sql/shards.sql says this works):
+/// `check` and `run` accept the layout, rows of every daily partition (and of the default
+/// one, and of a day attached while running) are published under their shard, once each,
+/// in order per aggregate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_partitioned_by_day_publish_every_day() {
+    let db = PgCluster::shared().fresh_database("shards_by_day").await;
+    let o = Outbox::for_db(&db);
+    let broker = Broker::default_for_tests();
+    let topics = ops::create_topics(&broker, &o).await;
+    let client = db.client().await;
+    let today: String = client
+        .query_one("SELECT current_date::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let day = |offset: i32| day_after(&today, offset);
+    let ddl = by_day_layout(&o, &today);
     client.batch_execute(&ddl).await.expect("layout");
     let env = Relay::env_for(
         &db,

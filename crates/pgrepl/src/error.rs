@@ -242,8 +242,9 @@ pub fn class_of_sqlstate(code: &str) -> ErrorClass {
         "55006" => ErrorClass::Retryable,
         // Admin shutdown, crash shutdown, cannot connect now (startup/recovery).
         "57P01" | "57P02" | "57P03" => ErrorClass::Retryable,
-        // Query canceled (e.g. statement_timeout on a busy server).
-        "57014" => ErrorClass::Retryable,
+        // Query canceled (e.g. statement_timeout on a busy server); a lock not granted
+        // within lock_timeout (another transaction's DDL holds it: it ends).
+        "57014" | "55P03" => ErrorClass::Retryable,
         _ if code.starts_with("08") => ErrorClass::Retryable,
         // Insufficient resources: too many connections, out of memory, disk full.
         _ if code.starts_with("53") => ErrorClass::Retryable,
@@ -277,6 +278,8 @@ mod tests {
             ("57P01", ErrorClass::Retryable),
             ("57P02", ErrorClass::Retryable),
             ("57P03", ErrorClass::Retryable),
+            ("57014", ErrorClass::Retryable),
+            ("55P03", ErrorClass::Retryable),
             ("08006", ErrorClass::Retryable),
             ("08P01", ErrorClass::Retryable),
             ("53300", ErrorClass::Retryable),

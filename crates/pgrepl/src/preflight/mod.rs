@@ -228,10 +228,38 @@ pub async fn slot_decoded(client: &Client, slot: &str) -> Result<bool, ReplError
     Ok(row.try_get(0)?)
 }
 
+/// A subquery (give it an alias) of `relid` and `isleaf`: the relation whose OID the SQL expression `root`
+/// gives, and its partitions at any depth, read from `pg_inherits` alone.
+///
+/// Not `pg_partition_tree`: it takes ACCESS SHARE on every partition and holds it to the
+/// statement's end. A statement that then waits for a parent's lock (PG16+'s
+/// `pg_publication_tables` opens each table it lists) deadlocks with DDL that locks the
+/// parent first, such as `CREATE TABLE ... PARTITION OF` beside a DEFAULT partition, and
+/// PostgreSQL may cancel the application's DDL to break it. outboxd's catalog reads take
+/// no lock on the outbox's tables; the functions that open one (`pg_relation_size`,
+/// `pg_publication_tables` on PG16+, a relation's `pg_get_expr`) take one table at a
+/// time. A partition being detached CONCURRENTLY is left out, as `pg_partition_tree`
+/// leaves it out.
+pub(crate) fn partition_tree(root: &str) -> String {
+    format!(
+        "(WITH RECURSIVE tree(relid) AS ( \
+             SELECT c.oid FROM pg_catalog.pg_class c WHERE c.oid = {root} \
+             UNION SELECT i.inhrelid FROM pg_catalog.pg_inherits i \
+               JOIN tree ON i.inhparent = tree.relid \
+               JOIN pg_catalog.pg_class ic ON ic.oid = i.inhrelid AND ic.relispartition \
+              WHERE NOT i.inhdetachpending) \
+         SELECT tree.relid, lc.relkind <> 'p' AS isleaf FROM tree \
+           JOIN pg_catalog.pg_class lc ON lc.oid = tree.relid)"
+    )
+}
+
 /// The table named `$1` (quoted, qualified) and its partitions at any depth, as `t.relid`.
-const TABLE_TREE: &str = "(SELECT pg_catalog.to_regclass($1::text) AS relid \
-     UNION SELECT relid FROM pg_catalog.pg_partition_tree(pg_catalog.to_regclass($1::text))) t \
-     WHERE t.relid IS NOT NULL";
+fn table_tree() -> String {
+    format!(
+        "{} t",
+        partition_tree("pg_catalog.to_regclass($1::pg_catalog.text)")
+    )
+}
 
 /// Rows ever inserted into and deleted from the table and its partitions, by the server's
 /// statistics: `(inserted, deleted)`, `None` when the table is not found.
@@ -252,7 +280,8 @@ pub async fn table_churn(
                  coalesce(pg_catalog.sum(s.n_tup_ins), 0::numeric)::bigint, \
                  coalesce(pg_catalog.sum(s.n_tup_del), 0::numeric)::bigint \
                  FROM pg_catalog.pg_stat_all_tables s \
-                 WHERE s.relid IN (SELECT t.relid::oid FROM {TABLE_TREE})"
+                 WHERE s.relid IN (SELECT t.relid FROM {tree})",
+                tree = table_tree()
             ),
             &[&name],
         )
@@ -406,8 +435,9 @@ pub async fn table_rows(
                  coalesce(pg_catalog.bool_or(pg_catalog.row_security_active(t.relid)), false), \
                  coalesce(pg_catalog.sum(pg_catalog.pg_relation_size(t.relid)), 0::numeric)::bigint, \
                  coalesce((SELECT pg_catalog.sum(s.n_tup_ins) FROM pg_catalog.pg_stat_all_tables s \
-                           WHERE s.relid IN (SELECT t.relid::oid FROM {TABLE_TREE})), 0::numeric)::bigint \
-                 FROM {TABLE_TREE}"
+                           WHERE s.relid IN (SELECT t.relid FROM {tree})), 0::numeric)::bigint \
+                 FROM {tree}",
+                tree = table_tree()
             ),
             &[&name],
         )
@@ -555,9 +585,8 @@ pub async fn publication_coverage(
     schema: &str,
     table: &str,
 ) -> Result<Option<PublicationCoverage>, ReplError> {
-    let row = client
-        .query_opt(
-            "WITH t AS ( \
+    let sql = format!(
+        "WITH t AS ( \
                SELECT c.oid, c.relkind::text AS relkind FROM pg_catalog.pg_class c \
                JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
                WHERE n.nspname = $2 AND c.relname = $3), \
@@ -579,7 +608,7 @@ pub async fn publication_coverage(
                  WHERE pt.pubname = p.pubname AND pc.relispartition \
                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_partition_ancestors(pc.oid) a \
                                WHERE a.relid::oid = (SELECT oid FROM t))), \
-               (SELECT pg_catalog.count(*) FROM pg_catalog.pg_partition_tree((SELECT oid FROM t)) l \
+               (SELECT pg_catalog.count(*) FROM {tree} l \
                  JOIN pg_catalog.pg_class lc ON lc.oid = l.relid::oid AND lc.relkind = 'r' \
                  WHERE l.isleaf AND l.relid::oid <> (SELECT oid FROM t) AND NOT EXISTS ( \
                    SELECT 1 FROM pg_catalog.pg_partition_ancestors(l.relid) a \
@@ -595,7 +624,7 @@ pub async fn publication_coverage(
                   JOIN pg_catalog.pg_namespace un ON un.oid = uc.relnamespace \
                  WHERE uc.relpersistence = 'u' AND uc.relkind = 'r' \
                    AND (uc.oid = (SELECT oid FROM t) OR uc.oid IN ( \
-                        SELECT l.relid::oid FROM pg_catalog.pg_partition_tree((SELECT oid FROM t)) l))), \
+                        SELECT l.relid FROM {tree} l))), \
                (SELECT pg_catalog.string_agg(pg_catalog.format('%I.%I', cn.nspname, cc.relname), E'\\n' \
                          ORDER BY cn.nspname, cc.relname) \
                   FROM pg_catalog.pg_inherits i \
@@ -603,8 +632,10 @@ pub async fn publication_coverage(
                   JOIN pg_catalog.pg_namespace cn ON cn.oid = cc.relnamespace \
                  WHERE i.inhparent = (SELECT oid FROM t) AND NOT cc.relispartition) \
              FROM pg_catalog.pg_publication p WHERE p.pubname = $1",
-            &[&publication, &schema, &table],
-        )
+        tree = partition_tree("(SELECT oid FROM t)")
+    );
+    let row = client
+        .query_opt(&sql, &[&publication, &schema, &table])
         .await?;
     let Some(row) = row else {
         return Ok(None);

@@ -26,10 +26,13 @@ pub async fn partitioning(
         return Ok(None);
     };
     let oid: u32 = row.try_get(0)?;
+    // A bound names no column: `pg_get_expr` given 0, not the partition's OID, opens no
+    // table, so it never waits on a lock the application's DDL holds (see
+    // `partition_tree`).
     let partitions = client
         .query(
             "SELECT n.nspname::text, c.relname::text, \
-                    coalesce(pg_catalog.pg_get_expr(c.relpartbound, c.oid), ''), \
+                    coalesce(pg_catalog.pg_get_expr(c.relpartbound, 0), ''), \
                     ARRAY(SELECT p.pubname::text FROM pg_catalog.pg_publication_rel r \
                        JOIN pg_catalog.pg_publication p ON p.oid = r.prpubid \
                       WHERE r.prrelid = c.oid ORDER BY 1) \

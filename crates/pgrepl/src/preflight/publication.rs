@@ -85,7 +85,7 @@ impl PublicationProbe {
         let sql = format!(
             "WITH t AS (SELECT pg_catalog.to_regclass($2::text) AS oid), \
              rels AS (SELECT oid::oid AS relid FROM t WHERE oid IS NOT NULL \
-                      UNION SELECT relid::oid FROM t, pg_catalog.pg_partition_tree(t.oid) \
+                      UNION SELECT tree.relid FROM {tree} tree \
                       UNION SELECT relid::oid FROM t, pg_catalog.pg_partition_ancestors(t.oid)) \
              SELECT p.oid::text || '.' || p.xmin::text || ' ' || p.puballtables::text \
                  || p.pubinsert::text || p.pubviaroot::text \
@@ -93,7 +93,8 @@ impl PublicationProbe {
                     ORDER BY r.oid) FROM pg_catalog.pg_publication_rel r \
                     WHERE r.prpubid = p.oid AND r.prrelid IN (SELECT relid FROM rels)), '') \
                  {namespaces} \
-             FROM pg_catalog.pg_publication p WHERE p.pubname = $1"
+             FROM pg_catalog.pg_publication p WHERE p.pubname = $1",
+            tree = super::partition_tree("(SELECT oid FROM t)")
         );
         Ok(PublicationProbe {
             clock: client

@@ -325,6 +325,10 @@ async fn wait_for_slot_release(
     }
 }
 
+/// The streaming session's wait for a table's lock: shorter than PostgreSQL's default
+/// `deadlock_timeout` (1 s).
+const LOCK_TIMEOUT: &str = "SET lock_timeout = '500ms'";
+
 async fn run_session(
     cfg: &RelayConfig,
     obs: &Observer,
@@ -451,6 +455,14 @@ async fn run_session(
         }
         _ => false,
     };
+    // Streaming from here: the application's DDL may hold a lock on an outbox table for
+    // long (a DEFAULT partition's scan by `CREATE TABLE ... PARTITION OF`, `VACUUM
+    // FULL`), and the periodic checks that open a table give up rather than stall the
+    // session's loop (`Session::unless_locked`). The start's checks above wait: the
+    // read of a new slot's snapshot must not be given up.
+    sql.batch_execute(LOCK_TIMEOUT)
+        .await
+        .map_err(pgrepl::ReplError::Sql)?;
     let mut stream = conn.start_replication(options).await?;
     obs.pgoutput_binary(binary.is_some());
     let table = cfg.rules.relay_table.then_some((

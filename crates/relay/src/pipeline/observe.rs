@@ -113,6 +113,16 @@ impl Observer {
         self.metrics.inc_publication_looks_unsettled();
     }
 
+    /// A round of the periodic catalog checks was done.
+    pub(super) fn catalog_checked(&self) {
+        self.metrics.inc_catalog_checks();
+    }
+
+    /// A periodic catalog check gave up waiting for a table's lock.
+    pub(super) fn catalog_check_deferred(&self) {
+        self.metrics.inc_catalog_checks_deferred();
+    }
+
     /// A replayed event Kafka already had was not published again.
     pub(super) fn replay_doubt(&self, reason: outbox_core::Doubt) {
         self.metrics.inc_replay_doubt(reason);

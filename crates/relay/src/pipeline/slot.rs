@@ -253,7 +253,21 @@ pub async fn create_checked(
     let Some(snapshot) = &created.snapshot_name else {
         return Ok(made(created));
     };
-    if preflight::rows_in_snapshot(sql, snapshot, schema, name).await? == Some(true) {
+    let rows = match preflight::rows_in_snapshot(sql, snapshot, schema, name).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            // Unchecked, the slot would be taken as it is by the next session, and rows
+            // committed while it was made never decoded: it goes, the next one looks.
+            if let Err(dropping) = conn.drop_slot(slot, false).await {
+                tracing::error!(
+                    slot,
+                    "dropping a slot whose snapshot could not be read: {dropping}"
+                );
+            }
+            return Err(e.into());
+        }
+    };
+    if rows == Some(true) {
         conn.drop_slot(slot, false).await?;
         return Err(RelayError::RowsBeforeSlot {
             slot: slot.to_owned(),

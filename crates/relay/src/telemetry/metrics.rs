@@ -110,6 +110,8 @@ pub struct Metrics {
     progress_record_unread: AtomicU64,
     progress_record_invalid: AtomicU64,
     publication_looks_unsettled: AtomicU64,
+    catalog_checks: AtomicU64,
+    catalog_checks_deferred: AtomicU64,
     progress_write_errors: AtomicU64,
     replay_doubts: [AtomicU64; Doubt::ALL.len()],
     progress_foreign_writes: AtomicU64,
@@ -165,6 +167,8 @@ impl Default for Metrics {
             progress_record_unread: AtomicU64::new(0),
             progress_record_invalid: AtomicU64::new(0),
             publication_looks_unsettled: AtomicU64::new(0),
+            catalog_checks: AtomicU64::new(0),
+            catalog_checks_deferred: AtomicU64::new(0),
             progress_write_errors: AtomicU64::new(0),
             replay_doubts: Default::default(),
             progress_foreign_writes: AtomicU64::new(0),
@@ -216,6 +220,10 @@ pub struct MetricsSnapshot {
     /// Looks at the publication that could not count: a commit was in the WAL that no
     /// query saw yet (waiting for a synchronous standby).
     pub publication_looks_unsettled_total: u64,
+    /// Rounds of the periodic catalog checks done (those put off included).
+    pub catalog_checks_total: u64,
+    /// Periodic catalog checks put off because a table they open was locked.
+    pub catalog_checks_deferred_total: u64,
     pub progress_write_errors_total: u64,
     /// Replays published instead of skipped, by the doubt that stopped the proof.
     pub replay_doubts_total: Vec<(Doubt, u64)>,
@@ -306,6 +314,14 @@ impl Metrics {
 
     pub fn inc_publication_looks_unsettled(&self) {
         add(&self.publication_looks_unsettled, 1);
+    }
+
+    pub fn inc_catalog_checks(&self) {
+        add(&self.catalog_checks, 1);
+    }
+
+    pub fn inc_catalog_checks_deferred(&self) {
+        add(&self.catalog_checks_deferred, 1);
     }
 
     pub fn inc_replay_doubt(&self, reason: Doubt) {
@@ -490,6 +506,8 @@ impl Metrics {
             progress_record_unread_total: load(&self.progress_record_unread),
             progress_record_invalid_total: load(&self.progress_record_invalid),
             publication_looks_unsettled_total: load(&self.publication_looks_unsettled),
+            catalog_checks_total: load(&self.catalog_checks),
+            catalog_checks_deferred_total: load(&self.catalog_checks_deferred),
             progress_write_errors_total: load(&self.progress_write_errors),
             replay_doubts_total: Doubt::ALL
                 .into_iter()

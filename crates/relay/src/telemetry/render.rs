@@ -83,6 +83,20 @@ pub fn render_all(relays: &[(Option<u32>, &MetricsSnapshot)]) -> String {
         "Looks at the publication that could not count: a transaction was committed in the WAL but not yet visible to queries (a commit waiting for a synchronous standby). The slot is not confirmed past such a look until the commit is visible; rising for long means synchronous replication is stuck.",
         |s| s.publication_looks_unsettled_total,
     );
+    out.single(
+        relays,
+        "catalog_checks_total",
+        "counter",
+        "Rounds of the periodic checks of the publication, the shard layout and the slot (every few seconds), those put off included.",
+        |s| s.catalog_checks_total,
+    );
+    out.single(
+        relays,
+        "catalog_checks_deferred_total",
+        "counter",
+        "Periodic checks of the publication or the shard layout put off because a table they read was locked (the application's DDL: a partition created beside a DEFAULT one, VACUUM FULL); done again at the next check. Rising for long means those checks are not running.",
+        |s| s.catalog_checks_deferred_total,
+    );
     out.header(
         "replay_doubts_total",
         "counter",

@@ -13,6 +13,9 @@ use crate::pipeline::catchup::{self, Report, Sample};
 use crate::pipeline::error::RelayError;
 use crate::pipeline::{shard_catalog, slot};
 
+/// SQLSTATE lock_not_available: `lock_timeout` ran out.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
 /// How long an unacked event waits before it is reported, and how often after that.
 const STUCK_REPORT_EVERY: Duration = Duration::from_secs(30);
 
@@ -70,23 +73,27 @@ impl Session<'_> {
             if self.cfg.rules.relay_table {
                 // ALTER PUBLICATION ... DROP TABLE stops the server sending the table's
                 // rows without any message on the stream: look.
-                bounded(
-                    "checking the publication",
-                    slot::verify_publication(
-                        &self.sql,
-                        &self.cfg.publication,
-                        &self.cfg.rules.table,
-                    ),
-                )
-                .await?;
+                self.unless_locked(
+                    bounded(
+                        "checking the publication",
+                        slot::verify_publication(
+                            &self.sql,
+                            &self.cfg.publication,
+                            &self.cfg.rules.table,
+                        ),
+                    )
+                    .await,
+                )?;
             }
             if let Some(shard) = &self.cfg.shard {
                 // A partition added outside the shards is published by none of them.
-                bounded(
-                    "checking the shard layout",
-                    shard_catalog::verify_shard_layout(&self.sql, shard),
-                )
-                .await?;
+                self.unless_locked(
+                    bounded(
+                        "checking the shard layout",
+                        shard_catalog::verify_shard_layout(&self.sql, shard),
+                    )
+                    .await,
+                )?;
             }
             // Bounded: a query on a dead connection would block this loop, and with it
             // the reaction to a failed replication connection, until TCP gives up.
@@ -112,8 +119,23 @@ impl Session<'_> {
                 self.obs.slot_stats(&stats);
                 self.report_catch_up(stats.current_wal);
             }
+            self.obs.catalog_checked();
         }
         Ok(())
+    }
+
+    /// A periodic check that gave up waiting for a table's lock (the session's
+    /// `lock_timeout`) is done again at the next check: the lock's holder is the
+    /// application's DDL, and this session's loop must not wait behind it.
+    fn unless_locked<T>(&self, checked: Result<T, RelayError>) -> Result<Option<T>, RelayError> {
+        match checked {
+            Err(RelayError::Postgres(e)) if e.sqlstate() == Some(LOCK_NOT_AVAILABLE) => {
+                tracing::warn!("a catalog check met a table another transaction locks, checking again later: {e}");
+                self.obs.catalog_check_deferred();
+                Ok(None)
+            }
+            other => other.map(Some),
+        }
     }
 
     /// Logs the backlog's progress (see `catchup`) against the server's WAL end.
