@@ -649,3 +649,93 @@ async fn an_unlogged_partition_is_refused_and_its_printed_fix_loses_nothing() {
     assert!(lost.is_empty(), "{} events lost: {lost:?}", lost.len());
     drop(relay);
 }
+
+/// A foreign table attached as a partition (an archive on another server) stores the
+/// rows routed to it there: none reach this WAL. Attached while the relay runs, it stops
+/// at its next look; `check` and `run` refuse it, naming it. The printed fix, run
+/// literally, brings every row to Kafka. (PostgreSQL refuses foreign partitions under a
+/// unique index, so the outbox here has no primary key.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_foreign_partition_is_refused_and_its_printed_fix_loses_nothing() {
+    let db = PgCluster::shared().fresh_database("part_foreign").await;
+    let ddl = PARTITIONED_DDL.replace(",\n    PRIMARY KEY (id, created_at)", "");
+    let options = "publish = 'insert', publish_via_partition_root = true";
+    let outbox = schema::setup_custom(&db, &ddl, Some(options)).await;
+    let broker = Broker::default_for_tests();
+    let topics = ops::create_topics(&broker, &outbox).await;
+    let env = Relay::env_for(&db, &outbox, &broker.bootstrap(), &[]);
+    let mut client = db.client().await;
+
+    let mut relay = Relay::start(env.clone(), &["run"]);
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
+    let before = insert_dated(&mut client, 60, &[2025, 2026]).await;
+    read_all_blocking(
+        &broker.bootstrap(),
+        &topics,
+        &before,
+        Duration::from_secs(60),
+    );
+    // The 2025 range moved to an archive server: this one, through postgres_fdw.
+    let (dbname, port, user): (String, String, String) = {
+        let r = client
+            .query_one(
+                "SELECT current_database()::text, current_setting('port'), current_user::text",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    };
+    let socket = PgCluster::shared().socket_dir().display().to_string();
+    client
+        .batch_execute(&format!(
+            "CREATE EXTENSION postgres_fdw;
+             CREATE SERVER archive FOREIGN DATA WRAPPER postgres_fdw
+                 OPTIONS (host '{socket}', port '{port}', dbname '{dbname}');
+             CREATE USER MAPPING FOR CURRENT_USER SERVER archive OPTIONS (user '{user}');
+             CREATE TABLE public.archive_2025 (LIKE public.outbox);
+             ALTER TABLE public.outbox DETACH PARTITION public.outbox_2025;
+             CREATE FOREIGN TABLE public.outbox_2025_archive PARTITION OF public.outbox
+                 FOR VALUES FROM (MINVALUE) TO ('2026-01-01')
+                 SERVER archive OPTIONS (table_name 'archive_2025');"
+        ))
+        .await
+        .expect("a foreign partition");
+    let hidden = insert_dated(&mut client, 60, &[2025, 2026]).await;
+    assert_eq!(
+        relay.wait_exit(Duration::from_secs(60)).code(),
+        Some(3),
+        "a running relay stops at a foreign partition: {}",
+        relay.log_text()
+    );
+
+    let (code, out) = run_to_end(&env, &["check"]);
+    assert_eq!(code, 6, "{out}");
+    let fail = out
+        .lines()
+        .find(|l| l.starts_with("FAIL  publication"))
+        .unwrap_or_else(|| panic!("no publication failure:\n{out}"));
+    assert!(fail.contains("public.outbox_2025_archive"), "{fail}");
+    let (code, out) = run_to_end(&env, &["run"]);
+    assert_eq!(code, 3, "{out}");
+    // The fix as printed: every statement after the last colon of the message.
+    let fix = fail
+        .rsplit_once(": BEGIN;")
+        .map(|(_, rest)| format!("BEGIN;{rest}"))
+        .unwrap_or_else(|| panic!("no BEGIN in the fix: {fail}"));
+    client.batch_execute(&fix).await.expect("the printed fix");
+
+    let after = insert_dated(&mut client, 60, &[2025, 2026]).await;
+    let relay = Relay::start(env, &["run"]);
+    let all = [before, hidden, after].concat();
+    let received = read_all_blocking(&broker.bootstrap(), &topics, &all, Duration::from_secs(120));
+    // Re-inserted rows come after later events of their aggregates: arrival only.
+    let arrived: std::collections::HashSet<&str> =
+        received.iter().filter_map(|r| r.header("id")).collect();
+    let lost: Vec<&Event> = all
+        .iter()
+        .filter(|e| !arrived.contains(e.id.as_str()))
+        .collect();
+    assert!(lost.is_empty(), "{} events lost: {lost:?}", lost.len());
+    drop(relay);
+}

@@ -555,6 +555,20 @@ pub struct PublicationCoverage {
     /// `schema.name`, one a line: rows inserted into one are its own, named after it in the
     /// stream, and not the outbox's.
     pub inheritance_children: Option<String>,
+    /// Foreign tables among the table's partitions (any depth): rows routed to one are
+    /// stored by another server and never written to this WAL.
+    pub foreign: Vec<ForeignPartition>,
+}
+
+/// A foreign table attached as a partition of the outbox; names quoted and qualified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignPartition {
+    pub name: String,
+    pub parent: String,
+    /// `FOR VALUES ...` or `DEFAULT`, as `pg_get_expr` prints it.
+    pub bound: String,
+    /// A free name beside it for the plain partition that replaces it.
+    pub local: String,
 }
 
 /// Tables (plain or partitioned, not partitions) outside the system schemas that have a
@@ -630,8 +644,24 @@ pub async fn publication_coverage(
                   FROM pg_catalog.pg_inherits i \
                   JOIN pg_catalog.pg_class cc ON cc.oid = i.inhrelid \
                   JOIN pg_catalog.pg_namespace cn ON cn.oid = cc.relnamespace \
-                 WHERE i.inhparent = (SELECT oid FROM t) AND NOT cc.relispartition) \
+                 WHERE i.inhparent = (SELECT oid FROM t) AND NOT cc.relispartition), \
+               {foreign} \
              FROM pg_catalog.pg_publication p WHERE p.pubname = $1",
+        foreign = ["pg_catalog.format('%I.%I', fn.nspname, fc.relname)",
+            "pg_catalog.format('%I.%I', pn.nspname, pc.relname)",
+            "pg_catalog.pg_get_expr(fc.relpartbound, 0)",
+            "pg_catalog.format('%I.%I', fn.nspname, pg_catalog.left(fc.relname, 57) || '_local')"]
+            .map(|column| format!(
+                "ARRAY(SELECT {column} FROM pg_catalog.pg_class fc \
+                   JOIN pg_catalog.pg_namespace fn ON fn.oid = fc.relnamespace \
+                   JOIN pg_catalog.pg_inherits fi ON fi.inhrelid = fc.oid \
+                   JOIN pg_catalog.pg_class pc ON pc.oid = fi.inhparent \
+                   JOIN pg_catalog.pg_namespace pn ON pn.oid = pc.relnamespace \
+                  WHERE fc.relkind = 'f' AND fc.oid IN (SELECT l.relid FROM {tree} l) \
+                  ORDER BY fc.oid)",
+                tree = partition_tree("(SELECT oid FROM t)")
+            ))
+            .join(", "),
         tree = partition_tree("(SELECT oid FROM t)")
     );
     let row = client
@@ -651,7 +681,32 @@ pub async fn publication_coverage(
         column_listed: row.try_get(7)?,
         unlogged: row.try_get(8)?,
         inheritance_children: row.try_get(9)?,
+        foreign: foreign_partitions(
+            row.try_get(10)?,
+            row.try_get(11)?,
+            row.try_get(12)?,
+            row.try_get(13)?,
+        ),
     }))
+}
+
+fn foreign_partitions(
+    names: Vec<String>,
+    parents: Vec<String>,
+    bounds: Vec<String>,
+    locals: Vec<String>,
+) -> Vec<ForeignPartition> {
+    names
+        .into_iter()
+        .zip(parents)
+        .zip(bounds.into_iter().zip(locals))
+        .map(|((name, parent), (bound, local))| ForeignPartition {
+            name,
+            parent,
+            bound,
+            local,
+        })
+        .collect()
 }
 
 /// Whether relation `rel_id` is a partition, at any depth, of `schema.table` in the

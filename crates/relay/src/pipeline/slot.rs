@@ -436,6 +436,36 @@ pub fn missing_table(table: &str, candidates: &[String]) -> String {
     )
 }
 
+/// The refusal of foreign-table partitions, with the statements that replace each by a
+/// plain one and insert its rows into the outbox again (published then).
+fn foreign_partitions(foreign: &[preflight::ForeignPartition], table: &str) -> String {
+    let names: Vec<&str> = foreign.iter().map(|f| f.name.as_str()).collect();
+    let fix: Vec<String> = foreign
+        .iter()
+        .map(|f| {
+            format!(
+                "BEGIN; ALTER TABLE {parent} DETACH PARTITION {name}; \
+                 CREATE TABLE {local} PARTITION OF {parent} {bound}; \
+                 INSERT INTO {table} OVERRIDING SYSTEM VALUE SELECT * FROM {name}; COMMIT;",
+                parent = f.parent,
+                name = f.name,
+                local = f.local,
+                bound = f.bound,
+            )
+        })
+        .collect();
+    format!(
+        "{} (a partition of the outbox table) is a foreign table: rows routed to it are \
+         stored by another server and never written to this server's WAL, so outboxd cannot \
+         see them, and those inserted since it was attached were never relayed. Replace it \
+         with a plain partition and insert what it holds into {table} again, which publishes \
+         it (consumers dedup by id; docs/operations.md, \"A foreign-table outbox \
+         partition\"): {}",
+        names.join(", "),
+        fix.join(" ")
+    )
+}
+
 /// The one rule for "does this publication send the outbox's inserts", shared by
 /// `outboxd check` and `run`. `Err` is the problem with its fix.
 /// `candidates`: [`table_candidates`], for a table that does not exist.
@@ -493,6 +523,11 @@ pub fn judge_publication(
     }
     let partitioned = kind == "p";
     if c.table_listed {
+        if !c.foreign.is_empty() {
+            // Judged once the publication covers the table, as the unlogged ones below:
+            // the fix's re-inserts must be published.
+            return Err(foreign_partitions(&c.foreign, table));
+        }
         if let Some(unlogged) = &c.unlogged {
             // Judged once the publication covers the table: the re-inserts of the printed fix
             // must be published, so a publication fix (printed first) comes before it.
@@ -661,6 +696,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_foreign_partition_is_refused_with_the_statements_that_replace_it() {
+        let c = PublicationCoverage {
+            publishes_insert: true,
+            via_partition_root: true,
+            table_kind: Some("p".into()),
+            table_listed: true,
+            partitions_listed: 0,
+            leaves_unlisted: 0,
+            row_filtered: false,
+            column_listed: false,
+            unlogged: None,
+            inheritance_children: None,
+            foreign: vec![preflight::ForeignPartition {
+                name: "public.outbox_2001".into(),
+                parent: "public.outbox".into(),
+                bound: "FOR VALUES FROM ('2001-01-01') TO ('2002-01-01')".into(),
+                local: "public.outbox_2001_local".into(),
+            }],
+        };
+        let problem = judge_publication(&c, "pub", "public.outbox", &[]).expect_err("refused");
+        assert!(problem.starts_with("public.outbox_2001 "), "{problem}");
+        assert!(
+            problem.ends_with("BEGIN; ALTER TABLE public.outbox DETACH PARTITION public.outbox_2001; CREATE TABLE public.outbox_2001_local PARTITION OF public.outbox FOR VALUES FROM ('2001-01-01') TO ('2002-01-01'); INSERT INTO public.outbox OVERRIDING SYSTEM VALUE SELECT * FROM public.outbox_2001; COMMIT;"),
+            "{problem}"
+        );
+        let local = PublicationCoverage {
+            foreign: Vec::new(),
+            ..c
+        };
+        assert_eq!(
+            judge_publication(&local, "pub", "public.outbox", &[]),
+            Ok(None)
+        );
+    }
+
+    #[test]
     fn an_unlogged_partition_is_refused_once_the_publication_covers_the_table() {
         let c = PublicationCoverage {
             publishes_insert: true,
@@ -673,6 +744,7 @@ mod tests {
             column_listed: false,
             unlogged: Some("public.outbox_2025\n\"Odd, name\".\"p 1\"".into()),
             inheritance_children: None,
+            foreign: Vec::new(),
         };
         let problem = judge_publication(&c, "pub", "public.outbox", &[]).expect_err("refused");
         assert!(
