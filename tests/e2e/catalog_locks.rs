@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::shards::{
-    by_day_layout, day_after, init_shards, insert_dated, shard_slot, start_relaying,
+    by_day_layout, day_after, init_shards, insert_dated, start_relaying, wait_shards_confirmed,
 };
 use crate::support;
 
@@ -113,22 +113,7 @@ async fn a_day_partition_created_beside_a_default_one_stalls_nothing() {
         },
     )
     .await;
-    ops::wait_for(
-        "both slots confirmed past the rows written under the job's locks",
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || async {
-            let mut all = true;
-            for i in 0..2 {
-                let row = ops::slot_row(&client, &shard_slot(&o, i))
-                    .await
-                    .expect("slot");
-                all &= row.confirmed_flush.unwrap_or(0) >= wal;
-            }
-            all.then_some(())
-        },
-    )
-    .await;
+    wait_shards_confirmed(&client, &o, 2, wal).await;
     assert_eq!(
         relay.metric("outboxd_reconnects_total").unwrap_or(0.0),
         reconnects,
