@@ -8,7 +8,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::shards::{
-    by_day_layout, day_after, init_shards, insert_dated, start_relaying, wait_shards_confirmed,
+    create_by_day_layout, day_after, init_shards, insert_after_tomorrow, start_relaying,
+    wait_shards_confirmed,
 };
 use crate::support;
 
@@ -69,15 +70,7 @@ async fn a_day_partition_created_beside_a_default_one_stalls_nothing() {
     let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &o).await;
     let client = db.client().await;
-    let today: String = client
-        .query_one("SELECT current_date::text", &[])
-        .await
-        .unwrap()
-        .get(0);
-    client
-        .batch_execute(&by_day_layout(&o, &today))
-        .await
-        .expect("layout");
+    let today = create_by_day_layout(&client, &o).await;
     let env = Relay::env_for(
         &db,
         &o,
@@ -137,18 +130,7 @@ async fn a_day_partition_created_beside_a_default_one_stalls_nothing() {
         .await
         .expect("the job's DDL commits");
 
-    let after_tomorrow: String = client
-        .query_one(
-            &format!(
-                "SELECT ({} + interval '12 hours')::text",
-                day_after(&today, 2)
-            ),
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    events.extend(insert_dated(&client, &o.table, 100, &after_tomorrow).await);
+    events.extend(insert_after_tomorrow(&client, &o, &today).await);
     let report = ops::read_and_check(&broker, &topics, &events, Duration::from_secs(90));
     assert_eq!(report.duplicates, 0);
     assert_eq!(report.unique, 800);

@@ -618,36 +618,14 @@ async fn an_unlogged_partition_is_refused_and_its_printed_fix_loses_nothing() {
     );
 
     // check and run refuse it, naming the partition and the fix.
-    let (code, out) = run_to_end(&env, &["check"]);
-    assert_eq!(code, 6, "{out}");
-    let fail = out
-        .lines()
-        .find(|l| l.starts_with("FAIL  publication"))
-        .unwrap_or_else(|| panic!("no publication failure:\n{out}"));
-    assert!(fail.contains("public.outbox_2025"), "{fail}");
-    let (code, out) = run_to_end(&env, &["run"]);
-    assert_eq!(code, 3, "{out}");
-    // The fix as printed: every statement after the last colon of the message.
-    let fix = fail
-        .rsplit_once(": ALTER TABLE")
-        .map(|(_, rest)| format!("ALTER TABLE{rest}"))
-        .unwrap_or_else(|| panic!("no ALTER TABLE in the fix: {fail}"));
-    client.batch_execute(&fix).await.expect("the printed fix");
-
-    let after = insert_dated(&mut client, 60, &[2025, 2026]).await;
-    let relay = Relay::start(env, &["run"]);
-    let all = [before, hidden, after].concat();
-    let received = read_all_blocking(&broker.bootstrap(), &topics, &all, Duration::from_secs(120));
-    // Re-published rows of the partition come again after later events of their
-    // aggregates (documented), so only arrival is checked here, not order.
-    let arrived: std::collections::HashSet<&str> =
-        received.iter().filter_map(|r| r.header("id")).collect();
-    let lost: Vec<&Event> = all
-        .iter()
-        .filter(|e| !arrived.contains(e.id.as_str()))
-        .collect();
-    assert!(lost.is_empty(), "{} events lost: {lost:?}", lost.len());
-    drop(relay);
+    follow_the_printed_fix(
+        (&env, &broker, &topics),
+        &mut client,
+        "public.outbox_2025",
+        ": ALTER TABLE",
+        [before, hidden],
+    )
+    .await;
 }
 
 /// A foreign table attached as a partition (an archive on another server) stores the
@@ -709,27 +687,47 @@ async fn a_foreign_partition_is_refused_and_its_printed_fix_loses_nothing() {
         relay.log_text()
     );
 
-    let (code, out) = run_to_end(&env, &["check"]);
+    follow_the_printed_fix(
+        (&env, &broker, &topics),
+        &mut client,
+        "public.outbox_2025_archive",
+        ": BEGIN;",
+        [before, hidden],
+    )
+    .await;
+}
+
+/// `check` fails naming `partition` and `run` refuses; the fix `check` printed (from
+/// `marker` on, its colon left out) run literally, 60 rows written after it, and every
+/// event of `sent` and those arrives once outboxd starts again. Re-inserted rows come
+/// after later events of their aggregates (documented), so arrival only, not order.
+async fn follow_the_printed_fix(
+    (env, broker, topics): (&[(String, String)], &Broker, &[String]),
+    client: &mut Client,
+    partition: &str,
+    marker: &str,
+    sent: [Vec<Event>; 2],
+) {
+    let (code, out) = run_to_end(env, &["check"]);
     assert_eq!(code, 6, "{out}");
     let fail = out
         .lines()
         .find(|l| l.starts_with("FAIL  publication"))
         .unwrap_or_else(|| panic!("no publication failure:\n{out}"));
-    assert!(fail.contains("public.outbox_2025_archive"), "{fail}");
-    let (code, out) = run_to_end(&env, &["run"]);
+    assert!(fail.contains(partition), "{fail}");
+    let (code, out) = run_to_end(env, &["run"]);
     assert_eq!(code, 3, "{out}");
-    // The fix as printed: every statement after the last colon of the message.
     let fix = fail
-        .rsplit_once(": BEGIN;")
-        .map(|(_, rest)| format!("BEGIN;{rest}"))
-        .unwrap_or_else(|| panic!("no BEGIN in the fix: {fail}"));
+        .rsplit_once(marker)
+        .map(|(_, rest)| format!("{}{rest}", &marker[2..]))
+        .unwrap_or_else(|| panic!("no {marker} in the fix: {fail}"));
     client.batch_execute(&fix).await.expect("the printed fix");
 
-    let after = insert_dated(&mut client, 60, &[2025, 2026]).await;
-    let relay = Relay::start(env, &["run"]);
+    let after = insert_dated(client, 60, &[2025, 2026]).await;
+    let relay = Relay::start(env.to_vec(), &["run"]);
+    let [before, hidden] = sent;
     let all = [before, hidden, after].concat();
-    let received = read_all_blocking(&broker.bootstrap(), &topics, &all, Duration::from_secs(120));
-    // Re-inserted rows come after later events of their aggregates: arrival only.
+    let received = read_all_blocking(&broker.bootstrap(), topics, &all, Duration::from_secs(120));
     let arrived: std::collections::HashSet<&str> =
         received.iter().filter_map(|r| r.header("id")).collect();
     let lost: Vec<&Event> = all

@@ -301,7 +301,7 @@ async fn a_partition_no_shard_reads_is_refused_by_check_init_and_run() {
 }
 
 /// Inserts `n` rows dated `at` in one transaction, returning them in insertion order.
-pub(crate) async fn insert_dated(
+async fn insert_dated(
     client: &tokio_postgres::Client,
     table: &str,
     n: i32,
@@ -329,9 +329,43 @@ pub(crate) fn day_after(today: &str, offset: i32) -> String {
     format!("('{today}'::date + {offset})")
 }
 
-/// Two shards, each partitioned by range of `created_at`: a DEFAULT partition and one
-/// per day from yesterday to tomorrow (`_d0` to `_d2`), each shard its own publication.
-pub(crate) fn by_day_layout(o: &Outbox, today: &str) -> String {
+/// Creates two shards, each partitioned by range of `created_at`: a DEFAULT partition and
+/// one per day from yesterday to tomorrow (`_d0` to `_d2`), each shard its own
+/// publication. Returns the server's today (`YYYY-MM-DD`).
+pub(crate) async fn create_by_day_layout(client: &tokio_postgres::Client, o: &Outbox) -> String {
+    let today: String = client
+        .query_one("SELECT current_date::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    client
+        .batch_execute(&by_day_layout(o, &today))
+        .await
+        .expect("layout");
+    today
+}
+
+/// 100 events dated noon the day after tomorrow (the `_d3` partition a test attaches).
+pub(crate) async fn insert_after_tomorrow(
+    client: &tokio_postgres::Client,
+    o: &Outbox,
+    today: &str,
+) -> Vec<Event> {
+    let at: String = client
+        .query_one(
+            &format!(
+                "SELECT ({} + interval '12 hours')::text",
+                day_after(today, 2)
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    insert_dated(client, &o.table, 100, &at).await
+}
+
+fn by_day_layout(o: &Outbox, today: &str) -> String {
     let day = |offset: i32| day_after(today, offset);
     let mut ddl = format!(
         "CREATE TABLE {t} (id uuid NOT NULL, aggregate_type text NOT NULL, \
@@ -374,14 +408,8 @@ async fn shards_partitioned_by_day_publish_every_day() {
     let broker = Broker::default_for_tests();
     let topics = ops::create_topics(&broker, &o).await;
     let client = db.client().await;
-    let today: String = client
-        .query_one("SELECT current_date::text", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let today = create_by_day_layout(&client, &o).await;
     let day = |offset: i32| day_after(&today, offset);
-    let ddl = by_day_layout(&o, &today);
-    client.batch_execute(&ddl).await.expect("layout");
     let env = Relay::env_for(
         &db,
         &o,
@@ -408,15 +436,7 @@ async fn shards_partitioned_by_day_publish_every_day() {
             .await
             .expect("attach a day");
     }
-    let after_tomorrow: String = client
-        .query_one(
-            &format!("SELECT ({} + interval '12 hours')::text", day(2)),
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    events.extend(insert_dated(&client, &o.table, 100, &after_tomorrow).await);
+    events.extend(insert_after_tomorrow(&client, &o, &today).await);
     events.extend(insert_events(&client, &o.table, 300, 8, 40).await);
 
     // Every daily partition, the default one and the attached one got rows.
