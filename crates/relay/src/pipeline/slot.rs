@@ -695,9 +695,9 @@ pub(super) async fn create_if_new(
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_foreign_partition_is_refused_with_the_statements_that_replace_it() {
-        let c = PublicationCoverage {
+    /// A partitioned outbox its publication covers, with nothing to refuse.
+    fn covered() -> PublicationCoverage {
+        PublicationCoverage {
             publishes_insert: true,
             via_partition_root: true,
             table_kind: Some("p".into()),
@@ -708,12 +708,20 @@ mod tests {
             column_listed: false,
             unlogged: None,
             inheritance_children: None,
+            foreign: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_foreign_partition_is_refused_with_the_statements_that_replace_it() {
+        let c = PublicationCoverage {
             foreign: vec![preflight::ForeignPartition {
                 name: "public.outbox_2001".into(),
                 parent: "public.outbox".into(),
                 bound: "FOR VALUES FROM ('2001-01-01') TO ('2002-01-01')".into(),
                 local: "public.outbox_2001_local".into(),
             }],
+            ..covered()
         };
         let problem = judge_publication(&c, "pub", "public.outbox", &[]).expect_err("refused");
         assert!(problem.starts_with("public.outbox_2001 "), "{problem}");
@@ -734,17 +742,8 @@ mod tests {
     #[test]
     fn an_unlogged_partition_is_refused_once_the_publication_covers_the_table() {
         let c = PublicationCoverage {
-            publishes_insert: true,
-            via_partition_root: true,
-            table_kind: Some("p".into()),
-            table_listed: true,
-            partitions_listed: 0,
-            leaves_unlisted: 0,
-            row_filtered: false,
-            column_listed: false,
             unlogged: Some("public.outbox_2025\n\"Odd, name\".\"p 1\"".into()),
-            inheritance_children: None,
-            foreign: Vec::new(),
+            ..covered()
         };
         let problem = judge_publication(&c, "pub", "public.outbox", &[]).expect_err("refused");
         assert!(
