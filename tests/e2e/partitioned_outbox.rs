@@ -653,7 +653,8 @@ async fn a_foreign_partition_is_refused_and_its_printed_fix_loses_nothing() {
         &before,
         Duration::from_secs(60),
     );
-    // The 2025 range moved to an archive server: this one, through postgres_fdw.
+    // The 2025 range moved to an archive server (this one, through postgres_fdw), its
+    // columns in another order: the fix must copy them by name.
     let (dbname, port, user): (String, String, String) = {
         let r = client
             .query_one(
@@ -673,9 +674,13 @@ async fn a_foreign_partition_is_refused_and_its_printed_fix_loses_nothing() {
              CREATE USER MAPPING FOR CURRENT_USER SERVER archive OPTIONS (user '{user}');
              CREATE TABLE public.archive_2025 (LIKE public.outbox);
              ALTER TABLE public.outbox DETACH PARTITION public.outbox_2025;
-             CREATE FOREIGN TABLE public.outbox_2025_archive PARTITION OF public.outbox
-                 FOR VALUES FROM (MINVALUE) TO ('2026-01-01')
-                 SERVER archive OPTIONS (table_name 'archive_2025');"
+             CREATE FOREIGN TABLE public.outbox_2025_archive (
+                 id uuid NOT NULL, aggregate_id text NOT NULL, aggregate_type text NOT NULL,
+                 event_type text NOT NULL, headers jsonb, payload jsonb NOT NULL,
+                 created_at timestamptz NOT NULL)
+                 SERVER archive OPTIONS (table_name 'archive_2025');
+             ALTER TABLE public.outbox ATTACH PARTITION public.outbox_2025_archive
+                 FOR VALUES FROM (MINVALUE) TO ('2026-01-01');"
         ))
         .await
         .expect("a foreign partition");
@@ -697,8 +702,8 @@ async fn a_foreign_partition_is_refused_and_its_printed_fix_loses_nothing() {
     .await;
 }
 
-/// `check` fails naming `partition` and `run` refuses; the fix `check` printed (from
-/// `marker` on, its colon left out) run literally, 60 rows written after it, and every
+/// `check` fails naming `partition` and `run` refuses; the fix `check` printed (from the
+/// first `marker` on, its colon left out) run literally, 60 rows written after it, and every
 /// event of `sent` and those arrives once outboxd starts again. Re-inserted rows come
 /// after later events of their aggregates (documented), so arrival only, not order.
 async fn follow_the_printed_fix(
@@ -718,7 +723,7 @@ async fn follow_the_printed_fix(
     let (code, out) = run_to_end(env, &["run"]);
     assert_eq!(code, 3, "{out}");
     let fix = fail
-        .rsplit_once(marker)
+        .split_once(marker)
         .map(|(_, rest)| format!("{}{rest}", &marker[2..]))
         .unwrap_or_else(|| panic!("no {marker} in the fix: {fail}"));
     client.batch_execute(&fix).await.expect("the printed fix");

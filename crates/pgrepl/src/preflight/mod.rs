@@ -567,8 +567,13 @@ pub struct ForeignPartition {
     pub parent: String,
     /// `FOR VALUES ...` or `DEFAULT`, as `pg_get_expr` prints it.
     pub bound: String,
-    /// A free name beside it for the plain partition that replaces it.
+    /// A name beside it for the plain partition that replaces it (`<name>_local_<oid>`,
+    /// short enough for any name).
     pub local: String,
+    /// The outbox's columns an INSERT may name (not generated), quoted, comma-separated:
+    /// a partition attached with its columns in another order matches them by name, and
+    /// `SELECT *` would give them by position.
+    pub columns: String,
 }
 
 /// Tables (plain or partitioned, not partitions) outside the system schemas that have a
@@ -650,7 +655,8 @@ pub async fn publication_coverage(
         foreign = ["pg_catalog.format('%I.%I', fn.nspname, fc.relname)",
             "pg_catalog.format('%I.%I', pn.nspname, pc.relname)",
             "pg_catalog.pg_get_expr(fc.relpartbound, 0)",
-            "pg_catalog.format('%I.%I', fn.nspname, pg_catalog.left(fc.relname, 57) || '_local')"]
+            "pg_catalog.format('%I.%I', fn.nspname, \
+                 pg_catalog.left(fc.relname, 10) || '_local_' || fc.oid::text)"]
             .map(|column| format!(
                 "ARRAY(SELECT {column} FROM pg_catalog.pg_class fc \
                    JOIN pg_catalog.pg_namespace fn ON fn.oid = fc.relnamespace \
@@ -661,7 +667,11 @@ pub async fn publication_coverage(
                   ORDER BY fc.oid)",
                 tree = partition_tree("(SELECT oid FROM t)")
             ))
-            .join(", "),
+            .join(", ")
+            + ", (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.attname), ', ' \
+                   ORDER BY a.attnum) FROM pg_catalog.pg_attribute a \
+                  WHERE a.attrelid = (SELECT oid FROM t) AND a.attnum > 0 \
+                    AND NOT a.attisdropped AND a.attgenerated = '')",
         tree = partition_tree("(SELECT oid FROM t)")
     );
     let row = client
@@ -682,19 +692,20 @@ pub async fn publication_coverage(
         unlogged: row.try_get(8)?,
         inheritance_children: row.try_get(9)?,
         foreign: foreign_partitions(
-            row.try_get(10)?,
-            row.try_get(11)?,
-            row.try_get(12)?,
-            row.try_get(13)?,
+            [
+                row.try_get(10)?,
+                row.try_get(11)?,
+                row.try_get(12)?,
+                row.try_get(13)?,
+            ],
+            row.try_get::<_, Option<String>>(14)?.unwrap_or_default(),
         ),
     }))
 }
 
 fn foreign_partitions(
-    names: Vec<String>,
-    parents: Vec<String>,
-    bounds: Vec<String>,
-    locals: Vec<String>,
+    [names, parents, bounds, locals]: [Vec<String>; 4],
+    columns: String,
 ) -> Vec<ForeignPartition> {
     names
         .into_iter()
@@ -705,6 +716,7 @@ fn foreign_partitions(
             parent,
             bound,
             local,
+            columns: columns.clone(),
         })
         .collect()
 }

@@ -446,11 +446,13 @@ fn foreign_partitions(foreign: &[preflight::ForeignPartition], table: &str) -> S
             format!(
                 "BEGIN; ALTER TABLE {parent} DETACH PARTITION {name}; \
                  CREATE TABLE {local} PARTITION OF {parent} {bound}; \
-                 INSERT INTO {table} OVERRIDING SYSTEM VALUE SELECT * FROM {name}; COMMIT;",
+                 INSERT INTO {table} ({columns}) OVERRIDING SYSTEM VALUE \
+                 SELECT {columns} FROM {name}; COMMIT;",
                 parent = f.parent,
                 name = f.name,
                 local = f.local,
                 bound = f.bound,
+                columns = f.columns,
             )
         })
         .collect();
@@ -480,6 +482,14 @@ pub fn judge_publication(
     let Some(kind) = c.table_kind.as_deref() else {
         return Err(missing_table(table, candidates));
     };
+    if kind == "f" {
+        return Err(format!(
+            "{table} is a foreign table: rows inserted into it are stored by another server \
+             and never written to this server's WAL, so outboxd cannot see them. The outbox \
+             (or a shard of it) must be a plain or partitioned table here; replace it with \
+             one under its name and insert the rows the foreign table holds into it"
+        ));
+    }
     if !c.publishes_insert {
         return Err(format!(
             "publication {publication} does not publish inserts: \
@@ -719,14 +729,15 @@ mod tests {
                 name: "public.outbox_2001".into(),
                 parent: "public.outbox".into(),
                 bound: "FOR VALUES FROM ('2001-01-01') TO ('2002-01-01')".into(),
-                local: "public.outbox_2001_local".into(),
+                local: "public.outbox_200_local_16384".into(),
+                columns: "id, payload".into(),
             }],
             ..covered()
         };
         let problem = judge_publication(&c, "pub", "public.outbox", &[]).expect_err("refused");
         assert!(problem.starts_with("public.outbox_2001 "), "{problem}");
         assert!(
-            problem.ends_with("BEGIN; ALTER TABLE public.outbox DETACH PARTITION public.outbox_2001; CREATE TABLE public.outbox_2001_local PARTITION OF public.outbox FOR VALUES FROM ('2001-01-01') TO ('2002-01-01'); INSERT INTO public.outbox OVERRIDING SYSTEM VALUE SELECT * FROM public.outbox_2001; COMMIT;"),
+            problem.ends_with("BEGIN; ALTER TABLE public.outbox DETACH PARTITION public.outbox_2001; CREATE TABLE public.outbox_200_local_16384 PARTITION OF public.outbox FOR VALUES FROM ('2001-01-01') TO ('2002-01-01'); INSERT INTO public.outbox (id, payload) OVERRIDING SYSTEM VALUE SELECT id, payload FROM public.outbox_2001; COMMIT;"),
             "{problem}"
         );
         let local = PublicationCoverage {
