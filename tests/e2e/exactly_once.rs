@@ -438,16 +438,17 @@ async fn wait_confirmed_while_running(relay: &mut Relay, db: &pgtest::TestDb<'_>
 }
 
 /// The relay SIGSTOPped with a Kafka transaction open for longer than
-/// `transaction.timeout.ms` (3 s), no standby running: the broker aborts the transaction
+/// `transaction.timeout.ms` (6 s), no standby running: the broker aborts the transaction
 /// and bumps the producer epoch, and the woken relay's next request is refused as from an
 /// old epoch (librdkafka reports it as fenced). Nobody else holds the slot, so the relay
 /// does not exit as if another instance took over: it starts over with a new producer
 /// from the progress record, and every event arrives exactly once.
 /// Commits come by count (at the first PostgreSQL commit after 100 events) or once a
-/// transaction has been open half of `transaction.timeout.ms` (1.5 s): the test stops the
+/// transaction has been open half of `transaction.timeout.ms` (3 s): the test stops the
 /// relay, then looks whether a transaction is open, and tries again if it was committed
 /// first (a look before the stop raced that commit: on three brokers it lost in two CI
-/// runs of two).
+/// runs of two). At 3 s (1.5 s to stop in), a loaded CI machine acked slower than the
+/// timeout allows: the relay aborted its own transactions and all ten tries missed.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_relay_stopped_past_the_transaction_timeout_recovers() {
     stopped_past_the_transaction_timeout("eos_relay_stopped", false).await;
@@ -482,7 +483,7 @@ async fn stopped_past_the_transaction_timeout(name: &str, past_wal_sender_timeou
     let client = db.client().await;
     let mut relay = s.relay(&[
         EXACTLY_ONCE,
-        ("OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS", "3000"),
+        ("OUTBOXD_KAFKA_TRANSACTION_TIMEOUT_MS", "6000"),
         ("OUTBOXD_TXN_COMMIT_MS", "600000"),
         ("OUTBOXD_TXN_MAX_EVENTS", "100"),
         ("OUTBOXD_PROGRESS_READ_WAIT_MS", "60000"),

@@ -483,11 +483,14 @@ pub fn judge_publication(
         return Err(missing_table(table, candidates));
     };
     if kind == "f" {
+        // In this order: rows inserted before the table is published are never sent.
         return Err(format!(
             "{table} is a foreign table: rows inserted into it are stored by another server \
              and never written to this server's WAL, so outboxd cannot see them. The outbox \
-             (or a shard of it) must be a plain or partitioned table here; replace it with \
-             one under its name and insert the rows the foreign table holds into it"
+             (or a shard of it) must be a plain or partitioned table here: rename the foreign \
+             table aside, create a plain one under its name, publish it \
+             (ALTER PUBLICATION {publication} ADD TABLE {table};), and only then insert the \
+             rows the foreign table holds into it"
         ));
     }
     if !c.publishes_insert {
@@ -740,6 +743,17 @@ mod tests {
             problem.ends_with("BEGIN; ALTER TABLE public.outbox DETACH PARTITION public.outbox_2001; CREATE TABLE public.outbox_200_local_16384 PARTITION OF public.outbox FOR VALUES FROM ('2001-01-01') TO ('2002-01-01'); INSERT INTO public.outbox (id, payload) OVERRIDING SYSTEM VALUE SELECT id, payload FROM public.outbox_2001; COMMIT;"),
             "{problem}"
         );
+        // The outbox itself foreign: published before its rows are inserted again.
+        let foreign_outbox = PublicationCoverage {
+            table_kind: Some("f".into()),
+            table_listed: false,
+            ..covered()
+        };
+        let problem =
+            judge_publication(&foreign_outbox, "pub", "public.outbox", &[]).expect_err("refused");
+        let publish = problem.find("ALTER PUBLICATION pub ADD TABLE public.outbox;");
+        let insert = problem.find("insert the rows");
+        assert!(publish.is_some() && publish < insert, "{problem}");
         let local = PublicationCoverage {
             foreign: Vec::new(),
             ..c
