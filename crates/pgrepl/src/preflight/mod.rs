@@ -228,8 +228,8 @@ pub async fn slot_decoded(client: &Client, slot: &str) -> Result<bool, ReplError
     Ok(row.try_get(0)?)
 }
 
-/// A subquery (give it an alias) of `relid` and `isleaf`: the relation whose OID the SQL expression `root`
-/// gives, and its partitions at any depth, read from `pg_inherits` alone.
+/// A subquery (give it an alias) of `relid` and `isleaf`: the relation whose OID the SQL
+/// expression `root` gives, and its partitions at any depth, read from `pg_inherits` alone.
 ///
 /// Not `pg_partition_tree`: it takes ACCESS SHARE on every partition and holds it to the
 /// statement's end. A statement that then waits for a parent's lock (PG16+'s
