@@ -49,7 +49,7 @@ pub async fn start(kind: BrokerKind, bins: &Path, topics: &[&str]) -> Result<Bro
             return Broker::mock_process(&bins.join("outboxd-dev"), 1, topics, PARTITIONS)
                 .context("starting outboxd-dev broker");
         }
-        BrokerKind::Kafka => Broker::kafka(1).context("starting Apache Kafka")?,
+        BrokerKind::Kafka => Broker::kafka_for_throughput().context("starting Apache Kafka")?,
     };
     if !topics.is_empty() {
         broker

@@ -641,7 +641,7 @@ fn method(w: &mut String, s: &Settings) -> Result<()> {
         w,
         "- mock broker: `outboxd-dev broker --brokers 1 --topic outbox.Order:6`"
     )?;
-    writeln!(w, "- Apache Kafka: one KRaft node (broker and controller) from `outboxd-test-broker` (`Broker::kafka(1)`: jars of `scripts/install-deps --kafka`, `-Xmx512m -XX:+UseSerialGC`, auto topic creation off), topic created with the admin API (6 partitions)")?;
+    writeln!(w, "- Apache Kafka: one KRaft node (broker and controller) from `outboxd-test-broker` (`Broker::kafka_for_throughput()`: jars of `scripts/install-deps --kafka`, `-Xmx512m -XX:+UseSerialGC`, full tiered JIT, auto topic creation off), topic created with the admin API (6 partitions)")?;
     writeln!(
         w,
         "- Debezium: see its section (Kafka Connect standalone worker)"

@@ -191,6 +191,12 @@ impl ReplError {
         }
     }
 
+    /// A lock not granted within `lock_timeout`: another transaction (the application's
+    /// DDL) holds it, and the statement can simply be tried again later.
+    pub fn is_lock_timeout(&self) -> bool {
+        self.sqlstate() == Some(LOCK_NOT_AVAILABLE)
+    }
+
     /// The single place where errors are split into permanent and retryable.
     pub fn class(&self) -> ErrorClass {
         match self {
@@ -235,6 +241,9 @@ pub fn class_of_sql(e: &tokio_postgres::Error) -> ErrorClass {
     }
 }
 
+/// SQLSTATE lock_not_available: `lock_timeout` ran out.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
 /// SQLSTATE → class. Unknown codes are permanent so a human sees them instead of a loop.
 pub fn class_of_sqlstate(code: &str) -> ErrorClass {
     match code {
@@ -244,7 +253,7 @@ pub fn class_of_sqlstate(code: &str) -> ErrorClass {
         "57P01" | "57P02" | "57P03" => ErrorClass::Retryable,
         // Query canceled (e.g. statement_timeout on a busy server); a lock not granted
         // within lock_timeout (another transaction's DDL holds it: it ends).
-        "57014" | "55P03" => ErrorClass::Retryable,
+        "57014" | LOCK_NOT_AVAILABLE => ErrorClass::Retryable,
         _ if code.starts_with("08") => ErrorClass::Retryable,
         // Insufficient resources: too many connections, out of memory, disk full.
         _ if code.starts_with("53") => ErrorClass::Retryable,

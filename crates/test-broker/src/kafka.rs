@@ -41,6 +41,19 @@ const START_LIMIT: Duration = Duration::from_secs(120);
 /// holds a transactional.id, and so which broker coordinates it, follows from it.
 const TRANSACTION_STATE_PARTITIONS: i32 = 4;
 
+/// How a node's JVM compiles. Tests start dozens of short-lived nodes that carry little
+/// traffic, on a two-core machine where their start competes with PostgreSQL and the
+/// relays; a benchmark starts one and pushes it hard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Jit {
+    /// C1 only (`-XX:TieredStopAtLevel=1`). Measured on the CI machine (2026-12-06): a
+    /// node's format 1.8 CPU-s instead of 2.7, its start 4.1 instead of 7.5, idle 30 s 1.1
+    /// instead of 1.4; nine outage tests 213 s instead of 331 s, 351 CPU-s instead of 589.
+    QuickStart,
+    /// The JVM's default tiered compilation (C2 once warm): full speed for benchmarks.
+    Throughput,
+}
+
 /// Logs warnings and errors only, to the file the wrapper gives the JVM's standard output.
 const LOG4J2: &str = "\
 rootLogger.level = WARN
@@ -199,6 +212,7 @@ impl Node {
 pub struct KafkaCluster {
     root: PathBuf,
     libs: PathBuf,
+    jit: Jit,
     nodes: Mutex<Vec<Node>>,
     bootstrap: String,
 }
@@ -209,13 +223,13 @@ impl KafkaCluster {
     /// (min ISR 2 with three), so transactions work on one node and survive one lost
     /// node of three; topics are never created automatically.
     pub fn start(nodes: usize) -> Result<KafkaCluster> {
-        Self::start_with(nodes, "")
+        Self::start_with(nodes, "", Jit::QuickStart)
     }
 
     /// [`KafkaCluster::start`] with `extra` lines of server.properties, which override
     /// the defaults (e.g. `auto.create.topics.enable=true`, a broker like a
-    /// development one).
-    pub fn start_with(nodes: usize, extra: &str) -> Result<KafkaCluster> {
+    /// development one), and JVMs compiling as `jit` says.
+    pub fn start_with(nodes: usize, extra: &str, jit: Jit) -> Result<KafkaCluster> {
         let libs = find_libs()?;
         if !java_runs() {
             return Err(Error::NoJava);
@@ -294,6 +308,7 @@ log.cleaner.threads=1
         let cluster = KafkaCluster {
             root,
             libs,
+            jit,
             nodes: Mutex::new(list),
             bootstrap,
         };
@@ -360,17 +375,21 @@ log.cleaner.threads=1
             // Fewer GC threads on a small machine; pauses are short at this heap size.
             "-XX:+UseSerialGC",
             "-Djava.awt.headless=true",
-        ])
-        // A JVM killed -9 leaves its native libraries' copies in its temporary directory:
-        // the cluster's own, removed with it.
-        .arg(format!("-Djava.io.tmpdir={}", self.root.display()))
-        .arg(format!(
-            "-Dlog4j2.configurationFile={}",
-            self.root.join("log4j2.properties").display()
-        ))
-        .arg("-cp")
-        .arg(format!("{}/*", self.libs.display()))
-        .arg(main);
+        ]);
+        if self.jit == Jit::QuickStart {
+            cmd.arg("-XX:TieredStopAtLevel=1");
+        }
+        cmd
+            // A JVM killed -9 leaves its native libraries' copies in its temporary directory:
+            // the cluster's own, removed with it.
+            .arg(format!("-Djava.io.tmpdir={}", self.root.display()))
+            .arg(format!(
+                "-Dlog4j2.configurationFile={}",
+                self.root.join("log4j2.properties").display()
+            ))
+            .arg("-cp")
+            .arg(format!("{}/*", self.libs.display()))
+            .arg(main);
         cmd
     }
 

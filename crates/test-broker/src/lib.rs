@@ -114,6 +114,19 @@ impl Broker {
         })
     }
 
+    /// [`Broker::kafka`] of one node compiled for speed once warm ([`kafka::Jit::Throughput`]):
+    /// a benchmark's broker.
+    pub fn kafka_for_throughput() -> Result<Broker> {
+        Ok(Broker::Kafka {
+            cluster: Arc::new(kafka::KafkaCluster::start_with(
+                1,
+                "",
+                kafka::Jit::Throughput,
+            )?),
+            owned: true,
+        })
+    }
+
     /// [`Broker::kafka`] whose brokers create a topic when a client first asks for it
     /// (`auto.create.topics.enable=true`), as development brokers do.
     pub fn kafka_auto_creating(nodes: usize) -> Result<Broker> {
@@ -121,6 +134,7 @@ impl Broker {
             cluster: Arc::new(kafka::KafkaCluster::start_with(
                 nodes,
                 "auto.create.topics.enable=true",
+                kafka::Jit::QuickStart,
             )?),
             owned: true,
         })

@@ -604,11 +604,25 @@ pub async fn publication_coverage(
     schema: &str,
     table: &str,
 ) -> Result<Option<PublicationCoverage>, ReplError> {
+    // The tree and its foreign tables are read once (a CTE named twice is materialized).
     let sql = format!(
         "WITH t AS ( \
                SELECT c.oid, c.relkind::text AS relkind FROM pg_catalog.pg_class c \
                JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
                WHERE n.nspname = $2 AND c.relname = $3), \
+             tr AS (SELECT l.relid, l.isleaf FROM {tree} l), \
+             f AS ( \
+               SELECT fc.oid, pg_catalog.format('%I.%I', fn.nspname, fc.relname) AS name, \
+                      pg_catalog.format('%I.%I', pn.nspname, pc.relname) AS parent, \
+                      pg_catalog.pg_get_expr(fc.relpartbound, 0) AS bound, \
+                      pg_catalog.format('%I.%I', fn.nspname, \
+                        pg_catalog.left(fc.relname, 10) || '_local_' || fc.oid::text) AS local \
+               FROM pg_catalog.pg_class fc \
+               JOIN pg_catalog.pg_namespace fn ON fn.oid = fc.relnamespace \
+               JOIN pg_catalog.pg_inherits fi ON fi.inhrelid = fc.oid \
+               JOIN pg_catalog.pg_class pc ON pc.oid = fi.inhparent \
+               JOIN pg_catalog.pg_namespace pn ON pn.oid = pc.relnamespace \
+               WHERE fc.relkind = 'f' AND fc.oid IN (SELECT tr.relid FROM tr)), \
              r AS ( \
                SELECT pr.prpubid, pg_catalog.to_jsonb(pr) ->> 'prqual'::text AS prqual, \
                       pg_catalog.to_jsonb(pr) ->> 'prattrs'::text AS prattrs \
@@ -627,7 +641,7 @@ pub async fn publication_coverage(
                  WHERE pt.pubname = p.pubname AND pc.relispartition \
                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_partition_ancestors(pc.oid) a \
                                WHERE a.relid::oid = (SELECT oid FROM t))), \
-               (SELECT pg_catalog.count(*) FROM {tree} l \
+               (SELECT pg_catalog.count(*) FROM tr l \
                  JOIN pg_catalog.pg_class lc ON lc.oid = l.relid::oid AND lc.relkind = 'r' \
                  WHERE l.isleaf AND l.relid::oid <> (SELECT oid FROM t) AND NOT EXISTS ( \
                    SELECT 1 FROM pg_catalog.pg_partition_ancestors(l.relid) a \
@@ -642,36 +656,22 @@ pub async fn publication_coverage(
                   FROM pg_catalog.pg_class uc \
                   JOIN pg_catalog.pg_namespace un ON un.oid = uc.relnamespace \
                  WHERE uc.relpersistence = 'u' AND uc.relkind = 'r' \
-                   AND (uc.oid = (SELECT oid FROM t) OR uc.oid IN ( \
-                        SELECT l.relid FROM {tree} l))), \
+                   AND (uc.oid = (SELECT oid FROM t) OR uc.oid IN (SELECT tr.relid FROM tr))), \
                (SELECT pg_catalog.string_agg(pg_catalog.format('%I.%I', cn.nspname, cc.relname), E'\\n' \
                          ORDER BY cn.nspname, cc.relname) \
                   FROM pg_catalog.pg_inherits i \
                   JOIN pg_catalog.pg_class cc ON cc.oid = i.inhrelid \
                   JOIN pg_catalog.pg_namespace cn ON cn.oid = cc.relnamespace \
                  WHERE i.inhparent = (SELECT oid FROM t) AND NOT cc.relispartition), \
-               {foreign} \
-             FROM pg_catalog.pg_publication p WHERE p.pubname = $1",
-        foreign = ["pg_catalog.format('%I.%I', fn.nspname, fc.relname)",
-            "pg_catalog.format('%I.%I', pn.nspname, pc.relname)",
-            "pg_catalog.pg_get_expr(fc.relpartbound, 0)",
-            "pg_catalog.format('%I.%I', fn.nspname, \
-                 pg_catalog.left(fc.relname, 10) || '_local_' || fc.oid::text)"]
-            .map(|column| format!(
-                "ARRAY(SELECT {column} FROM pg_catalog.pg_class fc \
-                   JOIN pg_catalog.pg_namespace fn ON fn.oid = fc.relnamespace \
-                   JOIN pg_catalog.pg_inherits fi ON fi.inhrelid = fc.oid \
-                   JOIN pg_catalog.pg_class pc ON pc.oid = fi.inhparent \
-                   JOIN pg_catalog.pg_namespace pn ON pn.oid = pc.relnamespace \
-                  WHERE fc.relkind = 'f' AND fc.oid IN (SELECT l.relid FROM {tree} l) \
-                  ORDER BY fc.oid)",
-                tree = partition_tree("(SELECT oid FROM t)")
-            ))
-            .join(", ")
-            + ", (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.attname), ', ' \
+               ARRAY(SELECT f.name FROM f ORDER BY f.oid), \
+               ARRAY(SELECT f.parent FROM f ORDER BY f.oid), \
+               ARRAY(SELECT f.bound FROM f ORDER BY f.oid), \
+               ARRAY(SELECT f.local FROM f ORDER BY f.oid), \
+               (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.attname), ', ' \
                    ORDER BY a.attnum) FROM pg_catalog.pg_attribute a \
                   WHERE a.attrelid = (SELECT oid FROM t) AND a.attnum > 0 \
-                    AND NOT a.attisdropped AND a.attgenerated = '')",
+                    AND NOT a.attisdropped AND a.attgenerated = '') \
+             FROM pg_catalog.pg_publication p WHERE p.pubname = $1",
         tree = partition_tree("(SELECT oid FROM t)")
     );
     let row = client

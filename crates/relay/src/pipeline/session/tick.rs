@@ -13,9 +13,6 @@ use crate::pipeline::catchup::{self, Report, Sample};
 use crate::pipeline::error::RelayError;
 use crate::pipeline::{shard_catalog, slot};
 
-/// SQLSTATE lock_not_available: `lock_timeout` ran out.
-const LOCK_NOT_AVAILABLE: &str = "55P03";
-
 /// How long an unacked event waits before it is reported, and how often after that.
 const STUCK_REPORT_EVERY: Duration = Duration::from_secs(30);
 
@@ -129,7 +126,7 @@ impl Session<'_> {
     /// application's DDL, and this session's loop must not wait behind it.
     fn unless_locked<T>(&self, checked: Result<T, RelayError>) -> Result<Option<T>, RelayError> {
         match checked {
-            Err(RelayError::Postgres(e)) if e.sqlstate() == Some(LOCK_NOT_AVAILABLE) => {
+            Err(RelayError::Postgres(e)) if e.is_lock_timeout() => {
                 tracing::warn!("a catalog check met a table another transaction locks, checking again later: {e}");
                 self.obs.catalog_check_deferred();
                 Ok(None)
