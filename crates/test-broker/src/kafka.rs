@@ -46,7 +46,7 @@ const TRANSACTION_STATE_PARTITIONS: i32 = 4;
 /// relays; a benchmark starts one and pushes it hard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Jit {
-    /// C1 only (`-XX:TieredStopAtLevel=1`). Measured on the CI machine (2026-12-06): a
+    /// C1 only (`-XX:TieredStopAtLevel=1`). Measured on a two-core machine like CI's: a
     /// node's format 1.8 CPU-s instead of 2.7, its start 4.1 instead of 7.5, idle 30 s 1.1
     /// instead of 1.4; nine outage tests 213 s instead of 331 s, 351 CPU-s instead of 589.
     QuickStart,
