@@ -54,6 +54,15 @@ pub enum Jit {
     Throughput,
 }
 
+impl Jit {
+    fn jvm_flags(self) -> &'static [&'static str] {
+        match self {
+            Jit::QuickStart => &["-XX:TieredStopAtLevel=1"],
+            Jit::Throughput => &[],
+        }
+    }
+}
+
 /// Logs warnings and errors only, to the file the wrapper gives the JVM's standard output.
 const LOG4J2: &str = "\
 rootLogger.level = WARN
@@ -375,21 +384,18 @@ log.cleaner.threads=1
             // Fewer GC threads on a small machine; pauses are short at this heap size.
             "-XX:+UseSerialGC",
             "-Djava.awt.headless=true",
-        ]);
-        if self.jit == Jit::QuickStart {
-            cmd.arg("-XX:TieredStopAtLevel=1");
-        }
-        cmd
-            // A JVM killed -9 leaves its native libraries' copies in its temporary directory:
-            // the cluster's own, removed with it.
-            .arg(format!("-Djava.io.tmpdir={}", self.root.display()))
-            .arg(format!(
-                "-Dlog4j2.configurationFile={}",
-                self.root.join("log4j2.properties").display()
-            ))
-            .arg("-cp")
-            .arg(format!("{}/*", self.libs.display()))
-            .arg(main);
+        ])
+        .args(self.jit.jvm_flags())
+        // A JVM killed -9 leaves its native libraries' copies in its temporary directory:
+        // the cluster's own, removed with it.
+        .arg(format!("-Djava.io.tmpdir={}", self.root.display()))
+        .arg(format!(
+            "-Dlog4j2.configurationFile={}",
+            self.root.join("log4j2.properties").display()
+        ))
+        .arg("-cp")
+        .arg(format!("{}/*", self.libs.display()))
+        .arg(main);
         cmd
     }
 

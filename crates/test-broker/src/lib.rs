@@ -108,34 +108,28 @@ impl Broker {
     /// A fresh Apache Kafka cluster of `nodes` nodes (1 or 3) of the caller's own, for
     /// tests that kill, hang or restart brokers.
     pub fn kafka(nodes: usize) -> Result<Broker> {
-        Ok(Broker::Kafka {
-            cluster: Arc::new(kafka::KafkaCluster::start(nodes)?),
-            owned: true,
-        })
+        Self::own_kafka(nodes, "", kafka::Jit::QuickStart)
     }
 
     /// [`Broker::kafka`] of one node compiled for speed once warm ([`kafka::Jit::Throughput`]):
     /// a benchmark's broker.
     pub fn kafka_for_throughput() -> Result<Broker> {
-        Ok(Broker::Kafka {
-            cluster: Arc::new(kafka::KafkaCluster::start_with(
-                1,
-                "",
-                kafka::Jit::Throughput,
-            )?),
-            owned: true,
-        })
+        Self::own_kafka(1, "", kafka::Jit::Throughput)
     }
 
     /// [`Broker::kafka`] whose brokers create a topic when a client first asks for it
     /// (`auto.create.topics.enable=true`), as development brokers do.
     pub fn kafka_auto_creating(nodes: usize) -> Result<Broker> {
+        Self::own_kafka(
+            nodes,
+            "auto.create.topics.enable=true",
+            kafka::Jit::QuickStart,
+        )
+    }
+
+    fn own_kafka(nodes: usize, extra: &str, jit: kafka::Jit) -> Result<Broker> {
         Ok(Broker::Kafka {
-            cluster: Arc::new(kafka::KafkaCluster::start_with(
-                nodes,
-                "auto.create.topics.enable=true",
-                kafka::Jit::QuickStart,
-            )?),
+            cluster: Arc::new(kafka::KafkaCluster::start_with(nodes, extra, jit)?),
             owned: true,
         })
     }
