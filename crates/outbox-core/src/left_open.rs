@@ -47,7 +47,7 @@ pub struct FirstWrites {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LeftOpen {
     /// A transaction this process aborted is still open below this one's records.
-    #[error("a transaction this process aborted is still open in {} [{}] (open from offset {open_from}; this one's records there begin at {ours_from})", .at.0, .at.1)]
+    #[error("{} [{}]: a transaction this process aborted is open from offset {open_from}, below ours at {ours_from}", .at.0, .at.1)]
     Aborted {
         at: TopicPartition,
         open_from: i64,
@@ -55,7 +55,7 @@ pub enum LeftOpen {
     },
     /// The last stable offset is past this transaction's first record there: another
     /// client decided (aborted) its records, and a commit would claim them.
-    #[error("this transaction's records in {} [{}] were decided by another client (the last stable offset {stable} is past their first, {ours_from})", .at.0, .at.1)]
+    #[error("{} [{}]: another client decided our records (last stable offset {stable} past our first, {ours_from})", .at.0, .at.1)]
     Decided {
         at: TopicPartition,
         stable: i64,
