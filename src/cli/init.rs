@@ -7,12 +7,14 @@ use outbox_core::pgtype::quote_ident;
 use std::collections::BTreeMap;
 
 use outboxd_relay::kafka::{
-    BackfillState, ProgressRecord, ProgressStore, SlotIdentity, SlotRecords, EMITTED_LOST_TEXT,
+    BackfillState, ProgressRecord, ProgressStore, PublicationSeen, SlotIdentity, SlotRecords,
+    EMITTED_LOST_TEXT,
 };
 use outboxd_relay::pipeline::{
-    compare_publication, create_checked, judge_missing_slot, judge_slot, leftover_shards,
-    look_at_publication, outbox_rows, refuse_unfinished_backfill, resume_command,
-    verify_shard_layout, Backfill, Consent, Creation, History, SlotSnapshot,
+    compare_publication, create_checked, judge_missing_slot, judge_slot,
+    judge_unrecorded_publication, leftover_shards, look_at_publication, outbox_rows,
+    refuse_unfinished_backfill, resume_command, verify_shard_layout, Backfill, Consent, Creation,
+    History, SlotSnapshot,
 };
 use pgoutput::Lsn;
 use pgrepl::{preflight, ConnectConfig, ReplError, ReplicationConnection};
@@ -256,6 +258,7 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
     }
     // The slot is new over a history (recreated, or over rows): its record starts afresh.
     let mut renew = false;
+    let mut baseline = None;
     let position = match slot_state {
         Some(state) => {
             if let Some(condition) = shared.flags.backfill.clone() {
@@ -296,13 +299,22 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
             let creation =
                 judge_missing_slot(&s.slot, &table, topic, history.judged(), rows, consent)
                     .map_err(|e| InitError::Refused(e.to_string()))?;
+            // What the record's look must still match once the slot is made (and
+            // back-filled): the slot decodes with the publication of each row's time.
+            let before = match records_kept(s) {
+                true => settled_look(s, sql, shared.pg).await?,
+                false => None,
+            };
+            baseline = before.clone();
             let created = match shared.flags.backfill.clone() {
                 Some(condition) => {
-                    let state = resume.unwrap_or_else(|| BackfillState {
+                    let mut state = resume.unwrap_or_else(|| BackfillState {
                         condition,
                         recreate_lost_slot: consent.recreate_lost_slot,
                         ..BackfillState::default()
                     });
+                    // A first attempt's slot is gone: this one is new, and so is its look.
+                    state.publication = before;
                     create_and_backfill(s, sql, shared, failover, state).await?
                 }
                 None => {
@@ -349,7 +361,7 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
             (Some(created.consistent_point), Some(created.since))
         }
     };
-    record_cluster(s, sql, shared, position, renew).await?;
+    record_cluster(s, sql, shared, position, renew, baseline).await?;
     Ok(())
 }
 
@@ -403,8 +415,9 @@ async fn resume_backfill(
             None => preflight::server_clock(sql).await?,
         },
     };
+    let baseline = state.publication.clone();
     publish_backfill(s, sql, &ready, &snapshot, state).await?;
-    record_cluster(s, sql, shared, (Some(position), since), true).await
+    record_cluster(s, sql, shared, (Some(position), since), true, baseline).await
 }
 
 /// The slot's unfinished back-fill, if the progress topic holds one: `Ok(Some)` when this
@@ -618,17 +631,48 @@ async fn publish_backfill(
 /// How long `init` waits for Kafka, per step.
 const KAFKA_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Whether `init` writes the slot's progress record (a topic, and Kafka to write it to).
+fn records_kept(s: &Settings) -> bool {
+    s.progress_topic.is_some() && !s.producer.bootstrap_servers.trim().is_empty()
+}
+
+/// The publication as it is now (`None`: it does not exist), refused unless the look
+/// vouches for every commit before it.
+async fn settled_look(
+    s: &Settings,
+    sql: &Client,
+    pg: &ConnectConfig,
+) -> Result<Option<PublicationSeen>, InitError> {
+    let table = s
+        .relay_table
+        .then_some((s.table_schema.as_str(), s.table_name.as_str()));
+    let looked = look_at_publication(sql, (pg, &mut None), &s.publication, table)
+        .await
+        .map_err(|e| InitError::Refused(e.to_string()))?;
+    if !looked.settled {
+        // Recorded or compared with, this look would be where a change it could not see
+        // is re-published from: too late.
+        return Err(InitError::Refused(format!(
+            "the synchronous standbys (synchronous_standby_names) did not confirm a commit within {:?}: a transaction committed but still waiting for them is invisible to queries, and it may change publication {:?} unseen. Bring the standbys back, or empty synchronous_standby_names and reload, then run `outboxd init` again",
+            pgrepl::preflight::SETTLE_TIMEOUT,
+            s.publication
+        )));
+    }
+    Ok(looked.seen)
+}
+
 async fn record_cluster(
     s: &Settings,
     sql: &Client,
     shared: &mut Shared<'_>,
     (position, created_since): (Option<Lsn>, Option<i64>),
     renew: bool,
+    baseline: Option<PublicationSeen>,
 ) -> Result<(), InitError> {
     let Some(topic) = &s.progress_topic else {
         return Ok(());
     };
-    if s.producer.bootstrap_servers.trim().is_empty() {
+    if !records_kept(s) {
         say!("skip progress record (OUTBOXD_KAFKA_BOOTSTRAP_SERVERS is not set; `outboxd run` writes it)");
         return Ok(());
     }
@@ -694,25 +738,36 @@ async fn record_cluster(
     let table = s
         .relay_table
         .then_some((s.table_schema.as_str(), s.table_name.as_str()));
-    let looked = look_at_publication(sql, (pg, &mut None), &s.publication, table)
-        .await
-        .map_err(|e| InitError::Refused(e.to_string()))?;
-    if !looked.settled {
-        // Recorded, this look would be where a change it could not see is re-published
-        // from: too late.
-        return Err(InitError::Refused(format!(
-            "the synchronous standbys (synchronous_standby_names) did not confirm a commit within {:?}: a transaction committed but still waiting for them is invisible to queries, and it may change publication {:?} unseen. Bring the standbys back, or empty synchronous_standby_names and reload, then run `outboxd init` again",
-            pgrepl::preflight::SETTLE_TIMEOUT,
-            s.publication
-        )));
-    }
-    let now = looked.seen;
-    let recorded = replaced.as_ref().and_then(|old| old.publication.as_ref());
-    if let (Some(last), false, false, true) =
-        (recorded, flags.accept_publication, renew, table.is_some())
-    {
-        compare_publication(&s.publication, last, now.as_ref())
+    let now = settled_look(s, sql, pg).await?;
+    // The look `run` would compare with: the replaced record's, or, with none under this
+    // key, one under the cluster's former key, if the slot was here before (a slot made
+    // just now cannot have missed rows to an earlier change).
+    let recorded = match (&replaced, created_since) {
+        (Some(old), _) => old.publication.as_ref(),
+        (None, None) => records.last_look(),
+        (None, Some(_)) => None,
+    };
+    // A slot created by this init: the publication must be as it was just before (a
+    // change while a back-fill ran hid rows from the slot).
+    if let (Some(before), false, true) = (&baseline, flags.accept_publication, table.is_some()) {
+        compare_publication(&s.publication, before, now.as_ref())
             .map_err(|e| InitError::Refused(e.to_string()))?;
+    }
+    if let (false, false, true) = (flags.accept_publication, renew, table.is_some()) {
+        match recorded {
+            Some(last) => compare_publication(&s.publication, last, now.as_ref())
+                .map_err(|e| InitError::Refused(e.to_string()))?,
+            // A slot that was here before, and no look to compare with (a new progress
+            // topic, a deleted record): recorded now, today's publication would become the
+            // baseline, and `run` would stream past rows a change while it was stopped
+            // hid. The slot's horizon is judged first, as `run` and `check` judge it.
+            None if created_since.is_none() => {
+                judge_unrecorded_publication(sql, &s.publication, &s.slot, identity.key(), topic)
+                    .await
+                    .map_err(|e| InitError::Refused(e.to_string()))?
+            }
+            None => {}
+        }
     }
     record.publication = now;
     match tokio::time::timeout(KAFKA_WAIT, store.write_and_wait(&identity, &record)).await {

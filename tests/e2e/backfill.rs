@@ -520,3 +520,115 @@ async fn c_rows_after_the_slot_are_streamed_not_backfilled() {
     assert_eq!(code, 0, "{out}");
     drop(relay);
 }
+
+/// The publication changed while a back-fill was stopped: rows committed meanwhile are
+/// after the slot, so only the stream could send them, and the change hid them from it.
+/// The resume must not record the publication as it finds it (the record's look is what
+/// `run` compares with): it refuses, naming the way past, which is followed as printed.
+#[tokio::test(flavor = "multi_thread")]
+async fn d_a_publication_change_while_a_backfill_was_stopped_is_seen() {
+    let db = PgCluster::shared()
+        .fresh_database("backfill_pub_change")
+        .await;
+    let broker = support::broker::Broker::default_for_tests();
+    let (outbox, topics) = poller_outbox(&db, &broker).await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload)
+             SELECT gen_random_uuid(), 'order', 'agg-' || (i % 12), 'Changed',
+                    pg_catalog.jsonb_build_object('n', i)
+               FROM generate_series(1, 20000) AS i",
+        )
+        .await
+        .expect("rows");
+    let pending: Vec<Event> = client
+        .query(&format!("SELECT {EVENT_COLUMNS} FROM public.outbox"), &[])
+        .await
+        .expect("pending rows")
+        .iter()
+        .map(Event::from_row)
+        .collect();
+    // Each 500-row batch is acked before the next and lingers 50 ms: seconds in all, so
+    // the kill lands mid-way.
+    let env = Relay::env_for(
+        &db,
+        &outbox,
+        &broker.bootstrap(),
+        &[("OUTBOXD_KAFKA_LINGER_MS", "50")],
+    );
+    let mut init = Relay::start(env.clone(), &["init", "--backfill", CONDITION]);
+    let watch = support::consume::assigned_consumer(&broker.bootstrap(), &topics);
+    tokio::task::block_in_place(|| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while records_on(&watch, &topics) < 1000 {
+            assert!(std::time::Instant::now() < deadline, "{}", init.log_text());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
+    init.kill();
+
+    let since: String = client
+        .query_one("SELECT clock_timestamp()::text", &[])
+        .await
+        .expect("now")
+        .get(0);
+    let publication = &outbox.publication;
+    client
+        .batch_execute(&format!(
+            "ALTER PUBLICATION \"{publication}\" DROP TABLE public.outbox"
+        ))
+        .await
+        .expect("drop from the publication");
+    // Not selected by the condition: the slot's to stream, never the back-fill's.
+    let hidden: Vec<Event> = client
+        .query(
+            &format!(
+                "INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload, status)
+                 SELECT gen_random_uuid(), 'order', 'agg-hidden', 'Changed', '{{}}', 'new'
+                   FROM generate_series(1, 20) RETURNING {EVENT_COLUMNS}"
+            ),
+            &[],
+        )
+        .await
+        .expect("rows while out of the publication")
+        .iter()
+        .map(Event::from_row)
+        .collect();
+    client
+        .batch_execute(&format!(
+            "ALTER PUBLICATION \"{publication}\" ADD TABLE public.outbox"
+        ))
+        .await
+        .expect("add back");
+
+    let (code, out) = run_to_end(&env, &["init", "--backfill", CONDITION]);
+    assert_eq!(
+        code, 3,
+        "the resume must refuse the changed publication: {out}"
+    );
+    assert!(out.contains("--accept-publication-change"), "{out}");
+    // As printed: accept the publication, start outboxd, re-publish since the change.
+    let (code, out) = run_to_end(&env, &["init", "--accept-publication-change"]);
+    assert_eq!(code, 0, "{out}");
+    let relay = Relay::start(env, &["run"]);
+    wait_active_pid(&client, &outbox.slot, Duration::from_secs(60)).await;
+    let moved = support::schema::republish_since(&client, &since).await;
+    assert_eq!(moved, 20, "the rows committed since the change");
+
+    let all = [pending, hidden].concat();
+    let received = read_all_blocking(&broker.bootstrap(), &topics, &all, Duration::from_secs(90));
+    let counts = ops::id_counts(&received);
+    let lost: Vec<&str> = all
+        .iter()
+        .filter(|e| !counts.contains_key(&e.id))
+        .map(|e| e.id.as_str())
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "lost {} of {}: {lost:?}",
+        lost.len(),
+        all.len()
+    );
+    drop(relay);
+}

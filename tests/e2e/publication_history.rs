@@ -106,7 +106,8 @@ async fn changed_while_stopped(name: &str, change: &str, undo: &str, recovery: R
     changed_while_stopped_then(name, change, undo, recovery, &[]).await;
 }
 
-/// The same, restarted with `restart_env` added (a new progress key or topic).
+/// The same, restarted with `restart_env` added (a new progress key or topic), after a
+/// plain `outboxd init`.
 async fn changed_while_stopped_then(
     name: &str,
     change: &str,
@@ -133,6 +134,17 @@ async fn changed_while_stopped_then(
         .await
         .expect("change it back");
 
+    if !restart_env.is_empty() {
+        // Deploy scripts run `init` before every start. Under a new key or topic no look
+        // is recorded there: writing today's publication as the first would let `run`
+        // stream past the rows the change hid.
+        let (code, out) = run_to_end(&s.env, &["init"]);
+        assert_eq!(code, 3, "init must refuse the changed publication: {out}");
+        assert!(
+            out.contains("--accept-publication-change"),
+            "init's refusal names the way past it: {out}"
+        );
+    }
     // The catalog looks as before; the rows in between were never decoded.
     let mut refused = Relay::start(s.env.clone(), &["run"]);
     assert_eq!(

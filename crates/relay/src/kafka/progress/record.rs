@@ -78,6 +78,10 @@ pub struct BackfillState {
     pub published: u64,
     pub dead_lettered: u64,
     pub done: bool,
+    /// The publication looked at just before the slot was created: what `init` compares
+    /// it with once the back-fill is done (a change while it ran hid rows from the slot).
+    /// `None` in states written before this was kept.
+    pub publication: Option<PublicationSeen>,
 }
 
 impl BackfillState {
@@ -92,6 +96,7 @@ impl BackfillState {
             "published": self.published,
             "dead_lettered": self.dead_lettered,
             "done": self.done,
+            "publication": self.publication.as_ref().map(PublicationSeen::to_json),
             "recorded_at_unix_ms": unix_ms_now(),
         })
         .to_string()
@@ -134,6 +139,7 @@ impl BackfillState {
             dead_lettered: count("dead_lettered").unwrap_or(0),
             // In doubt, unfinished: `run` refuses, and `init --backfill` resumes.
             done: flag("done").unwrap_or(false),
+            publication: v.get("publication").and_then(PublicationSeen::from_json),
         })
     }
 }
@@ -150,6 +156,23 @@ pub struct PublicationSeen {
 }
 
 impl PublicationSeen {
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "identity": self.identity,
+            "at_unix_ms": self.at_unix_ms,
+            "wal_lsn": self.wal_lsn.to_string(),
+        })
+    }
+
+    /// `None` for anything else than what [`PublicationSeen::to_json`] writes.
+    fn from_json(v: &serde_json::Value) -> Option<Self> {
+        Some(PublicationSeen {
+            identity: v.get("identity")?.as_str()?.to_owned(),
+            at_unix_ms: v.get("at_unix_ms")?.as_u64()?,
+            wal_lsn: v.get("wal_lsn")?.as_str()?.parse().ok()?,
+        })
+    }
+
     /// `at` as RFC 3339 UTC text.
     pub fn at_text(&self) -> String {
         rfc3339_of_ms(self.at_unix_ms)
@@ -291,11 +314,7 @@ impl ProgressRecord {
             "fingerprint": format!("{:016x}", c.fingerprint),
             "lineage": format!("{:016x}", self.lineage),
             "writer": self.writer,
-            "publication": self.publication.as_ref().map(|p| serde_json::json!({
-                "identity": p.identity,
-                "at_unix_ms": p.at_unix_ms,
-                "wal_lsn": p.wal_lsn.to_string(),
-            })),
+            "publication": self.publication.as_ref().map(PublicationSeen::to_json),
         })
         .to_string()
     }
@@ -406,13 +425,7 @@ impl ProgressRecord {
                 .and_then(serde_json::Value::as_str)
                 .unwrap_or("")
                 .to_owned(),
-            publication: v.get("publication").and_then(|p| {
-                Some(PublicationSeen {
-                    identity: p.get("identity")?.as_str()?.to_owned(),
-                    at_unix_ms: p.get("at_unix_ms")?.as_u64()?,
-                    wal_lsn: lsn_of(p.get("wal_lsn")?)?,
-                })
-            }),
+            publication: v.get("publication").and_then(PublicationSeen::from_json),
         })
     }
 

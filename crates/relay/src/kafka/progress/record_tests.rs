@@ -12,6 +12,11 @@ fn backfill_state_round_trips_and_unreadable_is_unfinished() {
         published: 1500,
         dead_lettered: 2,
         done: false,
+        publication: Some(PublicationSeen {
+            identity: "16384:2:0:t,f,f,f,f,t".into(),
+            at_unix_ms: 1_796_000_000_000,
+            wal_lsn: Lsn(0x1_0000_0090),
+        }),
     };
     let read = BackfillState::from_json(state.to_json().as_bytes()).unwrap();
     assert_eq!(read, state);
