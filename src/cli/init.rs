@@ -703,9 +703,29 @@ async fn record_cluster(
             return Ok(());
         }
     };
+    // A back-fill's slot left with no record (its recording refused, or `init` killed
+    // just before): the state's look, from before the slot, is still the one to compare
+    // with, and its creation time the record's.
+    let (baseline, created_since) = match (&baseline, &records.ours, &records.backfill) {
+        (None, None, Some(b))
+            if created_since.is_none()
+                && b.done
+                && b.consistent_point.is_some()
+                && b.consistent_point == position =>
+        {
+            (b.publication.clone(), b.slot_created_at)
+        }
+        _ => (baseline, created_since),
+    };
     let replaced = match &records.ours {
         Some(old) if replace_record => Some(old.clone()),
         Some(old) => {
+            // What `run` will compare with: a change since is refused here as there.
+            if let (Some(last), true) = (&old.publication, s.relay_table) {
+                let now = settled_look(s, sql, pg).await?;
+                compare_publication(&s.publication, last, now.as_ref())
+                    .map_err(|e| InitError::Refused(e.to_string()))?;
+            }
             say!(
                 "ok  progress record in {topic} (exists for system identifier {}: confirmed {}, recorded {}; after restoring an older backup of this cluster, `outboxd init --replace-progress-record` replaces it)",
                 system.system_id,
@@ -748,11 +768,16 @@ async fn record_cluster(
         (None, Some(_)) => None,
     };
     // A slot created by this init: the publication must be as it was just before (a
-    // change while a back-fill ran hid rows from the slot).
-    if let (Some(before), false, true) = (&baseline, flags.accept_publication, table.is_some()) {
-        compare_publication(&s.publication, before, now.as_ref())
-            .map_err(|e| InitError::Refused(e.to_string()))?;
-    }
+    // change while a back-fill ran hid rows from the slot). That look is what is recorded,
+    // so `run`, `check` and a later `init` refuse the change too, until an operator
+    // accepts it over the slot (no flag given with its creation accepts what came after).
+    let (baseline, changed) = match (baseline, table) {
+        (Some(before), Some(_)) => {
+            let changed = compare_publication(&s.publication, &before, now.as_ref()).err();
+            (Some(before), changed)
+        }
+        _ => (None, None),
+    };
     if let (false, false, true) = (flags.accept_publication, renew, table.is_some()) {
         match recorded {
             Some(last) => compare_publication(&s.publication, last, now.as_ref())
@@ -769,8 +794,12 @@ async fn record_cluster(
             None => {}
         }
     }
-    record.publication = now;
-    match tokio::time::timeout(KAFKA_WAIT, store.write_and_wait(&identity, &record)).await {
+    record.publication = baseline.or(now);
+    let written = tokio::time::timeout(KAFKA_WAIT, store.write_and_wait(&identity, &record)).await;
+    if let Some(changed) = changed {
+        return Err(InitError::Refused(changed.to_string()));
+    }
+    match written {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {
             warn(&e);

@@ -302,6 +302,56 @@ fn needle() -> String {
     format!("--backfill \"{CONDITION}\"")
 }
 
+/// The rows the back-fill's condition selects.
+async fn pending_events(client: &tokio_postgres::Client) -> Vec<Event> {
+    client
+        .query(
+            &format!("SELECT {EVENT_COLUMNS} FROM public.outbox WHERE {CONDITION}"),
+            &[],
+        )
+        .await
+        .expect("pending rows")
+        .iter()
+        .map(Event::from_row)
+        .collect()
+}
+
+/// `init --backfill` started, with what watches its records. A kill must land mid-way
+/// whatever the machine's speed: each 500-row batch is acked before the next, and lingers
+/// 50 ms.
+fn slow_backfill(
+    db: &TestDb<'_>,
+    outbox: &Outbox,
+    broker: &support::broker::Broker,
+    topics: &[String],
+) -> (Vec<(String, String)>, Relay, BaseConsumer) {
+    let env = Relay::env_for(
+        db,
+        outbox,
+        &broker.bootstrap(),
+        &[("OUTBOXD_KAFKA_LINGER_MS", "50")],
+    );
+    let init = Relay::start(env.clone(), &["init", "--backfill", CONDITION]);
+    let watch = support::consume::assigned_consumer(&broker.bootstrap(), topics);
+    (env, init, watch)
+}
+
+/// Waits until `topics` hold `at_least` records, and says how many they hold; panics with
+/// the back-fill's log after a minute.
+fn wait_records(consumer: &BaseConsumer, topics: &[String], at_least: i64, init: &Relay) -> i64 {
+    tokio::task::block_in_place(|| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let now = records_on(consumer, topics);
+            if now >= at_least {
+                return now;
+            }
+            assert!(std::time::Instant::now() < deadline, "{}", init.log_text());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    })
+}
+
 /// Records on `topics` so far (every partition's high watermark).
 fn records_on(consumer: &BaseConsumer, topics: &[String]) -> i64 {
     let mut total = 0;
@@ -336,44 +386,13 @@ async fn b_a_killed_backfill_resumes_as_the_relay_says() {
         )
         .await
         .expect("rows");
-    let before: Vec<Event> = client
-        .query(
-            &format!("SELECT {EVENT_COLUMNS} FROM public.outbox WHERE status = 'pending'"),
-            &[],
-        )
-        .await
-        .expect("pending rows")
-        .iter()
-        .map(Event::from_row)
-        .collect();
-    // The kill must land mid back-fill whatever the machine's speed: each 500-row batch is
-    // acked before the next, and lingers 50 ms, so the ~100 batches left after the first
-    // 5,000 rows take seconds.
-    let env = Relay::env_for(
-        &db,
-        &outbox,
-        &broker.bootstrap(),
-        &[("OUTBOXD_KAFKA_LINGER_MS", "50")],
-    );
-    let mut init = Relay::start(env.clone(), &["init", "--backfill", CONDITION]);
-    let watch = support::consume::assigned_consumer(&broker.bootstrap(), &topics);
-    let started = tokio::task::block_in_place(|| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while records_on(&watch, &topics) < 1 {
-            assert!(std::time::Instant::now() < deadline, "{}", init.log_text());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        records_on(&watch, &topics)
-    });
+    let before = pending_events(&client).await;
+    // The ~100 batches left after the first 5,000 rows take seconds.
+    let (env, mut init, watch) = slow_backfill(&db, &outbox, &broker, &topics);
+    let started = wait_records(&watch, &topics, 1, &init);
     // The slot exists from here on: what the service writes now is after it.
     let load = LoadGen::spawn(db.conn_string(), outbox.table.clone(), shape());
-    tokio::task::block_in_place(|| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while records_on(&watch, &topics) < started + 5000 {
-            assert!(std::time::Instant::now() < deadline, "{}", init.log_text());
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    });
+    wait_records(&watch, &topics, started + 5000, &init);
     init.kill();
     // Committed after the slot, so the slot's to stream: one inserted and deleted in its
     // transaction (the insert-then-delete outbox), one the condition does not select. A
@@ -542,30 +561,9 @@ async fn d_a_publication_change_while_a_backfill_was_stopped_is_seen() {
         )
         .await
         .expect("rows");
-    let pending: Vec<Event> = client
-        .query(&format!("SELECT {EVENT_COLUMNS} FROM public.outbox"), &[])
-        .await
-        .expect("pending rows")
-        .iter()
-        .map(Event::from_row)
-        .collect();
-    // Each 500-row batch is acked before the next and lingers 50 ms: seconds in all, so
-    // the kill lands mid-way.
-    let env = Relay::env_for(
-        &db,
-        &outbox,
-        &broker.bootstrap(),
-        &[("OUTBOXD_KAFKA_LINGER_MS", "50")],
-    );
-    let mut init = Relay::start(env.clone(), &["init", "--backfill", CONDITION]);
-    let watch = support::consume::assigned_consumer(&broker.bootstrap(), &topics);
-    tokio::task::block_in_place(|| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while records_on(&watch, &topics) < 1000 {
-            assert!(std::time::Instant::now() < deadline, "{}", init.log_text());
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    });
+    let pending = pending_events(&client).await;
+    let (env, mut init, watch) = slow_backfill(&db, &outbox, &broker, &topics);
+    wait_records(&watch, &topics, 1000, &init);
     init.kill();
 
     let since: String = client
@@ -608,6 +606,11 @@ async fn d_a_publication_change_while_a_backfill_was_stopped_is_seen() {
         "the resume must refuse the changed publication: {out}"
     );
     assert!(out.contains("--accept-publication-change"), "{out}");
+    // The refusal holds: the same command again, and `run` started by a supervisor.
+    let (code, out) = run_to_end(&env, &["init", "--backfill", CONDITION]);
+    assert_eq!(code, 3, "init again must refuse too: {out}");
+    let (code, out) = run_to_end(&env, &["run"]);
+    assert_eq!(code, 3, "run must refuse the changed publication: {out}");
     // As printed: accept the publication, start outboxd, re-publish since the change.
     let (code, out) = run_to_end(&env, &["init", "--accept-publication-change"]);
     assert_eq!(code, 0, "{out}");

@@ -113,6 +113,19 @@ pub(super) async fn record_first_look(
     if records.last_look().is_some() || records.ours.is_some() {
         return Ok(());
     }
+    // A back-fill's slot that `init` left with no record: its state's look, from before the
+    // slot was created, is the one the publication must still match (a change while the
+    // back-fill ran hid rows from the slot), and the slot's creation time the record's.
+    if let Some(b) = records.backfill.as_ref().filter(|b| {
+        b.done && b.publication.is_some() && b.consistent_point == Some(record.confirmed_lsn())
+    }) {
+        let mut record = ProgressRecord {
+            publication: b.publication.clone(),
+            ..record
+        };
+        record.claim.since = b.slot_created_at;
+        return write_first_look(progress, identity, &record, failed).await;
+    }
     let table = (
         cfg.rules.table.schema.as_str(),
         cfg.rules.table.table.as_str(),
@@ -128,10 +141,21 @@ pub(super) async fn record_first_look(
         publication: Some(seen),
         ..record
     };
-    match tokio::time::timeout(FIRST_LOOK_WAIT, progress.write_and_wait(identity, &record)).await {
+    write_first_look(progress, identity, &record, failed).await
+}
+
+async fn write_first_look(
+    progress: &ProgressStore,
+    identity: &SlotIdentity,
+    record: &ProgressRecord,
+    failed: impl Fn(String) -> RelayError,
+) -> Result<(), RelayError> {
+    match tokio::time::timeout(FIRST_LOOK_WAIT, progress.write_and_wait(identity, record)).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(failed(e.to_string())),
-        Err(_) => Err(waited("Kafka did not acknowledge the write")),
+        Err(_) => Err(failed(format!(
+            "Kafka did not acknowledge the write within {FIRST_LOOK_WAIT:?}"
+        ))),
     }
 }
 
