@@ -705,25 +705,34 @@ async fn record_cluster(
     };
     // A back-fill's slot left with no record (its recording refused, or `init` killed
     // just before): the state's look, from before the slot, is still the one to compare
-    // with, and its creation time the record's.
+    // with (unless the operator accepts the publication now, over the existing slot), and
+    // its creation time the record's.
     let (baseline, created_since) = match (&baseline, &records.ours, &records.backfill) {
         (None, None, Some(b))
             if created_since.is_none()
                 && b.done
+                && b.publication.is_some()
                 && b.consistent_point.is_some()
                 && b.consistent_point == position =>
         {
-            (b.publication.clone(), b.slot_created_at)
+            let baseline = b.publication.clone().filter(|_| !flags.accept_publication);
+            (baseline, b.slot_created_at)
         }
         _ => (baseline, created_since),
     };
     let replaced = match &records.ours {
         Some(old) if replace_record => Some(old.clone()),
         Some(old) => {
-            // What `run` will compare with: a change since is refused here as there.
+            // What `run` will compare with: a change since is refused here as there. Nothing
+            // is recorded, so a look the standbys did not settle is compared as `run`
+            // compares its start: another catalog is a change, the same one is left to
+            // `run`'s later looks.
             if let (Some(last), true) = (&old.publication, s.relay_table) {
-                let now = settled_look(s, sql, pg).await?;
-                compare_publication(&s.publication, last, now.as_ref())
+                let table = (s.table_schema.as_str(), s.table_name.as_str());
+                let now = look_at_publication(sql, (pg, &mut None), &s.publication, Some(table))
+                    .await
+                    .map_err(|e| InitError::Refused(e.to_string()))?;
+                compare_publication(&s.publication, last, now.seen.as_ref())
                     .map_err(|e| InitError::Refused(e.to_string()))?;
             }
             say!(
