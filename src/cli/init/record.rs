@@ -1,0 +1,225 @@
+//! The slot's progress record as `init` writes it, and the look at the publication it
+//! carries: the baseline `run` compares the publication with.
+
+use super::*;
+
+/// Whether `init` writes the slot's progress record (a topic, and Kafka to write it to).
+pub(super) fn records_kept(s: &Settings) -> bool {
+    s.progress_topic.is_some() && !s.producer.bootstrap_servers.trim().is_empty()
+}
+
+/// The publication as it is now (`None`: it does not exist), refused unless the look
+/// vouches for every commit before it.
+pub(super) async fn settled_look(
+    s: &Settings,
+    sql: &Client,
+    pg: &ConnectConfig,
+) -> Result<Option<PublicationSeen>, InitError> {
+    let table = s
+        .relay_table
+        .then_some((s.table_schema.as_str(), s.table_name.as_str()));
+    let looked = look_at_publication(sql, (pg, &mut None), &s.publication, table)
+        .await
+        .map_err(|e| InitError::Refused(e.to_string()))?;
+    if !looked.settled {
+        // Recorded or compared with, this look would be where a change it could not see
+        // is re-published from: too late.
+        return Err(InitError::Refused(format!(
+            "the synchronous standbys (synchronous_standby_names) did not confirm a commit within {:?}: a transaction committed but still waiting for them is invisible to queries, and it may change publication {:?} unseen. Bring the standbys back, or empty synchronous_standby_names and reload, then run `outboxd init` again",
+            pgrepl::preflight::SETTLE_TIMEOUT,
+            s.publication
+        )));
+    }
+    Ok(looked.seen)
+}
+
+/// Writes this cluster's progress record when the topic has none: the explicit step that
+/// lets `run` stream from a cluster whose slot name another cluster's record also names
+/// (a migration, or clusters sharing the topic). Kafka is optional for `init`: without
+/// it, or unreachable, this is a warning and `run` writes the record once it streams.
+pub(super) async fn record_cluster(
+    s: &Settings,
+    sql: &Client,
+    shared: &mut Shared<'_>,
+    (position, created_since): (Option<Lsn>, Option<i64>),
+    renew: bool,
+    baseline: Option<PublicationSeen>,
+) -> Result<(), InitError> {
+    let Some(topic) = &s.progress_topic else {
+        return Ok(());
+    };
+    if !records_kept(s) {
+        say!("skip progress record (OUTBOXD_KAFKA_BOOTSTRAP_SERVERS is not set; `outboxd run` writes it)");
+        return Ok(());
+    }
+    let flags = shared.flags.clone();
+    let replace_record = flags.replace_record || flags.accept_publication || renew;
+    let pg = shared.pg;
+    let Records { system, read } = shared.records(s, topic).await?;
+    let identity = crate::cli::slot_identity(s, &system.system_id);
+    let warn = |e: &dyn std::fmt::Display| {
+        say!("warn progress record in {topic}: {e}; run `outboxd init` again once Kafka answers if `outboxd run` refuses a record of another cluster");
+    };
+    let (store, found) = match read {
+        Ok(read) => read,
+        Err(e) => {
+            warn(e);
+            return Ok(());
+        }
+    };
+    // Every shard's slot was in the read; a missing one is said, not assumed recordless.
+    let records = match found.remove(&s.slot) {
+        Some(Ok(records)) => records,
+        Some(Err(e)) => {
+            warn(&e);
+            return Ok(());
+        }
+        None => {
+            warn(&"the slot was not in the read of the topic");
+            return Ok(());
+        }
+    };
+    // A back-fill's slot left with no record (its recording refused, or `init` killed
+    // just before): the state's look, from before the slot, is still the one to compare
+    // with (unless the operator accepts the publication now, over the existing slot), and
+    // its creation time the record's.
+    let (baseline, created_since) = match (&baseline, &records.ours, &records.backfill) {
+        (None, None, Some(b))
+            if created_since.is_none()
+                && b.done
+                && b.publication.is_some()
+                && b.consistent_point.is_some()
+                && b.consistent_point == position =>
+        {
+            let baseline = b.publication.clone().filter(|_| !flags.accept_publication);
+            (baseline, b.slot_created_at)
+        }
+        _ => (baseline, created_since),
+    };
+    let replaced = match &records.ours {
+        Some(old) if replace_record => Some(old.clone()),
+        Some(old) => {
+            // What `run` will compare with: a change since is refused here as there. Nothing
+            // is recorded, so a look the standbys did not settle is compared as `run`
+            // compares its start: another catalog is a change, the same one is left to
+            // `run`'s later looks.
+            if let (Some(last), true) = (&old.publication, s.relay_table) {
+                let table = (s.table_schema.as_str(), s.table_name.as_str());
+                let now = look_at_publication(sql, (pg, &mut None), &s.publication, Some(table))
+                    .await
+                    .map_err(|e| InitError::Refused(e.to_string()))?;
+                compare_publication(&s.publication, last, now.seen.as_ref())
+                    .map_err(|e| InitError::Refused(e.to_string()))?;
+            }
+            say!(
+                "ok  progress record in {topic} (exists for system identifier {}: confirmed {}, recorded {}; after restoring an older backup of this cluster, `outboxd init --replace-progress-record` replaces it)",
+                system.system_id,
+                old.confirmed_lsn(),
+                old.recorded_at_text()
+            );
+            return Ok(());
+        }
+        None => None,
+    };
+    // Only the slot's own position: the record never claims more than the slot has
+    // confirmed (a slot created here starts where nothing before it is relayed anyway),
+    // and names no transaction, so it proves no replay delivered.
+    let position = position.unwrap_or(Lsn::ZERO);
+    // The time to re-publish from should the slot be lost: a new slot's creation, or
+    // what the replaced record said of a position at or before this one (a later one
+    // would name a time past rows this position has not relayed).
+    // Not over `--replace-progress-record`: a record replaced as wrong (another copy's,
+    // or not outboxd's) names no time worth trusting.
+    let since = outbox_core::slot_fate::init_record_since(
+        created_since,
+        replaced.as_ref().map(|old| &old.claim),
+        flags.accept_publication,
+        position,
+    );
+    let mut record = ProgressRecord::slot_created(system.timeline, position, since);
+    // The publication as it is now: the baseline `run` compares it with. A record
+    // replaced over a slot that stays must not accept a change unseen (only
+    // `--accept-publication-change` does); a new slot starts a new history.
+    let table = s
+        .relay_table
+        .then_some((s.table_schema.as_str(), s.table_name.as_str()));
+    let now = settled_look(s, sql, pg).await?;
+    // The look `run` would compare with: the replaced record's, or, with none under this
+    // key, one under the cluster's former key, if the slot was here before (a slot made
+    // just now cannot have missed rows to an earlier change).
+    let recorded = match (&replaced, created_since) {
+        (Some(old), _) => old.publication.as_ref(),
+        (None, None) => records.last_look(),
+        (None, Some(_)) => None,
+    };
+    // A slot created by this init: the publication must be as it was just before (a
+    // change while a back-fill ran hid rows from the slot). That look is what is recorded,
+    // so `run`, `check` and a later `init` refuse the change too, until an operator
+    // accepts it over the slot (no flag given with its creation accepts what came after).
+    let (baseline, changed) = match (baseline, table) {
+        (Some(before), Some(_)) => {
+            let changed = compare_publication(&s.publication, &before, now.as_ref()).err();
+            (Some(before), changed)
+        }
+        _ => (None, None),
+    };
+    if let (false, false, true) = (flags.accept_publication, renew, table.is_some()) {
+        match recorded {
+            Some(last) => compare_publication(&s.publication, last, now.as_ref())
+                .map_err(|e| InitError::Refused(e.to_string()))?,
+            // A slot that was here before, and no look to compare with (a new progress
+            // topic, a deleted record): recorded now, today's publication would become the
+            // baseline, and `run` would stream past rows a change while it was stopped
+            // hid. The slot's horizon is judged first, as `run` and `check` judge it.
+            None if created_since.is_none() => {
+                judge_unrecorded_publication(sql, &s.publication, &s.slot, identity.key(), topic)
+                    .await
+                    .map_err(|e| InitError::Refused(e.to_string()))?
+            }
+            None => {}
+        }
+    }
+    record.publication = baseline.or(now);
+    let written = tokio::time::timeout(KAFKA_WAIT, store.write_and_wait(&identity, &record)).await;
+    if let Some(changed) = changed {
+        return Err(InitError::Refused(changed.to_string()));
+    }
+    match written {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            warn(&e);
+            return Ok(());
+        }
+        Err(_) => {
+            warn(&format!("Kafka did not acknowledge within {KAFKA_WAIT:?}"));
+            return Ok(());
+        }
+    }
+    if let Some(old) = replaced {
+        say!(
+            "ok  progress record in {topic} (replaced: it said confirmed {} recorded {}; it now says {} and proves nothing delivered, so the next replay is published whole)",
+            old.confirmed_lsn(),
+            old.recorded_at_text(),
+            record.confirmed_lsn()
+        );
+        return Ok(());
+    }
+    let others: Vec<&str> = records
+        .other_clusters
+        .iter()
+        .map(|(id, _)| id.as_str())
+        .collect();
+    say!(
+        "ok  progress record in {topic} (written for system identifier {}{})",
+        system.system_id,
+        if others.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; the topic also records this slot on system identifier {}",
+                others.join(", ")
+            )
+        }
+    );
+    Ok(())
+}
