@@ -83,18 +83,18 @@ pub(super) async fn record_cluster(
     // just before): the state's look, from before the slot, is still the one to compare
     // with (unless the operator accepts the publication now, over the existing slot), and
     // its creation time the record's.
-    let (baseline, created_since) = match (&baseline, &records.ours, &records.backfill) {
-        (None, None, Some(b))
-            if created_since.is_none()
-                && b.done
-                && b.publication.is_some()
-                && b.consistent_point.is_some()
-                && b.consistent_point == position =>
-        {
-            let baseline = b.publication.clone().filter(|_| !flags.accept_publication);
-            (baseline, b.slot_created_at)
+    let left = match (&baseline, &records.ours, &records.backfill, position) {
+        (None, None, Some(b), Some(at)) if created_since.is_none() => {
+            b.look_before_slot(at).map(|look| (b, look))
         }
-        _ => (baseline, created_since),
+        _ => None,
+    };
+    let (baseline, created_since) = match left {
+        Some((b, look)) => (
+            Some(look.clone()).filter(|_| !flags.accept_publication),
+            b.slot_created_at,
+        ),
+        None => (baseline, created_since),
     };
     let replaced = match &records.ours {
         Some(old) if replace_record => Some(old.clone()),

@@ -116,11 +116,13 @@ pub(super) async fn record_first_look(
     // A back-fill's slot that `init` left with no record: its state's look, from before the
     // slot was created, is the one the publication must still match (a change while the
     // back-fill ran hid rows from the slot), and the slot's creation time the record's.
-    if let Some(b) = records.backfill.as_ref().filter(|b| {
-        b.done && b.publication.is_some() && b.consistent_point == Some(record.confirmed_lsn())
-    }) {
+    if let Some((b, look)) = records
+        .backfill
+        .as_ref()
+        .and_then(|b| Some((b, b.look_before_slot(record.confirmed_lsn())?)))
+    {
         let mut record = ProgressRecord {
-            publication: b.publication.clone(),
+            publication: Some(look.clone()),
             ..record
         };
         record.claim.since = b.slot_created_at;

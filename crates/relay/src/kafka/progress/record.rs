@@ -85,6 +85,15 @@ pub struct BackfillState {
 }
 
 impl BackfillState {
+    /// The look from before the slot was created, if this finished back-fill's slot is
+    /// still where it was created (`confirmed`: nothing streamed from it since): for a slot
+    /// left with no record, the baseline its first record must carry, not a later look.
+    pub fn look_before_slot(&self, confirmed: Lsn) -> Option<&PublicationSeen> {
+        self.publication
+            .as_ref()
+            .filter(|_| self.done && self.consistent_point == Some(confirmed))
+    }
+
     pub(super) fn to_json(&self) -> String {
         serde_json::json!({
             "condition": self.condition,
