@@ -12,11 +12,15 @@
 //!
 //! So before a session's first commit into a partition, the last stable offsets of the
 //! transaction's partitions are read. Where this transaction's own records begin: nothing
-//! older is open. Below: an older transaction is open, and only one this process proved
-//! aborted (it ended it without ever asking Kafka to commit it) is closed by aborting this
-//! one, and only when nothing else is open in any of its partitions. Anything else open may
-//! be a commit of this relay's whose markers were skipped, or another producer's
-//! transaction: in doubt, commit (a duplicate is a cost, a wrong abort a loss).
+//! older is open. Below: an older transaction is open, and it is closed by aborting this
+//! one only when nothing else is open in any of its partitions and what is open is proven
+//! to go nowhere it must: a transaction this process aborted without ever asking Kafka to
+//! commit it, or records that are byte for byte this transaction's first ones there (a
+//! transaction that began where this one began, in the same stream, and whose records were
+//! still in flight when it was aborted: the abort hides the copies, and the next session
+//! publishes them again). Anything else open may be a commit of this relay's whose markers
+//! were skipped, or another producer's transaction: in doubt, commit (a duplicate is a
+//! cost, a wrong abort a loss).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -28,6 +32,15 @@ pub type TopicPartition = (String, i32);
 /// open, proven never committed. A last stable offset between the two means they are still
 /// open; below the oldest, what is open there begins with records of unknown outcome.
 pub type AbortedSpans = BTreeMap<TopicPartition, (i64, i64)>;
+
+/// Per partition, the contents (a hash of key, value and headers) of the records read
+/// from a region left open, in offset order: what [`FirstWrites::regions_to_read`] asked
+/// for, where it was read whole.
+pub type Regions = BTreeMap<TopicPartition, Vec<u64>>;
+
+/// The most records' contents a transaction keeps to compare with regions left open, in
+/// all its partitions (8 bytes each): a longer region stays a doubt.
+pub const COPIES_KEPT: usize = 100_000;
 
 /// One session's view of its Kafka transactions' first records per partition.
 #[derive(Debug, Default, Clone)]
@@ -41,6 +54,10 @@ pub struct FirstWrites {
     aborted: AbortedSpans,
     /// A commit of the open transaction was asked for: its outcome is not known.
     commit_asked: bool,
+    /// The open transaction's records' contents, in offset order, in the partitions not
+    /// yet checked in this session (up to [`COPIES_KEPT`] in all).
+    copies: BTreeMap<TopicPartition, Vec<u64>>,
+    copies_kept: usize,
 }
 
 /// Why a transaction must be aborted rather than committed.
@@ -49,6 +66,13 @@ pub enum LeftOpen {
     /// A transaction this process aborted is still open below this one's records.
     #[error("{} [{}]: a transaction this process aborted is open from offset {open_from}, below ours at {ours_from}", .at.0, .at.1)]
     Aborted {
+        at: TopicPartition,
+        open_from: i64,
+        ours_from: i64,
+    },
+    /// What is open below this one's records is a copy of its first records there.
+    #[error("{} [{}]: the records open from offset {open_from} to ours at {ours_from} are copies of ours", .at.0, .at.1)]
+    Copies {
         at: TopicPartition,
         open_from: i64,
         ours_from: i64,
@@ -99,6 +123,60 @@ impl FirstWrites {
         *first = (*first).min(offset);
     }
 
+    /// The content (key, value and headers hashed) of the open transaction's record
+    /// acknowledged next in a partition, in the order of the acks (a partition's are in
+    /// offset order). Kept only where the session has not checked the partition yet.
+    pub fn content(&mut self, topic: &str, partition: i32, hash: u64) {
+        if self.copies_kept >= COPIES_KEPT {
+            return;
+        }
+        let at = (topic.to_owned(), partition);
+        if self.checked.contains(&at) {
+            return;
+        }
+        self.copies.entry(at).or_default().push(hash);
+        self.copies_kept += 1;
+    }
+
+    /// The regions left open to read (read_uncommitted) before [`FirstWrites::judge_with`],
+    /// as (partition, from, to): where an older transaction is open below this one's
+    /// records, not one proven aborted, and this transaction kept at least as many records'
+    /// contents there as the region holds offsets.
+    pub fn regions_to_read(&self, stable: &[Option<i64>]) -> Vec<(TopicPartition, i64, i64)> {
+        self.to_check()
+            .into_iter()
+            .zip(stable)
+            .filter_map(|(at, s)| {
+                let open_from = (*s)?;
+                let ours_from = *self.txn.get(&at)?;
+                let proven = self
+                    .aborted
+                    .get(&at)
+                    .is_some_and(|&(lo, hi)| lo <= open_from && open_from <= hi);
+                let len = usize::try_from(ours_from.checked_sub(open_from)?).ok()?;
+                let kept = self.copies.get(&at).map_or(0, Vec::len);
+                (len > 0 && !proven && len <= kept).then_some((at, open_from, ours_from))
+            })
+            .collect()
+    }
+
+    /// Whether the region `open_from..ours_from` of `at`, as read, is this transaction's
+    /// first records there, one for one.
+    fn copies_of_ours(
+        &self,
+        at: &TopicPartition,
+        open_from: i64,
+        ours_from: i64,
+        regions: &Regions,
+    ) -> bool {
+        let (Some(read), Some(ours)) = (regions.get(at), self.copies.get(at)) else {
+            return false;
+        };
+        usize::try_from(ours_from.saturating_sub(open_from)).is_ok_and(|len| {
+            len > 0 && read.len() == len && ours.get(..len) == Some(read.as_slice())
+        })
+    }
+
     /// The partitions whose last stable offset to read before the commit: none once
     /// every partition the transaction wrote to was checked in this session, else all of
     /// them (an abort would decide the checked ones too, where an earlier commit of this
@@ -120,6 +198,17 @@ impl FirstWrites {
     /// transaction), or was not read, it could hide committed records. Then the
     /// transaction is committed in doubt, proven spans included (copies, not a loss).
     pub fn judge(&mut self, stable: &[Option<i64>]) -> Result<Vec<OpenBelow>, LeftOpen> {
+        self.judge_with(stable, &Regions::new())
+    }
+
+    /// [`FirstWrites::judge`], with the regions read that
+    /// [`FirstWrites::regions_to_read`] asked for: one that is a copy of this
+    /// transaction's first records there is closed by an abort like a proven span.
+    pub fn judge_with(
+        &mut self,
+        stable: &[Option<i64>],
+        regions: &Regions,
+    ) -> Result<Vec<OpenBelow>, LeftOpen> {
         let mut doubts = Vec::new();
         let mut proven = Vec::new();
         let mut clean = Vec::new();
@@ -151,6 +240,13 @@ impl FirstWrites {
                         ours_from,
                     })
                 }
+                Some(open_from) if self.copies_of_ours(&at, open_from, ours_from, regions) => {
+                    proven.push(LeftOpen::Copies {
+                        at,
+                        open_from,
+                        ours_from,
+                    })
+                }
                 None if aborted.is_some() => proven.push(LeftOpen::Unread { at }),
                 open_from => doubts.push(OpenBelow {
                     at,
@@ -166,7 +262,8 @@ impl FirstWrites {
         } else {
             for why in proven {
                 let (at, open_from) = match why {
-                    LeftOpen::Aborted { at, open_from, .. } => (at, Some(open_from)),
+                    LeftOpen::Aborted { at, open_from, .. }
+                    | LeftOpen::Copies { at, open_from, .. } => (at, Some(open_from)),
                     LeftOpen::Unread { at } | LeftOpen::Decided { at, .. } => (at, None),
                 };
                 let ours_from = self.txn.get(&at).copied().unwrap_or_default();
@@ -182,6 +279,11 @@ impl FirstWrites {
         for at in clean.iter().chain(doubts.iter().map(|d| &d.at)) {
             self.aborted.remove(at);
         }
+        for at in &parts {
+            if let Some(gone) = self.copies.remove(at) {
+                self.copies_kept -= gone.len();
+            }
+        }
         self.checked.extend(parts);
         Ok(doubts)
     }
@@ -195,6 +297,7 @@ impl FirstWrites {
     /// The transaction committed: its markers decided whatever of this producer id was
     /// open in its partitions.
     pub fn committed(&mut self) {
+        self.forget_copies();
         for at in std::mem::take(&mut self.txn).into_keys() {
             self.aborted.remove(&at);
         }
@@ -205,6 +308,7 @@ impl FirstWrites {
     /// its records are a span to close wherever Kafka left them open. Asked: its outcome
     /// is unknown, and a span merged with it is no longer proven.
     pub fn aborted(&mut self) {
+        self.forget_copies();
         for (at, first) in std::mem::take(&mut self.txn) {
             if self.commit_asked {
                 self.aborted.remove(&at);
@@ -215,6 +319,12 @@ impl FirstWrites {
             }
         }
         self.commit_asked = false;
+    }
+
+    /// The transaction ended: its records' contents compare with nothing any more.
+    fn forget_copies(&mut self) {
+        self.copies.clear();
+        self.copies_kept = 0;
     }
 
     /// What the process carries into its next session.

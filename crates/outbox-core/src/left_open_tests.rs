@@ -200,3 +200,95 @@ fn a_partition_checked_earlier_in_the_session_can_hold_off_an_abort() {
         Err(LeftOpen::Aborted { .. })
     ));
 }
+
+/// A transaction's records acked at `from..` in `t [p]`, with contents `contents`.
+fn acked_contents(w: &mut FirstWrites, p: i32, from: i64, contents: &[u64]) {
+    for (offset, &c) in (from..).zip(contents) {
+        w.acked("t", p, offset);
+        w.content("t", p, c);
+    }
+}
+
+#[test]
+fn records_open_below_that_copy_our_first_ones_are_aborted_over() {
+    // The hung-broker case: the aborted transaction's records in partition 1 were still in
+    // flight (no ack, so no span), and the broker wrote them anyway.
+    let mut first = FirstWrites::default();
+    acked_contents(&mut first, 0, 0, &[10, 11]);
+    first.aborted();
+    let mut next = FirstWrites::new(first.spans().clone());
+    acked_contents(&mut next, 0, 2, &[10, 11, 12]);
+    acked_contents(&mut next, 1, 3, &[20, 21, 22, 23]);
+    let stable = [Some(0), Some(0)];
+    assert_eq!(
+        next.regions_to_read(&stable),
+        vec![(tp("t", 1), 0, 3)],
+        "not the proven span"
+    );
+    let copies = Regions::from([(tp("t", 1), vec![20, 21, 22])]);
+    assert_eq!(
+        next.clone().judge_with(&stable, &copies),
+        Err(LeftOpen::Aborted {
+            at: tp("t", 0),
+            open_from: 0,
+            ours_from: 2
+        })
+    );
+    let only_copies = Regions::from([(tp("t", 1), vec![20, 21, 22])]);
+    let mut alone = FirstWrites::default();
+    acked_contents(&mut alone, 1, 3, &[20, 21, 22, 23]);
+    assert_eq!(
+        alone.judge_with(&[Some(0)], &only_copies),
+        Err(LeftOpen::Copies {
+            at: tp("t", 1),
+            open_from: 0,
+            ours_from: 3
+        })
+    );
+    // Anything else there, or read short: committed in doubt.
+    for region in [vec![20, 21, 99], vec![20, 21], vec![21, 22, 23]] {
+        let read = Regions::from([(tp("t", 1), region.clone())]);
+        let doubts = next
+            .clone()
+            .judge_with(&stable, &read)
+            .unwrap_or_else(|e| panic!("{region:?}: {e}"));
+        assert_eq!(doubts.len(), 2, "{region:?}");
+    }
+    let doubts = next.judge_with(&stable, &Regions::new()).expect("not read");
+    assert_eq!(doubts.len(), 2);
+}
+
+#[test]
+fn a_region_longer_than_what_was_kept_is_not_read() {
+    let mut w = FirstWrites::default();
+    acked_contents(&mut w, 0, 5, &[1, 2]);
+    assert!(
+        w.regions_to_read(&[Some(2)]).is_empty(),
+        "3 offsets, 2 kept"
+    );
+    assert_eq!(w.regions_to_read(&[Some(3)]), vec![(tp("t", 0), 3, 5)]);
+    assert!(w.regions_to_read(&[Some(5)]).is_empty(), "nothing open");
+    assert!(w.regions_to_read(&[None]).is_empty(), "not read");
+}
+
+#[test]
+fn contents_are_kept_for_unchecked_partitions_up_to_the_cap() {
+    let mut w = FirstWrites::default();
+    acked_contents(&mut w, 0, 0, &[7]);
+    assert_eq!(w.judge(&[Some(0)]), Ok(vec![]));
+    w.committed();
+    // Checked in this session: nothing to compare there any more.
+    acked_contents(&mut w, 0, 2, &[8, 9]);
+    acked_contents(&mut w, 1, 0, &[1]);
+    assert!(w.regions_to_read(&[Some(1), Some(0)]).is_empty());
+    w.committed();
+    let mut big = FirstWrites::default();
+    let many: Vec<u64> = (0..).take(COPIES_KEPT + 5).collect();
+    acked_contents(&mut big, 0, 10, &many);
+    let from = 10 - i64::try_from(COPIES_KEPT).unwrap();
+    assert_eq!(big.regions_to_read(&[Some(from)]).len(), 1);
+    assert!(
+        big.regions_to_read(&[Some(from - 1)]).is_empty(),
+        "past the cap"
+    );
+}

@@ -110,7 +110,7 @@ pub use error::{
 pub use inflight::InFlightEntry;
 pub use kafka_txn::{lost_slot_claim, CommitStep, KafkaTxnCore, TxnError, TxnNext, TxnRules};
 pub use ledger::{InFlightLedger, Outcome, Outgoing, Ticket};
-pub use left_open::{AbortedSpans, FirstWrites, LeftOpen, OpenBelow, TopicPartition};
+pub use left_open::{AbortedSpans, FirstWrites, LeftOpen, OpenBelow, Regions, TopicPartition};
 pub use life::{Claim, Ended, Known, LifeCore, RecordRead, Refusal, SlotView};
 pub use mapping::{BoundTable, OutboxColumns, TableSpec};
 pub use publication::{CatalogLook, Look, Looked, PublicationWatch, WatchStop};

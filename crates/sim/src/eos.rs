@@ -85,6 +85,11 @@ pub struct EosStats {
     pub left_open_doubts: u64,
     /// Committed records left open that a later abort hid (Kafka's; not the relay's).
     pub buried: u64,
+    /// Brokers that hung with records in flight: written, never acked.
+    pub hangs: u64,
+    /// Regions left open read back, and those found copies of the reader's records.
+    pub regions_read: u64,
+    pub copies_found: u64,
 }
 
 impl crate::Tally for EosStats {
@@ -110,6 +115,9 @@ impl crate::Tally for EosStats {
         self.left_open += o.left_open;
         self.left_open_doubts += o.left_open_doubts;
         self.buried += o.buried;
+        self.hangs += o.hangs;
+        self.regions_read += o.regions_read;
+        self.copies_found += o.copies_found;
     }
 }
 
@@ -170,6 +178,14 @@ struct Eos {
     /// Records left open that a check committed over in doubt, by transaction and
     /// partition.
     waived: HashSet<(u64, usize)>,
+    /// Hung brokers (records written with no ack): their own stream.
+    hangs: Rng,
+    /// Transactions' partitions with an acked record, and those with records written
+    /// but none acked (the relay cannot know where they begin).
+    acked_in: HashSet<(u64, usize)>,
+    hung: HashSet<(u64, usize)>,
+    /// The partition whose broker hung: the next end likely finds it without a leader.
+    fenced: Option<usize>,
 }
 
 /// Runs the exactly-once schedule of `seed`.
@@ -236,6 +252,10 @@ pub fn run_exactly_once(seed: u64) -> Result<EosStats, Violation> {
         resurrected: HashMap::new(),
         buried: HashSet::new(),
         waived: HashSet::new(),
+        hangs: Rng::new(seed ^ 0x6875_6e67_5f62_726b),
+        acked_in: HashSet::new(),
+        hung: HashSet::new(),
+        fenced: None,
     };
     eos.broker.trace = eos.trace;
     let steps = 100 + eos.rng.below(200);
@@ -510,6 +530,9 @@ impl Eos {
     /// and acks it; a producer of an ended epoch is refused (fenced).
     fn ack_one(&mut self, s: &mut Session) -> Result<(), Failure> {
         let p = self.rng.index(PARTITIONS);
+        if !s.life.queues[p].is_empty() && self.hangs.chance(4) {
+            return self.hang(s, p);
+        }
         let Some((ticket, w)) = s.life.queues[p].pop_front() else {
             return Ok(());
         };
@@ -520,7 +543,7 @@ impl Eos {
                 .map_err(Failure::rules)?;
             return Err(Failure::Txn(TxnError::Fenced("produce: _FENCED".into())));
         };
-        s.txn.first_writes().acked(TOPIC, partition(p), offset);
+        self.first_write(s, p, offset, &w);
         s.life
             .core
             .on_delivery(ticket, true, self.now_micros())
@@ -610,9 +633,13 @@ impl Eos {
             .map(|(_, p)| usize::try_from(*p).unwrap_or(usize::MAX))
             .collect();
         self.waive_if_unknown(i, &ps);
-        match s.txn.first_writes().judge(&stable) {
+        let regions = self.read_regions(s, &stable);
+        match s.txn.first_writes().judge_with(&stable, &regions) {
             Err(why) => {
                 self.stats.left_open += 1;
+                if matches!(why, outbox_core::LeftOpen::Copies { .. }) {
+                    self.stats.copies_found += 1;
+                }
                 if self.trace {
                     eprintln!("  instance {i} aborts its commit: {why}");
                 }
@@ -643,6 +670,7 @@ impl Eos {
             let by = left_open::By {
                 i,
                 left_open: false,
+                serial: None,
             };
             self.judge_decided(Some(by)).map_err(Failure::Violation)?;
             match answer {
@@ -674,7 +702,7 @@ impl Eos {
         };
         let offset = self.broker.append(s.epoch, p, w);
         if let Some(offset) = offset {
-            s.txn.first_writes().acked(TOPIC, partition(p), offset);
+            self.first_write(s, p, offset, &w);
         }
         s.life
             .core

@@ -174,6 +174,29 @@ impl Broker {
             .map(|(_, s, _, _)| *s)
     }
 
+    /// The records transaction `serial` wrote to partition `p`.
+    pub fn writes_of(&self, serial: u64, p: usize) -> Vec<Written> {
+        self.log
+            .iter()
+            .filter(|(_, s, q, _)| *s == serial && *q == p)
+            .map(|(w, _, _, _)| *w)
+            .collect()
+    }
+
+    /// The records at offsets `from..to` of partition `p`, whatever their transactions'
+    /// states, as a read_uncommitted reader reads them: `None` unless every offset holds one.
+    pub fn region(&self, p: usize, from: i64, to: i64) -> Option<Vec<Written>> {
+        let mut found: Vec<(i64, Written)> = self
+            .log
+            .iter()
+            .filter(|(_, _, q, o)| *q == p && (from..to).contains(o))
+            .map(|(w, _, _, o)| (*o, *w))
+            .collect();
+        found.sort_by_key(|(o, _)| *o);
+        let whole = (from..to).eq(found.iter().map(|(o, _)| *o));
+        whole.then(|| found.into_iter().map(|(_, w)| w).collect())
+    }
+
     /// The open transaction's serial.
     pub fn open_serial(&self) -> Option<u64> {
         self.open.map(|(serial, _, _)| serial)
@@ -186,11 +209,7 @@ impl Broker {
 
     /// The event ids transaction `serial` wrote to partition `p`.
     pub fn ids_of(&self, serial: u64, p: usize) -> Vec<u64> {
-        self.log
-            .iter()
-            .filter(|(_, s, q, _)| *s == serial && *q == p)
-            .map(|(w, _, _, _)| w.id)
-            .collect()
+        self.writes_of(serial, p).iter().map(|w| w.id).collect()
     }
 
     /// Partition `p`'s last stable offset: where its oldest open records begin (this

@@ -219,6 +219,7 @@ impl Eos {
         }
         if s.txn.aborting(self.now) {
             self.stats.aborts += 1;
+            let serial = self.broker.open_serial();
             // librdkafka's abort first waits for the requests in flight (a slow broker is
             // often why the session failed): the broker may expire the transaction
             // meanwhile, and then answers the abort as fenced.
@@ -229,7 +230,11 @@ impl Eos {
             }
             let skipped = self.skipped_markers();
             let abort = self.broker.end_txn(s.epoch, Commit::Abort, &skipped);
-            let by = super::left_open::By { i, left_open };
+            let by = super::left_open::By {
+                i,
+                left_open,
+                serial,
+            };
             self.judge_decided(Some(by))?;
             s.txn.abort_answered(self.now);
             // Anything but fenced or broken leaves the transaction to the next start.

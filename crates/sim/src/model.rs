@@ -233,7 +233,7 @@ impl Config {
 }
 
 /// A record as written to Kafka.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Written {
     pub tag: u8,
     pub id: u64,

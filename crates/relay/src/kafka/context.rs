@@ -18,13 +18,17 @@ pub(crate) struct RelayContext {
     /// The first fatal error reported through the error callback. librdkafka also keeps
     /// it (`rd_kafka_fatal_error`), but the callback may fire before that is visible.
     fatal: OnceLock<String>,
+    /// Transactional: each acked record's content goes with its report, for the check
+    /// of a transaction Kafka left open (`outbox_core::left_open`).
+    contents: bool,
 }
 
 impl RelayContext {
-    pub(crate) fn new(sink: DeliverySink) -> Self {
+    pub(crate) fn new(sink: DeliverySink, contents: bool) -> Self {
         Self {
             sink,
             fatal: OnceLock::new(),
+            contents,
         }
     }
 
@@ -61,6 +65,7 @@ impl ProducerContext for RelayContext {
             Ok(message) => Ok(Delivered {
                 partition: message.partition(),
                 offset: message.offset(),
+                content: self.contents.then(|| super::stable::content_hash(message)),
             }),
             Err((error, _)) => Err(DeliveryFailure::from_kafka_error(error)),
         };
@@ -216,7 +221,7 @@ mod tests {
     #[test]
     fn fatal_global_error_is_remembered_others_are_not() {
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-        let ctx = RelayContext::new(tx);
+        let ctx = RelayContext::new(tx, false);
         ctx.error(
             KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
             "3/3 brokers are down",

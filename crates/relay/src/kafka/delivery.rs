@@ -33,6 +33,9 @@ pub struct Delivery {
 pub struct Delivered {
     pub partition: i32,
     pub offset: i64,
+    /// The record's content hashed ([`crate::kafka::content_hash`]), from a
+    /// transactional producer only.
+    pub content: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -39,4 +39,4 @@ pub use settings::{
     env_var_of_property, is_secret_property, kafka_property_from_env, transaction_timeout_in,
     ProducerSettings, RedactedSettings, Transactions, KAFKA_ENV_PREFIX, QUEUE_MAX_KBYTES_DEFAULT,
 };
-pub use stable::StableOffsets;
+pub use stable::{content_hash, StableOffsets};

@@ -217,7 +217,7 @@ fn build(
     };
     let inner: Arc<BaseProducer<RelayContext>> = Arc::new(
         config
-            .create_with_context(RelayContext::new(deliveries))
+            .create_with_context(RelayContext::new(deliveries, transactional_id.is_some()))
             .map_err(|e| KafkaSetupError::Client(settings.scrub(&e.to_string())))?,
     );
     let stop = spawn_poller(&inner)?;

@@ -1,11 +1,15 @@
 //! Partitions' last stable offsets, where the oldest transaction still open in each
-//! begins: the exactly-once mode's check for a transaction Kafka left open
-//! (`outbox_core::left_open`).
+//! begins, and the records open there: the exactly-once mode's check for a transaction
+//! Kafka left open (`outbox_core::left_open`).
 
-use std::time::Duration;
+use std::hash::{Hash, Hasher};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
-use outbox_core::TopicPartition;
+use outbox_core::{Regions, TopicPartition};
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::config::reader_config;
@@ -18,7 +22,30 @@ use super::settings::ProducerSettings;
 /// carries the client's isolation level). A session makes one at its first check.
 pub struct StableOffsets {
     reader: BaseConsumer<LogContext>,
+    /// A read_uncommitted reader of regions left open, made at the first such read.
+    regions: OnceLock<Option<BaseConsumer<LogContext>>>,
     settings: ProducerSettings,
+}
+
+/// A record's content as [`StableOffsets::read_regions`] compares it: key, value and
+/// headers, each told apart from an absent one. The same in the producer's delivery report
+/// and in a reader's fetch of the same record. Not a proof against an adversary, who
+/// would need to write into the relay's open transaction's partitions anyway.
+pub fn content_hash<M: Message>(m: &M) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    m.key().hash(&mut h);
+    m.payload().hash(&mut h);
+    match m.headers() {
+        None => 0usize.hash(&mut h),
+        Some(headers) => {
+            headers.count().hash(&mut h);
+            for header in headers.iter() {
+                header.key.hash(&mut h);
+                header.value.hash(&mut h);
+            }
+        }
+    }
+    h.finish()
 }
 
 impl StableOffsets {
@@ -29,6 +56,7 @@ impl StableOffsets {
             .map_err(|e| KafkaSetupError::Client(settings.scrub(&e.to_string())))?;
         Ok(StableOffsets {
             reader,
+            regions: OnceLock::new(),
             settings: settings.clone(),
         })
     }
@@ -67,5 +95,80 @@ impl StableOffsets {
                 }
             })
             .collect()
+    }
+
+    /// The contents of the records of each region `(partition, from, to)`, offsets `from`
+    /// to `to - 1`, as a read_uncommitted client reads them (records of transactions still
+    /// open or aborted included, commit and abort markers not: an offset no record is read
+    /// at leaves the region out). A region not read whole within `timeout` is left out.
+    /// Blocks.
+    pub fn read_regions(
+        &self,
+        wanted: &[(TopicPartition, i64, i64)],
+        timeout: Duration,
+    ) -> Regions {
+        let deadline = Instant::now() + timeout;
+        let mut read = Regions::new();
+        let Some(reader) = self.regions.get_or_init(|| self.uncommitted()) else {
+            return read;
+        };
+        for ((topic, partition), from, to) in wanted {
+            if let Some(contents) =
+                self.read_region(reader, (topic, *partition), (*from, *to), deadline)
+            {
+                read.insert((topic.clone(), *partition), contents);
+            }
+        }
+        read
+    }
+
+    fn uncommitted(&self) -> Option<BaseConsumer<LogContext>> {
+        let made = reader_config(&self.settings, "left-open").and_then(|mut config| {
+            config
+                .set("isolation.level", "read_uncommitted")
+                .create_with_context(LogContext)
+                .map_err(|e| KafkaSetupError::Client(self.settings.scrub(&e.to_string())))
+        });
+        made.map_err(|e| tracing::warn!("a reader of records left open: {e}"))
+            .ok()
+    }
+
+    fn read_region(
+        &self,
+        reader: &BaseConsumer<LogContext>,
+        (topic, partition): (&str, i32),
+        (from, to): (i64, i64),
+        deadline: Instant,
+    ) -> Option<Vec<u64>> {
+        let mut at = TopicPartitionList::new();
+        at.add_partition_offset(topic, partition, Offset::Offset(from))
+            .ok()?;
+        reader
+            .assign(&at)
+            .map_err(|e| tracing::warn!(topic, partition, "reading records left open: {e}"))
+            .ok()?;
+        let mut contents = Vec::new();
+        let mut next = from;
+        while next < to {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            match reader.poll(left.min(Duration::from_millis(200))) {
+                None | Some(Err(KafkaError::PartitionEOF(_))) => continue,
+                Some(Err(e)) => {
+                    tracing::warn!(topic, partition, "reading records left open: {e}");
+                    return None;
+                }
+                // An offset skipped is a marker's (or a compacted record's): not ours
+                // one for one.
+                Some(Ok(m)) if m.offset() != next => return None,
+                Some(Ok(m)) => {
+                    contents.push(content_hash(&m));
+                    next += 1;
+                }
+            }
+        }
+        Some(contents)
     }
 }

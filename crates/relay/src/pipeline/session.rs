@@ -661,8 +661,7 @@ impl<'a> Session<'a> {
     fn on_delivery(&mut self, d: Delivery) -> Result<(), RelayError> {
         if d.ticket == PROGRESS_TICKET {
             if let (Ok(at), Some(p), Some(txn)) = (&d.outcome, &self.progress, &mut self.txn) {
-                txn.first_writes()
-                    .acked(p.store.topic(), at.partition, at.offset);
+                first_write(txn, p.store.topic(), at);
             }
             return d.outcome.map(|_| ()).map_err(RelayError::Delivery);
         }
@@ -675,7 +674,7 @@ impl<'a> Session<'a> {
             // Past the ledger's bound on topic names the partition goes unchecked: its
             // commit is one in doubt (docs/transactional-mode.md).
             if let Some(topic) = self.core.ledger().named_topic_of(ticket) {
-                txn.first_writes().acked(topic, at.partition, at.offset);
+                first_write(txn, topic, at);
             }
         }
         self.core.on_delivery(ticket, acked, d.at_unix_micros)?;
@@ -739,4 +738,14 @@ async fn bounded<T>(
     tokio::time::timeout(SQL_TIMEOUT, query)
         .await
         .map_err(|_| RelayError::Postgres(pgrepl::ReplError::Timeout(what)))?
+}
+
+/// An acked record of the open Kafka transaction: where its records begin in the
+/// partition, and what they are (`outbox_core::left_open`).
+fn first_write(txn: &mut outbox_core::KafkaTxnCore, topic: &str, at: &crate::kafka::Delivered) {
+    let writes = txn.first_writes();
+    writes.acked(topic, at.partition, at.offset);
+    if let Some(content) = at.content {
+        writes.content(topic, at.partition, content);
+    }
 }

@@ -193,15 +193,30 @@ impl Session<'_> {
             }
         };
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let stable = tokio::task::spawn_blocking(move || reader.read(&parts, left))
+        let read = Arc::clone(&reader);
+        let stable = tokio::task::spawn_blocking(move || read.read(&parts, left))
             .await
             .map_err(|e| RelayError::Protocol(format!("reading last stable offsets: {e}")))?;
         let Some(txn) = self.txn.as_mut() else {
             return Ok(());
         };
+        // Where something else is open below ours: is it a copy of our first records?
+        let wanted = txn.first_writes().regions_to_read(&stable);
+        let regions = match wanted.is_empty() {
+            true => outbox_core::Regions::new(),
+            false => {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                tokio::task::spawn_blocking(move || reader.read_regions(&wanted, left))
+                    .await
+                    .map_err(|e| RelayError::Protocol(format!("reading records left open: {e}")))?
+            }
+        };
+        let Some(txn) = self.txn.as_mut() else {
+            return Ok(());
+        };
         let doubts = txn
             .first_writes()
-            .judge(&stable)
+            .judge_with(&stable, &regions)
             .map_err(|why| RelayError::Transaction(TxnError::LeftOpen(why)))?;
         for d in doubts {
             self.obs.kafka_txn_in_doubt();
