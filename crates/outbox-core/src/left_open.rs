@@ -58,6 +58,13 @@ pub struct FirstWrites {
     /// yet checked in this session (up to [`COPIES_KEPT`] in all).
     copies: BTreeMap<TopicPartition, Vec<u64>>,
     copies_kept: usize,
+    /// Whether a copy proves anything in this session: only when its replay skipped what
+    /// the newest record claims, as read, and doubted nothing (see
+    /// [`FirstWrites::allow_copies`]).
+    copies_allowed: bool,
+    /// The open transaction wrote where its first record is not known (an ack without an
+    /// offset, or a partition not tracked): an abort would decide that partition unseen.
+    unplaced: bool,
 }
 
 /// Why a transaction must be aborted rather than committed.
@@ -110,10 +117,30 @@ impl FirstWrites {
         }
     }
 
-    /// A record of the open transaction acknowledged at `offset` (a negative one, as
-    /// librdkafka reports a retried produce the broker had already, says nothing).
+    /// Whether the session's copies prove records left open aborted over. A session
+    /// publishes copies of another transaction's records when it does not skip them; the
+    /// next session publishes them again only if it skips no more than this one. That
+    /// holds when this one's replay rested on the newest record, read and trusted whole
+    /// (not unread, not doubted after a spill, no other writer of the key): the next reads
+    /// the same record, or a newer one a commit wrote. A session that published anything
+    /// in doubt, or that found another writer, sets it back to false.
+    pub fn allow_copies(&mut self, allowed: bool) {
+        self.copies_allowed = allowed;
+    }
+
+    /// The open transaction wrote to a partition it does not track (past the bound on
+    /// topic names): it commits, in doubt where anything is open, and never aborts over
+    /// what is open elsewhere (the abort would decide that partition too, unseen).
+    pub fn unplaced(&mut self) {
+        self.unplaced = true;
+    }
+
+    /// A record of the open transaction acknowledged at `offset`. A negative one, as
+    /// librdkafka reports a retried produce the broker had already, hides where the
+    /// transaction's records begin there: [`FirstWrites::unplaced`].
     pub fn acked(&mut self, topic: &str, partition: i32, offset: i64) {
         if offset < 0 {
+            self.unplaced = true;
             return;
         }
         let first = self
@@ -143,6 +170,9 @@ impl FirstWrites {
     /// records, not one proven aborted, and this transaction kept at least as many records'
     /// contents there as the region holds offsets.
     pub fn regions_to_read(&self, stable: &[Option<i64>]) -> Vec<(TopicPartition, i64, i64)> {
+        if !self.copies_allowed || self.unplaced {
+            return Vec::new();
+        }
         self.to_check()
             .into_iter()
             .zip(stable)
@@ -172,6 +202,9 @@ impl FirstWrites {
         let (Some(read), Some(ours)) = (regions.get(at), self.copies.get(at)) else {
             return false;
         };
+        if !self.copies_allowed || self.unplaced {
+            return false;
+        }
         usize::try_from(ours_from.saturating_sub(open_from)).is_ok_and(|len| {
             len > 0 && read.len() == len && ours.get(..len) == Some(read.as_slice())
         })
@@ -255,7 +288,7 @@ impl FirstWrites {
                 }),
             }
         }
-        if doubts.is_empty() {
+        if doubts.is_empty() && !self.unplaced {
             if let Some(why) = proven.into_iter().next() {
                 return Err(why);
             }
@@ -321,10 +354,12 @@ impl FirstWrites {
         self.commit_asked = false;
     }
 
-    /// The transaction ended: its records' contents compare with nothing any more.
+    /// The transaction ended: its records' contents compare with nothing any more, and
+    /// where it wrote is no concern of the next.
     fn forget_copies(&mut self) {
         self.copies.clear();
         self.copies_kept = 0;
+        self.unplaced = false;
     }
 
     /// What the process carries into its next session.

@@ -217,6 +217,7 @@ fn records_open_below_that_copy_our_first_ones_are_aborted_over() {
     acked_contents(&mut first, 0, 0, &[10, 11]);
     first.aborted();
     let mut next = FirstWrites::new(first.spans().clone());
+    next.allow_copies(true);
     acked_contents(&mut next, 0, 2, &[10, 11, 12]);
     acked_contents(&mut next, 1, 3, &[20, 21, 22, 23]);
     let stable = [Some(0), Some(0)];
@@ -236,6 +237,7 @@ fn records_open_below_that_copy_our_first_ones_are_aborted_over() {
     );
     let only_copies = Regions::from([(tp("t", 1), vec![20, 21, 22])]);
     let mut alone = FirstWrites::default();
+    alone.allow_copies(true);
     acked_contents(&mut alone, 1, 3, &[20, 21, 22, 23]);
     assert_eq!(
         alone.judge_with(&[Some(0)], &only_copies),
@@ -261,6 +263,7 @@ fn records_open_below_that_copy_our_first_ones_are_aborted_over() {
 #[test]
 fn a_region_longer_than_what_was_kept_is_not_read() {
     let mut w = FirstWrites::default();
+    w.allow_copies(true);
     acked_contents(&mut w, 0, 5, &[1, 2]);
     assert!(
         w.regions_to_read(&[Some(2)]).is_empty(),
@@ -274,6 +277,7 @@ fn a_region_longer_than_what_was_kept_is_not_read() {
 #[test]
 fn contents_are_kept_for_unchecked_partitions_up_to_the_cap() {
     let mut w = FirstWrites::default();
+    w.allow_copies(true);
     acked_contents(&mut w, 0, 0, &[7]);
     assert_eq!(w.judge(&[Some(0)]), Ok(vec![]));
     w.committed();
@@ -283,6 +287,7 @@ fn contents_are_kept_for_unchecked_partitions_up_to_the_cap() {
     assert!(w.regions_to_read(&[Some(1), Some(0)]).is_empty());
     w.committed();
     let mut big = FirstWrites::default();
+    big.allow_copies(true);
     let many: Vec<u64> = (0..).take(COPIES_KEPT + 5).collect();
     acked_contents(&mut big, 0, 10, &many);
     let from = 10 - i64::try_from(COPIES_KEPT).unwrap();
@@ -290,5 +295,53 @@ fn contents_are_kept_for_unchecked_partitions_up_to_the_cap() {
     assert!(
         big.regions_to_read(&[Some(from - 1)]).is_empty(),
         "past the cap"
+    );
+}
+
+#[test]
+fn copies_prove_nothing_unless_the_replay_rested_on_the_record() {
+    // A session that did not read the record (or doubted it) publishes events a
+    // committed transaction holds: their copies say nothing of how it ended.
+    let mut w = FirstWrites::default();
+    acked_contents(&mut w, 0, 2, &[5, 6]);
+    assert!(w.regions_to_read(&[Some(0)]).is_empty(), "not allowed");
+    let read = Regions::from([(tp("t", 0), vec![5, 6])]);
+    assert_eq!(
+        w.clone().judge_with(&[Some(0)], &read).map(|d| d.len()),
+        Ok(1)
+    );
+    w.allow_copies(true);
+    assert_eq!(w.regions_to_read(&[Some(0)]), vec![(tp("t", 0), 0, 2)]);
+    w.allow_copies(false);
+    assert!(w.regions_to_read(&[Some(0)]).is_empty(), "a doubt since");
+}
+
+#[test]
+fn a_transaction_that_wrote_where_it_cannot_check_never_aborts_over_anything() {
+    let mut first = FirstWrites::default();
+    first.acked("t", 0, 0);
+    first.aborted();
+    // An ack without an offset: where its records begin there is not known.
+    let mut next = FirstWrites::new(first.spans().clone());
+    next.allow_copies(true);
+    next.acked("t", 0, 4);
+    next.acked("t", 1, -1);
+    assert!(next.regions_to_read(&[Some(0)]).is_empty());
+    let doubts = next.judge(&[Some(0)]).expect("committed in doubt");
+    assert_eq!(doubts.len(), 1, "the proven span too");
+    // A partition not tracked at all.
+    let mut other = FirstWrites::new(first.spans().clone());
+    other.acked("t", 0, 4);
+    other.unplaced();
+    assert!(other.judge(&[Some(0)]).is_ok());
+    other.committed();
+    other.acked("t", 0, 9);
+    other.unplaced();
+    other.aborted();
+    let mut after = FirstWrites::new(other.spans().clone());
+    after.acked("t", 0, 12);
+    assert!(
+        matches!(after.judge(&[Some(9)]), Err(LeftOpen::Aborted { .. })),
+        "a transaction's own span is still proven"
     );
 }

@@ -81,6 +81,18 @@ pub struct Known<P> {
     pub unrecorded: bool,
     /// The record shows another live writer: claims prove nothing from now on.
     pub foreign_writer: bool,
+    /// The last session's replay was doubted ([`LifeCore::replay_unproven`]): the claim
+    /// is not used.
+    pub unproven: bool,
+}
+
+impl<P> Known<P> {
+    /// Whether the coming replay skips just what the newest record claims, read and
+    /// trusted whole: what `outbox_core::left_open`'s copies need
+    /// ([`crate::FirstWrites::allow_copies`]).
+    pub fn record_trusted(&self) -> bool {
+        self.read && !self.unproven && !self.foreign_writer
+    }
 }
 
 impl<P> Default for Known<P> {
@@ -91,6 +103,7 @@ impl<P> Default for Known<P> {
             read: false,
             unrecorded: false,
             foreign_writer: false,
+            unproven: false,
         }
     }
 }
@@ -180,6 +193,7 @@ impl<P: Clone> LifeCore<P> {
         let mut known = self.known_claim(read)?;
         if self.unproven {
             known.claim = None;
+            known.unproven = true;
         }
         Ok(known)
     }
@@ -229,6 +243,7 @@ impl<P: Clone> LifeCore<P> {
             publication: view.last_look,
             read: true,
             foreign_writer: view.writers_alternate,
+            unproven: false,
         })
     }
 

@@ -87,6 +87,9 @@ pub struct EosStats {
     pub buried: u64,
     /// Brokers that hung with records in flight: written, never acked.
     pub hangs: u64,
+    /// Sessions that started without the record read (all replayed events published
+    /// again: duplicates, as documented).
+    pub records_unread: u64,
     /// Regions left open read back, and those found copies of the reader's records.
     pub regions_read: u64,
     pub copies_found: u64,
@@ -116,6 +119,7 @@ impl crate::Tally for EosStats {
         self.left_open_doubts += o.left_open_doubts;
         self.buried += o.buried;
         self.hangs += o.hangs;
+        self.records_unread += o.records_unread;
         self.regions_read += o.regions_read;
         self.copies_found += o.copies_found;
     }
@@ -406,6 +410,8 @@ impl Eos {
         }
         let doubts = std::mem::take(&mut s.life.core.observer().doubts);
         if !doubts.is_empty() {
+            // Published in doubt: a later session may skip what this one publishes.
+            s.txn.first_writes().allow_copies(false);
             // In doubt, the replay publishes again: documented duplicates.
             self.stats.doubts += 1;
             if self.trace {

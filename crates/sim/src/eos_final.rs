@@ -32,7 +32,7 @@ impl Eos {
                 let n = count.get(&id).copied().unwrap_or(0);
                 let reinserted = self.reinserted.get(&id).copied().unwrap_or(0)
                     + self.resurrected.get(&id).copied().unwrap_or(0);
-                let doubted = self.stats.doubts > 0;
+                let doubted = self.stats.doubts > 0 || self.stats.records_unread > 0;
                 if self.lost_messages.contains(&id) && n <= 1 {
                     continue;
                 }

@@ -14,7 +14,7 @@ fn every_exactly_once_schedule_keeps_every_invariant() {
     let swept = sweep(first, count, run_exactly_once);
     let (total, secs) = (&swept.total, swept.seconds);
     eprintln!(
-        "simulation, exactly-once: {count} schedules from seed {first} in {secs:.1} s ({:.0} a second; {} steps, {} commits, {} split inside a PostgreSQL transaction, {} aborts, {} commits made again, {} expired, {} fenced, {} kills, {} zombies, {} replay holds spilled, {} replays in doubt, {} slots lost, {} rows inserted again after them, {} event messages lost with them, {} duplicates after a doubt or a re-insert, {} SIGTERMs, {} clean shutdowns, {} transactions ended with markers skipped, {} commits aborted over a transaction left open, {} committed over an older one in doubt, {} committed transactions' records left open then hidden by an abort, {} brokers hung with records in flight, {} regions left open read back, {} found copies and aborted over)",
+        "simulation, exactly-once: {count} schedules from seed {first} in {secs:.1} s ({:.0} a second; {} steps, {} commits, {} split inside a PostgreSQL transaction, {} aborts, {} commits made again, {} expired, {} fenced, {} kills, {} zombies, {} replay holds spilled, {} replays in doubt, {} slots lost, {} rows inserted again after them, {} event messages lost with them, {} duplicates after a doubt or a re-insert, {} SIGTERMs, {} clean shutdowns, {} transactions ended with markers skipped, {} commits aborted over a transaction left open, {} committed over an older one in doubt, {} committed transactions' records left open then hidden by an abort, {} brokers hung with records in flight, {} sessions without the record read, {} regions left open read back, {} found copies and aborted over)",
         count as f64 / secs.max(1e-9),
         total.steps,
         total.commits,
@@ -38,6 +38,7 @@ fn every_exactly_once_schedule_keeps_every_invariant() {
         total.left_open_doubts,
         total.buried,
         total.hangs,
+        total.records_unread,
         total.regions_read,
         total.copies_found
     );

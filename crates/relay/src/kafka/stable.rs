@@ -119,6 +119,10 @@ impl StableOffsets {
                 read.insert((topic.clone(), *partition), contents);
             }
         }
+        // Not left fetching the relay's busiest partitions for the rest of the session.
+        if let Err(e) = reader.unassign() {
+            tracing::debug!("the reader of records left open: {e}");
+        }
         read
     }
 
@@ -160,6 +164,8 @@ impl StableOffsets {
                     tracing::warn!(topic, partition, "reading records left open: {e}");
                     return None;
                 }
+                // What an earlier assignment fetched.
+                Some(Ok(m)) if m.topic() != topic || m.partition() != partition => continue,
                 // An offset skipped is a marker's (or a compacted record's): not ours
                 // one for one.
                 Some(Ok(m)) if m.offset() != next => return None,

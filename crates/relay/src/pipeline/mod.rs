@@ -550,6 +550,7 @@ async fn run_session(
         )
         .await?;
     }
+    let record_trusted = known.record_trusted();
     let claim = known.claim;
     let replay = ReplayStart {
         timeline: system.timeline,
@@ -601,6 +602,7 @@ async fn run_session(
             binary,
             output_settings,
             aborted_spans: carry.aborted_spans.clone(),
+            record_trusted,
         },
     );
     let result = match session.run(&mut stream, shutdown).await {

@@ -122,8 +122,9 @@ pub(super) struct Session<'a> {
 /// What the rules report, as metrics and logs.
 struct Reports {
     obs: Observer,
-    /// A doubt was logged in this session (once is enough; the metric counts each).
-    doubt_logged: bool,
+    /// A replayed transaction was published in doubt in this session (logged once; the
+    /// metric counts each).
+    doubted: bool,
 }
 
 impl Observe for Reports {
@@ -155,7 +156,7 @@ impl Observe for Reports {
 
     fn doubt(&mut self, d: Doubt, held: usize) {
         self.obs.replay_doubt(d);
-        if !std::mem::replace(&mut self.doubt_logged, true) {
+        if !std::mem::replace(&mut self.doubted, true) {
             tracing::warn!(
                 reason = d.as_str(),
                 held,
@@ -191,6 +192,8 @@ pub(super) struct SessionStart {
     /// Exactly-once mode: spans of transactions this process aborted without asking to
     /// commit them (`outbox_core::left_open`).
     pub aborted_spans: outbox_core::AbortedSpans,
+    /// The replay skips just what the newest record claims (`Known::record_trusted`).
+    pub record_trusted: bool,
 }
 
 impl<'a> Session<'a> {
@@ -206,7 +209,7 @@ impl<'a> Session<'a> {
         let timeline = begin.replay.timeline;
         let reports = Reports {
             obs: obs.clone(),
-            doubt_logged: false,
+            doubted: false,
         };
         let mut session = Session {
             cfg,
@@ -256,6 +259,7 @@ impl<'a> Session<'a> {
         if let Some(t) = session.txn.as_mut() {
             t.starts_from(start);
             *t.first_writes() = outbox_core::FirstWrites::new(begin.aborted_spans);
+            t.first_writes().allow_copies(begin.record_trusted);
         }
         session
     }
@@ -673,8 +677,9 @@ impl<'a> Session<'a> {
         if let (Ok(at), Some(txn)) = (&d.outcome, &mut self.txn) {
             // Past the ledger's bound on topic names the partition goes unchecked: its
             // commit is one in doubt (docs/transactional-mode.md).
-            if let Some(topic) = self.core.ledger().named_topic_of(ticket) {
-                first_write(txn, topic, at);
+            match self.core.ledger().named_topic_of(ticket) {
+                Some(topic) => first_write(txn, topic, at),
+                None => txn.first_writes().unplaced(),
             }
         }
         self.core.on_delivery(ticket, acked, d.at_unix_micros)?;

@@ -201,11 +201,20 @@ impl Session<'_> {
             return Ok(());
         };
         // Where something else is open below ours: is it a copy of our first records?
+        // Not after publishing in doubt, or with another writer of the record's key.
+        let foreign = self
+            .progress
+            .as_ref()
+            .is_some_and(|p| p.store.foreign_writer());
+        if self.core.observer().doubted || foreign {
+            txn.first_writes().allow_copies(false);
+        }
         let wanted = txn.first_writes().regions_to_read(&stable);
         let regions = match wanted.is_empty() {
             true => outbox_core::Regions::new(),
             false => {
-                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                // Half of what is left at most: the rest is for the commit.
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now()) / 2;
                 tokio::task::spawn_blocking(move || reader.read_regions(&wanted, left))
                     .await
                     .map_err(|e| RelayError::Protocol(format!("reading records left open: {e}")))?
