@@ -191,7 +191,11 @@ impl FirstWrites {
     }
 
     /// Whether the region `open_from..ours_from` of `at`, as read, is this transaction's
-    /// first records there, one for one.
+    /// first records there, one for one. Copies of another producer id (another
+    /// transactional.id relaying the same rows) stay open after this abort; the next
+    /// session's region holds them, this transaction's aborted records and its abort
+    /// marker (an offset no record is read at), so it is read short: one abort more, no
+    /// loop.
     fn copies_of_ours(
         &self,
         at: &TopicPartition,
