@@ -7,8 +7,8 @@ use outbox_core::pgtype::quote_ident;
 use std::collections::BTreeMap;
 
 use outboxd_relay::kafka::{
-    BackfillState, ProgressRecord, ProgressStore, PublicationSeen, SlotIdentity, SlotRecords,
-    EMITTED_LOST_TEXT,
+    republish_text, BackfillState, ProgressRecord, ProgressStore, PublicationSeen, RepublishOwed,
+    SlotIdentity, SlotRecords, EMITTED_LOST_TEXT,
 };
 use outboxd_relay::pipeline::{
     compare_publication, create_checked, judge_missing_slot, judge_slot,
@@ -27,7 +27,7 @@ use crate::wiring;
 mod objects;
 mod record;
 use objects::{create_publication, create_table, verify_existing_publication};
-use record::{record_cluster, records_kept, settled_look};
+use record::{mark_republished, record_cluster, record_owed, records_kept, settled_look};
 
 /// Why init stopped. Every failure is on the PostgreSQL side: exit 3.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +53,8 @@ pub struct Flags {
     /// `--backfill "<condition>"`: publish the rows it selects from the new slot's
     /// snapshot before streaming (`outboxd_relay::pipeline::Backfill`).
     pub backfill: Option<String>,
+    /// `--republish-done`: the rows an owed re-publish named are back in Kafka.
+    pub republish_done: bool,
 }
 
 pub async fn init(s: &Settings, flags: Flags) -> i32 {
@@ -113,6 +115,9 @@ async fn init_inner(s: &Settings, flags: Flags) -> Result<(), InitError> {
         records: None,
         flags,
     };
+    if shared.flags.republish_done {
+        mark_republished(s, &mut shared).await?;
+    }
     for view in &shards {
         init_shard(view, &sql, &mut shared).await?;
     }
@@ -301,6 +306,15 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
             let creation =
                 judge_missing_slot(&s.slot, &table, topic, history.judged(), rows, consent)
                     .map_err(|e| InitError::Refused(e.to_string()))?;
+            // Before the slot: once it exists, its position says nothing about these rows,
+            // and prune must already know (a back-fill publishes its rows itself).
+            if let (Creation::Recreate(old), None) = (&creation, &shared.flags.backfill) {
+                let why = format!(
+                    "replication slot {} was lost and created again by `outboxd init --recreate-lost-slot`",
+                    s.slot
+                );
+                record_owed(s, shared, RepublishOwed::new(why, old.republish_text())).await?;
+            }
             // What the record's look must still match once the slot is made (and
             // back-filled): the slot decodes with the publication of each row's time.
             let before = match records_kept(s) {

@@ -78,7 +78,8 @@ const EXIT_TABLE: &[ExitCode] = &[
         meaning: "permanent Postgres-side problem: slot missing/dropped/invalidated (status: \
                   missing or wal_status lost), publication missing, wrong table shape, \
                   authentication, TLS or permission failure, no host of the wanted kind; \
-                  prune: also the slot not confirming past a batch's snapshot in time \
+                  prune: also the slot not confirming past a batch's snapshot in time, a \
+                  re-publish or back-fill still owed, or its progress record unread \
                   (nothing unrelayed is deleted)",
     },
     ExitCode {
@@ -225,6 +226,10 @@ struct InitArgs {
     /// to resume one that stopped (trusted SQL: docs/operations.md)
     #[arg(long, value_name = "SQL_CONDITION")]
     backfill: Option<String>,
+    /// The rows `init` said are owed a re-publish (after --recreate-lost-slot or
+    /// --accept-publication-change) are re-published: `outboxd prune` deletes again
+    #[arg(long, conflicts_with_all = ["recreate_lost_slot", "accept_publication_change", "backfill"])]
+    republish_done: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -263,6 +268,7 @@ pub fn main(args: &[String]) -> i32 {
                 replace_record: a.replace_progress_record,
                 accept_publication: a.accept_publication_change,
                 backfill: a.backfill.clone(),
+                republish_done: a.republish_done,
                 ..init::Flags::default()
             };
             flags.consent.recreate_lost_slot = a.recreate_lost_slot;

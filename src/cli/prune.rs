@@ -12,6 +12,8 @@
 
 use std::time::{Duration, Instant};
 
+use outboxd_relay::kafka::ProgressStore;
+use outboxd_relay::pipeline::refuse_unfinished_backfill;
 use pgrepl::preflight;
 
 use super::{say, EXIT_CONFIG, EXIT_OK, EXIT_POSTGRES};
@@ -56,6 +58,16 @@ enum PruneError {
     Sql(#[from] tokio_postgres::Error),
     #[error("replication slot {0:?} does not exist: nothing can prove which rows were relayed, so none is deleted")]
     NoSlot(String),
+    #[error("{0}; prune deletes nothing until then")]
+    BackfillUnfinished(outboxd_relay::pipeline::RelayError),
+    #[error("{why} ({at}): {rows} may not be in Kafka. {}", self.remedy().unwrap_or_default())]
+    RepublishOwed {
+        why: String,
+        at: String,
+        rows: String,
+    },
+    #[error("cannot read the progress record in {topic} ({reason}): {}", self.remedy().unwrap_or_default())]
+    RecordUnread { topic: String, reason: String },
     #[error("replication slot {slot:?} did not confirm past {lsn} within {wait:?} (it is at {at}): {}", self.remedy().unwrap_or_default())]
     NotConfirmed {
         slot: String,
@@ -74,6 +86,16 @@ impl PruneError {
                 "rows newer than its position may not be in Kafka yet, so none was deleted in \
                 this batch. Is outboxd running and caught up (`outboxd status`)? Run prune \
                 again then, or with a longer --wait",
+            ),
+            PruneError::RepublishOwed { .. } => String::from(
+                "The slot's position proves nothing about them, so prune deletes no row. \
+                Re-publish them (docs/operations.md, \"A lost slot: re-publishing\", step 3), \
+                then run `outboxd init --republish-done`, and prune again",
+            ),
+            PruneError::RecordUnread { .. } => String::from(
+                "it says whether rows are owed a re-publish or a back-fill, which the slot's \
+                position does not prove relayed, so prune deletes nothing. Run prune again once \
+                Kafka answers",
             ),
             _ => return None,
         };
@@ -105,7 +127,8 @@ pub async fn prune(s: &Settings, args: &PruneArgs) -> i32 {
 
 async fn prune_table(s: &Settings, args: &PruneArgs) -> Result<u64, PruneError> {
     let config = wiring::connect_config(s);
-    let (_, mut batch_conn) = config.connect_sql_target().await?;
+    let (pg, mut batch_conn) = config.connect_sql_target().await?;
+    refuse_owed_rows(s, &pg).await?;
     let (_, watch) = config.connect_sql_target().await?;
     let table = s.table();
     // Exact pg_catalog operators on every pair (docs/sql.md): timestamptz < timestamptz,
@@ -147,6 +170,49 @@ async fn prune_table(s: &Settings, args: &PruneArgs) -> Result<u64, PruneError> 
         }
     }
 }
+
+/// The slot's position proves a row relayed only if the slot decoded its commit: not for
+/// rows committed while a slot was lost, or hidden by an accepted publication change,
+/// until the operator re-published them, nor for a back-fill's rows until it finished.
+/// The progress record says which; without one kept (no topic or no Kafka) prune relies
+/// on the operator pausing it (docs/operations.md).
+async fn refuse_owed_rows(s: &Settings, pg: &pgrepl::ConnectConfig) -> Result<(), PruneError> {
+    let Some(topic) = s.progress_topic.as_deref() else {
+        return Ok(());
+    };
+    if s.producer.bootstrap_servers.trim().is_empty() {
+        return Ok(());
+    }
+    let unread = |reason: String| PruneError::RecordUnread {
+        topic: topic.to_owned(),
+        reason,
+    };
+    let system = pgrepl::ReplicationConnection::connect(pg)
+        .await?
+        .identify_system()
+        .await?;
+    let identity = super::slot_identity(s, &system.system_id);
+    let store = ProgressStore::new(&s.producer, topic).map_err(|e| unread(e.to_string()))?;
+    store.never_create_topic();
+    let records = match tokio::time::timeout(RECORD_WAIT, store.read_slot(&identity)).await {
+        Ok(Ok(records)) => records,
+        Ok(Err(e)) => return Err(unread(e.to_string())),
+        Err(_) => return Err(unread(format!("no answer within {RECORD_WAIT:?}"))),
+    };
+    refuse_unfinished_backfill(&records, topic, &identity)
+        .map_err(PruneError::BackfillUnfinished)?;
+    match records.republish {
+        Some(owed) if !owed.done => Err(PruneError::RepublishOwed {
+            at: owed.recorded_at_text(),
+            why: owed.why,
+            rows: owed.rows,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// How long prune waits for Kafka to read the slot's progress record.
+const RECORD_WAIT: Duration = Duration::from_secs(30);
 
 /// Waits until the slot has confirmed `lsn`: every transaction that ended before it is
 /// in Kafka.

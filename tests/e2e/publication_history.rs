@@ -85,10 +85,19 @@ async fn republish_and_accept(
         }
     };
     assert_eq!(code, 0, "{out}");
+    assert!(out.contains("`outboxd init --republish-done`"), "{out}");
     let relay = Relay::start(s.env.clone(), &["run"]);
     wait_active_pid(client, &s.outbox.slot, Duration::from_secs(120)).await;
+    // The retention job, run meanwhile, keeps the rows the change hid (a loss the final
+    // delivery check would show), until the operator says they are re-published.
+    let prune = ["prune", "--older-than", "1s", "--wait", "30s"];
+    let (code, out) = run_to_end(&s.env, &prune);
+    assert_eq!(code, 3, "rows are owed a re-publish: {out}");
+    assert!(out.contains("`outboxd init --republish-done`"), "{out}");
     let moved = schema::republish_since(client, since).await;
     assert_eq!(moved, expect_moved, "the rows committed since the change");
+    let (code, out) = run_to_end(&s.env, &["init", "--republish-done"]);
+    assert_eq!(code, 0, "{out}");
     relay
 }
 

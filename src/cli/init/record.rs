@@ -2,6 +2,7 @@
 //! carries: the baseline `run` compares the publication with.
 
 use super::*;
+use outboxd_relay::pipeline::RelayError;
 
 /// Whether `init` writes the slot's progress record (a topic, and Kafka to write it to).
 pub(super) fn records_kept(s: &Settings) -> bool {
@@ -179,6 +180,34 @@ pub(super) async fn record_cluster(
             None => {}
         }
     }
+    // Accepted: the rows the change hid are the operator's to re-publish, and prune's to
+    // keep until then. Recorded first: a change accepted unrecorded would let prune
+    // delete them.
+    if let (true, false, true) = (flags.accept_publication, renew, table.is_some()) {
+        let hidden = match recorded {
+            Some(last) => match compare_publication(&s.publication, last, now.as_ref()) {
+                Ok(()) => None,
+                Err(RelayError::PublicationChanged { since, .. }) => Some(format!(
+                    "the outbox rows committed since {since}, minus your longest transaction (created_at is a transaction's start)"
+                )),
+                Err(_) => Some(republish_text(None)),
+            },
+            None if created_since.is_none() => {
+                judge_unrecorded_publication(sql, &s.publication, &s.slot, identity.key(), topic)
+                    .await
+                    .err()
+                    .map(|_| republish_text(None))
+            }
+            None => None,
+        };
+        if let Some(rows) = hidden {
+            let why = format!(
+                "a change of publication {} was accepted by `outboxd init --accept-publication-change`",
+                s.publication
+            );
+            write_owed(store, &identity, topic, &RepublishOwed::new(why, rows)).await?;
+        }
+    }
     record.publication = baseline.or(now);
     let written = tokio::time::timeout(KAFKA_WAIT, store.write_and_wait(&identity, &record)).await;
     if let Some(changed) = changed {
@@ -221,5 +250,114 @@ pub(super) async fn record_cluster(
             )
         }
     );
+    Ok(())
+}
+
+/// Records, before the slot is created, that rows committed while it was lost are owed a
+/// re-publish, so that `outboxd prune` deletes nothing until the operator says they are
+/// back in Kafka. Without a readable progress topic there is nowhere to say it: the
+/// operator is told to pause prune by hand.
+pub(super) async fn record_owed(
+    s: &Settings,
+    shared: &mut Shared<'_>,
+    owed: RepublishOwed,
+) -> Result<(), InitError> {
+    let by_hand = |why: &str| {
+        say!(
+            "warn {why}: pause `outboxd prune` by hand until {} are re-published",
+            owed.rows
+        );
+    };
+    let Some(topic) = s.progress_topic.as_deref().filter(|_| records_kept(s)) else {
+        by_hand("no progress topic records that rows are owed a re-publish");
+        return Ok(());
+    };
+    let Records { system, read } = shared.records(s, topic).await?;
+    let identity = crate::cli::slot_identity(s, &system.system_id);
+    match read {
+        Ok((store, _)) => write_owed(store, &identity, topic, &owed).await,
+        Err(e) => {
+            by_hand(&format!("{topic} cannot be read ({e})"));
+            Ok(())
+        }
+    }
+}
+
+async fn write_owed(
+    store: &ProgressStore,
+    identity: &SlotIdentity,
+    topic: &str,
+    owed: &RepublishOwed,
+) -> Result<(), InitError> {
+    let failed = |why: String| {
+        InitError::Refused(format!(
+            "cannot record in {topic} that {} are owed a re-publish ({why}), so nothing was changed: run the same command again once Kafka answers",
+            owed.rows
+        ))
+    };
+    match tokio::time::timeout(KAFKA_WAIT, store.write_republish(identity, owed)).await {
+        Ok(Ok(())) => {
+            say!(
+                "ok  {topic} records that {} are owed a re-publish: `outboxd prune` deletes nothing until you run `outboxd init --republish-done` once they are re-published",
+                owed.rows
+            );
+            Ok(())
+        }
+        Ok(Err(e)) => Err(failed(e.to_string())),
+        Err(_) => Err(failed(format!("no acknowledgement within {KAFKA_WAIT:?}"))),
+    }
+}
+
+/// `--republish-done`: every owed re-publish of the shards' slots is marked done, and
+/// prune deletes again.
+pub(super) async fn mark_republished(
+    s: &Settings,
+    shared: &mut Shared<'_>,
+) -> Result<(), InitError> {
+    let Some(topic) = s.progress_topic.as_deref().filter(|_| records_kept(s)) else {
+        return Err(InitError::Refused(
+            "--republish-done needs the progress topic (OUTBOXD_PROGRESS_TOPIC and OUTBOXD_KAFKA_BOOTSTRAP_SERVERS), where owed re-publishes are recorded".into(),
+        ));
+    };
+    let all = shared.all;
+    let Records { system, read } = shared.records(s, topic).await?;
+    let (store, found) = read.as_ref().map_err(|e| {
+        InitError::Refused(format!(
+            "{topic} cannot be read ({e}), so no re-publish was marked done: run the same command again once Kafka answers"
+        ))
+    })?;
+    for view in all {
+        let owed = match found.get(&view.slot) {
+            Some(Ok(records)) => records.republish.clone(),
+            Some(Err(e)) => {
+                return Err(InitError::Refused(format!(
+                    "the progress record of slot {} cannot be read ({e}), so its re-publish was not marked done",
+                    view.slot
+                )))
+            }
+            None => None,
+        };
+        match owed {
+            Some(owed) if !owed.done => {
+                let identity = crate::cli::slot_identity(view, &system.system_id);
+                let done = RepublishOwed { done: true, ..owed };
+                let written =
+                    tokio::time::timeout(KAFKA_WAIT, store.write_republish(&identity, &done)).await;
+                if !matches!(written, Ok(Ok(()))) {
+                    return Err(InitError::Refused(format!(
+                        "Kafka did not take the mark for slot {}: run the same command again",
+                        view.slot
+                    )));
+                }
+                say!(
+                    "ok  slot {}: the re-publish of {} (owed since {}) is marked done; `outboxd prune` deletes again",
+                    view.slot,
+                    done.rows,
+                    done.recorded_at_text()
+                );
+            }
+            _ => say!("ok  slot {}: no re-publish is owed", view.slot),
+        }
+    }
     Ok(())
 }

@@ -32,7 +32,7 @@ pub use producer::{
 };
 pub use progress::{
     pg_time_text, republish_text, BackfillState, ProgressError, ProgressRecord, ProgressStore,
-    PublicationSeen, SlotIdentity, SlotRecords, EMITTED_LOST_TEXT,
+    PublicationSeen, RepublishOwed, SlotIdentity, SlotRecords, EMITTED_LOST_TEXT,
 };
 pub use rdkafka::types::RDKafkaErrorCode;
 pub use settings::{

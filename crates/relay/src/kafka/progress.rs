@@ -33,8 +33,10 @@ use super::settings::ProducerSettings;
 
 impl ConsumerContext for LogContext {}
 
+mod owed;
 mod record;
 
+pub use owed::RepublishOwed;
 use record::SlotScan;
 pub use record::{
     pg_time_text, republish_text, BackfillState, ProgressRecord, PublicationSeen, SlotIdentity,
@@ -665,6 +667,16 @@ impl ProgressStore {
         state: &BackfillState,
     ) -> Result<(), ProgressError> {
         self.write_keyed(&id.backfill_key(), &state.to_json()).await
+    }
+
+    /// Writes the slot's owed re-publish ([`SlotIdentity::republish_key`]) and waits for
+    /// the ack.
+    pub async fn write_republish(
+        &self,
+        id: &SlotIdentity,
+        owed: &RepublishOwed,
+    ) -> Result<(), ProgressError> {
+        self.write_keyed(&id.republish_key(), &owed.to_json()).await
     }
 
     async fn write_keyed(&self, key: &str, value: &str) -> Result<(), ProgressError> {

@@ -186,10 +186,10 @@ pub enum RelayError {
 
 /// Said wherever outboxd asks for rows to be re-published: prune deletes a row once the
 /// slot has confirmed past it, which a slot created (or accepted) after the row proves
-/// nothing about.
-const PRUNE_PAUSE: &str = "pause `outboxd prune` until the rows are re-published: it takes \
-    the slot's position as proof that older rows were relayed, which a slot created after \
-    them is not";
+/// nothing about, so `init` records the rows as owed and prune waits for the operator.
+const PRUNE_PAUSE: &str = "once the rows are re-published, run `outboxd init \
+    --republish-done`: until then `outboxd prune` deletes nothing, since a slot created \
+    after them proves nothing about them (with no progress topic, pause prune by hand)";
 
 impl RelayError {
     /// What follows the short account of what happened: why it matters and what the
@@ -334,7 +334,9 @@ impl RelayError {
                 change, minus your longest transaction (if you do not know when: since the \
                 time the last progress record under the old key or topic names; \
                 docs/operations.md, \"The publication changed\"), then run `outboxd init \
-                --accept-publication-change` and start outboxd"
+                --accept-publication-change`, then `outboxd init --republish-done` (the rows \
+                are re-published already; `outboxd prune` deletes nothing between the two), \
+                and start outboxd"
             ),
             RelayError::FirstLookUnrecorded { .. } => String::from(
                 "with no look recorded, a later start could not tell whether it changed while \

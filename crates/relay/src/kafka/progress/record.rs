@@ -8,6 +8,7 @@ use outbox_core::slot_fate::{self, SlotRecordSeen};
 use outbox_core::{DeliveredPosition, TxnMark};
 use pgoutput::Lsn;
 
+use super::owed::RepublishOwed;
 use super::ProgressError;
 
 /// Which slot a record is about.
@@ -53,6 +54,11 @@ impl SlotIdentity {
     /// and `init` find an unfinished back-fill whatever the slot's record says.
     pub fn backfill_key(&self) -> String {
         format!("{}#backfill", self.key())
+    }
+
+    /// The key of the slot's owed re-publish ([`RepublishOwed`]).
+    pub fn republish_key(&self) -> String {
+        format!("{}#republish", self.key())
     }
 }
 
@@ -188,13 +194,13 @@ impl PublicationSeen {
     }
 }
 
-fn unix_ms_now() -> u64 {
+pub(super) fn unix_ms_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-fn rfc3339_of_ms(ms: u64) -> String {
+pub(super) fn rfc3339_of_ms(ms: u64) -> String {
     outbox_core::rfc3339_utc_seconds(i64::try_from(ms / 1000).unwrap_or(i64::MAX))
 }
 
@@ -527,6 +533,9 @@ pub struct SlotRecords {
     pub creating: Option<ProgressRecord>,
     /// The slot's back-fill (`init --backfill`), if one was started.
     pub backfill: Option<BackfillState>,
+    /// Rows the slot cannot have relayed, if `init` recorded any (`--republish-done`
+    /// marks them done).
+    pub republish: Option<RepublishOwed>,
     /// Whether the topic ever held a record (its high watermark is past 0). One that did,
     /// but holds none of this slot, cannot say the slot never existed: its record may have
     /// been deleted (by retention, or by hand).
@@ -597,6 +606,8 @@ pub(super) struct SlotScan {
     creating: Option<Option<Vec<u8>>>,
     backfill_key: String,
     backfill: Option<Option<Vec<u8>>>,
+    republish_key: String,
+    republish: Option<Option<Vec<u8>>>,
     lineages: Vec<u64>,
     /// Newest value per key of another cluster's record of this slot (None: deleted).
     others: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
@@ -610,6 +621,8 @@ impl SlotScan {
             creating: None,
             backfill_key: id.backfill_key(),
             backfill: None,
+            republish_key: id.republish_key(),
+            republish: None,
             same_slot_suffix: format!("/{}/{}", id.database, id.slot),
             latest: None,
             lineages: Vec::new(),
@@ -636,6 +649,8 @@ impl SlotScan {
             self.creating = Some(payload.map(<[u8]>::to_vec));
         } else if key == self.backfill_key.as_bytes() {
             self.backfill = Some(payload.map(<[u8]>::to_vec));
+        } else if key == self.republish_key.as_bytes() {
+            self.republish = Some(payload.map(<[u8]>::to_vec));
         } else if key.ends_with(self.same_slot_suffix.as_bytes()) {
             self.others
                 .insert(key.to_vec(), payload.map(<[u8]>::to_vec));
@@ -692,6 +707,10 @@ impl SlotScan {
             lineages: self.lineages,
             creating,
             backfill,
+            republish: self
+                .republish
+                .flatten()
+                .map(|bytes| RepublishOwed::from_json(&bytes)),
             topic_had_records,
         })
     }
