@@ -308,12 +308,19 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
                     .map_err(|e| InitError::Refused(e.to_string()))?;
             // Before the slot: once it exists, its position says nothing about these rows,
             // and prune must already know (a back-fill publishes its rows itself).
-            if let (Creation::Recreate(old), None) = (&creation, &shared.flags.backfill) {
+            // Told to recreate it, and no record names its time (deleted, unreadable, under
+            // another name): every row may be owed.
+            let rows = match &creation {
+                Creation::Recreate(old) => Some(old.republish_text()),
+                Creation::OverRows if consent.recreate_lost_slot => Some(republish_text(None)),
+                _ => None,
+            };
+            if let (Some(rows), None) = (rows, &shared.flags.backfill) {
                 let why = format!(
                     "replication slot {} was lost and created again by `outboxd init --recreate-lost-slot`",
                     s.slot
                 );
-                record_owed(s, shared, RepublishOwed::new(why, old.republish_text())).await?;
+                record_owed(s, shared, RepublishOwed::new(why, rows)).await?;
             }
             // What the record's look must still match once the slot is made (and
             // back-filled): the slot decodes with the publication of each row's time.
@@ -361,8 +368,13 @@ async fn init_shard(s: &Settings, sql: &Client, shared: &mut Shared<'_>) -> Resu
                     s.slot
                 ),
                 Creation::OverRows => say!(
-                    "warn slot {}: rows already in {table} are not relayed (--skip-existing-rows)",
-                    s.slot
+                    "warn slot {}: rows already in {table} are not relayed ({})",
+                    s.slot,
+                    if consent.recreate_lost_slot {
+                        "--recreate-lost-slot: re-publish those not in Kafka"
+                    } else {
+                        "--skip-existing-rows"
+                    }
                 ),
             }
             say!(

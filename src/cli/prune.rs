@@ -95,7 +95,8 @@ impl PruneError {
             PruneError::RecordUnread { .. } => String::from(
                 "it says whether rows are owed a re-publish or a back-fill, which the slot's \
                 position does not prove relayed, so prune deletes nothing. Run prune again once \
-                Kafka answers",
+                it can be read (with OUTBOXD_PROGRESS_TOPIC empty no record is kept, and prune \
+                does not look: then pause it by hand while rows are owed)",
             ),
             _ => return None,
         };
@@ -180,13 +181,17 @@ async fn refuse_owed_rows(s: &Settings, pg: &pgrepl::ConnectConfig) -> Result<()
     let Some(topic) = s.progress_topic.as_deref() else {
         return Ok(());
     };
-    if s.producer.bootstrap_servers.trim().is_empty() {
-        return Ok(());
-    }
     let unread = |reason: String| PruneError::RecordUnread {
         topic: topic.to_owned(),
         reason,
     };
+    // Prune's environment is the relay's: a cron job without Kafka must not pass for one
+    // with nothing owed.
+    if s.producer.bootstrap_servers.trim().is_empty() {
+        return Err(unread(
+            "OUTBOXD_KAFKA_BOOTSTRAP_SERVERS is not set: give prune the same Kafka settings as `outboxd run`".into(),
+        ));
+    }
     let system = pgrepl::ReplicationConnection::connect(pg)
         .await?
         .identify_system()
@@ -201,6 +206,15 @@ async fn refuse_owed_rows(s: &Settings, pg: &pgrepl::ConnectConfig) -> Result<()
     };
     refuse_unfinished_backfill(&records, topic, &identity)
         .map_err(PruneError::BackfillUnfinished)?;
+    // `init` and every `run` write it: none under this key is another topic, cluster name
+    // or Kafka than the relay's, where an owed re-publish would not be seen either.
+    if records.ours.is_none() {
+        return Err(unread(format!(
+            "none of slot {} under key {:?}: give prune the same OUTBOXD_PROGRESS_TOPIC, OUTBOXD_CLUSTER_NAME and Kafka settings as `outboxd run`, which writes it",
+            identity.slot,
+            identity.key()
+        )));
+    }
     match records.republish {
         Some(owed) if !owed.done => Err(PruneError::RepublishOwed {
             at: owed.recorded_at_text(),

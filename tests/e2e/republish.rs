@@ -71,12 +71,20 @@ async fn rows_committed_while_the_slot_was_lost_can_be_republished() {
     );
     assert!(out.contains("`outboxd init --republish-done`"), "{out}");
     assert_eq!(rows(&client).await, 50, "nothing deleted: {out}");
+    let owed = |out: &str| {
+        out.lines()
+            .any(|l| l.starts_with("warn  re-publish owed: "))
+    };
+    let (_, out) = run_to_end(&env, &["check"]);
+    assert!(owed(&out), "check names the owed re-publish: {out}");
 
     // Re-published as the runbook says, then said so as prune says.
     let moved = schema::republish_since(&client, &lost_since).await;
     assert_eq!(moved, 20, "the rows committed while the slot was lost");
     let (code, out) = run_to_end(&env, &["init", "--republish-done"]);
     assert_eq!(code, 0, "{out}");
+    let (_, out) = run_to_end(&env, &["check"]);
+    assert!(!owed(&out), "{out}");
     let received = read_all_blocking(&broker.bootstrap(), &topics, &lost, Duration::from_secs(60));
     let (code, out) = run_to_end(&env, &prune);
     assert_eq!(code, 0, "{out}");

@@ -85,8 +85,16 @@ async fn run_refuses(env: &[(String, String)], client: &tokio_postgres::Client, 
 async fn republish_and_check(client: &tokio_postgres::Client, l: &Lost, env: &[(String, String)]) {
     let relay = Relay::start(env.to_vec(), &["run"]);
     wait_active_pid(client, &l.outbox.slot, Duration::from_secs(120)).await;
+    // The retention job, run meanwhile, keeps the rows owed (a loss the delivery check
+    // below would show) until the operator says they are re-published.
+    let prune = ["prune", "--older-than", "1s", "--wait", "30s"];
+    let (code, out) = run_to_end(env, &prune);
+    assert_eq!(code, 3, "rows are owed a re-publish: {out}");
+    assert!(out.contains("`outboxd init --republish-done`"), "{out}");
     let moved = schema::republish_since(client, &l.lost_since).await;
     assert_eq!(moved, 20);
+    let (code, out) = run_to_end(env, &["init", "--republish-done"]);
+    assert_eq!(code, 0, "{out}");
     let all = [l.first.clone(), l.during.clone()].concat();
     check_delivery(
         &all,

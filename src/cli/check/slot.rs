@@ -174,6 +174,12 @@ pub(super) async fn check_record(
             Err(e) => r.warn("publication unchanged", e),
         }
     }
+    if let Some(owed) = found.republish.as_ref().filter(|o| !o.done) {
+        r.warn(
+            "re-publish owed",
+            format!("{} ({}): {} may not be in Kafka, and `outboxd prune` deletes nothing until you re-publish them and run `outboxd init --republish-done` (docs/operations.md, \"A lost slot: re-publishing\")", owed.why, owed.recorded_at_text(), owed.rows),
+        );
+    }
     let Some(record) = &found.ours else {
         return r.ok(
             what,

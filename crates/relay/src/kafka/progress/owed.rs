@@ -29,6 +29,25 @@ impl RepublishOwed {
         }
     }
 
+    /// This one, recorded while `earlier` is still owed: both, since the rows of the
+    /// earlier one are not back in Kafka either (a slot lost again before its rows were
+    /// re-published would otherwise name only the later, shorter span).
+    pub fn after(self, earlier: Option<&RepublishOwed>) -> Self {
+        match earlier.filter(|e| !e.done) {
+            None => self,
+            Some(e) => RepublishOwed {
+                why: format!(
+                    "{}; before that, {} ({})",
+                    self.why,
+                    e.why,
+                    e.recorded_at_text()
+                ),
+                rows: format!("{}, and {}", e.rows, self.rows),
+                ..self
+            },
+        }
+    }
+
     /// When `init` recorded it, as RFC 3339 UTC text.
     pub fn recorded_at_text(&self) -> String {
         rfc3339_of_ms(self.recorded_at_unix_ms)
@@ -90,6 +109,18 @@ mod tests {
         assert_eq!(RepublishOwed::from_json(owed.to_json().as_bytes()), owed);
         owed.done = true;
         assert_eq!(RepublishOwed::from_json(owed.to_json().as_bytes()), owed);
+        let later = RepublishOwed::new("lost again".into(), "rows since later".into());
+        let open = RepublishOwed {
+            done: false,
+            ..owed.clone()
+        };
+        let both = later.clone().after(Some(&open));
+        assert_eq!(both.rows, "rows since then, and rows since later");
+        assert_eq!(
+            later.clone().after(Some(&owed)),
+            later,
+            "a done one is not owed"
+        );
         for junk in [&b"not json"[..], b"[]", b"{}", b"{\"done\": \"yes\"}"] {
             assert!(!RepublishOwed::from_json(junk).done, "{junk:?}");
         }
