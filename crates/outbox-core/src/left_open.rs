@@ -128,6 +128,12 @@ impl FirstWrites {
         self.copies_allowed = allowed;
     }
 
+    /// Whether copies may decide an abort at all: allowed, and every record of the
+    /// transaction placed.
+    fn copies_count(&self) -> bool {
+        self.copies_allowed && !self.unplaced
+    }
+
     /// The open transaction wrote to a partition it does not track (past the bound on
     /// topic names): it commits, in doubt where anything is open, and never aborts over
     /// what is open elsewhere (the abort would decide that partition too, unseen).
@@ -170,7 +176,7 @@ impl FirstWrites {
     /// records, not one proven aborted, and this transaction kept at least as many records'
     /// contents there as the region holds offsets.
     pub fn regions_to_read(&self, stable: &[Option<i64>]) -> Vec<(TopicPartition, i64, i64)> {
-        if !self.copies_allowed || self.unplaced {
+        if !self.copies_count() {
             return Vec::new();
         }
         self.to_check()
@@ -206,7 +212,7 @@ impl FirstWrites {
         let (Some(read), Some(ours)) = (regions.get(at), self.copies.get(at)) else {
             return false;
         };
-        if !self.copies_allowed || self.unplaced {
+        if !self.copies_count() {
             return false;
         }
         usize::try_from(ours_from.saturating_sub(open_from)).is_ok_and(|len| {
