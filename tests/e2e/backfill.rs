@@ -21,7 +21,7 @@ use support::consume::Received;
 use support::load::{Event, EVENT_COLUMNS};
 use support::ops::{self, read_all_blocking, wait_active_pid, LoadGen, LoadShape};
 use support::relay::{run_to_end, Relay};
-use support::schema::Outbox;
+use support::schema::{self, Outbox};
 
 /// Seed 004's outbox: the default columns plus the poller's bookkeeping.
 const POLLER_DDL: &str = "
@@ -437,19 +437,11 @@ async fn b_a_killed_backfill_resumes_as_the_relay_says() {
     let command = printed_init_command(&out);
     // The retention job, run meanwhile, deletes none of the rows the back-fill still owes
     // Kafka, and names the same command.
-    let pending: i64 = client
-        .query_one("SELECT count(*) FROM public.outbox", &[])
-        .await
-        .expect("count")
-        .get(0);
+    let pending = schema::outbox_rows(&client).await;
     let (code, pruned) = run_to_end(&env, &["prune", "--older-than", "1s", "--wait", "1s"]);
     assert_eq!(code, 3, "{pruned}");
     assert_eq!(printed_init_command(&pruned), command, "{pruned}");
-    let kept: i64 = client
-        .query_one("SELECT count(*) FROM public.outbox", &[])
-        .await
-        .expect("count")
-        .get(0);
+    let kept = schema::outbox_rows(&client).await;
     assert!(
         kept >= pending,
         "prune deleted {} rows: {pruned}",

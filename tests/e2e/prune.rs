@@ -15,14 +15,6 @@ use support::ops::{self, read_all_blocking, wait_active_pid};
 use support::relay::{run_to_end, Relay};
 use support::schema;
 
-async fn rows(client: &tokio_postgres::Client) -> i64 {
-    client
-        .query_one("SELECT count(*) FROM public.outbox", &[])
-        .await
-        .expect("count")
-        .get(0)
-}
-
 /// Back-dates rows, as if written two days ago (publish = 'insert': the update is not
 /// relayed).
 async fn age(client: &tokio_postgres::Client, ids: &[String]) {
@@ -56,14 +48,22 @@ async fn prune_deletes_only_old_rows_the_slot_confirmed() {
     .await;
     let (code, out) = run_to_end(&batch.env, &["prune", "--older-than", "1d", "--wait", "3s"]);
     assert_eq!(code, 3, "the slot is behind: prune must refuse: {out}");
-    assert_eq!(rows(&client).await, 20, "nothing deleted: {out}");
+    assert_eq!(
+        schema::outbox_rows(&client).await,
+        20,
+        "nothing deleted: {out}"
+    );
 
     let relay = Relay::start(batch.env.clone(), &["run"]);
     wait_active_pid(&client, &outbox.slot, Duration::from_secs(120)).await;
     let fresh = insert_events(&client, &outbox.table, 5, 3, 3).await;
     let (code, out) = run_to_end(&batch.env, &["prune", "--older-than", "1d", "--batch", "7"]);
     assert_eq!(code, 0, "{out}");
-    assert_eq!(rows(&client).await, 5, "only the fresh rows stay: {out}");
+    assert_eq!(
+        schema::outbox_rows(&client).await,
+        5,
+        "only the fresh rows stay: {out}"
+    );
     let all = [batch.first.clone(), unrelayed, fresh].concat();
     check_delivery(
         &all,

@@ -70,7 +70,11 @@ async fn rows_committed_while_the_slot_was_lost_can_be_republished() {
         "rows are owed a re-publish: prune must refuse: {out}"
     );
     assert!(out.contains("`outboxd init --republish-done`"), "{out}");
-    assert_eq!(rows(&client).await, 50, "nothing deleted: {out}");
+    assert_eq!(
+        schema::outbox_rows(&client).await,
+        50,
+        "nothing deleted: {out}"
+    );
     let owed = |out: &str| {
         out.lines()
             .any(|l| l.starts_with("warn  re-publish owed: "))
@@ -89,7 +93,7 @@ async fn rows_committed_while_the_slot_was_lost_can_be_republished() {
     let (code, out) = run_to_end(&env, &prune);
     assert_eq!(code, 0, "{out}");
     assert_eq!(
-        rows(&client).await,
+        schema::outbox_rows(&client).await,
         0,
         "every row is relayed and old: {out}"
     );
@@ -97,12 +101,4 @@ async fn rows_committed_while_the_slot_was_lost_can_be_republished() {
     let all = [before, lost].concat();
     support::consume::check_delivery(&all, &received);
     drop(relay);
-}
-
-async fn rows(client: &tokio_postgres::Client) -> i64 {
-    client
-        .query_one("SELECT count(*) FROM public.outbox", &[])
-        .await
-        .expect("count")
-        .get(0)
 }

@@ -112,6 +112,15 @@ pub async fn republish_since(client: &tokio_postgres::Client, since: &str) -> u6
         .expect("re-publish")
 }
 
+/// Rows in `public.outbox` now (what `outboxd prune` left).
+pub async fn outbox_rows(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one("SELECT count(*) FROM public.outbox", &[])
+        .await
+        .expect("count")
+        .get(0)
+}
+
 /// The default table with publication defaults (inserts, updates, deletes, truncates).
 pub async fn setup_publish_all(db: &TestDb<'_>) -> Outbox {
     setup_custom(db, OUTBOX_DDL, None).await
