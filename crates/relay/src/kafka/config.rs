@@ -75,6 +75,10 @@ pub(crate) fn producer_config(
         .set("bootstrap.servers", &settings.bootstrap_servers)
         .set("client.id", &settings.client_id)
         .set("enable.idempotence", "true")
+        // Without it librdkafka answers a batch refused for good by bumping the epoch and
+        // sending the records after it: they land before the replay of the refused one.
+        // With it the producer stops (a fatal error), and the session resumes from the slot.
+        .set("enable.gapless.guarantee", "true")
         .set("acks", "all")
         .set("message.timeout.ms", "0")
         .set("max.in.flight.requests.per.connection", "5")
@@ -223,7 +227,7 @@ fn check_override(s: &ProducerSettings, name: &str, value: &str) -> Result<(), K
     };
     let require = |ok: bool, reason: &'static str| if ok { Ok(()) } else { refuse(reason) };
     match property.as_str() {
-        "enable.idempotence" => require(v == "true", ORDERING_REASON),
+        "enable.idempotence" | "enable.gapless.guarantee" => require(v == "true", ORDERING_REASON),
         "acks" | "request.required.acks" => require(v == "all" || v == "-1", ORDERING_REASON),
         "message.timeout.ms" | "delivery.timeout.ms" => require(
             v == "0",
@@ -284,6 +288,7 @@ mod tests {
         let c = producer_config(&ProducerSettings::new("b:9092")).unwrap();
         for (k, v) in [
             ("enable.idempotence", "true"),
+            ("enable.gapless.guarantee", "true"),
             ("acks", "all"),
             ("message.timeout.ms", "0"),
             ("max.in.flight.requests.per.connection", "5"),

@@ -183,6 +183,12 @@ impl RateLimit {
 
 fn route_log(level: RDKafkaLogLevel, fac: &str, message: &str) {
     use RDKafkaLogLevel as L;
+    // librdkafka warns at every producer's creation that a property outboxd sets on
+    // purpose is experimental; the operator can do nothing about it.
+    if fac == "CONFWARN" && message.contains("enable.gapless.guarantee is experimental") {
+        tracing::debug!(target: "librdkafka", fac, "{message}");
+        return;
+    }
     match level {
         L::Emerg | L::Alert | L::Critical | L::Error | L::Warning => {
             let Some(suppressed) = NOISE.admit(&format!("log:{fac}")) else {

@@ -189,6 +189,9 @@ impl ProgressStore {
         // Durable like the events (acks=all, idempotent), but bounded: a record that
         // cannot be written is simply written again later.
         config.set("message.timeout.ms", "30000");
+        // One key, each record superseding the last: a record refused for good is simply
+        // written again, where a producer stopped by a gap would never write again.
+        config.set("enable.gapless.guarantee", "false");
         // Not rdkafka's FutureProducer: its 100 ms polling thread spins ~1 ms per poll
         // (see `producer::POLL_PERIOD`).
         let producer: Arc<BaseProducer<AckContext>> = Arc::new(

@@ -578,9 +578,16 @@ impl RelayError {
         )
     }
 
-    /// A short label for logs and metrics.
+    /// Whether another instance holds the slot.
     pub fn is_slot_in_use(&self) -> bool {
         matches!(self, RelayError::Postgres(ReplError::SlotInUse { .. }))
+    }
+
+    /// Whether the producer stopped for good (a fatal librdkafka error, such as a batch
+    /// refused under the gap-less guarantee): a failed delivery, though no report of it
+    /// was read before the session ended.
+    pub fn is_producer_fatal(&self) -> bool {
+        matches!(self, RelayError::Send(SendError::Fatal(_)))
     }
 }
 

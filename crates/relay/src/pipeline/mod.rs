@@ -216,6 +216,9 @@ async fn relay_loop(
                 obs.standby(false);
                 let d = backoff.after_session(carry.progressed, &mut rand::thread_rng());
                 tracing::warn!(retry_in_ms = d.as_millis(), "{e}");
+                if e.is_producer_fatal() {
+                    obs.delivery_error();
+                }
                 obs.reconnect();
                 tokio::select! {
                     _ = tokio::time::sleep(d) => {}

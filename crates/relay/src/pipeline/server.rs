@@ -42,7 +42,7 @@ pub(super) fn refuse_older_timeline(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::ErrorClass;
+    use crate::pipeline::error::ErrorClass;
 
     #[test]
     fn refusals_stop_with_exit_3_naming_the_server() {

@@ -146,7 +146,7 @@ pub fn render_all(relays: &[(Option<u32>, &MetricsSnapshot)]) -> String {
         relays,
         "delivery_errors_total",
         "counter",
-        "Failed Kafka deliveries (each one restarts the pipeline).",
+        "Failed Kafka deliveries, and producers stopped by a fatal error (each restarts the pipeline).",
         |s| s.delivery_errors_total,
     );
     out.single(
