@@ -571,10 +571,18 @@ async fn a_primary_clock_hours_ahead_stops_naming_the_fix_and_loses_nothing() {
     let client = db.client().await;
     clock.set("+2h");
     wait_server_clock(&client, 7200.0).await;
-    let events = insert_events(&client, &outbox.table, 20, 4, 5).await;
+    let first = insert_events(&client, &outbox.table, 20, 4, 5).await;
+    // Writes go on while the relay meets the refusal: its next sends find the producer
+    // stopped (the gap-less guarantee), and the error must still be the broker's.
+    let load = ops::LoadGen::spawn(
+        db.conn_string(),
+        outbox.table.clone(),
+        ops::LoadShape::default(),
+    );
     let env = s.env(&RELAY_ENV);
     let mut relay = Relay::start(env.clone(), &["run"]);
     let status = relay.wait_exit(Duration::from_secs(120));
+    let events = [first, load.stop().await].concat();
     let log = relay.log_text();
     assert_eq!(status.code(), Some(5), "{log}");
     assert!(

@@ -28,7 +28,7 @@ use tokio_postgres::Client;
 
 use super::catchup::CatchUp;
 use super::config::RelayConfig;
-use super::error::{BeforeBadRow, RelayError};
+use super::error::{BeforeBadRow, ErrorClass, RelayError};
 use super::observe::Observer;
 use crate::kafka::{Delivery, ProgressStore, RelayProducer, SendError, SlotIdentity};
 
@@ -59,6 +59,10 @@ const BURST: usize = 256;
 /// The delivery ticket of the progress record produced inside a Kafka transaction
 /// (exactly-once mode): no ledger entry stands for it.
 const PROGRESS_TICKET: usize = usize::MAX;
+
+/// How long a session stopped by a fatal producer error waits for the refused batch's
+/// reports ([`Session::refused_for_good`]).
+const FATAL_REPORTS_WAIT: Duration = Duration::from_secs(2);
 
 /// How often a commit whose outcome is unknown (a timeout) is tried again before the
 /// session gives up (and the next one's `init_transactions` settles it).
@@ -693,7 +697,13 @@ impl<'a> Session<'a> {
     /// "unknown topic or partition" is also what a partition without a leader for now
     /// gives, so a topic is called missing only when the brokers' metadata says so.
     /// Retrying a missing topic would re-send every message behind it on each attempt.
-    pub(super) async fn explain(&self, e: RelayError) -> RelayError {
+    pub(super) async fn explain(&mut self, e: RelayError) -> RelayError {
+        let e = match self.producer.is_fatal() {
+            Some(_) if e.class() == ErrorClass::Retryable => {
+                self.refused_for_good().await.unwrap_or(e)
+            }
+            _ => e,
+        };
         match (e, &self.failed_topic) {
             (RelayError::Delivery(f), Some(topic)) if f.may_be_a_missing_topic() => {
                 // Twice, a moment apart: one broker that has not yet learned of a topic
@@ -710,6 +720,30 @@ impl<'a> Session<'a> {
                 }
             }
             (e, _) => e,
+        }
+    }
+
+    /// A producer stopped by a fatal error (the gap-less guarantee: a batch refused for
+    /// good) also fails what was queued behind that batch (purged), and the session may
+    /// notice either first (a send, a tick, a purged message's report). The refused
+    /// batch's own reports say whether the broker refused it for good (a timestamp, an
+    /// authorization) and why; they come within moments. A permanent one among the
+    /// reports still to come is the session's error: retrying would meet it again.
+    async fn refused_for_good(&mut self) -> Option<RelayError> {
+        let deadline = Instant::now() + FATAL_REPORTS_WAIT;
+        loop {
+            match self.deliveries.try_recv() {
+                Ok(Delivery {
+                    outcome: Err(f), ..
+                }) if !f.retriable => return Some(RelayError::Delivery(f)),
+                Ok(_) => {}
+                Err(tokio::sync::mpsc::error::TryRecvError::Empty)
+                    if self.producer.in_flight() > 0 && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(REPORTS_WAIT).await;
+                }
+                Err(_) => return None,
+            }
         }
     }
 
