@@ -25,8 +25,10 @@
 //! - `queue.buffering.max.kbytes`: at least the relay's in-flight byte cap plus one message
 //!   (librdkafka's default of 1 GiB unless the cap needs more); an override below it is
 //!   refused.
-//! - `enable.gapless.guarantee`: either value is fine, every delivery error is already
-//!   fatal to the pipeline.
+//! - `enable.gapless.guarantee`: must stay `true` (set by the relay): without it librdkafka
+//!   answers a batch refused for good by sending the records after it, which land ahead
+//!   of the replay from the slot. It does nothing for the transactional producer, whose
+//!   refused batch aborts the Kafka transaction.
 //! - Everything else (security, SASL, SSL, compression, linger, batching, socket,
 //!   debug, statistics, client.id, ...) is applied as given, after the defaults.
 //!
@@ -140,8 +142,10 @@ pub(crate) fn admin_config(settings: &ProducerSettings) -> Result<ClientConfig, 
         .set("bootstrap.servers", &settings.bootstrap_servers)
         .set("client.id", format!("{}-admin", settings.client_id));
     apply_overrides(&mut config, settings);
-    // An admin client needs no idempotent producer id from the cluster.
+    // An admin client needs no idempotent producer id from the cluster (and librdkafka
+    // refuses the gap-less guarantee without idempotence).
     config.set("enable.idempotence", "false");
+    config.remove("enable.gapless.guarantee");
     config.remove("transactional.id");
     Ok(config)
 }

@@ -61,8 +61,9 @@ const BURST: usize = 256;
 const PROGRESS_TICKET: usize = usize::MAX;
 
 /// How long a session stopped by a fatal producer error waits for the refused batch's
-/// reports ([`Session::refused_for_good`]).
-const FATAL_REPORTS_WAIT: Duration = Duration::from_secs(2);
+/// reports ([`Session::refused_for_good`]): they follow the fatal error at once, while
+/// batches in flight behind it are put back and never reported.
+const FATAL_REPORTS_WAIT: Duration = Duration::from_millis(500);
 
 /// How often a commit whose outcome is unknown (a timeout) is tried again before the
 /// session gives up (and the next one's `init_transactions` settles it).
@@ -731,16 +732,24 @@ impl<'a> Session<'a> {
     /// reports still to come is the session's error: retrying would meet it again.
     async fn refused_for_good(&mut self) -> Option<RelayError> {
         let deadline = Instant::now() + FATAL_REPORTS_WAIT;
+        let mut last_look = false;
         loop {
             match self.deliveries.try_recv() {
-                Ok(Delivery {
-                    outcome: Err(f), ..
-                }) if !f.retriable => return Some(RelayError::Delivery(f)),
-                Ok(_) => {}
-                Err(tokio::sync::mpsc::error::TryRecvError::Empty)
-                    if self.producer.in_flight() > 0 && Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(REPORTS_WAIT).await;
+                // Through the ledger, so that what was acked still counts (the acked
+                // prefix, an open Kafka transaction's first writes).
+                Ok(d) => match self.on_delivery(d) {
+                    Err(RelayError::Delivery(f)) if !f.retriable => {
+                        return Some(RelayError::Delivery(f))
+                    }
+                    _ => {}
+                },
+                // Once librdkafka holds nothing (or the wait is over), one more look: a
+                // report may have been handed over in between.
+                Err(tokio::sync::mpsc::error::TryRecvError::Empty) if !last_look => {
+                    last_look = self.producer.in_flight() == 0 || Instant::now() >= deadline;
+                    if !last_look {
+                        tokio::time::sleep(REPORTS_WAIT).await;
+                    }
                 }
                 Err(_) => return None,
             }
