@@ -175,8 +175,8 @@ async fn prune_table(s: &Settings, args: &PruneArgs) -> Result<u64, PruneError> 
 /// The slot's position proves a row relayed only if the slot decoded its commit: not for
 /// rows committed while a slot was lost, or hidden by an accepted publication change,
 /// until the operator re-published them, nor for a back-fill's rows until it finished.
-/// The progress record says which; without one kept (no topic or no Kafka) prune relies
-/// on the operator pausing it (docs/operations.md).
+/// The progress record says which; with none kept (`OUTBOXD_PROGRESS_TOPIC` empty) prune
+/// relies on the operator pausing it (docs/operations.md).
 async fn refuse_owed_rows(s: &Settings, pg: &pgrepl::ConnectConfig) -> Result<(), PruneError> {
     let Some(topic) = s.progress_topic.as_deref() else {
         return Ok(());
