@@ -205,7 +205,8 @@ pub(super) async fn record_cluster(
                 "a change of publication {} was accepted by `outboxd init --accept-publication-change`",
                 s.publication
             );
-            write_owed(store, &identity, topic, &RepublishOwed::new(why, rows)).await?;
+            let owed = RepublishOwed::new(why, rows).after(records.republish.as_ref());
+            write_owed(store, &identity, topic, owed).await?;
         }
     }
     record.publication = baseline.or(now);
@@ -275,7 +276,13 @@ pub(super) async fn record_owed(
     let Records { system, read } = shared.records(s, topic).await?;
     let identity = crate::cli::slot_identity(s, &system.system_id);
     match read {
-        Ok((store, _)) => write_owed(store, &identity, topic, &owed).await,
+        Ok((store, found)) => {
+            let earlier = match found.get(&s.slot) {
+                Some(Ok(records)) => records.republish.as_ref(),
+                _ => None,
+            };
+            write_owed(store, &identity, topic, owed.after(earlier)).await
+        }
         Err(e) => {
             by_hand(&format!("{topic} cannot be read ({e})"));
             Ok(())
@@ -287,7 +294,7 @@ async fn write_owed(
     store: &ProgressStore,
     identity: &SlotIdentity,
     topic: &str,
-    owed: &RepublishOwed,
+    owed: RepublishOwed,
 ) -> Result<(), InitError> {
     let failed = |why: String| {
         InitError::Refused(format!(
@@ -295,7 +302,7 @@ async fn write_owed(
             owed.rows
         ))
     };
-    match tokio::time::timeout(KAFKA_WAIT, store.write_republish(identity, owed)).await {
+    match tokio::time::timeout(KAFKA_WAIT, store.write_republish(identity, &owed)).await {
         Ok(Ok(())) => {
             say!(
                 "ok  {topic} records that {} are owed a re-publish: `outboxd prune` deletes nothing until you run `outboxd init --republish-done` once they are re-published",
@@ -309,11 +316,13 @@ async fn write_owed(
 }
 
 /// `--republish-done`: every owed re-publish of the shards' slots is marked done, and
-/// prune deletes again.
+/// prune deletes again. Of a sharded outbox, only the shards `OUTBOXD_SHARDS` selects
+/// (all by default): each shard's owed rows are said as it is marked.
 pub(super) async fn mark_republished(
     s: &Settings,
     shared: &mut Shared<'_>,
 ) -> Result<(), InitError> {
+    let selected: Vec<String> = s.per_shard().into_iter().map(|v| v.slot).collect();
     let Some(topic) = s.progress_topic.as_deref().filter(|_| records_kept(s)) else {
         return Err(InitError::Refused(
             "--republish-done needs the progress topic (OUTBOXD_PROGRESS_TOPIC and OUTBOXD_KAFKA_BOOTSTRAP_SERVERS), where owed re-publishes are recorded".into(),
@@ -326,7 +335,7 @@ pub(super) async fn mark_republished(
             "{topic} cannot be read ({e}), so no re-publish was marked done: run the same command again once Kafka answers"
         ))
     })?;
-    for view in all {
+    for view in all.iter().filter(|v| selected.contains(&v.slot)) {
         let owed = match found.get(&view.slot) {
             Some(Ok(records)) => records.republish.clone(),
             Some(Err(e)) => {
@@ -343,9 +352,14 @@ pub(super) async fn mark_republished(
                 let done = RepublishOwed { done: true, ..owed };
                 let written =
                     tokio::time::timeout(KAFKA_WAIT, store.write_republish(&identity, &done)).await;
-                if !matches!(written, Ok(Ok(()))) {
+                let why = match written {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(e.to_string()),
+                    Err(_) => Some(format!("no acknowledgement within {KAFKA_WAIT:?}")),
+                };
+                if let Some(why) = why {
                     return Err(InitError::Refused(format!(
-                        "Kafka did not take the mark for slot {}: run the same command again",
+                        "Kafka did not take the mark for slot {} ({why}): run the same command again",
                         view.slot
                     )));
                 }
