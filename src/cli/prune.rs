@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use outboxd_relay::kafka::ProgressStore;
+use outboxd_relay::kafka::{ProgressStore, SlotIdentity, SlotRecords};
 use outboxd_relay::pipeline::refuse_unfinished_backfill;
 use pgrepl::preflight;
 
@@ -109,9 +109,26 @@ pub async fn prune(s: &Settings, args: &PruneArgs) -> i32 {
         eprintln!("outboxd prune: OUTBOXD_RELAY_TABLE=false: there is no outbox table to prune");
         return EXIT_CONFIG;
     }
+    let views = s.all_shards();
+    // Every shard's record in one read of the topic, each judged before its table.
+    let owed = match read_records(s, &views).await {
+        Ok(owed) => owed,
+        Err(e) => {
+            eprintln!("outboxd prune failed after deleting 0 rows: {e}");
+            return EXIT_POSTGRES;
+        }
+    };
     let mut total = 0u64;
-    for view in s.all_shards() {
-        match prune_table(&view, args).await {
+    for (i, view) in views.iter().enumerate() {
+        let refused = match &owed {
+            Some((topic, read)) => refuse_owed_rows(topic, &read[i].0, &read[i].1),
+            None => Ok(()),
+        };
+        let pruned = match refused {
+            Ok(()) => prune_table(view, args).await,
+            Err(e) => Err(e),
+        };
+        match pruned {
             Ok(n) => total += n,
             Err(e) => {
                 eprintln!("outboxd prune failed after deleting {total} rows: {e}");
@@ -128,8 +145,7 @@ pub async fn prune(s: &Settings, args: &PruneArgs) -> i32 {
 
 async fn prune_table(s: &Settings, args: &PruneArgs) -> Result<u64, PruneError> {
     let config = wiring::connect_config(s);
-    let (pg, mut batch_conn) = config.connect_sql_target().await?;
-    refuse_owed_rows(s, &pg).await?;
+    let (_, mut batch_conn) = config.connect_sql_target().await?;
     let (_, watch) = config.connect_sql_target().await?;
     let table = s.table();
     // Exact pg_catalog operators on every pair (docs/sql.md): timestamptz < timestamptz,
@@ -172,40 +188,65 @@ async fn prune_table(s: &Settings, args: &PruneArgs) -> Result<u64, PruneError> 
     }
 }
 
-/// The slot's position proves a row relayed only if the slot decoded its commit: not for
-/// rows committed while a slot was lost, or hidden by an accepted publication change,
-/// until the operator re-published them, nor for a back-fill's rows until it finished.
-/// The progress record says which; with none kept (`OUTBOXD_PROGRESS_TOPIC` empty) prune
-/// relies on the operator pausing it (docs/operations.md).
-async fn refuse_owed_rows(s: &Settings, pg: &pgrepl::ConnectConfig) -> Result<(), PruneError> {
+/// Each shard's slot identity and progress record, read once for all (`None`: no record
+/// is kept, `OUTBOXD_PROGRESS_TOPIC` empty, and prune relies on the operator pausing it,
+/// docs/operations.md). Prune's environment is the relay's: a cron job without Kafka
+/// must not pass for one with nothing owed.
+async fn read_records(s: &Settings, views: &[Settings]) -> Result<Option<OwedRead>, PruneError> {
     let Some(topic) = s.progress_topic.as_deref() else {
-        return Ok(());
+        return Ok(None);
     };
     let unread = |reason: String| PruneError::RecordUnread {
         topic: topic.to_owned(),
         reason,
     };
-    // Prune's environment is the relay's: a cron job without Kafka must not pass for one
-    // with nothing owed.
     if s.producer.bootstrap_servers.trim().is_empty() {
         return Err(unread(
             "OUTBOXD_KAFKA_BOOTSTRAP_SERVERS is not set: give prune the same Kafka settings as `outboxd run`".into(),
         ));
     }
-    let system = pgrepl::ReplicationConnection::connect(pg)
+    let (pg, _) = wiring::connect_config(s).connect_sql_target().await?;
+    let system = pgrepl::ReplicationConnection::connect(&pg)
         .await?
         .identify_system()
         .await?;
-    let identity = super::slot_identity(s, &system.system_id);
+    let ids: Vec<SlotIdentity> = views
+        .iter()
+        .map(|v| super::slot_identity(v, &system.system_id))
+        .collect();
     let store = ProgressStore::new(&s.producer, topic).map_err(|e| unread(e.to_string()))?;
     store.never_create_topic();
-    let records = match tokio::time::timeout(RECORD_WAIT, store.read_slot(&identity)).await {
-        Ok(Ok(records)) => records,
+    let read = match tokio::time::timeout(RECORD_WAIT, store.read_slots(&ids)).await {
+        Ok(Ok(read)) => read,
         Ok(Err(e)) => return Err(unread(e.to_string())),
         Err(_) => return Err(unread(format!("no answer within {RECORD_WAIT:?}"))),
     };
-    refuse_unfinished_backfill(&records, topic, &identity)
-        .map_err(PruneError::BackfillUnfinished)?;
+    let read = ids
+        .into_iter()
+        .zip(read)
+        .map(|(id, r)| (id, r.map_err(|e| e.to_string())))
+        .collect();
+    Ok(Some((topic.to_owned(), read)))
+}
+
+/// The progress topic, and each shard's identity with its records (or why they could not
+/// be read).
+type OwedRead = (String, Vec<(SlotIdentity, Result<SlotRecords, String>)>);
+
+/// The slot's position proves a row relayed only if the slot decoded its commit: not for
+/// rows committed while a slot was lost, or hidden by an accepted publication change,
+/// until the operator re-published them, nor for a back-fill's rows until it finished.
+fn refuse_owed_rows(
+    topic: &str,
+    identity: &SlotIdentity,
+    records: &Result<SlotRecords, String>,
+) -> Result<(), PruneError> {
+    let unread = |reason: String| PruneError::RecordUnread {
+        topic: topic.to_owned(),
+        reason,
+    };
+    let records = records.as_ref().map_err(|e| unread(e.clone()))?;
+    refuse_unfinished_backfill(records, topic, identity).map_err(PruneError::BackfillUnfinished)?;
     // `init` and every `run` write it: none under this key is another topic, cluster name
     // or Kafka than the relay's, where an owed re-publish would not be seen either.
     if records.ours.is_none() {
@@ -215,11 +256,11 @@ async fn refuse_owed_rows(s: &Settings, pg: &pgrepl::ConnectConfig) -> Result<()
             identity.key()
         )));
     }
-    match records.republish {
+    match &records.republish {
         Some(owed) if !owed.done => Err(PruneError::RepublishOwed {
             at: owed.recorded_at_text(),
-            why: owed.why,
-            rows: owed.rows,
+            why: owed.why.clone(),
+            rows: owed.rows.clone(),
         }),
         _ => Ok(()),
     }
